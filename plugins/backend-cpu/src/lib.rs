@@ -1,0 +1,1 @@
+//! Prima's CPU backend plugin.

@@ -1,0 +1,8 @@
+//! Prima's engine: reads GGUF models zero-copy, runs them through a compute backend
+//! loaded as a plugin, and turns text into tokens and back.
+//!
+//! See ARCHITECTURE.md at the repository root for the map of the crates and the path of
+//! one token through them.
+
+pub mod gguf;
+pub mod plugin;

@@ -1,0 +1,269 @@
+//! Backend plugin ABI, version 1: the only way the engine reaches compute.
+//!
+//! A backend is a small table of operations over host memory — matrix products against
+//! quantized weights, norms, RoPE, attention over a backend-owned KV cache — in the spirit
+//! of ggml's backend interface. The model code composes these operations and never knows
+//! which hardware runs them. Weights are passed as [`TensorView`]s: byte slices of the
+//! memory-mapped GGUF file, never copies.
+//!
+//! Every type crossing the boundary derives `StableAbi`, so `abi_stable` checks the layout
+//! when a plugin is loaded; [`BACKEND_ABI_VERSION`] is checked before that and must be
+//! bumped whenever anything in this file changes meaning.
+
+// abi_stable's `sabi_trait` expands to impls inside a const block.
+#![allow(non_local_definitions)]
+
+use abi_stable::{
+    declare_root_module_statics,
+    library::RootModule,
+    package_version_strings, sabi_trait,
+    sabi_types::VersionStrings,
+    std_types::{RBox, ROption, RResult, RSlice, RSliceMut, RString},
+    StableAbi,
+};
+
+/// Version of the backend ABI defined in this file. A plugin built for another version is
+/// refused at load time.
+pub const BACKEND_ABI_VERSION: u32 = 1;
+
+/// A weight tensor as it lies in the GGUF mapping.
+#[repr(C)]
+#[derive(StableAbi, Clone, Copy, Debug)]
+pub struct TensorView<'a> {
+    /// The tensor's bytes, exactly `rows * row_bytes(cols)` long.
+    pub data: RSlice<'a, u8>,
+    /// GGUF type id (see [`crate::gguf::GgmlType`]).
+    pub ggml_type: u32,
+    /// Elements per row (GGUF `ne[0]`).
+    pub cols: u64,
+    /// Number of rows (the product of the other dimensions).
+    pub rows: u64,
+}
+
+/// How a backend instance is created.
+#[repr(C)]
+#[derive(StableAbi, Clone, Copy, Debug)]
+pub struct BackendConfig {
+    /// Worker threads for compute; 0 lets the backend choose.
+    pub threads: u32,
+}
+
+/// Rotary position embedding parameters, from the model's GGUF metadata.
+#[repr(C)]
+#[derive(StableAbi, Clone, Copy, Debug)]
+pub struct RopeParams<'a> {
+    /// Leading dimensions of each head that are rotated.
+    pub n_rot: u32,
+    pub freq_base: f32,
+    /// 1 / linear scaling factor.
+    pub freq_scale: f32,
+    /// NeoX ordering rotates pairs (i, i + n_rot/2); the normal ordering rotates (2i, 2i+1).
+    pub neox: bool,
+    /// Per-dimension frequency divisors (the `rope_freqs` tensor of Llama 3.1+), n_rot/2 long.
+    pub freq_factors: ROption<RSlice<'a, f32>>,
+    /// YaRN extrapolation mix; 0 disables YaRN.
+    pub ext_factor: f32,
+    /// Magnitude scaling applied to the rotated values.
+    pub attn_factor: f32,
+    pub beta_fast: f32,
+    pub beta_slow: f32,
+    /// Context length the model was trained with (for YaRN).
+    pub n_ctx_orig: u32,
+}
+
+/// Shape of a KV cache the backend allocates and owns.
+#[repr(C)]
+#[derive(StableAbi, Clone, Copy, Debug)]
+pub struct KvSpec {
+    pub n_layers: u32,
+    /// Positions the cache can hold.
+    pub n_ctx: u32,
+    pub n_head_kv: u32,
+    pub head_dim_k: u32,
+    pub head_dim_v: u32,
+}
+
+/// One attention call: store the new keys and values of `n_tokens` positions starting at
+/// `start_pos` into layer `layer` of the cache, then attend causally.
+#[repr(C)]
+#[derive(StableAbi, Clone, Copy, Debug)]
+pub struct AttentionParams {
+    pub layer: u32,
+    pub n_tokens: u32,
+    pub start_pos: u32,
+    pub n_head: u32,
+    pub n_head_kv: u32,
+    pub head_dim_k: u32,
+    pub head_dim_v: u32,
+    /// Multiplier of q·k before the softmax (usually 1/sqrt(head_dim_k)).
+    pub scale: f32,
+    /// Attend only to the last `sliding_window` positions; 0 means unlimited.
+    pub sliding_window: u32,
+    /// Logit soft-capping value; 0 disables it.
+    pub softcap: f32,
+}
+
+/// Result type of every fallible backend operation; the error names what was wrong.
+pub type BackendResult<T> = RResult<T, RString>;
+
+/// The operations a compute backend provides.
+///
+/// Activations are row-major f32 with one row per token. Operations validate their
+/// arguments and return an error rather than panic.
+#[sabi_trait]
+pub trait Backend: Send + Sync {
+    /// Short name, e.g. `cpu`.
+    fn name(&self) -> RString;
+
+    /// One line for people: instruction sets, threads, memory.
+    fn describe(&self) -> RString;
+
+    /// Whether weights of this GGUF type id can be used by `matmul` and `get_rows`.
+    fn supports(&self, ggml_type: u32) -> bool;
+
+    /// `out[i] = dequantize(table row ids[i])`; `out` is `ids.len() × table.cols`.
+    fn get_rows(
+        &self,
+        table: TensorView<'_>,
+        ids: RSlice<'_, u32>,
+        out: RSliceMut<'_, f32>,
+    ) -> BackendResult<()>;
+
+    /// `out = x · wᵀ`: `x` is `n_tokens × w.cols`, `out` is `n_tokens × w.rows`.
+    fn matmul(
+        &self,
+        w: TensorView<'_>,
+        x: RSlice<'_, f32>,
+        n_tokens: u32,
+        out: RSliceMut<'_, f32>,
+    ) -> BackendResult<()>;
+
+    /// RMS-normalises each row of `x` (row length = `weight.cols`) and multiplies it by the
+    /// F32 `weight`.
+    fn rms_norm(
+        &self,
+        x: RSlice<'_, f32>,
+        weight: TensorView<'_>,
+        eps: f32,
+        out: RSliceMut<'_, f32>,
+    ) -> BackendResult<()>;
+
+    /// `acc += x`, element-wise.
+    fn add(&self, acc: RSliceMut<'_, f32>, x: RSlice<'_, f32>) -> BackendResult<()>;
+
+    /// Adds the F32 vector `bias` (length = row length) to every row of `x`.
+    fn add_bias(&self, x: RSliceMut<'_, f32>, bias: TensorView<'_>) -> BackendResult<()>;
+
+    /// `x *= s`, element-wise.
+    fn scale(&self, x: RSliceMut<'_, f32>, s: f32) -> BackendResult<()>;
+
+    /// Rotates each head of each row of `x` (`positions.len()` rows of `n_head × head_dim`).
+    fn rope(
+        &self,
+        x: RSliceMut<'_, f32>,
+        n_head: u32,
+        head_dim: u32,
+        positions: RSlice<'_, u32>,
+        params: RopeParams<'_>,
+    ) -> BackendResult<()>;
+
+    /// `gate = silu(gate) * up`, element-wise (SwiGLU).
+    fn swiglu(&self, gate: RSliceMut<'_, f32>, up: RSlice<'_, f32>) -> BackendResult<()>;
+
+    /// `gate = gelu_tanh(gate) * up`, element-wise (GeGLU).
+    fn geglu(&self, gate: RSliceMut<'_, f32>, up: RSlice<'_, f32>) -> BackendResult<()>;
+
+    /// Allocates a KV cache and returns its handle.
+    fn kv_create(&self, spec: KvSpec) -> BackendResult<u64>;
+
+    /// Frees a KV cache; unknown handles are ignored.
+    fn kv_drop(&self, kv: u64);
+
+    /// Forgets every position at or after `n_pos`.
+    fn kv_truncate(&self, kv: u64, n_pos: u32) -> BackendResult<()>;
+
+    /// Stores `k` and `v` (`n_tokens × n_head_kv × head_dim`) into the cache and writes the
+    /// causal attention of `q` (`n_tokens × n_head × head_dim_k`) to `out`
+    /// (`n_tokens × n_head × head_dim_v`). Query heads share KV heads in groups
+    /// (grouped-query attention).
+    fn attention(
+        &self,
+        kv: u64,
+        q: RSlice<'_, f32>,
+        k: RSlice<'_, f32>,
+        v: RSlice<'_, f32>,
+        params: AttentionParams,
+        out: RSliceMut<'_, f32>,
+    ) -> BackendResult<()>;
+}
+
+/// An owned backend instance behind the ABI.
+pub type BackendBox = Backend_TO<'static, RBox<()>>;
+
+/// The root module a backend plugin exports.
+#[repr(C)]
+#[derive(StableAbi)]
+#[sabi(kind(Prefix(prefix_ref = BackendPluginRef)))]
+#[sabi(missing_field(panic))]
+pub struct BackendPlugin {
+    /// The plugin's name, e.g. `cpu`.
+    pub name: extern "C" fn() -> RString,
+    /// The plugin crate's own version.
+    pub plugin_version: extern "C" fn() -> RString,
+    /// Creates a backend instance.
+    #[sabi(last_prefix_field)]
+    pub create: extern "C" fn(BackendConfig) -> BackendResult<BackendBox>,
+}
+
+impl RootModule for BackendPluginRef {
+    declare_root_module_statics! {BackendPluginRef}
+    const BASE_NAME: &'static str = "prima_backend";
+    const NAME: &'static str = "prima_backend";
+    const VERSION_STRINGS: VersionStrings = package_version_strings!();
+}
+
+/// Exports a backend plugin from a `cdylib` crate.
+///
+/// ```ignore
+/// prima_core::export_backend_plugin!(name = "cpu", create = my_create_fn);
+/// ```
+/// where `my_create_fn: extern "C" fn(BackendConfig) -> BackendResult<BackendBox>`.
+#[macro_export]
+macro_rules! export_backend_plugin {
+    (name = $name:expr, create = $create:path) => {
+        /// Read by the loader with plain `libloading` before any `abi_stable` check.
+        #[no_mangle]
+        pub extern "C" fn prima_plugin_abi_version() -> u32 {
+            match option_env!("PRIMA_FAKE_PLUGIN_ABI_VERSION") {
+                // Only the plugin-ABI test builds a plugin with this set, to show refusal.
+                Some(v) => $crate::plugin::parse_fake_abi_version(v),
+                None => $crate::plugin::backend_abi::BACKEND_ABI_VERSION,
+            }
+        }
+
+        /// Which kind of plugin this library is.
+        #[no_mangle]
+        pub extern "C" fn prima_plugin_kind() -> u32 {
+            $crate::plugin::PluginKind::Backend as u32
+        }
+
+        extern "C" fn __prima_plugin_name() -> ::abi_stable::std_types::RString {
+            ::abi_stable::std_types::RString::from($name)
+        }
+
+        extern "C" fn __prima_plugin_version() -> ::abi_stable::std_types::RString {
+            ::abi_stable::std_types::RString::from(env!("CARGO_PKG_VERSION"))
+        }
+
+        #[::abi_stable::export_root_module]
+        pub fn __prima_backend_root() -> $crate::plugin::backend_abi::BackendPluginRef {
+            use ::abi_stable::prefix_type::PrefixTypeTrait;
+            $crate::plugin::backend_abi::BackendPlugin {
+                name: __prima_plugin_name,
+                plugin_version: __prima_plugin_version,
+                create: $create,
+            }
+            .leak_into_prefix()
+        }
+    };
+}

@@ -1,0 +1,209 @@
+//! Finds plugin libraries and loads backends from them.
+
+use std::path::{Path, PathBuf};
+
+use abi_stable::library::{lib_header_from_path, RootModule};
+use abi_stable::std_types::RResult;
+
+use super::backend_abi::{BackendBox, BackendConfig, BackendPluginRef, BACKEND_ABI_VERSION};
+use super::PluginKind;
+
+/// Environment variable naming the plugin directories (separated like `PATH`).
+pub const PLUGIN_DIR_ENV: &str = "PRIMA_PLUGIN_DIR";
+
+#[derive(Debug, thiserror::Error)]
+pub enum PluginError {
+    #[error("no {kind} plugin{which} found in {dirs} (set {PLUGIN_DIR_ENV} or put the plugin beside the prima binary)")]
+    NotFound {
+        kind: &'static str,
+        which: String,
+        dirs: String,
+    },
+    #[error("plugin {path}: {reason}")]
+    Refused { path: PathBuf, reason: String },
+    #[error("plugin {path}: creating the backend failed: {reason}")]
+    Create { path: PathBuf, reason: String },
+}
+
+/// What the loader learned about one library in a plugin directory.
+#[derive(Debug, Clone)]
+pub struct PluginInfo {
+    pub path: PathBuf,
+    pub kind: Option<PluginKind>,
+    pub abi_version: Option<u32>,
+    pub name: Option<String>,
+    pub version: Option<String>,
+    /// `None` when the plugin can be used, else why not.
+    pub refused: Option<String>,
+}
+
+/// A backend loaded from a plugin, with where it came from.
+pub struct LoadedBackend {
+    pub backend: BackendBox,
+    pub plugin_name: String,
+    pub plugin_version: String,
+    pub path: PathBuf,
+}
+
+/// The directories searched for plugins: `$PRIMA_PLUGIN_DIR` if set, else the directory of
+/// the running binary and its `plugins/` subdirectory.
+pub fn plugin_dirs() -> Vec<PathBuf> {
+    if let Some(v) = std::env::var_os(PLUGIN_DIR_ENV) {
+        return std::env::split_paths(&v).filter(|p| !p.as_os_str().is_empty()).collect();
+    }
+    let mut dirs = Vec::new();
+    if let Ok(exe) = std::env::current_exe() {
+        if let Some(dir) = exe.parent() {
+            dirs.push(dir.to_path_buf());
+            dirs.push(dir.join("plugins"));
+            // `cargo test` runs binaries from target/<profile>/deps; plugins sit one up.
+            if dir.ends_with("deps") {
+                if let Some(up) = dir.parent() {
+                    dirs.push(up.to_path_buf());
+                }
+            }
+        }
+    }
+    dirs
+}
+
+fn is_plugin_file(path: &Path) -> bool {
+    let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+        return false;
+    };
+    let ext_ok = [".so", ".dylib", ".dll"].iter().any(|e| name.ends_with(e));
+    ext_ok && (name.starts_with("libprima_") || name.starts_with("prima_"))
+}
+
+/// Lists every plugin library in the plugin directories, with what it declares.
+pub fn discover() -> Vec<PluginInfo> {
+    let mut found = Vec::new();
+    for dir in plugin_dirs() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        let mut paths: Vec<PathBuf> = entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| is_plugin_file(p))
+            .collect();
+        paths.sort();
+        for path in paths {
+            found.push(inspect(&path));
+        }
+    }
+    found
+}
+
+/// Reads a library's kind and ABI version and, for a usable backend, its name and version.
+fn inspect(path: &Path) -> PluginInfo {
+    let mut info = PluginInfo {
+        path: path.to_path_buf(),
+        kind: None,
+        abi_version: None,
+        name: None,
+        version: None,
+        refused: None,
+    };
+    match read_c_header(path) {
+        Err(reason) => info.refused = Some(reason),
+        Ok((kind, abi)) => {
+            info.kind = PluginKind::from_id(kind);
+            info.abi_version = Some(abi);
+            match info.kind {
+                None => info.refused = Some(format!("unknown plugin kind {kind}")),
+                Some(PluginKind::Backend) if abi != BACKEND_ABI_VERSION => {
+                    info.refused = Some(format!(
+                        "built for backend ABI v{abi}, this prima speaks v{BACKEND_ABI_VERSION}; rebuild the plugin against this release"
+                    ))
+                }
+                Some(PluginKind::Backend) => match open_backend_root(path) {
+                    Ok(root) => {
+                        info.name = Some(root.name()().into_string());
+                        info.version = Some(root.plugin_version()().into_string());
+                    }
+                    Err(reason) => info.refused = Some(reason),
+                },
+                Some(other) => {
+                    info.refused = Some(format!("{} plugins are not used by this release", other.name()))
+                }
+            }
+        }
+    }
+    info
+}
+
+fn read_c_header(path: &Path) -> Result<(u32, u32), String> {
+    // SAFETY: opening a library runs its initialisers. We only open files named like Prima
+    // plugins found in the configured plugin directories, which the user controls.
+    let lib = unsafe { libloading::Library::new(path) }.map_err(|e| format!("cannot open: {e}"))?;
+    // SAFETY: both symbols are declared by `export_*_plugin!` as `extern "C" fn() -> u32`.
+    let kind = unsafe { lib.get::<extern "C" fn() -> u32>(b"prima_plugin_kind\0") }
+        .map_err(|_| "not a Prima plugin (no prima_plugin_kind symbol)".to_string())?;
+    // SAFETY: as above.
+    let abi = unsafe { lib.get::<extern "C" fn() -> u32>(b"prima_plugin_abi_version\0") }
+        .map_err(|_| "not a Prima plugin (no prima_plugin_abi_version symbol)".to_string())?;
+    Ok((kind(), abi()))
+}
+
+fn open_backend_root(path: &Path) -> Result<BackendPluginRef, String> {
+    let header = lib_header_from_path(path).map_err(|e| e.to_string())?;
+    header
+        .init_root_module::<BackendPluginRef>()
+        .map_err(|e| format!("incompatible plugin layout: {e}"))
+}
+
+/// Loads the backend plugin named `name` (or the first usable one) and creates a backend.
+pub fn load_backend(name: Option<&str>, config: BackendConfig) -> Result<LoadedBackend, PluginError> {
+    let plugins = discover();
+    let mut last_refusal = None;
+    for info in &plugins {
+        if info.kind != Some(PluginKind::Backend) {
+            continue;
+        }
+        if let (Some(want), Some(have)) = (name, info.name.as_deref()) {
+            if want != have {
+                continue;
+            }
+        }
+        if let Some(reason) = &info.refused {
+            last_refusal = Some(PluginError::Refused {
+                path: info.path.clone(),
+                reason: reason.clone(),
+            });
+            continue;
+        }
+        let root = open_backend_root(&info.path).map_err(|reason| PluginError::Refused {
+            path: info.path.clone(),
+            reason,
+        })?;
+        return match root.create()(config) {
+            RResult::ROk(backend) => Ok(LoadedBackend {
+                backend,
+                plugin_name: info.name.clone().unwrap_or_default(),
+                plugin_version: info.version.clone().unwrap_or_default(),
+                path: info.path.clone(),
+            }),
+            RResult::RErr(e) => Err(PluginError::Create {
+                path: info.path.clone(),
+                reason: e.into_string(),
+            }),
+        };
+    }
+    if let Some(refusal) = last_refusal {
+        return Err(refusal);
+    }
+    let dirs = plugin_dirs()
+        .iter()
+        .map(|d| d.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    Err(PluginError::NotFound {
+        kind: "backend",
+        which: name.map(|n| format!(" named '{n}'")).unwrap_or_default(),
+        dirs,
+    })
+}
+
+// `RootModule` must be in scope for the prefix accessors generated on `BackendPluginRef`.
+#[allow(unused_imports)]
+use RootModule as _;
