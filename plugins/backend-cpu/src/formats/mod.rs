@@ -1,0 +1,71 @@
+//! Tensor formats: how each GGUF type lays out its blocks, and the scalar kernels that read
+//! them.
+//!
+//! Each format module owns one block layout and provides `dequantize_row` and a `vec_dot`
+//! against the activation type llama.cpp pairs it with (its "vec_dot type"). Activation
+//! types (Q8_0, Q8_1, Q8_K, F16, BF16, F32) also provide `quantize_row`, which turns an f32
+//! activation row into that type. [`scalar`] gathers these functions into one
+//! [`FormatKernels`] table per weight type; a SIMD dispatch is meant to sit beside it and
+//! return the same table shape, so `ops::matmul` never changes.
+//!
+//! This module is not for parallelism or validation: kernels trust the lengths they are
+//! given (the ops check them) and only ever walk whole blocks with `chunks_exact`.
+
+pub mod float;
+pub mod k_quants;
+pub mod q4_0;
+pub mod q4_1;
+pub mod q5_0;
+pub mod q5_1;
+pub mod q8_0;
+pub mod q8_1;
+pub mod scalar;
+
+use prima_core::gguf::GgmlType;
+
+/// Dequantizes a whole row: `src` holds `out.len() / block_elems` blocks.
+pub type DequantizeRowFn = fn(src: &[u8], out: &mut [f32]);
+
+/// Converts an f32 activation row into the blocks of an activation type.
+pub type QuantizeRowFn = fn(x: &[f32], out: &mut [u8]);
+
+/// Dot product of `n` elements: one weight row against one activation row already in the
+/// weight type's vec_dot type.
+pub type VecDotFn = fn(n: usize, weight_row: &[u8], activation_row: &[u8]) -> f32;
+
+/// Everything `matmul` and `get_rows` need to know about one weight type.
+#[derive(Clone, Copy)]
+pub struct FormatKernels {
+    /// The weight type these kernels read.
+    pub weight_type: GgmlType,
+    /// The type activations are converted to before `vec_dot`.
+    pub vec_dot_type: GgmlType,
+    pub dequantize_row: DequantizeRowFn,
+    /// Converts activations to `vec_dot_type`.
+    pub quantize_activation: QuantizeRowFn,
+    pub vec_dot: VecDotFn,
+}
+
+/// Reads a little-endian f16 at `off` as f32.
+#[inline]
+pub(crate) fn f16_at(bytes: &[u8], off: usize) -> f32 {
+    half::f16::from_le_bytes([bytes[off], bytes[off + 1]]).to_f32()
+}
+
+/// Writes `v` rounded to f16, little-endian, at `off`.
+#[inline]
+pub(crate) fn put_f16(bytes: &mut [u8], off: usize, v: f32) {
+    bytes[off..off + 2].copy_from_slice(&half::f16::from_f32(v).to_le_bytes());
+}
+
+/// Reads a little-endian f32 at `off`.
+#[inline]
+pub(crate) fn f32_at(bytes: &[u8], off: usize) -> f32 {
+    f32::from_le_bytes([bytes[off], bytes[off + 1], bytes[off + 2], bytes[off + 3]])
+}
+
+/// Rounds half away from zero (C's `roundf`), which ggml's Q8_0/Q8_1 quantizers use.
+#[inline]
+pub(crate) fn round_half_away(x: f32) -> f32 {
+    x.round()
+}

@@ -1,0 +1,176 @@
+//! Causal attention over a KV cache, with grouped-query heads, a sliding window and logit
+//! soft-capping.
+//!
+//! For token `t` at position `p = start_pos + t` and head `h` (KV head `h / (n_head /
+//! n_head_kv)`), the scores over positions `j ≤ p` (and `j > p − sliding_window` when a
+//! window is set) are `s_j = scale · (q · k_j)`, with `q` rounded to f16 to match the F16
+//! keys, then `c · tanh(s_j / c)` when soft-capping. The output `Σ softmax(s)_j · v_j` is
+//! computed with a streaming (online) softmax in f32: one pass over the keys, rescaling the
+//! running sum whenever the running maximum grows. Heads × tokens run on the pool.
+
+use super::kv_cache::{lock, KvCache, KvStore};
+use super::{expect_len, mul, OpResult};
+use crate::pool::{sized, Scratch};
+use half::f16;
+use prima_core::plugin::backend_abi::AttentionParams;
+use rayon::prelude::*;
+use rayon::ThreadPool;
+
+#[allow(clippy::too_many_arguments)]
+pub fn attention(
+    pool: &ThreadPool,
+    scratch: &mut Scratch,
+    store: &KvStore,
+    kv: u64,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    p: &AttentionParams,
+    out: &mut [f32],
+) -> OpResult<()> {
+    const OP: &str = "attention";
+    let cache = store.get(OP, kv)?;
+    let mut cache = lock(&cache);
+    let spec = cache.spec;
+    let (n_tokens, n_head, n_head_kv) =
+        (p.n_tokens as usize, p.n_head as usize, p.n_head_kv as usize);
+    let (dk, dv) = (p.head_dim_k as usize, p.head_dim_v as usize);
+    let (layer, start) = (p.layer as usize, p.start_pos as usize);
+    if p.layer >= spec.n_layers {
+        return Err(format!(
+            "{OP}: layer {} is out of range for a cache of {} layers",
+            p.layer, spec.n_layers
+        ));
+    }
+    if p.n_head_kv != spec.n_head_kv
+        || p.head_dim_k != spec.head_dim_k
+        || p.head_dim_v != spec.head_dim_v
+    {
+        return Err(format!(
+            "{OP}: n_head_kv/head_dim_k/head_dim_v {}/{}/{} differ from the cache's {}/{}/{}",
+            p.n_head_kv,
+            p.head_dim_k,
+            p.head_dim_v,
+            spec.n_head_kv,
+            spec.head_dim_k,
+            spec.head_dim_v
+        ));
+    }
+    if n_head == 0 || n_head % n_head_kv != 0 {
+        return Err(format!(
+            "{OP}: n_head {n_head} is not a positive multiple of n_head_kv {n_head_kv}"
+        ));
+    }
+    expect_len(
+        OP,
+        "q length",
+        q.len(),
+        mul(OP, n_tokens, mul(OP, n_head, dk)?)?,
+    )?;
+    expect_len(
+        OP,
+        "k length",
+        k.len(),
+        mul(OP, n_tokens, mul(OP, n_head_kv, dk)?)?,
+    )?;
+    expect_len(
+        OP,
+        "v length",
+        v.len(),
+        mul(OP, n_tokens, mul(OP, n_head_kv, dv)?)?,
+    )?;
+    expect_len(
+        OP,
+        "out length",
+        out.len(),
+        mul(OP, n_tokens, mul(OP, n_head, dv)?)?,
+    )?;
+    let end = start.saturating_add(n_tokens);
+    if end > spec.n_ctx as usize {
+        return Err(format!(
+            "{OP}: positions {start}..{end} exceed the cache's n_ctx {}",
+            spec.n_ctx
+        ));
+    }
+    if start > cache.len(layer) {
+        return Err(format!(
+            "{OP}: start_pos {start} leaves a gap: layer {layer} holds {} positions",
+            cache.len(layer)
+        ));
+    }
+    if n_tokens == 0 {
+        return Ok(());
+    }
+    cache.write(layer, start, n_tokens, k, v);
+
+    let queries = sized(&mut scratch.queries, q.len());
+    for (d, s) in queries.iter_mut().zip(q) {
+        *d = f16::from_f32(*s).to_f32();
+    }
+    let queries: &[f32] = queries;
+    let cache: &KvCache = &cache;
+    if dv == 0 {
+        return Ok(());
+    }
+    let group = n_head / n_head_kv;
+    pool.install(|| {
+        out.par_chunks_mut(dv).enumerate().for_each(|(idx, o)| {
+            let (t, h) = (idx / n_head, idx % n_head);
+            let qh = &queries[idx * dk..(idx + 1) * dk];
+            attend_one(cache, layer, start + t, h / group, qh, p, o);
+        });
+    });
+    Ok(())
+}
+
+/// One query head at position `pos` against KV head `kv_head`; writes `o`.
+fn attend_one(
+    cache: &KvCache,
+    layer: usize,
+    pos: usize,
+    kv_head: usize,
+    q: &[f32],
+    p: &AttentionParams,
+    o: &mut [f32],
+) {
+    let window = p.sliding_window as usize;
+    let first = if window > 0 {
+        (pos + 1).saturating_sub(window)
+    } else {
+        0
+    };
+    let mut max = f32::NEG_INFINITY;
+    let mut sum = 0.0f32;
+    o.fill(0.0);
+    for j in first..=pos {
+        let key = cache.key(layer, j, kv_head);
+        let mut dot = 0.0f32;
+        for (a, b) in q.iter().zip(key) {
+            dot += a * f16::from_bits(*b).to_f32();
+        }
+        let mut s = p.scale * dot;
+        if p.softcap != 0.0 {
+            s = p.softcap * (s / p.softcap).tanh();
+        }
+        let weight = if s > max {
+            // The running maximum grows: rescale what was accumulated under the old one.
+            let rescale = (max - s).exp();
+            for x in o.iter_mut() {
+                *x *= rescale;
+            }
+            sum *= rescale;
+            max = s;
+            1.0
+        } else {
+            (s - max).exp()
+        };
+        sum += weight;
+        for (x, b) in o.iter_mut().zip(cache.value(layer, j, kv_head)) {
+            *x += weight * f16::from_bits(*b).to_f32();
+        }
+    }
+    let inv = if sum > 0.0 { 1.0 / sum } else { 0.0 };
+    for x in o.iter_mut() {
+        *x *= inv;
+    }
+}

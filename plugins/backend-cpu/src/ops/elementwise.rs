@@ -1,0 +1,67 @@
+//! Element-wise ops: add, add_bias, scale and the gated activations SwiGLU and GeGLU.
+
+use super::{expect_len, OpResult, Weight};
+use prima_core::plugin::backend_abi::TensorView;
+
+pub fn add(acc: &mut [f32], x: &[f32]) -> OpResult<()> {
+    expect_len("add", "x length", x.len(), acc.len())?;
+    for (a, b) in acc.iter_mut().zip(x) {
+        *a += b;
+    }
+    Ok(())
+}
+
+/// Adds `bias` (one F32 row whose length is the row length) to every row of `x`.
+pub fn add_bias(x: &mut [f32], bias: &TensorView<'_>) -> OpResult<()> {
+    let bias = Weight::f32_vector("add_bias", "bias", bias)?;
+    if x.len() % bias.cols != 0 {
+        return Err(format!(
+            "add_bias: x length {} is not a multiple of the bias length {}",
+            x.len(),
+            bias.cols
+        ));
+    }
+    for row in x.chunks_exact_mut(bias.cols) {
+        for (i, v) in row.iter_mut().enumerate() {
+            *v += bias.f32_at(i);
+        }
+    }
+    Ok(())
+}
+
+pub fn scale(x: &mut [f32], s: f32) {
+    for v in x {
+        *v *= s;
+    }
+}
+
+/// `x / (1 + e^−x)`.
+#[inline]
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// `0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))`.
+#[inline]
+pub fn gelu_tanh(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + 0.044715 * x * x)).tanh())
+}
+
+/// `gate = silu(gate) · up`.
+pub fn swiglu(gate: &mut [f32], up: &[f32]) -> OpResult<()> {
+    expect_len("swiglu", "up length", up.len(), gate.len())?;
+    for (g, u) in gate.iter_mut().zip(up) {
+        *g = silu(*g) * u;
+    }
+    Ok(())
+}
+
+/// `gate = gelu_tanh(gate) · up`.
+pub fn geglu(gate: &mut [f32], up: &[f32]) -> OpResult<()> {
+    expect_len("geglu", "up length", up.len(), gate.len())?;
+    for (g, u) in gate.iter_mut().zip(up) {
+        *g = gelu_tanh(*g) * u;
+    }
+    Ok(())
+}

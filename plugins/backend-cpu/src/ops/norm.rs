@@ -1,0 +1,27 @@
+//! RMS normalisation, as ggml's `rms_norm` followed by `mul`: the mean of squares is summed
+//! in f64, `scale = 1 / sqrt(mean + eps)` in f32, then `y = (x · scale) · weight`.
+
+use super::{expect_len, OpResult, Weight};
+use prima_core::plugin::backend_abi::TensorView;
+
+/// Normalises each row of `x` (row length = `weight.cols`) into `out`.
+pub fn rms_norm(x: &[f32], weight: &TensorView<'_>, eps: f32, out: &mut [f32]) -> OpResult<()> {
+    let w = Weight::f32_vector("rms_norm", "weight", weight)?;
+    let n = w.cols;
+    if x.len() % n != 0 {
+        return Err(format!(
+            "rms_norm: x length {} is not a multiple of the row length {n}",
+            x.len()
+        ));
+    }
+    expect_len("rms_norm", "out length", out.len(), x.len())?;
+    for (xr, yr) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
+        let sum: f64 = xr.iter().map(|&v| v as f64 * v as f64).sum();
+        let mean = (sum / n as f64) as f32;
+        let scale = 1.0 / (mean + eps).sqrt();
+        for (i, (y, &v)) in yr.iter_mut().zip(xr).enumerate() {
+            *y = (v * scale) * w.f32_at(i);
+        }
+    }
+    Ok(())
+}
