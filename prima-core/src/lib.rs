@@ -6,3 +6,6 @@
 
 pub mod gguf;
 pub mod plugin;
+pub mod tokenizer;
+pub mod sampler;
+pub mod chat;

@@ -1,0 +1,157 @@
+//! Chat prompts: rendering a model's Jinja chat template (`tokenizer.chat_template`).
+//!
+//! Templates are written for Hugging Face's Python Jinja; the environment here matches
+//! it where it matters: `trim_blocks` and `lstrip_blocks` on, Python string methods
+//! (`.strip()`, `.startswith()`, …) through minijinja-contrib's pycompat, and the
+//! globals `raise_exception(msg)` and `strftime_now(fmt)`.
+//!
+//! Not here: tokenizing the result (`crate::tokenizer`), tool calls, multimodal content.
+
+use minijinja::{context, Environment, Error, ErrorKind};
+use serde::{Deserialize, Serialize};
+use thiserror::Error as ThisError;
+
+/// One turn of a conversation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    /// "system", "user", "assistant", …
+    pub role: String,
+    pub content: String,
+}
+
+impl ChatMessage {
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        ChatMessage {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+}
+
+#[derive(Debug, ThisError)]
+pub enum ChatError {
+    #[error("tokenizer.chat_template does not parse: {0:#}")]
+    Syntax(#[source] Error),
+    #[error("tokenizer.chat_template failed to render: {0:#}")]
+    Render(#[source] Error),
+}
+
+/// Renders `template` for `messages`. `add_generation_prompt` appends the opening of
+/// the assistant's turn; `bos` and `eos` are the model's token texts.
+pub fn render_chat(
+    template: &str,
+    messages: &[ChatMessage],
+    add_generation_prompt: bool,
+    bos: &str,
+    eos: &str,
+) -> Result<String, ChatError> {
+    let mut env = Environment::new();
+    env.set_trim_blocks(true);
+    env.set_lstrip_blocks(true);
+    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    env.add_function("raise_exception", |msg: String| -> Result<String, Error> {
+        Err(Error::new(ErrorKind::InvalidOperation, msg))
+    });
+    env.add_function("strftime_now", |fmt: String| strftime_now(&fmt));
+    env.add_template("chat", template)
+        .map_err(ChatError::Syntax)?;
+    let tmpl = env.get_template("chat").map_err(ChatError::Render)?;
+    tmpl.render(context! {
+        messages => messages,
+        add_generation_prompt => add_generation_prompt,
+        bos_token => bos,
+        eos_token => eos,
+    })
+    .map_err(ChatError::Render)
+}
+
+/// The current UTC time formatted with the common strftime fields
+/// (`%Y %m %d %H %M %S %B %b %A %a %e %j %%`); others are copied through.
+fn strftime_now(fmt: &str) -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0);
+    format_time(secs, fmt)
+}
+
+fn format_time(unix_secs: i64, fmt: &str) -> String {
+    const MONTHS: [&str; 12] = [
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
+    ];
+    const DAYS: [&str; 7] = [
+        "Thursday",
+        "Friday",
+        "Saturday",
+        "Sunday",
+        "Monday",
+        "Tuesday",
+        "Wednesday",
+    ];
+    let days = unix_secs.div_euclid(86_400);
+    let tod = unix_secs.rem_euclid(86_400);
+    let (y, m, d) = civil_from_days(days);
+    let leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+    let cum = [0, 31, 59, 90, 120, 151, 181, 212, 243, 273, 304, 334];
+    let yday = cum[m as usize - 1] + d + i64::from(leap && m > 2);
+    let weekday = DAYS[days.rem_euclid(7) as usize];
+    let month = MONTHS[m as usize - 1];
+
+    let mut out = String::new();
+    let mut chars = fmt.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('Y') => out.push_str(&y.to_string()),
+            Some('m') => out.push_str(&format!("{m:02}")),
+            Some('d') => out.push_str(&format!("{d:02}")),
+            Some('e') => out.push_str(&format!("{d:2}")),
+            Some('H') => out.push_str(&format!("{:02}", tod / 3600)),
+            Some('M') => out.push_str(&format!("{:02}", tod / 60 % 60)),
+            Some('S') => out.push_str(&format!("{:02}", tod % 60)),
+            Some('j') => out.push_str(&format!("{yday:03}")),
+            Some('B') => out.push_str(month),
+            Some('b') => out.push_str(&month[..3]),
+            Some('A') => out.push_str(weekday),
+            Some('a') => out.push_str(&weekday[..3]),
+            Some('%') => out.push('%'),
+            Some(other) => {
+                out.push('%');
+                out.push(other);
+            }
+            None => out.push('%'),
+        }
+    }
+    out
+}
+
+/// (year, month 1-12, day 1-31) of a day count since 1970-01-01 (Howard Hinnant's algorithm).
+fn civil_from_days(z: i64) -> (i64, i64, i64) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,81 @@
+use super::*;
+
+/// SmolLM2-135M-Instruct's `tokenizer.chat_template`, as stored in its GGUF.
+const SMOLLM2: &str = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+#[test]
+fn smollm2_template_renders_chatml() {
+    let msgs = [ChatMessage::new("user", "Hi there")];
+    let out = render_chat(SMOLLM2, &msgs, true, "<|im_start|>", "<|im_end|>").unwrap();
+    assert_eq!(
+        out,
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n\
+         <|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n"
+    );
+    let msgs = [
+        ChatMessage::new("system", "Be brief."),
+        ChatMessage::new("user", "2+2?"),
+        ChatMessage::new("assistant", "4"),
+    ];
+    let out = render_chat(SMOLLM2, &msgs, false, "", "").unwrap();
+    assert_eq!(
+        out,
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n4<|im_end|>\n"
+    );
+}
+
+#[test]
+fn blocks_are_trimmed_like_hugging_face() {
+    let t = "{% for m in messages %}\n  {{ m.role }}: {{ m.content | trim }}\n{% endfor %}\n{{ bos_token }}|{{ eos_token }}";
+    let out = render_chat(
+        t,
+        &[
+            ChatMessage::new("user", " a "),
+            ChatMessage::new("bot", "b"),
+        ],
+        false,
+        "<s>",
+        "</s>",
+    )
+    .unwrap();
+    assert_eq!(out, "  user: a\n  bot: b\n<s>|</s>");
+}
+
+#[test]
+fn python_string_methods_work() {
+    let t = "{{ messages[0].content.strip().upper() }}{% if messages[0].role.startswith('us') %}!{% endif %}";
+    let out = render_chat(t, &[ChatMessage::new("user", "  hi  ")], false, "", "").unwrap();
+    assert_eq!(out, "HI!");
+}
+
+#[test]
+fn raise_exception_is_an_error_with_its_message() {
+    let t = "{% if messages[0].role != 'system' %}{{ raise_exception('system first, please') }}{% endif %}";
+    let err = render_chat(t, &[ChatMessage::new("user", "x")], false, "", "").unwrap_err();
+    assert!(err.to_string().contains("system first, please"), "{err}");
+    let err = render_chat("{% if %}", &[], false, "", "").unwrap_err();
+    assert!(matches!(err, ChatError::Syntax(_)), "{err}");
+}
+
+#[test]
+fn strftime_fields() {
+    // 2024-02-29 13:05:09 UTC, a Thursday.
+    let t = 1_709_211_909;
+    assert_eq!(format_time(t, "%Y-%m-%d %H:%M:%S"), "2024-02-29 13:05:09");
+    assert_eq!(
+        format_time(t, "%d %B %Y, %a %b %j %%"),
+        "29 February 2024, Thu Feb 060 %"
+    );
+    assert!(
+        render_chat("{{ strftime_now('%Y') }}", &[], false, "", "")
+            .unwrap()
+            .len()
+            == 4
+    );
+}
+
+#[test]
+fn messages_round_trip_through_json() {
+    let m: Vec<ChatMessage> = serde_json::from_str(r#"[{"role":"user","content":"hi"}]"#).unwrap();
+    assert_eq!(m, [ChatMessage::new("user", "hi")]);
+}

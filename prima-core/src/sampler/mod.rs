@@ -1,0 +1,224 @@
+//! Choosing the next token from the model's logits.
+//!
+//! The chain is llama.cpp's default order: penalties → top-k → top-p → min-p →
+//! temperature → a draw from the softmax. `temperature <= 0` means greedy: the highest
+//! logit after penalties, ties going to the lowest id. The random draw uses ChaCha8
+//! seeded from [`SamplerConfig::seed`], so one seed gives the same text on every
+//! platform.
+//!
+//! Not here: grammars, logit bias, Mirostat.
+
+use std::collections::{HashMap, VecDeque};
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+/// Sampling settings; each filter has a value that switches it off.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplerConfig {
+    /// Divides the logits; `<= 0` is greedy.
+    pub temperature: f32,
+    /// Keep the `top_k` most likely tokens; 0 = off.
+    pub top_k: usize,
+    /// Keep the smallest set whose probability reaches `top_p`; 1 = off.
+    pub top_p: f32,
+    /// Drop tokens less likely than `min_p` × the most likely one; 0 = off.
+    pub min_p: f32,
+    /// Divides positive (multiplies negative) logits of recent tokens; 1 = off.
+    pub repeat_penalty: f32,
+    /// How many recent tokens the penalties look at.
+    pub repeat_last_n: usize,
+    /// Subtracted once from the logit of any recent token; 0 = off.
+    pub presence_penalty: f32,
+    /// Subtracted per occurrence of a recent token; 0 = off.
+    pub frequency_penalty: f32,
+    pub seed: u64,
+}
+
+impl Default for SamplerConfig {
+    fn default() -> Self {
+        SamplerConfig {
+            temperature: 0.8,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            repeat_penalty: 1.0,
+            repeat_last_n: 64,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            seed: 0x5EED,
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Candidate {
+    id: u32,
+    logit: f32,
+    p: f32,
+}
+
+/// A sampler with its own history of accepted tokens and RNG.
+pub struct Sampler {
+    cfg: SamplerConfig,
+    rng: ChaCha8Rng,
+    history: VecDeque<u32>,
+    /// Occurrences of each token in `history`.
+    counts: HashMap<u32, u32>,
+    /// Reused between calls so sampling does not allocate.
+    candidates: Vec<Candidate>,
+}
+
+impl Sampler {
+    pub fn new(cfg: SamplerConfig) -> Self {
+        Sampler {
+            rng: ChaCha8Rng::seed_from_u64(cfg.seed),
+            history: VecDeque::with_capacity(cfg.repeat_last_n),
+            counts: HashMap::new(),
+            candidates: Vec::new(),
+            cfg,
+        }
+    }
+
+    pub fn config(&self) -> &SamplerConfig {
+        &self.cfg
+    }
+
+    /// Records a token as part of the text (prompt or generated) for the penalties.
+    pub fn accept(&mut self, token: u32) {
+        if self.cfg.repeat_last_n == 0 {
+            return;
+        }
+        if self.history.len() == self.cfg.repeat_last_n {
+            if let Some(old) = self.history.pop_front() {
+                if let Some(c) = self.counts.get_mut(&old) {
+                    *c -= 1;
+                    if *c == 0 {
+                        self.counts.remove(&old);
+                    }
+                }
+            }
+        }
+        self.history.push_back(token);
+        *self.counts.entry(token).or_insert(0) += 1;
+    }
+
+    /// Forgets the history and restarts the RNG from the seed.
+    pub fn reset(&mut self) {
+        self.history.clear();
+        self.counts.clear();
+        self.rng = ChaCha8Rng::seed_from_u64(self.cfg.seed);
+    }
+
+    /// Picks the next token. Does not [`accept`](Sampler::accept) it.
+    pub fn sample(&mut self, logits: &[f32]) -> u32 {
+        assert!(!logits.is_empty(), "sample() needs at least one logit");
+        let cfg = &self.cfg;
+        let cands = &mut self.candidates;
+        cands.clear();
+        cands.extend(logits.iter().enumerate().map(|(i, &logit)| Candidate {
+            id: i as u32,
+            logit,
+            p: 0.0,
+        }));
+
+        // Penalties.
+        let penalize = cfg.repeat_penalty != 1.0
+            || cfg.presence_penalty != 0.0
+            || cfg.frequency_penalty != 0.0;
+        if penalize {
+            for (&tok, &n) in &self.counts {
+                let Some(c) = cands.get_mut(tok as usize) else {
+                    continue;
+                };
+                if c.logit > 0.0 {
+                    c.logit /= cfg.repeat_penalty;
+                } else {
+                    c.logit *= cfg.repeat_penalty;
+                }
+                c.logit -= n as f32 * cfg.frequency_penalty + cfg.presence_penalty;
+            }
+        }
+
+        if cfg.temperature <= 0.0 {
+            return argmax(cands);
+        }
+
+        // Top-k: a partial sort puts the k best first, then those k are sorted.
+        let k = if cfg.top_k == 0 {
+            cands.len()
+        } else {
+            cfg.top_k.min(cands.len())
+        };
+        let by_logit =
+            |a: &Candidate, b: &Candidate| b.logit.total_cmp(&a.logit).then(a.id.cmp(&b.id));
+        if k < cands.len() {
+            cands.select_nth_unstable_by(k - 1, by_logit);
+            cands.truncate(k);
+        }
+        cands.sort_unstable_by(by_logit);
+
+        // Top-p over the softmax of the (sorted) survivors.
+        if cfg.top_p < 1.0 {
+            softmax(cands, 1.0);
+            let mut cum = 0.0f32;
+            let mut keep = cands.len();
+            for (i, c) in cands.iter().enumerate() {
+                cum += c.p;
+                if cum >= cfg.top_p {
+                    keep = i + 1;
+                    break;
+                }
+            }
+            cands.truncate(keep.max(1));
+        }
+
+        // Min-p relative to the best survivor, on logits: p_i/p_max = exp(l_i - l_max).
+        if cfg.min_p > 0.0 {
+            let threshold = cands[0].logit + cfg.min_p.ln();
+            let keep = cands.iter().take_while(|c| c.logit >= threshold).count();
+            cands.truncate(keep.max(1));
+        }
+
+        softmax(cands, cfg.temperature);
+        let r: f32 = self.rng.gen();
+        let mut cum = 0.0f32;
+        for c in cands.iter() {
+            cum += c.p;
+            if r < cum {
+                return c.id;
+            }
+        }
+        cands.last().expect("at least one candidate").id
+    }
+}
+
+/// Highest logit, ties going to the lowest id.
+fn argmax(cands: &[Candidate]) -> u32 {
+    let mut best = cands[0];
+    for c in &cands[1..] {
+        if c.logit > best.logit {
+            best = *c;
+        }
+    }
+    best.id
+}
+
+/// Fills `p` with softmax(logit / temperature).
+fn softmax(cands: &mut [Candidate], temperature: f32) {
+    let max = cands
+        .iter()
+        .map(|c| c.logit)
+        .fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0f32;
+    for c in cands.iter_mut() {
+        c.p = ((c.logit - max) / temperature).exp();
+        sum += c.p;
+    }
+    for c in cands.iter_mut() {
+        c.p /= sum;
+    }
+}
+
+#[cfg(test)]
+mod tests;
