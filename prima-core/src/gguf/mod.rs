@@ -1,5 +1,22 @@
 //! GGUF files: the metadata, the tensor index, and tensor data as slices of the mapping.
+//!
+//! [`GgufFile`] maps a file read-only and validates all of it at open, so its
+//! accessors never fail on bad bytes; [`GgufWriter`] builds files for tests and tools.
+//! What the keys and tensors mean to a model is the model layer's business.
 
+mod cursor;
+mod error;
 mod ggml_type;
+mod parse;
+mod reader;
+mod value;
+mod writer;
 
+#[cfg(test)]
+mod tests;
+
+pub use error::GgufError;
 pub use ggml_type::{GgmlType, QK_K};
+pub use reader::{GgufFile, TensorInfo};
+pub use value::Value;
+pub use writer::GgufWriter;
