@@ -4,8 +4,10 @@
 //! See ARCHITECTURE.md at the repository root for the map of the crates and the path of
 //! one token through them.
 
-pub mod gguf;
-pub mod plugin;
-pub mod tokenizer;
-pub mod sampler;
 pub mod chat;
+pub mod generate;
+pub mod gguf;
+pub mod model;
+pub mod plugin;
+pub mod sampler;
+pub mod tokenizer;

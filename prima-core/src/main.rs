@@ -1,1 +1,7 @@
-fn main() {}
+//! The `prima` command: thin glue over `prima_core`.
+
+mod cli;
+
+fn main() -> std::process::ExitCode {
+    cli::main()
+}

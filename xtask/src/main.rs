@@ -1,1 +1,78 @@
-fn main() {}
+//! Prima's developer tasks: `cargo xtask <command>`.
+//!
+//! Everything downloaded or built (wheels, llama.cpp, derived models) lives
+//! under `~/.cache/prima`; fetched upstream models go to the git-ignored
+//! `<workspace>/models/`. Only fixtures under `tests/fixtures/` are meant to
+//! be committed.
+
+mod catalogue;
+mod digest;
+mod fetch_models;
+mod fixture_cases;
+mod layout;
+mod llama_cpp;
+mod reference;
+mod shell;
+mod test;
+mod test_models;
+mod wheel;
+
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+use crate::layout::Layout;
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "Prima's developer tasks")]
+struct Cli {
+    #[command(subcommand)]
+    command: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Put SmolLM2-135M-Instruct Q4_1 and Gemma-3-270M Q4_K_M into models/.
+    FetchModels,
+    /// Build llama.cpp, make every test model and regenerate the golden fixtures.
+    Reference {
+        /// Regenerate fixtures only; fail instead of building what is missing.
+        #[arg(long)]
+        fixtures_only: bool,
+        /// Only the generation fixtures whose model tag contains this text.
+        #[arg(long, value_name = "TEXT")]
+        only: Option<String>,
+    },
+    /// Make every model the test suite needs (fetched, requantized, tiny).
+    TestModels,
+    /// test-models, then `cargo build --release` and `cargo test --release` on the workspace.
+    Test,
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(code) => ExitCode::from(code),
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<u8> {
+    let layout = Layout::discover()?;
+    match cli.command {
+        Task::FetchModels => fetch_models::run(&layout)?,
+        Task::Reference {
+            fixtures_only,
+            only,
+        } => reference::run(&layout, fixtures_only, only.as_deref())?,
+        Task::TestModels => test_models::run(&layout)?,
+        Task::Test => {
+            let code = test::run(&layout)?;
+            return Ok(u8::try_from(code).unwrap_or(1));
+        }
+    }
+    Ok(0)
+}

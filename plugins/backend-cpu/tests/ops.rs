@@ -9,7 +9,7 @@
 //! - rms_norm (several rows, per-head row length), swiglu, geglu, add, add_bias, scale.
 //! - rope: normal and NeoX ordering, partial rotation, freq_factors and YaRN, vs f64.
 //! - attention: GQA, prefill then decode, sliding window, soft-capping, vs a naive f64
-//!   softmax over f16-rounded q/k/v; truncate and rewrite; shape and position errors.
+//!   softmax over f16-rounded q/k/v and probabilities; truncate and rewrite; shape and position errors.
 
 use abi_stable::std_types::{RNone, ROption, RSlice, RSliceMut, RSome};
 use prima_backend_cpu::formats::scalar;
@@ -479,7 +479,8 @@ impl Naive {
         let mut out = vec![0f64; dv];
         for (&j, ej) in js.iter().zip(&e) {
             for (o, &v) in out.iter_mut().zip(&self.v[j][kvh * dv..(kvh + 1) * dv]) {
-                *o += ej / z * f16r(v);
+                // The backend rounds each probability to f16, as llama.cpp's non-flash path.
+                *o += f16r((ej / z) as f32) * f16r(v);
             }
         }
         out

@@ -1,0 +1,49 @@
+//! Command-line front end: parses arguments, runs one command, and turns errors into
+//! one-line messages with a non-zero exit code.
+
+mod engine;
+mod plugins;
+mod run;
+mod tokenize;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "prima", version, about = "Run large language models across the devices you own")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate text from a prompt on this device.
+    Run(run::RunArgs),
+    /// Print the token ids of a text as a JSON array.
+    Tokenize(tokenize::TokenizeArgs),
+    /// List the plugins found in the plugin directories.
+    Plugins,
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_env("PRIMA_LOG"))
+        .with_writer(std::io::stderr)
+        .init();
+    let result = match cli.command {
+        Command::Run(args) => run::run(args),
+        Command::Tokenize(args) => tokenize::run(args),
+        Command::Plugins => plugins::run(),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // One line: the chain of causes, outermost first.
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

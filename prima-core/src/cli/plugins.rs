@@ -1,0 +1,27 @@
+//! `prima plugins`: what the loader finds, and why a plugin would be refused.
+
+use prima_core::plugin::{discover, plugin_dirs};
+
+pub fn run() -> anyhow::Result<()> {
+    let dirs = plugin_dirs();
+    println!(
+        "plugin directories: {}",
+        dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", ")
+    );
+    let found = discover();
+    if found.is_empty() {
+        println!("no plugins found");
+        return Ok(());
+    }
+    for p in found {
+        let kind = p.kind.map(|k| k.name()).unwrap_or("unknown");
+        let abi = p.abi_version.map(|v| format!("abi v{v}")).unwrap_or_else(|| "abi ?".into());
+        let name = p.name.as_deref().unwrap_or("?");
+        let version = p.version.as_deref().unwrap_or("?");
+        match &p.refused {
+            None => println!("{kind:<9} {name:<8} {version:<8} {abi:<7} {}", p.path.display()),
+            Some(why) => println!("refused   {} — {why}", p.path.display()),
+        }
+    }
+    Ok(())
+}

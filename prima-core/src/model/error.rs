@@ -1,0 +1,31 @@
+use std::path::PathBuf;
+
+use crate::gguf::GgufError;
+
+/// Why a model could not be loaded or run.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    #[error("{path}: unsupported architecture '{arch}' (supported: {supported})")]
+    UnsupportedArchitecture {
+        path: PathBuf,
+        arch: String,
+        supported: String,
+    },
+    #[error("{path}: tensor '{tensor}' has type {ty}, which the {backend} backend cannot compute")]
+    UnsupportedTensorType {
+        path: PathBuf,
+        tensor: String,
+        ty: String,
+        backend: String,
+    },
+    #[error("{path}: invalid hyper-parameter: {what}")]
+    BadHyperParameter { path: PathBuf, what: String },
+    #[error("backend operation {op} failed: {message}")]
+    Backend { op: &'static str, message: String },
+    #[error("context full: {needed} positions needed, the context holds {n_ctx}")]
+    ContextFull { needed: usize, n_ctx: usize },
+    #[error("token id {id} is outside the vocabulary (size {vocab})")]
+    TokenOutOfRange { id: u32, vocab: usize },
+}

@@ -1,0 +1,17 @@
+//! Transformer models over a compute backend: hyper-parameters and weights from GGUF,
+//! one small file per architecture, and the forward pass shared by all of them.
+//!
+//! The forward pass is written only in terms of [`Backend`](crate::plugin::backend_abi::Backend)
+//! operations; it holds weights as views into the GGUF mapping and never copies them.
+
+mod arch;
+mod error;
+mod forward;
+mod hparams;
+mod weights;
+
+pub use arch::Architecture;
+pub use error::ModelError;
+pub use forward::Session;
+pub use hparams::{HyperParams, RopeScaling};
+pub use weights::{LayerWeights, Model};

@@ -1,0 +1,200 @@
+//! A loaded model: the GGUF mapping, its hyper-parameters, and the tensor index of every
+//! weight the forward pass uses, each checked against the shape the architecture implies.
+
+use std::path::Path;
+
+use abi_stable::std_types::RSlice;
+
+use super::{Architecture, HyperParams, ModelError};
+use crate::gguf::{GgmlType, GgufError, GgufFile, TensorInfo};
+use crate::plugin::backend_abi::{BackendBox, TensorView};
+
+/// The weights of one decoder layer (tensor infos; the bytes stay in the mapping).
+#[derive(Debug, Clone)]
+pub struct LayerWeights {
+    pub attn_norm: TensorInfo,
+    pub wq: TensorInfo,
+    pub wk: TensorInfo,
+    pub wv: TensorInfo,
+    pub wo: TensorInfo,
+    pub bq: Option<TensorInfo>,
+    pub bk: Option<TensorInfo>,
+    pub bv: Option<TensorInfo>,
+    pub ffn_norm: TensorInfo,
+    pub ffn_gate: TensorInfo,
+    pub ffn_up: TensorInfo,
+    pub ffn_down: TensorInfo,
+}
+
+/// A model ready to run: the mapped file plus a validated index of its weights.
+pub struct Model {
+    gguf: GgufFile,
+    hparams: HyperParams,
+    pub(crate) token_embd: TensorInfo,
+    pub(crate) output_norm: TensorInfo,
+    /// `output.weight`, or the token embedding when the head is tied.
+    pub(crate) output: TensorInfo,
+    /// Llama 3.1+ RoPE frequency factors (n_rot/2 floats, copied: a few hundred bytes).
+    pub(crate) rope_freqs: Option<Vec<f32>>,
+    pub(crate) layers: Vec<LayerWeights>,
+}
+
+impl Model {
+    /// Maps `path` and validates the architecture, hyper-parameters and every weight shape.
+    pub fn load(path: impl AsRef<Path>) -> Result<Model, ModelError> {
+        let gguf = GgufFile::open(path.as_ref())?;
+        Model::from_gguf(gguf)
+    }
+
+    pub fn from_gguf(gguf: GgufFile) -> Result<Model, ModelError> {
+        let arch_name = gguf.architecture()?;
+        let arch = Architecture::from_name(arch_name).ok_or_else(|| {
+            ModelError::UnsupportedArchitecture {
+                path: gguf.path().to_path_buf(),
+                arch: arch_name.to_string(),
+                supported: Architecture::supported_names(),
+            }
+        })?;
+        let hp = HyperParams::from_gguf(&gguf, arch)?;
+        let spec = arch.spec();
+        let (d, ff) = (hp.n_embd as u64, hp.n_ff as u64);
+        let (qd, kd, vd) = (hp.q_dim() as u64, hp.k_dim() as u64, hp.v_dim() as u64);
+        let vocab = hp.n_vocab as u64;
+
+        let token_embd = shaped(&gguf, "token_embd.weight", &[d, vocab])?;
+        let output_norm = shaped(&gguf, "output_norm.weight", &[d])?;
+        let output = match gguf.tensor("output.weight") {
+            Some(_) => shaped(&gguf, "output.weight", &[d, vocab])?,
+            None => token_embd.clone(),
+        };
+        let rope_freqs = match gguf.tensor("rope_freqs.weight") {
+            Some(_) => {
+                let t = shaped(&gguf, "rope_freqs.weight", &[hp.n_rot as u64 / 2])?;
+                Some(f32_values(&gguf, &t)?)
+            }
+            None => None,
+        };
+
+        let mut layers = Vec::with_capacity(hp.n_layers);
+        for i in 0..hp.n_layers {
+            let name = |s: &str| format!("blk.{i}.{s}");
+            let t = |s: &str, dims: &[u64]| shaped(&gguf, &name(s), dims);
+            let bias = |s: &str, len: u64| -> Result<Option<TensorInfo>, ModelError> {
+                if spec.qkv_bias {
+                    Ok(Some(t(s, &[len])?))
+                } else {
+                    Ok(None)
+                }
+            };
+            layers.push(LayerWeights {
+                attn_norm: t("attn_norm.weight", &[d])?,
+                wq: t("attn_q.weight", &[d, qd])?,
+                wk: t("attn_k.weight", &[d, kd])?,
+                wv: t("attn_v.weight", &[d, vd])?,
+                wo: t("attn_output.weight", &[qd / hp.head_dim_k as u64 * hp.head_dim_v as u64, d])?,
+                bq: bias("attn_q.bias", qd)?,
+                bk: bias("attn_k.bias", kd)?,
+                bv: bias("attn_v.bias", vd)?,
+                ffn_norm: t("ffn_norm.weight", &[d])?,
+                ffn_gate: t("ffn_gate.weight", &[d, ff])?,
+                ffn_up: t("ffn_up.weight", &[d, ff])?,
+                ffn_down: t("ffn_down.weight", &[ff, d])?,
+            });
+        }
+
+        Ok(Model {
+            gguf,
+            hparams: hp,
+            token_embd,
+            output_norm,
+            output,
+            rope_freqs,
+            layers,
+        })
+    }
+
+    pub fn hparams(&self) -> &HyperParams {
+        &self.hparams
+    }
+
+    pub fn gguf(&self) -> &GgufFile {
+        &self.gguf
+    }
+
+    /// Every weight tensor the forward pass reads.
+    pub fn weight_tensors(&self) -> impl Iterator<Item = &TensorInfo> {
+        let globals = [&self.token_embd, &self.output_norm, &self.output];
+        globals.into_iter().chain(self.layers.iter().flat_map(|l| {
+            [
+                &l.attn_norm,
+                &l.wq,
+                &l.wk,
+                &l.wv,
+                &l.wo,
+                &l.ffn_norm,
+                &l.ffn_gate,
+                &l.ffn_up,
+                &l.ffn_down,
+            ]
+            .into_iter()
+            .chain(l.bq.iter())
+            .chain(l.bk.iter())
+            .chain(l.bv.iter())
+        }))
+    }
+
+    /// Fails with the first weight whose type the backend cannot compute.
+    pub fn check_backend(&self, backend: &BackendBox) -> Result<(), ModelError> {
+        for t in self.weight_tensors() {
+            if !backend.supports(t.ggml_type.id()) {
+                return Err(ModelError::UnsupportedTensorType {
+                    path: self.gguf.path().to_path_buf(),
+                    tensor: t.name.clone(),
+                    ty: t.ggml_type.name().to_string(),
+                    backend: backend.name().into_string(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The weight as the backend sees it: a slice of the mapping, no copy.
+    pub(crate) fn view(&self, t: &TensorInfo) -> TensorView<'_> {
+        TensorView {
+            data: RSlice::from_slice(self.gguf.tensor_data(t)),
+            ggml_type: t.ggml_type.id(),
+            cols: t.cols(),
+            rows: t.rows(),
+        }
+    }
+}
+
+/// Looks up a tensor and checks its dimensions (GGUF order: row length first).
+fn shaped(g: &GgufFile, name: &str, dims: &[u64]) -> Result<TensorInfo, GgufError> {
+    let t = g.require_tensor(name)?;
+    if t.dims != dims {
+        return Err(GgufError::BadShape {
+            path: g.path().to_path_buf(),
+            tensor: name.to_string(),
+            found: t.dims.clone(),
+            expected: dims.to_vec(),
+        });
+    }
+    Ok(t.clone())
+}
+
+/// Reads a small F32 tensor's values.
+fn f32_values(g: &GgufFile, t: &TensorInfo) -> Result<Vec<f32>, ModelError> {
+    if t.ggml_type != GgmlType::F32 {
+        return Err(ModelError::UnsupportedTensorType {
+            path: g.path().to_path_buf(),
+            tensor: t.name.clone(),
+            ty: t.ggml_type.name().to_string(),
+            backend: "model loader (expects F32)".to_string(),
+        });
+    }
+    Ok(g.tensor_data(t)
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect())
+}

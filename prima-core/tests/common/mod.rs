@@ -1,0 +1,49 @@
+//! Helpers shared by the model-level tests: where models and fixtures live, and loading
+//! the CPU backend plugin the way the binary does.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+use prima_core::plugin::backend_abi::BackendConfig;
+use prima_core::plugin::{load_backend, LoadedBackend};
+
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// Models fetched by `cargo xtask fetch-models`.
+pub fn workspace_models() -> PathBuf {
+    workspace_root().join("models")
+}
+
+/// Models derived by `cargo xtask test-models` (requantized and tiny random ones).
+pub fn derived_models() -> PathBuf {
+    match std::env::var_os("PRIMA_MODEL_DIR") {
+        Some(dir) => PathBuf::from(dir),
+        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/prima/models"),
+    }
+}
+
+/// Returns the model path, or `None` (with a note) when it is absent and absence is
+/// allowed. `cargo xtask test` sets `PRIMA_REQUIRE_MODELS=1`, so in CI a missing model
+/// fails the test instead of skipping it.
+pub fn model_or_skip(path: PathBuf) -> Option<PathBuf> {
+    if path.exists() {
+        return Some(path);
+    }
+    if std::env::var_os("PRIMA_REQUIRE_MODELS").is_some() {
+        panic!("{} is missing (run `cargo xtask test-models`)", path.display());
+    }
+    eprintln!("note: skipping, {} is absent (run `cargo xtask test-models`)", path.display());
+    None
+}
+
+/// The CPU backend plugin, found beside the test binary's target directory.
+pub fn cpu_backend(threads: u32) -> LoadedBackend {
+    load_backend(Some("cpu"), BackendConfig { threads })
+        .unwrap_or_else(|e| panic!("{e} (build it with `cargo build --release --workspace`)"))
+}

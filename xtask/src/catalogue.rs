@@ -1,0 +1,125 @@
+//! Every model the test suite uses, as data: where its file lives and how it
+//! is made. Fetched models live in `<workspace>/models/`; everything derived
+//! from them (requantized variants, tiny random models) in the derived-model
+//! directory (`~/.cache/prima/models/` or `$PRIMA_MODEL_DIR`).
+
+use std::path::PathBuf;
+
+use crate::layout::Layout;
+
+pub enum Origin {
+    /// Downloaded from PyPI by `fetch-models`.
+    Fetched,
+    /// Written by `tests/fixtures/models/make_tiny_models.py`.
+    Tiny,
+    /// `llama-quantize [--pure] --allow-requantize <source> <file> <ftype>`.
+    Requantized {
+        source: &'static str,
+        ftype: &'static str,
+        /// `--pure`: every quantizable tensor gets `ftype`, with no per-tensor mixture.
+        pure: bool,
+    },
+}
+
+pub struct ModelSpec {
+    /// Short name used for fixture files: `tests/fixtures/generation/<tag>.json`.
+    pub tag: &'static str,
+    pub file: &'static str,
+    pub origin: Origin,
+}
+
+impl ModelSpec {
+    pub fn path(&self, layout: &Layout) -> PathBuf {
+        match self.origin {
+            Origin::Fetched => layout.fetched_models().join(self.file),
+            _ => layout.derived_models.join(self.file),
+        }
+    }
+
+    /// How fixtures name the model's directory.
+    pub fn location(&self) -> &'static str {
+        match self.origin {
+            Origin::Fetched => "workspace-models",
+            _ => "derived-models",
+        }
+    }
+}
+
+pub const SMOLLM2_Q4_1: &str = "smollm2-135m-q4_1";
+pub const GEMMA3_Q4_K_M: &str = "gemma-3-270m-q4_k_m";
+
+const fn smollm2(tag: &'static str, file: &'static str, ftype: &'static str) -> ModelSpec {
+    ModelSpec {
+        tag,
+        file,
+        origin: Origin::Requantized {
+            source: SMOLLM2_Q4_1,
+            ftype,
+            pure: false,
+        },
+    }
+}
+
+const fn tiny_llama(tag: &'static str, file: &'static str, ftype: &'static str) -> ModelSpec {
+    ModelSpec {
+        tag,
+        file,
+        origin: Origin::Requantized {
+            source: "tiny-llama-f32",
+            ftype,
+            pure: true,
+        },
+    }
+}
+
+/// In dependency order: a model's source comes before it.
+pub const MODELS: &[ModelSpec] = &[
+    ModelSpec {
+        tag: SMOLLM2_Q4_1,
+        file: "SmolLM2-135M-Instruct.Q4_1.gguf",
+        origin: Origin::Fetched,
+    },
+    ModelSpec {
+        tag: GEMMA3_Q4_K_M,
+        file: "gemma-3-270m-q4_k_m.gguf",
+        origin: Origin::Fetched,
+    },
+    smollm2("smollm2-135m-q4_0", "smollm2-135m-q4_0.gguf", "Q4_0"),
+    smollm2("smollm2-135m-q5_0", "smollm2-135m-q5_0.gguf", "Q5_0"),
+    smollm2("smollm2-135m-q5_1", "smollm2-135m-q5_1.gguf", "Q5_1"),
+    smollm2("smollm2-135m-q8_0", "smollm2-135m-q8_0.gguf", "Q8_0"),
+    smollm2("smollm2-135m-q2_k", "smollm2-135m-q2_k.gguf", "Q2_K"),
+    smollm2("smollm2-135m-q3_k_m", "smollm2-135m-q3_k_m.gguf", "Q3_K_M"),
+    smollm2("smollm2-135m-q4_k_m", "smollm2-135m-q4_k_m.gguf", "Q4_K_M"),
+    smollm2("smollm2-135m-q5_k_m", "smollm2-135m-q5_k_m.gguf", "Q5_K_M"),
+    smollm2("smollm2-135m-q6_k", "smollm2-135m-q6_k.gguf", "Q6_K"),
+    smollm2("smollm2-135m-f16", "smollm2-135m-f16.gguf", "F16"),
+    ModelSpec {
+        tag: "tiny-qwen2-f32",
+        file: "tiny-qwen2-f32.gguf",
+        origin: Origin::Tiny,
+    },
+    ModelSpec {
+        tag: "tiny-qwen2-f16",
+        file: "tiny-qwen2-f16.gguf",
+        origin: Origin::Tiny,
+    },
+    ModelSpec {
+        tag: "tiny-llama-f32",
+        file: "tiny-llama-f32.gguf",
+        origin: Origin::Tiny,
+    },
+    // With --pure the _M mixtures collapse to their base K type.
+    tiny_llama("tiny-llama-q2_k", "tiny-llama-q2_k.gguf", "Q2_K"),
+    tiny_llama("tiny-llama-q3_k", "tiny-llama-q3_k.gguf", "Q3_K_M"),
+    tiny_llama("tiny-llama-q4_k", "tiny-llama-q4_k.gguf", "Q4_K_M"),
+    tiny_llama("tiny-llama-q5_k", "tiny-llama-q5_k.gguf", "Q5_K_M"),
+    tiny_llama("tiny-llama-q6_k", "tiny-llama-q6_k.gguf", "Q6_K"),
+];
+
+pub fn by_tag(tag: &str) -> &'static ModelSpec {
+    MODELS
+        .iter()
+        .find(|m| m.tag == tag)
+        .unwrap_or_else(|| panic!("no model tagged {tag} in the catalogue"))
+}
