@@ -26,7 +26,10 @@ fn tiny_model(arch: &str, attn_q_dims: [u64; 2]) -> Vec<u8> {
     ] {
         w.add(&format!("{arch}.{k}"), Value::U32(v));
     }
-    w.add(&format!("{arch}.attention.layer_norm_rms_epsilon"), Value::F32(1e-5));
+    w.add(
+        &format!("{arch}.attention.layer_norm_rms_epsilon"),
+        Value::F32(1e-5),
+    );
     w.add("tokenizer.ggml.model", s("gpt2"));
     w.add("tokenizer.ggml.pre", s("default"));
     let tokens = ["<s>", "</s>", "h", "i", "hi", "Ġ", "Ġh", "!"];
@@ -36,9 +39,17 @@ fn tiny_model(arch: &str, attn_q_dims: [u64; 2]) -> Vec<u8> {
     );
     w.add(
         "tokenizer.ggml.token_type",
-        Value::Array([3, 3, 1, 1, 1, 1, 1, 1].into_iter().map(Value::I32).collect()),
+        Value::Array(
+            [3, 3, 1, 1, 1, 1, 1, 1]
+                .into_iter()
+                .map(Value::I32)
+                .collect(),
+        ),
     );
-    w.add("tokenizer.ggml.merges", Value::Array(vec![s("h i"), s("Ġ h")]));
+    w.add(
+        "tokenizer.ggml.merges",
+        Value::Array(vec![s("h i"), s("Ġ h")]),
+    );
     w.add("tokenizer.ggml.bos_token_id", Value::U32(0));
     w.add("tokenizer.ggml.eos_token_id", Value::U32(1));
 
@@ -91,7 +102,11 @@ fn run_fails(model: &Path) -> String {
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert_eq!(out.status.code(), Some(1), "exit status, stderr: {stderr}");
     assert!(!stderr.contains("panicked"), "panic: {stderr}");
-    assert_eq!(stderr.trim_end().lines().count(), 1, "one line expected: {stderr}");
+    assert_eq!(
+        stderr.trim_end().lines().count(),
+        1,
+        "one line expected: {stderr}"
+    );
     assert!(out.stdout.is_empty(), "nothing on stdout expected");
     stderr
 }
@@ -117,7 +132,11 @@ fn the_valid_tiny_model_runs() {
         .args(["-p", "hi", "-n", "3", "--temp", "0", "--ignore-eos"])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]
@@ -140,7 +159,10 @@ fn wrong_magic() {
 #[test]
 fn truncated_file() {
     let bytes = valid_model();
-    for (i, cut) in [10, bytes.len() / 3, bytes.len() - 100].into_iter().enumerate() {
+    for (i, cut) in [10, bytes.len() / 3, bytes.len() - 100]
+        .into_iter()
+        .enumerate()
+    {
         let path = write(&format!("truncated-{i}.gguf"), &bytes[..cut]);
         let err = run_fails(&path);
         assert!(

@@ -47,11 +47,17 @@ struct Case {
 }
 
 fn load_fixture(file: &str) -> (Value, Vec<Case>) {
-    let path = common::workspace_root().join("tests/fixtures/generation").join(file);
+    let path = common::workspace_root()
+        .join("tests/fixtures/generation")
+        .join(file);
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let v: Value = serde_json::from_str(&text).unwrap();
     let ids = |v: &Value| -> Vec<u32> {
-        v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect()
     };
     let pairs = |v: &Value| -> Vec<(u32, f32)> {
         v.as_array()
@@ -68,7 +74,10 @@ fn load_fixture(file: &str) -> (Value, Vec<Case>) {
             name: c["name"].as_str().unwrap().to_string(),
             prompt: c["prompt"].as_str().map(str::to_string),
             prompt_ids: ids(&c["prompt_ids"]),
-            logits: pairs(&c["top_logits"]).into_iter().chain(pairs(&c["sampled_logits"])).collect(),
+            logits: pairs(&c["top_logits"])
+                .into_iter()
+                .chain(pairs(&c["sampled_logits"]))
+                .collect(),
             greedy: ids(&c["greedy"]),
             gaps: c["greedy_gaps"]
                 .as_array()
@@ -115,7 +124,11 @@ fn check_fixture(file: &str) {
     for case in &cases {
         if let Some(text) = &case.prompt {
             let ids = tokenizer.encode(text, tokenizer.add_bos_default(), true);
-            assert_eq!(ids, case.prompt_ids, "{file} / {}: prompt token ids differ", case.name);
+            assert_eq!(
+                ids, case.prompt_ids,
+                "{file} / {}: prompt token ids differ",
+                case.name
+            );
         }
         let mut session = Session::new(&model, &backend.backend, 512, 512).unwrap();
         let mut logits = session.eval(&case.prompt_ids).unwrap().to_vec();

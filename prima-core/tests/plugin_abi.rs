@@ -109,7 +109,10 @@ fn separately_built_plugin_is_loaded_and_wrong_abi_is_refused() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains("ABI v999"), "{err}");
     } else {
-        eprintln!("note: {} absent; run `cargo xtask fetch-models` for the model half of this test", model.display());
+        eprintln!(
+            "note: {} absent; run `cargo xtask fetch-models` for the model half of this test",
+            model.display()
+        );
     }
     let _ = std::fs::remove_dir_all(&base);
 }

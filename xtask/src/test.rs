@@ -1,6 +1,8 @@
 //! `cargo xtask test`: the project's full test run — make the test models,
-//! then build and test the whole workspace in release mode (every test
-//! binary runs even when an earlier one fails).
+//! check formatting and lints, then build and test the whole workspace in
+//! release mode (every test binary runs even when an earlier one fails).
+//! Model-level tests are told that their models must exist
+//! (`PRIMA_REQUIRE_MODELS=1`), so a missing model fails instead of skipping.
 
 use std::env;
 use std::process::Command;
@@ -14,7 +16,17 @@ use crate::test_models;
 pub fn run(layout: &Layout) -> Result<i32> {
     test_models::run(layout)?;
     let cargo = env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let steps: [&[&str]; 2] = [
+    let steps: [&[&str]; 4] = [
+        &["fmt", "--all", "--check"],
+        &[
+            "clippy",
+            "--release",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ],
         &["build", "--release", "--workspace"],
         &["test", "--release", "--workspace", "--no-fail-fast"],
     ];
@@ -22,6 +34,7 @@ pub fn run(layout: &Layout) -> Result<i32> {
         let status = Command::new(&cargo)
             .args(step)
             .current_dir(&layout.workspace)
+            .env("PRIMA_REQUIRE_MODELS", "1")
             .status()
             .with_context(|| format!("cannot start cargo {}", step.join(" ")))?;
         if !status.success() {

@@ -61,7 +61,11 @@ fn warm_pages(model: &Model, path: &Path) {
         ProgressStyle::with_template("loading {msg} {bar:30} {bytes}/{total_bytes} ({eta})")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
-    bar.set_message(path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default());
+    bar.set_message(
+        path.file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+    );
     // Draw only if loading is still going after a moment.
     bar.enable_steady_tick(Duration::from_millis(250));
     let mut checksum = 0u8;

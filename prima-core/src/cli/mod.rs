@@ -11,7 +11,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "prima", version, about = "Run large language models across the devices you own")]
+#[command(
+    name = "prima",
+    version,
+    about = "Run large language models across the devices you own"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -6,7 +6,10 @@ pub fn run() -> anyhow::Result<()> {
     let dirs = plugin_dirs();
     println!(
         "plugin directories: {}",
-        dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", ")
+        dirs.iter()
+            .map(|d| d.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
     );
     let found = discover();
     if found.is_empty() {
@@ -15,11 +18,17 @@ pub fn run() -> anyhow::Result<()> {
     }
     for p in found {
         let kind = p.kind.map(|k| k.name()).unwrap_or("unknown");
-        let abi = p.abi_version.map(|v| format!("abi v{v}")).unwrap_or_else(|| "abi ?".into());
+        let abi = p
+            .abi_version
+            .map(|v| format!("abi v{v}"))
+            .unwrap_or_else(|| "abi ?".into());
         let name = p.name.as_deref().unwrap_or("?");
         let version = p.version.as_deref().unwrap_or("?");
         match &p.refused {
-            None => println!("{kind:<9} {name:<8} {version:<8} {abi:<7} {}", p.path.display()),
+            None => println!(
+                "{kind:<9} {name:<8} {version:<8} {abi:<7} {}",
+                p.path.display()
+            ),
             Some(why) => println!("refused   {} — {why}", p.path.display()),
         }
     }

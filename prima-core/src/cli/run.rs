@@ -65,7 +65,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
 
     let text = if args.chat {
         let template = tok.chat_template().with_context(|| {
-            format!("{}: --chat needs tokenizer.chat_template, which the model lacks", args.engine.model.display())
+            format!(
+                "{}: --chat needs tokenizer.chat_template, which the model lacks",
+                args.engine.model.display()
+            )
         })?;
         let messages = [ChatMessage {
             role: "user".into(),
@@ -76,7 +79,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         args.prompt.clone()
     };
     // A chat template writes its own BOS text; parse it as the special token.
-    let add_bos = tok.add_bos_default() && !(args.chat && text.starts_with(tok.bos_text()) && !tok.bos_text().is_empty());
+    let add_bos = tok.add_bos_default()
+        && !(args.chat && text.starts_with(tok.bos_text()) && !tok.bos_text().is_empty());
     let prompt = tok.encode(&text, add_bos, true);
     anyhow::ensure!(!prompt.is_empty(), "the prompt is empty after tokenization");
 
@@ -86,7 +90,12 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         "the prompt has {} tokens but the context holds {n_ctx} (raise --ctx-size)",
         prompt.len()
     );
-    let mut session = Session::new(&engine.model, &engine.backend.backend, n_ctx, args.batch_size)?;
+    let mut session = Session::new(
+        &engine.model,
+        &engine.backend.backend,
+        n_ctx,
+        args.batch_size,
+    )?;
     let seed = args.seed.unwrap_or_else(|| {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

@@ -163,8 +163,11 @@ impl<'m> Session<'m> {
         }
         let table = self.model.view(&self.model.token_embd);
         op(
-            self.backend
-                .get_rows(table, RSlice::from_slice(tokens), rm(&mut self.buf.x[..n * d])),
+            self.backend.get_rows(
+                table,
+                RSlice::from_slice(tokens),
+                rm(&mut self.buf.x[..n * d]),
+            ),
             "get_rows",
         )
     }
@@ -211,11 +214,23 @@ impl<'m> Session<'m> {
 
         // Attention block.
         let (x, h) = (&mut b.x[..n * d], &mut b.h[..n * d]);
-        op(be.rms_norm(rs(x), model.view(&w.attn_norm), hp.rms_eps, rm(h)), "rms_norm")?;
+        op(
+            be.rms_norm(rs(x), model.view(&w.attn_norm), hp.rms_eps, rm(h)),
+            "rms_norm",
+        )?;
         let (q, k, v) = (&mut b.q[..n * qd], &mut b.k[..n * kd], &mut b.v[..n * vd]);
-        op(be.matmul(model.view(&w.wq), rs(h), nt, rm(q)), "matmul attn_q")?;
-        op(be.matmul(model.view(&w.wk), rs(h), nt, rm(k)), "matmul attn_k")?;
-        op(be.matmul(model.view(&w.wv), rs(h), nt, rm(v)), "matmul attn_v")?;
+        op(
+            be.matmul(model.view(&w.wq), rs(h), nt, rm(q)),
+            "matmul attn_q",
+        )?;
+        op(
+            be.matmul(model.view(&w.wk), rs(h), nt, rm(k)),
+            "matmul attn_k",
+        )?;
+        op(
+            be.matmul(model.view(&w.wv), rs(h), nt, rm(v)),
+            "matmul attn_v",
+        )?;
         for (bias, out) in [(&w.bq, &mut *q), (&w.bk, &mut *k), (&w.bv, &mut *v)] {
             if let Some(bias) = bias {
                 op(be.add_bias(rm(out), model.view(bias)), "add_bias")?;
@@ -238,17 +253,35 @@ impl<'m> Session<'m> {
             softcap: 0.0,
         };
         let attn = &mut b.attn[..n * attn_dim];
-        op(be.attention(kv, rs(q), rs(k), rs(v), params, rm(attn)), "attention")?;
-        op(be.matmul(model.view(&w.wo), rs(attn), nt, rm(h)), "matmul attn_output")?;
+        op(
+            be.attention(kv, rs(q), rs(k), rs(v), params, rm(attn)),
+            "attention",
+        )?;
+        op(
+            be.matmul(model.view(&w.wo), rs(attn), nt, rm(h)),
+            "matmul attn_output",
+        )?;
         op(be.add(rm(x), rs(h)), "add")?;
 
         // Feed-forward block.
-        op(be.rms_norm(rs(x), model.view(&w.ffn_norm), hp.rms_eps, rm(h)), "rms_norm")?;
+        op(
+            be.rms_norm(rs(x), model.view(&w.ffn_norm), hp.rms_eps, rm(h)),
+            "rms_norm",
+        )?;
         let (gate, up) = (&mut b.gate[..n * ff], &mut b.up[..n * ff]);
-        op(be.matmul(model.view(&w.ffn_gate), rs(h), nt, rm(gate)), "matmul ffn_gate")?;
-        op(be.matmul(model.view(&w.ffn_up), rs(h), nt, rm(up)), "matmul ffn_up")?;
+        op(
+            be.matmul(model.view(&w.ffn_gate), rs(h), nt, rm(gate)),
+            "matmul ffn_gate",
+        )?;
+        op(
+            be.matmul(model.view(&w.ffn_up), rs(h), nt, rm(up)),
+            "matmul ffn_up",
+        )?;
         op(be.swiglu(rm(gate), rs(up)), "swiglu")?;
-        op(be.matmul(model.view(&w.ffn_down), rs(gate), nt, rm(h)), "matmul ffn_down")?;
+        op(
+            be.matmul(model.view(&w.ffn_down), rs(gate), nt, rm(h)),
+            "matmul ffn_down",
+        )?;
         op(be.add(rm(x), rs(h)), "add")
     }
 
@@ -260,7 +293,10 @@ impl<'m> Session<'m> {
         let be = self.backend;
         let b = &mut self.buf;
         let (x, h) = (&b.x[row * d..(row + 1) * d], &mut b.h[..d]);
-        op(be.rms_norm(rs(x), model.view(&model.output_norm), hp.rms_eps, rm(h)), "rms_norm")?;
+        op(
+            be.rms_norm(rs(x), model.view(&model.output_norm), hp.rms_eps, rm(h)),
+            "rms_norm",
+        )?;
         op(
             be.matmul(model.view(&model.output), rs(h), 1, rm(&mut b.logits)),
             "matmul output",

@@ -91,7 +91,10 @@ impl Model {
                 wq: t("attn_q.weight", &[d, qd])?,
                 wk: t("attn_k.weight", &[d, kd])?,
                 wv: t("attn_v.weight", &[d, vd])?,
-                wo: t("attn_output.weight", &[qd / hp.head_dim_k as u64 * hp.head_dim_v as u64, d])?,
+                wo: t(
+                    "attn_output.weight",
+                    &[qd / hp.head_dim_k as u64 * hp.head_dim_v as u64, d],
+                )?,
                 bq: bias("attn_q.bias", qd)?,
                 bk: bias("attn_k.bias", kd)?,
                 bv: bias("attn_v.bias", vd)?,

@@ -49,7 +49,9 @@ pub struct LoadedBackend {
 /// the running binary and its `plugins/` subdirectory.
 pub fn plugin_dirs() -> Vec<PathBuf> {
     if let Some(v) = std::env::var_os(PLUGIN_DIR_ENV) {
-        return std::env::split_paths(&v).filter(|p| !p.as_os_str().is_empty()).collect();
+        return std::env::split_paths(&v)
+            .filter(|p| !p.as_os_str().is_empty())
+            .collect();
     }
     let mut dirs = Vec::new();
     if let Ok(exe) = std::env::current_exe() {
@@ -153,7 +155,10 @@ fn open_backend_root(path: &Path) -> Result<BackendPluginRef, String> {
 }
 
 /// Loads the backend plugin named `name` (or the first usable one) and creates a backend.
-pub fn load_backend(name: Option<&str>, config: BackendConfig) -> Result<LoadedBackend, PluginError> {
+pub fn load_backend(
+    name: Option<&str>,
+    config: BackendConfig,
+) -> Result<LoadedBackend, PluginError> {
     let plugins = discover();
     let mut last_refusal = None;
     for info in &plugins {

@@ -24,7 +24,9 @@ pub fn workspace_models() -> PathBuf {
 pub fn derived_models() -> PathBuf {
     match std::env::var_os("PRIMA_MODEL_DIR") {
         Some(dir) => PathBuf::from(dir),
-        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/prima/models"),
+        None => {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/prima/models")
+        }
     }
 }
 
@@ -36,9 +38,15 @@ pub fn model_or_skip(path: PathBuf) -> Option<PathBuf> {
         return Some(path);
     }
     if std::env::var_os("PRIMA_REQUIRE_MODELS").is_some() {
-        panic!("{} is missing (run `cargo xtask test-models`)", path.display());
+        panic!(
+            "{} is missing (run `cargo xtask test-models`)",
+            path.display()
+        );
     }
-    eprintln!("note: skipping, {} is absent (run `cargo xtask test-models`)", path.display());
+    eprintln!(
+        "note: skipping, {} is absent (run `cargo xtask test-models`)",
+        path.display()
+    );
     None
 }
 

@@ -170,7 +170,11 @@ fn attend_one(
             *s = (*s - max).exp();
             total += *s as f64;
         }
-        let norm = if total > 0.0 { (1.0 / total) as f32 } else { 0.0 };
+        let norm = if total > 0.0 {
+            (1.0 / total) as f32
+        } else {
+            0.0
+        };
         o.fill(0.0);
         for (s, j) in scores.iter().zip(first..=pos) {
             let weight = f16::from_f32(s * norm).to_f32();

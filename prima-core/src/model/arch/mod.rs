@@ -26,7 +26,9 @@ impl Architecture {
     pub const ALL: [Architecture; 2] = [Architecture::Llama, Architecture::Qwen2];
 
     pub fn from_name(name: &str) -> Option<Architecture> {
-        Architecture::ALL.into_iter().find(|a| a.spec().name == name)
+        Architecture::ALL
+            .into_iter()
+            .find(|a| a.spec().name == name)
     }
 
     pub fn spec(self) -> ArchSpec {
