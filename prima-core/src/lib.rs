@@ -9,5 +9,6 @@ pub mod generate;
 pub mod gguf;
 pub mod model;
 pub mod plugin;
+pub mod profile;
 pub mod sampler;
 pub mod tokenizer;

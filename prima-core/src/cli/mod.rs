@@ -1,6 +1,7 @@
 //! Command-line front end: parses arguments, runs one command, and turns errors into
 //! one-line messages with a non-zero exit code.
 
+mod bench;
 mod engine;
 mod plugins;
 mod run;
@@ -29,6 +30,8 @@ enum Command {
     Tokenize(tokenize::TokenizeArgs),
     /// List the plugins found in the plugin directories.
     Plugins,
+    /// Measure prompt-processing and generation throughput (like llama-bench).
+    Bench(bench::BenchArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -41,6 +44,7 @@ pub fn main() -> ExitCode {
         Command::Run(args) => run::run(args),
         Command::Tokenize(args) => tokenize::run(args),
         Command::Plugins => plugins::run(),
+        Command::Bench(args) => bench::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
