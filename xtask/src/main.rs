@@ -5,6 +5,7 @@
 //! `<workspace>/models/`. Only fixtures under `tests/fixtures/` are meant to
 //! be committed.
 
+mod bench;
 mod catalogue;
 mod digest;
 mod fetch_models;
@@ -48,6 +49,8 @@ enum Task {
     TestModels,
     /// test-models, then `cargo build --release` and `cargo test --release` on the workspace.
     Test,
+    /// Prima and llama-bench side by side on the bench models, with ratios.
+    Bench(bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -69,6 +72,7 @@ fn run(cli: Cli) -> Result<u8> {
             only,
         } => reference::run(&layout, fixtures_only, only.as_deref())?,
         Task::TestModels => test_models::run(&layout)?,
+        Task::Bench(args) => bench::run(&layout, &args)?,
         Task::Test => {
             let code = test::run(&layout)?;
             return Ok(u8::try_from(code).unwrap_or(1));

@@ -1,0 +1,262 @@
+//! `cargo xtask bench`: Prima and llama.cpp side by side, in one run, on the same models,
+//! thread counts, prompt and generation lengths.
+//!
+//! The two tools are run in alternation (llama-bench, prima bench, llama-bench, …) so a
+//! disturbance on the machine hits both; each reports the mean over `reps` repetitions
+//! and the table shows the mean of those means per tool and the Prima ÷ llama.cpp ratios.
+//! Bandwidth efficiency = weight bytes read per generated token × generation tok/s ÷ the
+//! memory read bandwidth measured (STREAM-style) in the same run.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+use serde_json::Value;
+
+use crate::catalogue;
+use crate::layout::Layout;
+use crate::llama_cpp::LlamaCpp;
+
+#[derive(clap::Args, Debug)]
+pub struct BenchArgs {
+    /// Model tags (see the catalogue) or GGUF paths; default: the bench set.
+    #[arg(long = "model", value_name = "TAG|PATH")]
+    models: Vec<String>,
+    /// Thread counts to measure, comma-separated.
+    #[arg(short = 't', long, value_delimiter = ',', default_value = "1,2")]
+    threads: Vec<u32>,
+    #[arg(short = 'p', long = "n-prompt", default_value_t = 128)]
+    n_prompt: usize,
+    #[arg(short = 'n', long = "n-gen", default_value_t = 64)]
+    n_gen: usize,
+    /// Repetitions inside each tool run.
+    #[arg(short = 'r', long, default_value_t = 3)]
+    reps: usize,
+    /// Alternating rounds of (llama-bench, prima bench).
+    #[arg(long, default_value_t = 2)]
+    rounds: usize,
+}
+
+/// Models measured when none are named: the bench set of the CPU-speed issue.
+const DEFAULT_MODELS: &[&str] = &[
+    catalogue::SMOLLM2_Q4_1,
+    "smollm2-135m-q4_k_m",
+    catalogue::GEMMA3_Q4_K_M,
+];
+
+#[derive(Default, Clone, Copy)]
+struct Throughput {
+    pp: f64,
+    tg: f64,
+}
+
+pub fn run(layout: &Layout, args: &BenchArgs) -> Result<()> {
+    let llama = LlamaCpp::new(layout);
+    llama.ensure_built()?;
+    let llama_bench = llama.bin("llama-bench");
+    let prima = build_prima(layout)?;
+
+    let names: Vec<String> = if args.models.is_empty() {
+        DEFAULT_MODELS.iter().map(|s| s.to_string()).collect()
+    } else {
+        args.models.clone()
+    };
+    let models = names
+        .iter()
+        .map(|m| resolve_model(layout, m))
+        .collect::<Result<Vec<_>>>()?;
+
+    println!(
+        "| model | threads | llama.cpp pp{p} | Prima pp{p} | pp ratio | llama.cpp tg{n} | Prima tg{n} | tg ratio | BW eff. llama.cpp | BW eff. Prima |",
+        p = args.n_prompt,
+        n = args.n_gen
+    );
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    for model in &models {
+        if !model.exists() {
+            println!(
+                "| {} | – | missing (cargo xtask test-models) | | | | | | | |",
+                model.display()
+            );
+            continue;
+        }
+        for &t in &args.threads {
+            let mut ours = Vec::new();
+            let mut theirs = Vec::new();
+            let mut mem_bw = 0.0f64;
+            let mut bytes_per_token = 0.0f64;
+            let mut prima_error = None;
+            for round in 0..args.rounds {
+                theirs.push(run_llama_bench(&llama_bench, model, t, args)?);
+                match run_prima_bench(&prima, model, t, args, round == 0) {
+                    Ok((tp, bw, bytes)) => {
+                        ours.push(tp);
+                        if let Some(bw) = bw {
+                            mem_bw = bw;
+                            bytes_per_token = bytes;
+                        }
+                    }
+                    Err(e) => {
+                        prima_error = Some(e.to_string());
+                        break;
+                    }
+                }
+            }
+            let name = model.file_name().unwrap_or_default().to_string_lossy();
+            let l = mean(&theirs);
+            if let Some(err) = prima_error {
+                let first_line = err.lines().next().unwrap_or("").to_string();
+                println!("| {name} | {t} | {:.1} | – | – | {:.1} | – | – | | Prima failed: {first_line} |", l.pp, l.tg);
+                continue;
+            }
+            let o = mean(&ours);
+            let eff = |tg: f64| {
+                if mem_bw > 0.0 {
+                    format!("{:.0}%", 100.0 * bytes_per_token * tg / mem_bw)
+                } else {
+                    "–".into()
+                }
+            };
+            println!(
+                "| {name} | {t} | {:.1} | {:.1} | {:.2} | {:.1} | {:.1} | {:.2} | {} | {} |",
+                l.pp,
+                o.pp,
+                o.pp / l.pp,
+                l.tg,
+                o.tg,
+                o.tg / l.tg,
+                eff(l.tg),
+                eff(o.tg)
+            );
+            if mem_bw > 0.0 {
+                eprintln!(
+                    "  {name} t={t}: memory read bandwidth {:.1} GB/s, {:.1} MB of weights per token",
+                    mem_bw / 1e9,
+                    bytes_per_token / 1e6
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A catalogue tag or a path to a GGUF file.
+fn resolve_model(layout: &Layout, name: &str) -> Result<PathBuf> {
+    if name.ends_with(".gguf") {
+        return Ok(PathBuf::from(name));
+    }
+    match catalogue::MODELS.iter().find(|m| m.tag == name) {
+        Some(spec) => Ok(spec.path(layout)),
+        None => bail!(
+            "no model tagged '{name}' (known: {}); or give a path ending in .gguf",
+            catalogue::MODELS
+                .iter()
+                .map(|m| m.tag)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
+fn mean(xs: &[Throughput]) -> Throughput {
+    let n = xs.len().max(1) as f64;
+    Throughput {
+        pp: xs.iter().map(|x| x.pp).sum::<f64>() / n,
+        tg: xs.iter().map(|x| x.tg).sum::<f64>() / n,
+    }
+}
+
+/// Builds the `prima` binary and the CPU plugin in release mode and returns the binary.
+fn build_prima(layout: &Layout) -> Result<PathBuf> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let status = Command::new(&cargo)
+        .args([
+            "build",
+            "--release",
+            "-p",
+            "prima-core",
+            "-p",
+            "prima-backend-cpu",
+        ])
+        .current_dir(&layout.workspace)
+        .status()
+        .context("cannot run cargo build")?;
+    if !status.success() {
+        bail!("cargo build failed");
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| layout.workspace.join("target"));
+    Ok(target.join("release").join("prima"))
+}
+
+fn run_llama_bench(bin: &Path, model: &Path, threads: u32, args: &BenchArgs) -> Result<Throughput> {
+    let out = Command::new(bin)
+        .arg("-m")
+        .arg(model)
+        .args(["-t", &threads.to_string()])
+        .args(["-p", &args.n_prompt.to_string()])
+        .args(["-n", &args.n_gen.to_string()])
+        .args(["-r", &args.reps.to_string()])
+        .args(["-o", "json"])
+        .output()
+        .with_context(|| format!("cannot run {}", bin.display()))?;
+    if !out.status.success() {
+        bail!(
+            "llama-bench failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let rows: Value = serde_json::from_slice(&out.stdout).context("llama-bench printed no JSON")?;
+    let mut tp = Throughput::default();
+    for row in rows
+        .as_array()
+        .context("llama-bench JSON is not an array")?
+    {
+        let ts = row["avg_ts"].as_f64().unwrap_or(0.0);
+        if row["n_gen"].as_u64() == Some(0) {
+            tp.pp = ts;
+        } else {
+            tp.tg = ts;
+        }
+    }
+    Ok(tp)
+}
+
+/// Returns throughput and, when `mem_bw` is asked for, the memory bandwidth and the weight
+/// bytes per token.
+fn run_prima_bench(
+    bin: &Path,
+    model: &Path,
+    threads: u32,
+    args: &BenchArgs,
+    mem_bw: bool,
+) -> Result<(Throughput, Option<f64>, f64)> {
+    let mut cmd = Command::new(bin);
+    cmd.arg("bench")
+        .arg("-m")
+        .arg(model)
+        .args(["-t", &threads.to_string()])
+        .args(["-p", &args.n_prompt.to_string()])
+        .args(["-n", &args.n_gen.to_string()])
+        .args(["-r", &args.reps.to_string()])
+        .arg("--json");
+    if mem_bw {
+        cmd.arg("--mem-bw");
+    }
+    let out = cmd
+        .output()
+        .with_context(|| format!("cannot run {}", bin.display()))?;
+    if !out.status.success() {
+        bail!("{}", String::from_utf8_lossy(&out.stderr).trim());
+    }
+    let v: Value = serde_json::from_slice(&out.stdout).context("prima bench printed no JSON")?;
+    Ok((
+        Throughput {
+            pp: v["prompt_tokens_per_s"].as_f64().unwrap_or(0.0),
+            tg: v["gen_tokens_per_s"].as_f64().unwrap_or(0.0),
+        },
+        v["mem_read_bytes_per_s"].as_f64(),
+        v["weight_bytes_per_token"].as_f64().unwrap_or(0.0),
+    ))
+}
