@@ -51,11 +51,6 @@ struct Throughput {
 }
 
 pub fn run(layout: &Layout, args: &BenchArgs) -> Result<()> {
-    let llama = LlamaCpp::new(layout);
-    llama.ensure_built()?;
-    let llama_bench = llama.bin("llama-bench");
-    let prima = build_prima(layout)?;
-
     let names: Vec<String> = if args.models.is_empty() {
         DEFAULT_MODELS.iter().map(|s| s.to_string()).collect()
     } else {
@@ -65,6 +60,11 @@ pub fn run(layout: &Layout, args: &BenchArgs) -> Result<()> {
         .iter()
         .map(|m| resolve_model(layout, m))
         .collect::<Result<Vec<_>>>()?;
+
+    let llama = LlamaCpp::new(layout);
+    llama.ensure_built()?;
+    let llama_bench = llama.bin("llama-bench");
+    let prima = build_prima(layout)?;
 
     println!(
         "| model | threads | llama.cpp pp{p} | Prima pp{p} | pp ratio | llama.cpp tg{n} | Prima tg{n} | tg ratio | BW eff. llama.cpp | BW eff. Prima |",
