@@ -1,11 +1,11 @@
 //! The ABI glue: [`CpuBackend`] implements the plugin [`Backend`] trait by converting ABI
 //! types to slices, calling into `crate::ops`, and turning errors into `RString`s.
 
-use crate::formats::scalar;
+use crate::formats::dispatch;
 use crate::ops::kv_cache::{lock, KvStore};
 use crate::ops::matmul::KernelLookup;
 use crate::ops::{attention, elementwise, get_rows, matmul, norm, rope, OpResult};
-use crate::pool::{build_pool, Scratch};
+use crate::pool::{build_pool, Scratch, SpinPool};
 use abi_stable::sabi_trait::TD_Opaque;
 use abi_stable::std_types::{RErr, ROk, RSlice, RSliceMut, RString};
 use prima_core::gguf::GgmlType;
@@ -16,9 +16,13 @@ use prima_core::plugin::backend_abi::{
 use rayon::ThreadPool;
 use std::sync::Mutex;
 
-/// The CPU backend: a thread pool, reusable scratch, the KV caches, and a kernel table.
+/// The CPU backend: thread pools, reusable scratch, the KV caches, and a kernel table.
+///
+/// Matrix products — hundreds of small calls per decoded token — run on the low-latency
+/// [`SpinPool`]; attention and the other row-parallel ops use rayon. Both sleep when idle.
 pub struct CpuBackend {
     pool: ThreadPool,
+    matmul_pool: SpinPool,
     scratch: Mutex<Scratch>,
     kv: KvStore,
     kernels: KernelLookup,
@@ -29,10 +33,11 @@ impl CpuBackend {
     pub fn new(cfg: BackendConfig) -> Result<CpuBackend, String> {
         Ok(CpuBackend {
             pool: build_pool(cfg.threads)?,
+            matmul_pool: SpinPool::new(cfg.threads)?,
             scratch: Mutex::new(Scratch::default()),
             kv: KvStore::default(),
-            kernels: scalar::kernels,
-            kernels_name: "scalar kernels",
+            kernels: dispatch::kernels,
+            kernels_name: dispatch::kernel_level_name(),
         })
     }
 
@@ -64,7 +69,7 @@ impl Backend for CpuBackend {
 
     fn describe(&self) -> RString {
         RString::from(format!(
-            "cpu: {}, {} threads",
+            "cpu: {} kernels, {} threads",
             self.kernels_name,
             self.threads()
         ))
@@ -96,7 +101,7 @@ impl Backend for CpuBackend {
     ) -> BackendResult<()> {
         let mut scratch = lock(&self.scratch);
         to_abi(matmul::matmul(
-            &self.pool,
+            &self.matmul_pool,
             &mut scratch,
             self.kernels,
             &w,

@@ -22,12 +22,16 @@ fn exported_create_gives_a_working_backend() {
     );
     let b = create(2);
     assert_eq!(b.name().as_str(), "cpu");
-    assert_eq!(b.describe().as_str(), "cpu: scalar kernels, 2 threads");
+    let level = prima_backend_cpu::formats::dispatch::kernel_level_name();
+    assert_eq!(
+        b.describe().as_str(),
+        format!("cpu: {level} kernels, 2 threads")
+    );
     assert!(b.supports(GgmlType::Q4K.id()) && !b.supports(GgmlType::Q8K.id()));
     assert!(create(0)
         .describe()
         .as_str()
-        .starts_with("cpu: scalar kernels, "));
+        .starts_with(&format!("cpu: {level} kernels, ")));
 
     // Q8_0 weights: 2 rows of 32 columns, d = 0.5, row r holds quants q_i = r + 1.
     let mut w = Vec::new();

@@ -199,7 +199,11 @@ fn supports_exactly_the_weight_types() {
         assert_eq!(b.supports(t.id()), WEIGHT_TYPES.contains(&t), "{t}");
     }
     assert!(!b.supports(1234));
-    assert_eq!(b.describe().as_str(), "cpu: scalar kernels, 1 threads");
+    let level = prima_backend_cpu::formats::dispatch::kernel_level_name();
+    assert_eq!(
+        b.describe().as_str(),
+        format!("cpu: {level} kernels, 1 threads")
+    );
 }
 
 #[test]

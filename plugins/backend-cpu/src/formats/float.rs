@@ -2,7 +2,8 @@
 //!
 //! As in ggml, an F16 weight is dotted against activations rounded to F16 and a BF16 weight
 //! against activations rounded to BF16 (round to nearest even); F32 against plain F32.
-//! Products are exact in f32 for F16/BF16 operands; sums are accumulated in f32.
+//! Products are exact in f32 for F16/BF16 operands; sums are accumulated in f32 in the fixed
+//! lane order of [`DOT_LANES`].
 
 use super::{f32_at, put_f16};
 use half::{bf16, f16};
@@ -44,28 +45,47 @@ pub fn quantize_row_bf16(x: &[f32], out: &mut [u8]) {
     }
 }
 
-pub fn vec_dot_f32(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let mut sum = 0.0f32;
-    for (wb, ab) in w.chunks_exact(4).zip(a.chunks_exact(4)).take(n) {
-        sum += f32_at(wb, 0) * f32_at(ab, 0);
+/// Lanes of the canonical float dot: element `i` is accumulated in lane `i % 16` (a mul,
+/// then an add; no FMA), the lanes are folded by halving (`l + l+8`, `+4`, `+2`, `+1`) and
+/// the `n % 16` tail elements are added after, in order. SIMD kernels of any width reproduce
+/// this order exactly, so every kernel level returns the same bits.
+pub const DOT_LANES: usize = 16;
+
+fn dot_in_lanes(n: usize, mut product: impl FnMut(usize) -> f32) -> f32 {
+    let full = n / DOT_LANES * DOT_LANES;
+    let mut acc = [0.0f32; DOT_LANES];
+    for base in (0..full).step_by(DOT_LANES) {
+        for (l, a) in acc.iter_mut().enumerate() {
+            *a += product(base + l);
+        }
+    }
+    let mut width = DOT_LANES / 2;
+    while width > 0 {
+        for l in 0..width {
+            acc[l] += acc[l + width];
+        }
+        width /= 2;
+    }
+    let mut sum = acc[0];
+    for i in full..n {
+        sum += product(i);
     }
     sum
+}
+
+pub fn vec_dot_f32(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let n = n.min(w.len() / 4).min(a.len() / 4);
+    dot_in_lanes(n, |i| f32_at(w, 4 * i) * f32_at(a, 4 * i))
 }
 
 pub fn vec_dot_f16(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let mut sum = 0.0f32;
-    for (wb, ab) in w.chunks_exact(2).zip(a.chunks_exact(2)).take(n) {
-        sum += f16::from_le_bytes([wb[0], wb[1]]).to_f32()
-            * f16::from_le_bytes([ab[0], ab[1]]).to_f32();
-    }
-    sum
+    let n = n.min(w.len() / 2).min(a.len() / 2);
+    let at = |b: &[u8], i: usize| f16::from_le_bytes([b[2 * i], b[2 * i + 1]]).to_f32();
+    dot_in_lanes(n, |i| at(w, i) * at(a, i))
 }
 
 pub fn vec_dot_bf16(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let mut sum = 0.0f32;
-    for (wb, ab) in w.chunks_exact(2).zip(a.chunks_exact(2)).take(n) {
-        sum += bf16::from_le_bytes([wb[0], wb[1]]).to_f32()
-            * bf16::from_le_bytes([ab[0], ab[1]]).to_f32();
-    }
-    sum
+    let n = n.min(w.len() / 2).min(a.len() / 2);
+    let at = |b: &[u8], i: usize| bf16::from_le_bytes([b[2 * i], b[2 * i + 1]]).to_f32();
+    dot_in_lanes(n, |i| at(w, i) * at(a, i))
 }

@@ -5,12 +5,14 @@
 //! against the activation type llama.cpp pairs it with (its "vec_dot type"). Activation
 //! types (Q8_0, Q8_1, Q8_K, F16, BF16, F32) also provide `quantize_row`, which turns an f32
 //! activation row into that type. [`scalar`] gathers these functions into one
-//! [`FormatKernels`] table per weight type; a SIMD dispatch is meant to sit beside it and
-//! return the same table shape, so `ops::matmul` never changes.
+//! [`FormatKernels`] table per weight type, the reference every vectorised kernel is tested
+//! against; [`dispatch`] picks the fastest level this CPU runs (`x86`: AVX2, AVX-512) and
+//! returns the same table shape, so `ops::matmul` does not care which.
 //!
 //! This module is not for parallelism or validation: kernels trust the lengths they are
 //! given (the ops check them) and only ever walk whole blocks with `chunks_exact`.
 
+pub mod dispatch;
 pub mod float;
 pub mod k_quants;
 pub mod q4_0;
@@ -20,6 +22,8 @@ pub mod q5_1;
 pub mod q8_0;
 pub mod q8_1;
 pub mod scalar;
+#[cfg(target_arch = "x86_64")]
+mod x86;
 
 use prima_core::gguf::GgmlType;
 
@@ -33,6 +37,12 @@ pub type QuantizeRowFn = fn(x: &[f32], out: &mut [u8]);
 /// weight type's vec_dot type.
 pub type VecDotFn = fn(n: usize, weight_row: &[u8], activation_row: &[u8]) -> f32;
 
+/// Dot products of one weight row against four activation rows `a_stride` bytes apart
+/// (`a[k·a_stride ..]`); each result equals `VecDotFn` on that row, bit for bit. Prefill
+/// uses it to unpack each weight block once for four tokens.
+pub type VecDotX4Fn =
+    fn(n: usize, weight_row: &[u8], activation_rows: &[u8], a_stride: usize) -> [f32; 4];
+
 /// Everything `matmul` and `get_rows` need to know about one weight type.
 #[derive(Clone, Copy)]
 pub struct FormatKernels {
@@ -44,6 +54,8 @@ pub struct FormatKernels {
     /// Converts activations to `vec_dot_type`.
     pub quantize_activation: QuantizeRowFn,
     pub vec_dot: VecDotFn,
+    /// A four-token `vec_dot`, where a kernel level has one.
+    pub vec_dot_x4: Option<VecDotX4Fn>,
 }
 
 /// Reads a little-endian f16 at `off` as f32.

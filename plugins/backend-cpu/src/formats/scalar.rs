@@ -18,6 +18,7 @@ pub fn kernels(t: GgmlType) -> Option<FormatKernels> {
         dequantize_row,
         quantize_activation,
         vec_dot,
+        vec_dot_x4: None,
     };
     Some(match t {
         T::F32 => k(

@@ -1,29 +1,43 @@
 //! `out = x · wᵀ` against weights of any supported type.
 //!
 //! As in ggml, each activation row is first converted once to the weight type's vec_dot
-//! type; then the weight rows are split into chunks, one task per chunk on the backend's
-//! pool, and [`dot_rows`] runs the format's per-row `vec_dot` over its chunk for every
-//! token. A vectorised kernel table drops in through [`FormatKernels`] without touching
-//! this structure. Every output element is one `vec_dot` call, so results do not depend on
-//! the thread count.
+//! type; then the weight rows are split into chunks that the pool's threads claim, and
+//! [`dot_rows`] runs the format's per-row `vec_dot` over its chunk for every token. For
+//! prefill it tiles the chunk: a few weight rows (held in cache) against a block of tokens
+//! at a time, so each weight byte comes from memory once per chunk and each activation row
+//! from memory once per row tile rather than once per row. A vectorised kernel table drops
+//! in through [`FormatKernels`] without touching this structure. Every output element is
+//! one `vec_dot` call, so results depend neither on the thread count nor on the tiling.
 
 use super::{expect_len, mul, OpResult, Weight};
 use crate::formats::FormatKernels;
-use crate::pool::{sized, Scratch};
+use crate::pool::{sized, ChunkRunner, Scratch};
 use prima_core::gguf::GgmlType;
 use prima_core::plugin::backend_abi::TensorView;
-use rayon::prelude::*;
-use rayon::ThreadPool;
 
 /// Chunks per thread: enough to balance uneven progress, few enough to keep tasks long.
 const CHUNKS_PER_THREAD: usize = 4;
 
-/// Picks the kernels for a weight type (scalar today, SIMD later).
+/// Weight bytes of one row tile: the rows stay in L1/L2 while a token block walks them.
+const ROW_TILE_BYTES: usize = 32 * 1024;
+
+/// Activation bytes of one token block, so it stays in L2 across a row tile.
+const TOKEN_TILE_BYTES: usize = 128 * 1024;
+
+/// Picks the kernels for a weight type (see `formats::dispatch::kernels`).
 pub type KernelLookup = fn(GgmlType) -> Option<FormatKernels>;
+
+/// A pointer the chunks of one job share; each chunk writes a disjoint range.
+#[derive(Clone, Copy)]
+struct SharedOut(*mut f32);
+// SAFETY: only used to hand disjoint ranges of one `&mut [f32]` to concurrent chunks.
+unsafe impl Send for SharedOut {}
+// SAFETY: as above.
+unsafe impl Sync for SharedOut {}
 
 /// `x` is `n_tokens × w.cols`, `out` is `n_tokens × w.rows`.
 pub fn matmul(
-    pool: &ThreadPool,
+    pool: &impl ChunkRunner,
     scratch: &mut Scratch,
     lookup: KernelLookup,
     w: &TensorView<'_>,
@@ -69,36 +83,47 @@ pub fn matmul(
         ..
     } = scratch;
     let act = sized(activations, n_tokens * act_row_bytes);
-    pool.install(|| {
-        act.par_chunks_mut(act_row_bytes)
-            .zip(x.par_chunks(w.cols))
-            .for_each(|(a, xr)| (kernels.quantize_activation)(xr, a));
-    });
+    if n_tokens == 1 {
+        (kernels.quantize_activation)(x, act);
+    } else {
+        let act_out = SharedOut(act.as_mut_ptr() as *mut f32);
+        pool.run(n_tokens, &|t| {
+            let _ = &act_out;
+            // SAFETY: token `t` owns bytes `t·act_row_bytes ..` of `act`, disjoint per chunk.
+            let a = unsafe {
+                std::slice::from_raw_parts_mut(
+                    (act_out.0 as *mut u8).add(t * act_row_bytes),
+                    act_row_bytes,
+                )
+            };
+            (kernels.quantize_activation)(&x[t * w.cols..(t + 1) * w.cols], a);
+        });
+    }
     let act: &[u8] = act;
 
-    let chunk = w
-        .rows
-        .div_ceil(pool.current_num_threads() * CHUNKS_PER_THREAD)
-        .max(1);
-    if n_tokens == 1 {
-        // One token: row-major and token-major coincide, write straight into `out`.
-        pool.install(|| {
-            out.par_chunks_mut(chunk)
-                .enumerate()
-                .for_each(|(c, o)| dot_rows(&kernels, &w, c * chunk, act, act_row_bytes, 1, o));
-        });
-        return Ok(());
-    }
-    let by_row = sized(rows_by_token, w.rows * n_tokens);
-    pool.install(|| {
-        by_row
-            .par_chunks_mut(chunk * n_tokens)
-            .enumerate()
-            .for_each(|(c, o)| dot_rows(&kernels, &w, c * chunk, act, act_row_bytes, n_tokens, o));
+    let chunk = w.rows.div_ceil(pool.threads() * CHUNKS_PER_THREAD).max(1);
+    let n_chunks = w.rows.div_ceil(chunk);
+    // One token: row-major and token-major coincide, write straight into `out`.
+    let by_row: &mut [f32] = if n_tokens == 1 {
+        out
+    } else {
+        sized(rows_by_token, w.rows * n_tokens)
+    };
+    let dst = SharedOut(by_row.as_mut_ptr());
+    pool.run(n_chunks, &|c| {
+        let _ = &dst;
+        let first = c * chunk;
+        let rows = chunk.min(w.rows - first);
+        // SAFETY: chunk `c` owns rows `first .. first + rows` of `by_row`, disjoint per chunk.
+        let o =
+            unsafe { std::slice::from_raw_parts_mut(dst.0.add(first * n_tokens), rows * n_tokens) };
+        dot_rows(&kernels, &w, first, act, act_row_bytes, n_tokens, o);
     });
-    for (t, out_row) in out.chunks_exact_mut(w.rows).enumerate() {
-        for (r, o) in out_row.iter_mut().enumerate() {
-            *o = by_row[r * n_tokens + t];
+    if n_tokens > 1 {
+        for (t, out_row) in out.chunks_exact_mut(w.rows).enumerate() {
+            for (r, o) in out_row.iter_mut().enumerate() {
+                *o = rows_by_token[r * n_tokens + t];
+            }
         }
     }
     Ok(())
@@ -106,6 +131,10 @@ pub fn matmul(
 
 /// Dots weight rows `first_row ..` against every token's activation row; `out` is
 /// `rows × n_tokens` (row-major by weight row) and its length says how many rows.
+///
+/// Walks row tiles of about [`ROW_TILE_BYTES`] and, inside each, token blocks of about
+/// [`TOKEN_TILE_BYTES`], so both operands of the inner loops come from cache; uses the
+/// four-token kernel where the level has one (same bits as four `vec_dot` calls).
 pub fn dot_rows(
     kernels: &FormatKernels,
     w: &Weight<'_>,
@@ -115,10 +144,33 @@ pub fn dot_rows(
     n_tokens: usize,
     out: &mut [f32],
 ) {
-    for (i, out_row) in out.chunks_exact_mut(n_tokens).enumerate() {
-        let w_row = w.row(first_row + i);
-        for (o, a) in out_row.iter_mut().zip(act.chunks_exact(act_row_bytes)) {
-            *o = (kernels.vec_dot)(w.cols, w_row, a);
+    let rows = out.len() / n_tokens;
+    let row_tile = (ROW_TILE_BYTES / w.row_bytes.max(1)).clamp(1, rows.max(1));
+    let token_tile = (TOKEN_TILE_BYTES / act_row_bytes.max(1)).clamp(1, n_tokens);
+    for r0 in (0..rows).step_by(row_tile) {
+        let r1 = (r0 + row_tile).min(rows);
+        for t0 in (0..n_tokens).step_by(token_tile) {
+            let t1 = (t0 + token_tile).min(n_tokens);
+            let acts = &act[t0 * act_row_bytes..t1 * act_row_bytes];
+            for r in r0..r1 {
+                let w_row = w.row(first_row + r);
+                let out_row = &mut out[r * n_tokens + t0..r * n_tokens + t1];
+                let mut done = 0;
+                if let Some(x4) = kernels.vec_dot_x4 {
+                    // Four tokens per call: each weight block is unpacked once for all four.
+                    for (o, a) in out_row
+                        .chunks_exact_mut(4)
+                        .zip(acts.chunks_exact(4 * act_row_bytes))
+                    {
+                        o.copy_from_slice(&x4(w.cols, w_row, a, act_row_bytes));
+                        done += 4;
+                    }
+                }
+                let rest = acts[done * act_row_bytes..].chunks_exact(act_row_bytes);
+                for (o, a) in out_row[done..].iter_mut().zip(rest) {
+                    *o = (kernels.vec_dot)(w.cols, w_row, a);
+                }
+            }
         }
     }
 }

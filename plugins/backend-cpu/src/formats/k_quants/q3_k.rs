@@ -29,7 +29,8 @@ fn quant(block: &[u8], i: usize) -> i32 {
     }
 }
 
-fn scales(block: &[u8]) -> [i32; 16] {
+/// The 16 signed 6-bit sub-block scales.
+pub(crate) fn scales(block: &[u8]) -> [i32; 16] {
     let packed = &block[SCALES..SCALES + 12];
     let mut out = [0i32; 16];
     for (j, o) in out.iter_mut().enumerate() {

@@ -1,0 +1,912 @@
+//! AVX2 + FMA + F16C kernels: every weight format's `vec_dot`, and the Q8_0, Q8_1 and Q8_K
+//! activation quantizers.
+//!
+//! All functions here are `unsafe` only because they use these instructions; see
+//! `formats::x86` for the numerics contract and how the safe wrappers are guarded.
+
+use crate::formats::k_quants::{q2_k, q3_k, q4_k, q5_k, q6_k, q8_k, QK_K};
+use crate::formats::{put_f16, q4_0, q4_1, q5_0, q5_1, q8_0, q8_1, FormatKernels};
+use core::arch::x86_64::*;
+use prima_core::gguf::GgmlType;
+
+/// Replaces the functions of `k` (the scalar table) that have an AVX2 version.
+pub(in crate::formats) fn overlay(mut k: FormatKernels) -> FormatKernels {
+    use GgmlType as T;
+    k.vec_dot = match k.weight_type {
+        T::F32 => vec_dot_f32,
+        T::F16 => vec_dot_f16,
+        T::BF16 => vec_dot_bf16,
+        T::Q4_0 => vec_dot_q4_0,
+        T::Q4_1 => vec_dot_q4_1,
+        T::Q5_0 => vec_dot_q5_0,
+        T::Q5_1 => vec_dot_q5_1,
+        T::Q8_0 => vec_dot_q8_0,
+        T::Q2K => vec_dot_q2_k,
+        T::Q3K => vec_dot_q3_k,
+        T::Q4K => vec_dot_q4_k,
+        T::Q5K => vec_dot_q5_k,
+        T::Q6K => vec_dot_q6_k,
+        T::Q8_1 | T::Q8K => k.vec_dot,
+    };
+    k.vec_dot_x4 = match k.weight_type {
+        T::Q4_0 => Some(vec_dot_x4_q4_0),
+        T::Q4_1 => Some(vec_dot_x4_q4_1),
+        T::Q5_0 => Some(vec_dot_x4_q5_0),
+        T::Q8_0 => Some(vec_dot_x4_q8_0),
+        _ => k.vec_dot_x4,
+    };
+    k.quantize_activation = match k.vec_dot_type {
+        T::Q8_0 => quantize_row_q8_0,
+        T::Q8_1 => quantize_row_q8_1,
+        T::Q8K => quantize_row_q8_k,
+        _ => k.quantize_activation,
+    };
+    k
+}
+
+/// Safe `fn` wrappers with the table signatures around the `#[target_feature]` kernels.
+macro_rules! wrappers {
+    ($(vec_dot $name:ident => $imp:ident;)* $(quantize $qname:ident => $qimp:ident;)*) => {
+        $(fn $name(n: usize, w: &[u8], a: &[u8]) -> f32 {
+            // SAFETY: only reachable through `overlay`'s table, which `dispatch` hands out
+            // after detecting avx2, fma and f16c (AVX-512 tables include it).
+            unsafe { $imp(n, w, a) }
+        })*
+        $(fn $qname(x: &[f32], out: &mut [u8]) {
+            // SAFETY: as for the vec_dot wrappers above.
+            unsafe { $qimp(x, out) }
+        })*
+    };
+}
+
+/// Safe wrappers of the four-token kernels; they check that the four rows are in bounds.
+macro_rules! x4_wrappers {
+    ($($name:ident => $imp:ident, $act_block:expr;)*) => {
+        $(fn $name(n: usize, w: &[u8], a: &[u8], a_stride: usize) -> [f32; 4] {
+            let row = (n / 32) * $act_block;
+            assert!(a_stride >= row && a.len() >= 3 * a_stride + row, "vec_dot_x4: short rows");
+            // SAFETY: only reachable through `overlay`'s table, which `dispatch` hands out
+            // after detecting avx2, fma and f16c; the four rows are in bounds (above).
+            unsafe { $imp(n, w, a, a_stride) }
+        })*
+    };
+}
+
+x4_wrappers! {
+    vec_dot_x4_q4_0 => dot_x4_q4_0, q8_0::BLOCK_BYTES;
+    vec_dot_x4_q4_1 => dot_x4_q4_1, q8_1::BLOCK_BYTES;
+    vec_dot_x4_q5_0 => dot_x4_q5_0, q8_0::BLOCK_BYTES;
+    vec_dot_x4_q8_0 => dot_x4_q8_0, q8_0::BLOCK_BYTES;
+}
+
+wrappers! {
+    vec_dot vec_dot_f32 => dot_f32;
+    vec_dot vec_dot_f16 => dot_f16;
+    vec_dot vec_dot_bf16 => dot_bf16;
+    vec_dot vec_dot_q4_0 => dot_q4_0;
+    vec_dot vec_dot_q4_1 => dot_q4_1;
+    vec_dot vec_dot_q5_0 => dot_q5_0;
+    vec_dot vec_dot_q5_1 => dot_q5_1;
+    vec_dot vec_dot_q8_0 => dot_q8_0;
+    vec_dot vec_dot_q2_k => dot_q2_k;
+    vec_dot vec_dot_q3_k => dot_q3_k;
+    vec_dot vec_dot_q4_k => dot_q4_k;
+    vec_dot vec_dot_q5_k => dot_q5_k;
+    vec_dot vec_dot_q6_k => dot_q6_k;
+    quantize quantize_row_q8_0 => quantize_q8_0;
+    quantize quantize_row_q8_1 => quantize_q8_1;
+    quantize quantize_row_q8_k => quantize_q8_k;
+}
+
+// ---- helpers (shared with the AVX-512 level) ----
+
+/// Whole blocks both rows hold, as the scalar kernels' `zip(..).take(n / elems)` counts.
+#[inline(always)]
+pub(super) fn blocks(n: usize, elems: usize, w: &[u8], wbb: usize, a: &[u8], abb: usize) -> usize {
+    (n / elems).min(w.len() / wbb).min(a.len() / abb)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn f16_at(p: *const u8) -> f32 {
+    let bits = (p as *const u16).read_unaligned();
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+}
+
+#[inline(always)]
+pub(super) unsafe fn f32_at(p: *const u8) -> f32 {
+    (p as *const f32).read_unaligned()
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn load(p: *const u8) -> __m256i {
+    _mm256_loadu_si256(p as *const __m256i)
+}
+
+/// The 32 nibbles of 16 bytes as bytes: low nibbles first, then high nibbles.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn nibbles32(p: *const u8) -> __m256i {
+    let t = _mm_loadu_si128(p as *const __m128i);
+    let both = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
+    _mm256_and_si256(both, _mm256_set1_epi8(0x0F))
+}
+
+/// Bit `i` of the little-endian u32 at `p` as byte `i`: 0xFF when set, 0 when clear.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn bits32(p: *const u8) -> __m256i {
+    let x = (p as *const u32).read_unaligned();
+    let spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(x as i32),
+        _mm256_set_epi64x(
+            0x0303030303030303,
+            0x0202020202020202,
+            0x0101010101010101,
+            0,
+        ),
+    );
+    let others = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe);
+    _mm256_cmpeq_epi8(_mm256_or_si256(spread, others), _mm256_set1_epi64x(-1))
+}
+
+/// Pairwise `u · s` (u unsigned ≤ 255, s signed, no i16 overflow) summed to 8 i32s.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn dot_u8_i8(u: __m256i, s: __m256i) -> __m256i {
+    _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
+}
+
+/// Pairwise `x · y` of signed bytes (y ≠ −128) summed to 8 i32s.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn dot_i8_i8(x: __m256i, y: __m256i) -> __m256i {
+    dot_u8_i8(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn hsum(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01));
+    _mm_cvtsi128_si32(s)
+}
+
+/// The sums of four vectors of 8 i32s.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn hsum4(p: [__m256i; 4]) -> __m128i {
+    let h = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+    _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1))
+}
+
+/// `Σ term(i, Σ partial(i))` over blocks `0..nb`, the float sum in block order.
+///
+/// `partial(i)` is block `i`'s integer dot as 8 i32 lanes; `term` turns its sum into the
+/// block's float contribution exactly as the scalar kernel does, and `terms4(i, sums)` does
+/// the same for blocks `i..i + 4` at once in vector lanes (same operations per lane).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn sum_blocks(
+    nb: usize,
+    mut partial: impl FnMut(usize) -> __m256i,
+    mut term: impl FnMut(usize, i32) -> f32,
+    mut terms4: impl FnMut(usize, __m128) -> __m128,
+) -> f32 {
+    let mut sum = 0.0f32;
+    let mut i = 0;
+    while i + 4 <= nb {
+        let s = hsum4([partial(i), partial(i + 1), partial(i + 2), partial(i + 3)]);
+        let t = terms4(i, _mm_cvtepi32_ps(s));
+        sum += _mm_cvtss_f32(t);
+        sum += _mm_cvtss_f32(_mm_movehdup_ps(t));
+        sum += _mm_cvtss_f32(_mm_movehl_ps(t, t));
+        sum += _mm_cvtss_f32(_mm_shuffle_ps(t, t, 0b11));
+        i += 4;
+    }
+    while i < nb {
+        sum += term(i, hsum(partial(i)));
+        i += 1;
+    }
+    sum
+}
+
+/// The f16 pairs at the starts of four blocks `stride` bytes apart, as f32s:
+/// `[x0, y0, x1, y1, x2, y2, x3, y3]` (`x` at offset 0, `y` at offset 2).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn f16_pairs4(p: *const u8, stride: usize) -> __m256 {
+    let at = |k: usize| (p.add(k * stride) as *const i32).read_unaligned();
+    _mm256_cvtph_ps(_mm_setr_epi32(at(0), at(1), at(2), at(3)))
+}
+
+/// The f16 at the start of four blocks `stride` bytes apart, as f32s.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn f16_x4(p: *const u8, stride: usize) -> __m128 {
+    let at = |k: usize| (p.add(k * stride) as *const u16).read_unaligned() as i16;
+    _mm_cvtph_ps(_mm_setr_epi16(at(0), at(1), at(2), at(3), 0, 0, 0, 0))
+}
+
+/// `isum · dw · da` (Q4_0, Q5_0) of blocks `i..i + 4`, in that order.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn terms4_sdd(
+    w: *const u8,
+    wb: usize,
+    a: *const u8,
+    ab: usize,
+    s: __m128,
+) -> __m128 {
+    _mm_mul_ps(_mm_mul_ps(s, f16_x4(w, wb)), f16_x4(a, ab))
+}
+
+/// `d · d_a · isum + m · s_a` (Q4_1, Q5_1) of four blocks, in that order.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn terms4_q4_1(
+    w: *const u8,
+    wb: usize,
+    a: *const u8,
+    ab: usize,
+    s: __m128,
+) -> __m128 {
+    // [d·d_a, m·s_a] per block, then gathered as [d·d_a × 4 | m·s_a × 4].
+    let prod = _mm256_mul_ps(f16_pairs4(w, wb), f16_pairs4(a, ab));
+    let prod = _mm256_permutevar8x32_ps(prod, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
+    let (dd, ms) = (_mm256_castps256_ps128(prod), _mm256_extractf128_ps(prod, 1));
+    _mm_add_ps(_mm_mul_ps(dd, s), ms)
+}
+
+// ---- 32-element block quants ----
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q4_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let (wb, ab) = (q4_0::BLOCK_BYTES, q8_0::BLOCK_BYTES);
+    let nb = blocks(n, 32, w, wb, a, ab);
+    let (w, a) = (w.as_ptr(), a.as_ptr());
+    sum_blocks(
+        nb,
+        |i| {
+            let q = _mm256_sub_epi8(nibbles32(w.add(i * wb + 2)), _mm256_set1_epi8(8));
+            dot_i8_i8(q, load(a.add(i * ab + 2)))
+        },
+        |i, s| s as f32 * f16_at(w.add(i * wb)) * f16_at(a.add(i * ab)),
+        |i, s| terms4_sdd(w.add(i * wb), wb, a.add(i * ab), ab, s),
+    )
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q4_1(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let (wb, ab) = (q4_1::BLOCK_BYTES, q8_1::BLOCK_BYTES);
+    let nb = blocks(n, 32, w, wb, a, ab);
+    let (w, a) = (w.as_ptr(), a.as_ptr());
+    sum_blocks(
+        nb,
+        |i| dot_u8_i8(nibbles32(w.add(i * wb + 4)), load(a.add(i * ab + 4))),
+        |i, s| q4_1_term(w.add(i * wb), a.add(i * ab), s),
+        |i, s| terms4_q4_1(w.add(i * wb), wb, a.add(i * ab), ab, s),
+    )
+}
+
+/// `d · d_a · Σ q q_a + m · s_a`, the Q4_1/Q5_1 block term in the scalar order.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn q4_1_term(w: *const u8, a: *const u8, s: i32) -> f32 {
+    let (d, m) = (f16_at(w), f16_at(w.add(2)));
+    let (d_a, s_a) = (f16_at(a), f16_at(a.add(2)));
+    d * d_a * s as f32 + m * s_a
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q5_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let (wb, ab) = (q5_0::BLOCK_BYTES, q8_0::BLOCK_BYTES);
+    let nb = blocks(n, 32, w, wb, a, ab);
+    let (w, a) = (w.as_ptr(), a.as_ptr());
+    sum_blocks(
+        nb,
+        |i| {
+            let b = w.add(i * wb);
+            // A clear 5th bit means q − 16: OR-ing 0xF0 into the nibble is that in i8.
+            let high = _mm256_andnot_si256(bits32(b.add(2)), _mm256_set1_epi8(0xF0u8 as i8));
+            let q = _mm256_or_si256(nibbles32(b.add(6)), high);
+            dot_i8_i8(q, load(a.add(i * ab + 2)))
+        },
+        |i, s| s as f32 * f16_at(w.add(i * wb)) * f16_at(a.add(i * ab)),
+        |i, s| terms4_sdd(w.add(i * wb), wb, a.add(i * ab), ab, s),
+    )
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q5_1(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let (wb, ab) = (q5_1::BLOCK_BYTES, q8_1::BLOCK_BYTES);
+    let nb = blocks(n, 32, w, wb, a, ab);
+    let (w, a) = (w.as_ptr(), a.as_ptr());
+    sum_blocks(
+        nb,
+        |i| {
+            let b = w.add(i * wb);
+            let high = _mm256_and_si256(bits32(b.add(4)), _mm256_set1_epi8(0x10));
+            let q = _mm256_or_si256(nibbles32(b.add(8)), high);
+            dot_u8_i8(q, load(a.add(i * ab + 4)))
+        },
+        |i, s| q4_1_term(w.add(i * wb), a.add(i * ab), s),
+        |i, s| terms4_q4_1(w.add(i * wb), wb, a.add(i * ab), ab, s),
+    )
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let (wb, ab) = (q8_0::BLOCK_BYTES, q8_0::BLOCK_BYTES);
+    let nb = blocks(n, 32, w, wb, a, ab);
+    let (w, a) = (w.as_ptr(), a.as_ptr());
+    sum_blocks(
+        nb,
+        |i| dot_i8_i8(load(w.add(i * wb + 2)), load(a.add(i * ab + 2))),
+        |i, s| s as f32 * (f16_at(w.add(i * wb)) * f16_at(a.add(i * ab))),
+        |i, s| {
+            _mm_mul_ps(
+                s,
+                _mm_mul_ps(f16_x4(w.add(i * wb), wb), f16_x4(a.add(i * ab), ab)),
+            )
+        },
+    )
+}
+
+// ---- four tokens at once ----
+
+/// Per token `k`, `Σ_i terms(i, Σ partial(i, k))[k]` over blocks `0..nb`: four running
+/// sums in the lanes of one vector, each in block order as the one-token kernels.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn sum_blocks_x4(
+    nb: usize,
+    mut partial: impl FnMut(usize, usize) -> __m256i,
+    mut terms: impl FnMut(usize, __m128) -> __m128,
+) -> [f32; 4] {
+    let mut acc = _mm_setzero_ps();
+    for i in 0..nb {
+        let s = hsum4([partial(i, 0), partial(i, 1), partial(i, 2), partial(i, 3)]);
+        acc = _mm_add_ps(acc, terms(i, _mm_cvtepi32_ps(s)));
+    }
+    let mut out = [0.0f32; 4];
+    _mm_storeu_ps(out.as_mut_ptr(), acc);
+    out
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_x4_q4_0(n: usize, w: &[u8], a: &[u8], st: usize) -> [f32; 4] {
+    let (wb, ab) = (q4_0::BLOCK_BYTES, q8_0::BLOCK_BYTES);
+    let nb = (n / 32).min(w.len() / wb);
+    let (w, a) = (w.as_ptr(), a.as_ptr());
+    let mut q = _mm256_setzero_si256();
+    sum_blocks_x4(
+        nb,
+        |i, k| {
+            if k == 0 {
+                q = _mm256_sub_epi8(nibbles32(w.add(i * wb + 2)), _mm256_set1_epi8(8));
+            }
+            dot_i8_i8(q, load(a.add(k * st + i * ab + 2)))
+        },
+        |i, s| {
+            let dw = _mm_set1_ps(f16_at(w.add(i * wb)));
+            _mm_mul_ps(_mm_mul_ps(s, dw), f16_x4(a.add(i * ab), st))
+        },
+    )
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_x4_q5_0(n: usize, w: &[u8], a: &[u8], st: usize) -> [f32; 4] {
+    let (wb, ab) = (q5_0::BLOCK_BYTES, q8_0::BLOCK_BYTES);
+    let nb = (n / 32).min(w.len() / wb);
+    let (w, a) = (w.as_ptr(), a.as_ptr());
+    let mut q = _mm256_setzero_si256();
+    sum_blocks_x4(
+        nb,
+        |i, k| {
+            if k == 0 {
+                let b = w.add(i * wb);
+                let high = _mm256_andnot_si256(bits32(b.add(2)), _mm256_set1_epi8(0xF0u8 as i8));
+                q = _mm256_or_si256(nibbles32(b.add(6)), high);
+            }
+            dot_i8_i8(q, load(a.add(k * st + i * ab + 2)))
+        },
+        |i, s| {
+            let dw = _mm_set1_ps(f16_at(w.add(i * wb)));
+            _mm_mul_ps(_mm_mul_ps(s, dw), f16_x4(a.add(i * ab), st))
+        },
+    )
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_x4_q4_1(n: usize, w: &[u8], a: &[u8], st: usize) -> [f32; 4] {
+    let (wb, ab) = (q4_1::BLOCK_BYTES, q8_1::BLOCK_BYTES);
+    let nb = (n / 32).min(w.len() / wb);
+    let (w, a) = (w.as_ptr(), a.as_ptr());
+    let mut q = _mm256_setzero_si256();
+    sum_blocks_x4(
+        nb,
+        |i, k| {
+            if k == 0 {
+                q = nibbles32(w.add(i * wb + 4));
+            }
+            dot_u8_i8(q, load(a.add(k * st + i * ab + 4)))
+        },
+        |i, s| {
+            // [d, m] of the weight block against [d_a, s_a] of each token's block.
+            let wdm = _mm_cvtph_ps(_mm_set1_epi32(
+                (w.add(i * wb) as *const i32).read_unaligned(),
+            ));
+            let wdm = _mm256_set_m128(wdm, wdm);
+            let prod = _mm256_mul_ps(wdm, f16_pairs4(a.add(i * ab), st));
+            let prod = _mm256_permutevar8x32_ps(prod, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
+            let (dd, ms) = (_mm256_castps256_ps128(prod), _mm256_extractf128_ps(prod, 1));
+            _mm_add_ps(_mm_mul_ps(dd, s), ms)
+        },
+    )
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_x4_q8_0(n: usize, w: &[u8], a: &[u8], st: usize) -> [f32; 4] {
+    let (wb, ab) = (q8_0::BLOCK_BYTES, q8_0::BLOCK_BYTES);
+    let nb = (n / 32).min(w.len() / wb);
+    let (w, a) = (w.as_ptr(), a.as_ptr());
+    let mut q = _mm256_setzero_si256();
+    sum_blocks_x4(
+        nb,
+        |i, k| {
+            if k == 0 {
+                q = load(w.add(i * wb + 2));
+            }
+            dot_i8_i8(q, load(a.add(k * st + i * ab + 2)))
+        },
+        |i, s| {
+            let dw = _mm_set1_ps(f16_at(w.add(i * wb)));
+            _mm_mul_ps(s, _mm_mul_ps(dw, f16_x4(a.add(i * ab), st)))
+        },
+    )
+}
+
+// ---- K-quants ----
+
+/// `[s0 × 8, s1 × 8]` as i16s: the scales of two 16-element groups for `madd`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn scale_pair(s0: i32, s1: i32) -> __m256i {
+    _mm256_set_m128i(_mm_set1_epi16(s1 as i16), _mm_set1_epi16(s0 as i16))
+}
+
+/// `Σ_g mins[g] · (bsum(2g) + bsum(2g+1))` of the Q8_K block at `ab` (Q4_K, Q5_K mins).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn min_sum_k4(ab: *const u8, mn: [u8; 8]) -> i32 {
+    let bsums = load(ab.add(q8_k::BSUMS));
+    let m = _mm_cvtsi64_si128(i64::from_le_bytes(mn));
+    let m = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m, m));
+    hsum(_mm256_madd_epi16(bsums, m))
+}
+
+/// [`crate::formats::k_quants::unpack_scale_min_k4`] on 32-bit words (as llama.cpp's kmask trick).
+#[inline(always)]
+pub(super) fn scales_mins_k4(packed: &[u8]) -> ([u8; 8], [u8; 8]) {
+    const M1: u32 = 0x3f3f3f3f;
+    const M2: u32 = 0x0f0f0f0f;
+    const M3: u32 = 0x03030303;
+    let word = |k: usize| {
+        u32::from_le_bytes([
+            packed[4 * k],
+            packed[4 * k + 1],
+            packed[4 * k + 2],
+            packed[4 * k + 3],
+        ])
+    };
+    let (u0, u1, u2) = (word(0), word(1), word(2));
+    let sc_lo = u0 & M1;
+    let sc_hi = (u2 & M2) | (((u0 >> 6) & M3) << 4);
+    let mn_lo = u1 & M1;
+    let mn_hi = ((u2 >> 4) & M2) | (((u1 >> 6) & M3) << 4);
+    let join = |a: u32, b: u32| ((b as u64) << 32 | a as u64).to_le_bytes();
+    (join(sc_lo, sc_hi), join(mn_lo, mn_hi))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q4_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let (wbb, abb) = (q4_k::BLOCK_BYTES, q8_k::BLOCK_BYTES);
+    let nb = blocks(n, QK_K, w, wbb, a, abb);
+    let mut sum = 0.0f32;
+    let low = _mm256_set1_epi8(0x0F);
+    for i in 0..nb {
+        let (wb, ab) = (&w[i * wbb..(i + 1) * wbb], &a[i * abb..(i + 1) * abb]);
+        let (sc, mn) = scales_mins_k4(&wb[4..16]);
+        let (qs, aq) = (wb.as_ptr().add(16), ab.as_ptr().add(q8_k::QS));
+        let mut acc = _mm256_setzero_si256();
+        for c in 0..4 {
+            let q = load(qs.add(32 * c));
+            let lo = _mm256_and_si256(q, low);
+            let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
+            let plo = _mm256_maddubs_epi16(lo, load(aq.add(64 * c)));
+            let phi = _mm256_maddubs_epi16(hi, load(aq.add(64 * c + 32)));
+            acc = _mm256_add_epi32(
+                acc,
+                _mm256_madd_epi16(plo, _mm256_set1_epi16(sc[2 * c] as i16)),
+            );
+            acc = _mm256_add_epi32(
+                acc,
+                _mm256_madd_epi16(phi, _mm256_set1_epi16(sc[2 * c + 1] as i16)),
+            );
+        }
+        let (isum, msum) = (hsum(acc), min_sum_k4(ab.as_ptr(), mn));
+        let d_a = q8_k::d(ab);
+        sum += d_a * f16_at(wb.as_ptr()) * isum as f32
+            - d_a * f16_at(wb.as_ptr().add(2)) * msum as f32;
+    }
+    sum
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q5_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let (wbb, abb) = (q5_k::BLOCK_BYTES, q8_k::BLOCK_BYTES);
+    let nb = blocks(n, QK_K, w, wbb, a, abb);
+    let mut sum = 0.0f32;
+    let low = _mm256_set1_epi8(0x0F);
+    let bit5 = _mm256_set1_epi8(0x10);
+    for i in 0..nb {
+        let (wb, ab) = (&w[i * wbb..(i + 1) * wbb], &a[i * abb..(i + 1) * abb]);
+        let (sc, mn) = scales_mins_k4(&wb[4..16]);
+        let qh = load(wb.as_ptr().add(16));
+        let (qs, aq) = (wb.as_ptr().add(48), ab.as_ptr().add(q8_k::QS));
+        let high = |j: usize| {
+            let m = _mm256_set1_epi8((1u8 << j) as i8);
+            _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, m), m), bit5)
+        };
+        let mut acc = _mm256_setzero_si256();
+        for c in 0..4 {
+            let q = load(qs.add(32 * c));
+            let lo = _mm256_or_si256(_mm256_and_si256(q, low), high(2 * c));
+            let hi = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16(q, 4), low),
+                high(2 * c + 1),
+            );
+            let plo = _mm256_maddubs_epi16(lo, load(aq.add(64 * c)));
+            let phi = _mm256_maddubs_epi16(hi, load(aq.add(64 * c + 32)));
+            acc = _mm256_add_epi32(
+                acc,
+                _mm256_madd_epi16(plo, _mm256_set1_epi16(sc[2 * c] as i16)),
+            );
+            acc = _mm256_add_epi32(
+                acc,
+                _mm256_madd_epi16(phi, _mm256_set1_epi16(sc[2 * c + 1] as i16)),
+            );
+        }
+        let (isum, msum) = (hsum(acc), min_sum_k4(ab.as_ptr(), mn));
+        let d_a = q8_k::d(ab);
+        sum += d_a * f16_at(wb.as_ptr()) * isum as f32
+            - d_a * f16_at(wb.as_ptr().add(2)) * msum as f32;
+    }
+    sum
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q6_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let (wbb, abb) = (q6_k::BLOCK_BYTES, q8_k::BLOCK_BYTES);
+    let nb = blocks(n, QK_K, w, wbb, a, abb);
+    let mut sum = 0.0f32;
+    let low4 = _mm256_set1_epi8(0x0F);
+    let low2 = _mm256_set1_epi8(0x03);
+    let m32 = _mm256_set1_epi8(32);
+    for i in 0..nb {
+        let (wb, ab) = (&w[i * wbb..(i + 1) * wbb], &a[i * abb..(i + 1) * abb]);
+        let (ql, qh, scales) = (wb.as_ptr(), wb.as_ptr().add(128), &wb[192..208]);
+        let aq = ab.as_ptr().add(q8_k::QS);
+        let mut acc = _mm256_setzero_si256();
+        for h in 0..2 {
+            let (ql0, ql1) = (load(ql.add(64 * h)), load(ql.add(64 * h + 32)));
+            let qhv = load(qh.add(32 * h));
+            for k in 0..4 {
+                let l = if k % 2 == 0 { ql0 } else { ql1 };
+                let l = if k < 2 { l } else { _mm256_srli_epi16(l, 4) };
+                let hb =
+                    _mm256_and_si256(_mm256_srl_epi16(qhv, _mm_cvtsi32_si128(2 * k as i32)), low2);
+                let q = _mm256_or_si256(_mm256_and_si256(l, low4), _mm256_slli_epi16(hb, 4));
+                let av = load(aq.add(128 * h + 32 * k));
+                // Σ (q − 32)·a as Σ q·a − Σ 32·a; both fit i16 pairwise.
+                let p =
+                    _mm256_sub_epi16(_mm256_maddubs_epi16(q, av), _mm256_maddubs_epi16(m32, av));
+                let g = 8 * h + 2 * k;
+                let s = scale_pair(scales[g] as i8 as i32, scales[g + 1] as i8 as i32);
+                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, s));
+            }
+        }
+        sum += q8_k::d(ab) * f16_at(wb.as_ptr().add(208)) * hsum(acc) as f32;
+    }
+    sum
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q3_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let (wbb, abb) = (q3_k::BLOCK_BYTES, q8_k::BLOCK_BYTES);
+    let nb = blocks(n, QK_K, w, wbb, a, abb);
+    let mut sum = 0.0f32;
+    let low2 = _mm256_set1_epi8(0x03);
+    let four = _mm256_set1_epi8(4);
+    for i in 0..nb {
+        let (wb, ab) = (&w[i * wbb..(i + 1) * wbb], &a[i * abb..(i + 1) * abb]);
+        let sc = q3_k::scales(wb);
+        let hm = load(wb.as_ptr());
+        let (qs, aq) = (wb.as_ptr().add(32), ab.as_ptr().add(q8_k::QS));
+        let mut acc = _mm256_setzero_si256();
+        for h in 0..2 {
+            let qv = load(qs.add(32 * h));
+            for s in 0..4 {
+                let j = 4 * h + s;
+                let lo =
+                    _mm256_and_si256(_mm256_srl_epi16(qv, _mm_cvtsi32_si128(2 * s as i32)), low2);
+                let m = _mm256_set1_epi8((1u8 << j) as i8);
+                let hi = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hm, m), m), four);
+                // q + 4 ∈ 0..8 unsigned; Σ q·a = Σ (q + 4)·a − Σ 4·a.
+                let q = _mm256_or_si256(lo, hi);
+                let av = load(aq.add(32 * j));
+                let p =
+                    _mm256_sub_epi16(_mm256_maddubs_epi16(q, av), _mm256_maddubs_epi16(four, av));
+                acc = _mm256_add_epi32(
+                    acc,
+                    _mm256_madd_epi16(p, scale_pair(sc[2 * j], sc[2 * j + 1])),
+                );
+            }
+        }
+        sum += q8_k::d(ab) * f16_at(wb.as_ptr().add(108)) * hsum(acc) as f32;
+    }
+    sum
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q2_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let (wbb, abb) = (q2_k::BLOCK_BYTES, q8_k::BLOCK_BYTES);
+    let nb = blocks(n, QK_K, w, wbb, a, abb);
+    let mut sum = 0.0f32;
+    let low2 = _mm256_set1_epi8(0x03);
+    for i in 0..nb {
+        let (wb, ab) = (&w[i * wbb..(i + 1) * wbb], &a[i * abb..(i + 1) * abb]);
+        let scales = &wb[..16];
+        let (qs, aq) = (wb.as_ptr().add(16), ab.as_ptr().add(q8_k::QS));
+        let mut acc = _mm256_setzero_si256();
+        for h in 0..2 {
+            let qv = load(qs.add(32 * h));
+            for s in 0..4 {
+                let j = 4 * h + s;
+                let q =
+                    _mm256_and_si256(_mm256_srl_epi16(qv, _mm_cvtsi32_si128(2 * s as i32)), low2);
+                let p = _mm256_maddubs_epi16(q, load(aq.add(32 * j)));
+                let sp = scale_pair(
+                    (scales[2 * j] & 0x0F) as i32,
+                    (scales[2 * j + 1] & 0x0F) as i32,
+                );
+                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, sp));
+            }
+        }
+        let msum: i32 = (0..16)
+            .map(|g| (scales[g] >> 4) as i32 * q8_k::bsum(ab, g))
+            .sum();
+        let d_a = q8_k::d(ab);
+        sum += d_a * f16_at(wb.as_ptr().add(80)) * hsum(acc) as f32
+            - d_a * f16_at(wb.as_ptr().add(82)) * msum as f32;
+    }
+    sum
+}
+
+// ---- F32 / F16 / BF16: 16 lanes, as `formats::float` sums ----
+
+/// Lanes `0..8` and `8..16` folded as the scalar reduction does: `l + l+8`, `l + l+4`,
+/// `l + l+2`, `l + l+1`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn reduce16(lo: __m256, hi: __m256) -> f32 {
+    let v = _mm256_add_ps(lo, hi);
+    let v = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+    _mm_cvtss_f32(_mm_add_ss(v, _mm_movehdup_ps(v)))
+}
+
+/// `Σ w·a` over 16 lanes, `load(p, i)` reading 8 f32s of row `p` at element `i`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn dot_lanes(
+    n: usize,
+    w: *const u8,
+    a: *const u8,
+    load8: impl Fn(*const u8, usize) -> __m256,
+    tail: impl Fn(*const u8, usize) -> f32,
+) -> f32 {
+    let full = n / 16 * 16;
+    let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let mut i = 0;
+    while i < full {
+        lo = _mm256_add_ps(lo, _mm256_mul_ps(load8(w, i), load8(a, i)));
+        hi = _mm256_add_ps(hi, _mm256_mul_ps(load8(w, i + 8), load8(a, i + 8)));
+        i += 16;
+    }
+    let mut sum = reduce16(lo, hi);
+    for i in full..n {
+        sum += tail(w, i) * tail(a, i);
+    }
+    sum
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_f32(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let n = n.min(w.len() / 4).min(a.len() / 4);
+    dot_lanes(
+        n,
+        w.as_ptr(),
+        a.as_ptr(),
+        |p, i| _mm256_loadu_ps(p.add(4 * i) as *const f32),
+        |p, i| f32_at(p.add(4 * i)),
+    )
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_f16(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let n = n.min(w.len() / 2).min(a.len() / 2);
+    dot_lanes(
+        n,
+        w.as_ptr(),
+        a.as_ptr(),
+        |p, i| _mm256_cvtph_ps(_mm_loadu_si128(p.add(2 * i) as *const __m128i)),
+        |p, i| f16_at(p.add(2 * i)),
+    )
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_bf16(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let n = n.min(w.len() / 2).min(a.len() / 2);
+    dot_lanes(
+        n,
+        w.as_ptr(),
+        a.as_ptr(),
+        |p, i| {
+            let h = _mm_loadu_si128(p.add(2 * i) as *const __m128i);
+            _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
+        },
+        |p, i| f32::from_bits(((p.add(2 * i) as *const u16).read_unaligned() as u32) << 16),
+    )
+}
+
+// ---- activation quantizers ----
+
+/// `max |x|` of 8 lanes with NaNs ignored, as `f32::max` folds.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn abs_no_nan(v: __m256) -> __m256 {
+    let abs = _mm256_andnot_ps(_mm256_set1_ps(-0.0), v);
+    _mm256_and_ps(abs, _mm256_cmp_ps(v, v, _CMP_ORD_Q))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn hmax(v: __m256) -> f32 {
+    let m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)))
+}
+
+/// `x as i8` after rounding: saturates to −128..=127 and maps NaN to 0, as Rust's cast.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn saturate_i32(r: __m256) -> __m256i {
+    let c = _mm256_min_ps(
+        _mm256_max_ps(r, _mm256_set1_ps(-128.0)),
+        _mm256_set1_ps(127.0),
+    );
+    let c = _mm256_and_ps(c, _mm256_cmp_ps(r, r, _CMP_ORD_Q));
+    _mm256_cvttps_epi32(c)
+}
+
+/// Rounds half away from zero (`f32::round`): truncates `x + copysign(0.5⁻, x)`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn round_half_away(x: __m256) -> __m256 {
+    let half = _mm256_or_ps(
+        _mm256_and_ps(x, _mm256_set1_ps(-0.0)),
+        _mm256_set1_ps(0.499_999_97),
+    );
+    _mm256_round_ps(
+        _mm256_add_ps(x, half),
+        _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC,
+    )
+}
+
+/// Four vectors of 8 i32s (each in −128..=127) packed to 32 bytes in order.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn pack32(q: [__m256i; 4]) -> __m256i {
+    let a = _mm256_packs_epi32(q[0], q[1]);
+    let b = _mm256_packs_epi32(q[2], q[3]);
+    let p = _mm256_packs_epi16(a, b);
+    _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
+}
+
+/// One 32-element Q8_0/Q8_1 block, as the scalar quantizers: `d = max|x| / 127`, quants
+/// `round(x / d)` half away from zero, written at `q`; returns `(d, Σ q)`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn quantize_block32(x: *const f32, q: *mut u8) -> (f32, i32) {
+    let v: [__m256; 4] = core::array::from_fn(|k| _mm256_loadu_ps(x.add(8 * k)));
+    let m = _mm256_max_ps(
+        _mm256_max_ps(abs_no_nan(v[0]), abs_no_nan(v[1])),
+        _mm256_max_ps(abs_no_nan(v[2]), abs_no_nan(v[3])),
+    );
+    let d = hmax(m) / 127.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    let idv = _mm256_set1_ps(id);
+    let qi: [__m256i; 4] =
+        core::array::from_fn(|k| saturate_i32(round_half_away(_mm256_mul_ps(v[k], idv))));
+    _mm256_storeu_si256(q as *mut __m256i, pack32(qi));
+    let s = _mm256_add_epi32(
+        _mm256_add_epi32(qi[0], qi[1]),
+        _mm256_add_epi32(qi[2], qi[3]),
+    );
+    (d, hsum(s))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn quantize_q8_0(x: &[f32], out: &mut [u8]) {
+    let nb = (x.len() / 32).min(out.len() / q8_0::BLOCK_BYTES);
+    for (i, block) in out.chunks_exact_mut(q8_0::BLOCK_BYTES).take(nb).enumerate() {
+        let (d, _) = quantize_block32(x.as_ptr().add(32 * i), block.as_mut_ptr().add(2));
+        put_f16(block, 0, d);
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn quantize_q8_1(x: &[f32], out: &mut [u8]) {
+    let nb = (x.len() / 32).min(out.len() / q8_1::BLOCK_BYTES);
+    for (i, block) in out.chunks_exact_mut(q8_1::BLOCK_BYTES).take(nb).enumerate() {
+        let (d, qsum) = quantize_block32(x.as_ptr().add(32 * i), block.as_mut_ptr().add(4));
+        put_f16(block, 0, d);
+        put_f16(block, 2, qsum as f32 * d);
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn quantize_q8_k(x: &[f32], out: &mut [u8]) {
+    let nb = (x.len() / QK_K).min(out.len() / q8_k::BLOCK_BYTES);
+    for (xs, block) in x
+        .chunks_exact(QK_K)
+        .zip(out.chunks_exact_mut(q8_k::BLOCK_BYTES))
+        .take(nb)
+    {
+        let mut m = _mm256_setzero_ps();
+        for k in 0..QK_K / 8 {
+            m = _mm256_max_ps(m, abs_no_nan(_mm256_loadu_ps(xs.as_ptr().add(8 * k))));
+        }
+        let amax = hmax(m);
+        if amax == 0.0 {
+            block.fill(0);
+            continue;
+        }
+        // The first element of largest magnitude, with its sign (as the scalar scan).
+        let max = *xs.iter().find(|v| v.abs() == amax).unwrap_or(&amax);
+        let iscale = -127.0 / max;
+        let is = _mm256_set1_ps(iscale);
+        let q = block.as_mut_ptr().add(q8_k::QS);
+        for g in 0..QK_K / 32 {
+            // The scalar `min(127, r as i32) as i8`: +∞ saturates to 127, while −∞ and NaN
+            // (possible once `iscale` overflows) become i32::MIN, whose low byte is 0.
+            let qi: [__m256i; 4] = core::array::from_fn(|k| {
+                let v = _mm256_mul_ps(is, _mm256_loadu_ps(xs.as_ptr().add(32 * g + 8 * k)));
+                let r = _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                let i = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_set1_ps(127.0), r));
+                _mm256_srai_epi32(_mm256_slli_epi32(i, 24), 24)
+            });
+            _mm256_storeu_si256(q.add(32 * g) as *mut __m256i, pack32(qi));
+            let s0 = hsum(_mm256_add_epi32(qi[0], qi[1])) as i16;
+            let s1 = hsum(_mm256_add_epi32(qi[2], qi[3])) as i16;
+            let at = q8_k::BSUMS + 4 * g;
+            block[at..at + 2].copy_from_slice(&s0.to_le_bytes());
+            block[at + 2..at + 4].copy_from_slice(&s1.to_le_bytes());
+        }
+        block[0..4].copy_from_slice(&(1.0 / iscale).to_le_bytes());
+    }
+}

@@ -1,0 +1,203 @@
+//! AVX-512 (F/BW/VL) + VNNI kernels for the formats where they pay: VNNI's `vpdpbusd`
+//! fuses the byte dot and its widening sum in the 32-element quants, and Q4_K/Q6_K walk
+//! 64 quants per instruction. Everything else keeps the AVX2 kernels (this level includes
+//! AVX2). Same numerics contract as `formats::x86`.
+//!
+//! These intrinsics are stable since Rust 1.89, above the workspace's declared MSRV (1.80);
+//! the lint is silenced here until the workspace raises `rust-version`.
+#![allow(clippy::incompatible_msrv)]
+
+use super::avx2::{
+    blocks, f16_at, f16_x4, load, min_sum_k4, nibbles32, q4_1_term, scales_mins_k4, sum_blocks,
+    terms4_q4_1, terms4_sdd,
+};
+use crate::formats::k_quants::{q4_k, q6_k, q8_k, QK_K};
+use crate::formats::{q4_0, q4_1, q8_0, q8_1, FormatKernels};
+use core::arch::x86_64::*;
+use prima_core::gguf::GgmlType;
+
+/// Replaces the functions of `k` (the AVX2 table) that have an AVX-512 version.
+pub(in crate::formats) fn overlay(mut k: FormatKernels) -> FormatKernels {
+    use GgmlType as T;
+    k.vec_dot = match k.weight_type {
+        T::Q4_0 => vec_dot_q4_0,
+        T::Q4_1 => vec_dot_q4_1,
+        T::Q8_0 => vec_dot_q8_0,
+        T::Q4K => vec_dot_q4_k,
+        T::Q6K => vec_dot_q6_k,
+        _ => k.vec_dot,
+    };
+    k
+}
+
+macro_rules! wrappers {
+    ($($name:ident => $imp:ident;)*) => {
+        $(fn $name(n: usize, w: &[u8], a: &[u8]) -> f32 {
+            // SAFETY: only reachable through `overlay`'s table, which `dispatch` hands out
+            // after detecting avx2, fma, f16c, avx512f, avx512bw, avx512vl and avx512vnni.
+            unsafe { $imp(n, w, a) }
+        })*
+    };
+}
+
+wrappers! {
+    vec_dot_q4_0 => dot_q4_0;
+    vec_dot_q4_1 => dot_q4_1;
+    vec_dot_q8_0 => dot_q8_0;
+    vec_dot_q4_k => dot_q4_k;
+    vec_dot_q6_k => dot_q6_k;
+}
+
+/// `Σ u·s` of unsigned × signed bytes in groups of four, as 8 i32s (no i16 saturation).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn dot_u8_i8(u: __m256i, s: __m256i) -> __m256i {
+    _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s)
+}
+
+/// Signed × signed bytes (y ≠ −128) via `|x| · sign(y, x)`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn dot_i8_i8(x: __m256i, y: __m256i) -> __m256i {
+    dot_u8_i8(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x))
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn dot_q4_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let (wb, ab) = (q4_0::BLOCK_BYTES, q8_0::BLOCK_BYTES);
+    let nb = blocks(n, 32, w, wb, a, ab);
+    let (w, a) = (w.as_ptr(), a.as_ptr());
+    sum_blocks(
+        nb,
+        |i| {
+            let q = _mm256_sub_epi8(nibbles32(w.add(i * wb + 2)), _mm256_set1_epi8(8));
+            dot_i8_i8(q, load(a.add(i * ab + 2)))
+        },
+        |i, s| s as f32 * f16_at(w.add(i * wb)) * f16_at(a.add(i * ab)),
+        |i, s| terms4_sdd(w.add(i * wb), wb, a.add(i * ab), ab, s),
+    )
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn dot_q4_1(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let (wb, ab) = (q4_1::BLOCK_BYTES, q8_1::BLOCK_BYTES);
+    let nb = blocks(n, 32, w, wb, a, ab);
+    let (w, a) = (w.as_ptr(), a.as_ptr());
+    sum_blocks(
+        nb,
+        |i| dot_u8_i8(nibbles32(w.add(i * wb + 4)), load(a.add(i * ab + 4))),
+        |i, s| q4_1_term(w.add(i * wb), a.add(i * ab), s),
+        |i, s| terms4_q4_1(w.add(i * wb), wb, a.add(i * ab), ab, s),
+    )
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn dot_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let (wb, ab) = (q8_0::BLOCK_BYTES, q8_0::BLOCK_BYTES);
+    let nb = blocks(n, 32, w, wb, a, ab);
+    let (w, a) = (w.as_ptr(), a.as_ptr());
+    sum_blocks(
+        nb,
+        |i| dot_i8_i8(load(w.add(i * wb + 2)), load(a.add(i * ab + 2))),
+        |i, s| s as f32 * (f16_at(w.add(i * wb)) * f16_at(a.add(i * ab))),
+        |i, s| {
+            _mm_mul_ps(
+                s,
+                _mm_mul_ps(f16_x4(w.add(i * wb), wb), f16_x4(a.add(i * ab), ab)),
+            )
+        },
+    )
+}
+
+/// `[lo | hi]` as one 512-bit vector.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn join(lo: __m256i, hi: __m256i) -> __m512i {
+    _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)
+}
+
+/// `[s0 × 16, s1 × 16]` as i16s: the scales of two 32-element halves for `vpdpwssd`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn scale_halves(s0: i32, s1: i32) -> __m512i {
+    join(_mm256_set1_epi16(s0 as i16), _mm256_set1_epi16(s1 as i16))
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn dot_q4_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let (wbb, abb) = (q4_k::BLOCK_BYTES, q8_k::BLOCK_BYTES);
+    let nb = blocks(n, QK_K, w, wbb, a, abb);
+    let mut sum = 0.0f32;
+    let low = _mm512_set1_epi8(0x0F);
+    for i in 0..nb {
+        let (wb, ab) = (&w[i * wbb..(i + 1) * wbb], &a[i * abb..(i + 1) * abb]);
+        let (sc, mn) = scales_mins_k4(&wb[4..16]);
+        let (qs, aq) = (wb.as_ptr().add(16), ab.as_ptr().add(q8_k::QS));
+        let mut acc = _mm512_setzero_si512();
+        for c in 0..4 {
+            // 32 bytes of quants are sub-blocks 2c (low nibbles) and 2c+1 (high nibbles),
+            // which face 64 consecutive activations.
+            let q = load(qs.add(32 * c));
+            let q = _mm512_and_si512(join(q, _mm256_srli_epi16(q, 4)), low);
+            let av = _mm512_loadu_si512(aq.add(64 * c) as *const _);
+            let p = _mm512_maddubs_epi16(q, av);
+            acc = _mm512_dpwssd_epi32(acc, p, scale_halves(sc[2 * c] as i32, sc[2 * c + 1] as i32));
+        }
+        let (isum, msum) = (_mm512_reduce_add_epi32(acc), min_sum_k4(ab.as_ptr(), mn));
+        let d_a = q8_k::d(ab);
+        sum += d_a * f16_at(wb.as_ptr()) * isum as f32
+            - d_a * f16_at(wb.as_ptr().add(2)) * msum as f32;
+    }
+    sum
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn dot_q6_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let (wbb, abb) = (q6_k::BLOCK_BYTES, q8_k::BLOCK_BYTES);
+    let nb = blocks(n, QK_K, w, wbb, a, abb);
+    let mut sum = 0.0f32;
+    let low4 = _mm512_set1_epi8(0x0F);
+    let low2 = _mm512_set1_epi8(0x03);
+    let m32 = _mm512_set1_epi8(32);
+    for i in 0..nb {
+        let (wb, ab) = (&w[i * wbb..(i + 1) * wbb], &a[i * abb..(i + 1) * abb]);
+        let (ql, qh, scales) = (wb.as_ptr(), wb.as_ptr().add(128), &wb[192..208]);
+        let aq = ab.as_ptr().add(q8_k::QS);
+        let mut acc = _mm512_setzero_si512();
+        for h in 0..2 {
+            // Elements 128h + 0..64 take ql[64h..64h+64] low nibbles and qh bits 0-1 (first
+            // 32) and 2-3 (next 32); elements 128h + 64..128 the high nibbles, bits 4-7.
+            let l = _mm512_loadu_si512(ql.add(64 * h) as *const _);
+            let qhv = load(qh.add(32 * h));
+            let hb = [
+                join(qhv, _mm256_srli_epi16(qhv, 2)),
+                join(_mm256_srli_epi16(qhv, 4), _mm256_srli_epi16(qhv, 6)),
+            ];
+            for (k, hb) in hb.into_iter().enumerate() {
+                let lk = if k == 0 { l } else { _mm512_srli_epi16(l, 4) };
+                let q = _mm512_or_si512(
+                    _mm512_and_si512(lk, low4),
+                    _mm512_slli_epi16(_mm512_and_si512(hb, low2), 4),
+                );
+                let av = _mm512_loadu_si512(aq.add(128 * h + 64 * k) as *const _);
+                let p =
+                    _mm512_sub_epi16(_mm512_maddubs_epi16(q, av), _mm512_maddubs_epi16(m32, av));
+                // The 64 quants are four 16-element groups: g = 8h + 4k + 0..4.
+                let g = 8 * h + 4 * k;
+                let s = scale_quarters(scales, g);
+                acc = _mm512_dpwssd_epi32(acc, p, s);
+            }
+        }
+        sum += q8_k::d(ab) * f16_at(wb.as_ptr().add(208)) * _mm512_reduce_add_epi32(acc) as f32;
+    }
+    sum
+}
+
+/// `[s_g × 8, s_g+1 × 8, s_g+2 × 8, s_g+3 × 8]` as i16s: the scales of four 16-element
+/// groups facing a `maddubs` result (each i16 covers two quants).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn scale_quarters(scales: &[u8], g: usize) -> __m512i {
+    let s = |j: usize| _mm_set1_epi16(scales[g + j] as i8 as i16);
+    join(_mm256_set_m128i(s(1), s(0)), _mm256_set_m128i(s(3), s(2)))
+}

@@ -1,0 +1,17 @@
+//! x86-64 kernels, one module per instruction-set level.
+//!
+//! Each level's `overlay` takes the table of the level below and replaces the functions it
+//! accelerates. The kernels are `#[target_feature]` functions behind safe wrappers; the
+//! wrappers are only reachable through those tables, which `formats::dispatch` hands out
+//! only after detecting the features.
+//!
+//! Numerics: every kernel returns exactly what the scalar kernel returns. Block quants are
+//! summed in integers (exact, any order) and the per-block float terms are added to one
+//! f32 in block order with the scalar kernel's operation order (no FMA contraction). F32,
+//! F16 and BF16 dots use 16 lanes reduced by halving, which is how the scalar
+//! reference (`formats::float`) sums too. Activation quantizers write the scalar bytes.
+//! Block-quant kernels assume activations came from the quantizers (|q| ≤ 127), as
+//! `maddubs`-based dots need.
+
+pub mod avx2;
+pub mod avx512;

@@ -1,0 +1,327 @@
+//! Every kernel level this CPU runs against the scalar kernels, which are the oracle.
+//!
+//! - `quantizers_are_byte_exact`: each level's activation quantizers (Q8_0, Q8_1, Q8_K and
+//!   the float types) write the scalar bytes, over rows of 1, 2, 3, 7 and more blocks and
+//!   random, tiny, huge, all-equal, alternating, tie-valued, zero and infinite inputs.
+//! - `vec_dot_matches_scalar`: each level's `vec_dot` of every weight type returns the
+//!   scalar result bit for bit (the kernels keep the scalar summation order), for the same
+//!   row lengths, weight scales of ±65504, f16 subnormals and zero, and those activations.
+//! - `matmul_matches_scalar_at_every_level`: `ops::matmul` with each level's table, odd
+//!   row and token counts (prefill tiles and their remainders), equals the scalar
+//!   `vec_dot` of every element.
+//!   Both on rayon and on `SpinPool`, which must agree.
+//! - `spin_pool_runs_every_chunk_once`: `SpinPool` runs each chunk exactly once, including
+//!   after its workers have gone to sleep.
+//! - `dispatch_selection`: `PRIMA_CPU_KERNELS` parsing and fallbacks.
+
+use abi_stable::std_types::RSlice;
+use prima_backend_cpu::formats::dispatch::{self, KernelLevel};
+use prima_backend_cpu::formats::scalar;
+use prima_backend_cpu::ops::matmul::{matmul, KernelLookup};
+use prima_backend_cpu::pool::{build_pool, ChunkRunner, Scratch, SpinPool};
+use prima_core::gguf::GgmlType;
+use prima_core::plugin::backend_abi::TensorView;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+const WEIGHT_TYPES: [GgmlType; 13] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q2K,
+    GgmlType::Q3K,
+    GgmlType::Q4K,
+    GgmlType::Q5K,
+    GgmlType::Q6K,
+];
+
+/// Rows of this many blocks: the edge cases of the 4-block and 16-lane loops, and more.
+const BLOCK_COUNTS: [usize; 8] = [1, 2, 3, 4, 5, 7, 9, 33];
+/// Float types have 1-element blocks: cover the 16-lane tail too.
+const FLOAT_LENGTHS: [usize; 11] = [1, 2, 3, 7, 15, 16, 17, 31, 33, 100, 1000];
+
+fn levels() -> Vec<KernelLevel> {
+    let l = dispatch::available_levels();
+    eprintln!(
+        "kernel levels on this CPU: {:?}",
+        l.iter().map(|l| l.name()).collect::<Vec<_>>()
+    );
+    l
+}
+
+fn lengths(t: GgmlType) -> Vec<usize> {
+    match t.block_elems() {
+        1 => FLOAT_LENGTHS.to_vec(),
+        b => BLOCK_COUNTS.iter().map(|c| c * b).collect(),
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Scales {
+    Normal,
+    Max,
+    Subnormal,
+    Zero,
+}
+
+/// Offsets of the f16 scale fields of a block (sanitised so random bytes are finite).
+fn scale_fields(t: GgmlType) -> &'static [usize] {
+    match t {
+        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => &[0],
+        GgmlType::Q2K => &[80, 82],
+        GgmlType::Q3K => &[108],
+        GgmlType::Q6K => &[208],
+        _ => &[0, 2],
+    }
+}
+
+fn random_row(rng: &mut ChaCha8Rng, t: GgmlType, n: usize, scales: Scales) -> Vec<u8> {
+    let f16 = |v: f32| half::f16::from_f32(v).to_le_bytes();
+    let pick = |rng: &mut ChaCha8Rng| -> f32 {
+        let sign = if rng.gen::<bool>() { 1.0 } else { -1.0 };
+        match scales {
+            Scales::Normal => rng.gen_range(-0.05..0.05),
+            Scales::Max => sign * 65504.0,
+            Scales::Subnormal => sign * rng.gen_range(1..1024) as f32 * 2f32.powi(-24),
+            Scales::Zero => 0.0,
+        }
+    };
+    match t {
+        GgmlType::F32 => (0..n)
+            .flat_map(|_| (pick(rng) * rng.gen_range(-1.0f32..1.0)).to_le_bytes())
+            .collect(),
+        GgmlType::F16 => (0..n)
+            .flat_map(|_| f16(pick(rng) * rng.gen_range(-1.0f32..1.0)))
+            .collect(),
+        GgmlType::BF16 => (0..n)
+            .flat_map(|_| {
+                half::bf16::from_f32(pick(rng) * rng.gen_range(-1.0f32..1.0)).to_le_bytes()
+            })
+            .collect(),
+        _ => {
+            let mut data = vec![0u8; t.row_bytes(n).unwrap()];
+            rng.fill(&mut data[..]);
+            for block in data.chunks_exact_mut(t.block_bytes()) {
+                for &off in scale_fields(t) {
+                    block[off..off + 2].copy_from_slice(&f16(pick(rng)));
+                }
+            }
+            data
+        }
+    }
+}
+
+/// Activation rows that stress the quantizers' rounding, saturation and zero handling.
+fn activations(rng: &mut ChaCha8Rng, n: usize) -> Vec<(&'static str, Vec<f32>)> {
+    let mut rand = |r: f32| -> Vec<f32> { (0..n).map(|_| rng.gen_range(-r..r)).collect() };
+    let mut sets = vec![
+        ("random", rand(2.0)),
+        ("small", rand(1e-3)),
+        ("huge", rand(1e30)),
+        ("tiny", rand(1e-39)),
+    ];
+    sets.push(("all-equal", vec![0.7; n]));
+    sets.push((
+        "alternating",
+        (0..n)
+            .map(|i| if i % 2 == 0 { 1.5 } else { -1.5 })
+            .collect(),
+    ));
+    sets.push(("zeros", vec![0.0; n]));
+    // With max |x| = 127, d = 1: every other value lands exactly on a rounding tie.
+    sets.push((
+        "ties",
+        (0..n)
+            .map(|i| {
+                if i % 32 == 0 {
+                    127.0
+                } else {
+                    (i % 254) as f32 * 0.5 - 63.0
+                }
+            })
+            .collect(),
+    ));
+    let mut inf = vec![1.0; n];
+    inf[n / 2] = f32::INFINITY;
+    if n > 1 {
+        inf[0] = f32::NEG_INFINITY;
+    }
+    sets.push(("infinite", inf));
+    sets
+}
+
+fn same(a: f32, b: f32) -> bool {
+    a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
+}
+
+#[test]
+fn quantizers_are_byte_exact() {
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    for level in levels() {
+        for t in WEIGHT_TYPES {
+            let (want_k, got_k) = (scalar::kernels(t).unwrap(), level.kernels(t).unwrap());
+            let at = want_k.vec_dot_type;
+            for n in lengths(at) {
+                for (name, x) in activations(&mut rng, n) {
+                    let len = at.row_bytes(n).unwrap();
+                    let (mut want, mut got) = (vec![0xAAu8; len], vec![0x55u8; len]);
+                    (want_k.quantize_activation)(&x, &mut want);
+                    (got_k.quantize_activation)(&x, &mut got);
+                    assert!(
+                        want == got,
+                        "{} {at} (for {t}) n={n} {name}: bytes differ at {:?}",
+                        level.name(),
+                        want.iter().zip(&got).position(|(a, b)| a != b)
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn vec_dot_matches_scalar() {
+    let mut rng = ChaCha8Rng::seed_from_u64(12);
+    for level in levels() {
+        for t in WEIGHT_TYPES {
+            let (want_k, got_k) = (scalar::kernels(t).unwrap(), level.kernels(t).unwrap());
+            for n in lengths(t) {
+                for scales in [Scales::Normal, Scales::Max, Scales::Subnormal, Scales::Zero] {
+                    let w = random_row(&mut rng, t, n, scales);
+                    for (name, x) in activations(&mut rng, n) {
+                        let mut a = vec![0u8; want_k.vec_dot_type.row_bytes(n).unwrap()];
+                        (want_k.quantize_activation)(&x, &mut a);
+                        let want = (want_k.vec_dot)(n, &w, &a);
+                        let got = (got_k.vec_dot)(n, &w, &a);
+                        assert!(
+                            same(want, got),
+                            "{} {t} n={n} {scales:?} weights, {name} activations: {got} vs scalar {want}",
+                            level.name()
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn matmul_with(
+    lookup: KernelLookup,
+    threads: u32,
+    w: TensorView<'_>,
+    x: &[f32],
+    n_tokens: usize,
+) -> Vec<f32> {
+    let mut scratch = Scratch::default();
+    let mut out = vec![f32::NAN; n_tokens * w.rows as usize];
+    let rayon = build_pool(threads).unwrap();
+    matmul(&rayon, &mut scratch, lookup, &w, x, n_tokens, &mut out).unwrap();
+    let mut spin_out = vec![f32::NAN; out.len()];
+    let spin = SpinPool::new(threads).unwrap();
+    matmul(&spin, &mut scratch, lookup, &w, x, n_tokens, &mut spin_out).unwrap();
+    assert_eq!(out, spin_out, "rayon vs SpinPool");
+    out
+}
+
+#[test]
+fn spin_pool_runs_every_chunk_once() {
+    for threads in [1, 2, 3, 5] {
+        let pool = SpinPool::new(threads).unwrap();
+        assert_eq!(pool.threads(), threads as usize);
+        for round in 0..2000usize {
+            let n = round % 37;
+            let hits: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+            pool.run(n, &|c| {
+                hits[c].fetch_add(1, Ordering::Relaxed);
+            });
+            assert!(
+                hits.iter().all(|h| h.load(Ordering::Relaxed) == 1),
+                "{threads} threads, {n} chunks"
+            );
+            if round % 500 == 0 {
+                // Let the workers fall asleep, then wake them.
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_matches_scalar_at_every_level() {
+    let lookups: [(KernelLevel, KernelLookup); 3] = [
+        (KernelLevel::Scalar, |t| KernelLevel::Scalar.kernels(t)),
+        (KernelLevel::Avx2, |t| KernelLevel::Avx2.kernels(t)),
+        (KernelLevel::Avx512, |t| KernelLevel::Avx512.kernels(t)),
+    ];
+    let available = levels();
+    let mut rng = ChaCha8Rng::seed_from_u64(13);
+    for t in WEIGHT_TYPES {
+        let k = scalar::kernels(t).unwrap();
+        let cols = 2 * 256;
+        for (rows, n_tokens) in [(37usize, 1usize), (5, 3), (37, 7), (64, 9), (3, 17)] {
+            let data = random_row(&mut rng, t, rows * cols, Scales::Normal);
+            let w = TensorView {
+                data: RSlice::from_slice(&data),
+                ggml_type: t.id(),
+                cols: cols as u64,
+                rows: rows as u64,
+            };
+            let x: Vec<f32> = (0..n_tokens * cols)
+                .map(|_| rng.gen_range(-2.0..2.0))
+                .collect();
+            let row_bytes = t.row_bytes(cols).unwrap();
+            let mut act = vec![0u8; k.vec_dot_type.row_bytes(cols).unwrap()];
+            let mut want = vec![0f32; n_tokens * rows];
+            for tok in 0..n_tokens {
+                (k.quantize_activation)(&x[tok * cols..(tok + 1) * cols], &mut act);
+                for r in 0..rows {
+                    let wr = &data[r * row_bytes..(r + 1) * row_bytes];
+                    want[tok * rows + r] = (k.vec_dot)(cols, wr, &act);
+                }
+            }
+            for &(level, lookup) in lookups.iter().filter(|(l, _)| available.contains(l)) {
+                for threads in [1, 2, 3] {
+                    let got = matmul_with(lookup, threads, w, &x, n_tokens);
+                    assert_eq!(
+                        got,
+                        want,
+                        "{} {t}: {rows} rows × {n_tokens} tokens, {threads} threads",
+                        level.name()
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn dispatch_selection() {
+    let best = *dispatch::available_levels().last().unwrap();
+    assert_eq!(dispatch::select(None).level, best);
+    assert_eq!(dispatch::select(Some("")).level, best);
+    let s = dispatch::select(Some("scalar"));
+    assert_eq!((s.level, s.note), (KernelLevel::Scalar, None));
+    assert_eq!(dispatch::select(Some(" AVX2 ")).level, {
+        if KernelLevel::Avx2.is_available() {
+            KernelLevel::Avx2
+        } else {
+            best
+        }
+    });
+    let bad = dispatch::select(Some("amx"));
+    assert_eq!(bad.level, best);
+    assert!(bad.note.unwrap().contains("PRIMA_CPU_KERNELS=amx"));
+    for l in KernelLevel::ALL {
+        assert_eq!(KernelLevel::from_name(l.name()), Some(l));
+        assert_eq!(l.kernels(GgmlType::Q4_0).is_some(), l.is_available());
+    }
+    assert!(KernelLevel::ALL
+        .iter()
+        .any(|l| l.name() == dispatch::kernel_level_name()));
+}
