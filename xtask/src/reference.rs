@@ -59,7 +59,7 @@ pub fn run(layout: &Layout, fixtures_only: bool, only: Option<&str>) -> Result<(
     fs::create_dir_all(layout.generation_fixtures())?;
     for spec in MODELS
         .iter()
-        .filter(|m| only.map_or(true, |o| m.tag.contains(o)))
+        .filter(|m| only.is_none_or(|o| m.tag.contains(o)))
     {
         let started = Instant::now();
         let out = layout

@@ -37,7 +37,7 @@ fn exported_create_gives_a_working_backend() {
     let mut w = Vec::new();
     for r in 0..2u8 {
         w.extend_from_slice(&half::f16::from_f32(0.5).to_le_bytes());
-        w.extend(std::iter::repeat(r + 1).take(32));
+        w.extend(std::iter::repeat_n(r + 1, 32));
     }
     let view = TensorView {
         data: RSlice::from_slice(&w),

@@ -14,7 +14,7 @@ pub fn add(acc: &mut [f32], x: &[f32]) -> OpResult<()> {
 /// Adds `bias` (one F32 row whose length is the row length) to every row of `x`.
 pub fn add_bias(x: &mut [f32], bias: &TensorView<'_>) -> OpResult<()> {
     let bias = Weight::f32_vector("add_bias", "bias", bias)?;
-    if x.len() % bias.cols != 0 {
+    if !x.len().is_multiple_of(bias.cols) {
         return Err(format!(
             "add_bias: x length {} is not a multiple of the bias length {}",
             x.len(),

@@ -8,7 +8,7 @@ use prima_core::plugin::backend_abi::TensorView;
 pub fn rms_norm(x: &[f32], weight: &TensorView<'_>, eps: f32, out: &mut [f32]) -> OpResult<()> {
     let w = Weight::f32_vector("rms_norm", "weight", weight)?;
     let n = w.cols;
-    if x.len() % n != 0 {
+    if !x.len().is_multiple_of(n) {
         return Err(format!(
             "rms_norm: x length {} is not a multiple of the row length {n}",
             x.len()

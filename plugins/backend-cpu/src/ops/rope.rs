@@ -72,7 +72,7 @@ pub fn rope(
         mul(OP, positions.len(), row)?,
     )?;
     let n_rot = p.n_rot as usize;
-    if n_rot % 2 != 0 || n_rot > head_dim {
+    if !n_rot.is_multiple_of(2) || n_rot > head_dim {
         return Err(format!(
             "{OP}: n_rot {n_rot} must be even and at most head_dim {head_dim}"
         ));

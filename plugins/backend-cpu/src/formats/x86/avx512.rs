@@ -1,11 +1,8 @@
 //! AVX-512 (F/BW/VL) + VNNI kernels for the formats where they pay: VNNI's `vpdpbusd`
 //! fuses the byte dot and its widening sum in the 32-element quants, and Q4_K/Q6_K walk
 //! 64 quants per instruction. Everything else keeps the AVX2 kernels (this level includes
-//! AVX2). Same numerics contract as `formats::x86`.
-//!
-//! These intrinsics are stable since Rust 1.89, above the workspace's declared MSRV (1.80);
-//! the lint is silenced here until the workspace raises `rust-version`.
-#![allow(clippy::incompatible_msrv)]
+//! AVX2). Same numerics contract as `formats::x86`. (These intrinsics are stable since
+//! Rust 1.89, the workspace's `rust-version`.)
 
 use super::avx2::{
     blocks, f16_at, f16_x4, load, min_sum_k4, nibbles32, q4_1_term, scales_mins_k4, sum_blocks,
