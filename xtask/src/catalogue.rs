@@ -109,6 +109,16 @@ pub const MODELS: &[ModelSpec] = &[
         file: "tiny-llama-f32.gguf",
         origin: Origin::Tiny,
     },
+    ModelSpec {
+        tag: "tiny-qwen3-f32",
+        file: "tiny-qwen3-f32.gguf",
+        origin: Origin::Tiny,
+    },
+    ModelSpec {
+        tag: "tiny-gemma3-f32",
+        file: "tiny-gemma3-f32.gguf",
+        origin: Origin::Tiny,
+    },
     // With --pure the _M mixtures collapse to their base K type.
     tiny_llama("tiny-llama-q2_k", "tiny-llama-q2_k.gguf", "Q2_K"),
     tiny_llama("tiny-llama-q3_k", "tiny-llama-q3_k.gguf", "Q3_K_M"),

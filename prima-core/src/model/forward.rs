@@ -3,6 +3,7 @@
 
 use abi_stable::std_types::{RNone, RResult, RSlice, RSliceMut, RSome, RString};
 
+use super::arch::{AttentionScale, FfnActivation};
 use super::{HyperParams, Model, ModelError, RopeScaling};
 use crate::plugin::backend_abi::{AttentionParams, BackendBox, KvSpec, RopeParams};
 
@@ -35,6 +36,11 @@ struct Scratch {
     k: Vec<f32>,
     v: Vec<f32>,
     attn: Vec<f32>,
+    /// Per-head normed queries and keys (empty without Q/K norms).
+    q_normed: Vec<f32>,
+    k_normed: Vec<f32>,
+    /// Post-normed block output, `n × n_embd` (empty without post-norms).
+    post: Vec<f32>,
     gate: Vec<f32>,
     up: Vec<f32>,
     positions: Vec<u32>,
@@ -43,6 +49,8 @@ struct Scratch {
 
 impl Scratch {
     fn new(hp: &HyperParams, n_batch: usize) -> Scratch {
+        let spec = hp.arch.spec();
+        let sized = |wanted: bool, len: usize| if wanted { vec![0.0; len] } else { Vec::new() };
         Scratch {
             x: vec![0.0; n_batch * hp.n_embd],
             h: vec![0.0; n_batch * hp.n_embd],
@@ -50,6 +58,9 @@ impl Scratch {
             k: vec![0.0; n_batch * hp.k_dim()],
             v: vec![0.0; n_batch * hp.v_dim()],
             attn: vec![0.0; n_batch * hp.n_head * hp.head_dim_v],
+            q_normed: sized(spec.qk_norm, n_batch * hp.q_dim()),
+            k_normed: sized(spec.qk_norm, n_batch * hp.k_dim()),
+            post: sized(spec.post_norms, n_batch * hp.n_embd),
             gate: vec![0.0; n_batch * hp.n_ff],
             up: vec![0.0; n_batch * hp.n_ff],
             positions: vec![0; n_batch],
@@ -162,19 +173,32 @@ impl<'m> Session<'m> {
             *p = (self.n_past + i) as u32;
         }
         let table = self.model.view(&self.model.token_embd);
+        let x = &mut self.buf.x[..n * d];
         op(
-            self.backend.get_rows(
-                table,
-                RSlice::from_slice(tokens),
-                rm(&mut self.buf.x[..n * d]),
-            ),
+            self.backend
+                .get_rows(table, RSlice::from_slice(tokens), rm(x)),
             "get_rows",
-        )
+        )?;
+        if self.model.hparams().arch.spec().scale_embeddings {
+            op(
+                self.backend.scale(rm(x), (d as f32).sqrt()),
+                "scale embeddings",
+            )?;
+        }
+        Ok(())
     }
 
-    fn rope_params(&self) -> RopeParams<'m> {
+    /// RoPE of layer `il`. Local (sliding-window) layers use their own base and no
+    /// position scaling, as llama.cpp's `rope_freq_*_train_swa` defaults.
+    fn rope_params(&self, il: usize) -> RopeParams<'m> {
         let hp = self.model.hparams();
-        let (freq_scale, ext_factor, n_ctx_orig) = match hp.rope_scaling {
+        let local = hp.is_local(il);
+        let scaling = if local {
+            RopeScaling::None
+        } else {
+            hp.rope_scaling
+        };
+        let (freq_scale, ext_factor, n_ctx_orig) = match scaling {
             RopeScaling::None => (1.0, 0.0, hp.n_ctx_train as u32),
             RopeScaling::Linear { factor } => (1.0 / factor, 0.0, hp.n_ctx_train as u32),
             RopeScaling::Yarn {
@@ -184,7 +208,11 @@ impl<'m> Session<'m> {
         };
         RopeParams {
             n_rot: hp.n_rot as u32,
-            freq_base: hp.rope_freq_base,
+            freq_base: if local {
+                hp.rope_freq_base_local
+            } else {
+                hp.rope_freq_base
+            },
             freq_scale,
             neox: hp.arch.spec().rope_neox,
             freq_factors: match &self.model.rope_freqs {
@@ -206,7 +234,8 @@ impl<'m> Session<'m> {
         let w = &model.layers[il];
         let be = self.backend;
         let (kv, start_pos) = (self.kv, self.n_past as u32);
-        let rope = self.rope_params();
+        let spec = hp.arch.spec();
+        let rope = self.rope_params(il);
         let b = &mut self.buf;
         let (d, qd, kd, vd, ff) = (hp.n_embd, hp.q_dim(), hp.k_dim(), hp.v_dim(), hp.n_ff);
         let attn_dim = hp.n_head * hp.head_dim_v;
@@ -236,10 +265,33 @@ impl<'m> Session<'m> {
                 op(be.add_bias(rm(out), model.view(bias)), "add_bias")?;
             }
         }
+        // Per-head Q/K norm: the norm weight is one head long, so each head is a row.
+        let (q, k) = match (&w.attn_q_norm, &w.attn_k_norm) {
+            (Some(qn), Some(kn)) => {
+                let (q_out, k_out) = (&mut b.q_normed[..n * qd], &mut b.k_normed[..n * kd]);
+                op(
+                    be.rms_norm(rs(q), model.view(qn), hp.rms_eps, rm(q_out)),
+                    "rms_norm attn_q_norm",
+                )?;
+                op(
+                    be.rms_norm(rs(k), model.view(kn), hp.rms_eps, rm(k_out)),
+                    "rms_norm attn_k_norm",
+                )?;
+                (q_out, k_out)
+            }
+            _ => (q, k),
+        };
         let pos = RSlice::from_slice(&b.positions[..n]);
         let hd = hp.head_dim_k as u32;
         op(be.rope(rm(q), hp.n_head as u32, hd, pos, rope), "rope q")?;
         op(be.rope(rm(k), hp.n_head_kv as u32, hd, pos, rope), "rope k")?;
+        let scale = match spec.attention_scale {
+            AttentionScale::InvSqrtHeadDim => hp.attention_scale,
+            AttentionScale::Gemma3QueryPreAttn => {
+                op(be.scale(rm(q), hp.attention_scale), "scale q")?;
+                1.0
+            }
+        };
         let params = AttentionParams {
             layer: il as u32,
             n_tokens: nt,
@@ -248,8 +300,12 @@ impl<'m> Session<'m> {
             n_head_kv: hp.n_head_kv as u32,
             head_dim_k: hp.head_dim_k as u32,
             head_dim_v: hp.head_dim_v as u32,
-            scale: 1.0 / (hp.head_dim_k as f32).sqrt(),
-            sliding_window: 0,
+            scale,
+            sliding_window: if hp.is_local(il) {
+                hp.sliding_window as u32
+            } else {
+                0
+            },
             softcap: 0.0,
         };
         let attn = &mut b.attn[..n * attn_dim];
@@ -261,7 +317,7 @@ impl<'m> Session<'m> {
             be.matmul(model.view(&w.wo), rs(attn), nt, rm(h)),
             "matmul attn_output",
         )?;
-        op(be.add(rm(x), rs(h)), "add")?;
+        add_residual(be, model, &w.attn_post_norm, hp.rms_eps, x, h, &mut b.post)?;
 
         // Feed-forward block.
         op(
@@ -277,12 +333,15 @@ impl<'m> Session<'m> {
             be.matmul(model.view(&w.ffn_up), rs(h), nt, rm(up)),
             "matmul ffn_up",
         )?;
-        op(be.swiglu(rm(gate), rs(up)), "swiglu")?;
+        match spec.ffn {
+            FfnActivation::Silu => op(be.swiglu(rm(gate), rs(up)), "swiglu")?,
+            FfnActivation::GeluTanh => op(be.geglu(rm(gate), rs(up)), "geglu")?,
+        }
         op(
             be.matmul(model.view(&w.ffn_down), rs(gate), nt, rm(h)),
             "matmul ffn_down",
         )?;
-        op(be.add(rm(x), rs(h)), "add")
+        add_residual(be, model, &w.ffn_post_norm, hp.rms_eps, x, h, &mut b.post)
     }
 
     /// Final norm and output head for row `row` of the residual stream.
@@ -301,6 +360,29 @@ impl<'m> Session<'m> {
             be.matmul(model.view(&model.output), rs(h), 1, rm(&mut b.logits)),
             "matmul output",
         )
+    }
+}
+
+/// `x += post_norm(h)`, or `x += h` without a post-norm.
+fn add_residual(
+    be: &BackendBox,
+    model: &Model,
+    post_norm: &Option<crate::gguf::TensorInfo>,
+    eps: f32,
+    x: &mut [f32],
+    h: &[f32],
+    post: &mut [f32],
+) -> Result<(), ModelError> {
+    match post_norm {
+        Some(norm) => {
+            let post = &mut post[..h.len()];
+            op(
+                be.rms_norm(rs(h), model.view(norm), eps, rm(post)),
+                "rms_norm post-norm",
+            )?;
+            op(be.add(rm(x), rs(post)), "add")
+        }
+        None => op(be.add(rm(x), rs(h)), "add"),
     }
 }
 

@@ -1,5 +1,6 @@
 //! Hyper-parameters read from GGUF metadata (`<arch>.*` keys).
 
+use super::arch::AttentionScale;
 use super::{Architecture, ModelError};
 use crate::gguf::GgufFile;
 
@@ -29,6 +30,15 @@ pub struct HyperParams {
     /// Rotated dimensions per head.
     pub n_rot: usize,
     pub rope_scaling: RopeScaling,
+    /// Multiplier of q·k before the softmax.
+    pub attention_scale: f32,
+    /// Positions a local layer attends to (`<arch>.attention.sliding_window`); 0 when
+    /// every layer is global.
+    pub sliding_window: usize,
+    /// Which layers are local (sliding-window); empty when every layer is global.
+    pub local_layers: Vec<bool>,
+    /// RoPE base of local layers (`<arch>.rope.freq_base_swa`).
+    pub rope_freq_base_local: f32,
 }
 
 impl HyperParams {
@@ -94,6 +104,43 @@ impl HyperParams {
             }
         };
 
+        let spec = arch.spec();
+        let attention_scale = match spec.attention_scale {
+            AttentionScale::InvSqrtHeadDim => 1.0 / (head_dim_k as f32).sqrt(),
+            AttentionScale::Gemma3QueryPreAttn if n_layers == 62 => {
+                1.0 / ((n_embd / n_head) as f32).sqrt()
+            }
+            AttentionScale::Gemma3QueryPreAttn => 1.0 / (head_dim_k as f32).sqrt(),
+        };
+        if let Some(cap) = g.get_f32(&key("final_logit_softcapping"))? {
+            if cap != 0.0 {
+                return Err(bad(format!(
+                    "{} = {cap}: final logit soft-capping is not supported",
+                    key("final_logit_softcapping")
+                )));
+            }
+        }
+
+        let mut sliding_window = 0;
+        let mut local_layers = Vec::new();
+        let mut rope_freq_base_local = rope_freq_base;
+        if let Some(swa) = spec.sliding_window {
+            let window = opt("attention.sliding_window")?.unwrap_or(0);
+            if window > 0 {
+                sliding_window = window;
+                local_layers = local_layer_pattern(
+                    g,
+                    &key("attention.sliding_window_pattern"),
+                    n_layers,
+                    swa.default_period,
+                )
+                .map_err(bad)?;
+                rope_freq_base_local = g
+                    .get_f32(&key("rope.freq_base_swa"))?
+                    .unwrap_or(swa.default_local_freq_base);
+            }
+        }
+
         let n_vocab = match g.tensor("token_embd.weight") {
             Some(t) => t.rows() as usize,
             None => g.require_tensor("token_embd.weight").map(|_| 0)?,
@@ -114,7 +161,16 @@ impl HyperParams {
             rope_freq_base,
             n_rot,
             rope_scaling,
+            attention_scale,
+            sliding_window,
+            local_layers,
+            rope_freq_base_local,
         })
+    }
+
+    /// Whether layer `il` attends through a sliding window.
+    pub fn is_local(&self, il: usize) -> bool {
+        self.local_layers.get(il).copied().unwrap_or(false)
     }
 
     /// Width of the concatenated query heads.
@@ -131,4 +187,35 @@ impl HyperParams {
     pub fn v_dim(&self) -> usize {
         self.n_head_kv * self.head_dim_v
     }
+}
+
+/// Which layers are local: the per-layer bool array `key` holds, or its period (in each
+/// `period` layers the last is global), or `default_period` when the key is absent —
+/// llama.cpp's `set_swa_pattern` without `dense_first`.
+fn local_layer_pattern(
+    g: &GgufFile,
+    key: &str,
+    n_layers: usize,
+    default_period: u32,
+) -> Result<Vec<bool>, String> {
+    let period = match g.get(key) {
+        None => default_period as usize,
+        Some(v) => {
+            if let Some(items) = v.as_array() {
+                let flags: Option<Vec<bool>> = items.iter().map(|x| x.as_bool()).collect();
+                return match flags {
+                    Some(flags) if flags.len() == n_layers => Ok(flags),
+                    _ => Err(format!(
+                        "{key} must be {n_layers} booleans (one per layer) or a period"
+                    )),
+                };
+            }
+            v.as_u64()
+                .ok_or_else(|| format!("{key} must be a period or one boolean per layer"))?
+                as usize
+        }
+    };
+    Ok((0..n_layers)
+        .map(|il| period == 0 || il % period < period - 1)
+        .collect())
 }

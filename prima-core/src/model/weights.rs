@@ -20,10 +20,18 @@ pub struct LayerWeights {
     pub bq: Option<TensorInfo>,
     pub bk: Option<TensorInfo>,
     pub bv: Option<TensorInfo>,
+    /// Per-head RMSNorm weights of queries and keys (head_dim_k long), when the
+    /// architecture has them.
+    pub attn_q_norm: Option<TensorInfo>,
+    pub attn_k_norm: Option<TensorInfo>,
+    /// RMSNorm of the attention output before the residual add (Gemma's post-norm).
+    pub attn_post_norm: Option<TensorInfo>,
     pub ffn_norm: TensorInfo,
     pub ffn_gate: TensorInfo,
     pub ffn_up: TensorInfo,
     pub ffn_down: TensorInfo,
+    /// RMSNorm of the feed-forward output before the residual add.
+    pub ffn_post_norm: Option<TensorInfo>,
 }
 
 /// A model ready to run: the mapped file plus a validated index of its weights.
@@ -79,13 +87,15 @@ impl Model {
         for i in 0..hp.n_layers {
             let name = |s: &str| format!("blk.{i}.{s}");
             let t = |s: &str, dims: &[u64]| shaped(&gguf, &name(s), dims);
-            let bias = |s: &str, len: u64| -> Result<Option<TensorInfo>, ModelError> {
-                if spec.qkv_bias {
+            // A tensor the architecture has (`wanted`), or `None` when it has none.
+            let opt = |wanted: bool, s: &str, len: u64| -> Result<Option<TensorInfo>, ModelError> {
+                if wanted {
                     Ok(Some(t(s, &[len])?))
                 } else {
                     Ok(None)
                 }
             };
+            let hk = hp.head_dim_k as u64;
             layers.push(LayerWeights {
                 attn_norm: t("attn_norm.weight", &[d])?,
                 wq: t("attn_q.weight", &[d, qd])?,
@@ -95,13 +105,17 @@ impl Model {
                     "attn_output.weight",
                     &[qd / hp.head_dim_k as u64 * hp.head_dim_v as u64, d],
                 )?,
-                bq: bias("attn_q.bias", qd)?,
-                bk: bias("attn_k.bias", kd)?,
-                bv: bias("attn_v.bias", vd)?,
+                bq: opt(spec.qkv_bias, "attn_q.bias", qd)?,
+                bk: opt(spec.qkv_bias, "attn_k.bias", kd)?,
+                bv: opt(spec.qkv_bias, "attn_v.bias", vd)?,
+                attn_q_norm: opt(spec.qk_norm, "attn_q_norm.weight", hk)?,
+                attn_k_norm: opt(spec.qk_norm, "attn_k_norm.weight", hk)?,
+                attn_post_norm: opt(spec.post_norms, "post_attention_norm.weight", d)?,
                 ffn_norm: t("ffn_norm.weight", &[d])?,
                 ffn_gate: t("ffn_gate.weight", &[d, ff])?,
                 ffn_up: t("ffn_up.weight", &[d, ff])?,
                 ffn_down: t("ffn_down.weight", &[ff, d])?,
+                ffn_post_norm: opt(spec.post_norms, "post_ffw_norm.weight", d)?,
             });
         }
 
@@ -143,6 +157,10 @@ impl Model {
             .chain(l.bq.iter())
             .chain(l.bk.iter())
             .chain(l.bv.iter())
+            .chain(l.attn_q_norm.iter())
+            .chain(l.attn_k_norm.iter())
+            .chain(l.attn_post_norm.iter())
+            .chain(l.ffn_post_norm.iter())
         }))
     }
 

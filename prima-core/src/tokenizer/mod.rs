@@ -1,8 +1,9 @@
 //! Text → token ids → text, from the vocabulary stored in a GGUF file.
 //!
 //! Supported: byte-level BPE as GPT-2 defines it (`tokenizer.ggml.model = "gpt2"`), with
-//! the pre-tokenizer named by `tokenizer.ggml.pre` (the list is in `pretokenize.rs`). SentencePiece
-//! (`"llama"`) and the rest are refused with [`TokenizerError::UnsupportedModel`].
+//! the pre-tokenizer named by `tokenizer.ggml.pre` (the list is in `pretokenize.rs`), and
+//! SentencePiece BPE (`"llama"`, in `spm.rs`). The rest are refused with
+//! [`TokenizerError::UnsupportedModel`].
 //!
 //! Behaviour follows llama.cpp's `llama-tokenize`, which the fixture test checks id for id:
 //! - special tokens (control, user-defined, unknown) found literally in the text are cut
@@ -18,6 +19,7 @@
 mod bpe;
 mod byte_level;
 mod pretokenize;
+mod spm;
 mod stream;
 
 use std::collections::HashMap;
@@ -35,8 +37,11 @@ pub enum TokenizerError {
     #[error(transparent)]
     Gguf(#[from] Box<GgufError>),
 
-    #[error("tokenizer.ggml.model '{0}' is not supported yet (Prima reads 'gpt2' byte-level BPE vocabularies only)")]
+    #[error("tokenizer.ggml.model '{0}' is not supported yet (Prima reads 'gpt2' byte-level BPE and 'llama' SentencePiece vocabularies)")]
     UnsupportedModel(String),
+
+    #[error("tokenizer.ggml.model 'llama' (SentencePiece) needs tokenizer.ggml.scores, one per token: found {scores} for {tokens} tokens")]
+    ScoreCount { scores: usize, tokens: usize },
 
     #[error("tokenizer.ggml.pre '{0}' is not a pre-tokenizer Prima knows")]
     UnknownPreTokenizer(String),
@@ -132,7 +137,12 @@ pub struct TokenizerParts {
     pub tokens: Vec<String>,
     /// `tokenizer.ggml.token_type`; empty means every token is normal.
     pub token_types: Vec<i32>,
+    /// `tokenizer.ggml.merges` (BPE only).
     pub merges: Vec<String>,
+    /// `tokenizer.ggml.scores` (SentencePiece only).
+    pub scores: Vec<f32>,
+    /// `tokenizer.ggml.add_space_prefix` (SentencePiece); `None` means true.
+    pub add_space_prefix: Option<bool>,
     pub bos: Option<u32>,
     pub eos: Option<u32>,
     pub eot: Option<u32>,
@@ -147,7 +157,7 @@ pub struct TokenizerParts {
 
 impl TokenizerParts {
     /// Reads the `tokenizer.*` keys of a GGUF file, refusing vocabularies other than
-    /// `gpt2` early (before copying the token list).
+    /// `gpt2` and `llama` early (before copying the token list).
     pub fn from_gguf(g: &GgufFile) -> Result<TokenizerParts, TokenizerError> {
         // An id too large for u32 is saturated so that from_parts reports it against
         // the vocabulary size.
@@ -160,9 +170,11 @@ impl TokenizerParts {
                 .map(|v| v.into_iter().map(String::from).collect()))
         };
         let model = g.require_str("tokenizer.ggml.model")?.to_string();
-        if model != "gpt2" {
-            return Err(TokenizerError::UnsupportedModel(model));
-        }
+        let spm = match model.as_str() {
+            "gpt2" => false,
+            "llama" => true,
+            _ => return Err(TokenizerError::UnsupportedModel(model)),
+        };
         Ok(TokenizerParts {
             model,
             pre: g.get_str("tokenizer.ggml.pre")?.map(String::from),
@@ -171,8 +183,15 @@ impl TokenizerParts {
             token_types: g
                 .get_i32_array("tokenizer.ggml.token_type")?
                 .unwrap_or_default(),
-            merges: strings("tokenizer.ggml.merges")?
-                .ok_or(TokenizerError::MissingKey("tokenizer.ggml.merges"))?,
+            merges: match strings("tokenizer.ggml.merges")? {
+                Some(merges) => merges,
+                None if spm => Vec::new(),
+                None => return Err(TokenizerError::MissingKey("tokenizer.ggml.merges")),
+            },
+            scores: g
+                .get_f32_array("tokenizer.ggml.scores")?
+                .unwrap_or_default(),
+            add_space_prefix: g.get_bool("tokenizer.ggml.add_space_prefix")?,
             bos: id("tokenizer.ggml.bos_token_id")?,
             eos: id("tokenizer.ggml.eos_token_id")?,
             eot: id("tokenizer.ggml.eot_token_id")?,
@@ -186,15 +205,28 @@ impl TokenizerParts {
     }
 }
 
-/// A byte-level BPE tokenizer.
+/// How plain text (between special tokens) becomes ids.
+enum Encoder {
+    /// Byte-level BPE: pre-tokenizer splits, then merges by rank.
+    Bpe {
+        merges: bpe::Merges,
+        pre: PreTokenizer,
+    },
+    /// SentencePiece: merges by score over the whole fragment.
+    Spm {
+        spm: spm::Spm,
+        add_space_prefix: bool,
+    },
+}
+
+/// A byte-level BPE or SentencePiece tokenizer.
 pub struct Tokenizer {
     tokens: Vec<String>,
     kinds: Vec<TokenKind>,
     /// Bytes each token decodes to when special tokens are not rendered.
     pieces: Vec<Box<[u8]>>,
     ids: HashMap<String, u32>,
-    merges: bpe::Merges,
-    pre: PreTokenizer,
+    encoder: Encoder,
     /// Control, user-defined and unknown tokens, longest text first.
     specials: Vec<u32>,
     is_eog: Vec<bool>,
@@ -213,9 +245,11 @@ impl Tokenizer {
 
     /// Builds a tokenizer from plain data (what [`Tokenizer::from_gguf`] reads).
     pub fn from_parts(p: TokenizerParts) -> Result<Tokenizer, TokenizerError> {
-        if p.model != "gpt2" {
-            return Err(TokenizerError::UnsupportedModel(p.model));
-        }
+        let is_spm = match p.model.as_str() {
+            "gpt2" => false,
+            "llama" => true,
+            _ => return Err(TokenizerError::UnsupportedModel(p.model)),
+        };
         let n_vocab = p.tokens.len();
         if n_vocab == 0 {
             return Err(TokenizerError::EmptyVocabulary);
@@ -226,8 +260,13 @@ impl Tokenizer {
                 tokens: n_vocab,
             });
         }
+        if is_spm && p.scores.len() != n_vocab {
+            return Err(TokenizerError::ScoreCount {
+                scores: p.scores.len(),
+                tokens: n_vocab,
+            });
+        }
         let pre_name = p.pre.as_deref().unwrap_or("default");
-        let pre = PreTokenizer::new(pre_name)?;
 
         let check = |key: &'static str, id: Option<u32>| -> Result<Option<u32>, TokenizerError> {
             match id {
@@ -285,8 +324,21 @@ impl Tokenizer {
             }
         }
 
-        let merge_lines: Vec<&str> = p.merges.iter().map(String::as_str).collect();
-        let merges = bpe::Merges::new(&merge_lines, n_vocab, &ids)?;
+        let encoder = if is_spm {
+            // SentencePiece vocabularies have no pre-tokenizer; `tokenizer.ggml.pre` is
+            // ignored, as llama.cpp does.
+            Encoder::Spm {
+                spm: spm::Spm::new(p.scores, &ids),
+                add_space_prefix: p.add_space_prefix.unwrap_or(true),
+            }
+        } else {
+            let pre = PreTokenizer::new(pre_name)?;
+            let merge_lines: Vec<&str> = p.merges.iter().map(String::as_str).collect();
+            Encoder::Bpe {
+                merges: bpe::Merges::new(&merge_lines, n_vocab, &ids)?,
+                pre,
+            }
+        };
 
         let mut specials: Vec<u32> = (0..n_vocab as u32)
             .filter(|&i| kinds[i as usize].is_special() && !p.tokens[i as usize].is_empty())
@@ -297,20 +349,18 @@ impl Tokenizer {
             .tokens
             .iter()
             .zip(&kinds)
-            .map(|(text, kind)| render(text, *kind).into_boxed_slice())
+            .map(|(text, kind)| render(text, *kind, is_spm).into_boxed_slice())
             .collect();
 
-        let add_bos = p.add_bos.unwrap_or(matches!(
-            pre_name,
-            "llama-bpe" | "llama3" | "llama-v3" | "falcon3"
-        ));
+        let add_bos = p.add_bos.unwrap_or(
+            is_spm || matches!(pre_name, "llama-bpe" | "llama3" | "llama-v3" | "falcon3"),
+        );
         Ok(Tokenizer {
             tokens: p.tokens,
             kinds,
             pieces,
             ids,
-            merges,
-            pre,
+            encoder,
             specials,
             is_eog,
             bos,
@@ -330,10 +380,24 @@ impl Tokenizer {
         if add_bos {
             out.extend(self.bos);
         }
+        // SentencePiece prefixes a space to text at the start or after a special token.
+        let mut after_special = true;
         for fragment in self.partition(text, parse_special) {
             match fragment {
-                Fragment::Token(id) => out.push(id),
-                Fragment::Text(s) => self.encode_text(s, &mut out),
+                Fragment::Token(id) => {
+                    out.push(id);
+                    after_special = true;
+                }
+                Fragment::Text(s) => {
+                    match &self.encoder {
+                        Encoder::Bpe { merges, pre } => self.encode_bpe(s, merges, pre, &mut out),
+                        Encoder::Spm {
+                            spm,
+                            add_space_prefix,
+                        } => spm.encode(s, *add_space_prefix && after_special, &self.ids, &mut out),
+                    }
+                    after_special = false;
+                }
             }
         }
         out
@@ -373,20 +437,21 @@ impl Tokenizer {
     }
 
     /// BPE over plain text (no special tokens in it).
-    fn encode_text(&self, text: &str, out: &mut Vec<u32>) {
+    fn encode_bpe(&self, text: &str, merges: &bpe::Merges, pre: &PreTokenizer, out: &mut Vec<u32>) {
         let mut word = String::new();
         let mut symbols = Vec::new();
-        for piece in self.pre.split(text) {
+        for piece in pre.split(text) {
             word.clear();
             byte_level::encode_into(piece.as_bytes(), &mut word);
-            if self.pre.ignore_merges() {
+            if pre.ignore_merges() {
                 if let Some(&id) = self.ids.get(word.as_str()) {
                     out.push(id);
                     continue;
                 }
             }
             symbols.clear();
-            bpe::merge_word(&word, &self.merges, |c| self.symbol_id(c), &mut symbols);
+            let symbol_id = |c: &str| self.ids.get(c).copied().or_else(|| merges.extra_id(c));
+            bpe::merge_word(&word, merges, symbol_id, &mut symbols);
             for (id, range) in symbols.drain(..) {
                 match id {
                     Some(id) if (id as usize) < self.tokens.len() => out.push(id),
@@ -406,11 +471,6 @@ impl Tokenizer {
                 }
             }
         }
-    }
-
-    /// Id of a single-character BPE symbol: a vocabulary entry or a merge-only string.
-    fn symbol_id(&self, c: &str) -> Option<u32> {
-        self.ids.get(c).copied().or_else(|| self.merges.extra_id(c))
     }
 
     /// Whether the model asks for BOS at the start of a prompt (`tokenizer.ggml.add_bos_token`).
@@ -515,8 +575,13 @@ enum Fragment<'t> {
 
 /// The bytes a token of `kind` with vocabulary text `text` decodes to when special
 /// tokens are not rendered.
-fn render(text: &str, kind: TokenKind) -> Vec<u8> {
+fn render(text: &str, kind: TokenKind, spm: bool) -> Vec<u8> {
     match kind {
+        // SentencePiece: `▁` is a space, `<0xXX>` one byte.
+        TokenKind::Normal if spm => text.replace(spm::SPACE, " ").into_bytes(),
+        TokenKind::Byte if spm => spm::byte_token_value(text)
+            .map(|b| vec![b])
+            .unwrap_or_default(),
         TokenKind::Normal | TokenKind::Byte => {
             let mut out = Vec::with_capacity(text.len());
             byte_level::decode_into(text, &mut out);

@@ -9,6 +9,5 @@ use super::ArchSpec;
 
 pub const SPEC: ArchSpec = ArchSpec {
     name: "llama",
-    rope_neox: false,
-    qkv_bias: false,
+    ..ArchSpec::LLAMA_LIKE
 };

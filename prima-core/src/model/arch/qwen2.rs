@@ -9,4 +9,5 @@ pub const SPEC: ArchSpec = ArchSpec {
     name: "qwen2",
     rope_neox: true,
     qkv_bias: true,
+    ..ArchSpec::LLAMA_LIKE
 };
