@@ -14,9 +14,10 @@
 //!   by 1e-6 (relative) moves Prima's own SmolLM2 Q4_1 logits by up to 1.06; and llama.cpp
 //!   itself, built for AVX2 instead of AVX-512 from the same source, differs from its
 //!   AVX-512 build by up to 0.59 on these prompts and its greedy continuations diverge
-//!   after 5–32 tokens on 6 of 8 of them. No independent implementation can get closer than
-//!   that without copying llama.cpp's exact float operation order, so the bound is 1.5
-//!   max-abs. Greedy decoding is checked teacher-forced (llama.cpp's tokens are fed back)
+//!   after 5–32 tokens on 6 of 8 of them (Q2_K: 1.12, and divergence after 0–20 tokens).
+//!   No independent implementation can get closer than that without copying llama.cpp's
+//!   exact float operation order, so the bound is 2.0 max-abs, about twice the reference's
+//!   own cross-build noise. Greedy decoding is checked teacher-forced (llama.cpp's tokens are fed back)
 //!   and must pick llama.cpp's token at every step where llama.cpp's own top-2 gap exceeds
 //!   that noise; the free-running identical prefix is reported.
 
@@ -35,7 +36,7 @@ fn tolerances(tag: &str) -> (f32, f32) {
     } else if tag.ends_with("-f16") {
         (0.2, 0.2)
     } else {
-        (1.5, 1.0)
+        (2.0, 1.0)
     }
 }
 
