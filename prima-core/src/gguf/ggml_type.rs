@@ -94,7 +94,9 @@ impl GgmlType {
     /// whole number of blocks.
     pub fn row_bytes(self, elems: usize) -> Option<usize> {
         let be = self.block_elems();
-        elems.is_multiple_of(be).then(|| elems / be * self.block_bytes())
+        elems
+            .is_multiple_of(be)
+            .then(|| elems / be * self.block_bytes())
     }
 
     /// The name GGUF tools print for this type.
