@@ -5,7 +5,7 @@ use crate::formats::dispatch;
 use crate::ops::kv_cache::{lock, KvStore};
 use crate::ops::matmul::KernelLookup;
 use crate::ops::{attention, elementwise, get_rows, matmul, norm, rope, OpResult};
-use crate::pool::{build_pool, Scratch, SpinPool};
+use crate::pool::{ChunkRunner, Scratch, SpinPool};
 use abi_stable::sabi_trait::TD_Opaque;
 use abi_stable::std_types::{RErr, ROk, RSlice, RSliceMut, RString};
 use prima_core::gguf::GgmlType;
@@ -13,16 +13,14 @@ use prima_core::plugin::backend_abi::{
     AttentionParams, Backend, BackendBox, BackendConfig, BackendResult, Backend_TO, KvSpec,
     RopeParams, TensorView,
 };
-use rayon::ThreadPool;
 use std::sync::Mutex;
 
-/// The CPU backend: thread pools, reusable scratch, the KV caches, and a kernel table.
+/// The CPU backend: a thread pool, reusable scratch, the KV caches, and a kernel table.
 ///
-/// Matrix products — hundreds of small calls per decoded token — run on the low-latency
-/// [`SpinPool`]; attention and the other row-parallel ops use rayon. Both sleep when idle.
+/// Matrix products and attention — hundreds of small calls per decoded token — run on the
+/// low-latency [`SpinPool`], whose workers sleep when idle.
 pub struct CpuBackend {
-    pool: ThreadPool,
-    matmul_pool: SpinPool,
+    pool: SpinPool,
     scratch: Mutex<Scratch>,
     kv: KvStore,
     kernels: KernelLookup,
@@ -32,8 +30,7 @@ pub struct CpuBackend {
 impl CpuBackend {
     pub fn new(cfg: BackendConfig) -> Result<CpuBackend, String> {
         Ok(CpuBackend {
-            pool: build_pool(cfg.threads)?,
-            matmul_pool: SpinPool::new(cfg.threads)?,
+            pool: SpinPool::new(cfg.threads)?,
             scratch: Mutex::new(Scratch::default()),
             kv: KvStore::default(),
             kernels: dispatch::kernels,
@@ -43,7 +40,7 @@ impl CpuBackend {
 
     /// Worker threads in the pool.
     pub fn threads(&self) -> usize {
-        self.pool.current_num_threads()
+        self.pool.threads()
     }
 }
 
@@ -101,7 +98,7 @@ impl Backend for CpuBackend {
     ) -> BackendResult<()> {
         let mut scratch = lock(&self.scratch);
         to_abi(matmul::matmul(
-            &self.matmul_pool,
+            &self.pool,
             &mut scratch,
             self.kernels,
             &w,

@@ -8,17 +8,17 @@
 //! `p = softmax(s)` computed in two passes (max, then exp and a sum in f64) and each `p_j`
 //! rounded to f16 before it weights the F16 values — the numerics of llama.cpp's
 //! non-flash attention, which the golden fixtures record (measured: this takes F32 models
-//! from 3e-3 to 5e-4 max |Δlogit| against llama.cpp). Heads × tokens run on the pool; each
+//! from 3e-3 to 5e-4 max |Δlogit| against llama.cpp). Heads × tokens run on the SpinPool; each
 //! worker thread keeps its score buffer between calls, so steady-state calls allocate
 //! nothing.
 
 use super::kv_cache::{lock, KvCache, KvStore};
+use super::matmul::SharedOut;
 use super::{expect_len, mul, OpResult};
-use crate::pool::{sized, Scratch};
+use crate::pool::{sized, ChunkRunner, Scratch};
 use half::f16;
+use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 use prima_core::plugin::backend_abi::AttentionParams;
-use rayon::prelude::*;
-use rayon::ThreadPool;
 use std::cell::RefCell;
 
 thread_local! {
@@ -28,7 +28,7 @@ thread_local! {
 
 #[allow(clippy::too_many_arguments)]
 pub fn attention(
-    pool: &ThreadPool,
+    pool: &impl ChunkRunner,
     scratch: &mut Scratch,
     store: &KvStore,
     kv: u64,
@@ -64,6 +64,11 @@ pub fn attention(
             spec.n_head_kv,
             spec.head_dim_k,
             spec.head_dim_v
+        ));
+    }
+    if dk > MAX_HEAD_DIM || dv > MAX_HEAD_DIM {
+        return Err(format!(
+            "{OP}: head sizes {dk}/{dv} exceed the supported {MAX_HEAD_DIM}"
         ));
     }
     if n_head == 0 || n_head % n_head_kv != 0 {
@@ -123,14 +128,33 @@ pub fn attention(
         return Ok(());
     }
     let group = n_head / n_head_kv;
-    pool.install(|| {
-        out.par_chunks_mut(dv).enumerate().for_each(|(idx, o)| {
+    // (token, head) items, a few chunks of them per thread.
+    let n_items = n_tokens * n_head;
+    let per_chunk = n_items.div_ceil(pool.threads() * 4).max(1);
+    let dst = SharedOut(out.as_mut_ptr());
+    pool.run(n_items.div_ceil(per_chunk), &|c| {
+        let first = c * per_chunk;
+        for idx in first..(first + per_chunk).min(n_items) {
+            // SAFETY: item `idx` owns `out[idx·dv .. (idx+1)·dv]`, disjoint across items, and
+            // `out` (checked to be n_items·dv long) outlives `run`, which returns when all
+            // chunks are done.
+            let o = unsafe { std::slice::from_raw_parts_mut(dst.ptr().add(idx * dv), dv) };
             let (t, h) = (idx / n_head, idx % n_head);
             let qh = &queries[idx * dk..(idx + 1) * dk];
             attend_one(cache, layer, start + t, h / group, qh, p, o);
-        });
+        }
     });
     Ok(())
+}
+
+/// Longest head the stack row buffer holds; the attention op refuses longer heads.
+pub const MAX_HEAD_DIM: usize = 512;
+
+/// Widens an F16 row into `buf` and returns the filled part.
+fn widen<'a>(bits: &[u16], buf: &'a mut [f32; MAX_HEAD_DIM]) -> &'a [f32] {
+    let out = &mut buf[..bits.len()];
+    bits.reinterpret_cast::<f16>().convert_to_f32_slice(out);
+    out
 }
 
 /// One query head at position `pos` against KV head `kv_head`; writes `o`.
@@ -149,15 +173,19 @@ fn attend_one(
     } else {
         0
     };
+    // One K or V row widened to f32 at a time: the slice conversion uses F16C where the
+    // CPU has it, and the products below then run on plain f32 (same values, far faster
+    // than converting element by element).
+    let mut row = [0f32; MAX_HEAD_DIM];
     SCORES.with(|cell| {
         let mut buf = cell.borrow_mut();
         let scores = sized(&mut buf, pos + 1 - first);
         let mut max = f32::NEG_INFINITY;
         for (s, j) in scores.iter_mut().zip(first..=pos) {
-            let key = cache.key(layer, j, kv_head);
+            let key = widen(cache.key(layer, j, kv_head), &mut row);
             let mut dot = 0.0f32;
             for (a, b) in q.iter().zip(key) {
-                dot += a * f16::from_bits(*b).to_f32();
+                dot += a * b;
             }
             *s = p.scale * dot;
             if p.softcap != 0.0 {
@@ -178,8 +206,9 @@ fn attend_one(
         o.fill(0.0);
         for (s, j) in scores.iter().zip(first..=pos) {
             let weight = f16::from_f32(s * norm).to_f32();
-            for (x, b) in o.iter_mut().zip(cache.value(layer, j, kv_head)) {
-                *x += weight * f16::from_bits(*b).to_f32();
+            let value = widen(cache.value(layer, j, kv_head), &mut row);
+            for (x, b) in o.iter_mut().zip(value) {
+                *x += weight * b;
             }
         }
     });

@@ -29,11 +29,19 @@ pub type KernelLookup = fn(GgmlType) -> Option<FormatKernels>;
 
 /// A pointer the chunks of one job share; each chunk writes a disjoint range.
 #[derive(Clone, Copy)]
-struct SharedOut(*mut f32);
+pub(crate) struct SharedOut(pub(crate) *mut f32);
 // SAFETY: only used to hand disjoint ranges of one `&mut [f32]` to concurrent chunks.
 unsafe impl Send for SharedOut {}
 // SAFETY: as above.
 unsafe impl Sync for SharedOut {}
+
+impl SharedOut {
+    /// The shared pointer. A method, so closures capture the whole (Sync) wrapper rather
+    /// than the raw pointer field.
+    pub(crate) fn ptr(&self) -> *mut f32 {
+        self.0
+    }
+}
 
 /// `x` is `n_tokens × w.cols`, `out` is `n_tokens × w.rows`.
 pub fn matmul(
