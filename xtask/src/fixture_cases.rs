@@ -45,11 +45,20 @@ const SMOLLM2_PROMPTS: &[(&str, &str)] = &[
     ),
 ];
 
-/// Fewer cases: Gemma's 262k vocabulary makes each strided sample ~2.7k entries.
+/// Six cases (the strided sample of Gemma's 262k vocabulary is ~2.7k entries each).
 const GEMMA3_PROMPTS: &[(&str, &str)] = &[
     (
         "prose",
         "The old lighthouse keeper climbed the narrow stairs every evening, and",
+    ),
+    (
+        "code",
+        "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    ),
+    ("numbers", "1, 2, 3, 5, 8, 13, 21,"),
+    (
+        "french",
+        "La tour Eiffel se trouve à Paris. Elle a été construite en",
     ),
     (
         "question",
