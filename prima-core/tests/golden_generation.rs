@@ -1,4 +1,5 @@
-//! Prima against llama.cpp on real and derived models: the same prompt token ids, the
+//! Prima against llama.cpp on real and derived models (SmolLM2 in every format, Gemma 3
+//! 270M, tiny random llama / qwen2 / qwen3 / gemma3 models): the same prompt token ids, the
 //! last-position logits within a stated tolerance, and the same greedy tokens.
 //!
 //! Fixtures come from `cargo xtask reference` (llama.cpp built from the llama-cpp-python
@@ -30,8 +31,15 @@ use prima_core::tokenizer::Tokenizer;
 use serde_json::Value;
 
 /// (max |Δlogit|, top-2 gap above which the greedy token must agree) per weight format.
+///
+/// F32 Gemma gets 5e-3 instead of 2e-3: ggml's GeGLU rounds the gate to f16 and reads
+/// GELU from an f16 table, while the CPU backend computes tanh in f32. Measured on
+/// tiny-gemma3-f32: 2.1e-3 with the backend's GeGLU, 3.8e-4 when the same f16 rounding
+/// is emulated — the rest of the layer agrees as closely as the other F32 models.
 fn tolerances(tag: &str) -> (f32, f32) {
-    if tag.ends_with("-f32") {
+    if tag.contains("gemma3") && tag.ends_with("-f32") {
+        (5e-3, 0.0)
+    } else if tag.ends_with("-f32") {
         (2e-3, 0.0)
     } else if tag.ends_with("-f16") {
         (0.2, 0.2)
@@ -151,10 +159,13 @@ fn check_fixture(file: &str) {
         // Teacher-forced: llama.cpp's token is fed back at every step, so one near-tie does
         // not derail the rest of the comparison.
         let mut identical_prefix = None;
+        let mut agree = 0;
         for (step, &want) in case.greedy.iter().enumerate() {
             let got = argmax(&logits);
             let gap = case.gaps.get(step).copied().unwrap_or(f32::INFINITY);
-            if got != want {
+            if got == want {
+                agree += 1;
+            } else {
                 identical_prefix.get_or_insert(step);
                 if gap > gap_tol {
                     failures.push(format!(
@@ -168,7 +179,11 @@ fn check_fixture(file: &str) {
             }
         }
         let same = identical_prefix.unwrap_or(case.greedy.len());
-        report.push(format!("{}:{same}/{}", case.name, case.greedy.len()));
+        let n = case.greedy.len();
+        report.push(format!(
+            "{}:{same}/{n} (teacher-forced {agree}/{n})",
+            case.name
+        ));
     }
     eprintln!(
         "{file}: worst last-position |Δlogit| {worst:.2e} (tolerance {logit_tol}); identical greedy prefix per case: {}",
@@ -208,4 +223,9 @@ golden! {
     tiny_llama_q4_k => "tiny-llama-q4_k.json",
     tiny_llama_q5_k => "tiny-llama-q5_k.json",
     tiny_llama_q6_k => "tiny-llama-q6_k.json",
+    gemma3_270m_q4_k_m => "gemma-3-270m-q4_k_m.json",
+    // Random weights, F32: layer 0 local (8-token window, RoPE base 2e4), layer 1 global;
+    // the 40-token case runs far past the window, so sliding-window attention is checked.
+    tiny_gemma3_f32 => "tiny-gemma3-f32.json",
+    tiny_qwen3_f32 => "tiny-qwen3-f32.json",
 }
