@@ -13,6 +13,7 @@ use std::process::Command;
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
 
+use crate::bench_models;
 use crate::catalogue;
 use crate::layout::Layout;
 use crate::llama_cpp::LlamaCpp;
@@ -42,6 +43,7 @@ const DEFAULT_MODELS: &[&str] = &[
     catalogue::SMOLLM2_Q4_1,
     "smollm2-135m-q4_k_m",
     catalogue::GEMMA3_Q4_K_M,
+    bench_models::BENCH_1B,
 ];
 
 #[derive(Default, Clone, Copy)]
@@ -144,6 +146,9 @@ pub fn run(layout: &Layout, args: &BenchArgs) -> Result<()> {
 fn resolve_model(layout: &Layout, name: &str) -> Result<PathBuf> {
     if name.ends_with(".gguf") {
         return Ok(PathBuf::from(name));
+    }
+    if name == bench_models::BENCH_1B {
+        return bench_models::run(layout);
     }
     match catalogue::MODELS.iter().find(|m| m.tag == name) {
         Some(spec) => Ok(spec.path(layout)),

@@ -6,6 +6,7 @@
 //! be committed.
 
 mod bench;
+mod bench_models;
 mod catalogue;
 mod digest;
 mod fetch_models;
@@ -51,6 +52,8 @@ enum Task {
     Test,
     /// Prima and llama-bench side by side on the bench models, with ratios.
     Bench(bench::BenchArgs),
+    /// Make the generated ~1B-parameter Q4_K_M benchmark model (random weights).
+    BenchModels,
 }
 
 fn main() -> ExitCode {
@@ -73,6 +76,9 @@ fn run(cli: Cli) -> Result<u8> {
         } => reference::run(&layout, fixtures_only, only.as_deref())?,
         Task::TestModels => test_models::run(&layout)?,
         Task::Bench(args) => bench::run(&layout, &args)?,
+        Task::BenchModels => {
+            bench_models::run(&layout)?;
+        }
         Task::Test => {
             let code = test::run(&layout)?;
             return Ok(u8::try_from(code).unwrap_or(1));
