@@ -10,5 +10,6 @@ pub mod gguf;
 pub mod model;
 pub mod plugin;
 pub mod profile;
+pub mod prp;
 pub mod sampler;
 pub mod tokenizer;
