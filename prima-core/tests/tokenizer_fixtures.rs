@@ -8,25 +8,12 @@
 //! `tokenizer.ggml.pre` swapped for NAME, which checks the other pre-tokenizers on a
 //! real vocabulary.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
 use prima_core::gguf::GgufFile;
 use prima_core::tokenizer::{Tokenizer, TokenizerParts};
-use serde::Deserialize;
-
-#[derive(Deserialize)]
-struct Fixture {
-    text: String,
-    ids: Vec<u32>,
-    #[serde(default = "yes")]
-    add_bos: bool,
-    #[serde(default = "yes")]
-    parse_special: bool,
-}
-
-fn yes() -> bool {
-    true
-}
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -56,35 +43,6 @@ fn smollm2() -> Option<Tokenizer> {
     smollm2_parts().map(|p| Tokenizer::from_parts(p).expect("tokenizer from GGUF"))
 }
 
-/// Compares every fixture of `file` with `tok`; returns how many there were.
-fn check_fixtures(tok: &Tokenizer, file: &str) -> usize {
-    let text = std::fs::read_to_string(fixture_dir().join(file)).unwrap();
-    let fixtures: Vec<Fixture> = serde_json::from_str(&text).unwrap();
-    assert!(
-        fixtures.len() >= 60,
-        "{file}: only {} fixtures",
-        fixtures.len()
-    );
-    let mut failures = Vec::new();
-    for f in &fixtures {
-        let ids = tok.encode(&f.text, f.add_bos && tok.add_bos_default(), f.parse_special);
-        if ids != f.ids {
-            failures.push(format!(
-                "{:?} (add_bos={}, parse_special={}):\n  llama.cpp {:?}\n  prima     {:?}",
-                f.text, f.add_bos, f.parse_special, f.ids, ids
-            ));
-        }
-    }
-    assert!(
-        failures.is_empty(),
-        "{file}: {} of {} differ:\n{}",
-        failures.len(),
-        fixtures.len(),
-        failures.join("\n")
-    );
-    fixtures.len()
-}
-
 fn corpus() -> Vec<String> {
     let text = std::fs::read_to_string(fixture_dir().join("corpus.json")).unwrap();
     serde_json::from_str(&text).unwrap()
@@ -93,7 +51,7 @@ fn corpus() -> Vec<String> {
 #[test]
 fn ids_match_llama_cpp() {
     let Some(tok) = smollm2() else { return };
-    let n = check_fixtures(&tok, "smollm2.json");
+    let n = common::tokens::check(&tok, "smollm2.json", 60);
     eprintln!("{n} fixtures identical to llama.cpp");
 }
 
@@ -106,7 +64,7 @@ fn other_pre_tokenizers_match_llama_cpp() {
             ..parts.clone()
         })
         .unwrap();
-        let n = check_fixtures(&tok, &format!("smollm2.pre-{pre}.json"));
+        let n = common::tokens::check(&tok, &format!("smollm2.pre-{pre}.json"), 60);
         eprintln!("tokenizer.ggml.pre={pre}: {n} fixtures identical to llama.cpp");
     }
 }

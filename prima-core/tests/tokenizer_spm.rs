@@ -11,15 +11,6 @@ mod common;
 
 use prima_core::gguf::GgufFile;
 use prima_core::tokenizer::{Tokenizer, TokenizerParts};
-use serde::Deserialize;
-
-#[derive(Deserialize)]
-struct Fixture {
-    text: String,
-    ids: Vec<u32>,
-    add_bos: bool,
-    parse_special: bool,
-}
 
 fn gemma3_parts() -> Option<TokenizerParts> {
     let path = common::workspace_models().join("gemma-3-270m-q4_k_m.gguf");
@@ -32,47 +23,11 @@ fn gemma3() -> Option<Tokenizer> {
     gemma3_parts().map(|p| Tokenizer::from_parts(p).expect("tokenizer from GGUF"))
 }
 
-fn fixtures(file: &str) -> Vec<Fixture> {
-    let path = common::workspace_root()
-        .join("tests/fixtures/tokenizer")
-        .join(file);
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    serde_json::from_str(&text).unwrap()
-}
-
-/// Compares every fixture of `file` with `tok`; returns how many there were.
-fn check_fixtures(tok: &Tokenizer, file: &str, at_least: usize) -> usize {
-    let fixtures = fixtures(file);
-    assert!(
-        fixtures.len() >= at_least,
-        "{file}: only {} fixtures",
-        fixtures.len()
-    );
-    let mut failures = Vec::new();
-    for f in &fixtures {
-        let ids = tok.encode(&f.text, f.add_bos && tok.add_bos_default(), f.parse_special);
-        if ids != f.ids {
-            failures.push(format!(
-                "{:?} (add_bos={}, parse_special={}):\n  llama.cpp {:?}\n  prima     {:?}",
-                f.text, f.add_bos, f.parse_special, f.ids, ids
-            ));
-        }
-    }
-    assert!(
-        failures.is_empty(),
-        "{file}: {} of {} differ:\n{}",
-        failures.len(),
-        fixtures.len(),
-        failures.join("\n")
-    );
-    fixtures.len()
-}
-
 #[test]
 fn gemma3_ids_match_llama_cpp() {
     let Some(tok) = gemma3() else { return };
-    let n = check_fixtures(&tok, "gemma3.json", 60);
-    let m = check_fixtures(&tok, "gemma3.extra.json", 15);
+    let n = common::tokens::check(&tok, "gemma3.json", 60);
+    let m = common::tokens::check(&tok, "gemma3.extra.json", 15);
     eprintln!("gemma3: {} fixtures identical to llama.cpp", n + m);
 }
 
@@ -97,9 +52,9 @@ fn gemma3_special_tokens_and_bos() {
 #[test]
 fn gemma3_decode_inverts_encode() {
     let Some(tok) = gemma3() else { return };
-    let corpus: Vec<String> = fixtures("gemma3.json")
+    let corpus: Vec<String> = common::tokens::load("gemma3.json")
         .into_iter()
-        .chain(fixtures("gemma3.extra.json"))
+        .chain(common::tokens::load("gemma3.extra.json"))
         .map(|f| f.text)
         .collect();
     for text in corpus {

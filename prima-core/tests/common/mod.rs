@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod tokens;
+
 use std::path::{Path, PathBuf};
 
 use prima_core::plugin::backend_abi::BackendConfig;
