@@ -5,11 +5,11 @@
 //! Rust 1.89, the workspace's `rust-version`.)
 
 use super::avx2::{
-    blocks, f16_at, f16_x4, load, min_sum_k4, nibbles32, q4_1_term, scales_mins_k4, sum_blocks,
-    terms4_q4_1, terms4_sdd,
+    bits32, blocks, f16_at, f16_x4, load, min_sum_k4, nibbles32, q4_1_term, scales_mins_k4,
+    sum_blocks, terms4_q4_1, terms4_sdd,
 };
 use crate::formats::k_quants::{q4_k, q6_k, q8_k, QK_K};
-use crate::formats::{q4_0, q4_1, q8_0, q8_1, FormatKernels};
+use crate::formats::{q4_0, q4_1, q5_0, q8_0, q8_1, FormatKernels};
 use core::arch::x86_64::*;
 use prima_core::gguf::GgmlType;
 
@@ -19,6 +19,7 @@ pub(in crate::formats) fn overlay(mut k: FormatKernels) -> FormatKernels {
     k.vec_dot = match k.weight_type {
         T::Q4_0 => vec_dot_q4_0,
         T::Q4_1 => vec_dot_q4_1,
+        T::Q5_0 => vec_dot_q5_0,
         T::Q8_0 => vec_dot_q8_0,
         T::Q4K => vec_dot_q4_k,
         T::Q6K => vec_dot_q6_k,
@@ -40,6 +41,7 @@ macro_rules! wrappers {
 wrappers! {
     vec_dot_q4_0 => dot_q4_0;
     vec_dot_q4_1 => dot_q4_1;
+    vec_dot_q5_0 => dot_q5_0;
     vec_dot_q8_0 => dot_q8_0;
     vec_dot_q4_k => dot_q4_k;
     vec_dot_q6_k => dot_q6_k;
@@ -85,6 +87,29 @@ unsafe fn dot_q4_1(n: usize, w: &[u8], a: &[u8]) -> f32 {
         |i| dot_u8_i8(nibbles32(w.add(i * wb + 4)), load(a.add(i * ab + 4))),
         |i, s| q4_1_term(w.add(i * wb), a.add(i * ab), s),
         |i, s| terms4_q4_1(w.add(i * wb), wb, a.add(i * ab), ab, s),
+    )
+}
+
+/// Q5_0 with VNNI: the 5-bit quants as unsigned bytes (0..=31), so one `vpdpbusd` does the
+/// products, and the −16 offset comes back as `16·Σa` — integer-exact, so the block sums
+/// equal the scalar kernel's.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn dot_q5_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let (wb, ab) = (q5_0::BLOCK_BYTES, q8_0::BLOCK_BYTES);
+    let nb = blocks(n, 32, w, wb, a, ab);
+    let (w, a) = (w.as_ptr(), a.as_ptr());
+    sum_blocks(
+        nb,
+        |i| {
+            let b = w.add(i * wb);
+            let high = _mm256_and_si256(bits32(b.add(2)), _mm256_set1_epi8(0x10));
+            let q = _mm256_or_si256(nibbles32(b.add(6)), high);
+            let act = load(a.add(i * ab + 2));
+            let act_sum = dot_u8_i8(_mm256_set1_epi8(1), act);
+            _mm256_sub_epi32(dot_u8_i8(q, act), _mm256_slli_epi32(act_sum, 4))
+        },
+        |i, s| s as f32 * f16_at(w.add(i * wb)) * f16_at(a.add(i * ab)),
+        |i, s| terms4_sdd(w.add(i * wb), wb, a.add(i * ab), ab, s),
     )
 }
 
