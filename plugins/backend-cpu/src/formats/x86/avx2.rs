@@ -511,6 +511,34 @@ pub(super) fn scales_mins_k4(packed: &[u8]) -> ([u8; 8], [u8; 8]) {
     (join(sc_lo, sc_hi), join(mn_lo, mn_hi))
 }
 
+/// One pair of 32-quant sub-blocks of a Q4_K/Q5_K super-block: `acc += sc_lo·(lo·a[0..32])
+/// + sc_hi·(hi·a[32..64])`, with unsigned quants against Q8_K activations at `aq`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn acc_k4_pair(
+    acc: __m256i,
+    lo: __m256i,
+    hi: __m256i,
+    aq: *const u8,
+    sc_lo: u8,
+    sc_hi: u8,
+) -> __m256i {
+    let plo = _mm256_maddubs_epi16(lo, load(aq));
+    let phi = _mm256_maddubs_epi16(hi, load(aq.add(32)));
+    let acc = _mm256_add_epi32(acc, _mm256_madd_epi16(plo, _mm256_set1_epi16(sc_lo as i16)));
+    _mm256_add_epi32(acc, _mm256_madd_epi16(phi, _mm256_set1_epi16(sc_hi as i16)))
+}
+
+/// A Q4_K/Q5_K super-block's contribution: `d_a·(d·Σ scaled products − dmin·Σ mins·bsums)`,
+/// in the scalar kernel's float order.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn k4_block_term(wb: &[u8], ab: &[u8], acc: __m256i, mins: [u8; 8]) -> f32 {
+    let (isum, msum) = (hsum(acc), min_sum_k4(ab.as_ptr(), mins));
+    let d_a = q8_k::d(ab);
+    d_a * f16_at(wb.as_ptr()) * isum as f32 - d_a * f16_at(wb.as_ptr().add(2)) * msum as f32
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q4_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let (wbb, abb) = (q4_k::BLOCK_BYTES, q8_k::BLOCK_BYTES);
@@ -526,21 +554,9 @@ unsafe fn dot_q4_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
             let q = load(qs.add(32 * c));
             let lo = _mm256_and_si256(q, low);
             let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
-            let plo = _mm256_maddubs_epi16(lo, load(aq.add(64 * c)));
-            let phi = _mm256_maddubs_epi16(hi, load(aq.add(64 * c + 32)));
-            acc = _mm256_add_epi32(
-                acc,
-                _mm256_madd_epi16(plo, _mm256_set1_epi16(sc[2 * c] as i16)),
-            );
-            acc = _mm256_add_epi32(
-                acc,
-                _mm256_madd_epi16(phi, _mm256_set1_epi16(sc[2 * c + 1] as i16)),
-            );
+            acc = acc_k4_pair(acc, lo, hi, aq.add(64 * c), sc[2 * c], sc[2 * c + 1]);
         }
-        let (isum, msum) = (hsum(acc), min_sum_k4(ab.as_ptr(), mn));
-        let d_a = q8_k::d(ab);
-        sum += d_a * f16_at(wb.as_ptr()) * isum as f32
-            - d_a * f16_at(wb.as_ptr().add(2)) * msum as f32;
+        sum += k4_block_term(wb, ab, acc, mn);
     }
     sum
 }
@@ -569,21 +585,9 @@ unsafe fn dot_q5_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
                 _mm256_and_si256(_mm256_srli_epi16(q, 4), low),
                 high(2 * c + 1),
             );
-            let plo = _mm256_maddubs_epi16(lo, load(aq.add(64 * c)));
-            let phi = _mm256_maddubs_epi16(hi, load(aq.add(64 * c + 32)));
-            acc = _mm256_add_epi32(
-                acc,
-                _mm256_madd_epi16(plo, _mm256_set1_epi16(sc[2 * c] as i16)),
-            );
-            acc = _mm256_add_epi32(
-                acc,
-                _mm256_madd_epi16(phi, _mm256_set1_epi16(sc[2 * c + 1] as i16)),
-            );
+            acc = acc_k4_pair(acc, lo, hi, aq.add(64 * c), sc[2 * c], sc[2 * c + 1]);
         }
-        let (isum, msum) = (hsum(acc), min_sum_k4(ab.as_ptr(), mn));
-        let d_a = q8_k::d(ab);
-        sum += d_a * f16_at(wb.as_ptr()) * isum as f32
-            - d_a * f16_at(wb.as_ptr().add(2)) * msum as f32;
+        sum += k4_block_term(wb, ab, acc, mn);
     }
     sum
 }
