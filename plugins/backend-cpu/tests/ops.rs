@@ -75,21 +75,7 @@ fn random_weights(rng: &mut ChaCha8Rng, t: GgmlType, rows: usize, cols: usize) -
     }
 }
 
-const WEIGHT_TYPES: [GgmlType; 13] = [
-    GgmlType::F32,
-    GgmlType::F16,
-    GgmlType::BF16,
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q8_0,
-    GgmlType::Q2K,
-    GgmlType::Q3K,
-    GgmlType::Q4K,
-    GgmlType::Q5K,
-    GgmlType::Q6K,
-];
+use prima_backend_cpu::formats::WEIGHT_TYPES;
 
 fn run_matmul(b: &CpuBackend, w: TensorView<'_>, x: &[f32], n_tokens: usize) -> Vec<f32> {
     let mut out = vec![f32::NAN; n_tokens * w.rows as usize];

@@ -27,6 +27,23 @@ mod x86;
 
 use prima_core::gguf::GgmlType;
 
+/// Every weight format this backend computes (the activation-only Q8_1/Q8_K are not).
+pub const WEIGHT_TYPES: [GgmlType; 13] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q2K,
+    GgmlType::Q3K,
+    GgmlType::Q4K,
+    GgmlType::Q5K,
+    GgmlType::Q6K,
+];
+
 /// Dequantizes a whole row: `src` holds `out.len() / block_elems` blocks.
 pub type DequantizeRowFn = fn(src: &[u8], out: &mut [f32]);
 
