@@ -10,6 +10,37 @@ use crate::model::{ModelError, Session};
 use crate::sampler::Sampler;
 use crate::tokenizer::Tokenizer;
 
+/// Anything that turns tokens into next-token logits while keeping its own context:
+/// a single-device [`Session`], or the head of a device ring.
+pub trait Forward {
+    type Error: std::error::Error + Send + Sync + 'static;
+
+    /// Evaluates `tokens` after the cached positions; returns the last token's logits.
+    fn eval(&mut self, tokens: &[u32]) -> Result<&[f32], Self::Error>;
+
+    /// Positions already cached.
+    fn n_past(&self) -> usize;
+
+    /// Positions the context holds.
+    fn n_ctx(&self) -> usize;
+}
+
+impl Forward for Session<'_> {
+    type Error = ModelError;
+
+    fn eval(&mut self, tokens: &[u32]) -> Result<&[f32], ModelError> {
+        Session::eval(self, tokens)
+    }
+
+    fn n_past(&self) -> usize {
+        Session::n_past(self)
+    }
+
+    fn n_ctx(&self) -> usize {
+        Session::n_ctx(self)
+    }
+}
+
 /// What one generation did and how long it took.
 #[derive(Debug, Clone, Default)]
 pub struct GenerationStats {
@@ -59,14 +90,14 @@ pub struct GenerateOptions {
 /// Evaluates `prompt` in `session`, then samples up to `max_tokens` tokens, calling
 /// `on_text` with each complete piece of UTF-8 text as soon as it is known.
 /// `on_text` may return `ControlFlow::Break` to cancel.
-pub fn generate(
-    session: &mut Session<'_>,
+pub fn generate<F: Forward>(
+    session: &mut F,
     tokenizer: &Tokenizer,
     sampler: &mut Sampler,
     prompt: &[u32],
     options: GenerateOptions,
     mut on_text: impl FnMut(&str) -> ControlFlow<()>,
-) -> Result<(Vec<u32>, GenerationStats), ModelError> {
+) -> Result<(Vec<u32>, GenerationStats), F::Error> {
     let mut stats = GenerationStats {
         prompt_tokens: prompt.len(),
         ..Default::default()

@@ -32,9 +32,18 @@ pub struct Engine {
 }
 
 impl Engine {
+    /// Opens the model and reads all of its weights into the page cache.
     pub fn open(args: &EngineArgs) -> anyhow::Result<Engine> {
+        Engine::open_with(args, true)
+    }
+
+    /// Opens the model; with `warm` false no weight page is touched (a ring device reads
+    /// only its own layers, later).
+    pub fn open_with(args: &EngineArgs, warm: bool) -> anyhow::Result<Engine> {
         let model = Model::load(&args.model)?;
-        warm_pages(&model, &args.model);
+        if warm {
+            warm_pages(&model, &args.model);
+        }
         let config = BackendConfig {
             threads: args.threads.unwrap_or(0),
         };

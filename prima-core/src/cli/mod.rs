@@ -3,9 +3,11 @@
 
 mod bench;
 mod engine;
+mod node;
 mod plugins;
 mod run;
 mod tokenize;
+mod units;
 
 use std::process::ExitCode;
 
@@ -32,6 +34,8 @@ enum Command {
     Plugins,
     /// Measure prompt-processing and generation throughput (like llama-bench).
     Bench(bench::BenchArgs),
+    /// Run as a ring device: serve layer windows to a head.
+    Node(node::NodeArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -45,6 +49,7 @@ pub fn main() -> ExitCode {
         Command::Tokenize(args) => tokenize::run(args),
         Command::Plugins => plugins::run(),
         Command::Bench(args) => bench::run(args),
+        Command::Node(args) => node::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -6,11 +6,78 @@ use std::ops::ControlFlow;
 
 use anyhow::Context;
 use prima_core::chat::{render_chat, ChatMessage};
-use prima_core::generate::{generate, GenerateOptions};
+use prima_core::generate::{generate, Forward, GenerateOptions, GenerationStats};
 use prima_core::model::Session;
+use prima_core::plugin::load_transport;
+use prima_core::plugin::transport_abi::TransportConfig;
+use prima_core::prp::protocol::{ReleaseMethod, ReleasePolicy, WireType};
+use prima_core::prp::{DeviceStats, RingHead, RingOptions};
 use prima_core::sampler::{Sampler, SamplerConfig};
+use prima_core::tokenizer::Tokenizer;
 
 use super::engine::{Engine, EngineArgs};
+use super::node::MAX_FRAME_BYTES;
+use super::units::parse_bytes;
+
+/// Running the layers on a ring of devices instead of this one alone.
+#[derive(clap::Args, Debug)]
+pub struct RingArgs {
+    /// Addresses of the other ring devices (`prima node`), in ring order after this head.
+    #[arg(long, value_delimiter = ',')]
+    ring: Vec<String>,
+    /// Window size w_m of every device, the head's first (e.g. 10,10,10).
+    #[arg(long, value_delimiter = ',', requires = "ring")]
+    windows: Vec<usize>,
+    /// Read each device's next streamed window ahead while others compute.
+    #[arg(long, value_enum, default_value = "on")]
+    prefetch: OnOff,
+    /// Release a streamed window right after use (mru) or leave eviction to the kernel.
+    #[arg(long, value_enum, default_value = "mru")]
+    release: ReleaseArg,
+    /// How a release is asked of the kernel.
+    #[arg(long, value_enum, default_value = "pageout")]
+    release_method: ReleaseMethodArg,
+    /// Activation format between devices (f16 halves the bytes but rounds).
+    #[arg(long, value_enum, default_value = "f32")]
+    wire: WireArg,
+    /// Bytes of weights the head keeps resident (e.g. 1G); default: no limit.
+    #[arg(long, value_parser = parse_bytes)]
+    mem_budget: Option<u64>,
+    /// Transport plugin (default: the first one found).
+    #[arg(long)]
+    transport: Option<String>,
+    /// Print per-device timing (compute, send, wait, page faults, disk reads).
+    #[arg(short = 'v', long)]
+    verbose: bool,
+    /// Write the timing of every device and pass as JSON to this file.
+    #[arg(long)]
+    stats_json: Option<std::path::PathBuf>,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum OnOff {
+    On,
+    Off,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum ReleaseArg {
+    Mru,
+    None,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum ReleaseMethodArg {
+    Pageout,
+    Cold,
+    Dontneed,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum WireArg {
+    F32,
+    F16,
+}
 
 #[derive(clap::Args, Debug)]
 pub struct RunArgs {
@@ -57,10 +124,14 @@ pub struct RunArgs {
     /// Keep generating past end-of-generation tokens.
     #[arg(long)]
     ignore_eos: bool,
+    #[command(flatten)]
+    ring: RingArgs,
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
-    let engine = Engine::open(&args.engine)?;
+    let distributed = !args.ring.ring.is_empty();
+    // A ring head reads only its own layers; the nodes read theirs.
+    let engine = Engine::open_with(&args.engine, !distributed)?;
     let tok = &engine.tokenizer;
 
     let text = if args.chat {
@@ -90,12 +161,6 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         "the prompt has {} tokens but the context holds {n_ctx} (raise --ctx-size)",
         prompt.len()
     );
-    let mut session = Session::new(
-        &engine.model,
-        &engine.backend.backend,
-        n_ctx,
-        args.batch_size,
-    )?;
     let seed = args.seed.unwrap_or_else(|| {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -113,15 +178,106 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         frequency_penalty: 0.0,
         seed,
     });
-
-    let stdout = std::io::stdout();
-    let mut out = stdout.lock();
-    let mut write_error = None;
     let options = GenerateOptions {
         max_tokens: args.n_predict,
         ignore_eos: args.ignore_eos,
     };
-    let (_, stats) = generate(&mut session, tok, &mut sampler, &prompt, options, |piece| {
+    let backend = engine.backend.backend.describe();
+    if !distributed {
+        let mut session = Session::new(
+            &engine.model,
+            &engine.backend.backend,
+            n_ctx,
+            args.batch_size,
+        )?;
+        let stats = stream(&mut session, tok, &mut sampler, &prompt, options)?;
+        print_summary(&stats, seed, &backend);
+        return Ok(());
+    }
+
+    let ring = &args.ring;
+    anyhow::ensure!(
+        !ring.windows.is_empty(),
+        "--ring needs --windows: one window size per device, the head's first"
+    );
+    let transport = load_transport(
+        ring.transport.as_deref(),
+        TransportConfig {
+            max_frame_bytes: MAX_FRAME_BYTES,
+        },
+    )?;
+    let ring_options = RingOptions {
+        n_ctx,
+        n_batch: args.batch_size,
+        prefetch: matches!(ring.prefetch, OnOff::On),
+        release: match ring.release {
+            ReleaseArg::Mru => ReleasePolicy::Mru,
+            ReleaseArg::None => ReleasePolicy::None,
+        },
+        release_method: match ring.release_method {
+            ReleaseMethodArg::Pageout => ReleaseMethod::Pageout,
+            ReleaseMethodArg::Cold => ReleaseMethod::Cold,
+            ReleaseMethodArg::Dontneed => ReleaseMethod::Dontneed,
+        },
+        wire: match ring.wire {
+            WireArg::F32 => WireType::F32,
+            WireArg::F16 => WireType::F16,
+        },
+        mem_budget: ring.mem_budget,
+        ..RingOptions::default()
+    };
+    let mut head = RingHead::connect(
+        &engine.model,
+        &engine.backend.backend,
+        &transport.transport,
+        &ring.ring,
+        &ring.windows,
+        &ring_options,
+    )?;
+    let stats = stream(&mut head, tok, &mut sampler, &prompt, options)?;
+    print_summary(
+        &stats,
+        seed,
+        &format!(
+            "{backend} | ring of {} devices, k = {}",
+            ring.windows.len(),
+            head.rounds()
+        ),
+    );
+    if ring.verbose || ring.stats_json.is_some() {
+        let devices = head.collect_stats()?;
+        if ring.verbose {
+            print_device_table(&devices);
+        }
+        if let Some(path) = &ring.stats_json {
+            let json = serde_json::json!({
+                "prompt_tokens": stats.prompt_tokens,
+                "generated_tokens": stats.generated_tokens,
+                "ttft_ms": stats.time_to_first_token.as_secs_f64() * 1e3,
+                "tpot_ms": stats.tpot_ms(),
+                "rounds": head.rounds(),
+                "devices": devices,
+            });
+            std::fs::write(path, serde_json::to_vec_pretty(&json)?)
+                .with_context(|| format!("writing {}", path.display()))?;
+        }
+    }
+    head.shutdown(false);
+    Ok(())
+}
+
+/// Generates, streaming the text to stdout.
+fn stream<F: Forward>(
+    forward: &mut F,
+    tok: &Tokenizer,
+    sampler: &mut Sampler,
+    prompt: &[u32],
+    options: GenerateOptions,
+) -> anyhow::Result<GenerationStats> {
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    let mut write_error = None;
+    let (_, stats) = generate(forward, tok, sampler, prompt, options, |piece| {
         match out.write_all(piece.as_bytes()).and_then(|_| out.flush()) {
             Ok(()) => ControlFlow::Continue(()),
             Err(e) => {
@@ -134,17 +290,54 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     if write_error.is_none() {
         let _ = writeln!(out);
     }
-    drop(out);
+    Ok(stats)
+}
 
+fn print_summary(stats: &GenerationStats, seed: u64, backend: &str) {
     eprintln!(
-        "prompt: {} tokens, {:.1} tok/s | TTFT {:.1} ms | generated {} tokens, TPOT {:.2} ms ({:.1} tok/s) | seed {seed} | {}",
+        "prompt: {} tokens, {:.1} tok/s | TTFT {:.1} ms | generated {} tokens, TPOT {:.2} ms ({:.1} tok/s) | seed {seed} | {backend}",
         stats.prompt_tokens,
         stats.prompt_tokens_per_s(),
         stats.time_to_first_token.as_secs_f64() * 1e3,
         stats.generated_tokens,
         stats.tpot_ms(),
         if stats.tpot_ms() > 0.0 { 1e3 / stats.tpot_ms() } else { 0.0 },
-        engine.backend.backend.describe()
     );
-    Ok(())
+}
+
+/// Per device, the mean per generated token (one-token batches, all rounds summed).
+fn print_device_table(devices: &[DeviceStats]) {
+    eprintln!(
+        "{:<8} {:<22} {:>8} {:>11} {:>9} {:>9} {:>12} {:>12}",
+        "device", "address", "tokens", "compute ms", "send ms", "wait ms", "major flt", "disk MB"
+    );
+    for d in devices {
+        let mut per_token: std::collections::BTreeMap<u64, [f64; 5]> = Default::default();
+        for p in d.passes.iter().filter(|p| p.n_tokens == 1) {
+            let t = per_token.entry(p.seq).or_default();
+            t[0] += p.compute_ms;
+            t[1] += p.send_ms;
+            t[2] += p.wait_ms;
+            t[3] += p.major_faults as f64;
+            t[4] += p.disk_read_bytes as f64 / 1e6;
+        }
+        let n = per_token.len().max(1) as f64;
+        let mut sum = [0.0; 5];
+        for t in per_token.values() {
+            for i in 0..5 {
+                sum[i] += t[i];
+            }
+        }
+        eprintln!(
+            "{:<8} {:<22} {:>8} {:>11.3} {:>9.3} {:>9.3} {:>12.1} {:>12.2}",
+            d.device,
+            d.addr,
+            per_token.len(),
+            sum[0] / n,
+            sum[1] / n,
+            sum[2] / n,
+            sum[3] / n,
+            sum[4] / n
+        );
+    }
 }

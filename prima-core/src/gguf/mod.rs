@@ -7,6 +7,7 @@
 mod cursor;
 mod error;
 mod ggml_type;
+mod pages;
 mod parse;
 mod reader;
 mod value;
@@ -17,6 +18,7 @@ mod tests;
 
 pub use error::GgufError;
 pub use ggml_type::{GgmlType, QK_K};
+pub use pages::PageHint;
 pub use reader::{GgufFile, TensorInfo};
 pub use value::Value;
 pub use writer::GgufWriter;

@@ -52,6 +52,8 @@ impl TensorInfo {
 pub struct GgufFile {
     path: PathBuf,
     map: Mmap,
+    /// The open file behind `map` (none for in-memory images), kept for page-cache hints.
+    file: Option<File>,
     version: u32,
     alignment: u64,
     data_offset: u64,
@@ -90,7 +92,7 @@ impl GgufFile {
         // writes them while running; concurrent modification by someone else is the
         // accepted risk of memory-mapping, the same one llama.cpp takes.
         let map = unsafe { Mmap::map(&file) }.map_err(|e| io_err("map", e))?;
-        GgufFile::from_map(path.to_path_buf(), map)
+        GgufFile::from_map(path.to_path_buf(), map, Some(file))
     }
 
     /// Parses a GGUF image held in memory, as if it had been read from `path` (which is
@@ -109,14 +111,15 @@ impl GgufFile {
             action: "protect the memory of",
             source,
         })?;
-        GgufFile::from_map(path, map)
+        GgufFile::from_map(path, map, None)
     }
 
-    fn from_map(path: PathBuf, map: Mmap) -> Result<GgufFile, GgufError> {
+    fn from_map(path: PathBuf, map: Mmap, file: Option<File>) -> Result<GgufFile, GgufError> {
         let header = parse(&path, &map)?;
         Ok(GgufFile {
             path,
             map,
+            file,
             version: header.version,
             alignment: header.alignment,
             data_offset: header.data_offset,
@@ -125,6 +128,11 @@ impl GgufFile {
             tensors: header.tensors,
             tensor_index: header.tensor_index,
         })
+    }
+
+    /// The mapping and, when the image is a file, the file (for `pages`).
+    pub(super) fn map_and_file(&self) -> (&Mmap, Option<&File>) {
+        (&self.map, self.file.as_ref())
     }
 
     pub fn path(&self) -> &Path {

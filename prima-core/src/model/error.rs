@@ -26,6 +26,12 @@ pub enum ModelError {
     Backend { op: &'static str, message: String },
     #[error("context full: {needed} positions needed, the context holds {n_ctx}")]
     ContextFull { needed: usize, n_ctx: usize },
+    #[error("layer {layer} is not held by this session (it holds {held})")]
+    LayerNotHeld { layer: usize, held: String },
+    #[error("batch of {n} tokens does not fit the session's batch size {n_batch}")]
+    BatchTooLarge { n: usize, n_batch: usize },
+    #[error("batch starts at position {start}, but only {n_past} positions are cached")]
+    PositionGap { start: usize, n_past: usize },
     #[error("token id {id} is outside the vocabulary (size {vocab})")]
     TokenOutOfRange { id: u32, vocab: usize },
 }

@@ -69,29 +69,67 @@ impl Scratch {
     }
 }
 
-/// One conversation's state on one backend: the KV cache and the position in it.
+/// One conversation's state on one backend: the KV cache of the layers this session holds
+/// and the position in it.
+///
+/// A single-device session holds every layer and is driven by [`Session::eval`]. A ring
+/// device holds only its windows' layers and is driven step by step: [`Session::begin_batch`],
+/// then [`Session::embed`] (head) or [`Session::hidden_mut`] (received activations), then
+/// [`Session::run_layers`] per window, then [`Session::finish_batch`].
 pub struct Session<'m> {
     model: &'m Model,
     backend: &'m BackendBox,
     kv: u64,
+    /// KV-cache slot of each model layer, `None` for layers held elsewhere.
+    kv_slots: Vec<Option<u32>>,
     n_ctx: usize,
     n_batch: usize,
     n_past: usize,
+    /// The batch in flight: its first position and token count.
+    batch_start: usize,
+    batch_len: usize,
     buf: Scratch,
 }
 
 impl<'m> Session<'m> {
-    /// Allocates a KV cache of `n_ctx` positions and buffers for batches of `n_batch` tokens.
+    /// Allocates a KV cache of `n_ctx` positions for every layer and buffers for batches of
+    /// `n_batch` tokens.
     pub fn new(
         model: &'m Model,
         backend: &'m BackendBox,
         n_ctx: usize,
         n_batch: usize,
     ) -> Result<Session<'m>, ModelError> {
+        let all: Vec<usize> = (0..model.hparams().n_layers).collect();
+        Session::with_layers(model, backend, n_ctx, n_batch, &all)
+    }
+
+    /// Like [`Session::new`], but with a KV cache for `layers` only (a ring device's share).
+    pub fn with_layers(
+        model: &'m Model,
+        backend: &'m BackendBox,
+        n_ctx: usize,
+        n_batch: usize,
+        layers: &[usize],
+    ) -> Result<Session<'m>, ModelError> {
         model.check_backend(backend)?;
         let hp = model.hparams();
+        let mut kv_slots = vec![None; hp.n_layers];
+        let mut held = 0u32;
+        for &l in layers {
+            let Some(slot) = kv_slots.get_mut(l) else {
+                return Err(ModelError::LayerNotHeld {
+                    layer: l,
+                    held: format!("the model has {} layers", hp.n_layers),
+                });
+            };
+            if slot.is_none() {
+                *slot = Some(held);
+                held += 1;
+            }
+        }
         let spec = KvSpec {
-            n_layers: hp.n_layers as u32,
+            n_layers: held,
             n_ctx: n_ctx as u32,
             n_head_kv: hp.n_head_kv as u32,
             head_dim_k: hp.head_dim_k as u32,
@@ -111,9 +149,12 @@ impl<'m> Session<'m> {
             model,
             backend,
             kv,
+            kv_slots,
             n_ctx,
             n_batch,
             n_past: 0,
+            batch_start: 0,
+            batch_len: 0,
             buf: Scratch::new(hp, n_batch),
         })
     }
@@ -127,6 +168,15 @@ impl<'m> Session<'m> {
         self.n_ctx
     }
 
+    /// Largest number of tokens one batch may hold.
+    pub fn n_batch(&self) -> usize {
+        self.n_batch
+    }
+
+    pub fn model(&self) -> &'m Model {
+        self.model
+    }
+
     /// Forgets every position from `n` on, so generation can resume from there.
     pub fn truncate(&mut self, n: usize) -> Result<(), ModelError> {
         let n = n.min(self.n_past);
@@ -138,6 +188,22 @@ impl<'m> Session<'m> {
     /// Runs `tokens` through the model after the positions already cached and returns the
     /// logits of the last one. Long inputs are processed in batches of `n_batch`.
     pub fn eval(&mut self, tokens: &[u32]) -> Result<&[f32], ModelError> {
+        let n_layers = self.model.hparams().n_layers;
+        self.check_fits(tokens)?;
+        let Some(last_chunk_len) = tokens.chunks(self.n_batch).last().map(<[u32]>::len) else {
+            return Ok(&self.buf.logits);
+        };
+        for chunk in tokens.chunks(self.n_batch) {
+            self.begin_batch(self.n_past, chunk.len())?;
+            self.embed(chunk)?;
+            self.run_layers(0..n_layers)?;
+            self.finish_batch();
+        }
+        self.logits(last_chunk_len - 1)
+    }
+
+    /// Fails when `tokens` would overflow the context or hold an id outside the vocabulary.
+    pub fn check_fits(&self, tokens: &[u32]) -> Result<(), ModelError> {
         let hp = self.model.hparams();
         if self.n_past + tokens.len() > self.n_ctx {
             return Err(ModelError::ContextFull {
@@ -151,26 +217,99 @@ impl<'m> Session<'m> {
                 vocab: hp.n_vocab,
             });
         }
-        let Some(last_chunk_len) = tokens.chunks(self.n_batch).last().map(<[u32]>::len) else {
-            return Ok(&self.buf.logits);
-        };
-        for chunk in tokens.chunks(self.n_batch) {
-            self.embed(chunk)?;
-            for layer in 0..hp.n_layers {
-                self.layer(layer, chunk.len())?;
-            }
-            self.n_past += chunk.len();
+        Ok(())
+    }
+
+    /// Starts a batch of `n` tokens at position `start`. Cached positions from `start` on
+    /// are forgotten first (a new request that shares only a prefix with the old one).
+    pub fn begin_batch(&mut self, start: usize, n: usize) -> Result<(), ModelError> {
+        if n > self.n_batch {
+            return Err(ModelError::BatchTooLarge {
+                n,
+                n_batch: self.n_batch,
+            });
         }
-        self.output(last_chunk_len - 1)?;
+        if start > self.n_past {
+            return Err(ModelError::PositionGap {
+                start,
+                n_past: self.n_past,
+            });
+        }
+        if start + n > self.n_ctx {
+            return Err(ModelError::ContextFull {
+                needed: start + n,
+                n_ctx: self.n_ctx,
+            });
+        }
+        if start < self.n_past {
+            self.truncate(start)?;
+        }
+        for (i, p) in self.buf.positions[..n].iter_mut().enumerate() {
+            *p = (start + i) as u32;
+        }
+        self.batch_start = start;
+        self.batch_len = n;
+        Ok(())
+    }
+
+    /// The residual stream of the batch in flight, `n × n_embd`.
+    pub fn hidden(&self) -> &[f32] {
+        &self.buf.x[..self.batch_len * self.model.hparams().n_embd]
+    }
+
+    /// The residual stream to fill with activations received from the previous device.
+    pub fn hidden_mut(&mut self) -> &mut [f32] {
+        let len = self.batch_len * self.model.hparams().n_embd;
+        &mut self.buf.x[..len]
+    }
+
+    /// Runs the layers `layers` over the batch in flight (all must be held).
+    pub fn run_layers(&mut self, layers: std::ops::Range<usize>) -> Result<(), ModelError> {
+        for il in layers {
+            let Some(slot) = self.kv_slots.get(il).copied().flatten() else {
+                return Err(ModelError::LayerNotHeld {
+                    layer: il,
+                    held: self.held_layers(),
+                });
+            };
+            self.layer(il, slot)?;
+        }
+        Ok(())
+    }
+
+    /// Marks the batch in flight as cached.
+    pub fn finish_batch(&mut self) {
+        self.n_past = self.batch_start + self.batch_len;
+        self.batch_len = 0;
+    }
+
+    fn held_layers(&self) -> String {
+        let held: Vec<String> = (0..self.kv_slots.len())
+            .filter(|&l| self.kv_slots[l].is_some())
+            .map(|l| l.to_string())
+            .collect();
+        if held.is_empty() {
+            "no layers".to_string()
+        } else {
+            format!("layers {}", held.join(","))
+        }
+    }
+
+    /// Final norm and output head for row `row` of the residual stream of the last batch.
+    pub fn logits(&mut self, row: usize) -> Result<&[f32], ModelError> {
+        self.output(row)?;
         Ok(&self.buf.logits)
     }
 
-    /// Looks up the embeddings of `tokens` into the residual stream and sets their positions.
-    fn embed(&mut self, tokens: &[u32]) -> Result<(), ModelError> {
+    /// Looks up the embeddings of the batch's `tokens` into the residual stream.
+    pub fn embed(&mut self, tokens: &[u32]) -> Result<(), ModelError> {
         let d = self.model.hparams().n_embd;
         let n = tokens.len();
-        for (i, p) in self.buf.positions[..n].iter_mut().enumerate() {
-            *p = (self.n_past + i) as u32;
+        if n != self.batch_len {
+            return Err(ModelError::BatchTooLarge {
+                n,
+                n_batch: self.batch_len,
+            });
         }
         let table = self.model.view(&self.model.token_embd);
         let x = &mut self.buf.x[..n * d];
@@ -227,13 +366,14 @@ impl<'m> Session<'m> {
         }
     }
 
-    /// One decoder layer over the `n` tokens in the residual stream.
-    fn layer(&mut self, il: usize, n: usize) -> Result<(), ModelError> {
+    /// One decoder layer over the batch in the residual stream; its keys and values go to
+    /// KV-cache slot `slot`.
+    fn layer(&mut self, il: usize, slot: u32) -> Result<(), ModelError> {
         let model = self.model;
         let hp = model.hparams();
         let w = &model.layers[il];
         let be = self.backend;
-        let (kv, start_pos) = (self.kv, self.n_past as u32);
+        let (kv, start_pos, n) = (self.kv, self.batch_start as u32, self.batch_len);
         let spec = hp.arch.spec();
         let rope = self.rope_params(il);
         let b = &mut self.buf;
@@ -293,7 +433,7 @@ impl<'m> Session<'m> {
             }
         };
         let params = AttentionParams {
-            layer: il as u32,
+            layer: slot,
             n_tokens: nt,
             start_pos,
             n_head: hp.n_head as u32,
@@ -344,7 +484,6 @@ impl<'m> Session<'m> {
         add_residual(be, model, &w.ffn_post_norm, hp.rms_eps, x, h, &mut b.post)
     }
 
-    /// Final norm and output head for row `row` of the residual stream.
     fn output(&mut self, row: usize) -> Result<(), ModelError> {
         let model = self.model;
         let hp = model.hparams();

@@ -140,8 +140,18 @@ impl Model {
 
     /// Every weight tensor the forward pass reads.
     pub fn weight_tensors(&self) -> impl Iterator<Item = &TensorInfo> {
-        let globals = [&self.token_embd, &self.output_norm, &self.output];
-        globals.into_iter().chain(self.layers.iter().flat_map(|l| {
+        self.global_tensors()
+            .chain((0..self.layers.len()).flat_map(|il| self.layer_tensors(il)))
+    }
+
+    /// The tensors outside the layers: token embedding, final norm, output head.
+    pub fn global_tensors(&self) -> impl Iterator<Item = &TensorInfo> {
+        [&self.token_embd, &self.output_norm, &self.output].into_iter()
+    }
+
+    /// The weight tensors of layer `il` (none when out of range).
+    pub fn layer_tensors(&self, il: usize) -> impl Iterator<Item = &TensorInfo> {
+        self.layers.get(il).into_iter().flat_map(|l| {
             [
                 &l.attn_norm,
                 &l.wq,
@@ -161,7 +171,12 @@ impl Model {
             .chain(l.attn_k_norm.iter())
             .chain(l.attn_post_norm.iter())
             .chain(l.ffn_post_norm.iter())
-        }))
+        })
+    }
+
+    /// Bytes of weights layer `il` reads per token.
+    pub fn layer_bytes(&self, il: usize) -> u64 {
+        self.layer_tensors(il).map(|t| t.n_bytes).sum()
     }
 
     /// Fails with the first weight whose type the backend cannot compute.

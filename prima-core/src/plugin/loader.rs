@@ -21,7 +21,7 @@ pub enum PluginError {
     },
     #[error("plugin {path}: {reason}")]
     Refused { path: PathBuf, reason: String },
-    #[error("plugin {path}: creating the backend failed: {reason}")]
+    #[error("plugin {path}: creating an instance failed: {reason}")]
     Create { path: PathBuf, reason: String },
 }
 
@@ -125,6 +125,15 @@ fn inspect(path: &Path) -> PluginInfo {
                     }
                     Err(reason) => info.refused = Some(reason),
                 },
+                Some(PluginKind::Transport) => {
+                    match super::transport_loader::inspect_transport(path, abi) {
+                        Ok((name, version)) => {
+                            info.name = Some(name);
+                            info.version = Some(version);
+                        }
+                        Err(reason) => info.refused = Some(reason),
+                    }
+                }
                 Some(other) => {
                     info.refused = Some(format!("{} plugins are not used by this release", other.name()))
                 }

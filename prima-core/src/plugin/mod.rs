@@ -8,8 +8,11 @@
 
 pub mod backend_abi;
 mod loader;
+pub mod transport_abi;
+mod transport_loader;
 
 pub use loader::{discover, load_backend, plugin_dirs, LoadedBackend, PluginError, PluginInfo};
+pub use transport_loader::{load_transport, LoadedTransport};
 
 /// What a plugin library provides.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,9 +1,23 @@
 //! Pipelined-ring parallelism: devices in a ring, the model cut into layer windows that
 //! are assigned in ring order and visited in `k` rounds per token.
 //!
-//! Only the assignment itself lives here so far (a pure function); the node daemon, the
-//! transport and prefetch/release come with the ring issue.
+//! - [`windows`]: the striped assignment of layers to devices (a pure function).
+//! - [`protocol`]: the messages of the ring; [`link`] sends and receives them over a
+//!   transport plugin's connections (the core never touches a socket).
+//! - [`head`]: device 0, a [`Forward`](crate::generate::Forward) whose layers run round
+//!   the ring; [`node`]: the daemon every other device runs.
+//! - [`residency`]: which windows stay in memory, prefetch and release of the others.
+//! - [`counters`]: page faults and disk reads, for the per-device timing.
 
+pub mod counters;
+mod error;
+pub mod head;
+mod link;
+pub mod node;
+pub mod protocol;
+pub mod residency;
 mod windows;
 
+pub use error::RingError;
+pub use head::{DeviceStats, RingHead, RingOptions};
 pub use windows::{assign_windows, layer_counts, LayerWindow, WindowError};

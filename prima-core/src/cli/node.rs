@@ -1,0 +1,70 @@
+//! `prima node`: the daemon a ring device runs. It maps its own copy of the model, waits
+//! for a head, and runs the layer windows the head assigns it.
+
+use prima_core::plugin::load_transport;
+use prima_core::plugin::transport_abi::TransportConfig;
+use prima_core::prp::node::{serve, NodeConfig};
+
+use super::engine::{Engine, EngineArgs};
+use super::units::parse_bytes;
+
+/// Largest frame a node accepts: a full prompt batch of activations of a large model.
+pub const MAX_FRAME_BYTES: u64 = 1 << 30;
+
+#[derive(clap::Args, Debug)]
+pub struct NodeArgs {
+    /// Address to listen on for the head and the previous device, e.g. 0.0.0.0:9000
+    /// (port 0 picks a free port, printed on stderr).
+    #[arg(long)]
+    listen: String,
+    #[command(flatten)]
+    engine: EngineArgs,
+    /// Bytes of weights to keep resident (e.g. 2G); windows beyond it are streamed from
+    /// disk each token. Default: no limit.
+    #[arg(long, value_parser = parse_bytes)]
+    mem_budget: Option<u64>,
+    /// Transport plugin to use (default: the first one found).
+    #[arg(long)]
+    transport: Option<String>,
+}
+
+pub fn run(args: NodeArgs) -> anyhow::Result<()> {
+    let engine = Engine::open_with(&args.engine, false)?;
+    let transport = load_transport(
+        args.transport.as_deref(),
+        TransportConfig {
+            max_frame_bytes: MAX_FRAME_BYTES,
+        },
+    )?;
+    let listener = transport
+        .transport
+        .listen(args.listen.as_str().into())
+        .into_result()
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let backend_desc = engine.backend.backend.describe().into_string();
+    eprintln!(
+        "node: listening on {} | {} | {}",
+        listener.local_addr(),
+        args.engine.model.display(),
+        backend_desc
+    );
+    let config = NodeConfig {
+        mem_budget: args.mem_budget,
+        host: hostname(),
+        backend_desc,
+    };
+    serve(
+        &engine.model,
+        &engine.backend.backend,
+        &transport.transport,
+        &listener,
+        &config,
+    )?;
+    Ok(())
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "node".into())
+}

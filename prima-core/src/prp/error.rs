@@ -1,0 +1,39 @@
+use crate::model::ModelError;
+
+use super::protocol::ProtocolError;
+use super::WindowError;
+
+/// Why the ring could not be set up or stopped working. Every variant names the device.
+#[derive(Debug, thiserror::Error)]
+pub enum RingError {
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    Windows(#[from] WindowError),
+    #[error("{peer}: {source}")]
+    Protocol { peer: String, source: ProtocolError },
+    #[error("{0}")]
+    Transport(String),
+    #[error("device {device} ({addr}) refused the setup: {reason}")]
+    Refused {
+        device: usize,
+        addr: String,
+        reason: String,
+    },
+    #[error("device {device} ({addr}) is gone: {reason}")]
+    DeviceLost {
+        device: usize,
+        addr: String,
+        reason: String,
+    },
+    #[error("{peer}: expected {expected}, got {got}")]
+    Unexpected {
+        peer: String,
+        expected: &'static str,
+        got: String,
+    },
+    #[error("{0}")]
+    Setup(String),
+    #[error("bad ring plan: {0}")]
+    Plan(String),
+}

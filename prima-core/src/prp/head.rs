@@ -1,0 +1,581 @@
+//! The head of the ring (device 0): embeds the tokens, runs its own windows, sends the
+//! hidden states round the ring k times per batch, and applies the output head. Input and
+//! output never leave it.
+//!
+//! A health thread pings every node while the ring runs; when the ring breaks, its verdict
+//! names the device that died (its control connection is gone or silent), not the
+//! neighbours that merely lost their link to it.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::generate::Forward;
+use crate::model::{Model, Session};
+use crate::plugin::backend_abi::BackendBox;
+use crate::plugin::transport_abi::{ConnectionBox, TransportBox};
+
+use super::counters::ProcessCounters;
+use super::link::{expect_control, recv_control, recv_frame, send_control, send_frame};
+use super::protocol::{
+    decode, encode_activations, read_payload, Activations, Control, Frame, ModelFingerprint,
+    NextHop, PassStats, Ready, ReleaseMethod, ReleasePolicy, Role, RoundWindow, Setup, WireType,
+    PROTOCOL_VERSION,
+};
+use super::residency::Residency;
+use super::{assign_windows, RingError};
+
+/// Setup steps (connecting, nodes warming their windows) wait this long at most.
+const SETUP_TIMEOUT_MS: u64 = 120_000;
+/// How often the health thread pings each node, and how long a node may take to answer.
+const PING_EVERY: Duration = Duration::from_millis(300);
+const PONG_TIMEOUT_MS: u64 = 5_000;
+
+/// How the ring runs.
+#[derive(Debug, Clone)]
+pub struct RingOptions {
+    pub n_ctx: usize,
+    pub n_batch: usize,
+    pub prefetch: bool,
+    pub release: ReleasePolicy,
+    pub release_method: ReleaseMethod,
+    pub wire: WireType,
+    /// The head's own budget for resident weights.
+    pub mem_budget: Option<u64>,
+    /// Where the head accepts the last device's data connection.
+    pub listen: String,
+}
+
+impl Default for RingOptions {
+    fn default() -> Self {
+        RingOptions {
+            n_ctx: 4096,
+            n_batch: 512,
+            prefetch: true,
+            release: ReleasePolicy::Mru,
+            release_method: ReleaseMethod::Pageout,
+            wire: WireType::F32,
+            mem_budget: None,
+            listen: "0.0.0.0:0".into(),
+        }
+    }
+}
+
+/// One node as the head sees it.
+struct NodeLink {
+    device: usize,
+    addr: String,
+    control: ConnectionBox,
+    /// Held for one request–answer exchange on `control`.
+    exchange: Mutex<()>,
+}
+
+impl NodeLink {
+    fn ask(&self, msg: &Control, timeout_ms: u64) -> Result<Option<Control>, RingError> {
+        let _turn = self.exchange.lock().unwrap_or_else(|e| e.into_inner());
+        send_control(&self.control, msg)?;
+        recv_control(&self.control, timeout_ms)
+    }
+}
+
+/// A broken ring: the device and why.
+#[derive(Debug, Clone)]
+struct Verdict {
+    device: usize,
+    addr: String,
+    reason: String,
+}
+
+struct Shared {
+    nodes: Vec<NodeLink>,
+    verdict: Mutex<Option<Verdict>>,
+    stop: AtomicBool,
+}
+
+impl Shared {
+    fn verdict(&self) -> Option<Verdict> {
+        self.verdict
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+}
+
+/// Statistics of one device, as collected after a generation.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct DeviceStats {
+    pub device: usize,
+    pub addr: String,
+    pub passes: Vec<PassStats>,
+}
+
+/// What one node reported when it joined.
+#[derive(Debug, Clone)]
+pub struct NodeInfo {
+    pub device: usize,
+    pub addr: String,
+    pub ready: Ready,
+}
+
+/// The head: a [`Forward`] whose layers run round the ring.
+pub struct RingHead<'m> {
+    session: Session<'m>,
+    residency: Residency,
+    rounds: usize,
+    wire: WireType,
+    shared: Arc<Shared>,
+    data_out: ConnectionBox,
+    data_in: ConnectionBox,
+    health: Option<JoinHandle<()>>,
+    seq: u64,
+    frame: Vec<u8>,
+    passes: Vec<PassStats>,
+    nodes: Vec<NodeInfo>,
+}
+
+impl<'m> RingHead<'m> {
+    /// Sets up the ring: device 0 is this head, device m ≥ 1 the node at `nodes[m - 1]`;
+    /// `windows[m]` is device m's window size w_m.
+    pub fn connect(
+        model: &'m Model,
+        backend: &'m BackendBox,
+        transport: &TransportBox,
+        nodes: &[String],
+        windows: &[usize],
+        options: &RingOptions,
+    ) -> Result<RingHead<'m>, RingError> {
+        if windows.len() != nodes.len() + 1 {
+            return Err(RingError::Plan(format!(
+                "{} window sizes for {} devices (the head and {} nodes); give one per device, the head's first",
+                windows.len(),
+                nodes.len() + 1,
+                nodes.len()
+            )));
+        }
+        let n_layers = model.hparams().n_layers;
+        let plan = assign_windows(n_layers, windows, &vec![0; windows.len()])?;
+        let rounds = plan.iter().map(|w| w.round + 1).max().unwrap_or(1);
+        let of_device = |m: usize| -> Vec<RoundWindow> {
+            plan.iter()
+                .filter(|w| w.device == m)
+                .map(|w| RoundWindow {
+                    round: w.round,
+                    layers: w.layers.clone(),
+                })
+                .collect()
+        };
+        let transport_err =
+            |e: abi_stable::std_types::RString| RingError::Transport(e.into_string());
+
+        let listener = transport
+            .listen(options.listen.as_str().into())
+            .into_result()
+            .map_err(transport_err)?;
+        let port = listener
+            .local_addr()
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse::<u16>().ok())
+            .ok_or_else(|| {
+                RingError::Setup(format!("cannot tell the port of {}", listener.local_addr()))
+            })?;
+
+        // Say hello to every node before any node is told to connect to its neighbour, so
+        // each node accepts the head's control connection first.
+        let mut links = Vec::with_capacity(nodes.len());
+        for (i, addr) in nodes.iter().enumerate() {
+            let device = i + 1;
+            let control = transport
+                .connect(addr.as_str().into(), 10_000)
+                .into_result()
+                .map_err(|e| RingError::DeviceLost {
+                    device,
+                    addr: addr.clone(),
+                    reason: e.into_string(),
+                })?;
+            send_control(
+                &control,
+                &Control::Hello {
+                    protocol: PROTOCOL_VERSION,
+                    role: Role::Control,
+                },
+            )?;
+            links.push(NodeLink {
+                device,
+                addr: addr.clone(),
+                control,
+                exchange: Mutex::new(()),
+            });
+        }
+        let fingerprint = ModelFingerprint::of(model.gguf());
+        for link in &links {
+            let next = match nodes.get(link.device) {
+                Some(addr) => NextHop::Node { addr: addr.clone() },
+                None => NextHop::Head { port },
+            };
+            let setup = Setup {
+                protocol: PROTOCOL_VERSION,
+                model: fingerprint.clone(),
+                device: link.device,
+                n_devices: nodes.len() + 1,
+                rounds,
+                windows: of_device(link.device),
+                n_ctx: options.n_ctx,
+                n_batch: options.n_batch,
+                next,
+                prefetch: options.prefetch,
+                release: options.release,
+                release_method: options.release_method,
+                wire: options.wire,
+            };
+            send_control(&link.control, &Control::Setup(Box::new(setup)))?;
+        }
+
+        let head_windows = of_device(0);
+        let held: Vec<usize> = head_windows.iter().flat_map(|w| w.layers.clone()).collect();
+        let session = Session::with_layers(model, backend, options.n_ctx, options.n_batch, &held)?;
+        let residency = Residency::plan(
+            model,
+            &head_windows,
+            options.mem_budget,
+            options.prefetch,
+            options.release,
+            options.release_method,
+        );
+        residency.warm(model);
+
+        let data_out = transport
+            .connect(nodes[0].as_str().into(), 10_000)
+            .into_result()
+            .map_err(|e| RingError::DeviceLost {
+                device: 1,
+                addr: nodes[0].clone(),
+                reason: e.into_string(),
+            })?;
+        send_control(
+            &data_out,
+            &Control::Hello {
+                protocol: PROTOCOL_VERSION,
+                role: Role::Data,
+            },
+        )?;
+
+        let mut infos = Vec::with_capacity(links.len());
+        for link in &links {
+            match expect_control(&link.control, SETUP_TIMEOUT_MS, "the node's ready message") {
+                Ok(Control::Ready(ready)) => infos.push(NodeInfo {
+                    device: link.device,
+                    addr: link.addr.clone(),
+                    ready,
+                }),
+                Ok(Control::Refused { reason }) => {
+                    return Err(RingError::Refused {
+                        device: link.device,
+                        addr: link.addr.clone(),
+                        reason,
+                    })
+                }
+                Ok(other) => {
+                    return Err(RingError::Unexpected {
+                        peer: link.addr.clone(),
+                        expected: "a ready message",
+                        got: format!("{other:?}"),
+                    })
+                }
+                Err(e) => {
+                    return Err(RingError::DeviceLost {
+                        device: link.device,
+                        addr: link.addr.clone(),
+                        reason: e.to_string(),
+                    })
+                }
+            }
+        }
+        let data_in = loop {
+            let conn = listener
+                .accept(SETUP_TIMEOUT_MS)
+                .into_result()
+                .map_err(transport_err)?
+                .into_option()
+                .ok_or_else(|| {
+                    RingError::Setup("the last device did not connect back to the head".into())
+                })?;
+            match recv_control(&conn, 5_000) {
+                Ok(Some(Control::Hello {
+                    role: Role::Data, ..
+                })) => break conn,
+                other => tracing::warn!(peer = %conn.peer(), "unexpected connection {other:?}"),
+            }
+        };
+
+        let shared = Arc::new(Shared {
+            nodes: links,
+            verdict: Mutex::new(None),
+            stop: AtomicBool::new(false),
+        });
+        let health = {
+            let shared = shared.clone();
+            std::thread::Builder::new()
+                .name("prima-ring-health".into())
+                .spawn(move || health_loop(&shared))
+                .map_err(|e| RingError::Setup(format!("cannot start the health thread: {e}")))?
+        };
+        Ok(RingHead {
+            session,
+            residency,
+            rounds,
+            wire: options.wire,
+            shared,
+            data_out,
+            data_in,
+            health: Some(health),
+            seq: 0,
+            frame: Vec::new(),
+            passes: Vec::new(),
+            nodes: infos,
+        })
+    }
+
+    /// Rounds per token (k).
+    pub fn rounds(&self) -> usize {
+        self.rounds
+    }
+
+    /// The nodes, as they reported when they joined.
+    pub fn nodes(&self) -> &[NodeInfo] {
+        &self.nodes
+    }
+
+    /// Collects (and clears) the per-pass statistics of every device, the head first.
+    pub fn collect_stats(&mut self) -> Result<Vec<DeviceStats>, RingError> {
+        let mut all = vec![DeviceStats {
+            device: 0,
+            addr: "head".into(),
+            passes: std::mem::take(&mut self.passes),
+        }];
+        for link in &self.shared.nodes {
+            match link.ask(&Control::StatsRequest, PONG_TIMEOUT_MS)? {
+                Some(Control::Stats { passes }) => all.push(DeviceStats {
+                    device: link.device,
+                    addr: link.addr.clone(),
+                    passes,
+                }),
+                other => {
+                    return Err(RingError::Unexpected {
+                        peer: link.addr.clone(),
+                        expected: "statistics",
+                        got: format!("{other:?}"),
+                    })
+                }
+            }
+        }
+        Ok(all)
+    }
+
+    /// Ends the session on every node; with `exit` the node processes exit too.
+    pub fn shutdown(mut self, exit: bool) {
+        self.stop(exit);
+    }
+
+    fn stop(&mut self, exit: bool) {
+        self.shared.stop.store(true, Ordering::Release);
+        if let Some(h) = self.health.take() {
+            let _ = h.join();
+        }
+        for link in &self.shared.nodes {
+            let _ = send_control(&link.control, &Control::Shutdown { exit });
+            link.control.close();
+        }
+        self.data_out.close();
+        self.data_in.close();
+    }
+
+    /// Turns a transport failure into the health thread's verdict on who broke the ring,
+    /// waiting a little for it.
+    fn broken(&self, cause: RingError) -> RingError {
+        let deadline = Instant::now() + Duration::from_millis(PONG_TIMEOUT_MS + 1_000);
+        while Instant::now() < deadline {
+            if let Some(v) = self.shared.verdict() {
+                return RingError::DeviceLost {
+                    device: v.device,
+                    addr: v.addr,
+                    reason: v.reason,
+                };
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        cause
+    }
+
+    /// One pass of the batch in flight round the ring for `round`.
+    fn pass(&mut self, round: usize, start_pos: usize) -> Result<(), RingError> {
+        let model = self.session.model();
+        let n_embd = model.hparams().n_embd;
+        let n_tokens = self.session.hidden().len() / n_embd;
+        let before = ProcessCounters::now();
+        let computing = Instant::now();
+        let window = self.residency.index_of_round(round);
+        if let Some(i) = window {
+            self.session
+                .run_layers(self.residency.windows()[i].layers.clone())?;
+        }
+        let compute_ms = computing.elapsed().as_secs_f64() * 1e3;
+        let counters = ProcessCounters::now().since(&before);
+
+        let header = Activations {
+            seq: self.seq,
+            start_pos: start_pos as u32,
+            n_tokens: n_tokens as u32,
+            round: round as u16,
+            wire: self.wire,
+        };
+        let sending = Instant::now();
+        encode_activations(&mut self.frame, &header, self.session.hidden());
+        if let Err(e) = send_frame(&self.data_out, &self.frame) {
+            return Err(self.broken(e));
+        }
+        let send_ms = sending.elapsed().as_secs_f64() * 1e3;
+        if let Some(i) = window {
+            self.residency.after_window(model, i);
+        }
+
+        let waiting = Instant::now();
+        let frame = loop {
+            match recv_frame(&self.data_in, 200) {
+                Ok(Some(f)) => break f,
+                Ok(None) => {
+                    if let Some(v) = self.shared.verdict() {
+                        return Err(RingError::DeviceLost {
+                            device: v.device,
+                            addr: v.addr,
+                            reason: v.reason,
+                        });
+                    }
+                }
+                Err(e) => return Err(self.broken(e)),
+            }
+        };
+        let wait_ms = waiting.elapsed().as_secs_f64() * 1e3;
+        let peer = self.data_in.peer().into_string();
+        match decode(&frame) {
+            Ok(Frame::Activations(h, payload))
+                if h.seq == header.seq && h.round == header.round =>
+            {
+                read_payload(&h, payload, n_embd, self.session.hidden_mut())
+                    .map_err(|source| RingError::Protocol { peer, source })?;
+            }
+            Ok(Frame::Activations(h, _)) => {
+                return Err(RingError::Unexpected {
+                    peer,
+                    expected: "the activations just sent round the ring",
+                    got: format!("seq {} round {}", h.seq, h.round),
+                })
+            }
+            Ok(Frame::Control(c)) => {
+                return Err(RingError::Unexpected {
+                    peer,
+                    expected: "activations",
+                    got: format!("{c:?}"),
+                })
+            }
+            Err(source) => return Err(RingError::Protocol { peer, source }),
+        }
+        self.passes.push(PassStats {
+            seq: header.seq,
+            round,
+            n_tokens,
+            wait_ms,
+            compute_ms,
+            send_ms,
+            major_faults: counters.major_faults,
+            disk_read_bytes: counters.disk_read_bytes,
+        });
+        Ok(())
+    }
+}
+
+impl Forward for RingHead<'_> {
+    type Error = RingError;
+
+    fn eval(&mut self, tokens: &[u32]) -> Result<&[f32], RingError> {
+        self.session.check_fits(tokens)?;
+        let n_batch = self.session.n_batch();
+        let Some(last_len) = tokens.chunks(n_batch).last().map(<[u32]>::len) else {
+            return Err(RingError::Plan("nothing to evaluate".into()));
+        };
+        for chunk in tokens.chunks(n_batch) {
+            let start = self.session.n_past();
+            self.session.begin_batch(start, chunk.len())?;
+            self.session.embed(chunk)?;
+            for round in 0..self.rounds {
+                self.pass(round, start)?;
+            }
+            self.session.finish_batch();
+            self.seq += 1;
+        }
+        Ok(self.session.logits(last_len - 1)?)
+    }
+
+    fn n_past(&self) -> usize {
+        self.session.n_past()
+    }
+
+    fn n_ctx(&self) -> usize {
+        self.session.n_ctx()
+    }
+}
+
+impl Drop for RingHead<'_> {
+    fn drop(&mut self) {
+        if self.health.is_some() {
+            self.stop(false);
+        }
+    }
+}
+
+/// Pings every node until stopped; on trouble, sweeps all nodes once more and records who
+/// is at fault: a node that is gone or silent before one that reports a broken link.
+fn health_loop(shared: &Shared) {
+    let mut seq = 0u64;
+    while !shared.stop.load(Ordering::Acquire) {
+        let mut symptoms = Vec::new();
+        let mut culprit = None;
+        for link in &shared.nodes {
+            if shared.stop.load(Ordering::Acquire) {
+                return;
+            }
+            seq += 1;
+            let verdict = |reason: String| Verdict {
+                device: link.device,
+                addr: link.addr.clone(),
+                reason,
+            };
+            match link.ask(&Control::Ping { seq }, PONG_TIMEOUT_MS) {
+                Ok(Some(Control::Pong { .. })) => {}
+                Ok(Some(Control::Refused { reason })) => symptoms.push(verdict(reason)),
+                Ok(Some(other)) => {
+                    symptoms.push(verdict(format!("answered a ping with {other:?}")))
+                }
+                Ok(None) => {
+                    culprit = Some(verdict(format!(
+                        "no answer to a ping within {} s",
+                        PONG_TIMEOUT_MS / 1000
+                    )));
+                    break;
+                }
+                Err(e) => {
+                    culprit = Some(verdict(format!("control connection lost ({e})")));
+                    break;
+                }
+            }
+        }
+        if let Some(v) = culprit.or_else(|| symptoms.into_iter().next()) {
+            if !shared.stop.load(Ordering::Acquire) {
+                *shared.verdict.lock().unwrap_or_else(|e| e.into_inner()) = Some(v);
+            }
+            return;
+        }
+        std::thread::sleep(PING_EVERY);
+    }
+}

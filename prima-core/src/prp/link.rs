@@ -1,0 +1,59 @@
+//! Sending and receiving protocol messages over a transport connection.
+
+use abi_stable::std_types::{RResult, RSlice};
+
+use crate::plugin::transport_abi::ConnectionBox;
+
+use super::protocol::{decode, encode_control, Control, Frame};
+use super::RingError;
+
+pub fn send_frame(conn: &ConnectionBox, frame: &[u8]) -> Result<(), RingError> {
+    match conn.send(RSlice::from_slice(frame)) {
+        RResult::ROk(()) => Ok(()),
+        RResult::RErr(e) => Err(RingError::Transport(e.into_string())),
+    }
+}
+
+pub fn send_control(conn: &ConnectionBox, msg: &Control) -> Result<(), RingError> {
+    send_frame(conn, &encode_control(msg))
+}
+
+/// The next raw frame, or `None` after `timeout_ms`.
+pub fn recv_frame(conn: &ConnectionBox, timeout_ms: u64) -> Result<Option<Vec<u8>>, RingError> {
+    match conn.recv(timeout_ms) {
+        RResult::ROk(frame) => Ok(frame.into_option().map(|f| f.into_vec())),
+        RResult::RErr(e) => Err(RingError::Transport(e.into_string())),
+    }
+}
+
+/// The next control message, or `None` after `timeout_ms`.
+pub fn recv_control(conn: &ConnectionBox, timeout_ms: u64) -> Result<Option<Control>, RingError> {
+    let Some(frame) = recv_frame(conn, timeout_ms)? else {
+        return Ok(None);
+    };
+    match decode(&frame) {
+        Ok(Frame::Control(msg)) => Ok(Some(msg)),
+        Ok(Frame::Activations(..)) => Err(RingError::Unexpected {
+            peer: conn.peer().into_string(),
+            expected: "a control message",
+            got: "activations".into(),
+        }),
+        Err(source) => Err(RingError::Protocol {
+            peer: conn.peer().into_string(),
+            source,
+        }),
+    }
+}
+
+/// Like [`recv_control`], but a timeout is an error naming what was awaited.
+pub fn expect_control(
+    conn: &ConnectionBox,
+    timeout_ms: u64,
+    what: &'static str,
+) -> Result<Control, RingError> {
+    recv_control(conn, timeout_ms)?.ok_or_else(|| RingError::Unexpected {
+        peer: conn.peer().into_string(),
+        expected: what,
+        got: format!("nothing within {} s", timeout_ms / 1000),
+    })
+}

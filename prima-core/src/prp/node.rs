@@ -1,0 +1,411 @@
+//! The node daemon: waits for a head, takes its setup, runs its layer windows on the
+//! activations that come round the ring, and goes back to waiting when the head is done.
+//!
+//! Threads: the main thread blocks on the data connection (it sleeps while other devices
+//! compute) and computes; a control thread answers the head's pings and statistics
+//! requests and ends the session on shutdown or when the head goes away.
+
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use crate::model::{Model, Session};
+use crate::plugin::backend_abi::BackendBox;
+use crate::plugin::transport_abi::{ConnectionBox, ListenerBox, TransportBox, NO_TIMEOUT};
+
+use super::counters::ProcessCounters;
+use super::link::{expect_control, recv_control, recv_frame, send_control, send_frame};
+use super::protocol::{
+    decode, encode_activations, read_payload, Control, Frame, ModelFingerprint, NextHop, PassStats,
+    Ready, Role, Setup, PROTOCOL_VERSION,
+};
+use super::residency::Residency;
+use super::RingError;
+
+/// How long setup steps wait for the other side.
+const SETUP_TIMEOUT_MS: u64 = 30_000;
+/// Statistics kept between two requests (older passes are dropped).
+const MAX_PASSES: usize = 1 << 16;
+
+/// What a node brings to a session besides the model and backend.
+pub struct NodeConfig {
+    /// Bytes of weights this node may keep resident; the rest is streamed.
+    pub mem_budget: Option<u64>,
+    /// A name for this device in messages.
+    pub host: String,
+    /// Describes the backend in the Ready message.
+    pub backend_desc: String,
+}
+
+const RUNNING: u8 = 0;
+const END_SESSION: u8 = 1;
+const EXIT: u8 = 2;
+const HEAD_GONE: u8 = 3;
+
+/// Serves heads one after another on `listener` until one asks the node to exit.
+pub fn serve(
+    model: &Model,
+    backend: &BackendBox,
+    transport: &TransportBox,
+    listener: &ListenerBox,
+    config: &NodeConfig,
+) -> Result<(), RingError> {
+    let fingerprint = ModelFingerprint::of(model.gguf());
+    loop {
+        let conn = match listener.accept(NO_TIMEOUT).into_result() {
+            Ok(c) => c.into_option(),
+            Err(e) => {
+                tracing::warn!("refused a connection: {e}");
+                continue;
+            }
+        };
+        let Some(conn) = conn else { continue };
+        match recv_control(&conn, 5_000) {
+            Ok(Some(Control::Hello {
+                role: Role::Control,
+                ..
+            })) => {}
+            Ok(other) => {
+                tracing::warn!(peer = %conn.peer(), "expected a head's hello, got {other:?}; closing");
+                continue;
+            }
+            Err(e) => {
+                tracing::warn!("{e}");
+                continue;
+            }
+        }
+        let head = conn.peer().into_string();
+        eprintln!("node: head {head} connected");
+        match session(
+            model,
+            backend,
+            transport,
+            listener,
+            config,
+            &fingerprint,
+            &conn,
+        ) {
+            Ok(true) => {
+                eprintln!("node: head {head} asked this node to exit");
+                return Ok(());
+            }
+            Ok(false) => eprintln!("node: session with {head} ended"),
+            Err(e) => {
+                eprintln!("node: session with {head} failed: {e}");
+                let _ = send_control(
+                    &conn,
+                    &Control::Refused {
+                        reason: e.to_string(),
+                    },
+                );
+            }
+        }
+        conn.close();
+    }
+}
+
+/// Checks a setup against this node; the reason it cannot be served otherwise.
+fn check_setup(setup: &Setup, model: &Model, fingerprint: &ModelFingerprint) -> Result<(), String> {
+    if setup.protocol != PROTOCOL_VERSION {
+        return Err(format!(
+            "the head speaks ring protocol v{}, this node speaks v{PROTOCOL_VERSION}",
+            setup.protocol
+        ));
+    }
+    if setup.model != *fingerprint {
+        return Err(format!(
+            "model mismatch: this node has {} ({} bytes, header sha256 {}), the head's model has {} bytes, header sha256 {}",
+            model.gguf().path().display(),
+            fingerprint.file_bytes,
+            &fingerprint.header_sha256[..16],
+            setup.model.file_bytes,
+            setup.model.header_sha256.get(..16).unwrap_or(&setup.model.header_sha256),
+        ));
+    }
+    let n_layers = model.hparams().n_layers;
+    for w in &setup.windows {
+        if w.layers.start >= w.layers.end || w.layers.end > n_layers || w.round >= setup.rounds {
+            return Err(format!(
+                "window {:?} of round {} does not fit a {n_layers}-layer model in {} rounds",
+                w.layers, w.round, setup.rounds
+            ));
+        }
+    }
+    if setup.n_batch == 0 || setup.n_ctx == 0 {
+        return Err("n_ctx and n_batch must be positive".into());
+    }
+    Ok(())
+}
+
+/// One head's session. `Ok(true)` when the head asked the node to exit.
+fn session(
+    model: &Model,
+    backend: &BackendBox,
+    transport: &TransportBox,
+    listener: &ListenerBox,
+    config: &NodeConfig,
+    fingerprint: &ModelFingerprint,
+    control: &ConnectionBox,
+) -> Result<bool, RingError> {
+    let peer = control.peer().into_string();
+    let setup = match expect_control(control, SETUP_TIMEOUT_MS, "a setup")? {
+        Control::Setup(s) => *s,
+        other => {
+            return Err(RingError::Unexpected {
+                peer,
+                expected: "a setup",
+                got: format!("{other:?}"),
+            })
+        }
+    };
+    check_setup(&setup, model, fingerprint).map_err(RingError::Setup)?;
+    let held: Vec<usize> = setup
+        .windows
+        .iter()
+        .flat_map(|w| w.layers.clone())
+        .collect();
+    let mut session = Session::with_layers(model, backend, setup.n_ctx, setup.n_batch, &held)?;
+    let residency = Residency::plan(
+        model,
+        &setup.windows,
+        config.mem_budget,
+        setup.prefetch,
+        setup.release,
+        setup.release_method,
+    );
+    residency.warm(model);
+
+    let next_addr = match &setup.next {
+        NextHop::Node { addr } => addr.clone(),
+        NextHop::Head { port } => {
+            let ip = peer
+                .parse::<std::net::SocketAddr>()
+                .map(|a| a.ip().to_string())
+                .map_err(|_| {
+                    RingError::Setup(format!("cannot tell the head's address from {peer}"))
+                })?;
+            if ip.contains(':') {
+                format!("[{ip}]:{port}")
+            } else {
+                format!("{ip}:{port}")
+            }
+        }
+    };
+    let data_out = transport
+        .connect(next_addr.as_str().into(), SETUP_TIMEOUT_MS)
+        .into_result()
+        .map_err(|e| RingError::Transport(e.into_string()))?;
+    send_control(
+        &data_out,
+        &Control::Hello {
+            protocol: PROTOCOL_VERSION,
+            role: Role::Data,
+        },
+    )?;
+    let data_in = accept_data(listener)?;
+    send_control(
+        control,
+        &Control::Ready(Ready {
+            host: config.host.clone(),
+            backend: config.backend_desc.clone(),
+            layers: held.len(),
+            resident_windows: residency.resident_count(),
+            streamed_windows: residency.streamed_count(),
+            mem_budget: config.mem_budget,
+        }),
+    )?;
+
+    let state = AtomicU8::new(RUNNING);
+    let failure = Mutex::new(None::<String>);
+    let passes = Mutex::new(Vec::<PassStats>::new());
+    std::thread::scope(|scope| {
+        let control_thread =
+            scope.spawn(|| control_loop(control, &data_in, &state, &failure, &passes));
+        let result = compute_loop(
+            model,
+            &mut session,
+            &residency,
+            &setup,
+            &data_in,
+            &data_out,
+            &state,
+            &passes,
+        );
+        if let Err(e) = &result {
+            // Keep answering the head (with the reason) until it ends the session.
+            eprintln!("node: {e}");
+            *failure.lock().unwrap_or_else(|e| e.into_inner()) = Some(e.to_string());
+        }
+        data_out.close();
+        let _ = control_thread.join();
+        data_in.close();
+        Ok(state.load(Ordering::Acquire) == EXIT)
+    })
+}
+
+/// Waits for the previous device's data connection.
+fn accept_data(listener: &ListenerBox) -> Result<ConnectionBox, RingError> {
+    let deadline = Instant::now() + std::time::Duration::from_millis(SETUP_TIMEOUT_MS);
+    loop {
+        let left = deadline
+            .saturating_duration_since(Instant::now())
+            .as_millis() as u64;
+        if left == 0 {
+            return Err(RingError::Setup(
+                "the previous device in the ring did not connect within 30 s".into(),
+            ));
+        }
+        let conn = match listener.accept(left).into_result() {
+            Ok(c) => c.into_option(),
+            Err(e) => {
+                tracing::warn!("refused a connection: {e}");
+                continue;
+            }
+        };
+        let Some(conn) = conn else { continue };
+        match recv_control(&conn, 5_000) {
+            Ok(Some(Control::Hello {
+                role: Role::Data, ..
+            })) => return Ok(conn),
+            Ok(Some(Control::Hello {
+                role: Role::Control,
+                ..
+            })) => {
+                let _ = send_control(
+                    &conn,
+                    &Control::Refused {
+                        reason: "this node is busy setting up a ring for another head".into(),
+                    },
+                );
+                conn.close();
+            }
+            other => {
+                tracing::warn!(peer = %conn.peer(), "unexpected first message {other:?}; closing");
+                conn.close();
+            }
+        }
+    }
+}
+
+/// Answers the head until it ends the session or goes away. Once the compute loop has
+/// failed, pings are answered with its reason, so the head can tell a device that lost
+/// its neighbour from the neighbour that died.
+fn control_loop(
+    control: &ConnectionBox,
+    data_in: &ConnectionBox,
+    state: &AtomicU8,
+    failure: &Mutex<Option<String>>,
+    passes: &Mutex<Vec<PassStats>>,
+) {
+    let end = |how: u8| {
+        state.store(how, Ordering::Release);
+        data_in.close();
+    };
+    loop {
+        let reply = match recv_control(control, NO_TIMEOUT) {
+            Ok(None) => continue,
+            Ok(Some(Control::Ping { seq })) => {
+                match failure.lock().unwrap_or_else(|e| e.into_inner()).clone() {
+                    Some(reason) => Control::Refused { reason },
+                    None => Control::Pong { seq },
+                }
+            }
+            Ok(Some(Control::StatsRequest)) => {
+                let taken = std::mem::take(&mut *passes.lock().unwrap_or_else(|e| e.into_inner()));
+                Control::Stats { passes: taken }
+            }
+            Ok(Some(Control::Shutdown { exit })) => {
+                return end(if exit { EXIT } else { END_SESSION })
+            }
+            Ok(Some(other)) => {
+                tracing::warn!("unexpected control message {other:?}");
+                continue;
+            }
+            Err(_) => return end(HEAD_GONE),
+        };
+        if send_control(control, &reply).is_err() {
+            return end(HEAD_GONE);
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn compute_loop(
+    model: &Model,
+    session: &mut Session<'_>,
+    residency: &Residency,
+    setup: &Setup,
+    data_in: &ConnectionBox,
+    data_out: &ConnectionBox,
+    state: &AtomicU8,
+    passes: &Mutex<Vec<PassStats>>,
+) -> Result<(), RingError> {
+    let n_embd = model.hparams().n_embd;
+    let peer = data_in.peer().into_string();
+    let mut out = Vec::new();
+    loop {
+        let waiting = Instant::now();
+        let frame = match recv_frame(data_in, NO_TIMEOUT) {
+            Ok(Some(f)) => f,
+            Ok(None) => continue,
+            Err(_) if state.load(Ordering::Acquire) != RUNNING => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        let wait_ms = waiting.elapsed().as_secs_f64() * 1e3;
+        let (header, payload) = match decode(&frame) {
+            Ok(Frame::Activations(h, p)) => (h, p),
+            Ok(Frame::Control(c)) => {
+                return Err(RingError::Unexpected {
+                    peer,
+                    expected: "activations",
+                    got: format!("{c:?}"),
+                })
+            }
+            Err(source) => return Err(RingError::Protocol { peer, source }),
+        };
+        let round = header.round as usize;
+        let n = header.n_tokens as usize;
+        if round == 0 {
+            session.begin_batch(header.start_pos as usize, n)?;
+        }
+        read_payload(&header, payload, n_embd, session.hidden_mut()).map_err(|source| {
+            RingError::Protocol {
+                peer: peer.clone(),
+                source,
+            }
+        })?;
+
+        let before = ProcessCounters::now();
+        let computing = Instant::now();
+        let window = residency.index_of_round(round);
+        if let Some(i) = window {
+            session.run_layers(residency.windows()[i].layers.clone())?;
+        }
+        let compute_ms = computing.elapsed().as_secs_f64() * 1e3;
+        let counters = ProcessCounters::now().since(&before);
+
+        let sending = Instant::now();
+        encode_activations(&mut out, &header, session.hidden());
+        send_frame(data_out, &out)?;
+        let send_ms = sending.elapsed().as_secs_f64() * 1e3;
+        if let Some(i) = window {
+            residency.after_window(model, i);
+        }
+        if round + 1 == setup.rounds {
+            session.finish_batch();
+        }
+        let mut log = passes.lock().unwrap_or_else(|e| e.into_inner());
+        if log.len() < MAX_PASSES {
+            log.push(PassStats {
+                seq: header.seq,
+                round,
+                n_tokens: n,
+                wait_ms,
+                compute_ms,
+                send_ms,
+                major_faults: counters.major_faults,
+                disk_read_bytes: counters.disk_read_bytes,
+            });
+        }
+    }
+}

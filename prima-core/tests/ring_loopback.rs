@@ -1,0 +1,284 @@
+//! The ring on loopback: a head in this process and two `prima node` processes must
+//! compute exactly what one device computes, for every window plan; a node with another
+//! model is refused by name; a node that dies is named and the head stops in seconds.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::{cpu_backend, derived_models, model_or_skip, workspace_models};
+use prima_core::generate::Forward;
+use prima_core::model::{Model, Session};
+use prima_core::plugin::load_transport;
+use prima_core::plugin::transport_abi::TransportConfig;
+use prima_core::prp::{RingError, RingHead, RingOptions};
+use prima_core::tokenizer::Tokenizer;
+
+/// A `prima node` process, killed when dropped.
+struct NodeProcess {
+    child: Child,
+    addr: String,
+}
+
+impl NodeProcess {
+    fn start(model: &Path) -> NodeProcess {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_prima"))
+            .args(["node", "--listen", "127.0.0.1:0", "-t", "1", "-m"])
+            .arg(model)
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start prima node");
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(rest) = line.strip_prefix("node: listening on ") {
+                    let addr = rest.split(' ').next().unwrap_or_default().to_string();
+                    let _ = tx.send(addr);
+                }
+                // Keep draining so the node never blocks on a full pipe.
+            }
+        });
+        let addr = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the node prints its address");
+        NodeProcess { child, addr }
+    }
+
+    /// CPU time (user + system) the process has used, in clock ticks.
+    fn cpu_ticks(&self) -> u64 {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap();
+        let after_comm = &stat[stat.rfind(')').unwrap() + 2..];
+        let fields: Vec<&str> = after_comm.split(' ').collect();
+        // utime and stime are fields 14 and 15 of stat, 12 and 13 after the command.
+        fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+    }
+}
+
+impl Drop for NodeProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn smollm2() -> Option<PathBuf> {
+    model_or_skip(workspace_models().join("SmolLM2-135M-Instruct.Q4_1.gguf"))
+}
+
+fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in logits.iter().enumerate() {
+        if v > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// Greedy tokens and the logits of every step, bit for bit.
+fn greedy<F: Forward>(f: &mut F, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<Vec<f32>>)
+where
+    F::Error: std::fmt::Debug,
+{
+    let mut tokens = Vec::new();
+    let mut all_logits = Vec::new();
+    let mut logits = f.eval(prompt).unwrap().to_vec();
+    for _ in 0..n {
+        let t = argmax(&logits);
+        tokens.push(t);
+        all_logits.push(logits);
+        logits = f.eval(&[t]).unwrap().to_vec();
+    }
+    (tokens, all_logits)
+}
+
+fn prompts(model: &Model) -> Vec<Vec<u32>> {
+    let tok = Tokenizer::from_gguf(model.gguf()).unwrap();
+    let long_text = "The history of the printing press begins in the fifteenth century, when \
+        Johannes Gutenberg combined movable metal type, oil-based ink and a wooden screw press \
+        into a system that could produce books quickly and cheaply. Within decades, presses \
+        spread across Europe, and the number of books in circulation grew from thousands to \
+        millions, changing religion, science, politics and everyday life for everyone.";
+    let long = tok.encode(&format!("{long_text} {long_text}"), true, true);
+    assert!(long.len() >= 100, "{} tokens", long.len());
+    vec![
+        tok.encode("Hello", false, true)[..1].to_vec(),
+        tok.encode("Hello, my name is Ada and I", true, true)[..7].to_vec(),
+        long[..100].to_vec(),
+    ]
+}
+
+fn transport() -> prima_core::plugin::LoadedTransport {
+    load_transport(
+        Some("tcp"),
+        TransportConfig {
+            max_frame_bytes: 1 << 30,
+        },
+    )
+    .expect("the tcp transport plugin (cargo build --workspace)")
+}
+
+fn options() -> RingOptions {
+    RingOptions {
+        n_ctx: 256,
+        n_batch: 64,
+        listen: "127.0.0.1:0".into(),
+        ..RingOptions::default()
+    }
+}
+
+#[test]
+fn three_devices_compute_exactly_what_one_does() {
+    let Some(path) = smollm2() else { return };
+    let model = Model::load(&path).unwrap();
+    assert_eq!(model.hparams().n_layers, 30);
+    let backend = cpu_backend(1);
+    let be = &backend.backend;
+    let transport = transport();
+    let nodes = [NodeProcess::start(&path), NodeProcess::start(&path)];
+    let addrs: Vec<String> = nodes.iter().map(|n| n.addr.clone()).collect();
+
+    const GENERATE: usize = 8;
+    // 64-token batches, so the 100-token prompt also crosses a batch boundary.
+    for prompt in prompts(&model) {
+        let mut single = Session::new(&model, be, 256, 64).unwrap();
+        let (want_tokens, want_logits) = greedy(&mut single, &prompt, GENERATE);
+        for windows in [[10, 10, 10], [5, 5, 5], [4, 3, 3], [2, 2, 1], [4, 4, 4]] {
+            let mut head = RingHead::connect(
+                &model,
+                be,
+                &transport.transport,
+                &addrs,
+                &windows,
+                &options(),
+            )
+            .unwrap_or_else(|e| panic!("windows {windows:?}: {e}"));
+            let (tokens, logits) = greedy(&mut head, &prompt, GENERATE);
+            assert_eq!(
+                tokens,
+                want_tokens,
+                "windows {windows:?}, prompt of {} tokens",
+                prompt.len()
+            );
+            assert!(
+                logits == want_logits,
+                "windows {windows:?}, prompt of {}: logits differ from one device's",
+                prompt.len()
+            );
+            let stats = head.collect_stats().unwrap();
+            assert_eq!(stats.len(), 3);
+            let k = head.rounds();
+            for d in &stats {
+                // Every device sees every round of every batch (relays included).
+                let batches = prompt.len().div_ceil(64) + GENERATE;
+                assert_eq!(d.passes.len(), batches * k, "device {} passes", d.device);
+            }
+            head.shutdown(false);
+        }
+    }
+}
+
+#[test]
+fn idle_nodes_sleep() {
+    let Some(path) = smollm2() else { return };
+    let node = NodeProcess::start(&path);
+    std::thread::sleep(Duration::from_millis(300));
+    let before = node.cpu_ticks();
+    std::thread::sleep(Duration::from_secs(2));
+    let used = node.cpu_ticks() - before;
+    // 200 ticks would be one core busy; an idle node should use next to none.
+    assert!(used <= 10, "an idle node used {used} ticks of CPU in 2 s");
+}
+
+#[test]
+fn a_node_with_another_model_is_refused_by_name() {
+    let Some(path) = smollm2() else { return };
+    let Some(other) = model_or_skip(derived_models().join("smollm2-135m-q8_0.gguf")) else {
+        return;
+    };
+    let model = Model::load(&path).unwrap();
+    let backend = cpu_backend(1);
+    let transport = transport();
+    let good = NodeProcess::start(&path);
+    let wrong = NodeProcess::start(&other);
+    let addrs = [good.addr.clone(), wrong.addr.clone()];
+    let err = RingHead::connect(
+        &model,
+        &backend.backend,
+        &transport.transport,
+        &addrs,
+        &[10, 10, 10],
+        &options(),
+    )
+    .err()
+    .expect("the mismatch is refused");
+    let text = err.to_string();
+    assert!(
+        matches!(err, RingError::Refused { device: 2, .. }),
+        "{text}"
+    );
+    assert!(text.contains("model mismatch"), "{text}");
+    assert!(text.contains(&wrong.addr), "{text}");
+    assert!(text.contains("smollm2-135m-q8_0.gguf"), "{text}");
+
+    // Both nodes go back to waiting: a ring of the head and the good node works.
+    let mut head = RingHead::connect(
+        &model,
+        &backend.backend,
+        &transport.transport,
+        &addrs[..1],
+        &[15, 15],
+        &options(),
+    )
+    .unwrap();
+    head.eval(&[1, 2, 3]).unwrap();
+}
+
+#[test]
+fn a_dead_node_is_named_within_seconds() {
+    let Some(path) = smollm2() else { return };
+    let model = Model::load(&path).unwrap();
+    let backend = cpu_backend(1);
+    let transport = transport();
+    let first = NodeProcess::start(&path);
+    let mut second = NodeProcess::start(&path);
+    let addrs = [first.addr.clone(), second.addr.clone()];
+    let mut head = RingHead::connect(
+        &model,
+        &backend.backend,
+        &transport.transport,
+        &addrs,
+        &[10, 10, 10],
+        &options(),
+    )
+    .unwrap();
+    head.eval(&[1, 2, 3]).unwrap();
+    second.child.kill().unwrap();
+    second.child.wait().unwrap();
+    let started = Instant::now();
+    let mut err = None;
+    for t in 0..50 {
+        if let Err(e) = head.eval(&[t + 4]) {
+            err = Some(e);
+            break;
+        }
+    }
+    let err = err.expect("the ring fails once a node is dead");
+    let text = err.to_string();
+    assert!(
+        matches!(err, RingError::DeviceLost { device: 2, .. }),
+        "names the dead node: {text}"
+    );
+    assert!(text.contains(&second.addr), "{text}");
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "took {:?}",
+        started.elapsed()
+    );
+}
