@@ -282,3 +282,82 @@ fn a_dead_node_is_named_within_seconds() {
         started.elapsed()
     );
 }
+
+fn prima(args: &[&str], model: &Path) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_prima"))
+        .args([
+            "run", "-t", "1", "--temp", "0", "-n", "12", "-c", "256", "-m",
+        ])
+        .arg(model)
+        .args(args)
+        .output()
+        .expect("run prima")
+}
+
+#[test]
+fn prima_run_on_a_ring_prints_what_one_device_prints() {
+    let Some(path) = smollm2() else { return };
+    let nodes = [NodeProcess::start(&path), NodeProcess::start(&path)];
+    let ring = format!("{},{}", nodes[0].addr, nodes[1].addr);
+    let stats = std::env::temp_dir().join(format!("prima-ring-stats-{}.json", std::process::id()));
+    let prompt = ["-p", "The three primary colours are"];
+    let single = prima(&prompt, &path);
+    assert!(single.status.success());
+    let mut args = prompt.to_vec();
+    let stats_arg = stats.to_string_lossy().into_owned();
+    args.extend([
+        "--ring",
+        &ring,
+        "--windows",
+        "4,3,3",
+        "-v",
+        "--stats-json",
+        &stats_arg,
+    ]);
+    let ringed = prima(&args, &path);
+    let stderr = String::from_utf8_lossy(&ringed.stderr);
+    assert!(ringed.status.success(), "{stderr}");
+    assert_eq!(
+        String::from_utf8_lossy(&ringed.stdout),
+        String::from_utf8_lossy(&single.stdout)
+    );
+    assert!(stderr.contains("ring of 3 devices, k = 3"), "{stderr}");
+    assert!(stderr.contains("compute ms"), "{stderr}");
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&stats);
+    let devices = json["devices"].as_array().unwrap();
+    assert_eq!(devices.len(), 3);
+    for d in devices {
+        let passes = d["passes"].as_array().unwrap();
+        // A one-batch prompt and 11 more tokens, 3 rounds each (unless EOS came early).
+        assert!(passes.len() % 3 == 0 && !passes.is_empty(), "{d}");
+        assert!(passes
+            .iter()
+            .all(|p| p["compute_ms"].as_f64().unwrap() >= 0.0));
+    }
+}
+
+#[test]
+fn prima_run_names_an_unreachable_device_and_a_missing_windows_list() {
+    let Some(path) = smollm2() else { return };
+    // Nothing listens on port 1.
+    let out = prima(
+        &["-p", "hi", "--ring", "127.0.0.1:1", "--windows", "15,15"],
+        &path,
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("device 1 (127.0.0.1:1)"), "{stderr}");
+
+    let out = prima(&["-p", "hi", "--ring", "127.0.0.1:1"], &path);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("--windows"), "{stderr}");
+
+    let out = prima(
+        &["-p", "hi", "--ring", "127.0.0.1:1", "--windows", "10,10,10"],
+        &path,
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("3 window sizes for 2 devices"), "{stderr}");
+}

@@ -308,8 +308,16 @@ fn print_summary(stats: &GenerationStats, seed: u64, backend: &str) {
 /// Per device, the mean per generated token (one-token batches, all rounds summed).
 fn print_device_table(devices: &[DeviceStats]) {
     eprintln!(
-        "{:<8} {:<22} {:>8} {:>11} {:>9} {:>9} {:>12} {:>12}",
-        "device", "address", "tokens", "compute ms", "send ms", "wait ms", "major flt", "disk MB"
+        "{:<8} {:<22} {:>8} {:>11} {:>9} {:>9} {:>12} {:>12} {:>10}",
+        "device",
+        "address",
+        "tokens",
+        "compute ms",
+        "send ms",
+        "wait ms",
+        "major flt",
+        "disk MB",
+        "mem press"
     );
     for d in devices {
         let mut per_token: std::collections::BTreeMap<u64, [f64; 5]> = Default::default();
@@ -329,7 +337,7 @@ fn print_device_table(devices: &[DeviceStats]) {
             }
         }
         eprintln!(
-            "{:<8} {:<22} {:>8} {:>11.3} {:>9.3} {:>9.3} {:>12.1} {:>12.2}",
+            "{:<8} {:<22} {:>8} {:>11.3} {:>9.3} {:>9.3} {:>12.1} {:>12.2} {:>9.1}%",
             d.device,
             d.addr,
             per_token.len(),
@@ -337,7 +345,8 @@ fn print_device_table(devices: &[DeviceStats]) {
             sum[1] / n,
             sum[2] / n,
             sum[3] / n,
-            sum[4] / n
+            sum[4] / n,
+            d.peak_memory_pressure * 100.0
         );
     }
 }

@@ -16,12 +16,12 @@ use crate::model::{Model, Session};
 use crate::plugin::backend_abi::BackendBox;
 use crate::plugin::transport_abi::{ConnectionBox, TransportBox};
 
-use super::counters::ProcessCounters;
+use super::counters::{mem_available_total, ProcessCounters};
 use super::link::{expect_control, recv_control, recv_frame, send_control, send_frame};
 use super::protocol::{
-    decode, encode_activations, read_payload, Activations, Control, Frame, ModelFingerprint,
-    NextHop, PassStats, Ready, ReleaseMethod, ReleasePolicy, Role, RoundWindow, Setup, WireType,
-    PROTOCOL_VERSION,
+    decode, encode_activations, read_payload, Activations, Control, Frame, MemoryBaseline,
+    ModelFingerprint, NextHop, PassStats, Ready, ReleaseMethod, ReleasePolicy, Role, RoundWindow,
+    Setup, WireType, PROTOCOL_VERSION,
 };
 use super::residency::Residency;
 use super::{assign_windows, RingError};
@@ -107,6 +107,9 @@ impl Shared {
 pub struct DeviceStats {
     pub device: usize,
     pub addr: String,
+    pub memory: MemoryBaseline,
+    /// Peak memory pressure while running, (baseline − lowest MemAvailable) ÷ MemTotal.
+    pub peak_memory_pressure: f64,
     pub passes: Vec<PassStats>,
 }
 
@@ -131,6 +134,7 @@ pub struct RingHead<'m> {
     seq: u64,
     frame: Vec<u8>,
     passes: Vec<PassStats>,
+    memory: MemoryBaseline,
     nodes: Vec<NodeInfo>,
 }
 
@@ -232,6 +236,7 @@ impl<'m> RingHead<'m> {
             send_control(&link.control, &Control::Setup(Box::new(setup)))?;
         }
 
+        let memory = MemoryBaseline::now();
         let head_windows = of_device(0);
         let held: Vec<usize> = head_windows.iter().flat_map(|w| w.layers.clone()).collect();
         let session = Session::with_layers(model, backend, options.n_ctx, options.n_batch, &held)?;
@@ -333,6 +338,7 @@ impl<'m> RingHead<'m> {
             seq: 0,
             frame: Vec::new(),
             passes: Vec::new(),
+            memory,
             nodes: infos,
         })
     }
@@ -349,16 +355,21 @@ impl<'m> RingHead<'m> {
 
     /// Collects (and clears) the per-pass statistics of every device, the head first.
     pub fn collect_stats(&mut self) -> Result<Vec<DeviceStats>, RingError> {
+        let passes = std::mem::take(&mut self.passes);
         let mut all = vec![DeviceStats {
             device: 0,
             addr: "head".into(),
-            passes: std::mem::take(&mut self.passes),
+            memory: self.memory,
+            peak_memory_pressure: self.memory.peak_pressure(&passes),
+            passes,
         }];
         for link in &self.shared.nodes {
             match link.ask(&Control::StatsRequest, PONG_TIMEOUT_MS)? {
-                Some(Control::Stats { passes }) => all.push(DeviceStats {
+                Some(Control::Stats { passes, memory }) => all.push(DeviceStats {
                     device: link.device,
                     addr: link.addr.clone(),
+                    memory,
+                    peak_memory_pressure: memory.peak_pressure(&passes),
                     passes,
                 }),
                 other => {
@@ -490,6 +501,7 @@ impl<'m> RingHead<'m> {
             send_ms,
             major_faults: counters.major_faults,
             disk_read_bytes: counters.disk_read_bytes,
+            mem_available: mem_available_total().map_or(0, |(a, _)| a),
         });
         Ok(())
     }

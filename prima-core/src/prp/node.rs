@@ -13,11 +13,11 @@ use crate::model::{Model, Session};
 use crate::plugin::backend_abi::BackendBox;
 use crate::plugin::transport_abi::{ConnectionBox, ListenerBox, TransportBox, NO_TIMEOUT};
 
-use super::counters::ProcessCounters;
+use super::counters::{mem_available_total, ProcessCounters};
 use super::link::{expect_control, recv_control, recv_frame, send_control, send_frame};
 use super::protocol::{
-    decode, encode_activations, read_payload, Control, Frame, ModelFingerprint, NextHop, PassStats,
-    Ready, Role, Setup, PROTOCOL_VERSION,
+    decode, encode_activations, read_payload, Control, Frame, MemoryBaseline, ModelFingerprint,
+    NextHop, PassStats, Ready, Role, Setup, PROTOCOL_VERSION,
 };
 use super::residency::Residency;
 use super::RingError;
@@ -159,6 +159,7 @@ fn session(
         }
     };
     check_setup(&setup, model, fingerprint).map_err(RingError::Setup)?;
+    let memory = MemoryBaseline::now();
     let held: Vec<usize> = setup
         .windows
         .iter()
@@ -220,7 +221,7 @@ fn session(
     let passes = Mutex::new(Vec::<PassStats>::new());
     std::thread::scope(|scope| {
         let control_thread =
-            scope.spawn(|| control_loop(control, &data_in, &state, &failure, &passes));
+            scope.spawn(|| control_loop(control, &data_in, &state, &failure, &passes, memory));
         let result = compute_loop(
             model,
             &mut session,
@@ -296,6 +297,7 @@ fn control_loop(
     state: &AtomicU8,
     failure: &Mutex<Option<String>>,
     passes: &Mutex<Vec<PassStats>>,
+    memory: MemoryBaseline,
 ) {
     let end = |how: u8| {
         state.store(how, Ordering::Release);
@@ -312,7 +314,10 @@ fn control_loop(
             }
             Ok(Some(Control::StatsRequest)) => {
                 let taken = std::mem::take(&mut *passes.lock().unwrap_or_else(|e| e.into_inner()));
-                Control::Stats { passes: taken }
+                Control::Stats {
+                    passes: taken,
+                    memory,
+                }
             }
             Ok(Some(Control::Shutdown { exit })) => {
                 return end(if exit { EXIT } else { END_SESSION })
@@ -394,6 +399,7 @@ fn compute_loop(
         if round + 1 == setup.rounds {
             session.finish_batch();
         }
+        let mem_available = mem_available_total().map_or(0, |(a, _)| a);
         let mut log = passes.lock().unwrap_or_else(|e| e.into_inner());
         if log.len() < MAX_PASSES {
             log.push(PassStats {
@@ -405,6 +411,7 @@ fn compute_loop(
                 send_ms,
                 major_faults: counters.major_faults,
                 disk_read_bytes: counters.disk_read_bytes,
+                mem_available,
             });
         }
     }

@@ -196,6 +196,41 @@ pub struct PassStats {
     pub major_faults: u64,
     /// Bytes this process read from storage while computing.
     pub disk_read_bytes: u64,
+    /// The system's MemAvailable after the pass, in bytes (0 where unknown).
+    pub mem_available: u64,
+}
+
+/// The system's memory when a device's session began (before it read its windows), the
+/// baseline of the paper's memory pressure: (baseline − MemAvailable) ÷ MemTotal.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct MemoryBaseline {
+    pub mem_total: u64,
+    pub mem_available_at_setup: u64,
+}
+
+impl MemoryBaseline {
+    pub fn now() -> MemoryBaseline {
+        let (avail, total) = super::counters::mem_available_total().unwrap_or((0, 0));
+        MemoryBaseline {
+            mem_total: total,
+            mem_available_at_setup: avail,
+        }
+    }
+
+    /// Peak memory pressure over `passes`, as a fraction of MemTotal.
+    pub fn peak_pressure(&self, passes: &[PassStats]) -> f64 {
+        let lowest = passes
+            .iter()
+            .map(|p| p.mem_available)
+            .filter(|&a| a > 0)
+            .min()
+            .unwrap_or(self.mem_available_at_setup);
+        if self.mem_total == 0 {
+            return 0.0;
+        }
+        self.mem_available_at_setup.saturating_sub(lowest) as f64 / self.mem_total as f64
+    }
 }
 
 /// Control messages.
@@ -220,6 +255,7 @@ pub enum Control {
     StatsRequest,
     Stats {
         passes: Vec<PassStats>,
+        memory: MemoryBaseline,
     },
     /// End the session; with `exit` the node process exits too.
     Shutdown {
