@@ -212,6 +212,7 @@ fn session(
             layers: held.len(),
             resident_windows: residency.resident_count(),
             streamed_windows: residency.streamed_count(),
+            streamed_bytes: residency.streamed_bytes(),
             mem_budget: config.mem_budget,
         }),
     )?;

@@ -176,6 +176,8 @@ pub struct Ready {
     pub layers: usize,
     pub resident_windows: usize,
     pub streamed_windows: usize,
+    /// Bytes of weights read from storage per token by plan (the streamed layers).
+    pub streamed_bytes: u64,
     pub mem_budget: Option<u64>,
 }
 

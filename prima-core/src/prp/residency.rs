@@ -16,16 +16,23 @@ use crate::model::Model;
 
 use super::protocol::{ReleaseMethod, ReleasePolicy, RoundWindow};
 
-/// The pages of one window.
+/// The pages of one window, split into the layers kept resident and those streamed.
 #[derive(Debug, Clone)]
 pub struct WindowPages {
     pub round: usize,
     pub layers: Range<usize>,
-    /// File byte ranges of its tensors, sorted and merged.
-    pub ranges: Vec<Range<u64>>,
+    /// File byte ranges of the resident layers' tensors, sorted and merged.
+    pub resident_ranges: Vec<Range<u64>>,
+    /// File byte ranges of the streamed layers' tensors (read each token, then released).
+    pub streamed_ranges: Vec<Range<u64>>,
     pub bytes: u64,
-    /// Kept in memory for good (else streamed).
-    pub resident: bool,
+    pub streamed_bytes: u64,
+}
+
+impl WindowPages {
+    pub fn fully_resident(&self) -> bool {
+        self.streamed_ranges.is_empty()
+    }
 }
 
 /// A device's windows and what it does with their pages.
@@ -37,9 +44,27 @@ pub struct Residency {
     hint: PageHint,
 }
 
+/// Sorted, merged byte ranges of the tensors of `layers` (gaps under a page are bridged).
+fn layer_ranges(model: &Model, layers: impl Iterator<Item = usize>) -> Vec<Range<u64>> {
+    let mut ranges: Vec<Range<u64>> = layers
+        .flat_map(|il| model.layer_tensors(il))
+        .map(|t| t.offset..t.offset + t.n_bytes)
+        .collect();
+    ranges.sort_by_key(|r| r.start);
+    let mut merged: Vec<Range<u64>> = Vec::new();
+    for r in ranges {
+        match merged.last_mut() {
+            Some(last) if r.start <= last.end + 4096 => last.end = last.end.max(r.end),
+            _ => merged.push(r),
+        }
+    }
+    merged
+}
+
 impl Residency {
-    /// Plans residency for `windows` (in execution order): the first windows whose bytes
-    /// fit `budget` together are resident, the rest streamed. No budget: all resident.
+    /// Plans residency for `windows` (in execution order): layers are kept resident in
+    /// execution order while their bytes fit `budget`, the rest are streamed. No budget:
+    /// everything resident.
     pub fn plan(
         model: &Model,
         windows: &[RoundWindow],
@@ -49,35 +74,28 @@ impl Residency {
         method: ReleaseMethod,
     ) -> Residency {
         let mut used = 0u64;
-        let mut fits = true;
         let windows = windows
             .iter()
             .map(|w| {
-                let mut ranges: Vec<Range<u64>> = w
-                    .layers
-                    .clone()
-                    .flat_map(|il| model.layer_tensors(il))
-                    .map(|t| t.offset..t.offset + t.n_bytes)
-                    .collect();
-                ranges.sort_by_key(|r| r.start);
-                let mut merged: Vec<Range<u64>> = Vec::new();
-                for r in ranges {
-                    match merged.last_mut() {
-                        Some(last) if r.start <= last.end + 4096 => last.end = last.end.max(r.end),
-                        _ => merged.push(r),
+                let (mut resident, mut streamed) = (Vec::new(), Vec::new());
+                let mut streamed_bytes = 0;
+                for il in w.layers.clone() {
+                    let b = model.layer_bytes(il);
+                    if budget.is_none_or(|budget| used + b <= budget) && streamed.is_empty() {
+                        used += b;
+                        resident.push(il);
+                    } else {
+                        streamed_bytes += b;
+                        streamed.push(il);
                     }
-                }
-                let bytes = w.layers.clone().map(|il| model.layer_bytes(il)).sum();
-                fits = fits && budget.is_none_or(|b| used + bytes <= b);
-                if fits {
-                    used += bytes;
                 }
                 WindowPages {
                     round: w.round,
                     layers: w.layers.clone(),
-                    ranges: merged,
-                    bytes,
-                    resident: fits,
+                    resident_ranges: layer_ranges(model, resident.into_iter()),
+                    streamed_ranges: layer_ranges(model, streamed.into_iter()),
+                    bytes: w.layers.clone().map(|il| model.layer_bytes(il)).sum(),
+                    streamed_bytes,
                 }
             })
             .collect();
@@ -97,12 +115,19 @@ impl Residency {
         &self.windows
     }
 
+    /// Windows held in memory entirely.
     pub fn resident_count(&self) -> usize {
-        self.windows.iter().filter(|w| w.resident).count()
+        self.windows.iter().filter(|w| w.fully_resident()).count()
     }
 
+    /// Windows with at least one streamed layer.
     pub fn streamed_count(&self) -> usize {
         self.windows.len() - self.resident_count()
+    }
+
+    /// Bytes read from storage each token when streaming works as planned.
+    pub fn streamed_bytes(&self) -> u64 {
+        self.windows.iter().map(|w| w.streamed_bytes).sum()
     }
 
     /// The window run in `round`, by index.
@@ -110,46 +135,44 @@ impl Residency {
         self.windows.iter().position(|w| w.round == round)
     }
 
-    /// Reads every page of the resident windows (so the first token does not fault them
-    /// in) and starts reading the first streamed one.
+    /// Reads every resident page (so the first token does not fault them in) and starts
+    /// reading the first streamed layers.
     pub fn warm(&self, model: &Model) {
         const PAGE: usize = 4096;
         let bytes = model.gguf().bytes();
         let mut checksum = 0u8;
-        for w in self.windows.iter().filter(|w| w.resident) {
-            for r in &w.ranges {
-                let end = (r.end as usize).min(bytes.len());
-                for page in bytes[r.start as usize..end].chunks(PAGE) {
-                    checksum ^= page[0];
-                }
+        for r in self.windows.iter().flat_map(|w| &w.resident_ranges) {
+            let end = (r.end as usize).min(bytes.len());
+            for page in bytes[r.start as usize..end].chunks(PAGE) {
+                checksum ^= page[0];
             }
         }
         std::hint::black_box(checksum);
-        if let Some(first) = self.windows.iter().find(|w| !w.resident) {
-            self.advise(model, first, PageHint::WillNeed);
+        if let Some(first) = self.windows.iter().find(|w| !w.fully_resident()) {
+            self.advise(model, &first.streamed_ranges, PageHint::WillNeed);
         }
     }
 
-    /// After window `index` has run: release it if it is streamed (MRU), and prefetch the
-    /// next window in cyclic order if it is streamed and prefetching is on. Without a
-    /// budget every window is resident and no hint is given.
+    /// After window `index` has run: release its streamed layers (MRU), and prefetch the
+    /// next window's streamed layers if prefetching is on. Without a budget nothing is
+    /// streamed and no hint is given.
     pub fn after_window(&self, model: &Model, index: usize) {
         let Some(w) = self.windows.get(index) else {
             return;
         };
-        let released = self.release == ReleasePolicy::Mru && !w.resident;
+        let released = self.release == ReleasePolicy::Mru && !w.fully_resident();
         if released {
-            self.advise(model, w, self.hint);
+            self.advise(model, &w.streamed_ranges, self.hint);
         }
         let next = (index + 1) % self.windows.len();
         let n = &self.windows[next];
-        if self.prefetch && !n.resident && !(next == index && released) {
-            self.advise(model, n, PageHint::WillNeed);
+        if self.prefetch && !n.fully_resident() && !(next == index && released) {
+            self.advise(model, &n.streamed_ranges, PageHint::WillNeed);
         }
     }
 
-    fn advise(&self, model: &Model, w: &WindowPages, hint: PageHint) {
-        for r in &w.ranges {
+    fn advise(&self, model: &Model, ranges: &[Range<u64>], hint: PageHint) {
+        for r in ranges {
             if let Err(e) = model.gguf().advise_pages(r.clone(), hint) {
                 // A hint the kernel refuses costs speed, never correctness.
                 tracing::debug!(hint = hint.name(), error = %e, "page hint refused");
