@@ -175,7 +175,7 @@ def main():
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--head-layers", type=int, default=4)
     p.add_argument("--node-layers", type=int, default=12)
-    p.add_argument("--mem-budget", type=int, default=300 << 20)
+    p.add_argument("--mem-budget", type=int, default=200 << 20)
     p.add_argument("--cgroup-limit", type=int, default=450 << 20)
     p.add_argument("--release-method", default="pageout")
     p.add_argument("--json", type=Path)

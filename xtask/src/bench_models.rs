@@ -15,16 +15,24 @@ use crate::shell;
 
 /// Tag and file of the benchmark model (`cargo xtask bench --model bench-llama-1b-q4_k_m`).
 pub const BENCH_1B: &str = "bench-llama-1b-q4_k_m";
+/// The same model in Q8_0 (1.2 GB): big enough for the ring's memory-residency experiment.
+pub const BENCH_1B_Q8: &str = "bench-llama-1b-q8_0";
 
 pub fn path(layout: &Layout) -> PathBuf {
     layout.derived_models.join(format!("{BENCH_1B}.gguf"))
 }
 
-/// Makes the benchmark model if it is missing and returns its path.
+pub fn path_q8(layout: &Layout) -> PathBuf {
+    layout.derived_models.join(format!("{BENCH_1B_Q8}.gguf"))
+}
+
+/// Makes the benchmark models if they are missing and returns the Q4_K_M one's path.
 pub fn run(layout: &Layout) -> Result<PathBuf> {
     let out = path(layout);
-    if out.exists() {
+    let q8 = path_q8(layout);
+    if out.exists() && q8.exists() {
         println!("ok        {}", out.display());
+        println!("ok        {}", q8.display());
         return Ok(out);
     }
     let llama = LlamaCpp::new(layout);
@@ -34,16 +42,18 @@ pub fn run(layout: &Layout) -> Result<PathBuf> {
     let f16 = layout.derived_models.join("bench-llama-1b-f16.gguf");
     let script = layout.workspace.join("xtask/scripts/make_bench_model.py");
     shell::run(Command::new("python3").arg(&script).arg("--out").arg(&f16))?;
-    let tmp = out.with_extension("gguf.tmp");
-    shell::run(
-        Command::new(llama.bin("llama-quantize"))
-            .arg(&f16)
-            .arg(&tmp)
-            .arg("Q4_K_M"),
-    )?;
-    std::fs::rename(&tmp, &out)?;
+    for (target, ty) in [(&out, "Q4_K_M"), (&q8, "Q8_0")] {
+        let tmp = target.with_extension("gguf.tmp");
+        shell::run(
+            Command::new(llama.bin("llama-quantize"))
+                .arg(&f16)
+                .arg(&tmp)
+                .arg(ty),
+        )?;
+        std::fs::rename(&tmp, target)?;
+        println!("made      {}", target.display());
+    }
     // The F16 source is 2.2 GB and only an intermediate.
     let _ = std::fs::remove_file(&f16);
-    println!("made      {}", out.display());
     Ok(out)
 }

@@ -14,6 +14,7 @@ mod fixture_cases;
 mod layout;
 mod llama_cpp;
 mod reference;
+mod ring_bench;
 mod shell;
 mod test;
 mod test_models;
@@ -54,6 +55,9 @@ enum Task {
     Bench(bench::BenchArgs),
     /// Make the generated ~1B-parameter Q4_K_M benchmark model (random weights).
     BenchModels,
+    /// Ring experiments on loopback: overhead per hop, idle nodes, prefetch and release
+    /// under a cgroup memory limit (needs root for the cgroup).
+    RingBench(ring_bench::RingBenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -76,6 +80,7 @@ fn run(cli: Cli) -> Result<u8> {
         } => reference::run(&layout, fixtures_only, only.as_deref())?,
         Task::TestModels => test_models::run(&layout)?,
         Task::Bench(args) => bench::run(&layout, &args)?,
+        Task::RingBench(args) => ring_bench::run(&layout, &args)?,
         Task::BenchModels => {
             bench_models::run(&layout)?;
         }
