@@ -1,13 +1,14 @@
 //! Command-line front end: parses arguments, runs one command, and turns errors into
 //! one-line messages with a non-zero exit code.
 
+mod apply;
+mod apply_plan;
 mod bench;
 mod engine;
 mod node;
 mod plugins;
 mod run;
 mod tokenize;
-mod units;
 
 use std::process::ExitCode;
 
@@ -36,6 +37,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Run as a ring device: serve layer windows to a head.
     Node(node::NodeArgs),
+    /// Start the cluster a manifest declares: profile, plan, launch the ring, serve.
+    Apply(apply::ApplyArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -50,6 +53,7 @@ pub fn main() -> ExitCode {
         Command::Plugins => plugins::run(),
         Command::Bench(args) => bench::run(args),
         Command::Node(args) => node::run(args),
+        Command::Apply(args) => apply::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

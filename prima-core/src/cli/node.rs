@@ -6,7 +6,7 @@ use prima_core::plugin::transport_abi::TransportConfig;
 use prima_core::prp::node::{serve, NodeConfig};
 
 use super::engine::{Engine, EngineArgs};
-use super::units::parse_bytes;
+use prima_core::manifest::parse_size;
 
 /// Largest frame a node accepts: a full prompt batch of activations of a large model.
 pub const MAX_FRAME_BYTES: u64 = 1 << 30;
@@ -21,7 +21,7 @@ pub struct NodeArgs {
     engine: EngineArgs,
     /// Bytes of weights to keep resident (e.g. 2G); windows beyond it are streamed from
     /// disk each token. Default: no limit.
-    #[arg(long, value_parser = parse_bytes)]
+    #[arg(long, value_parser = parse_size)]
     mem_budget: Option<u64>,
     /// Transport plugin to use (default: the first one found).
     #[arg(long)]
