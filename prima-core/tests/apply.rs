@@ -273,3 +273,76 @@ fn a_device_with_another_model_is_refused_by_name() {
         scratch.processes_left()
     );
 }
+
+/// `name on ADDR (pid N)` lines of apply's stderr, as (verb, name, pid).
+fn node_lines(stderr: &str) -> Vec<(String, String, u32)> {
+    stderr
+        .lines()
+        .filter_map(|l| {
+            let mut words = l.split_whitespace();
+            let verb = words.next()?;
+            if verb != "started" && verb != "reused" {
+                return None;
+            }
+            let name = words.next()?.to_string();
+            let pid = l
+                .rsplit("(pid ")
+                .next()?
+                .trim_end_matches(')')
+                .parse()
+                .ok()?;
+            Some((verb.to_string(), name, pid))
+        })
+        .collect()
+}
+
+#[test]
+fn kept_nodes_are_reused_when_their_configuration_is_unchanged() {
+    let Some(model) = smollm2() else { return };
+    let scratch = Scratch::new("keep");
+    scratch.link_model(&model, "model.gguf");
+    let text = three_local("scheduler = \"manual\"\nwindows = [10, 10, 10]");
+    let manifest = scratch.manifest(&text);
+    let m = manifest.to_str().unwrap();
+
+    let first = prima(&["apply", m, "--dry-run", "--keep-nodes"]);
+    let first = node_lines(&String::from_utf8_lossy(&first.stderr));
+    assert_eq!(first.len(), 2, "{first:?}");
+    assert!(first.iter().all(|(verb, _, _)| verb == "started"));
+    assert_eq!(scratch.processes_left().len(), 2, "kept running");
+
+    // Edit one device: the other node is reused, the edited one restarted.
+    scratch.manifest(&text.replace(
+        "threads = 1\n\n[policy]",
+        "threads = 1\nmem_budget = \"30M\"\n\n[policy]",
+    ));
+    let second = prima(&["apply", m, "--dry-run", "--keep-nodes"]);
+    let second = node_lines(&String::from_utf8_lossy(&second.stderr));
+    let find = |lines: &[(String, String, u32)], name: &str| {
+        lines.iter().find(|(_, n, _)| n == name).cloned().unwrap()
+    };
+    let (verb, _, pid) = find(&second, "laptop");
+    assert_eq!((verb.as_str(), pid), ("reused", find(&first, "laptop").2));
+    let (verb, _, pid) = find(&second, "tablet");
+    assert_eq!(verb, "started");
+    assert_ne!(pid, find(&first, "tablet").2);
+    assert_eq!(
+        scratch.processes_left().len(),
+        2,
+        "the old tablet node was stopped"
+    );
+
+    // Without --keep-nodes, apply stops every node when it exits, reused ones included.
+    let last = prima(&["apply", m, "--dry-run"]);
+    let last = node_lines(&String::from_utf8_lossy(&last.stderr));
+    assert!(last.iter().all(|(verb, _, _)| verb == "reused"), "{last:?}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !scratch.processes_left().is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(
+        scratch.processes_left().is_empty(),
+        "{:?}",
+        scratch.processes_left()
+    );
+}

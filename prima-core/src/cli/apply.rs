@@ -2,11 +2,9 @@
 //! the remote ones, plan the layer windows, print the plan, launch the ring, and then run
 //! one prompt (`--prompt`) or serve until Ctrl-C — stopping the nodes it started.
 
-use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
@@ -21,6 +19,7 @@ use prima_core::prp::protocol::{ReleaseMethod, ReleasePolicy, WireType};
 use prima_core::prp::{RingError, RingHead, RingOptions};
 use prima_core::sampler::{Sampler, SamplerConfig};
 
+use super::apply_nodes::{LocalNodes, NodeSpec};
 use super::apply_plan::{plan, DevicePlan, Plan};
 use super::engine::{Engine, EngineArgs};
 use super::node::MAX_FRAME_BYTES;
@@ -53,93 +52,10 @@ pub struct ApplyArgs {
     /// Print per-device timing after --prompt.
     #[arg(short = 'v', long)]
     verbose: bool,
-}
-
-/// A `prima node` this apply started; killed when dropped.
-struct LocalNode {
-    name: String,
-    addr: String,
-    child: Child,
-}
-
-impl Drop for LocalNode {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Starts `prima node` for a local device on a free loopback port.
-fn start_local_node(
-    name: &str,
-    model: &std::path::Path,
-    threads: Option<u32>,
-    mem_budget: Option<u64>,
-    backend: Option<&str>,
-) -> anyhow::Result<LocalNode> {
-    let exe = std::env::current_exe().context("cannot find the prima binary")?;
-    let mut cmd = Command::new(exe);
-    cmd.args(["node", "--listen", "127.0.0.1:0", "-m"])
-        .arg(model);
-    if let Some(t) = threads {
-        cmd.args(["-t", &t.to_string()]);
-    }
-    if let Some(b) = mem_budget {
-        cmd.args(["--mem-budget", &b.to_string()]);
-    }
-    if let Some(b) = backend {
-        cmd.args(["--backend", b]);
-    }
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    #[cfg(target_os = "linux")]
-    {
-        use std::os::unix::process::CommandExt;
-        // SAFETY: the closure runs in the forked child before exec and only calls prctl,
-        // which is async-signal-safe; it makes the node die with this process.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
-                Ok(())
-            });
-        }
-    }
-    let mut child = cmd
-        .spawn()
-        .with_context(|| format!("device '{name}': cannot start a local node"))?;
-    let stderr = child.stderr.take().context("node stderr")?;
-    let (tx, rx) = mpsc::channel();
-    let tag = name.to_string();
-    std::thread::spawn(move || {
-        let mut sent = false;
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if !sent {
-                if let Some(rest) = line.strip_prefix("node: listening on ") {
-                    let addr = rest.split(' ').next().unwrap_or_default().to_string();
-                    let _ = tx.send(Ok(addr));
-                    sent = true;
-                    continue;
-                }
-                if let Some(err) = line.strip_prefix("error: ") {
-                    let _ = tx.send(Err(err.to_string()));
-                    sent = true;
-                }
-            }
-            tracing::debug!(device = %tag, "{line}");
-        }
-    });
-    let mut node = LocalNode {
-        name: name.to_string(),
-        addr: String::new(),
-        child,
-    };
-    match rx.recv_timeout(Duration::from_secs(60)) {
-        Ok(Ok(addr)) => node.addr = addr,
-        Ok(Err(e)) => bail!("device '{name}': the local node failed to start: {e}"),
-        Err(_) => bail!("device '{name}': the local node did not start within 60 s"),
-    }
-    Ok(node)
+    /// Leave the local nodes running on exit; the next apply of this manifest reuses
+    /// those whose configuration is unchanged.
+    #[arg(long)]
+    keep_nodes: bool,
 }
 
 fn spinner(msg: String) -> ProgressBar {
@@ -204,30 +120,31 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
     }
 
     let model = Model::load(&head_model)?;
-    let mut local_nodes: Vec<LocalNode> = Vec::new();
-    for d in m.devices.iter().filter(|d| d.local && !d.head) {
-        if d.name == head_name {
-            continue;
-        }
-        let bar = spinner(format!("starting local node '{}'", d.name));
-        let node = start_local_node(
-            &d.name,
-            &manifest.model_path(&d.name),
-            d.threads,
-            d.mem_budget.map(|s| s.0),
-            d.backend.as_deref(),
-        );
-        bar.finish_and_clear();
-        let node = node?;
-        eprintln!("started   {} on {}", node.name, node.addr);
-        local_nodes.push(node);
+    let specs: Vec<NodeSpec> = m
+        .devices
+        .iter()
+        .filter(|d| d.local && d.name != head_name)
+        .map(|d| NodeSpec {
+            name: d.name.clone(),
+            model: manifest.model_path(&d.name),
+            threads: d.threads,
+            mem_budget: d.mem_budget.map(|s| s.0),
+            backend: d.backend.clone(),
+        })
+        .collect();
+    let bar = spinner(format!("starting {} local nodes", specs.len()));
+    let local_nodes = LocalNodes::start(&manifest.path, &specs, args.keep_nodes);
+    bar.finish_and_clear();
+    let local_nodes = local_nodes?;
+    for n in local_nodes.running() {
+        let how = if local_nodes.reused().contains(&n.name) {
+            "reused "
+        } else {
+            "started"
+        };
+        eprintln!("{how}   {} on {} (pid {})", n.name, n.addr, n.pid);
     }
-    let addr_of = |name: &str| -> Option<String> {
-        local_nodes
-            .iter()
-            .find(|n| n.name == name)
-            .map(|n| n.addr.clone())
-    };
+    let addr_of = |name: &str| local_nodes.addr_of(name);
 
     let plan = plan(&manifest, &model, head, &addr_of)?;
     if args.json {
@@ -345,7 +262,8 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
             if args.verbose {
                 print_device_table(&ring.collect_stats()?);
             }
-            ring.shutdown(true);
+            // Kept nodes go back to waiting for a head; the others are stopped anyway.
+            ring.shutdown(false);
         }
         None => {
             let mut session =
