@@ -111,7 +111,7 @@ pub fn plan(
     let n_layers = model.hparams().n_layers;
     let mut w: Vec<usize> = match m.policy.scheduler {
         Scheduler::Manual => {
-            let given = m.policy.windows.as_ref().map(Vec::as_slice).unwrap_or(&[]);
+            let given = m.policy.windows.as_deref().unwrap_or(&[]);
             order
                 .iter()
                 .map(|&i| given.get(i).copied().unwrap_or(0))
