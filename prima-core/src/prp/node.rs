@@ -13,7 +13,7 @@ use crate::model::{Model, Session};
 use crate::plugin::backend_abi::BackendBox;
 use crate::plugin::transport_abi::{ConnectionBox, ListenerBox, TransportBox, NO_TIMEOUT};
 
-use super::counters::{mem_available_total, ProcessCounters};
+use super::counters::PassMeter;
 use super::link::{expect_control, recv_control, recv_frame, send_control, send_frame};
 use super::protocol::{
     decode, encode_activations, read_payload, Control, Frame, MemoryBaseline, ModelFingerprint,
@@ -349,6 +349,7 @@ fn compute_loop(
     let n_embd = model.hparams().n_embd;
     let peer = data_in.peer().into_string();
     let mut out = Vec::new();
+    let mut meter = PassMeter::new();
     loop {
         let waiting = Instant::now();
         let frame = match recv_frame(data_in, NO_TIMEOUT) {
@@ -381,14 +382,14 @@ fn compute_loop(
             }
         })?;
 
-        let before = ProcessCounters::now();
+        let faults_before = meter.major_faults();
         let computing = Instant::now();
         let window = residency.index_of_round(round);
         if let Some(i) = window {
             session.run_layers(residency.windows()[i].layers.clone())?;
         }
         let compute_ms = computing.elapsed().as_secs_f64() * 1e3;
-        let counters = ProcessCounters::now().since(&before);
+        let major_faults = meter.major_faults().saturating_sub(faults_before);
 
         let sending = Instant::now();
         encode_activations(&mut out, &header, session.hidden());
@@ -397,10 +398,10 @@ fn compute_loop(
         if let Some(i) = window {
             residency.after_window(model, i);
         }
+        let (disk_read_bytes, mem_available) = meter.end_pass();
         if round + 1 == setup.rounds {
             session.finish_batch();
         }
-        let mem_available = mem_available_total().map_or(0, |(a, _)| a);
         let mut log = passes.lock().unwrap_or_else(|e| e.into_inner());
         if log.len() < MAX_PASSES {
             log.push(PassStats {
@@ -410,8 +411,8 @@ fn compute_loop(
                 wait_ms,
                 compute_ms,
                 send_ms,
-                major_faults: counters.major_faults,
-                disk_read_bytes: counters.disk_read_bytes,
+                major_faults,
+                disk_read_bytes,
                 mem_available,
             });
         }
