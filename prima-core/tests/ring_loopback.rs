@@ -406,3 +406,25 @@ fn a_head_speaking_another_protocol_is_refused() {
     };
     assert!(reason.contains("ring protocol v999"), "{reason}");
 }
+
+#[test]
+fn a_node_answers_profile_requests_between_sessions() {
+    let Some(path) = smollm2() else { return };
+    let model = Model::load(&path).unwrap();
+    let backend = cpu_backend(1);
+    let transport = transport();
+    let node = NodeProcess::start(&path);
+    let profile =
+        prima_core::prp::head::request_profile(&transport.transport, &node.addr, 30_000).unwrap();
+    assert!(profile["mem_total"].as_u64().unwrap_or(0) > 0, "{profile}");
+    let mut head = RingHead::connect(
+        &model,
+        &backend.backend,
+        &transport.transport,
+        std::slice::from_ref(&node.addr),
+        &[15, 15],
+        &options(),
+    )
+    .unwrap();
+    head.eval(&[1, 2, 3]).unwrap();
+}

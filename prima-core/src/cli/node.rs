@@ -48,10 +48,21 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
         args.engine.model.display(),
         backend_desc
     );
+    let mem_budget = args.mem_budget;
+    let profiler = move || -> Result<serde_json::Value, String> {
+        let (available, total) = prima_core::prp::counters::mem_available_total().unwrap_or((0, 0));
+        Ok(serde_json::json!({
+            "host": hostname(),
+            "mem_total": total,
+            "mem_available": available,
+            "mem_budget": mem_budget,
+        }))
+    };
     let config = NodeConfig {
         mem_budget: args.mem_budget,
         host: hostname(),
         backend_desc,
+        profiler: &profiler,
     };
     serve(
         &engine.model,

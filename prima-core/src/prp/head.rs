@@ -121,6 +121,39 @@ pub struct NodeInfo {
     pub ready: Ready,
 }
 
+/// Asks the node at `addr` for its device profile (a short session of its own).
+pub fn request_profile(
+    transport: &TransportBox,
+    addr: &str,
+    timeout_ms: u64,
+) -> Result<serde_json::Value, RingError> {
+    let conn = transport
+        .connect(addr.into(), 10_000)
+        .into_result()
+        .map_err(|e| RingError::Transport(e.into_string()))?;
+    send_control(
+        &conn,
+        &Control::Hello {
+            protocol: PROTOCOL_VERSION,
+            role: Role::Control,
+        },
+    )?;
+    send_control(&conn, &Control::ProfileRequest)?;
+    let reply = expect_control(&conn, timeout_ms, "a profile")?;
+    conn.close();
+    match reply {
+        Control::Profile { profile } => Ok(profile),
+        Control::Refused { reason } => Err(RingError::Setup(format!(
+            "{addr}: profiling failed: {reason}"
+        ))),
+        other => Err(RingError::Unexpected {
+            peer: addr.to_string(),
+            expected: "a profile",
+            got: format!("{other:?}"),
+        }),
+    }
+}
+
 /// The head: a [`Forward`] whose layers run round the ring.
 pub struct RingHead<'m> {
     session: Session<'m>,

@@ -27,14 +27,19 @@ const SETUP_TIMEOUT_MS: u64 = 30_000;
 /// Statistics kept between two requests (older passes are dropped).
 const MAX_PASSES: usize = 1 << 16;
 
+/// Measures this device for the head's planner (the profile's schema is the planner's).
+pub type Profiler<'a> = &'a dyn Fn() -> Result<serde_json::Value, String>;
+
 /// What a node brings to a session besides the model and backend.
-pub struct NodeConfig {
+pub struct NodeConfig<'a> {
     /// Bytes of weights this node may keep resident; the rest is streamed.
     pub mem_budget: Option<u64>,
     /// A name for this device in messages.
     pub host: String,
     /// Describes the backend in the Ready message.
     pub backend_desc: String,
+    /// Answers profile requests.
+    pub profiler: Profiler<'a>,
 }
 
 const RUNNING: u8 = 0;
@@ -75,8 +80,31 @@ pub fn serve(
             }
         }
         let head = conn.peer().into_string();
+        let first = match expect_control(&conn, SETUP_TIMEOUT_MS, "a setup or a profile request") {
+            Ok(Control::ProfileRequest) => {
+                let reply = match (config.profiler)() {
+                    Ok(profile) => Control::Profile { profile },
+                    Err(reason) => Control::Refused { reason },
+                };
+                let _ = send_control(&conn, &reply);
+                conn.close();
+                continue;
+            }
+            Ok(Control::Setup(setup)) => *setup,
+            Ok(other) => {
+                tracing::warn!(peer = %head, "expected a setup, got {other:?}; closing");
+                conn.close();
+                continue;
+            }
+            Err(e) => {
+                tracing::warn!("{e}");
+                conn.close();
+                continue;
+            }
+        };
         eprintln!("node: head {head} connected");
         match session(
+            first,
             model,
             backend,
             transport,
@@ -139,6 +167,7 @@ fn check_setup(setup: &Setup, model: &Model, fingerprint: &ModelFingerprint) -> 
 
 /// One head's session. `Ok(true)` when the head asked the node to exit.
 fn session(
+    setup: Setup,
     model: &Model,
     backend: &BackendBox,
     transport: &TransportBox,
@@ -148,16 +177,6 @@ fn session(
     control: &ConnectionBox,
 ) -> Result<bool, RingError> {
     let peer = control.peer().into_string();
-    let setup = match expect_control(control, SETUP_TIMEOUT_MS, "a setup")? {
-        Control::Setup(s) => *s,
-        other => {
-            return Err(RingError::Unexpected {
-                peer,
-                expected: "a setup",
-                got: format!("{other:?}"),
-            })
-        }
-    };
     check_setup(&setup, model, fingerprint).map_err(RingError::Setup)?;
     let memory = MemoryBaseline::now();
     let held: Vec<usize> = setup
