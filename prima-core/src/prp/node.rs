@@ -103,16 +103,15 @@ pub fn serve(
             }
         };
         eprintln!("node: head {head} connected");
-        match session(
-            first,
+        let node = Node {
             model,
             backend,
             transport,
             listener,
             config,
-            &fingerprint,
-            &conn,
-        ) {
+            fingerprint: &fingerprint,
+        };
+        match session(&node, first, &conn) {
             Ok(true) => {
                 eprintln!("node: head {head} asked this node to exit");
                 return Ok(());
@@ -166,16 +165,25 @@ fn check_setup(setup: &Setup, model: &Model, fingerprint: &ModelFingerprint) -> 
 }
 
 /// One head's session. `Ok(true)` when the head asked the node to exit.
-fn session(
-    setup: Setup,
-    model: &Model,
-    backend: &BackendBox,
-    transport: &TransportBox,
-    listener: &ListenerBox,
-    config: &NodeConfig,
-    fingerprint: &ModelFingerprint,
-    control: &ConnectionBox,
-) -> Result<bool, RingError> {
+/// What a session runs with: this node's model, backend, transport and configuration.
+struct Node<'a> {
+    model: &'a Model,
+    backend: &'a BackendBox,
+    transport: &'a TransportBox,
+    listener: &'a ListenerBox,
+    config: &'a NodeConfig<'a>,
+    fingerprint: &'a ModelFingerprint,
+}
+
+fn session(node: &Node<'_>, setup: Setup, control: &ConnectionBox) -> Result<bool, RingError> {
+    let Node {
+        model,
+        backend,
+        transport,
+        listener,
+        config,
+        fingerprint,
+    } = *node;
     let peer = control.peer().into_string();
     check_setup(&setup, model, fingerprint).map_err(RingError::Setup)?;
     let memory = MemoryBaseline::now();
