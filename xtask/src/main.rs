@@ -15,6 +15,7 @@ mod layout;
 mod llama_cpp;
 mod reference;
 mod shell;
+mod synth_model;
 mod test;
 mod test_models;
 mod wheel;
@@ -54,6 +55,12 @@ enum Task {
     Bench(bench::BenchArgs),
     /// Make the generated ~1B-parameter Q4_K_M benchmark model (random weights).
     BenchModels,
+    /// Write sparse GGUF files with the paper's model shapes (for `prima plan`).
+    SynthModel {
+        /// Only the models whose tag contains this text.
+        #[arg(long, value_name = "TEXT")]
+        only: Option<String>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -79,6 +86,7 @@ fn run(cli: Cli) -> Result<u8> {
         Task::BenchModels => {
             bench_models::run(&layout)?;
         }
+        Task::SynthModel { only } => synth_model::run(&layout, only.as_deref())?,
         Task::Test => {
             let code = test::run(&layout)?;
             return Ok(u8::try_from(code).unwrap_or(1));

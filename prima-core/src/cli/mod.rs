@@ -3,7 +3,9 @@
 
 mod bench;
 mod engine;
+mod plan;
 mod plugins;
+mod profile;
 mod run;
 mod tokenize;
 
@@ -32,6 +34,10 @@ enum Command {
     Plugins,
     /// Measure prompt-processing and generation throughput (like llama-bench).
     Bench(bench::BenchArgs),
+    /// Assign layers to devices (Halda, or the MemSched/PerfSched baselines).
+    Plan(plan::PlanArgs),
+    /// Measure this device for planning (cached per device and model).
+    Profile(profile::ProfileArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -45,6 +51,8 @@ pub fn main() -> ExitCode {
         Command::Tokenize(args) => tokenize::run(args),
         Command::Plugins => plugins::run(),
         Command::Bench(args) => bench::run(args),
+        Command::Plan(args) => plan::run(args),
+        Command::Profile(args) => profile::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

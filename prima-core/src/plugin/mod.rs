@@ -8,8 +8,10 @@
 
 pub mod backend_abi;
 mod loader;
+pub mod solver_abi;
 
 pub use loader::{discover, load_backend, plugin_dirs, LoadedBackend, PluginError, PluginInfo};
+pub use loader::{discover_in, load_solver, load_solver_from, LoadedSolver};
 
 /// What a plugin library provides.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,0 +1,125 @@
+//! Prima's solver plugin: solves the generic mixed-integer linear programs of
+//! `prima_core::plugin::solver_abi` with HiGHS (through the `highs` crate).
+//!
+//! This crate only translates: ABI columns and rows become a HiGHS `RowProblem`, HiGHS'
+//! model status becomes an ABI [`MilpStatus`]. What the programs mean (Halda's LDA model)
+//! is built in the core.
+
+use abi_stable::std_types::{RResult, RString, RVec};
+use highs::{HighsModelStatus, RowProblem, Sense};
+use prima_core::plugin::solver_abi::{MilpProblem, MilpSolution, MilpStatus};
+
+prima_core::export_solver_plugin!(name = "highs", solve = solve_ffi);
+
+extern "C" fn solve_ffi(problem: &MilpProblem) -> RResult<MilpSolution, RString> {
+    // A panic must not cross the C ABI; turn it into an error for the caller.
+    match std::panic::catch_unwind(|| solve(problem)) {
+        Ok(Ok(solution)) => RResult::ROk(solution),
+        Ok(Err(e)) => RResult::RErr(RString::from(e)),
+        Err(_) => RResult::RErr(RString::from("HiGHS panicked while solving")),
+    }
+}
+
+/// Solves `problem` with HiGHS (single-threaded, quiet).
+pub fn solve(problem: &MilpProblem) -> Result<MilpSolution, String> {
+    problem.validate()?;
+    let mut pb = RowProblem::default();
+    let cols: Vec<_> = problem
+        .columns
+        .iter()
+        .map(|c| {
+            if c.integer {
+                pb.add_integer_column(c.cost, c.lower..=c.upper)
+            } else {
+                pb.add_column(c.cost, c.lower..=c.upper)
+            }
+        })
+        .collect();
+    for row in problem.rows.iter() {
+        let terms: Vec<_> = row
+            .terms
+            .iter()
+            .map(|t| (cols[t.column as usize], t.value))
+            .collect();
+        pb.add_row(row.lower..=row.upper, terms);
+    }
+    if problem.columns.is_empty() {
+        return Ok(MilpSolution {
+            status: MilpStatus::Optimal,
+            has_solution: true,
+            objective: problem.offset,
+            values: RVec::new(),
+            message: RString::from("empty problem"),
+        });
+    }
+    let mut model = pb.optimise(Sense::Minimise);
+    model.make_quiet();
+    model.set_option("threads", 1);
+    model.set_option("mip_rel_gap", 1e-9);
+    if problem.time_limit_s > 0.0 {
+        model.set_option("time_limit", problem.time_limit_s);
+    }
+    let solved = model.try_solve().map_err(|e| format!("HiGHS: {e:?}"))?;
+    let status = match solved.status() {
+        HighsModelStatus::Optimal => MilpStatus::Optimal,
+        HighsModelStatus::Infeasible => MilpStatus::Infeasible,
+        HighsModelStatus::Unbounded | HighsModelStatus::UnboundedOrInfeasible => {
+            MilpStatus::Unbounded
+        }
+        HighsModelStatus::ReachedTimeLimit
+        | HighsModelStatus::ReachedIterationLimit
+        | HighsModelStatus::ReachedSolutionLimit => MilpStatus::TimeLimit,
+        _ => MilpStatus::Error,
+    };
+    let has_solution = matches!(status, MilpStatus::Optimal)
+        || (status == MilpStatus::TimeLimit && solved.objective_value().is_finite());
+    let values: RVec<f64> = if has_solution {
+        solved.get_solution().columns().iter().copied().collect()
+    } else {
+        RVec::new()
+    };
+    Ok(MilpSolution {
+        status,
+        has_solution,
+        objective: solved.objective_value() + problem.offset,
+        values,
+        message: RString::from(format!("{:?}", solved.status())),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn solves_a_small_integer_program() {
+        // min -x - 2y, x + y ≤ 3.5, y ≤ 2.5, integers ≥ 0 → y = 2, x = 1.
+        let mut p = MilpProblem::default();
+        let x = p.add_column(0.0, f64::INFINITY, -1.0, true);
+        let y = p.add_column(0.0, 2.5, -2.0, true);
+        p.add_row(f64::NEG_INFINITY, 3.5, &[(x, 1.0), (y, 1.0)]);
+        p.offset = 10.0;
+        let s = solve(&p).unwrap();
+        assert_eq!(s.status, MilpStatus::Optimal);
+        assert_eq!(s.values.as_slice(), &[1.0, 2.0]);
+        assert!((s.objective - 5.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn reports_infeasible() {
+        let mut p = MilpProblem::default();
+        let x = p.add_column(0.0, 10.0, 1.0, true);
+        p.add_row(0.2, 0.8, &[(x, 1.0)]);
+        let s = solve(&p).unwrap();
+        assert_eq!(s.status, MilpStatus::Infeasible);
+        assert!(!s.has_solution);
+    }
+
+    #[test]
+    fn refuses_a_bad_column_index() {
+        let mut p = MilpProblem::default();
+        p.add_column(0.0, 1.0, 1.0, false);
+        p.add_row(0.0, 1.0, &[(7, 1.0)]);
+        assert!(solve(&p).unwrap_err().contains("column 7"));
+    }
+}
