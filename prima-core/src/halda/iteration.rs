@@ -120,18 +120,17 @@ fn iterate(
                 forced: forced.clone(),
             });
         }
-        // Calibration: a GPU with room while another device is overloaded means the
-        // overloaded device's RAM constraint (M1–M3 wants it over its budget) is pulling
-        // layers away from the GPU. Force the overloaded device with the slowest disk
-        // into M4 and solve again.
+        // Calibration: a GPU with room while a device is overloaded means an overloaded
+        // device's RAM constraint (M1–M3 require it over its budget) is pulling layers
+        // away from a GPU. Force the overloaded device with the slowest disk into M4 and
+        // solve again. The paper states this for a GPU on *another* device; the same
+        // holds when the overloaded device's own GPU has room (with one device left
+        // after pruning it is the only case), so both trigger it here.
         let gpu_room = (0..lda.len()).any(|m| nk[m] < lda.gpu_cap(m, k));
         let overloaded: Vec<usize> = (0..lda.len())
             .filter(|&m| sets[m] != LdaSet::M4 && !forced[m])
             .collect();
-        let room_elsewhere = overloaded.iter().any(|&o| {
-            (0..lda.len()).any(|m| m != o && nk[m] < lda.gpu_cap(m, k))
-        });
-        if gpu_room && room_elsewhere {
+        if gpu_room && !overloaded.is_empty() {
             let slowest = overloaded
                 .iter()
                 .copied()

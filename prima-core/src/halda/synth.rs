@@ -89,6 +89,19 @@ pub const PAPER_MODELS: [SynthSpec; 5] = [
     },
 ];
 
+/// llama.cpp's fallback when a row is not a whole number of K-quant super-blocks (Qwen 2.5
+/// 72B's n_ff = 29568): Q4_K → Q5_0, Q6_K → Q8_0.
+fn fallback(t: GgmlType, cols: u64) -> GgmlType {
+    if cols % crate::gguf::QK_K as u64 == 0 {
+        return t;
+    }
+    match t {
+        GgmlType::Q6K => GgmlType::Q8_0,
+        GgmlType::Q4K | GgmlType::Q5K => GgmlType::Q5_0,
+        other => other,
+    }
+}
+
 /// Finds a paper model by tag.
 pub fn spec(tag: &str) -> Option<&'static SynthSpec> {
     PAPER_MODELS.iter().find(|s| s.tag == tag)
@@ -145,7 +158,7 @@ impl SynthSpec {
             w.add_tensor_unallocated(&t("ffn_norm.weight"), &[e], GgmlType::F32)?;
             w.add_tensor_unallocated(&t("ffn_gate.weight"), &[e, ff], GgmlType::Q4K)?;
             w.add_tensor_unallocated(&t("ffn_up.weight"), &[e, ff], GgmlType::Q4K)?;
-            w.add_tensor_unallocated(&t("ffn_down.weight"), &[ff, e], big)?;
+            w.add_tensor_unallocated(&t("ffn_down.weight"), &[ff, e], fallback(big, ff))?;
         }
         w.add_tensor_unallocated("output_norm.weight", &[e], GgmlType::F32)?;
         w.add_tensor_unallocated("output.weight", &[e, v], GgmlType::Q6K)?;
