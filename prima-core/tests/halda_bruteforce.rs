@@ -6,7 +6,7 @@ mod halda_support;
 
 use halda_support::solver;
 use prima_core::halda::iteration;
-use prima_core::halda::{Lda, ModelProfile, PlanOptions};
+use prima_core::halda::{Lda, LdaSet, ModelProfile, PlanOptions};
 use prima_core::profile::{DeviceProfile, GpuKind, LinkProfile, Os, QuantRates};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -102,7 +102,7 @@ fn compositions(total: u32, parts: usize, out: &mut Vec<Vec<u32>>, prefix: &mut 
 /// The optimum of the LDA problem by enumeration: every k, every w with eᵀw = W, every
 /// n with n_m ≤ min(w_m, GPU capacity); a device with a slow disk must not overload
 /// (the paper's Case 4 constraint). Sets follow from (w, n) themselves.
-fn brute_force(lda: &Lda) -> Option<(f64, Vec<u32>, Vec<u32>, u32)> {
+fn brute_force(lda: &Lda, region: Option<&[LdaSet]>) -> Option<(f64, Vec<u32>, Vec<u32>, u32)> {
     let mut best: Option<(f64, Vec<u32>, Vec<u32>, u32)> = None;
     for k in lda.valid_ks() {
         let big_w = lda.n_layers / k;
@@ -119,7 +119,12 @@ fn brute_force(lda: &Lda) -> Option<(f64, Vec<u32>, Vec<u32>, u32)> {
                         f.w * w[m] as f64 + f.n * n[m] as f64 <= lda.ram_bound(m, k as f64)
                     }
                 });
-                if feasible {
+                let in_region = region.is_none_or(|sets| {
+                    let wf: Vec<f64> = w.iter().map(|&v| v as f64).collect();
+                    let nf: Vec<f64> = n.iter().map(|&v| v as f64).collect();
+                    lda.assign_sets(&wf, &nf, &vec![false; lda.len()]) == sets
+                });
+                if feasible && in_region {
                     let t = lda.predict(&w, &n).total_s;
                     if best.as_ref().is_none_or(|b| t < b.0) {
                         best = Some((t, w.clone(), n.clone(), k));
@@ -147,13 +152,17 @@ fn brute_force(lda: &Lda) -> Option<(f64, Vec<u32>, Vec<u32>, u32)> {
 #[test]
 fn halda_reaches_the_exhaustive_optimum_on_small_instances() {
     let s = solver();
-    let opts = PlanOptions {
+    let paper = PlanOptions {
         n_kv: 512.0,
         ..PlanOptions::default()
     };
+    let exact = PlanOptions {
+        exact: true,
+        ..paper
+    };
     let mut rng = ChaCha8Rng::seed_from_u64(0x4a1da);
     let mut checked = 0;
-    let mut misses = Vec::new();
+    let mut set_misses = Vec::new();
     for case in 0..120 {
         let n_layers = [8u32, 12, 16][case % 3];
         let m_count = 2 + case % 3;
@@ -162,37 +171,58 @@ fn halda_reaches_the_exhaustive_optimum_on_small_instances() {
             .map(|i| random_device(&mut rng, i, model.total_bytes))
             .collect();
         let refs: Vec<&DeviceProfile> = devs.iter().collect();
-        let lda = Lda::new(&model, &refs, &[], &opts);
-        let brute = brute_force(&lda);
-        let halda = iteration::solve(&lda, &s, &opts);
-        match (&brute, &halda) {
+        let lda = Lda::new(&model, &refs, &[], &paper);
+        let lookup = lda.devices[0].lookup_bytes / lda.devices[0].s_disk;
+        let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * a.abs().max(b.abs()) + lookup + 1e-12;
+        let global = brute_force(&lda, None);
+
+        // The exact program reaches the global optimum.
+        let ex = iteration::solve_exact(&lda, &s, &exact);
+        match (&global, &ex) {
             (None, Err(_)) => continue,
-            (None, Ok(h)) => panic!("case {case}: Halda found {h:?} where nothing is feasible"),
-            (Some(b), Err(e)) => panic!("case {case}: Halda failed ({e}) but {b:?} is feasible"),
+            (None, Ok(h)) => panic!("case {case}: {h:?} where nothing is feasible"),
+            (Some(b), Err(e)) => panic!("case {case}: exact failed ({e}) but {b:?} is feasible"),
             (Some(b), Ok(h)) => {
-                checked += 1;
-                // The ILP's objective is the model's prediction for its (w, n).
                 let t = lda.predict(&h.w, &h.n).total_s;
-                let lookup = lda.devices[0].lookup_bytes / lda.devices[0].s_disk;
-                assert!(
-                    (t - h.objective).abs() <= 1e-9 * t + lookup,
-                    "case {case}: ILP objective {} but the model predicts {t} for {h:?}",
-                    h.objective
-                );
-                assert!(b.0 <= t + 1e-12, "case {case}: enumeration missed {h:?}");
-                if t > b.0 * (1.0 + 1e-9) + lookup {
-                    misses.push(format!(
-                        "case {case}: L={n_layers} M={m_count} halda {:.4} ms (k={} w={:?} n={:?} sets={:?}) vs optimum {:.4} ms (k={} w={:?} n={:?})",
-                        t * 1e3, h.k, h.w, h.n, h.sets, b.0 * 1e3, b.3, b.1, b.2
-                    ));
-                }
+                assert!(close(t, h.objective), "case {case}: MILP {} vs model {t}", h.objective);
+                assert!(close(t, b.0), "case {case}: exact {t} ({h:?}) vs optimum {b:?}");
             }
         }
+        checked += 1;
+        let global = global.unwrap();
+
+        // The paper's set iteration: optimal within the set assignment it ends in —
+        // its ILP's objective is the model's T there, and no (w, n) with the same sets
+        // does better — but that assignment is not always the best one.
+        let h = iteration::solve(&lda, &s, &paper).unwrap_or_else(|e| panic!("case {case}: {e}"));
+        let t = lda.predict(&h.w, &h.n).total_s;
+        assert!(close(t, h.objective), "case {case}: ILP {} vs model {t}", h.objective);
+        let region = brute_force(&lda, Some(&h.sets)).expect("its own point is in its region");
+        assert!(close(t, region.0), "case {case}: {h:?} vs its region's optimum {region:?}");
+        if !close(t, global.0) {
+            set_misses.push(format!(
+                "case {case}: L={n_layers} M={m_count}: sets {:?} w={:?} n={:?} T={:.2} ms; optimum w={:?} n={:?} T={:.2} ms with sets {:?}",
+                h.sets, h.w, h.n, t * 1e3, global.1, global.2, global.0 * 1e3,
+                lda.assign_sets(
+                    &global.1.iter().map(|&v| v as f64).collect::<Vec<_>>(),
+                    &global.2.iter().map(|&v| v as f64).collect::<Vec<_>>(),
+                    &vec![false; lda.len()],
+                )
+            ));
+        }
     }
-    eprintln!("checked {checked} instances, {} below the optimum", misses.len());
-    for m in &misses {
-        eprintln!("{m}");
+    // Why the iteration misses: each ILP's constraints keep its solution inside the set
+    // assignment it was built for (M1–M3 devices must stay overloaded, M4 ones must not),
+    // so re-assigning sets from that solution reproduces the same sets and the loop stops
+    // after one round; only calibration moves a device, and only into M4. An optimum
+    // whose sets differ from the start's (proportional to memory) is reached only if
+    // calibration happens to lead there.
+    eprintln!(
+        "{checked} feasible instances; the set iteration ends in a non-optimal set assignment on {}:",
+        set_misses.len()
+    );
+    for m in &set_misses {
+        eprintln!("  {m}");
     }
     assert!(checked >= 60, "only {checked} feasible instances");
-    assert!(misses.is_empty(), "{}", misses.join("\n"));
 }

@@ -55,7 +55,6 @@ pub fn solve(problem: &MilpProblem) -> Result<MilpSolution, String> {
     let mut model = pb.optimise(Sense::Minimise);
     model.make_quiet();
     model.set_option("threads", 1);
-    model.set_option("mip_rel_gap", 1e-9);
     if problem.time_limit_s > 0.0 {
         model.set_option("time_limit", problem.time_limit_s);
     }

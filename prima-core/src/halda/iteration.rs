@@ -57,6 +57,71 @@ pub fn solve(
     iterate(lda, solver, opts, w1, n1, vec![false; m_count])?.ok_or(HaldaError::Infeasible)
 }
 
+/// Whether the ILP at `k` can be skipped: any solution at k rounds maps to one at k = 1
+/// (l_m = k·w_m layers, l_m^{gpu} = k·n_m) that meets every constraint — the RAM rows
+/// are the same in layers, the GPU capacity ⌊d/(k·b')⌋·k ≤ ⌊d/b'⌋ — and costs
+/// (k − 1)·(eᵀξ + relay hops) ≥ 0 less. So once k = 1 is solved no larger k can win;
+/// the paper enumerates 𝒦_L all the same, which `PlanOptions::every_k` restores.
+fn dominated(lda: &Lda, opts: &PlanOptions, k: u32, at_k1: Option<f64>) -> bool {
+    if opts.every_k || k == 1 {
+        return false;
+    }
+    at_k1.is_some() && lda.devices.iter().all(|d| d.xi >= 0.0) && lda.relay_hop_s >= 0.0
+}
+
+/// The exact optimum of the LDA objective, one epigraph MILP per k (see
+/// [`ilp::build_exact`]); no set iteration.
+pub fn solve_exact(
+    lda: &Lda,
+    solver: &dyn MilpSolver,
+    opts: &PlanOptions,
+) -> Result<HaldaSolution, HaldaError> {
+    let m_count = lda.len();
+    let mut best: Option<HaldaSolution> = None;
+    let mut ilps = 0;
+    let mut at_k1 = None;
+    for k in lda.valid_ks() {
+        if dominated(lda, opts, k, at_k1) {
+            continue;
+        }
+        let problem = ilp::build_exact(lda, k, opts.ilp_time_limit_s);
+        let solution = solver.solve(&problem).map_err(HaldaError::Solver)?;
+        ilps += 1;
+        let usable = solution.status == MilpStatus::Optimal
+            || (solution.status == MilpStatus::TimeLimit && solution.has_solution);
+        if !usable {
+            continue;
+        }
+        if k == 1 {
+            at_k1 = Some(solution.objective);
+        }
+        if best.as_ref().is_none_or(|b| solution.objective < b.objective) {
+            let values: Vec<u32> = solution.values[..2 * m_count]
+                .iter()
+                .map(|v| v.round().max(0.0) as u32)
+                .collect();
+            let w = values[..m_count].to_vec();
+            let n = values[m_count..].to_vec();
+            let wf: Vec<f64> = w.iter().map(|&v| v as f64).collect();
+            let nf: Vec<f64> = n.iter().map(|&v| v as f64).collect();
+            let sets = lda.assign_sets(&wf, &nf, &vec![false; m_count]);
+            best = Some(HaldaSolution {
+                w,
+                n,
+                k,
+                sets,
+                objective: solution.objective,
+                iterations: 1,
+                ilps,
+                forced: vec![false; m_count],
+            });
+        }
+    }
+    let mut best = best.ok_or(HaldaError::Infeasible)?;
+    best.ilps = ilps;
+    Ok(best)
+}
+
 fn iterate(
     lda: &Lda,
     solver: &dyn MilpSolver,
@@ -81,7 +146,11 @@ fn iterate(
         previous = Some(sets.clone());
         iterations += 1;
         let mut round_best: Option<(f64, u32, Vec<u32>, Vec<u32>)> = None;
+        let mut at_k1: Option<f64> = None;
         for &k in &ks {
+            if dominated(lda, opts, k, at_k1) {
+                continue;
+            }
             let problem = ilp::build(lda, &sets, k, opts.ilp_time_limit_s);
             let solution = solver.solve(&problem).map_err(HaldaError::Solver)?;
             ilps += 1;
@@ -89,6 +158,9 @@ fn iterate(
                 || (solution.status == MilpStatus::TimeLimit && solution.has_solution);
             if !usable {
                 continue;
+            }
+            if k == 1 {
+                at_k1 = Some(solution.objective);
             }
             if round_best.as_ref().is_none_or(|b| solution.objective < b.0) {
                 let m_count = lda.len();

@@ -18,6 +18,10 @@ pub struct PlanOptions {
     pub disk_threshold: f64,
     /// Time limit of one ILP solve, seconds.
     pub ilp_time_limit_s: f64,
+    /// Solve the exact epigraph program instead of the paper's set iteration.
+    pub exact: bool,
+    /// Solve the ILP of every valid k, even those k = 1 provably dominates.
+    pub every_k: bool,
 }
 
 impl Default for PlanOptions {
@@ -28,6 +32,8 @@ impl Default for PlanOptions {
             // disk's random reads we treat as "slow".
             disk_threshold: 0.2 * GB,
             ilp_time_limit_s: 1.0,
+            exact: false,
+            every_k: false,
         }
     }
 }

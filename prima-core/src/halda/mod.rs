@@ -214,7 +214,11 @@ fn halda_with_pruning(
         let act: Vec<&DeviceProfile> = active.iter().map(|&i| all[i]).collect();
         let relays = pruned_relays(all, active);
         let lda = Lda::new(model, &act, &relays, opts);
-        iteration::solve(&lda, solver, opts)
+        if opts.exact {
+            iteration::solve_exact(&lda, solver, opts)
+        } else {
+            iteration::solve(&lda, solver, opts)
+        }
     };
     let mut active: Vec<usize> = (0..all.len()).collect();
     let mut solution = solve_on(&active)?;
