@@ -109,7 +109,9 @@ fn brute_force(lda: &Lda, region: Option<&[LdaSet]>) -> Option<(f64, Vec<u32>, V
         let mut ws = Vec::new();
         compositions(big_w, lda.len(), &mut ws, &mut Vec::new());
         for w in ws {
-            let caps: Vec<u32> = (0..lda.len()).map(|m| lda.gpu_cap(m, k).min(w[m])).collect();
+            let caps: Vec<u32> = (0..lda.len())
+                .map(|m| lda.gpu_cap(m, k).min(w[m]))
+                .collect();
             let mut n = vec![0u32; lda.len()];
             loop {
                 let feasible = (0..lda.len()).all(|m| {
@@ -184,8 +186,15 @@ fn halda_reaches_the_exhaustive_optimum_on_small_instances() {
             (Some(b), Err(e)) => panic!("case {case}: exact failed ({e}) but {b:?} is feasible"),
             (Some(b), Ok(h)) => {
                 let t = lda.predict(&h.w, &h.n).total_s;
-                assert!(close(t, h.objective), "case {case}: MILP {} vs model {t}", h.objective);
-                assert!(close(t, b.0), "case {case}: exact {t} ({h:?}) vs optimum {b:?}");
+                assert!(
+                    close(t, h.objective),
+                    "case {case}: MILP {} vs model {t}",
+                    h.objective
+                );
+                assert!(
+                    close(t, b.0),
+                    "case {case}: exact {t} ({h:?}) vs optimum {b:?}"
+                );
             }
         }
         checked += 1;
@@ -196,9 +205,16 @@ fn halda_reaches_the_exhaustive_optimum_on_small_instances() {
         // does better — but that assignment is not always the best one.
         let h = iteration::solve(&lda, &s, &paper).unwrap_or_else(|e| panic!("case {case}: {e}"));
         let t = lda.predict(&h.w, &h.n).total_s;
-        assert!(close(t, h.objective), "case {case}: ILP {} vs model {t}", h.objective);
+        assert!(
+            close(t, h.objective),
+            "case {case}: ILP {} vs model {t}",
+            h.objective
+        );
         let region = brute_force(&lda, Some(&h.sets)).expect("its own point is in its region");
-        assert!(close(t, region.0), "case {case}: {h:?} vs its region's optimum {region:?}");
+        assert!(
+            close(t, region.0),
+            "case {case}: {h:?} vs its region's optimum {region:?}"
+        );
         if !close(t, global.0) {
             set_misses.push(format!(
                 "case {case}: L={n_layers} M={m_count}: sets {:?} w={:?} n={:?} T={:.2} ms; optimum w={:?} n={:?} T={:.2} ms with sets {:?}",

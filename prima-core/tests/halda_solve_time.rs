@@ -24,7 +24,8 @@ impl MilpSolver for Timed<'_> {
         let start = Instant::now();
         let r = self.inner.solve(problem);
         self.calls.set(self.calls.get() + 1);
-        self.seconds.set(self.seconds.get() + start.elapsed().as_secs_f64());
+        self.seconds
+            .set(self.seconds.get() + start.elapsed().as_secs_f64());
         r
     }
 }
@@ -44,29 +45,46 @@ fn pool(count: usize) -> Vec<DeviceProfile> {
 #[test]
 fn solve_time_for_4_to_32_devices() {
     let s = solver();
-    let opts = PlanOptions::default();
-    for tag in ["llama3-70b-q4_k", "qwen2.5-32b-q4_k"] {
-        let m = model(tag);
-        for count in [4usize, 8, 16, 32] {
-            let devs = pool(count);
-            let mut times = Vec::new();
-            let mut last = None;
-            let timed = Timed {
-                inner: &s,
-                calls: Cell::new(0),
-                seconds: Cell::new(0.0),
-            };
-            for _ in 0..9 {
-                let p = halda::plan(&m, &devs, Scheduler::Halda, Some(&timed), &opts).unwrap();
-                times.push(p.solve_ms);
-                last = Some(p);
-            }
-            times.sort_by(f64::total_cmp);
-            let p = last.unwrap();
-            let active = p.active().count();
-            assert!(active >= 1 && active <= count);
-            eprintln!(
-                "{tag:<17} {count:>2} devices: median {:>8.2} ms (min {:.2}, max {:.2}); k={} {} active, {} ILPs in the final solve, predicted {:.1} ms; {:.1} ILPs per plan, {:.3} ms each",
+    let modes = [
+        ("paper", PlanOptions::default()),
+        (
+            "paper, every k",
+            PlanOptions {
+                every_k: true,
+                ..PlanOptions::default()
+            },
+        ),
+        (
+            "exact",
+            PlanOptions {
+                exact: true,
+                ..PlanOptions::default()
+            },
+        ),
+    ];
+    for (mode, opts) in modes {
+        for tag in ["llama3-70b-q4_k", "qwen2.5-32b-q4_k"] {
+            let m = model(tag);
+            for count in [4usize, 8, 16, 32] {
+                let devs = pool(count);
+                let mut times = Vec::new();
+                let mut last = None;
+                let timed = Timed {
+                    inner: &s,
+                    calls: Cell::new(0),
+                    seconds: Cell::new(0.0),
+                };
+                for _ in 0..9 {
+                    let p = halda::plan(&m, &devs, Scheduler::Halda, Some(&timed), &opts).unwrap();
+                    times.push(p.solve_ms);
+                    last = Some(p);
+                }
+                times.sort_by(f64::total_cmp);
+                let p = last.unwrap();
+                let active = p.active().count();
+                assert!(active >= 1 && active <= count);
+                eprintln!(
+                "{mode:<14} {tag:<17} {count:>2} devices: median {:>8.2} ms (min {:.2}, max {:.2}); k={} {} active, {} ILPs in the final solve, predicted {:.1} ms; {:.1} ILPs per plan, {:.3} ms each",
                 times[times.len() / 2],
                 times[0],
                 times[times.len() - 1],
@@ -77,6 +95,7 @@ fn solve_time_for_4_to_32_devices() {
                 timed.calls.get() as f64 / 9.0,
                 timed.seconds.get() * 1e3 / timed.calls.get() as f64
             );
+            }
         }
     }
 }

@@ -21,7 +21,13 @@ fn describe(p: &Plan) -> String {
             if d.pruned {
                 format!("{}:pruned", d.name)
             } else {
-                format!("{}:w{}n{}{}", d.name, d.w, d.n, d.set.map(|s| s.name()).unwrap_or(""))
+                format!(
+                    "{}:w{}n{}{}",
+                    d.name,
+                    d.w,
+                    d.n,
+                    d.set.map(|s| s.name()).unwrap_or("")
+                )
             }
         })
         .collect();
@@ -73,7 +79,12 @@ fn llama3_8b_on_d1_d4_runs_entirely_on_d3_gpu() {
     let active: Vec<_> = p.active().collect();
     assert_eq!(active.len(), 1, "{}", describe(&p));
     assert_eq!(active[0].name, "D3");
-    assert_eq!(active[0].n, active[0].w, "every layer on D3's GPU: {}", describe(&p));
+    assert_eq!(
+        active[0].n,
+        active[0].w,
+        "every layer on D3's GPU: {}",
+        describe(&p)
+    );
     for d in p.devices.iter().filter(|d| d.name != "D3") {
         assert!(d.pruned && !d.relay, "{}", describe(&p));
         assert!(d.reason.is_some());
@@ -106,7 +117,12 @@ fn llama3_70b_on_d1_d4_respects_memory_and_beats_the_baselines() {
             );
             assert_eq!(load.reload_bytes, 0.0);
         } else {
-            assert!(load.ram_bytes > load.budget_bytes, "{} is in {:?} but not overloaded", d.name, d.set);
+            assert!(
+                load.ram_bytes > load.budget_bytes,
+                "{} is in {:?} but not overloaded",
+                d.name,
+                d.set
+            );
         }
     }
     assert!(
@@ -183,8 +199,14 @@ fn every_paper_model_plans_on_every_testbed() {
                 describe(&h)
             );
             // Halda optimises the model both baselines are scored with.
-            assert!(h.predicted_tpot_ms <= mem.predicted_tpot_ms * (1.0 + 1e-9), "{tag} on {bed}");
-            assert!(h.predicted_tpot_ms <= perf.predicted_tpot_ms * (1.0 + 1e-9), "{tag} on {bed}");
+            assert!(
+                h.predicted_tpot_ms <= mem.predicted_tpot_ms * (1.0 + 1e-9),
+                "{tag} on {bed}"
+            );
+            assert!(
+                h.predicted_tpot_ms <= perf.predicted_tpot_ms * (1.0 + 1e-9),
+                "{tag} on {bed}"
+            );
         }
     }
 }

@@ -96,12 +96,7 @@ pub fn solve_exact(
             at_k1 = Some(solution.objective);
         }
         if best.as_ref().is_none_or(|b| solution.objective < b.objective) {
-            let values: Vec<u32> = solution.values[..2 * m_count]
-                .iter()
-                .map(|v| v.round().max(0.0) as u32)
-                .collect();
-            let w = values[..m_count].to_vec();
-            let n = values[m_count..].to_vec();
+            let (w, n) = ilp::placement(&solution.values, m_count);
             let wf: Vec<f64> = w.iter().map(|&v| v as f64).collect();
             let nf: Vec<f64> = n.iter().map(|&v| v as f64).collect();
             let sets = lda.assign_sets(&wf, &nf, &vec![false; m_count]);
@@ -163,18 +158,8 @@ fn iterate(
                 at_k1 = Some(solution.objective);
             }
             if round_best.as_ref().is_none_or(|b| solution.objective < b.0) {
-                let m_count = lda.len();
-                let values: Vec<u32> = solution
-                    .values
-                    .iter()
-                    .map(|v| v.round().max(0.0) as u32)
-                    .collect();
-                round_best = Some((
-                    solution.objective,
-                    k,
-                    values[..m_count].to_vec(),
-                    values[m_count..].to_vec(),
-                ));
+                let (w, n) = ilp::placement(&solution.values, lda.len());
+                round_best = Some((solution.objective, k, w, n));
             }
         }
         let Some((objective, k, wk, nk)) = round_best else {

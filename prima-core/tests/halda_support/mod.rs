@@ -46,7 +46,10 @@ pub fn plugin_dir() -> &'static Path {
             ("prima-backend-cpu", "prima_backend_cpu"),
         ];
         let here = profile_dir();
-        if wanted.iter().all(|(_, stem)| here.join(lib_name(stem)).exists()) {
+        if wanted
+            .iter()
+            .all(|(_, stem)| here.join(lib_name(stem)).exists())
+        {
             return here;
         }
         let target = here.parent().unwrap().join("halda-plugins");
@@ -68,8 +71,7 @@ pub fn plugin_dir() -> &'static Path {
 }
 
 pub fn solver() -> LoadedSolver {
-    load_solver_from(&[plugin_dir().to_path_buf()], Some("highs"))
-        .unwrap_or_else(|e| panic!("{e}"))
+    load_solver_from(&[plugin_dir().to_path_buf()], Some("highs")).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// The paper's models as sparse files in a per-process temporary directory.
@@ -91,7 +93,9 @@ pub fn model(tag: &str) -> ModelProfile {
 }
 
 pub fn testbed_path(name: &str) -> PathBuf {
-    workspace_root().join("manifests/testbeds").join(format!("{name}.toml"))
+    workspace_root()
+        .join("manifests/testbeds")
+        .join(format!("{name}.toml"))
 }
 
 pub fn testbed(name: &str) -> Vec<DeviceProfile> {
