@@ -210,3 +210,36 @@ fn every_paper_model_plans_on_every_testbed() {
         }
     }
 }
+
+#[test]
+fn larger_k_never_wins_and_the_exact_program_is_never_worse() {
+    let s = solver();
+    let every_k = PlanOptions {
+        every_k: true,
+        ..PlanOptions::default()
+    };
+    let exact = PlanOptions {
+        exact: true,
+        ..PlanOptions::default()
+    };
+    for bed in ["d1-d6", "ten-node", "homogeneous-4"] {
+        let devs = testbed(bed);
+        for tag in ["llama3-8b-q4_k", "llama3-70b-q4_k", "qwen2.5-72b-q4_k"] {
+            let m = model(tag);
+            let p = plan(&m, &devs, Scheduler::Halda);
+            let all = halda::plan(&m, &devs, Scheduler::Halda, Some(&s), &every_k).unwrap();
+            let ex = halda::plan(&m, &devs, Scheduler::Halda, Some(&s), &exact).unwrap();
+            check_plan(&ex);
+            eprintln!(
+                "{tag:<17} {bed:<14} paper {:>9.1} ms  every k {:>9.1} ms (k={})  exact {:>9.1} ms | {}",
+                p.predicted_tpot_ms,
+                all.predicted_tpot_ms,
+                all.k,
+                ex.predicted_tpot_ms,
+                describe(&ex)
+            );
+            assert!((p.predicted_tpot_ms - all.predicted_tpot_ms).abs() < 1e-6, "{tag} on {bed}");
+            assert!(ex.predicted_tpot_ms <= p.predicted_tpot_ms * (1.0 + 1e-9), "{tag} on {bed}");
+        }
+    }
+}

@@ -182,3 +182,35 @@ impl ModelProfile {
         self.input_bytes / self.n_vocab.max(1) as f64
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gguf::{GgmlType, GgufFile};
+    use crate::halda::synth::spec;
+
+    #[test]
+    fn llama3_8b_costs_from_its_tensor_index() {
+        let s = spec("llama3-8b-q4_k").unwrap();
+        let dir = std::env::temp_dir().join(format!("prima-model-profile-{}", std::process::id()));
+        let path = s.write_to(&dir).unwrap();
+        let g = GgufFile::open(&path).unwrap();
+        let m = ModelProfile::from_gguf(&g).unwrap();
+        assert_eq!((m.n_layers, m.n_embd, m.n_vocab), (32, 4096, 128256));
+        // 2(h_k·e_k + h_v·e_v) = 2·(8·128 + 8·128) bytes per token per layer (f16).
+        assert_eq!(m.kv_bytes_per_token, 4096.0);
+        // b_o: the Q6_K head plus the f32 final norm.
+        let head = GgmlType::Q6K.row_bytes(4096).unwrap() as f64 * 128256.0;
+        assert_eq!(m.output_bytes, head + 4096.0 * 4.0);
+        assert_eq!(m.input_bytes, GgmlType::Q4K.row_bytes(4096).unwrap() as f64 * 128256.0);
+        // Σ layers·b + b_i + b_o is every tensor.
+        let sum = m.layer_bytes * 32.0 + m.input_bytes + m.output_bytes;
+        assert!((sum - m.total_bytes).abs() < 1.0);
+        // About 2 FLOPs per weight: ~218M weights per layer.
+        let flops: f64 = m.layer_flops.iter().sum();
+        assert!((flops / 2.0 - 218.1e6).abs() < 0.1e6, "{flops}");
+        // b' grows with the cache.
+        assert_eq!(m.layer_bytes_with_kv(100.0), m.layer_bytes + 409600.0);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}

@@ -387,3 +387,60 @@ impl DeviceProfiles {
         Ok(profiles)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    const ONE: &str = r#"
+[[device]]
+name = "a"
+os = "linux"
+cpu_gflops = { q4_k = 1, q5_k = 1, q6_k = 1, q8_0 = 1, f16 = 1, f32 = 1 }
+cpu_read_gb_s = 10
+memcpy_gb_s = 10
+ram_total_gib = 8
+ram_available_gib = 4
+disk_seq_gb_s = 1
+disk_rand_gb_s = 0.5
+"#;
+
+    #[test]
+    fn parses_a_minimal_device_with_defaults() {
+        let p = DeviceProfiles::parse(Path::new("x.toml"), ONE).unwrap();
+        assert_eq!(p.device.len(), 1);
+        assert_eq!(p.device[0].gpu, GpuKind::None);
+        assert!(p.device[0].link.is_none() && !p.device[0].relay);
+    }
+
+    #[test]
+    fn errors_name_the_file_device_and_field() {
+        let e = DeviceProfiles::parse(Path::new("x.toml"), &ONE.replace("os = \"linux\"", "os = \"linux\"\nfoo = 1"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("x.toml") && e.contains("foo"), "{e}");
+        let e = DeviceProfiles::parse(Path::new("x.toml"), &ONE.replace("ram_available_gib = 4", "ram_available_gib = 9"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("device 'a'") && e.contains("ram_available_gib"), "{e}");
+        let e = DeviceProfiles::parse(Path::new("x.toml"), &ONE.replace("os = \"linux\"", "os = \"linux\"\ngpu = \"metal\""))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("metal"), "{e}");
+        let twice = format!("{ONE}{}", ONE.replace("[[device]]", "\n[[device]]"));
+        let e = DeviceProfiles::parse(Path::new("x.toml"), &twice).unwrap_err().to_string();
+        assert!(e.contains("duplicate"), "{e}");
+    }
+
+    #[test]
+    fn every_gguf_type_has_a_class() {
+        for t in GgmlType::ALL {
+            let q = QuantClass::of(t);
+            assert!(QuantClass::ALL.contains(&q));
+        }
+        for q in QuantClass::ALL {
+            assert_eq!(QuantClass::of(q.ggml_type()), q);
+        }
+    }
+}

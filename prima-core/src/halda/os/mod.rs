@@ -139,3 +139,110 @@ pub fn behaviour_for(d: &DeviceProfile) -> &'static dyn MemoryBehaviour {
         (Os::Android, _) => &Android,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::{QuantRates, GB, GIB};
+
+    fn device(os: Os, gpu: GpuKind) -> DeviceProfile {
+        DeviceProfile {
+            name: "d".into(),
+            os,
+            gpu,
+            cpu_cores: 4,
+            cpu_gflops: QuantRates::uniform(100.0),
+            gpu_gflops: None,
+            cpu_read_gb_s: 20.0,
+            gpu_read_gb_s: None,
+            memcpy_gb_s: 10.0,
+            gpu_memcpy_gb_s: None,
+            gpu_copy_ms: 0.0,
+            ram_total_gib: 16.0,
+            ram_available_gib: 4.0,
+            swap_total_gib: 4.0,
+            swap_available_gib: 2.0,
+            swappable_gib: 1.0,
+            gpu_available_gib: 6.0,
+            disk_seq_gb_s: 2.0,
+            disk_rand_gb_s: 0.5,
+            link: None,
+            relay: false,
+        }
+    }
+
+    const TERMS: MemoryTerms = MemoryTerms {
+        b: 0.5 * GIB,
+        b_prime: 0.5 * GIB + 16.0 * 1024.0 * 1024.0,
+        io: 0.6 * GIB,
+        c_cpu: 0.1 * GIB,
+        c_gpu: 0.05 * GIB,
+    };
+
+    #[test]
+    fn each_platform_has_its_budget_disk_and_set() {
+        let linux = device(Os::Linux, GpuKind::Cuda);
+        let android = device(Os::Android, GpuKind::None);
+        let mac = device(Os::Macos, GpuKind::None);
+        let metal = device(Os::Macos, GpuKind::Metal);
+        assert_eq!(behaviour_for(&linux).overload_set(), LdaSet::M3);
+        assert_eq!(behaviour_for(&android).overload_set(), LdaSet::M3);
+        assert_eq!(behaviour_for(&mac).overload_set(), LdaSet::M1);
+        assert_eq!(behaviour_for(&metal).overload_set(), LdaSet::M2);
+        // Linux reloads sequentially, macOS with page-sized random reads.
+        assert_eq!(behaviour_for(&linux).disk_bytes_per_s(&linux), 2.0 * GB);
+        assert_eq!(behaviour_for(&mac).disk_bytes_per_s(&mac), 0.5 * GB);
+        // Android's budget includes what it can swap out: min(1, 2) GiB.
+        assert_eq!(behaviour_for(&android).budget_bytes(&android), 5.0 * GIB);
+        assert_eq!(behaviour_for(&metal).budget_bytes(&metal), 6.0 * GIB);
+    }
+
+    #[test]
+    fn linux_reloads_only_the_overflow_of_cpu_layers() {
+        let d = device(Os::Linux, GpuKind::Cuda);
+        let b = behaviour_for(&d);
+        let budget = b.budget_bytes(&d);
+        // 10 layers, 6 of them on the GPU: 4 CPU layers fit in 4 GiB with buffers.
+        assert_eq!(b.reload_bytes(10.0, 6.0, &TERMS, budget), 0.0);
+        // 10 CPU layers do not: the overflow is reloaded.
+        let ram = 10.0 * TERMS.b_prime + TERMS.io + TERMS.c_cpu;
+        assert!((b.reload_bytes(10.0, 0.0, &TERMS, budget) - (ram - budget)).abs() < 1.0);
+    }
+
+    #[test]
+    fn metal_reloads_everything_once_over_budget() {
+        let d = device(Os::Macos, GpuKind::Metal);
+        let b = behaviour_for(&d);
+        let budget = b.budget_bytes(&d);
+        assert_eq!(b.reload_bytes(8.0, 8.0, &TERMS, budget), 0.0);
+        let over = b.reload_bytes(12.0, 12.0, &TERMS, budget);
+        assert!((over - (12.0 * TERMS.b + TERMS.io)).abs() < 1.0);
+    }
+
+    /// The linear objective terms of an overloaded device price exactly the bytes its
+    /// reload formula gives, per token (the identity the set iteration relies on).
+    #[test]
+    fn overloaded_coefficients_price_the_reload() {
+        for (os, gpu) in [
+            (Os::Linux, GpuKind::Cuda),
+            (Os::Android, GpuKind::None),
+            (Os::Macos, GpuKind::None),
+            (Os::Macos, GpuKind::Metal),
+        ] {
+            let d = device(os, gpu);
+            let b = behaviour_for(&d);
+            let s = b.disk_bytes_per_s(&d);
+            let budget = b.budget_bytes(&d);
+            let (a, bb, share) = b.overloaded_coefficients(1.0, 2.0, &TERMS, s, budget);
+            let (l, lg) = if gpu == GpuKind::None { (30.0, 0.0) } else { (30.0, 3.0) };
+            let linear = (a - 1.0) * l + (bb - 2.0) * lg + share;
+            // κ's head term carries the io bytes (b_i/V + b_o) of an overloaded head.
+            let expected = (b.reload_bytes(l, lg, &TERMS, budget) - TERMS.io) / s;
+            assert!(
+                (linear - expected).abs() < 1e-9 * expected.abs().max(1.0),
+                "{}: {linear} vs {expected}",
+                b.name()
+            );
+        }
+    }
+}
