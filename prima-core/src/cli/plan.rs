@@ -38,6 +38,9 @@ pub struct PlanArgs {
     /// Halda: solve the ILP of every valid k, also those k = 1 provably dominates.
     #[arg(long)]
     pub every_k: bool,
+    /// Use only these devices of the profiles file (comma-separated names, e.g. D1,D2,D3,D4).
+    #[arg(long, value_delimiter = ',', value_name = "NAMES")]
+    pub only: Vec<String>,
     /// Plan this many times and report the median solve time.
     #[arg(long, default_value_t = 1, value_name = "N")]
     pub repeat: u32,
@@ -67,7 +70,13 @@ struct JsonPlan<'a> {
 pub fn run(args: PlanArgs) -> anyhow::Result<()> {
     let model = ModelProfile::open(&args.model)
         .with_context(|| format!("profiling the model {}", args.model.display()))?;
-    let profiles = DeviceProfiles::load(&args.devices)?;
+    let mut profiles = DeviceProfiles::load(&args.devices)?;
+    if !args.only.is_empty() {
+        if let Some(missing) = args.only.iter().find(|n| !profiles.device.iter().any(|d| &d.name == *n)) {
+            anyhow::bail!("{}: no device named '{missing}'", args.devices.display());
+        }
+        profiles.device.retain(|d| args.only.contains(&d.name));
+    }
     let opts = PlanOptions {
         n_kv: args.ctx as f64,
         disk_threshold: args.slow_disk_gb_s * GB,
