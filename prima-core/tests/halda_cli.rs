@@ -132,17 +132,43 @@ fn bad_profiles_are_errors_naming_file_and_field() {
     let model = model_path("llama3-8b-q4_k");
     let good = std::fs::read_to_string(testbed_path("d1-d6")).unwrap();
     let cases = [
-        ("unknown.toml", good.replacen("cpu_cores = 8", "cpu_cores = 8\ncpu_kores = 8", 1), "cpu_kores"),
-        ("syntax.toml", good.replacen("name = \"D2\"", "name = D2", 1), "syntax.toml"),
-        ("negative.toml", good.replacen("disk_seq_gb_s = 3.0", "disk_seq_gb_s = -3.0", 1), "disk_seq_gb_s"),
-        ("nogpu.toml", good.replacen("gpu_read_gb_s = 380\n", "", 1), "gpu_read_gb_s"),
-        ("empty.toml", "description = \"nothing\"\n".to_string(), "device"),
+        (
+            "unknown.toml",
+            good.replacen("cpu_cores = 8", "cpu_cores = 8\ncpu_kores = 8", 1),
+            "cpu_kores",
+        ),
+        (
+            "syntax.toml",
+            good.replacen("name = \"D2\"", "name = D2", 1),
+            "syntax.toml",
+        ),
+        (
+            "negative.toml",
+            good.replacen("disk_seq_gb_s = 3.0", "disk_seq_gb_s = -3.0", 1),
+            "disk_seq_gb_s",
+        ),
+        (
+            "nogpu.toml",
+            good.replacen("gpu_read_gb_s = 380\n", "", 1),
+            "gpu_read_gb_s",
+        ),
+        (
+            "empty.toml",
+            "description = \"nothing\"\n".to_string(),
+            "device",
+        ),
     ];
     for (name, text, needle) in cases {
         let path = scratch(name);
         std::fs::write(&path, text).unwrap();
         let out = prima(
-            &["plan", "-m", model.to_str().unwrap(), "--devices", path.to_str().unwrap()],
+            &[
+                "plan",
+                "-m",
+                model.to_str().unwrap(),
+                "--devices",
+                path.to_str().unwrap(),
+            ],
             &[],
         );
         let e = err(&out);
@@ -156,13 +182,25 @@ fn bad_profiles_are_errors_naming_file_and_field() {
 fn missing_model_and_profiles_files_are_named() {
     let devices = testbed_path("d1-d6");
     let out = prima(
-        &["plan", "-m", "/nonexistent/model.gguf", "--devices", devices.to_str().unwrap()],
+        &[
+            "plan",
+            "-m",
+            "/nonexistent/model.gguf",
+            "--devices",
+            devices.to_str().unwrap(),
+        ],
         &[],
     );
     assert!(err(&out).contains("/nonexistent/model.gguf"));
     let model = model_path("llama3-8b-q4_k");
     let out = prima(
-        &["plan", "-m", model.to_str().unwrap(), "--devices", "/nonexistent/devices.toml"],
+        &[
+            "plan",
+            "-m",
+            model.to_str().unwrap(),
+            "--devices",
+            "/nonexistent/devices.toml",
+        ],
         &[],
     );
     assert!(err(&out).contains("/nonexistent/devices.toml"));
@@ -174,7 +212,14 @@ fn missing_model_and_profiles_files_are_named() {
 fn profile_measures_then_answers_from_cache() {
     let cache = scratch("profiles");
     let model = model_path("llama3-8b-q4_k");
-    let args = ["profile", "-m", model.to_str().unwrap(), "--json", "--name", "here"];
+    let args = [
+        "profile",
+        "-m",
+        model.to_str().unwrap(),
+        "--json",
+        "--name",
+        "here",
+    ];
     let first: serde_json::Value =
         serde_json::from_str(&ok(&prima(&args, &[("PRIMA_PROFILE_DIR", &cache)]))).unwrap();
     let second: serde_json::Value =
@@ -189,14 +234,24 @@ fn profile_measures_then_answers_from_cache() {
     );
     let p = &first["profile"];
     assert_eq!(p["name"], "here");
-    for field in ["cpu_read_gb_s", "memcpy_gb_s", "ram_total_gib", "ram_available_gib", "disk_seq_gb_s", "disk_rand_gb_s"] {
+    for field in [
+        "cpu_read_gb_s",
+        "memcpy_gb_s",
+        "ram_total_gib",
+        "ram_available_gib",
+        "disk_seq_gb_s",
+        "disk_rand_gb_s",
+    ] {
         assert!(p[field].as_f64().unwrap() > 0.0, "{field}: {p}");
     }
     for q in ["q4_k", "q5_k", "q6_k", "q8_0", "f16", "f32"] {
         assert!(p["cpu_gflops"][q].as_f64().unwrap() > 0.0, "{q}: {p}");
     }
     // The throughputs come from the cache; the memory figures are read fresh.
-    assert_eq!(first["profile"]["cpu_gflops"], second["profile"]["cpu_gflops"]);
+    assert_eq!(
+        first["profile"]["cpu_gflops"],
+        second["profile"]["cpu_gflops"]
+    );
     // A profile written as TOML is a valid profiles file for `prima plan`.
     let toml_out = ok(&prima(
         &["profile", "-m", model.to_str().unwrap(), "--toml"],
@@ -205,7 +260,14 @@ fn profile_measures_then_answers_from_cache() {
     let devices = scratch("me.toml");
     std::fs::write(&devices, toml_out).unwrap();
     ok(&prima(
-        &["plan", "-m", model.to_str().unwrap(), "--devices", devices.to_str().unwrap(), "--json"],
+        &[
+            "plan",
+            "-m",
+            model.to_str().unwrap(),
+            "--devices",
+            devices.to_str().unwrap(),
+            "--json",
+        ],
         &[],
     ));
 }

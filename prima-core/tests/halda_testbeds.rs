@@ -238,8 +238,14 @@ fn larger_k_never_wins_and_the_exact_program_is_never_worse() {
                 ex.predicted_tpot_ms,
                 describe(&ex)
             );
-            assert!((p.predicted_tpot_ms - all.predicted_tpot_ms).abs() < 1e-6, "{tag} on {bed}");
-            assert!(ex.predicted_tpot_ms <= p.predicted_tpot_ms * (1.0 + 1e-9), "{tag} on {bed}");
+            assert!(
+                (p.predicted_tpot_ms - all.predicted_tpot_ms).abs() < 1e-6,
+                "{tag} on {bed}"
+            );
+            assert!(
+                ex.predicted_tpot_ms <= p.predicted_tpot_ms * (1.0 + 1e-9),
+                "{tag} on {bed}"
+            );
         }
     }
 }

@@ -11,7 +11,10 @@ use crate::layout::Layout;
 pub fn run(layout: &Layout, only: Option<&str>) -> Result<()> {
     let dir = layout.derived_models.join("synth");
     let mut made = 0;
-    for spec in PAPER_MODELS.iter().filter(|s| only.is_none_or(|o| s.tag.contains(o))) {
+    for spec in PAPER_MODELS
+        .iter()
+        .filter(|s| only.is_none_or(|o| s.tag.contains(o)))
+    {
         let path = spec
             .write_to(&dir)
             .with_context(|| format!("writing {}", dir.join(spec.tag).display()))?;
@@ -26,7 +29,11 @@ pub fn run(layout: &Layout, only: Option<&str>) -> Result<()> {
     if made == 0 {
         anyhow::bail!(
             "no synthetic model matches; tags: {}",
-            PAPER_MODELS.iter().map(|s| s.tag).collect::<Vec<_>>().join(", ")
+            PAPER_MODELS
+                .iter()
+                .map(|s| s.tag)
+                .collect::<Vec<_>>()
+                .join(", ")
         );
     }
     Ok(())

@@ -72,7 +72,11 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
         .with_context(|| format!("profiling the model {}", args.model.display()))?;
     let mut profiles = DeviceProfiles::load(&args.devices)?;
     if !args.only.is_empty() {
-        if let Some(missing) = args.only.iter().find(|n| !profiles.device.iter().any(|d| &d.name == *n)) {
+        if let Some(missing) = args
+            .only
+            .iter()
+            .find(|n| !profiles.device.iter().any(|d| &d.name == *n))
+        {
             anyhow::bail!("{}: no device named '{missing}'", args.devices.display());
         }
         profiles.device.retain(|d| args.only.contains(&d.name));
@@ -183,7 +187,11 @@ fn print_table(plan: &Plan, model: &ModelProfile, repeat: u32) {
                 0,
                 "-",
                 "-",
-                if d.relay { "relay (no layers); " } else { "pruned; " },
+                if d.relay {
+                    "relay (no layers); "
+                } else {
+                    "pruned; "
+                },
                 d.reason.as_deref().unwrap_or("")
             ),
         }
@@ -197,7 +205,11 @@ fn print_table(plan: &Plan, model: &ModelProfile, repeat: u32) {
         println!(
             "solved in {:.2} ms{} ({} set rounds, {} ILPs in the final solve)",
             plan.solve_ms,
-            if repeat > 1 { format!(" (median of {repeat})") } else { String::new() },
+            if repeat > 1 {
+                format!(" (median of {repeat})")
+            } else {
+                String::new()
+            },
             plan.iterations,
             plan.ilps
         );

@@ -71,13 +71,25 @@ pub fn run(args: ProfileArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let p = &report.profile;
-    println!("device      {} ({}, {} cores)", p.name, p.os.name(), p.cpu_cores);
+    println!(
+        "device      {} ({}, {} cores)",
+        p.name,
+        p.os.name(),
+        p.cpu_cores
+    );
     let rates: Vec<String> = QuantClass::ALL
         .iter()
         .map(|&q| format!("{} {:.0}", q.name(), p.cpu_gflops.flops_per_s(q) / 1e9))
         .collect();
-    println!("cpu GFLOP/s {}  (backend {})", rates.join(", "), backend.plugin_name);
-    println!("memory      read {:.1} GB/s, copy {:.1} GB/s", p.cpu_read_gb_s, p.memcpy_gb_s);
+    println!(
+        "cpu GFLOP/s {}  (backend {})",
+        rates.join(", "),
+        backend.plugin_name
+    );
+    println!(
+        "memory      read {:.1} GB/s, copy {:.1} GB/s",
+        p.cpu_read_gb_s, p.memcpy_gb_s
+    );
     println!(
         "RAM         {:.1} GiB total, {:.1} GiB available; swap {:.1} GiB, {:.1} GiB free",
         p.ram_total_gib, p.ram_available_gib, p.swap_total_gib, p.swap_available_gib
@@ -87,13 +99,21 @@ pub fn run(args: ProfileArgs) -> anyhow::Result<()> {
         p.disk_seq_gb_s,
         p.disk_rand_gb_s,
         report.disk_file.display(),
-        if report.disk_uncached { ", page cache bypassed" } else { ", page cache NOT bypassed: this filesystem refuses direct I/O" }
+        if report.disk_uncached {
+            ", page cache bypassed"
+        } else {
+            ", page cache NOT bypassed: this filesystem refuses direct I/O"
+        }
     );
     println!("gpu         none (no GPU backend plugin)");
     println!(
         "profiled in {:.0} ms ({}{})",
         report.elapsed_ms,
-        if report.cached { "from cache" } else { "measured" },
+        if report.cached {
+            "from cache"
+        } else {
+            "measured"
+        },
         report
             .cache_file
             .as_ref()

@@ -33,7 +33,10 @@ fn resident_upper(bound: f64) -> f64 {
 /// (w, n) from a solution's values: c_m is column m, n_m column M + m.
 pub fn placement(values: &[f64], m_count: usize) -> (Vec<u32>, Vec<u32>) {
     let int = |v: f64| v.round().max(0.0) as u32;
-    let n: Vec<u32> = values[m_count..2 * m_count].iter().map(|&v| int(v)).collect();
+    let n: Vec<u32> = values[m_count..2 * m_count]
+        .iter()
+        .map(|&v| int(v))
+        .collect();
     let w = values[..m_count]
         .iter()
         .zip(&n)
@@ -44,18 +47,12 @@ pub fn placement(values: &[f64], m_count: usize) -> (Vec<u32>, Vec<u32>) {
 
 /// Adds the shared skeleton: columns c_m, n_m with objective k·a_m on w (a_m on c and
 /// a_m + b_m on n), eᵀw = W, w_m ≥ 1. Returns each device's RAM-form terms in (c, n).
-fn skeleton(
-    p: &mut MilpProblem,
-    lda: &Lda,
-    k: u32,
-    a: &[f64],
-    b: &[f64],
-) -> Vec<(f64, f64)> {
+fn skeleton(p: &mut MilpProblem, lda: &Lda, k: u32, a: &[f64], b: &[f64]) -> Vec<(f64, f64)> {
     let m_count = lda.len();
     let big_w = (lda.n_layers / k) as f64;
     let kf = k as f64;
-    for m in 0..m_count {
-        p.add_column(0.0, big_w, kf * a[m], true);
+    for am in &a[..m_count] {
+        p.add_column(0.0, big_w, kf * am, true);
     }
     for m in 0..m_count {
         let cap = lda.gpu_cap(m, k) as f64;
@@ -74,7 +71,11 @@ fn skeleton(
         }
         let f = d.behaviour.ram_form(&d.mem);
         // f_w·w + f_n·n = f_w·c + (f_w + f_n)·n
-        let on_n = if lda.gpu_cap(m, k) > 0 { f.w + f.n } else { 0.0 };
+        let on_n = if lda.gpu_cap(m, k) > 0 {
+            f.w + f.n
+        } else {
+            0.0
+        };
         forms.push((f.w, on_n));
     }
     forms
@@ -119,9 +120,23 @@ pub fn build(lda: &Lda, sets: &[LdaSet], k: u32, time_limit_s: f64) -> MilpProbl
     for (m, set) in sets.iter().enumerate() {
         let bound = lda.ram_bound(m, kf); // W·z_m
         if *set == LdaSet::M4 {
-            ram_constraint(&mut p, forms.len(), m, forms[m], f64::NEG_INFINITY, resident_upper(bound));
+            ram_constraint(
+                &mut p,
+                forms.len(),
+                m,
+                forms[m],
+                f64::NEG_INFINITY,
+                resident_upper(bound),
+            );
         } else {
-            ram_constraint(&mut p, forms.len(), m, forms[m], overloaded_lower(bound), f64::INFINITY);
+            ram_constraint(
+                &mut p,
+                forms.len(),
+                m,
+                forms[m],
+                overloaded_lower(bound),
+                f64::INFINITY,
+            );
         }
     }
     p
@@ -161,7 +176,14 @@ pub fn build_exact(lda: &Lda, k: u32, time_limit_s: f64) -> MilpProblem {
         let lookup_s = d.lookup_bytes / d.s_disk;
         let r = p.add_column(lookup_s, f64::INFINITY, 1.0, false);
         if d.slow_disk {
-            ram_constraint(&mut p, m_count, m, form, f64::NEG_INFINITY, resident_upper(bound));
+            ram_constraint(
+                &mut p,
+                m_count,
+                m,
+                form,
+                f64::NEG_INFINITY,
+                resident_upper(bound),
+            );
             continue;
         }
         let f = d.behaviour.ram_form(&d.mem);

@@ -95,7 +95,10 @@ pub fn solve_exact(
         if k == 1 {
             at_k1 = Some(solution.objective);
         }
-        if best.as_ref().is_none_or(|b| solution.objective < b.objective) {
+        if best
+            .as_ref()
+            .is_none_or(|b| solution.objective < b.objective)
+        {
             let (w, n) = ilp::placement(&solution.values, m_count);
             let wf: Vec<f64> = w.iter().map(|&v| v as f64).collect();
             let nf: Vec<f64> = n.iter().map(|&v| v as f64).collect();

@@ -284,7 +284,7 @@ impl Lda {
     pub fn valid_ks(&self) -> Vec<u32> {
         let l = self.n_layers;
         let m = self.devices.len() as u32;
-        (1..=l).filter(|k| l % k == 0 && l / k >= m).collect()
+        (1..=l).filter(|&k| l.is_multiple_of(k) && l / k >= m).collect()
     }
 
     /// The layers device `m` can keep on its GPU at k rounds: ⌊W·z_m^{gpu}⌋, with
@@ -349,9 +349,9 @@ impl Lda {
             let (am, bm) = if *set == LdaSet::M4 {
                 (d.alpha, d.beta)
             } else {
-                let (am, bm, share) = d.behaviour.overloaded_coefficients(
-                    d.alpha, d.beta, &d.mem, d.s_disk, d.budget,
-                );
+                let (am, bm, share) = d
+                    .behaviour
+                    .overloaded_coefficients(d.alpha, d.beta, &d.mem, d.s_disk, d.budget);
                 kappa += share; // Σ_{M1∪M3} (c^{cpu} − d^{avail} − d^{swapout})/s^{disk}
                 (am, bm)
             };

@@ -201,6 +201,10 @@ fn pruned_relays<'a>(all: &[&'a DeviceProfile], active: &[usize]) -> Vec<&'a Dev
         .collect()
 }
 
+/// What device selection settled on: the active devices (indices into the full list),
+/// their solution, and why each removed device was removed.
+type Selection = (Vec<usize>, HaldaSolution, Vec<(usize, String)>);
+
 /// Device selection: devices left with a single layer per window are removed and the
 /// problem solved again, for as long as removing them does not make T worse (a plan
 /// where every device has w_m = 1 with many rounds is a real optimum, not a hint).
@@ -209,7 +213,7 @@ fn halda_with_pruning(
     all: &[&DeviceProfile],
     solver: &dyn MilpSolver,
     opts: &PlanOptions,
-) -> Result<(Vec<usize>, HaldaSolution, Vec<(usize, String)>), PlanError> {
+) -> Result<Selection, PlanError> {
     let solve_on = |active: &[usize]| -> Result<HaldaSolution, HaldaError> {
         let act: Vec<&DeviceProfile> = active.iter().map(|&i| all[i]).collect();
         let relays = pruned_relays(all, active);
@@ -224,9 +228,7 @@ fn halda_with_pruning(
     let mut solution = solve_on(&active)?;
     let mut reasons = Vec::new();
     loop {
-        let ones: Vec<usize> = (0..active.len())
-            .filter(|&j| solution.w[j] == 1)
-            .collect();
+        let ones: Vec<usize> = (0..active.len()).filter(|&j| solution.w[j] == 1).collect();
         if ones.is_empty() || ones.len() == active.len() {
             break;
         }

@@ -52,7 +52,10 @@ pub enum ModelProfileError {
     #[error(transparent)]
     Gguf(#[from] GgufError),
     #[error("{path}: {what}")]
-    Bad { path: std::path::PathBuf, what: String },
+    Bad {
+        path: std::path::PathBuf,
+        what: String,
+    },
 }
 
 impl ModelProfile {
@@ -80,7 +83,9 @@ impl ModelProfile {
         let n_embd = req("embedding_length")?;
         let n_ff = req("feed_forward_length")?;
         let n_head = req("attention.head_count")?;
-        let n_head_kv = g.get_u64(&key("attention.head_count_kv"))?.unwrap_or(n_head);
+        let n_head_kv = g
+            .get_u64(&key("attention.head_count_kv"))?
+            .unwrap_or(n_head);
         let head_k = g
             .get_u64(&key("attention.key_length"))?
             .unwrap_or(n_embd / n_head);
@@ -111,7 +116,12 @@ impl ModelProfile {
                         layer_flops[class] += flops;
                         layer_bytes += t.n_bytes as f64;
                     }
-                    _ => return Err(bad(format!("tensor '{}' names no layer below {n_layers}", t.name))),
+                    _ => {
+                        return Err(bad(format!(
+                            "tensor '{}' names no layer below {n_layers}",
+                            t.name
+                        )))
+                    }
                 }
             } else if t.name.starts_with("output") {
                 has_output |= t.name == "output.weight";
@@ -202,7 +212,10 @@ mod tests {
         // b_o: the Q6_K head plus the f32 final norm.
         let head = GgmlType::Q6K.row_bytes(4096).unwrap() as f64 * 128256.0;
         assert_eq!(m.output_bytes, head + 4096.0 * 4.0);
-        assert_eq!(m.input_bytes, GgmlType::Q4K.row_bytes(4096).unwrap() as f64 * 128256.0);
+        assert_eq!(
+            m.input_bytes,
+            GgmlType::Q4K.row_bytes(4096).unwrap() as f64 * 128256.0
+        );
         // Σ layers·b + b_i + b_o is every tensor.
         let sum = m.layer_bytes * 32.0 + m.input_bytes + m.output_bytes;
         assert!((sum - m.total_bytes).abs() < 1.0);

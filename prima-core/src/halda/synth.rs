@@ -92,7 +92,7 @@ pub const PAPER_MODELS: [SynthSpec; 5] = [
 /// llama.cpp's fallback when a row is not a whole number of K-quant super-blocks (Qwen 2.5
 /// 72B's n_ff = 29568): Q4_K → Q5_0, Q6_K → Q8_0.
 fn fallback(t: GgmlType, cols: u64) -> GgmlType {
-    if cols % crate::gguf::QK_K as u64 == 0 {
+    if cols.is_multiple_of(crate::gguf::QK_K as u64) {
         return t;
     }
     match t {
@@ -122,11 +122,23 @@ impl SynthSpec {
         let mut w = GgufWriter::new();
         w.add("general.architecture", Value::String(a.into()))
             .add("general.name", Value::String(self.name.into()))
-            .add(&format!("{a}.block_count"), Value::U32(self.n_layers as u32))
+            .add(
+                &format!("{a}.block_count"),
+                Value::U32(self.n_layers as u32),
+            )
             .add(&format!("{a}.context_length"), Value::U32(8192))
-            .add(&format!("{a}.embedding_length"), Value::U32(self.n_embd as u32))
-            .add(&format!("{a}.feed_forward_length"), Value::U32(self.n_ff as u32))
-            .add(&format!("{a}.attention.head_count"), Value::U32(self.n_head as u32))
+            .add(
+                &format!("{a}.embedding_length"),
+                Value::U32(self.n_embd as u32),
+            )
+            .add(
+                &format!("{a}.feed_forward_length"),
+                Value::U32(self.n_ff as u32),
+            )
+            .add(
+                &format!("{a}.attention.head_count"),
+                Value::U32(self.n_head as u32),
+            )
             .add(
                 &format!("{a}.attention.head_count_kv"),
                 Value::U32(self.n_head_kv as u32),

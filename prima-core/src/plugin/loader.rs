@@ -86,8 +86,8 @@ pub fn discover() -> Vec<PluginInfo> {
 /// Lists every plugin library in `dirs`, with what it declares.
 pub fn discover_in(dirs: &[PathBuf]) -> Vec<PluginInfo> {
     let mut found = Vec::new();
-    for dir in dirs.iter().cloned() {
-        let Ok(entries) = std::fs::read_dir(&dir) else {
+    for dir in dirs {
+        let Ok(entries) = std::fs::read_dir(dir) else {
             continue;
         };
         let mut paths: Vec<PathBuf> = entries
@@ -250,7 +250,11 @@ impl LoadedSolver {
     pub fn solve(&self, problem: &MilpProblem) -> Result<MilpSolution, String> {
         problem.validate()?;
         match self.root.solve()(problem) {
-            RResult::ROk(solution) if solution.values.len() == problem.columns.len() || !solution.has_solution => Ok(solution),
+            RResult::ROk(solution)
+                if solution.values.len() == problem.columns.len() || !solution.has_solution =>
+            {
+                Ok(solution)
+            }
             RResult::ROk(solution) => Err(format!(
                 "solver {} returned {} values for {} columns",
                 self.plugin_name,

@@ -125,15 +125,25 @@ impl MilpProblem {
         let n = self.columns.len();
         for (j, c) in self.columns.iter().enumerate() {
             if c.lower.is_nan() || c.upper.is_nan() || c.lower > c.upper || !c.cost.is_finite() {
-                return Err(format!("column {j}: bounds [{}, {}], cost {}", c.lower, c.upper, c.cost));
+                return Err(format!(
+                    "column {j}: bounds [{}, {}], cost {}",
+                    c.lower, c.upper, c.cost
+                ));
             }
         }
         for (i, r) in self.rows.iter().enumerate() {
             if r.lower.is_nan() || r.upper.is_nan() || r.lower > r.upper {
                 return Err(format!("row {i}: bounds [{}, {}]", r.lower, r.upper));
             }
-            if let Some(t) = r.terms.iter().find(|t| t.column as usize >= n || !t.value.is_finite()) {
-                return Err(format!("row {i}: term on column {} = {} (of {n} columns)", t.column, t.value));
+            if let Some(t) = r
+                .terms
+                .iter()
+                .find(|t| t.column as usize >= n || !t.value.is_finite())
+            {
+                return Err(format!(
+                    "row {i}: term on column {} = {} (of {n} columns)",
+                    t.column, t.value
+                ));
             }
         }
         Ok(())

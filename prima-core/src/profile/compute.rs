@@ -40,7 +40,12 @@ pub fn cpu_throughput(backend: &BackendBox, per_class: Duration) -> Result<Quant
         };
         let run = |out: &mut [f32]| -> Result<(), String> {
             backend
-                .matmul(view, RSlice::from_slice(&x), 1, RSliceMut::from_mut_slice(out))
+                .matmul(
+                    view,
+                    RSlice::from_slice(&x),
+                    1,
+                    RSliceMut::from_mut_slice(out),
+                )
                 .into_result()
                 .map_err(|e| format!("matmul {}: {e}", t.name()))
         };

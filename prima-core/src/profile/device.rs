@@ -295,7 +295,9 @@ impl DeviceProfile {
         if self.has_gpu() {
             match &self.gpu_gflops {
                 Some(r) => r.check("gpu_gflops")?,
-                None => return Err(format!("gpu = \"{:?}\" needs gpu_gflops", self.gpu).to_lowercase()),
+                None => {
+                    return Err(format!("gpu = \"{:?}\" needs gpu_gflops", self.gpu).to_lowercase())
+                }
             }
             positive(
                 "gpu_read_gb_s",
@@ -359,11 +361,10 @@ impl DeviceProfiles {
     }
 
     pub fn parse(path: &std::path::Path, text: &str) -> Result<DeviceProfiles, ProfilesError> {
-        let profiles: DeviceProfiles =
-            toml::from_str(text).map_err(|e| ProfilesError::Parse {
-                path: path.to_path_buf(),
-                message: e.to_string().trim().replace('\n', " "),
-            })?;
+        let profiles: DeviceProfiles = toml::from_str(text).map_err(|e| ProfilesError::Parse {
+            path: path.to_path_buf(),
+            message: e.to_string().trim().replace('\n', " "),
+        })?;
         if profiles.device.is_empty() {
             return Err(ProfilesError::Parse {
                 path: path.to_path_buf(),
@@ -416,20 +417,34 @@ disk_rand_gb_s = 0.5
 
     #[test]
     fn errors_name_the_file_device_and_field() {
-        let e = DeviceProfiles::parse(Path::new("x.toml"), &ONE.replace("os = \"linux\"", "os = \"linux\"\nfoo = 1"))
-            .unwrap_err()
-            .to_string();
+        let e = DeviceProfiles::parse(
+            Path::new("x.toml"),
+            &ONE.replace("os = \"linux\"", "os = \"linux\"\nfoo = 1"),
+        )
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("x.toml") && e.contains("foo"), "{e}");
-        let e = DeviceProfiles::parse(Path::new("x.toml"), &ONE.replace("ram_available_gib = 4", "ram_available_gib = 9"))
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("device 'a'") && e.contains("ram_available_gib"), "{e}");
-        let e = DeviceProfiles::parse(Path::new("x.toml"), &ONE.replace("os = \"linux\"", "os = \"linux\"\ngpu = \"metal\""))
-            .unwrap_err()
-            .to_string();
+        let e = DeviceProfiles::parse(
+            Path::new("x.toml"),
+            &ONE.replace("ram_available_gib = 4", "ram_available_gib = 9"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("device 'a'") && e.contains("ram_available_gib"),
+            "{e}"
+        );
+        let e = DeviceProfiles::parse(
+            Path::new("x.toml"),
+            &ONE.replace("os = \"linux\"", "os = \"linux\"\ngpu = \"metal\""),
+        )
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("metal"), "{e}");
         let twice = format!("{ONE}{}", ONE.replace("[[device]]", "\n[[device]]"));
-        let e = DeviceProfiles::parse(Path::new("x.toml"), &twice).unwrap_err().to_string();
+        let e = DeviceProfiles::parse(Path::new("x.toml"), &twice)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("duplicate"), "{e}");
     }
 

@@ -145,7 +145,9 @@ pub fn profile_device(
         std::fs::read_to_string(&cache_file)
             .ok()
             .and_then(|t| serde_json::from_str::<CacheRecord>(&t).ok())
-            .filter(|r| r.key == key && now.saturating_sub(r.created_unix) <= opts.max_age.as_secs())
+            .filter(|r| {
+                r.key == key && now.saturating_sub(r.created_unix) <= opts.max_age.as_secs()
+            })
     };
     let (measured, from_cache) = match cached {
         Some(record) => (record.measured, true),
@@ -215,12 +217,13 @@ fn measure(backend: &BackendBox, disk_file: &Path) -> Result<Measured, ProfileEr
         cpu_throughput(backend, Duration::from_millis(60)).map_err(ProfileError::Compute)?;
     let bandwidth = memory_read_bandwidth(128 << 20, threads, 3);
     let memcpy = memcpy_rate(Duration::from_millis(40));
-    let disk = disk_read_rates(disk_file, 512 << 20, Duration::from_millis(400)).map_err(
-        |source| ProfileError::Disk {
-            path: disk_file.to_path_buf(),
-            source,
-        },
-    )?;
+    let disk =
+        disk_read_rates(disk_file, 512 << 20, Duration::from_millis(400)).map_err(|source| {
+            ProfileError::Disk {
+                path: disk_file.to_path_buf(),
+                source,
+            }
+        })?;
     Ok(Measured {
         cpu_gflops,
         cpu_read_gb_s: bandwidth.bytes_per_s / GB,

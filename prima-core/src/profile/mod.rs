@@ -15,10 +15,12 @@ mod system;
 
 pub use compute::{cpu_throughput, memcpy_rate};
 pub use device::{
-    DeviceProfile, DeviceProfiles, GpuKind, LinkProfile, Os, ProfilesError, QuantClass,
-    QuantRates, GB, GIB,
+    DeviceProfile, DeviceProfiles, GpuKind, LinkProfile, Os, ProfilesError, QuantClass, QuantRates,
+    GB, GIB,
 };
 pub use disk::{disk_read_rates, DiskRates};
-pub use measure::{cache_dir, profile_device, ProfileError, ProfileOptions, ProfileReport, PROFILE_DIR_ENV};
+pub use measure::{
+    cache_dir, profile_device, ProfileError, ProfileOptions, ProfileReport, PROFILE_DIR_ENV,
+};
 pub use memory::{memory_read_bandwidth, MemoryBandwidth};
 pub use system::{meminfo, parse_meminfo, MemInfo};

@@ -35,8 +35,12 @@ pub fn parse_meminfo(text: &str) -> Result<MemInfo, String> {
 /// This machine's memory, from /proc/meminfo.
 pub fn meminfo() -> Result<MemInfo, String> {
     let path = Path::new("/proc/meminfo");
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("{}: {e} (memory figures are read from /proc/meminfo on Linux and Android only)", path.display()))?;
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        format!(
+            "{}: {e} (memory figures are read from /proc/meminfo on Linux and Android only)",
+            path.display()
+        )
+    })?;
     parse_meminfo(&text)
 }
 

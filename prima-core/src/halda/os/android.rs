@@ -5,8 +5,10 @@
 //! use its upper bound min(d^{bytes_can_swap}, d^{swap_avail}), which gives the same
 //! reload volume: below it nothing is reloaded either way.
 
-use super::{incremental_coefficients, incremental_reload, LdaSet, MemoryBehaviour, MemoryTerms, RamForm};
-use crate::profile::{DeviceProfile, GIB, GB};
+use super::{
+    incremental_coefficients, incremental_reload, LdaSet, MemoryBehaviour, MemoryTerms, RamForm,
+};
+use crate::profile::{DeviceProfile, GB, GIB};
 
 pub struct Android;
 
@@ -30,7 +32,11 @@ impl MemoryBehaviour for Android {
     }
 
     fn ram_form(&self, _t: &MemoryTerms) -> RamForm {
-        RamForm { w: 1.0, n: -1.0, extra: 0.0 }
+        RamForm {
+            w: 1.0,
+            n: -1.0,
+            extra: 0.0,
+        }
     }
 
     fn reload_bytes(&self, l: f64, l_gpu: f64, t: &MemoryTerms, budget: f64) -> f64 {

@@ -2,8 +2,10 @@
 //! sequential access, so reloads run at the disk's sequential read rate. CUDA locks the
 //! weights it holds in VRAM, so only CPU layers occupy RAM.
 
-use super::{incremental_coefficients, incremental_reload, LdaSet, MemoryBehaviour, MemoryTerms, RamForm};
-use crate::profile::{DeviceProfile, GIB, GB};
+use super::{
+    incremental_coefficients, incremental_reload, LdaSet, MemoryBehaviour, MemoryTerms, RamForm,
+};
+use crate::profile::{DeviceProfile, GB, GIB};
 
 pub struct Linux;
 
@@ -27,7 +29,11 @@ impl MemoryBehaviour for Linux {
 
     fn ram_form(&self, _t: &MemoryTerms) -> RamForm {
         // (l_m − l_m^{gpu})·b' + b_cio
-        RamForm { w: 1.0, n: -1.0, extra: 0.0 }
+        RamForm {
+            w: 1.0,
+            n: -1.0,
+            extra: 0.0,
+        }
     }
 
     fn reload_bytes(&self, l: f64, l_gpu: f64, t: &MemoryTerms, budget: f64) -> f64 {

@@ -6,8 +6,10 @@
 //! until memory is exhausted; past that it drops them wholesale, so an overloaded device
 //! reloads all of its weights, l_m·b (+ b_i/V + b_o on the head), every token.
 
-use super::{incremental_coefficients, incremental_reload, LdaSet, MemoryBehaviour, MemoryTerms, RamForm};
-use crate::profile::{DeviceProfile, GIB, GB};
+use super::{
+    incremental_coefficients, incremental_reload, LdaSet, MemoryBehaviour, MemoryTerms, RamForm,
+};
+use crate::profile::{DeviceProfile, GB, GIB};
 
 pub struct MacosNoMetal;
 
@@ -32,7 +34,11 @@ impl MemoryBehaviour for MacosNoMetal {
 
     fn ram_form(&self, _t: &MemoryTerms) -> RamForm {
         // l_m·b' + b_cio (n_m = 0: no GPU)
-        RamForm { w: 1.0, n: 0.0, extra: 0.0 }
+        RamForm {
+            w: 1.0,
+            n: 0.0,
+            extra: 0.0,
+        }
     }
 
     fn reload_bytes(&self, l: f64, l_gpu: f64, t: &MemoryTerms, budget: f64) -> f64 {
@@ -48,7 +54,8 @@ impl MemoryBehaviour for MacosNoMetal {
         budget: f64,
     ) -> (f64, f64, f64) {
         // a = α + b'/s, b = 0 (M1)
-        let (a, _, kappa) = incremental_coefficients(self.ram_form(t), alpha, beta, t, s_disk, budget);
+        let (a, _, kappa) =
+            incremental_coefficients(self.ram_form(t), alpha, beta, t, s_disk, budget);
         (a, 0.0, kappa)
     }
 }
@@ -73,7 +80,11 @@ impl MemoryBehaviour for MacosMetal {
 
     fn ram_form(&self, t: &MemoryTerms) -> RamForm {
         // l_m·b' + b_cio + c^{gpu}: CPU and GPU layers share the unified memory.
-        RamForm { w: 1.0, n: 0.0, extra: t.c_gpu }
+        RamForm {
+            w: 1.0,
+            n: 0.0,
+            extra: t.c_gpu,
+        }
     }
 
     fn reload_bytes(&self, l: f64, l_gpu: f64, t: &MemoryTerms, budget: f64) -> f64 {

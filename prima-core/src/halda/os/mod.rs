@@ -234,7 +234,11 @@ mod tests {
             let s = b.disk_bytes_per_s(&d);
             let budget = b.budget_bytes(&d);
             let (a, bb, share) = b.overloaded_coefficients(1.0, 2.0, &TERMS, s, budget);
-            let (l, lg) = if gpu == GpuKind::None { (30.0, 0.0) } else { (30.0, 3.0) };
+            let (l, lg) = if gpu == GpuKind::None {
+                (30.0, 0.0)
+            } else {
+                (30.0, 3.0)
+            };
             let linear = (a - 1.0) * l + (bb - 2.0) * lg + share;
             // κ's head term carries the io bytes (b_i/V + b_o) of an overloaded head.
             let expected = (b.reload_bytes(l, lg, &TERMS, budget) - TERMS.io) / s;
