@@ -284,7 +284,9 @@ impl Lda {
     pub fn valid_ks(&self) -> Vec<u32> {
         let l = self.n_layers;
         let m = self.devices.len() as u32;
-        (1..=l).filter(|&k| l.is_multiple_of(k) && l / k >= m).collect()
+        (1..=l)
+            .filter(|&k| l.is_multiple_of(k) && l / k >= m)
+            .collect()
     }
 
     /// The layers device `m` can keep on its GPU at k rounds: ⌊W·z_m^{gpu}⌋, with
