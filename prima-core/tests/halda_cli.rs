@@ -271,3 +271,49 @@ fn profile_measures_then_answers_from_cache() {
         &[],
     ));
 }
+
+#[test]
+fn plugins_lists_the_solver() {
+    let text = ok(&prima(&["plugins"], &[]));
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("solver"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(line.contains("highs") && line.contains("abi v1"), "{line}");
+}
+
+#[test]
+fn halda_without_a_solver_plugin_says_so() {
+    let empty = scratch("no-plugins");
+    std::fs::create_dir_all(&empty).unwrap();
+    let model = model_path("llama3-8b-q4_k");
+    let devices = testbed_path("d1-d6");
+    let out = Command::new(env!("CARGO_BIN_EXE_prima"))
+        .args([
+            "plan",
+            "-m",
+            model.to_str().unwrap(),
+            "--devices",
+            devices.to_str().unwrap(),
+        ])
+        .env("PRIMA_PLUGIN_DIR", &empty)
+        .output()
+        .unwrap();
+    let e = err(&out);
+    assert!(e.contains("no solver plugin"), "{e}");
+    // The baselines need no solver.
+    let out = Command::new(env!("CARGO_BIN_EXE_prima"))
+        .args([
+            "plan",
+            "-m",
+            model.to_str().unwrap(),
+            "--devices",
+            devices.to_str().unwrap(),
+            "--scheduler",
+            "mem",
+        ])
+        .env("PRIMA_PLUGIN_DIR", &empty)
+        .output()
+        .unwrap();
+    ok(&out);
+}
