@@ -24,17 +24,21 @@ extern "C" fn solve_ffi(problem: &MilpProblem) -> RResult<MilpSolution, RString>
 pub fn solve(problem: &MilpProblem) -> Result<MilpSolution, String> {
     problem.validate()?;
     let mut pb = RowProblem::default();
-    let cols: Vec<_> = problem
-        .columns
-        .iter()
-        .map(|c| {
-            if c.integer {
-                pb.add_integer_column(c.cost, c.lower..=c.upper)
-            } else {
-                pb.add_column(c.cost, c.lower..=c.upper)
+    let mut cols = Vec::with_capacity(problem.columns.len());
+    for c in problem.columns.iter() {
+        if c.integer {
+            // HiGHS can return a fractional value at a fractional bound of an integer
+            // column (seen: x ∈ [0, 2.5] integer → 2.5), so give it the integer bounds,
+            // which admit exactly the same points.
+            let (lower, upper) = ((c.lower - 1e-9).ceil(), (c.upper + 1e-9).floor());
+            if lower > upper {
+                return Ok(infeasible("an integer column has no integer in its bounds"));
             }
-        })
-        .collect();
+            cols.push(pb.add_integer_column(c.cost, lower..=upper));
+        } else {
+            cols.push(pb.add_column(c.cost, c.lower..=c.upper));
+        }
+    }
     for row in problem.rows.iter() {
         let terms: Vec<_> = row
             .terms
@@ -81,6 +85,17 @@ pub fn solve(problem: &MilpProblem) -> Result<MilpSolution, String> {
     } else {
         RVec::new()
     };
+    // Never hand back a point that breaks integrality.
+    if let Some((j, v)) = problem
+        .columns
+        .iter()
+        .zip(values.iter())
+        .enumerate()
+        .find(|(_, (c, v))| c.integer && (*v - v.round()).abs() > 1e-6)
+        .map(|(j, (_, v))| (j, *v))
+    {
+        return Err(format!("HiGHS returned {v} for integer column {j}"));
+    }
     Ok(MilpSolution {
         status,
         has_solution,
@@ -88,6 +103,16 @@ pub fn solve(problem: &MilpProblem) -> Result<MilpSolution, String> {
         values,
         message: RString::from(format!("{:?}", solved.status())),
     })
+}
+
+fn infeasible(why: &str) -> MilpSolution {
+    MilpSolution {
+        status: MilpStatus::Infeasible,
+        has_solution: false,
+        objective: f64::INFINITY,
+        values: RVec::new(),
+        message: RString::from(why),
+    }
 }
 
 #[cfg(test)]
@@ -116,6 +141,13 @@ mod tests {
         let s = solve(&p).unwrap();
         assert_eq!(s.status, MilpStatus::Infeasible);
         assert!(!s.has_solution);
+    }
+
+    #[test]
+    fn an_integer_column_without_integers_is_infeasible() {
+        let mut p = MilpProblem::default();
+        p.add_column(0.2, 0.8, 1.0, true);
+        assert_eq!(solve(&p).unwrap().status, MilpStatus::Infeasible);
     }
 
     #[test]
