@@ -170,11 +170,12 @@ fn small_models_on_ten_nodes_reduce_to_the_3090() {
 
 #[test]
 fn every_paper_model_plans_on_every_testbed() {
-    let beds: [(&str, Vec<DeviceProfile>); 4] = [
+    let beds: [(&str, Vec<DeviceProfile>); 5] = [
         ("d1-d4", devices("d1-d6", &["D1", "D2", "D3", "D4"])),
         ("d1-d6", testbed("d1-d6")),
         ("ten-node", testbed("ten-node")),
         ("homogeneous-4", testbed("homogeneous-4")),
+        ("ablation-4", testbed("ablation-4")),
     ];
     for tag in [
         "llama3-8b-q4_k",
@@ -248,4 +249,23 @@ fn larger_k_never_wins_and_the_exact_program_is_never_worse() {
             );
         }
     }
+}
+
+/// The paper's ablation: on Llama 3 70B Halda beats MemSched and PerfSched "because it
+/// learns to drop the 4th device" (the phone).
+#[test]
+fn llama3_70b_on_the_ablation_bed_drops_the_phone_and_beats_the_baselines() {
+    let devs = testbed("ablation-4");
+    let m = model("llama3-70b-q4_k");
+    let h = plan(&m, &devs, Scheduler::Halda);
+    let mem = plan(&m, &devs, Scheduler::Mem);
+    let perf = plan(&m, &devs, Scheduler::Perf);
+    for p in [&h, &mem, &perf] {
+        eprintln!("70B on the ablation bed: {}", describe(p));
+        check_plan(p);
+    }
+    let phone = h.devices.iter().find(|d| d.name == "phone").unwrap();
+    assert!(phone.pruned, "{}", describe(&h));
+    assert!(h.predicted_tpot_ms < mem.predicted_tpot_ms);
+    assert!(h.predicted_tpot_ms < perf.predicted_tpot_ms);
 }

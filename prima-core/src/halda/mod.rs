@@ -206,8 +206,8 @@ fn pruned_relays<'a>(all: &[&'a DeviceProfile], active: &[usize]) -> Vec<&'a Dev
 type Selection = (Vec<usize>, HaldaSolution, Vec<(usize, String)>);
 
 /// Device selection: devices left with a single layer per window are removed and the
-/// problem solved again, for as long as removing them does not make T worse (a plan
-/// where every device has w_m = 1 with many rounds is a real optimum, not a hint).
+/// problem solved again, for as long as removing them does not make T worse — a device
+/// the solver keeps at w_m = 1 because the others lack memory is needed, not weak.
 fn halda_with_pruning(
     model: &ModelProfile,
     all: &[&DeviceProfile],
@@ -229,22 +229,37 @@ fn halda_with_pruning(
     let mut reasons = Vec::new();
     loop {
         let ones: Vec<usize> = (0..active.len()).filter(|&j| solution.w[j] == 1).collect();
-        if ones.is_empty() || ones.len() == active.len() {
+        if ones.is_empty() || active.len() == 1 {
             break;
         }
-        let keep: Vec<usize> = (0..active.len())
-            .filter(|j| !ones.contains(j))
-            .map(|j| active[j])
-            .collect();
-        let candidate = match solve_on(&keep) {
-            Ok(c) => c,
-            Err(HaldaError::Infeasible) => break,
-            Err(e) => return Err(e.into()),
+        // All single-layer devices at once, as the paper does; if that makes T worse (or
+        // leaves nobody), each of them alone.
+        let mut tries: Vec<Vec<usize>> = Vec::new();
+        if ones.len() < active.len() {
+            tries.push(ones.clone());
+        }
+        if ones.len() > 1 {
+            tries.extend(ones.iter().map(|&j| vec![j]));
+        }
+        let mut accepted = None;
+        for removed in tries {
+            let keep: Vec<usize> = (0..active.len())
+                .filter(|j| !removed.contains(j))
+                .map(|j| active[j])
+                .collect();
+            match solve_on(&keep) {
+                Ok(c) if c.objective <= solution.objective => {
+                    accepted = Some((removed, keep, c));
+                    break;
+                }
+                Ok(_) | Err(HaldaError::Infeasible) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let Some((removed, keep, candidate)) = accepted else {
+            break;
         };
-        if candidate.objective > solution.objective {
-            break;
-        }
-        for &j in &ones {
+        for &j in &removed {
             reasons.push((
                 active[j],
                 format!(
