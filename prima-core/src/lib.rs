@@ -8,6 +8,7 @@ pub mod chat;
 pub mod generate;
 pub mod gguf;
 pub mod manifest;
+pub mod halda;
 pub mod model;
 pub mod plugin;
 pub mod profile;

@@ -7,7 +7,9 @@ mod apply_plan;
 mod bench;
 mod engine;
 mod node;
+mod plan;
 mod plugins;
+mod profile;
 mod run;
 mod tokenize;
 
@@ -40,6 +42,10 @@ enum Command {
     Node(node::NodeArgs),
     /// Start the cluster a manifest declares: profile, plan, launch the ring, serve.
     Apply(apply::ApplyArgs),
+    /// Assign layers to devices (Halda, or the MemSched/PerfSched baselines).
+    Plan(plan::PlanArgs),
+    /// Measure this device for planning (cached per device and model).
+    Profile(profile::ProfileArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -55,6 +61,8 @@ pub fn main() -> ExitCode {
         Command::Bench(args) => bench::run(args),
         Command::Node(args) => node::run(args),
         Command::Apply(args) => apply::run(args),
+        Command::Plan(args) => plan::run(args),
+        Command::Profile(args) => profile::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
