@@ -5,10 +5,8 @@
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::{bail, Context};
-use indicatif::{ProgressBar, ProgressStyle};
 use prima_core::chat::{render_chat, ChatMessage};
 use prima_core::generate::GenerateOptions;
 use prima_core::manifest::{LoadedManifest, Release};
@@ -20,7 +18,7 @@ use prima_core::prp::{RingError, RingHead, RingOptions};
 use prima_core::sampler::{Sampler, SamplerConfig};
 
 use super::apply_nodes::{LocalNodes, NodeSpec};
-use super::apply_plan::{plan, DevicePlan, Plan};
+use super::apply_plan::{plan, spinner, DevicePlan, Plan, PlanInputs};
 use super::engine::{Engine, EngineArgs};
 use super::node::MAX_FRAME_BYTES;
 use super::run::{print_device_table, print_summary, stream};
@@ -56,17 +54,6 @@ pub struct ApplyArgs {
     /// those whose configuration is unchanged.
     #[arg(long)]
     keep_nodes: bool,
-}
-
-fn spinner(msg: String) -> ProgressBar {
-    let bar = ProgressBar::new_spinner();
-    bar.set_style(
-        ProgressStyle::with_template("{spinner} {msg}")
-            .unwrap_or_else(|_| ProgressStyle::default_spinner()),
-    );
-    bar.set_message(msg);
-    bar.enable_steady_tick(Duration::from_millis(120));
-    bar
 }
 
 /// Renames a ring error's device index to its manifest name.
@@ -146,7 +133,27 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
     }
     let addr_of = |name: &str| local_nodes.addr_of(name);
 
-    let plan = plan(&manifest, &model, head, &addr_of)?;
+    let head_device = &m.devices[head];
+    let engine_args = EngineArgs {
+        model: head_model.clone(),
+        threads: head_device.threads,
+        backend: head_device.backend.clone(),
+    };
+    let engine = Engine::open_with(&engine_args, false)?;
+    let transport = load_transport(
+        None,
+        TransportConfig {
+            max_frame_bytes: MAX_FRAME_BYTES,
+        },
+    )?;
+    let plan = plan(&PlanInputs {
+        manifest: &manifest,
+        model: &model,
+        head,
+        backend: &engine.backend,
+        transport: &transport.transport,
+        addr_of: &addr_of,
+    })?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&plan.to_json())?);
     } else {
@@ -156,13 +163,6 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
         return Ok(());
     }
 
-    let head_device = &m.devices[head];
-    let engine_args = EngineArgs {
-        model: head_model.clone(),
-        threads: head_device.threads,
-        backend: head_device.backend.clone(),
-    };
-    let engine = Engine::open_with(&engine_args, false)?;
     let policy = &m.policy;
     let n_ctx = policy.ctx.min(engine.model.hparams().n_ctx_train.max(1));
     let nodes: Vec<String> = plan.ring().skip(1).map(|d| d.addr.clone()).collect();
@@ -180,12 +180,6 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
         mem_budget: head_device.mem_budget.map(|s| s.0),
         ..RingOptions::default()
     };
-    let transport = load_transport(
-        None,
-        TransportConfig {
-            max_frame_bytes: MAX_FRAME_BYTES,
-        },
-    )?;
     let bar = spinner(format!("launching the ring ({} devices)", windows.len()));
     let head_ring = if nodes.is_empty() {
         None

@@ -3,6 +3,7 @@
 
 use prima_core::plugin::load_transport;
 use prima_core::plugin::transport_abi::TransportConfig;
+use prima_core::profile::{profile_device, DeviceProfile, ProfileOptions, GIB};
 use prima_core::prp::node::{serve, NodeConfig};
 
 use super::engine::{Engine, EngineArgs};
@@ -48,15 +49,17 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
         args.engine.model.display(),
         backend_desc
     );
-    let mem_budget = args.mem_budget;
-    let profiler = move || -> Result<serde_json::Value, String> {
-        let (available, total) = prima_core::prp::counters::mem_available_total().unwrap_or((0, 0));
-        Ok(serde_json::json!({
-            "host": hostname(),
-            "mem_total": total,
-            "mem_available": available,
-            "mem_budget": mem_budget,
-        }))
+    let profiler = || -> Result<serde_json::Value, String> {
+        let options = ProfileOptions::default();
+        let report = profile_device(
+            &engine.backend.backend,
+            &engine.backend.plugin_name,
+            &args.engine.model,
+            &options,
+        )
+        .map_err(|e| e.to_string())?;
+        let profile = with_budget(report.profile, args.mem_budget);
+        serde_json::to_value(&profile).map_err(|e| e.to_string())
     };
     let config = NodeConfig {
         mem_budget: args.mem_budget,
@@ -72,6 +75,17 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
         &config,
     )?;
     Ok(())
+}
+
+/// The profile of a device that may use only `budget` bytes of memory for weights: its
+/// RAM, as the planner sees it, is the smaller of what it has and the budget.
+pub fn with_budget(mut profile: DeviceProfile, budget: Option<u64>) -> DeviceProfile {
+    if let Some(b) = budget {
+        let gib = b as f64 / GIB;
+        profile.ram_available_gib = profile.ram_available_gib.min(gib);
+        profile.ram_total_gib = profile.ram_total_gib.min(gib);
+    }
+    profile
 }
 
 fn hostname() -> String {

@@ -152,9 +152,6 @@ fn inspect(path: &Path) -> PluginInfo {
                     }
                     Err(reason) => info.refused = Some(reason),
                 },
-                Some(other) => {
-                    info.refused = Some(format!("{} plugins are not used by this release", other.name()))
-                }
             }
         }
     }
