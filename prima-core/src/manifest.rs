@@ -195,6 +195,9 @@ pub struct Policy {
     /// Prompt tokens per batch.
     #[serde(default = "default_batch")]
     pub batch: usize,
+    /// Plan with these device profiles (a `prima plan --devices` file, matched by device
+    /// name) instead of measuring the devices: for testbeds and `--dry-run`.
+    pub profiles: Option<PathBuf>,
 }
 
 fn yes() -> bool {
@@ -219,6 +222,7 @@ impl Default for Policy {
             release: Release::Mru,
             ctx: default_ctx(),
             batch: default_batch(),
+            profiles: None,
         }
     }
 }
@@ -375,13 +379,20 @@ impl LoadedManifest {
         })
     }
 
-    /// The model file of device `name`: its override, else `model.path`, relative to the
-    /// manifest's directory.
+    /// The model file of device `name`: its override, else `model.path`.
     pub fn model_path(&self, name: &str) -> PathBuf {
         let m = &self.manifest.model;
-        let p = m.paths.get(name).unwrap_or(&m.path);
+        self.resolve(m.paths.get(name).unwrap_or(&m.path))
+    }
+
+    /// A path from the manifest: `~/` is the home directory, and relative paths start at
+    /// the manifest's directory.
+    pub fn resolve(&self, p: &Path) -> PathBuf {
+        if let Ok(rest) = p.strip_prefix("~") {
+            return PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(rest);
+        }
         if p.is_absolute() {
-            p.clone()
+            p.to_path_buf()
         } else {
             self.path.parent().unwrap_or(Path::new(".")).join(p)
         }

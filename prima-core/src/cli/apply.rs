@@ -139,19 +139,29 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
         threads: head_device.threads,
         backend: head_device.backend.clone(),
     };
-    let engine = Engine::open_with(&engine_args, false)?;
-    let transport = load_transport(
-        None,
-        TransportConfig {
-            max_frame_bytes: MAX_FRAME_BYTES,
-        },
-    )?;
+    // With profiles from a file, a dry run needs neither a backend nor a transport.
+    let fixtures_only = m.policy.profiles.is_some() && args.dry_run;
+    let engine = if fixtures_only {
+        None
+    } else {
+        Some(Engine::open_with(&engine_args, false)?)
+    };
+    let transport = if fixtures_only {
+        None
+    } else {
+        Some(load_transport(
+            None,
+            TransportConfig {
+                max_frame_bytes: MAX_FRAME_BYTES,
+            },
+        )?)
+    };
     let plan = plan(&PlanInputs {
         manifest: &manifest,
         model: &model,
         head,
-        backend: &engine.backend,
-        transport: &transport.transport,
+        backend: engine.as_ref().map(|e| &e.backend),
+        transport: transport.as_ref().map(|t| &t.transport),
         addr_of: &addr_of,
     })?;
     if args.json {
@@ -159,6 +169,9 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
     } else {
         plan.print_table();
     }
+    let (Some(engine), Some(transport)) = (engine, transport) else {
+        return Ok(());
+    };
     if args.dry_run {
         return Ok(());
     }

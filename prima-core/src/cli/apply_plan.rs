@@ -10,7 +10,7 @@ use prima_core::manifest::{LoadedManifest, Rounds, Scheduler};
 use prima_core::model::Model;
 use prima_core::plugin::transport_abi::TransportBox;
 use prima_core::plugin::{load_solver, LoadedBackend};
-use prima_core::profile::{profile_device, DeviceProfile, ProfileOptions};
+use prima_core::profile::{profile_device, DeviceProfile, DeviceProfiles, ProfileOptions};
 use prima_core::prp::head::request_profile;
 use prima_core::prp::layer_counts;
 
@@ -113,8 +113,9 @@ pub struct PlanInputs<'a> {
     pub manifest: &'a LoadedManifest,
     pub model: &'a Model,
     pub head: usize,
-    pub backend: &'a LoadedBackend,
-    pub transport: &'a TransportBox,
+    /// The head's backend and the transport; absent when the manifest gives profiles.
+    pub backend: Option<&'a LoadedBackend>,
+    pub transport: Option<&'a TransportBox>,
     pub addr_of: &'a dyn Fn(&str) -> Option<String>,
 }
 
@@ -136,6 +137,33 @@ fn collect_profiles(
     order: &[usize],
 ) -> anyhow::Result<Vec<DeviceProfile>> {
     let m = &inputs.manifest.manifest;
+    if let Some(file) = &m.policy.profiles {
+        let path = inputs.manifest.resolve(file);
+        let fixtures = DeviceProfiles::load(&path)?;
+        return order
+            .iter()
+            .map(|&i| {
+                let d = &m.devices[i];
+                let mut p = fixtures
+                    .device
+                    .iter()
+                    .find(|p| p.name == d.name)
+                    .cloned()
+                    .with_context(|| {
+                        format!(
+                            "policy.profiles: {} has no device named '{}'",
+                            path.display(),
+                            d.name
+                        )
+                    })?;
+                p.relay = p.relay || d.relay_only;
+                Ok(p)
+            })
+            .collect();
+    }
+    let (Some(backend), Some(transport)) = (inputs.backend, inputs.transport) else {
+        bail!("profiling the devices needs the head's backend and a transport");
+    };
     let mut profiles = Vec::with_capacity(order.len());
     for (pos, &i) in order.iter().enumerate() {
         let d = &m.devices[i];
@@ -146,8 +174,8 @@ fn collect_profiles(
                 ..ProfileOptions::default()
             };
             let report = profile_device(
-                &inputs.backend.backend,
-                &inputs.backend.plugin_name,
+                &backend.backend,
+                &backend.plugin_name,
                 &inputs.manifest.model_path(&d.name),
                 &options,
             )
@@ -159,7 +187,7 @@ fn collect_profiles(
                 .clone()
                 .or_else(|| (inputs.addr_of)(&d.name))
                 .with_context(|| format!("device '{}': no address", d.name))?;
-            let value = request_profile(inputs.transport, &addr, 120_000)
+            let value = request_profile(transport, &addr, 120_000)
                 .map_err(|e| anyhow::anyhow!("device '{}' ({addr}): {e}", d.name))?;
             serde_json::from_value::<DeviceProfile>(value)
                 .with_context(|| format!("device '{}' ({addr}): unreadable profile", d.name))?
@@ -188,6 +216,7 @@ pub fn plan(inputs: &PlanInputs<'_>) -> anyhow::Result<Plan> {
     let mut reasons: Vec<Option<String>> = vec![None; n_devices];
     let mut relays: Vec<bool> = order.iter().map(|&i| m.devices[i].relay_only).collect();
     let mut predicted = None;
+    let mut gpu = vec![0usize; n_devices];
     let mut w: Vec<usize> = match m.policy.scheduler {
         Scheduler::Manual => {
             let given = m.policy.windows.as_deref().unwrap_or(&[]);
@@ -223,6 +252,7 @@ pub fn plan(inputs: &PlanInputs<'_>) -> anyhow::Result<Plan> {
             let mut w = vec![0; n_devices];
             for (pos, d) in planned.devices.iter().enumerate() {
                 w[pos] = d.w as usize;
+                gpu[pos] = d.n as usize;
                 sets[pos] = d.set.map(|s| s.name());
                 reasons[pos] = d.reason.clone();
                 relays[pos] = relays[pos] || d.relay;
@@ -246,7 +276,8 @@ pub fn plan(inputs: &PlanInputs<'_>) -> anyhow::Result<Plan> {
             manifest.path.display()
         );
     }
-    let counts = layer_counts(n_layers, &w, &vec![0; w.len()])?;
+    let capped: Vec<usize> = gpu.iter().zip(&w).map(|(&g, &x)| g.min(x)).collect();
+    let counts = layer_counts(n_layers, &w, &capped)?;
     let k = n_layers.div_ceil(w.iter().sum::<usize>());
     let devices = order
         .iter()
@@ -270,7 +301,7 @@ pub fn plan(inputs: &PlanInputs<'_>) -> anyhow::Result<Plan> {
                 name: d.name.clone(),
                 addr,
                 w: w[pos],
-                n: 0,
+                n: gpu[pos].min(w[pos]),
                 layers: counts[pos].0,
                 relay: relays[pos] && counts[pos].0 == 0,
                 pruned,
