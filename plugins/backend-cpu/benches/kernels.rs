@@ -214,8 +214,10 @@ fn prefill_x4(c: &mut Criterion) {
         GgmlType::Q8_0,
         GgmlType::Q4_0,
         GgmlType::Q5_0,
+        GgmlType::Q4K,
+        GgmlType::Q6K,
     ] {
-        let (rows, cols) = SHAPES[0];
+        let (rows, cols) = shape_for(t, SHAPES[0]);
         let data = weights(&mut rng, t, rows, cols);
         let row_bytes = t.row_bytes(cols).unwrap();
         let w = Weight {

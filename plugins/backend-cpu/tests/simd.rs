@@ -6,6 +6,9 @@
 //! - `vec_dot_matches_scalar`: each level's `vec_dot` of every weight type returns the
 //!   scalar result bit for bit (the kernels keep the scalar summation order), for the same
 //!   row lengths, weight scales of ±65504, f16 subnormals and zero, and those activations.
+//! - `vec_dot_x4_matches_scalar`: each level's four-token kernel returns, per token, the
+//!   scalar `vec_dot` bit for bit, for the same row lengths and weight scales, with four
+//!   different activation kinds side by side and rows padded apart (strides beyond a row).
 //! - `matmul_matches_scalar_at_every_level`: `ops::matmul` with each level's table, odd
 //!   row and token counts (prefill tiles and their remainders), equals the scalar
 //!   `vec_dot` of every element.
@@ -190,6 +193,57 @@ fn vec_dot_matches_scalar() {
                             "{} {t} n={n} {scales:?} weights, {name} activations: {got} vs scalar {want}",
                             level.name()
                         );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn vec_dot_x4_matches_scalar() {
+    let mut rng = ChaCha8Rng::seed_from_u64(14);
+    for level in levels() {
+        for t in WEIGHT_TYPES {
+            let (want_k, got_k) = (scalar::kernels(t).unwrap(), level.kernels(t).unwrap());
+            let Some(x4) = got_k.vec_dot_x4 else {
+                continue;
+            };
+            let at = want_k.vec_dot_type;
+            for n in lengths(t) {
+                let row = at.row_bytes(n).unwrap();
+                // Every activation kind once in each of the four slots, across the groups.
+                let acts: Vec<Vec<u8>> = activations(&mut rng, n)
+                    .into_iter()
+                    .map(|(_, x)| {
+                        let mut a = vec![0u8; row];
+                        (want_k.quantize_activation)(&x, &mut a);
+                        a
+                    })
+                    .collect();
+                for scales in [Scales::Normal, Scales::Max, Scales::Subnormal, Scales::Zero] {
+                    let w = random_row(&mut rng, t, n, scales);
+                    for pad in [0, 3] {
+                        let stride = row + pad;
+                        for first in 0..acts.len() {
+                            let pick: [usize; 4] =
+                                std::array::from_fn(|k| (first + k) % acts.len());
+                            let mut a = vec![0x5Au8; 3 * stride + row];
+                            for (k, &p) in pick.iter().enumerate() {
+                                a[k * stride..k * stride + row].copy_from_slice(&acts[p]);
+                            }
+                            let got = x4(n, &w, &a, stride);
+                            for (k, &p) in pick.iter().enumerate() {
+                                let want = (want_k.vec_dot)(n, &w, &acts[p]);
+                                assert!(
+                                    same(want, got[k]),
+                                    "{} {t} x4 n={n} {scales:?} weights, token {k} (kind {p}), \
+                                     stride {stride}: {} vs scalar {want}",
+                                    level.name(),
+                                    got[k]
+                                );
+                            }
+                        }
                     }
                 }
             }

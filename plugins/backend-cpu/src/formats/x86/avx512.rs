@@ -5,8 +5,8 @@
 //! Rust 1.89, the workspace's `rust-version`.)
 
 use super::avx2::{
-    bits32, blocks, f16_at, f16_x4, load, min_sum_k4, nibbles32, q4_1_term, scales_mins_k4,
-    sum_blocks, terms4_q4_1, terms4_sdd,
+    bits32, blocks, f16_at, f16_x4, hsum4, k4_terms_x4, load, min_sum_k4, nibbles32, q4_1_term,
+    q6k_offset, q6k_terms_x4, scales_mins_k4, sum_blocks, terms4_q4_1, terms4_sdd,
 };
 use crate::formats::k_quants::{q4_k, q6_k, q8_k, QK_K};
 use crate::formats::{q4_0, q4_1, q5_0, q8_0, q8_1, FormatKernels};
@@ -24,6 +24,11 @@ pub(in crate::formats) fn overlay(mut k: FormatKernels) -> FormatKernels {
         T::Q4K => vec_dot_q4_k,
         T::Q6K => vec_dot_q6_k,
         _ => k.vec_dot,
+    };
+    k.vec_dot_x4 = match k.weight_type {
+        T::Q4K => Some(vec_dot_x4_q4_k),
+        T::Q6K => Some(vec_dot_x4_q6_k),
+        _ => k.vec_dot_x4,
     };
     k
 }
@@ -45,6 +50,25 @@ wrappers! {
     vec_dot_q8_0 => dot_q8_0;
     vec_dot_q4_k => dot_q4_k;
     vec_dot_q6_k => dot_q6_k;
+}
+
+/// Safe wrappers of the four-token K-quant kernels; they check that the four rows are in
+/// bounds.
+macro_rules! x4_wrappers {
+    ($($name:ident => $imp:ident;)*) => {
+        $(fn $name(n: usize, w: &[u8], a: &[u8], a_stride: usize) -> [f32; 4] {
+            let row = (n / QK_K) * q8_k::BLOCK_BYTES;
+            assert!(a_stride >= row && a.len() >= 3 * a_stride + row, "vec_dot_x4: short rows");
+            // SAFETY: only reachable through `overlay`'s table, which `dispatch` hands out
+            // after detecting the AVX-512 features (and AVX2's); the rows are in bounds.
+            unsafe { $imp(n, w, a, a_stride) }
+        })*
+    };
+}
+
+x4_wrappers! {
+    vec_dot_x4_q4_k => dot_x4_q4_k;
+    vec_dot_x4_q6_k => dot_x4_q6_k;
 }
 
 /// `Σ u·s` of unsigned × signed bytes in groups of four, as 8 i32s (no i16 saturation).
@@ -222,4 +246,89 @@ unsafe fn dot_q6_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
 unsafe fn scale_quarters(scales: &[u8], g: usize) -> __m512i {
     let s = |j: usize| _mm_set1_epi16(scales[g + j] as i8 as i16);
     join(_mm256_set_m128i(s(1), s(0)), _mm256_set_m128i(s(3), s(2)))
+}
+
+/// The 16 i32 lanes of `v` folded to 8 (integer sums: any order is exact).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn fold(v: __m512i) -> __m256i {
+    _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1))
+}
+
+/// One Q4_K row against four tokens, 64 quants per instruction: each 32-byte slice of
+/// quants is split into its two sub-blocks once and dotted against all four tokens.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn dot_x4_q4_k(n: usize, w: &[u8], a: &[u8], st: usize) -> [f32; 4] {
+    let (wbb, abb) = (q4_k::BLOCK_BYTES, q8_k::BLOCK_BYTES);
+    let nb = (n / QK_K).min(w.len() / wbb);
+    let low = _mm512_set1_epi8(0x0F);
+    let mut sum = _mm_setzero_ps();
+    for i in 0..nb {
+        let wb = &w[i * wbb..(i + 1) * wbb];
+        let ab = a.as_ptr().add(i * abb);
+        let (sc, mn) = scales_mins_k4(&wb[4..16]);
+        let qs = wb.as_ptr().add(16);
+        let mut acc = [_mm512_setzero_si512(); 4];
+        for c in 0..4 {
+            let q = load(qs.add(32 * c));
+            let q = _mm512_and_si512(join(q, _mm256_srli_epi16(q, 4)), low);
+            let s = scale_halves(sc[2 * c] as i32, sc[2 * c + 1] as i32);
+            for (k, acc) in acc.iter_mut().enumerate() {
+                let av = _mm512_loadu_si512(ab.add(k * st + q8_k::QS + 64 * c) as *const _);
+                *acc = _mm512_dpwssd_epi32(*acc, _mm512_maddubs_epi16(q, av), s);
+            }
+        }
+        let isum = hsum4(acc.map(|v| fold(v)));
+        sum = _mm_add_ps(sum, k4_terms_x4(wb.as_ptr(), ab, st, isum, mn));
+    }
+    let mut out = [0.0f32; 4];
+    _mm_storeu_ps(out.as_mut_ptr(), sum);
+    out
+}
+
+/// One Q6_K row against four tokens, 64 quants per instruction; the −32 offset comes from
+/// the activations' `bsums`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn dot_x4_q6_k(n: usize, w: &[u8], a: &[u8], st: usize) -> [f32; 4] {
+    let (wbb, abb) = (q6_k::BLOCK_BYTES, q8_k::BLOCK_BYTES);
+    let nb = (n / QK_K).min(w.len() / wbb);
+    let low4 = _mm512_set1_epi8(0x0F);
+    let low2 = _mm512_set1_epi8(0x03);
+    let mut sum = _mm_setzero_ps();
+    for i in 0..nb {
+        let wb = &w[i * wbb..(i + 1) * wbb];
+        let ab = a.as_ptr().add(i * abb);
+        let (ql, qh, scales) = (wb.as_ptr(), wb.as_ptr().add(128), &wb[192..208]);
+        let mut acc = [_mm512_setzero_si512(); 4];
+        for h in 0..2 {
+            // As `dot_q6_k`: low nibbles with qh bits 0-3, then high nibbles with bits 4-7.
+            let l = _mm512_loadu_si512(ql.add(64 * h) as *const _);
+            let qhv = load(qh.add(32 * h));
+            let hb = [
+                join(qhv, _mm256_srli_epi16(qhv, 2)),
+                join(_mm256_srli_epi16(qhv, 4), _mm256_srli_epi16(qhv, 6)),
+            ];
+            for (j, hb) in hb.into_iter().enumerate() {
+                let lj = if j == 0 { l } else { _mm512_srli_epi16(l, 4) };
+                let q = _mm512_or_si512(
+                    _mm512_and_si512(lj, low4),
+                    _mm512_slli_epi16(_mm512_and_si512(hb, low2), 4),
+                );
+                let s = scale_quarters(scales, 8 * h + 4 * j);
+                for (k, acc) in acc.iter_mut().enumerate() {
+                    let off = k * st + q8_k::QS + 128 * h + 64 * j;
+                    let av = _mm512_loadu_si512(ab.add(off) as *const _);
+                    *acc = _mm512_dpwssd_epi32(*acc, _mm512_maddubs_epi16(q, av), s);
+                }
+            }
+        }
+        let scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(scales.as_ptr() as *const __m128i));
+        let isum = hsum4(core::array::from_fn(|k| {
+            _mm256_sub_epi32(fold(acc[k]), q6k_offset(ab.add(k * st), scales16))
+        }));
+        sum = _mm_add_ps(sum, q6k_terms_x4(wb.as_ptr(), ab, st, isum));
+    }
+    let mut out = [0.0f32; 4];
+    _mm_storeu_ps(out.as_mut_ptr(), sum);
+    out
 }
