@@ -203,12 +203,14 @@ fn prefill(c: &mut Criterion) {
     }
 }
 
-/// One thread, 16 tokens: the four-token kernel against four one-token calls.
+/// One thread, 16 tokens: the four-token kernel against four one-token calls, at each SIMD
+/// level this CPU runs.
 fn prefill_x4(c: &mut Criterion) {
     let mut rng = ChaCha8Rng::seed_from_u64(4);
-    let Some(&best) = available_levels().last() else {
-        return;
-    };
+    let levels: Vec<KernelLevel> = available_levels()
+        .into_iter()
+        .filter(|&l| l != KernelLevel::Scalar)
+        .collect();
     for t in [
         GgmlType::Q4_1,
         GgmlType::Q8_0,
@@ -228,23 +230,24 @@ fn prefill_x4(c: &mut Criterion) {
             row_bytes,
         };
         let n_tokens = 16;
-        let k = best.kernels(t).unwrap();
-        let arb = k.vec_dot_type.row_bytes(cols).unwrap();
         let x: Vec<f32> = (0..n_tokens * cols)
             .map(|_| rng.gen_range(-1.0..1.0))
             .collect();
-        let mut act = vec![0u8; n_tokens * arb];
-        for (a, xr) in act.chunks_exact_mut(arb).zip(x.chunks_exact(cols)) {
-            (k.quantize_activation)(xr, a);
-        }
-        let mut out = vec![0f32; rows * n_tokens];
         let mut g = c.benchmark_group(format!("prefill_1t/{}/{rows}x{cols}", name(t)));
         g.throughput(Throughput::Bytes((data.len() * n_tokens) as u64));
-        let one = without_x4(k);
-        for (label, kk) in [("x1", one), ("x4", k)] {
-            g.bench_function(BenchmarkId::new(best.name(), label), |b| {
-                b.iter(|| dot_rows(&kk, &w, 0, &act, arb, n_tokens, &mut out))
-            });
+        for &level in &levels {
+            let k = level.kernels(t).unwrap();
+            let arb = k.vec_dot_type.row_bytes(cols).unwrap();
+            let mut act = vec![0u8; n_tokens * arb];
+            for (a, xr) in act.chunks_exact_mut(arb).zip(x.chunks_exact(cols)) {
+                (k.quantize_activation)(xr, a);
+            }
+            let mut out = vec![0f32; rows * n_tokens];
+            for (label, kk) in [("x1", without_x4(k)), ("x4", k)] {
+                g.bench_function(BenchmarkId::new(level.name(), label), |b| {
+                    b.iter(|| dot_rows(&kk, &w, 0, &act, arb, n_tokens, &mut out))
+                });
+            }
         }
         g.finish();
     }

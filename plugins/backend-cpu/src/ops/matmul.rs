@@ -154,7 +154,13 @@ pub fn dot_rows(
 ) {
     let rows = out.len() / n_tokens;
     let row_tile = (ROW_TILE_BYTES / w.row_bytes.max(1)).clamp(1, rows.max(1));
-    let token_tile = (TOKEN_TILE_BYTES / act_row_bytes.max(1)).clamp(1, n_tokens);
+    // A whole number of four-token groups where it can be, so only the prompt's last few
+    // tokens take the one-token kernel, not the end of every tile.
+    let token_tile = match TOKEN_TILE_BYTES / act_row_bytes.max(1) {
+        t if t >= 4 => t / 4 * 4,
+        t => t.max(1),
+    }
+    .min(n_tokens);
     for r0 in (0..rows).step_by(row_tile) {
         let r1 = (r0 + row_tile).min(rows);
         for t0 in (0..n_tokens).step_by(token_tile) {

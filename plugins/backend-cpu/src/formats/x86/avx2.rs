@@ -439,18 +439,22 @@ unsafe fn dot_x4_q4_1(n: usize, w: &[u8], a: &[u8], st: usize) -> [f32; 4] {
             }
             dot_u8_i8(q, load(a.add(k * st + i * ab + 4)))
         },
-        |i, s| {
-            // [d, m] of the weight block against [d_a, s_a] of each token's block.
-            let wdm = _mm_cvtph_ps(_mm_set1_epi32(
-                (w.add(i * wb) as *const i32).read_unaligned(),
-            ));
-            let wdm = _mm256_set_m128(wdm, wdm);
-            let prod = _mm256_mul_ps(wdm, f16_pairs4(a.add(i * ab), st));
-            let prod = _mm256_permutevar8x32_ps(prod, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
-            let (dd, ms) = (_mm256_castps256_ps128(prod), _mm256_extractf128_ps(prod, 1));
-            _mm_add_ps(_mm_mul_ps(dd, s), ms)
-        },
+        |i, s| terms_x4_q4_1(w.add(i * wb), a.add(i * ab), st, s),
     )
+}
+
+/// `d · d_a · isum + m · s_a` (Q4_1, Q5_1) of one weight block at `w` against four tokens'
+/// blocks `st` bytes apart from `a`, in the scalar order.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn terms_x4_q4_1(w: *const u8, a: *const u8, st: usize, s: __m128) -> __m128 {
+    // [d, m] of the weight block against [d_a, s_a] of each token's block.
+    let wdm = _mm_cvtph_ps(_mm_set1_epi32((w as *const i32).read_unaligned()));
+    let wdm = _mm256_set_m128(wdm, wdm);
+    let prod = _mm256_mul_ps(wdm, f16_pairs4(a, st));
+    let prod = _mm256_permutevar8x32_ps(prod, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
+    let (dd, ms) = (_mm256_castps256_ps128(prod), _mm256_extractf128_ps(prod, 1));
+    _mm_add_ps(_mm_mul_ps(dd, s), ms)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
