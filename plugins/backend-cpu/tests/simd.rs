@@ -9,6 +9,8 @@
 //! - `vec_dot_x4_matches_scalar`: each level's four-token kernel returns, per token, the
 //!   scalar `vec_dot` bit for bit, for the same row lengths and weight scales, with four
 //!   different activation kinds side by side and rows padded apart (strides beyond a row).
+//! - `vec_dot_2x4_matches_scalar`: likewise for the two-row, four-token kernels, the two
+//!   weight rows with different scale kinds and padded apart.
 //! - `matmul_matches_scalar_at_every_level`: `ops::matmul` with each level's table, odd
 //!   row and token counts (prefill tiles and their remainders), equals the scalar
 //!   `vec_dot` of every element.
@@ -242,6 +244,67 @@ fn vec_dot_x4_matches_scalar() {
                                     level.name(),
                                     got[k]
                                 );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn vec_dot_2x4_matches_scalar() {
+    let mut rng = ChaCha8Rng::seed_from_u64(15);
+    let kinds = [Scales::Normal, Scales::Max, Scales::Subnormal, Scales::Zero];
+    for level in levels() {
+        for t in WEIGHT_TYPES {
+            let (want_k, got_k) = (scalar::kernels(t).unwrap(), level.kernels(t).unwrap());
+            let Some(x2x4) = got_k.vec_dot_2x4 else {
+                continue;
+            };
+            let at = want_k.vec_dot_type;
+            for n in lengths(t) {
+                let (w_row, a_row) = (t.row_bytes(n).unwrap(), at.row_bytes(n).unwrap());
+                let acts: Vec<Vec<u8>> = activations(&mut rng, n)
+                    .into_iter()
+                    .map(|(_, x)| {
+                        let mut a = vec![0u8; a_row];
+                        (want_k.quantize_activation)(&x, &mut a);
+                        a
+                    })
+                    .collect();
+                for (ki, &k0) in kinds.iter().enumerate() {
+                    let k1 = kinds[(ki + 1) % kinds.len()];
+                    let rows = [
+                        random_row(&mut rng, t, n, k0),
+                        random_row(&mut rng, t, n, k1),
+                    ];
+                    for pad in [0, 5] {
+                        let (ws, st) = (w_row + pad, a_row + pad);
+                        let mut w = vec![0xA5u8; ws + w_row];
+                        w[..w_row].copy_from_slice(&rows[0]);
+                        w[ws..].copy_from_slice(&rows[1]);
+                        for first in 0..acts.len() {
+                            let pick: [usize; 4] =
+                                std::array::from_fn(|k| (first + k) % acts.len());
+                            let mut a = vec![0x5Au8; 3 * st + a_row];
+                            for (k, &p) in pick.iter().enumerate() {
+                                a[k * st..k * st + a_row].copy_from_slice(&acts[p]);
+                            }
+                            let got = x2x4(n, &w, ws, &a, st);
+                            for (r, row) in rows.iter().enumerate() {
+                                for (k, &p) in pick.iter().enumerate() {
+                                    let want = (want_k.vec_dot)(n, row, &acts[p]);
+                                    let g = got[4 * r + k];
+                                    assert!(
+                                        same(want, g),
+                                        "{} {t} 2x4 n={n} row {r} ({:?}), token {k} (kind {p}), \
+                                         pad {pad}: {g} vs scalar {want}",
+                                        level.name(),
+                                        [k0, k1][r]
+                                    );
+                                }
                             }
                         }
                     }

@@ -60,6 +60,18 @@ pub type VecDotFn = fn(n: usize, weight_row: &[u8], activation_row: &[u8]) -> f3
 pub type VecDotX4Fn =
     fn(n: usize, weight_row: &[u8], activation_rows: &[u8], a_stride: usize) -> [f32; 4];
 
+/// Dot products of two weight rows `w_stride` bytes apart against four activation rows
+/// `a_stride` bytes apart: `[row 0 × tokens 0..4, row 1 × tokens 0..4]`, each equal to
+/// `VecDotFn` on that pair, bit for bit. Prefill uses it to load each token's activations
+/// once for two rows as well as unpack each weight block once for four tokens.
+pub type VecDot2x4Fn = fn(
+    n: usize,
+    weight_rows: &[u8],
+    w_stride: usize,
+    activation_rows: &[u8],
+    a_stride: usize,
+) -> [f32; 8];
+
 /// Everything `matmul` and `get_rows` need to know about one weight type.
 #[derive(Clone, Copy)]
 pub struct FormatKernels {
@@ -73,6 +85,8 @@ pub struct FormatKernels {
     pub vec_dot: VecDotFn,
     /// A four-token `vec_dot`, where a kernel level has one.
     pub vec_dot_x4: Option<VecDotX4Fn>,
+    /// A two-row, four-token `vec_dot`, where a kernel level has one.
+    pub vec_dot_2x4: Option<VecDot2x4Fn>,
 }
 
 /// Reads a little-endian f16 at `off` as f32.

@@ -142,7 +142,8 @@ pub fn matmul(
 ///
 /// Walks row tiles of about [`ROW_TILE_BYTES`] and, inside each, token blocks of about
 /// [`TOKEN_TILE_BYTES`], so both operands of the inner loops come from cache; uses the
-/// four-token kernel where the level has one (same bits as four `vec_dot` calls).
+/// two-row × four-token kernel, else the four-token kernel, where the level has one (same
+/// bits as the `vec_dot` calls they replace).
 pub fn dot_rows(
     kernels: &FormatKernels,
     w: &Weight<'_>,
@@ -166,7 +167,35 @@ pub fn dot_rows(
         for t0 in (0..n_tokens).step_by(token_tile) {
             let t1 = (t0 + token_tile).min(n_tokens);
             let acts = &act[t0 * act_row_bytes..t1 * act_row_bytes];
-            for r in r0..r1 {
+            let mut r = r0;
+            if let Some(x2x4) = kernels.vec_dot_2x4 {
+                // Two rows × four tokens per call: each token's activations are also loaded
+                // once for both rows.
+                while r + 2 <= r1 {
+                    let w_rows = &w.data[(first_row + r) * w.row_bytes..];
+                    let w_rows = &w_rows[..2 * w.row_bytes];
+                    let n4 = (t1 - t0) / 4 * 4;
+                    for (g, a) in acts[..n4 * act_row_bytes]
+                        .chunks_exact(4 * act_row_bytes)
+                        .enumerate()
+                    {
+                        let d = x2x4(w.cols, w_rows, w.row_bytes, a, act_row_bytes);
+                        let (o0, o1) = (r * n_tokens + t0 + 4 * g, (r + 1) * n_tokens + t0 + 4 * g);
+                        out[o0..o0 + 4].copy_from_slice(&d[..4]);
+                        out[o1..o1 + 4].copy_from_slice(&d[4..]);
+                    }
+                    for rr in r..r + 2 {
+                        let w_row = w.row(first_row + rr);
+                        let rest = acts[n4 * act_row_bytes..].chunks_exact(act_row_bytes);
+                        let o = &mut out[rr * n_tokens + t0 + n4..rr * n_tokens + t1];
+                        for (o, a) in o.iter_mut().zip(rest) {
+                            *o = (kernels.vec_dot)(w.cols, w_row, a);
+                        }
+                    }
+                    r += 2;
+                }
+            }
+            for r in r..r1 {
                 let w_row = w.row(first_row + r);
                 let out_row = &mut out[r * n_tokens + t0..r * n_tokens + t1];
                 let mut done = 0;

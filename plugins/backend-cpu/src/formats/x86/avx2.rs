@@ -447,7 +447,7 @@ unsafe fn dot_x4_q4_1(n: usize, w: &[u8], a: &[u8], st: usize) -> [f32; 4] {
 /// blocks `st` bytes apart from `a`, in the scalar order.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-pub(super) unsafe fn terms_x4_q4_1(w: *const u8, a: *const u8, st: usize, s: __m128) -> __m128 {
+unsafe fn terms_x4_q4_1(w: *const u8, a: *const u8, st: usize, s: __m128) -> __m128 {
     // [d, m] of the weight block against [d_a, s_a] of each token's block.
     let wdm = _mm_cvtph_ps(_mm_set1_epi32((w as *const i32).read_unaligned()));
     let wdm = _mm256_set_m128(wdm, wdm);

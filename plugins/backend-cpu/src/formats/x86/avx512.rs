@@ -1,12 +1,13 @@
 //! AVX-512 (F/BW/VL) + VNNI kernels for the formats where they pay: VNNI's `vpdpbusd`
 //! fuses the byte dot and its widening sum in the 32-element quants, and Q4_K/Q6_K walk
-//! 64 quants per instruction. Everything else keeps the AVX2 kernels (this level includes
-//! AVX2). Same numerics contract as `formats::x86`. (These intrinsics are stable since
+//! 64 quants per instruction (one token, and four tokens for prefill). For prefill the
+//! 32-element signed formats (Q4_0, Q5_0, Q8_0) have two-row × four-token tiles. Everything
+//! else keeps the AVX2 kernels (this level includes AVX2). Same numerics contract as `formats::x86`. (These intrinsics are stable since
 //! Rust 1.89, the workspace's `rust-version`.)
 
 use super::avx2::{
     bits32, blocks, f16_at, f16_x4, hsum4, k4_terms_x4, load, min_sum_k4, nibbles32, q4_1_term,
-    q6k_offset, q6k_terms_x4, scales_mins_k4, sum_blocks, terms4_q4_1, terms4_sdd, terms_x4_q4_1,
+    q6k_offset, q6k_terms_x4, scales_mins_k4, sum_blocks, terms4_q4_1, terms4_sdd,
 };
 use crate::formats::k_quants::{q4_k, q6_k, q8_k, QK_K};
 use crate::formats::{q4_0, q4_1, q5_0, q8_0, q8_1, FormatKernels};
@@ -26,13 +27,15 @@ pub(in crate::formats) fn overlay(mut k: FormatKernels) -> FormatKernels {
         _ => k.vec_dot,
     };
     k.vec_dot_x4 = match k.weight_type {
-        T::Q4_0 => Some(vec_dot_x4_q4_0),
-        T::Q4_1 => Some(vec_dot_x4_q4_1),
-        T::Q5_0 => Some(vec_dot_x4_q5_0),
-        T::Q8_0 => Some(vec_dot_x4_q8_0),
         T::Q4K => Some(vec_dot_x4_q4_k),
         T::Q6K => Some(vec_dot_x4_q6_k),
         _ => k.vec_dot_x4,
+    };
+    k.vec_dot_2x4 = match k.weight_type {
+        T::Q4_0 => Some(vec_dot_2x4_q4_0),
+        T::Q5_0 => Some(vec_dot_2x4_q5_0),
+        T::Q8_0 => Some(vec_dot_2x4_q8_0),
+        _ => k.vec_dot_2x4,
     };
     k
 }
@@ -56,12 +59,12 @@ wrappers! {
     vec_dot_q6_k => dot_q6_k;
 }
 
-/// Safe wrappers of the four-token kernels; they check that the four rows are in
+/// Safe wrappers of the four-token K-quant kernels; they check that the four rows are in
 /// bounds.
 macro_rules! x4_wrappers {
-    ($($name:ident => $imp:ident, $elems:expr, $act_block:expr;)*) => {
+    ($($name:ident => $imp:ident;)*) => {
         $(fn $name(n: usize, w: &[u8], a: &[u8], a_stride: usize) -> [f32; 4] {
-            let row = (n / $elems) * $act_block;
+            let row = (n / QK_K) * q8_k::BLOCK_BYTES;
             assert!(a_stride >= row && a.len() >= 3 * a_stride + row, "vec_dot_x4: short rows");
             // SAFETY: only reachable through `overlay`'s table, which `dispatch` hands out
             // after detecting the AVX-512 features (and AVX2's); the rows are in bounds.
@@ -71,12 +74,35 @@ macro_rules! x4_wrappers {
 }
 
 x4_wrappers! {
-    vec_dot_x4_q4_0 => dot_x4_q4_0, 32, q8_0::BLOCK_BYTES;
-    vec_dot_x4_q4_1 => dot_x4_q4_1, 32, q8_1::BLOCK_BYTES;
-    vec_dot_x4_q5_0 => dot_x4_q5_0, 32, q8_0::BLOCK_BYTES;
-    vec_dot_x4_q8_0 => dot_x4_q8_0, 32, q8_0::BLOCK_BYTES;
-    vec_dot_x4_q4_k => dot_x4_q4_k, QK_K, q8_k::BLOCK_BYTES;
-    vec_dot_x4_q6_k => dot_x4_q6_k, QK_K, q8_k::BLOCK_BYTES;
+    vec_dot_x4_q4_k => dot_x4_q4_k;
+    vec_dot_x4_q6_k => dot_x4_q6_k;
+}
+
+/// Safe wrappers of the two-row, four-token kernels; they check that both weight rows and
+/// the four activation rows are in bounds.
+macro_rules! x2x4_wrappers {
+    ($($name:ident => $imp:ident, $w_block:expr, $act_block:expr;)*) => {
+        $(fn $name(n: usize, w: &[u8], w_stride: usize, a: &[u8], a_stride: usize) -> [f32; 8] {
+            let (w_row, a_row) = ((n / 32) * $w_block, (n / 32) * $act_block);
+            assert!(
+                w_stride >= w_row && w.len() >= w_stride + w_row,
+                "vec_dot_2x4: short weight rows"
+            );
+            assert!(
+                a_stride >= a_row && a.len() >= 3 * a_stride + a_row,
+                "vec_dot_2x4: short activation rows"
+            );
+            // SAFETY: only reachable through `overlay`'s table, which `dispatch` hands out
+            // after detecting the AVX-512 features (and AVX2's); the rows are in bounds.
+            unsafe { $imp(n, w, w_stride, a, a_stride) }
+        })*
+    };
+}
+
+x2x4_wrappers! {
+    vec_dot_2x4_q4_0 => dot_2x4_q4_0, q4_0::BLOCK_BYTES, q8_0::BLOCK_BYTES;
+    vec_dot_2x4_q5_0 => dot_2x4_q5_0, q5_0::BLOCK_BYTES, q8_0::BLOCK_BYTES;
+    vec_dot_2x4_q8_0 => dot_2x4_q8_0, q8_0::BLOCK_BYTES, q8_0::BLOCK_BYTES;
 }
 
 /// `Σ u·s` of unsigned × signed bytes in groups of four, as 8 i32s (no i16 saturation).
@@ -341,26 +367,11 @@ unsafe fn dot_x4_q6_k(n: usize, w: &[u8], a: &[u8], st: usize) -> [f32; 4] {
     out
 }
 
-// ---- four tokens at once, 32-element blocks: two tokens per 512-bit `vpdpbusd` ----
-
-/// Per token `k`, `Σ_i terms(i, sums(i))[k]` over blocks `0..nb`: `sums(i)` holds block
-/// `i`'s four integer dots, and the four running sums stay in block order, as the
-/// one-token kernels add them.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-#[inline]
-unsafe fn sum_x4(
-    nb: usize,
-    mut sums: impl FnMut(usize) -> __m128i,
-    mut terms: impl FnMut(usize, __m128) -> __m128,
-) -> [f32; 4] {
-    let mut acc = _mm_setzero_ps();
-    for i in 0..nb {
-        acc = _mm_add_ps(acc, terms(i, _mm_cvtepi32_ps(sums(i))));
-    }
-    let mut out = [0.0f32; 4];
-    _mm_storeu_ps(out.as_mut_ptr(), acc);
-    out
-}
+// ---- two rows × four tokens, 32-element blocks with signed quants ----
+//
+// (A one-row, four-token VNNI kernel measured no faster than AVX2's sign/maddubs one: the
+// per-block reduction and scale terms dominate. Sharing each token's activation loads, bias
+// and scales between two rows is what pays.)
 
 /// The 32 activation quants at `a` of tokens 0, 1 and of tokens 2, 3 (`st` bytes apart),
 /// each pair in one vector.
@@ -373,102 +384,135 @@ unsafe fn act_pairs(a: *const u8, st: usize) -> [__m512i; 2] {
     ]
 }
 
-/// The 8-lane dot sums of two token pairs, summed per token: `[Σ p01.lo, Σ p01.hi, …]`.
+/// The sums of eight vectors of 8 i32s, in order.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-unsafe fn pair_sums(p: [__m512i; 2]) -> __m128i {
-    hsum4([
-        _mm512_castsi512_si256(p[0]),
-        _mm512_extracti64x4_epi64(p[0], 1),
-        _mm512_castsi512_si256(p[1]),
-        _mm512_extracti64x4_epi64(p[1], 1),
+unsafe fn hsum8(v: [__m256i; 8]) -> __m256i {
+    let h0 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    let h1 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+    // h0 = [Σlo v0..v3 | Σhi v0..v3], h1 likewise for v4..v7.
+    _mm256_add_epi32(
+        _mm256_permute2x128_si256(h0, h1, 0x20),
+        _mm256_permute2x128_si256(h0, h1, 0x31),
+    )
+}
+
+/// `Σ s_r·a_k` of two weight rows' signed block quants `s0`, `s1` (any i8) against four
+/// tokens' quants at `a`: `[row 0 × tokens 0..4, row 1 × tokens 0..4]`. Each token's
+/// activations are biased to unsigned (`a + 128`, an XOR) once for both rows so that
+/// `vpdpbusd` can take them, and each accumulator starts at `−128·Σs`, so the integer sums
+/// are exact for any i8 quants (Q8_0 weights of −128 included).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn signed_sums_2x4(s0: __m256i, s1: __m256i, a: *const u8, st: usize) -> __m256i {
+    let bias = _mm512_set1_epi8(0x80u8 as i8);
+    let zero = _mm512_setzero_si512();
+    let acts = act_pairs(a, st).map(|p| _mm512_xor_si512(p, bias));
+    let dots = |s: __m256i| {
+        let s = _mm512_broadcast_i64x4(s);
+        let start = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, bias, s));
+        acts.map(|p| _mm512_dpbusd_epi32(start, p, s))
+    };
+    let (r0, r1) = (dots(s0), dots(s1));
+    let lo = |v: __m512i| _mm512_castsi512_si256(v);
+    let hi = |v: __m512i| _mm512_extracti64x4_epi64(v, 1);
+    hsum8([
+        lo(r0[0]),
+        hi(r0[0]),
+        lo(r0[1]),
+        hi(r0[1]),
+        lo(r1[0]),
+        hi(r1[0]),
+        lo(r1[1]),
+        hi(r1[1]),
     ])
 }
 
-/// `Σ s·a_k` of signed weight quants `s` (any i8) against four tokens' Q8_0/Q8_1 quants at
-/// `a`: the activations are biased to unsigned (`a + 128`, an XOR) for `vpdpbusd`, and the
-/// accumulators start at `−128·Σs`, so the integer sums are exact.
+/// Per (row, token) lane, `Σ_i terms(i, sums(i))` over blocks `0..nb` in block order.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-unsafe fn signed_sums_x4(s: __m256i, a: *const u8, st: usize) -> __m128i {
-    let bias = _mm512_set1_epi8(0x80u8 as i8);
-    let s = _mm512_broadcast_i64x4(s);
-    let zero = _mm512_setzero_si512();
-    let start = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, bias, s));
-    pair_sums(act_pairs(a, st).map(|p| _mm512_dpbusd_epi32(start, _mm512_xor_si512(p, bias), s)))
+unsafe fn sum_2x4(
+    nb: usize,
+    mut sums: impl FnMut(usize) -> __m256i,
+    mut terms: impl FnMut(usize, __m256) -> __m256,
+) -> [f32; 8] {
+    let mut acc = _mm256_setzero_ps();
+    for i in 0..nb {
+        acc = _mm256_add_ps(acc, terms(i, _mm256_cvtepi32_ps(sums(i))));
+    }
+    let mut out = [0.0f32; 8];
+    _mm256_storeu_ps(out.as_mut_ptr(), acc);
+    out
 }
 
-/// `Σ u·a_k` of unsigned weight quants `u` against four tokens' quants at `a`.
+/// `[d_w0 × 4, d_w1 × 4]` and `[d_a0..d_a3, d_a0..d_a3]`: the f16 scales at the starts of
+/// two weight blocks `ws` apart and four activation blocks `st` apart, in the tile's lanes.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-unsafe fn unsigned_sums_x4(u: __m256i, a: *const u8, st: usize) -> __m128i {
-    let u = _mm512_broadcast_i64x4(u);
-    pair_sums(act_pairs(a, st).map(|p| _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, p)))
+unsafe fn scales_2x4(w: *const u8, ws: usize, a: *const u8, st: usize) -> (__m256, __m256) {
+    let dw = _mm256_set_m128(_mm_set1_ps(f16_at(w.add(ws))), _mm_set1_ps(f16_at(w)));
+    let da = f16_x4(a, st);
+    (dw, _mm256_set_m128(da, da))
 }
 
-/// `isum · dw · d_a` (Q4_0, Q5_0) of one weight block against four tokens' blocks.
+/// `isum · dw · d_a` (Q4_0, Q5_0) of the tile's lanes.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-unsafe fn terms_x4_sdd(w: *const u8, a: *const u8, st: usize, s: __m128) -> __m128 {
-    _mm_mul_ps(_mm_mul_ps(s, _mm_set1_ps(f16_at(w))), f16_x4(a, st))
+unsafe fn terms_2x4_sdd(w: *const u8, ws: usize, a: *const u8, st: usize, s: __m256) -> __m256 {
+    let (dw, da) = scales_2x4(w, ws, a, st);
+    _mm256_mul_ps(_mm256_mul_ps(s, dw), da)
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn dot_x4_q4_0(n: usize, w: &[u8], a: &[u8], st: usize) -> [f32; 4] {
+unsafe fn dot_2x4_q4_0(n: usize, w: &[u8], ws: usize, a: &[u8], st: usize) -> [f32; 8] {
     let (wb, ab) = (q4_0::BLOCK_BYTES, q8_0::BLOCK_BYTES);
-    let nb = (n / 32).min(w.len() / wb);
+    let nb = n / 32;
     let (w, a) = (w.as_ptr(), a.as_ptr());
-    sum_x4(
-        nb,
-        |i| {
-            let q = _mm256_sub_epi8(nibbles32(w.add(i * wb + 2)), _mm256_set1_epi8(8));
-            signed_sums_x4(q, a.add(i * ab + 2), st)
-        },
-        |i, s| terms_x4_sdd(w.add(i * wb), a.add(i * ab), st, s),
-    )
-}
-
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn dot_x4_q5_0(n: usize, w: &[u8], a: &[u8], st: usize) -> [f32; 4] {
-    let (wb, ab) = (q5_0::BLOCK_BYTES, q8_0::BLOCK_BYTES);
-    let nb = (n / 32).min(w.len() / wb);
-    let (w, a) = (w.as_ptr(), a.as_ptr());
-    sum_x4(
+    let quants = |b: *const u8| _mm256_sub_epi8(nibbles32(b.add(2)), _mm256_set1_epi8(8));
+    sum_2x4(
         nb,
         |i| {
             let b = w.add(i * wb);
-            // A clear 5th bit means q − 16: OR-ing 0xF0 into the nibble is that in i8.
-            let high = _mm256_andnot_si256(bits32(b.add(2)), _mm256_set1_epi8(0xF0u8 as i8));
-            let q = _mm256_or_si256(nibbles32(b.add(6)), high);
-            signed_sums_x4(q, a.add(i * ab + 2), st)
+            signed_sums_2x4(quants(b), quants(b.add(ws)), a.add(i * ab + 2), st)
         },
-        |i, s| terms_x4_sdd(w.add(i * wb), a.add(i * ab), st, s),
+        |i, s| terms_2x4_sdd(w.add(i * wb), ws, a.add(i * ab), st, s),
     )
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn dot_x4_q8_0(n: usize, w: &[u8], a: &[u8], st: usize) -> [f32; 4] {
+unsafe fn dot_2x4_q5_0(n: usize, w: &[u8], ws: usize, a: &[u8], st: usize) -> [f32; 8] {
+    let (wb, ab) = (q5_0::BLOCK_BYTES, q8_0::BLOCK_BYTES);
+    let nb = n / 32;
+    let (w, a) = (w.as_ptr(), a.as_ptr());
+    // A clear 5th bit means q − 16: OR-ing 0xF0 into the nibble is that in i8.
+    let quants = |b: *const u8| {
+        let high = _mm256_andnot_si256(bits32(b.add(2)), _mm256_set1_epi8(0xF0u8 as i8));
+        _mm256_or_si256(nibbles32(b.add(6)), high)
+    };
+    sum_2x4(
+        nb,
+        |i| {
+            let b = w.add(i * wb);
+            signed_sums_2x4(quants(b), quants(b.add(ws)), a.add(i * ab + 2), st)
+        },
+        |i, s| terms_2x4_sdd(w.add(i * wb), ws, a.add(i * ab), st, s),
+    )
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn dot_2x4_q8_0(n: usize, w: &[u8], ws: usize, a: &[u8], st: usize) -> [f32; 8] {
     let (wb, ab) = (q8_0::BLOCK_BYTES, q8_0::BLOCK_BYTES);
-    let nb = (n / 32).min(w.len() / wb);
+    let nb = n / 32;
     let (w, a) = (w.as_ptr(), a.as_ptr());
-    sum_x4(
+    sum_2x4(
         nb,
-        |i| signed_sums_x4(load(w.add(i * wb + 2)), a.add(i * ab + 2), st),
-        |i, s| {
-            let dw = _mm_set1_ps(f16_at(w.add(i * wb)));
-            _mm_mul_ps(s, _mm_mul_ps(dw, f16_x4(a.add(i * ab), st)))
+        |i| {
+            let b = w.add(i * wb + 2);
+            signed_sums_2x4(load(b), load(b.add(ws)), a.add(i * ab + 2), st)
         },
-    )
-}
-
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn dot_x4_q4_1(n: usize, w: &[u8], a: &[u8], st: usize) -> [f32; 4] {
-    let (wb, ab) = (q4_1::BLOCK_BYTES, q8_1::BLOCK_BYTES);
-    let nb = (n / 32).min(w.len() / wb);
-    let (w, a) = (w.as_ptr(), a.as_ptr());
-    sum_x4(
-        nb,
-        |i| unsigned_sums_x4(nibbles32(w.add(i * wb + 4)), a.add(i * ab + 4), st),
-        |i, s| terms_x4_q4_1(w.add(i * wb), a.add(i * ab), st, s),
+        |i, s| {
+            let (dw, da) = scales_2x4(w.add(i * wb), ws, a.add(i * ab), st);
+            _mm256_mul_ps(s, _mm256_mul_ps(dw, da))
+        },
     )
 }
