@@ -384,17 +384,26 @@ unsafe fn act_pairs(a: *const u8, st: usize) -> [__m512i; 2] {
     ]
 }
 
-/// The sums of eight vectors of 8 i32s, in order.
+/// The token sums of a tile's four dot vectors `[row 0 × tokens 0,1; row 0 × tokens 2,3;
+/// row 1 × tokens 0,1; row 1 × tokens 2,3]` (each token's 8 lanes in one 256-bit half),
+/// as `[row 0 × tokens 0..4, row 1 × tokens 0..4]`. An unpack/add tree: single-µop
+/// shuffles, where `phaddd` costs three.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-unsafe fn hsum8(v: [__m256i; 8]) -> __m256i {
-    let h0 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
-    let h1 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
-    // h0 = [Σlo v0..v3 | Σhi v0..v3], h1 likewise for v4..v7.
-    _mm256_add_epi32(
-        _mm256_permute2x128_si256(h0, h1, 0x20),
-        _mm256_permute2x128_si256(h0, h1, 0x31),
-    )
+unsafe fn reduce_2x4(z: [__m512i; 4]) -> __m256i {
+    let pair = |x: __m512i, y: __m512i| {
+        _mm512_add_epi32(_mm512_unpacklo_epi32(x, y), _mm512_unpackhi_epi32(x, y))
+    };
+    let (t01, t23) = (pair(z[0], z[1]), pair(z[2], z[3]));
+    // Each 128-bit lane L: [Σ z0_L, Σ z1_L, Σ z2_L, Σ z3_L].
+    let u = _mm512_add_epi32(
+        _mm512_unpacklo_epi64(t01, t23),
+        _mm512_unpackhi_epi64(t01, t23),
+    );
+    // Lanes 0+1 are the first token of each pair, 2+3 the second.
+    let v = _mm512_add_epi32(u, _mm512_shuffle_i64x2(u, u, 0b10_11_00_01));
+    let order = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 0, 0, 0, 0, 0, 0, 0, 0);
+    _mm512_castsi512_si256(_mm512_permutexvar_epi32(order, v))
 }
 
 /// `Σ s_r·a_k` of two weight rows' signed block quants `s0`, `s1` (any i8) against four
@@ -414,18 +423,7 @@ unsafe fn signed_sums_2x4(s0: __m256i, s1: __m256i, a: *const u8, st: usize) -> 
         acts.map(|p| _mm512_dpbusd_epi32(start, p, s))
     };
     let (r0, r1) = (dots(s0), dots(s1));
-    let lo = |v: __m512i| _mm512_castsi512_si256(v);
-    let hi = |v: __m512i| _mm512_extracti64x4_epi64(v, 1);
-    hsum8([
-        lo(r0[0]),
-        hi(r0[0]),
-        lo(r0[1]),
-        hi(r0[1]),
-        lo(r1[0]),
-        hi(r1[0]),
-        lo(r1[1]),
-        hi(r1[1]),
-    ])
+    reduce_2x4([r0[0], r0[1], r1[0], r1[1]])
 }
 
 /// Per (row, token) lane, `Σ_i terms(i, sums(i))` over blocks `0..nb` in block order.
