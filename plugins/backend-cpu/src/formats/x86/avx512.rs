@@ -6,8 +6,8 @@
 //! Rust 1.89, the workspace's `rust-version`.)
 
 use super::avx2::{
-    bits32, blocks, f16_at, f16_x4, hsum4, k4_terms_x4, load, min_sum_k4, nibbles32, q4_1_term,
-    q6k_offset, q6k_terms_x4, scales_mins_k4, sum_blocks, terms4_q4_1, terms4_sdd,
+    bits32, blocks, f16_at, f16_x4, hsum, hsum4, k4_terms_x4, load, min_sum_k4, nibbles32,
+    q4_1_term, q6k_offset, q6k_terms_x4, scales_mins_k4, sum_blocks, terms4_q4_1, terms4_sdd,
 };
 use crate::formats::k_quants::{q4_k, q6_k, q8_k, QK_K};
 use crate::formats::{q4_0, q4_1, q5_0, q8_0, q8_1, FormatKernels};
@@ -196,11 +196,33 @@ unsafe fn join(lo: __m256i, hi: __m256i) -> __m512i {
     _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)
 }
 
-/// `[s0 × 16, s1 × 16]` as i16s: the scales of two 32-element halves for `vpdpwssd`.
+/// `vpshufb` indices that widen bytes `2c` and `2c + 1` of a broadcast u64 into
+/// `[byte 2c × 16, byte 2c+1 × 16]` as i16s (0x80 zeroes the high bytes).
+const K4_SCALE_IDX: [[u8; 64]; 4] = {
+    let mut t = [[0x80u8; 64]; 4];
+    let mut c = 0;
+    while c < 4 {
+        let mut i = 0;
+        while i < 64 {
+            t[c][i] = (2 * c + i / 32) as u8;
+            i += 2;
+        }
+        c += 1;
+    }
+    t
+};
+
+/// For each 64-quant slice `c` of a Q4_K super-block, the scales of its two 32-element
+/// sub-blocks as `[sc[2c] × 16, sc[2c+1] × 16]` i16s, for `vpdpwssd` against the slice's
+/// `maddubs` result: one broadcast and four shuffles instead of per-pair scalar inserts.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-unsafe fn scale_halves(s0: i32, s1: i32) -> __m512i {
-    join(_mm256_set1_epi16(s0 as i16), _mm256_set1_epi16(s1 as i16))
+unsafe fn scale_vectors_k4(sc: [u8; 8]) -> [__m512i; 4] {
+    let b = _mm512_set1_epi64(i64::from_le_bytes(sc));
+    core::array::from_fn(|c| {
+        let idx = _mm512_loadu_si512(K4_SCALE_IDX[c].as_ptr() as *const _);
+        _mm512_shuffle_epi8(b, idx)
+    })
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -212,6 +234,7 @@ unsafe fn dot_q4_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
     for i in 0..nb {
         let (wb, ab) = (&w[i * wbb..(i + 1) * wbb], &a[i * abb..(i + 1) * abb]);
         let (sc, mn) = scales_mins_k4(&wb[4..16]);
+        let sv = scale_vectors_k4(sc);
         let (qs, aq) = (wb.as_ptr().add(16), ab.as_ptr().add(q8_k::QS));
         let mut acc = _mm512_setzero_si512();
         for c in 0..4 {
@@ -221,7 +244,7 @@ unsafe fn dot_q4_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
             let q = _mm512_and_si512(join(q, _mm256_srli_epi16(q, 4)), low);
             let av = _mm512_loadu_si512(aq.add(64 * c) as *const _);
             let p = _mm512_maddubs_epi16(q, av);
-            acc = _mm512_dpwssd_epi32(acc, p, scale_halves(sc[2 * c] as i32, sc[2 * c + 1] as i32));
+            acc = _mm512_dpwssd_epi32(acc, p, sv[c]);
         }
         let (isum, msum) = (_mm512_reduce_add_epi32(acc), min_sum_k4(ab.as_ptr(), mn));
         let d_a = q8_k::d(ab);
@@ -238,11 +261,11 @@ unsafe fn dot_q6_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let mut sum = 0.0f32;
     let low4 = _mm512_set1_epi8(0x0F);
     let low2 = _mm512_set1_epi8(0x03);
-    let m32 = _mm512_set1_epi8(32);
     for i in 0..nb {
         let (wb, ab) = (&w[i * wbb..(i + 1) * wbb], &a[i * abb..(i + 1) * abb]);
         let (ql, qh, scales) = (wb.as_ptr(), wb.as_ptr().add(128), &wb[192..208]);
         let aq = ab.as_ptr().add(q8_k::QS);
+        let scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(scales.as_ptr() as *const __m128i));
         let mut acc = _mm512_setzero_si512();
         for h in 0..2 {
             // Elements 128h + 0..64 take ql[64h..64h+64] low nibbles and qh bits 0-1 (first
@@ -260,29 +283,47 @@ unsafe fn dot_q6_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
                     _mm512_slli_epi16(_mm512_and_si512(hb, low2), 4),
                 );
                 let av = _mm512_loadu_si512(aq.add(128 * h + 64 * k) as *const _);
-                let p =
-                    _mm512_sub_epi16(_mm512_maddubs_epi16(q, av), _mm512_maddubs_epi16(m32, av));
-                // The 64 quants are four 16-element groups: g = 8h + 4k + 0..4.
-                let g = 8 * h + 4 * k;
-                let s = scale_quarters(scales, g);
-                acc = _mm512_dpwssd_epi32(acc, p, s);
+                // The 64 quants are four 16-element groups: g = 8h + 4k + 0..4. Their −32
+                // offset is applied once per block from the bsums (`q6k_offset`).
+                let s = scale_quarters(scales16, 2 * h + k);
+                acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(q, av), s);
             }
         }
-        sum += q8_k::d(ab) * f16_at(wb.as_ptr().add(208)) * _mm512_reduce_add_epi32(acc) as f32;
+        let isum = hsum(_mm256_sub_epi32(
+            fold(acc),
+            q6k_offset(ab.as_ptr(), scales16),
+        ));
+        sum += q8_k::d(ab) * f16_at(wb.as_ptr().add(208)) * isum as f32;
     }
     sum
 }
 
-/// `[s_g × 8, s_g+1 × 8, s_g+2 × 8, s_g+3 × 8]` as i16s: the scales of four 16-element
-/// groups facing a `maddubs` result (each i16 covers two quants).
+/// `vpermw` indices for quarter `q` of a Q6_K super-block: i16 lane `i` takes scale
+/// `4q + i / 8`.
+const Q6K_SCALE_IDX: [[u16; 32]; 4] = {
+    let mut t = [[0u16; 32]; 4];
+    let mut q = 0;
+    while q < 4 {
+        let mut i = 0;
+        while i < 32 {
+            t[q][i] = (4 * q + i / 8) as u16;
+            i += 1;
+        }
+        q += 1;
+    }
+    t
+};
+
+/// `[s_g × 8, s_g+1 × 8, s_g+2 × 8, s_g+3 × 8]` as i16s with `g = 4q`: the scales of the four
+/// 16-element groups of 64-quant slice `q`, facing its `maddubs` result (each i16 covers two
+/// quants); `scales16` holds the block's 16 scales as i16s.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-unsafe fn scale_quarters(scales: &[u8], g: usize) -> __m512i {
-    let s = |j: usize| _mm_set1_epi16(scales[g + j] as i8 as i16);
-    join(_mm256_set_m128i(s(1), s(0)), _mm256_set_m128i(s(3), s(2)))
+unsafe fn scale_quarters(scales16: __m256i, q: usize) -> __m512i {
+    let idx = _mm512_loadu_si512(Q6K_SCALE_IDX[q].as_ptr() as *const _);
+    _mm512_permutexvar_epi16(idx, _mm512_castsi256_si512(scales16))
 }
 
-/// The 16 i32 lanes of `v` folded to 8 (integer sums: any order is exact).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
 unsafe fn fold(v: __m512i) -> __m256i {
@@ -301,12 +342,13 @@ unsafe fn dot_x4_q4_k(n: usize, w: &[u8], a: &[u8], st: usize) -> [f32; 4] {
         let wb = &w[i * wbb..(i + 1) * wbb];
         let ab = a.as_ptr().add(i * abb);
         let (sc, mn) = scales_mins_k4(&wb[4..16]);
+        let sv = scale_vectors_k4(sc);
         let qs = wb.as_ptr().add(16);
         let mut acc = [_mm512_setzero_si512(); 4];
         for c in 0..4 {
             let q = load(qs.add(32 * c));
             let q = _mm512_and_si512(join(q, _mm256_srli_epi16(q, 4)), low);
-            let s = scale_halves(sc[2 * c] as i32, sc[2 * c + 1] as i32);
+            let s = sv[c];
             for (k, acc) in acc.iter_mut().enumerate() {
                 let av = _mm512_loadu_si512(ab.add(k * st + q8_k::QS + 64 * c) as *const _);
                 *acc = _mm512_dpwssd_epi32(*acc, _mm512_maddubs_epi16(q, av), s);
@@ -333,6 +375,7 @@ unsafe fn dot_x4_q6_k(n: usize, w: &[u8], a: &[u8], st: usize) -> [f32; 4] {
         let wb = &w[i * wbb..(i + 1) * wbb];
         let ab = a.as_ptr().add(i * abb);
         let (ql, qh, scales) = (wb.as_ptr(), wb.as_ptr().add(128), &wb[192..208]);
+        let scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(scales.as_ptr() as *const __m128i));
         let mut acc = [_mm512_setzero_si512(); 4];
         for h in 0..2 {
             // As `dot_q6_k`: low nibbles with qh bits 0-3, then high nibbles with bits 4-7.
@@ -348,7 +391,7 @@ unsafe fn dot_x4_q6_k(n: usize, w: &[u8], a: &[u8], st: usize) -> [f32; 4] {
                     _mm512_and_si512(lj, low4),
                     _mm512_slli_epi16(_mm512_and_si512(hb, low2), 4),
                 );
-                let s = scale_quarters(scales, 8 * h + 4 * j);
+                let s = scale_quarters(scales16, 2 * h + j);
                 for (k, acc) in acc.iter_mut().enumerate() {
                     let off = k * st + q8_k::QS + 128 * h + 64 * j;
                     let av = _mm512_loadu_si512(ab.add(off) as *const _);
@@ -356,7 +399,6 @@ unsafe fn dot_x4_q6_k(n: usize, w: &[u8], a: &[u8], st: usize) -> [f32; 4] {
                 }
             }
         }
-        let scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(scales.as_ptr() as *const __m128i));
         let isum = hsum4(core::array::from_fn(|k| {
             _mm256_sub_epi32(fold(acc[k]), q6k_offset(ab.add(k * st), scales16))
         }));
