@@ -237,14 +237,14 @@ unsafe fn dot_q4_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
         let sv = scale_vectors_k4(sc);
         let (qs, aq) = (wb.as_ptr().add(16), ab.as_ptr().add(q8_k::QS));
         let mut acc = _mm512_setzero_si512();
-        for c in 0..4 {
+        for (c, s) in sv.into_iter().enumerate() {
             // 32 bytes of quants are sub-blocks 2c (low nibbles) and 2c+1 (high nibbles),
             // which face 64 consecutive activations.
             let q = load(qs.add(32 * c));
             let q = _mm512_and_si512(join(q, _mm256_srli_epi16(q, 4)), low);
             let av = _mm512_loadu_si512(aq.add(64 * c) as *const _);
             let p = _mm512_maddubs_epi16(q, av);
-            acc = _mm512_dpwssd_epi32(acc, p, sv[c]);
+            acc = _mm512_dpwssd_epi32(acc, p, s);
         }
         let (isum, msum) = (_mm512_reduce_add_epi32(acc), min_sum_k4(ab.as_ptr(), mn));
         let d_a = q8_k::d(ab);
@@ -345,10 +345,9 @@ unsafe fn dot_x4_q4_k(n: usize, w: &[u8], a: &[u8], st: usize) -> [f32; 4] {
         let sv = scale_vectors_k4(sc);
         let qs = wb.as_ptr().add(16);
         let mut acc = [_mm512_setzero_si512(); 4];
-        for c in 0..4 {
+        for (c, s) in sv.into_iter().enumerate() {
             let q = load(qs.add(32 * c));
             let q = _mm512_and_si512(join(q, _mm256_srli_epi16(q, 4)), low);
-            let s = sv[c];
             for (k, acc) in acc.iter_mut().enumerate() {
                 let av = _mm512_loadu_si512(ab.add(k * st + q8_k::QS + 64 * c) as *const _);
                 *acc = _mm512_dpwssd_epi32(*acc, _mm512_maddubs_epi16(q, av), s);
