@@ -112,28 +112,43 @@ pub fn matmul(
     let chunk = w.rows.div_ceil(pool.threads() * CHUNKS_PER_THREAD).max(1);
     let n_chunks = w.rows.div_ceil(chunk);
     // One token: row-major and token-major coincide, write straight into `out`.
-    let by_row: &mut [f32] = if n_tokens == 1 {
-        out
-    } else {
-        sized(rows_by_token, w.rows * n_tokens)
-    };
-    let dst = SharedOut(by_row.as_mut_ptr());
+    if n_tokens == 1 {
+        let dst = SharedOut(out.as_mut_ptr());
+        pool.run(n_chunks, &|c| {
+            let first = c * chunk;
+            let rows = chunk.min(w.rows - first);
+            // SAFETY: chunk `c` owns elements `first .. first + rows` of `out`, disjoint per
+            // chunk; `out` outlives `run`, which returns when every chunk is done.
+            let o = unsafe { std::slice::from_raw_parts_mut(dst.ptr().add(first), rows) };
+            dot_rows(&kernels, &w, first, act, act_row_bytes, 1, o);
+        });
+        return Ok(());
+    }
+    // Several tokens: each chunk fills its rows × tokens block of `rows_by_token` (weight-row
+    // major, as the kernels produce it), then transposes that block into its columns of the
+    // token-major `out` while it is still in cache.
+    let by_row = SharedOut(sized(rows_by_token, w.rows * n_tokens).as_mut_ptr());
+    let dst = SharedOut(out.as_mut_ptr());
     pool.run(n_chunks, &|c| {
-        let _ = &dst;
         let first = c * chunk;
         let rows = chunk.min(w.rows - first);
-        // SAFETY: chunk `c` owns rows `first .. first + rows` of `by_row`, disjoint per chunk.
-        let o =
-            unsafe { std::slice::from_raw_parts_mut(dst.0.add(first * n_tokens), rows * n_tokens) };
+        // SAFETY: chunk `c` owns rows `first .. first + rows` of `rows_by_token` (sized to
+        // `w.rows · n_tokens` above), disjoint per chunk.
+        let o = unsafe {
+            std::slice::from_raw_parts_mut(by_row.ptr().add(first * n_tokens), rows * n_tokens)
+        };
         dot_rows(&kernels, &w, first, act, act_row_bytes, n_tokens, o);
-    });
-    if n_tokens > 1 {
-        for (t, out_row) in out.chunks_exact_mut(w.rows).enumerate() {
-            for (r, o) in out_row.iter_mut().enumerate() {
-                *o = rows_by_token[r * n_tokens + t];
+        for t in 0..n_tokens {
+            // SAFETY: chunk `c` owns columns `first .. first + rows` of every token's row of
+            // `out` (`n_tokens × w.rows`, checked above), disjoint per chunk; `out` outlives
+            // `run`, which returns when every chunk is done.
+            let out_row =
+                unsafe { std::slice::from_raw_parts_mut(dst.ptr().add(t * w.rows + first), rows) };
+            for (r, v) in out_row.iter_mut().enumerate() {
+                *v = o[r * n_tokens + t];
             }
         }
-    }
+    });
     Ok(())
 }
 
