@@ -15,6 +15,8 @@
 //!   row and token counts (prefill tiles and their remainders), equals the scalar
 //!   `vec_dot` of every element.
 //!   Both on rayon and on `SpinPool`, which must agree.
+//! - `axpy_f16_matches_scalar`: each level's F16 `axpy` (attention's V weighting) returns
+//!   the scalar bits, over the float lengths (8-lane tails) and extreme values.
 //! - `spin_pool_runs_every_chunk_once`: `SpinPool` runs each chunk exactly once, including
 //!   after its workers have gone to sleep.
 //! - `dispatch_selection`: `PRIMA_CPU_KERNELS` parsing and fallbacks.
@@ -330,6 +332,31 @@ fn matmul_with(
     matmul(&spin, &mut scratch, lookup, &w, x, n_tokens, &mut spin_out).unwrap();
     assert_eq!(out, spin_out, "rayon vs SpinPool");
     out
+}
+
+#[test]
+fn axpy_f16_matches_scalar() {
+    let mut rng = ChaCha8Rng::seed_from_u64(17);
+    let want_f = KernelLevel::Scalar.axpy_f16().unwrap();
+    for level in levels() {
+        let got_f = level.axpy_f16().unwrap();
+        for n in FLOAT_LENGTHS {
+            for scales in [Scales::Normal, Scales::Max, Scales::Subnormal, Scales::Zero] {
+                let v = random_row(&mut rng, GgmlType::F16, n, scales);
+                for w in [0.0f32, 1.0, -0.37, 1e-30, 65504.0, f32::MIN_POSITIVE] {
+                    let acc: Vec<f32> = (0..n).map(|_| rng.gen_range(-4.0..4.0)).collect();
+                    let (mut want, mut got) = (acc.clone(), acc);
+                    want_f(&mut want, w, &v);
+                    got_f(&mut got, w, &v);
+                    assert!(
+                        want.iter().zip(&got).all(|(a, b)| same(*a, *b)),
+                        "{} axpy_f16 n={n} {scales:?} w={w}",
+                        level.name()
+                    );
+                }
+            }
+        }
+    }
 }
 
 #[test]

@@ -44,6 +44,10 @@ pub const WEIGHT_TYPES: [GgmlType; 13] = [
     GgmlType::Q6K,
 ];
 
+/// `acc[i] += w · v[i]` with `v` an F16 row as little-endian bytes (see
+/// [`float::axpy_f16`]).
+pub type AxpyF16Fn = fn(acc: &mut [f32], w: f32, v: &[u8]);
+
 /// Dequantizes a whole row: `src` holds `out.len() / block_elems` blocks.
 pub type DequantizeRowFn = fn(src: &[u8], out: &mut [f32]);
 

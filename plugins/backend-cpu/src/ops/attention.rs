@@ -17,10 +17,9 @@
 use super::kv_cache::{lock, KvCache, KvStore};
 use super::matmul::SharedOut;
 use super::{expect_len, mul, OpResult};
-use crate::formats::{dispatch, put_f16, VecDotFn};
+use crate::formats::{dispatch, put_f16, AxpyF16Fn, VecDotFn};
 use crate::pool::{sized, ChunkRunner, Scratch};
 use half::f16;
-use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 use prima_core::gguf::GgmlType;
 use prima_core::plugin::backend_abi::AttentionParams;
 use std::cell::RefCell;
@@ -130,6 +129,7 @@ pub fn attention(
     let dot = dispatch::kernels(GgmlType::F16)
         .ok_or_else(|| format!("{OP}: no F16 kernels"))?
         .vec_dot;
+    let axpy = dispatch::axpy_f16();
     let cache: &KvCache = &cache;
     if dv == 0 {
         return Ok(());
@@ -148,21 +148,15 @@ pub fn attention(
             let o = unsafe { std::slice::from_raw_parts_mut(dst.ptr().add(idx * dv), dv) };
             let (t, h) = (idx / n_head, idx % n_head);
             let qh = &queries[2 * idx * dk..2 * (idx + 1) * dk];
-            attend_one(cache, layer, start + t, h / group, qh, dot, p, o);
+            attend_one(cache, layer, start + t, h / group, qh, (dot, axpy), p, o);
         }
     });
     Ok(())
 }
 
-/// Longest head the stack row buffer holds; the attention op refuses longer heads.
+/// Longest head the attention op accepts (a bound kept from when rows were widened on the
+/// stack; the models in use have at most 256).
 pub const MAX_HEAD_DIM: usize = 512;
-
-/// Widens an F16 row into `buf` and returns the filled part.
-fn widen<'a>(bits: &[u16], buf: &'a mut [f32; MAX_HEAD_DIM]) -> &'a [f32] {
-    let out = &mut buf[..bits.len()];
-    bits.reinterpret_cast::<f16>().convert_to_f32_slice(out);
-    out
-}
 
 /// An F16 row as the little-endian bytes the format kernels read.
 fn f16_bytes(bits: &[u16]) -> &[u8] {
@@ -178,7 +172,7 @@ fn f16_bytes(bits: &[u16]) -> &[u8] {
 }
 
 /// One query head (`q`: f16 bytes) at position `pos` against KV head `kv_head`, with `dot`
-/// the F16 `vec_dot`; writes `o`.
+/// the F16 `vec_dot` and `axpy` the F16 `axpy`; writes `o`.
 #[allow(clippy::too_many_arguments)]
 fn attend_one(
     cache: &KvCache,
@@ -186,7 +180,7 @@ fn attend_one(
     pos: usize,
     kv_head: usize,
     q: &[u8],
-    dot: VecDotFn,
+    (dot, axpy): (VecDotFn, AxpyF16Fn),
     p: &AttentionParams,
     o: &mut [f32],
 ) {
@@ -196,10 +190,6 @@ fn attend_one(
     } else {
         0
     };
-    // One V row widened to f32 at a time: the slice conversion uses F16C where the CPU has
-    // it, and the products below then run on plain f32 (same values, far faster than
-    // converting element by element).
-    let mut row = [0f32; MAX_HEAD_DIM];
     SCORES.with(|cell| {
         let mut buf = cell.borrow_mut();
         let scores = sized(&mut buf, pos + 1 - first);
@@ -225,10 +215,7 @@ fn attend_one(
         o.fill(0.0);
         for (s, j) in scores.iter().zip(first..=pos) {
             let weight = f16::from_f32(s * norm).to_f32();
-            let value = widen(cache.value(layer, j, kv_head), &mut row);
-            for (x, b) in o.iter_mut().zip(value) {
-                *x += weight * b;
-            }
+            axpy(o, weight, f16_bytes(cache.value(layer, j, kv_head)));
         }
     });
 }

@@ -103,6 +103,32 @@ wrappers! {
     quantize quantize_row_q8_k => quantize_q8_k;
 }
 
+/// [`crate::formats::float::axpy_f16`] with F16C: eight lanes at a time, each a multiply then
+/// an add, as the scalar loop does per element.
+pub(in crate::formats) fn axpy_f16(acc: &mut [f32], w: f32, v: &[u8]) {
+    // SAFETY: only handed out by `dispatch` (`KernelLevel::axpy_f16`) after detecting avx2,
+    // fma and f16c.
+    unsafe { axpy_f16_imp(acc, w, v) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn axpy_f16_imp(acc: &mut [f32], w: f32, v: &[u8]) {
+    let n = acc.len().min(v.len() / 2);
+    let full = n / 8 * 8;
+    let wv = _mm256_set1_ps(w);
+    let (a, b) = (acc.as_mut_ptr(), v.as_ptr());
+    let mut i = 0;
+    while i < full {
+        let x = _mm256_cvtph_ps(_mm_loadu_si128(b.add(2 * i) as *const __m128i));
+        let y = _mm256_add_ps(_mm256_loadu_ps(a.add(i)), _mm256_mul_ps(wv, x));
+        _mm256_storeu_ps(a.add(i), y);
+        i += 8;
+    }
+    for j in full..n {
+        *a.add(j) += w * f16_at(b.add(2 * j));
+    }
+}
+
 // ---- helpers (shared with the AVX-512 level) ----
 
 /// Whole blocks both rows hold, as the scalar kernels' `zip(..).take(n / elems)` counts.
