@@ -6,8 +6,9 @@
 //! Rust 1.89, the workspace's `rust-version`.)
 
 use super::avx2::{
-    bits32, blocks, f16_at, f16_x4, hsum, hsum4, k4_terms_x4, load, min_sum_k4, nibbles32,
-    q4_1_term, q6k_offset, q6k_terms_x4, scales_mins_k4, sum_blocks, terms4_q4_1, terms4_sdd,
+    bits32, blocks, f16_at, f16_x4, hsum, hsum4, k4_terms_x4, load, min_sum_k4, mins_x2, nibbles32,
+    q4_1_term, q6k_offset, q6k_terms_x4, q8k_d_x4, scales_mins_k4, sum_blocks, terms4_q4_1,
+    terms4_sdd,
 };
 use crate::formats::k_quants::{q4_k, q6_k, q8_k, QK_K};
 use crate::formats::{q4_0, q4_1, q5_0, q8_0, q8_1, FormatKernels};
@@ -32,6 +33,7 @@ pub(in crate::formats) fn overlay(mut k: FormatKernels) -> FormatKernels {
         _ => k.vec_dot_x4,
     };
     k.vec_dot_2x4 = match k.weight_type {
+        T::Q4K => Some(vec_dot_2x4_q4_k),
         T::Q4_0 => Some(vec_dot_2x4_q4_0),
         T::Q5_0 => Some(vec_dot_2x4_q5_0),
         T::Q8_0 => Some(vec_dot_2x4_q8_0),
@@ -81,9 +83,9 @@ x4_wrappers! {
 /// Safe wrappers of the two-row, four-token kernels; they check that both weight rows and
 /// the four activation rows are in bounds.
 macro_rules! x2x4_wrappers {
-    ($($name:ident => $imp:ident, $w_block:expr, $act_block:expr;)*) => {
+    ($($name:ident => $imp:ident, $elems:expr, $w_block:expr, $act_block:expr;)*) => {
         $(fn $name(n: usize, w: &[u8], w_stride: usize, a: &[u8], a_stride: usize) -> [f32; 8] {
-            let (w_row, a_row) = ((n / 32) * $w_block, (n / 32) * $act_block);
+            let (w_row, a_row) = ((n / $elems) * $w_block, (n / $elems) * $act_block);
             assert!(
                 w_stride >= w_row && w.len() >= w_stride + w_row,
                 "vec_dot_2x4: short weight rows"
@@ -100,9 +102,10 @@ macro_rules! x2x4_wrappers {
 }
 
 x2x4_wrappers! {
-    vec_dot_2x4_q4_0 => dot_2x4_q4_0, q4_0::BLOCK_BYTES, q8_0::BLOCK_BYTES;
-    vec_dot_2x4_q5_0 => dot_2x4_q5_0, q5_0::BLOCK_BYTES, q8_0::BLOCK_BYTES;
-    vec_dot_2x4_q8_0 => dot_2x4_q8_0, q8_0::BLOCK_BYTES, q8_0::BLOCK_BYTES;
+    vec_dot_2x4_q4_0 => dot_2x4_q4_0, 32, q4_0::BLOCK_BYTES, q8_0::BLOCK_BYTES;
+    vec_dot_2x4_q5_0 => dot_2x4_q5_0, 32, q5_0::BLOCK_BYTES, q8_0::BLOCK_BYTES;
+    vec_dot_2x4_q8_0 => dot_2x4_q8_0, 32, q8_0::BLOCK_BYTES, q8_0::BLOCK_BYTES;
+    vec_dot_2x4_q4_k => dot_2x4_q4_k, QK_K, q4_k::BLOCK_BYTES, q8_k::BLOCK_BYTES;
 }
 
 /// `Σ u·s` of unsigned × signed bytes in groups of four, as 8 i32s (no i16 saturation).
@@ -554,4 +557,86 @@ unsafe fn dot_2x4_q8_0(n: usize, w: &[u8], ws: usize, a: &[u8], st: usize) -> [f
             _mm256_mul_ps(s, _mm256_mul_ps(dw, da))
         },
     )
+}
+
+// ---- two rows × four tokens, Q4_K ----
+
+/// Four tokens' 16-lane accumulators of one row folded pairwise to `[tokens 0,1; tokens 2,3]`
+/// with each token's 8 partial sums in one 256-bit half, as [`reduce_2x4`] takes them.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn fold_pairs(acc: [__m512i; 4]) -> [__m512i; 2] {
+    let pair = |x: __m512i, y: __m512i| {
+        // [x.L0, x.L1, y.L0, y.L1] + [x.L2, x.L3, y.L2, y.L3]
+        _mm512_add_epi32(
+            _mm512_shuffle_i64x2(x, y, 0b01_00_01_00),
+            _mm512_shuffle_i64x2(x, y, 0b11_10_11_10),
+        )
+    };
+    [pair(acc[0], acc[1]), pair(acc[2], acc[3])]
+}
+
+/// Two Q4_K rows (`ws` bytes apart) against four tokens: each token's activations, bsums
+/// and scale are read once for both rows, and the sixteen sums (products and mins) of the
+/// tile are reduced by two trees rather than per row.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[allow(clippy::needless_range_loop)] // c, k and r index several parallel arrays
+unsafe fn dot_2x4_q4_k(n: usize, w: &[u8], ws: usize, a: &[u8], st: usize) -> [f32; 8] {
+    let (wbb, abb) = (q4_k::BLOCK_BYTES, q8_k::BLOCK_BYTES);
+    let low = _mm512_set1_epi8(0x0F);
+    let mut sum = _mm256_setzero_ps();
+    for i in 0..n / QK_K {
+        let ab = a.as_ptr().add(i * abb);
+        let wb = [
+            &w[i * wbb..(i + 1) * wbb],
+            &w[ws + i * wbb..ws + (i + 1) * wbb],
+        ];
+        let (sc0, mn0) = scales_mins_k4(&wb[0][4..16]);
+        let (sc1, mn1) = scales_mins_k4(&wb[1][4..16]);
+        let sv = [scale_vectors_k4(sc0), scale_vectors_k4(sc1)];
+        let mut acc = [[_mm512_setzero_si512(); 4]; 2];
+        for c in 0..4 {
+            let q: [__m512i; 2] = core::array::from_fn(|r| {
+                let q = load(wb[r].as_ptr().add(16 + 32 * c));
+                _mm512_and_si512(join(q, _mm256_srli_epi16(q, 4)), low)
+            });
+            for k in 0..4 {
+                let av = _mm512_loadu_si512(ab.add(k * st + q8_k::QS + 64 * c) as *const _);
+                for r in 0..2 {
+                    let p = _mm512_maddubs_epi16(q[r], av);
+                    acc[r][k] = _mm512_dpwssd_epi32(acc[r][k], p, sv[r][c]);
+                }
+            }
+        }
+        let [a0, a1] = fold_pairs(acc[0]);
+        let [b0, b1] = fold_pairs(acc[1]);
+        let isum = reduce_2x4([a0, a1, b0, b1]);
+        let bsums: [__m256i; 4] = core::array::from_fn(|k| load(ab.add(k * st + q8_k::BSUMS)));
+        let m = [mins_x2(mn0), mins_x2(mn1)];
+        let mins = |r: usize, k: usize| _mm256_madd_epi16(bsums[k], m[r]);
+        let msum = reduce_2x4([
+            join(mins(0, 0), mins(0, 1)),
+            join(mins(0, 2), mins(0, 3)),
+            join(mins(1, 0), mins(1, 1)),
+            join(mins(1, 2), mins(1, 3)),
+        ]);
+        let d_a = q8k_d_x4(ab, st);
+        let d_a = _mm256_set_m128(d_a, d_a);
+        let per_row = |off: usize| {
+            let (x0, x1) = (
+                f16_at(wb[0].as_ptr().add(off)),
+                f16_at(wb[1].as_ptr().add(off)),
+            );
+            _mm256_set_m128(_mm_set1_ps(x1), _mm_set1_ps(x0))
+        };
+        let (d, dmin) = (per_row(0), per_row(2));
+        let t = _mm256_sub_ps(
+            _mm256_mul_ps(_mm256_mul_ps(d_a, d), _mm256_cvtepi32_ps(isum)),
+            _mm256_mul_ps(_mm256_mul_ps(d_a, dmin), _mm256_cvtepi32_ps(msum)),
+        );
+        sum = _mm256_add_ps(sum, t);
+    }
+    let mut out = [0.0f32; 8];
+    _mm256_storeu_ps(out.as_mut_ptr(), sum);
+    out
 }
