@@ -34,6 +34,7 @@ pub(in crate::formats) fn overlay(mut k: FormatKernels) -> FormatKernels {
     };
     k.vec_dot_2x4 = match k.weight_type {
         T::Q4K => Some(vec_dot_2x4_q4_k),
+        T::Q6K => Some(vec_dot_2x4_q6_k),
         T::Q4_0 => Some(vec_dot_2x4_q4_0),
         T::Q5_0 => Some(vec_dot_2x4_q5_0),
         T::Q8_0 => Some(vec_dot_2x4_q8_0),
@@ -106,6 +107,7 @@ x2x4_wrappers! {
     vec_dot_2x4_q5_0 => dot_2x4_q5_0, 32, q5_0::BLOCK_BYTES, q8_0::BLOCK_BYTES;
     vec_dot_2x4_q8_0 => dot_2x4_q8_0, 32, q8_0::BLOCK_BYTES, q8_0::BLOCK_BYTES;
     vec_dot_2x4_q4_k => dot_2x4_q4_k, QK_K, q4_k::BLOCK_BYTES, q8_k::BLOCK_BYTES;
+    vec_dot_2x4_q6_k => dot_2x4_q6_k, QK_K, q6_k::BLOCK_BYTES, q8_k::BLOCK_BYTES;
 }
 
 /// `Σ u·s` of unsigned × signed bytes in groups of four, as 8 i32s (no i16 saturation).
@@ -559,7 +561,7 @@ unsafe fn dot_2x4_q8_0(n: usize, w: &[u8], ws: usize, a: &[u8], st: usize) -> [f
     )
 }
 
-// ---- two rows × four tokens, Q4_K ----
+// ---- two rows × four tokens, Q4_K and Q6_K ----
 
 /// Four tokens' 16-lane accumulators of one row folded pairwise to `[tokens 0,1; tokens 2,3]`
 /// with each token's 8 partial sums in one 256-bit half, as [`reduce_2x4`] takes them.
@@ -635,6 +637,86 @@ unsafe fn dot_2x4_q4_k(n: usize, w: &[u8], ws: usize, a: &[u8], st: usize) -> [f
             _mm256_mul_ps(_mm256_mul_ps(d_a, dmin), _mm256_cvtepi32_ps(msum)),
         );
         sum = _mm256_add_ps(sum, t);
+    }
+    let mut out = [0.0f32; 8];
+    _mm256_storeu_ps(out.as_mut_ptr(), sum);
+    out
+}
+
+/// Two Q6_K rows (`ws` bytes apart) against four tokens, sharing each token's activation
+/// reads between the rows; the −32 offsets come from the bsums and are reduced as a tile.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[allow(clippy::needless_range_loop)] // h, j, k and r index several parallel arrays
+unsafe fn dot_2x4_q6_k(n: usize, w: &[u8], ws: usize, a: &[u8], st: usize) -> [f32; 8] {
+    let (wbb, abb) = (q6_k::BLOCK_BYTES, q8_k::BLOCK_BYTES);
+    let low4 = _mm512_set1_epi8(0x0F);
+    let low2 = _mm512_set1_epi8(0x03);
+    let mut sum = _mm256_setzero_ps();
+    for i in 0..n / QK_K {
+        let ab = a.as_ptr().add(i * abb);
+        let wb = [w.as_ptr().add(i * wbb), w.as_ptr().add(ws + i * wbb)];
+        let scales16: [__m256i; 2] = core::array::from_fn(|r| {
+            _mm256_cvtepi8_epi16(_mm_loadu_si128(wb[r].add(192) as *const __m128i))
+        });
+        let mut acc = [[_mm512_setzero_si512(); 4]; 2];
+        for h in 0..2 {
+            // As `dot_q6_k`: low nibbles with qh bits 0-3, then high nibbles with bits 4-7.
+            let l: [__m512i; 2] =
+                core::array::from_fn(|r| _mm512_loadu_si512(wb[r].add(64 * h) as *const _));
+            let qhv: [__m256i; 2] = core::array::from_fn(|r| load(wb[r].add(128 + 32 * h)));
+            for j in 0..2 {
+                let q: [__m512i; 2] = core::array::from_fn(|r| {
+                    let hb = if j == 0 {
+                        join(qhv[r], _mm256_srli_epi16(qhv[r], 2))
+                    } else {
+                        join(_mm256_srli_epi16(qhv[r], 4), _mm256_srli_epi16(qhv[r], 6))
+                    };
+                    let lj = if j == 0 {
+                        l[r]
+                    } else {
+                        _mm512_srli_epi16(l[r], 4)
+                    };
+                    _mm512_or_si512(
+                        _mm512_and_si512(lj, low4),
+                        _mm512_slli_epi16(_mm512_and_si512(hb, low2), 4),
+                    )
+                });
+                let s = [
+                    scale_quarters(scales16[0], 2 * h + j),
+                    scale_quarters(scales16[1], 2 * h + j),
+                ];
+                for k in 0..4 {
+                    let off = k * st + q8_k::QS + 128 * h + 64 * j;
+                    let av = _mm512_loadu_si512(ab.add(off) as *const _);
+                    for r in 0..2 {
+                        let p = _mm512_maddubs_epi16(q[r], av);
+                        acc[r][k] = _mm512_dpwssd_epi32(acc[r][k], p, s[r]);
+                    }
+                }
+            }
+        }
+        let [a0, a1] = fold_pairs(acc[0]);
+        let [b0, b1] = fold_pairs(acc[1]);
+        let offset = |r: usize, k: usize| q6k_offset(ab.add(k * st), scales16[r]);
+        let isum = _mm256_sub_epi32(
+            reduce_2x4([a0, a1, b0, b1]),
+            reduce_2x4([
+                join(offset(0, 0), offset(0, 1)),
+                join(offset(0, 2), offset(0, 3)),
+                join(offset(1, 0), offset(1, 1)),
+                join(offset(1, 2), offset(1, 3)),
+            ]),
+        );
+        let d_a = q8k_d_x4(ab, st);
+        let d_a = _mm256_set_m128(d_a, d_a);
+        let d = _mm256_set_m128(
+            _mm_set1_ps(f16_at(wb[1].add(208))),
+            _mm_set1_ps(f16_at(wb[0].add(208))),
+        );
+        sum = _mm256_add_ps(
+            sum,
+            _mm256_mul_ps(_mm256_mul_ps(d_a, d), _mm256_cvtepi32_ps(isum)),
+        );
     }
     let mut out = [0.0f32; 8];
     _mm256_storeu_ps(out.as_mut_ptr(), sum);
