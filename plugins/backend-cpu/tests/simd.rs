@@ -9,8 +9,8 @@
 //! - `vec_dot_x4_matches_scalar`: each level's four-token kernel returns, per token, the
 //!   scalar `vec_dot` bit for bit, for the same row lengths and weight scales, with four
 //!   different activation kinds side by side and rows padded apart (strides beyond a row).
-//! - `vec_dot_2x4_matches_scalar`: likewise for the two-row, four-token kernels, the two
-//!   weight rows with different scale kinds and padded apart.
+//! - `vec_dot_2x4_matches_scalar`: likewise for the two-row, four- and eight-token kernels,
+//!   the two weight rows with different scale kinds and padded apart.
 //! - `matmul_matches_scalar_at_every_level`: `ops::matmul` with each level's table, odd
 //!   row and token counts (prefill tiles and their remainders), equals the scalar
 //!   `vec_dot` of every element.
@@ -265,6 +265,7 @@ fn vec_dot_2x4_matches_scalar() {
             let Some(x2x4) = got_k.vec_dot_2x4 else {
                 continue;
             };
+            let x2x8 = got_k.vec_dot_2x8;
             let at = want_k.vec_dot_type;
             for n in lengths(t) {
                 let (w_row, a_row) = (t.row_bytes(n).unwrap(), at.row_bytes(n).unwrap());
@@ -288,23 +289,35 @@ fn vec_dot_2x4_matches_scalar() {
                         w[..w_row].copy_from_slice(&rows[0]);
                         w[ws..].copy_from_slice(&rows[1]);
                         for first in 0..acts.len() {
-                            let pick: [usize; 4] =
+                            let pick: [usize; 8] =
                                 std::array::from_fn(|k| (first + k) % acts.len());
-                            let mut a = vec![0x5Au8; 3 * st + a_row];
+                            let mut a = vec![0x5Au8; 7 * st + a_row];
                             for (k, &p) in pick.iter().enumerate() {
                                 a[k * st..k * st + a_row].copy_from_slice(&acts[p]);
                             }
-                            let got = x2x4(n, &w, ws, &a, st);
-                            for (r, row) in rows.iter().enumerate() {
-                                for (k, &p) in pick.iter().enumerate() {
+                            // Each result is [row 0 × 4 tokens, row 1 × 4 tokens]: the 2x4
+                            // call on tokens 0..4, then the 2x8 call's two groups.
+                            let mut got = vec![(0, x2x4(n, &w, ws, &a, st))];
+                            if let Some(x2x8) = x2x8 {
+                                let [g0, g1] = x2x8(n, &w, ws, &a, st);
+                                got.extend([(0, g0), (4, g1)]);
+                            }
+                            for (call, &(base, d)) in got.iter().enumerate() {
+                                for ((r, row), k) in rows
+                                    .iter()
+                                    .enumerate()
+                                    .flat_map(|r| (0..4).map(move |k| (r, k)))
+                                {
+                                    let p = pick[base + k];
                                     let want = (want_k.vec_dot)(n, row, &acts[p]);
-                                    let g = got[4 * r + k];
+                                    let g = d[4 * r + k];
                                     assert!(
                                         same(want, g),
-                                        "{} {t} 2x4 n={n} row {r} ({:?}), token {k} (kind {p}), \
-                                         pad {pad}: {g} vs scalar {want}",
+                                        "{} {t} call {call} (2x4, then 2x8) n={n} row {r} ({:?}), \
+                                         token {} (kind {p}), pad {pad}: {g} vs scalar {want}",
                                         level.name(),
-                                        [k0, k1][r]
+                                        [k0, k1][r],
+                                        base + k
                                     );
                                 }
                             }

@@ -76,6 +76,16 @@ pub type VecDot2x4Fn = fn(
     a_stride: usize,
 ) -> [f32; 8];
 
+/// Two `VecDot2x4Fn` tiles at once, for tokens `0..4` and `4..8` of eight activation rows
+/// `a_stride` bytes apart (each weight block unpacked once for all eight tokens).
+pub type VecDot2x8Fn = fn(
+    n: usize,
+    weight_rows: &[u8],
+    w_stride: usize,
+    activation_rows: &[u8],
+    a_stride: usize,
+) -> [[f32; 8]; 2];
+
 /// Everything `matmul` and `get_rows` need to know about one weight type.
 #[derive(Clone, Copy)]
 pub struct FormatKernels {
@@ -91,6 +101,8 @@ pub struct FormatKernels {
     pub vec_dot_x4: Option<VecDotX4Fn>,
     /// A two-row, four-token `vec_dot`, where a kernel level has one.
     pub vec_dot_2x4: Option<VecDot2x4Fn>,
+    /// A two-row, eight-token `vec_dot`, where a kernel level has one (only with a 2×4).
+    pub vec_dot_2x8: Option<VecDot2x8Fn>,
 }
 
 /// Reads a little-endian f16 at `off` as f32.

@@ -157,8 +157,8 @@ pub fn matmul(
 ///
 /// Walks row tiles of about [`ROW_TILE_BYTES`] and, inside each, token blocks of about
 /// [`TOKEN_TILE_BYTES`], so both operands of the inner loops come from cache; uses the
-/// two-row × four-token kernel, else the four-token kernel, where the level has one (same
-/// bits as the `vec_dot` calls they replace).
+/// two-row × eight- and four-token kernels, else the four-token kernel, where the level
+/// has them (same bits as the `vec_dot` calls they replace).
 pub fn dot_rows(
     kernels: &FormatKernels,
     w: &Weight<'_>,
@@ -190,14 +190,31 @@ pub fn dot_rows(
                     let w_rows = &w.data[(first_row + r) * w.row_bytes..];
                     let w_rows = &w_rows[..2 * w.row_bytes];
                     let n4 = (t1 - t0) / 4 * 4;
-                    for (g, a) in acts[..n4 * act_row_bytes]
+                    // Eight tokens per call where the level has it: weights unpacked once.
+                    let n8 = kernels.vec_dot_2x8.map_or(0, |_| n4 / 8 * 8);
+                    let mut put = |t: usize, d: [f32; 8]| {
+                        let (o0, o1) = (r * n_tokens + t, (r + 1) * n_tokens + t);
+                        out[o0..o0 + 4].copy_from_slice(&d[..4]);
+                        out[o1..o1 + 4].copy_from_slice(&d[4..]);
+                    };
+                    if let Some(x2x8) = kernels.vec_dot_2x8 {
+                        for (g, a) in acts[..n8 * act_row_bytes]
+                            .chunks_exact(8 * act_row_bytes)
+                            .enumerate()
+                        {
+                            let [d0, d1] = x2x8(w.cols, w_rows, w.row_bytes, a, act_row_bytes);
+                            put(t0 + 8 * g, d0);
+                            put(t0 + 8 * g + 4, d1);
+                        }
+                    }
+                    for (g, a) in acts[n8 * act_row_bytes..n4 * act_row_bytes]
                         .chunks_exact(4 * act_row_bytes)
                         .enumerate()
                     {
-                        let d = x2x4(w.cols, w_rows, w.row_bytes, a, act_row_bytes);
-                        let (o0, o1) = (r * n_tokens + t0 + 4 * g, (r + 1) * n_tokens + t0 + 4 * g);
-                        out[o0..o0 + 4].copy_from_slice(&d[..4]);
-                        out[o1..o1 + 4].copy_from_slice(&d[4..]);
+                        put(
+                            t0 + n8 + 4 * g,
+                            x2x4(w.cols, w_rows, w.row_bytes, a, act_row_bytes),
+                        );
                     }
                     for rr in r..r + 2 {
                         let w_row = w.row(first_row + rr);

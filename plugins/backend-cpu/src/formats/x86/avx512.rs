@@ -32,6 +32,12 @@ pub(in crate::formats) fn overlay(mut k: FormatKernels) -> FormatKernels {
         T::Q6K => Some(vec_dot_x4_q6_k),
         _ => k.vec_dot_x4,
     };
+    k.vec_dot_2x8 = match k.weight_type {
+        T::Q4_0 => Some(vec_dot_2x8_q4_0),
+        T::Q5_0 => Some(vec_dot_2x8_q5_0),
+        T::Q8_0 => Some(vec_dot_2x8_q8_0),
+        _ => k.vec_dot_2x8,
+    };
     k.vec_dot_2x4 = match k.weight_type {
         T::Q4K => Some(vec_dot_2x4_q4_k),
         T::Q6K => Some(vec_dot_2x4_q6_k),
@@ -108,6 +114,37 @@ x2x4_wrappers! {
     vec_dot_2x4_q8_0 => dot_2x4_q8_0, 32, q8_0::BLOCK_BYTES, q8_0::BLOCK_BYTES;
     vec_dot_2x4_q4_k => dot_2x4_q4_k, QK_K, q4_k::BLOCK_BYTES, q8_k::BLOCK_BYTES;
     vec_dot_2x4_q6_k => dot_2x4_q6_k, QK_K, q6_k::BLOCK_BYTES, q8_k::BLOCK_BYTES;
+}
+
+/// Two-row tiles of one (`2x4`) and two (`2x8`) four-token groups of the 32-element signed
+/// formats, from one generic kernel each; the safe wrappers check bounds.
+macro_rules! x2xg_wrappers {
+    ($($name8:ident, $inner4:ident => $imp:ident, $w_block:expr;)*) => {
+        $(unsafe fn $inner4(n: usize, w: &[u8], ws: usize, a: &[u8], st: usize) -> [f32; 8] {
+            // SAFETY: the caller (the `x2x4_wrappers` function) checked bounds and features.
+            unsafe { $imp::<1>(n, w, ws, a, st)[0] }
+        }
+        fn $name8(n: usize, w: &[u8], w_stride: usize, a: &[u8], a_stride: usize) -> [[f32; 8]; 2] {
+            let (w_row, a_row) = ((n / 32) * $w_block, (n / 32) * q8_0::BLOCK_BYTES);
+            assert!(
+                w_stride >= w_row && w.len() >= w_stride + w_row,
+                "vec_dot_2x8: short weight rows"
+            );
+            assert!(
+                a_stride >= a_row && a.len() >= 7 * a_stride + a_row,
+                "vec_dot_2x8: short activation rows"
+            );
+            // SAFETY: only reachable through `overlay`'s table, which `dispatch` hands out
+            // after detecting the AVX-512 features (and AVX2's); the rows are in bounds.
+            unsafe { $imp::<2>(n, w, w_stride, a, a_stride) }
+        })*
+    };
+}
+
+x2xg_wrappers! {
+    vec_dot_2x8_q4_0, dot_2x4_q4_0 => dot_2x4g_q4_0, q4_0::BLOCK_BYTES;
+    vec_dot_2x8_q5_0, dot_2x4_q5_0 => dot_2x4g_q5_0, q5_0::BLOCK_BYTES;
+    vec_dot_2x8_q8_0, dot_2x4_q8_0 => dot_2x4g_q8_0, q8_0::BLOCK_BYTES;
 }
 
 /// `Σ u·s` of unsigned × signed bytes in groups of four, as 8 i32s (no i16 saturation).
@@ -452,41 +489,61 @@ unsafe fn reduce_2x4(z: [__m512i; 4]) -> __m256i {
     _mm512_castsi512_si256(_mm512_permutexvar_epi32(order, v))
 }
 
-/// `Σ s_r·a_k` of two weight rows' signed block quants `s0`, `s1` (any i8) against four
-/// tokens' quants at `a`: `[row 0 × tokens 0..4, row 1 × tokens 0..4]`. Each token's
-/// activations are biased to unsigned (`a + 128`, an XOR) once for both rows so that
-/// `vpdpbusd` can take them, and each accumulator starts at `−128·Σs`, so the integer sums
-/// are exact for any i8 quants (Q8_0 weights of −128 included).
+/// One weight block's signed quants `s` (any i8) prepared for [`signed_sums_2x4`]: `s` in
+/// both 256-bit halves, and the accumulator start `−128·Σs` that takes back the bias of the
+/// unsigned activations.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-unsafe fn signed_sums_2x4(s0: __m256i, s1: __m256i, a: *const u8, st: usize) -> __m256i {
+unsafe fn signed_prep(s: __m256i) -> (__m512i, __m512i) {
+    let (bias, zero) = (_mm512_set1_epi8(0x80u8 as i8), _mm512_setzero_si512());
+    let s = _mm512_broadcast_i64x4(s);
+    (
+        s,
+        _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, bias, s)),
+    )
+}
+
+/// `Σ s_r·a_k` of two weight rows' prepared block quants against four tokens' quants at
+/// `a`: `[row 0 × tokens 0..4, row 1 × tokens 0..4]`. Each token's activations are biased
+/// to unsigned (`a + 128`, an XOR) once for both rows so that `vpdpbusd` can take them; the
+/// accumulators start at `−128·Σs`, so the integer sums are exact for any i8 quants (Q8_0
+/// weights of −128 included).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn signed_sums_2x4(p: [(__m512i, __m512i); 2], a: *const u8, st: usize) -> __m256i {
     let bias = _mm512_set1_epi8(0x80u8 as i8);
-    let zero = _mm512_setzero_si512();
-    let acts = act_pairs(a, st).map(|p| _mm512_xor_si512(p, bias));
-    let dots = |s: __m256i| {
-        let s = _mm512_broadcast_i64x4(s);
-        let start = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, bias, s));
-        acts.map(|p| _mm512_dpbusd_epi32(start, p, s))
-    };
-    let (r0, r1) = (dots(s0), dots(s1));
+    let acts = act_pairs(a, st).map(|x| _mm512_xor_si512(x, bias));
+    let dots = |(s, start): (__m512i, __m512i)| acts.map(|x| _mm512_dpbusd_epi32(start, x, s));
+    let (r0, r1) = (dots(p[0]), dots(p[1]));
     reduce_2x4([r0[0], r0[1], r1[0], r1[1]])
 }
 
-/// Per (row, token) lane, `Σ_i terms(i, sums(i))` over blocks `0..nb` in block order.
+/// A two-row tile of `G` four-token groups over blocks `0..nb`: `quants(i)` gives block
+/// `i`'s signed quants of both rows (prepared once for all groups), `act(i, g)` the quants
+/// of group `g`'s first token in block `i`, and `terms(i, g, sums)` the block's float terms.
+/// Per (row, token) lane, the terms are added in block order, as the one-token kernels do.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-unsafe fn sum_2x4(
+unsafe fn tile_2x4g<const G: usize>(
     nb: usize,
-    mut sums: impl FnMut(usize) -> __m256i,
-    mut terms: impl FnMut(usize, __m256) -> __m256,
-) -> [f32; 8] {
-    let mut acc = _mm256_setzero_ps();
+    st: usize,
+    mut quants: impl FnMut(usize) -> [__m256i; 2],
+    mut act: impl FnMut(usize, usize) -> *const u8,
+    mut terms: impl FnMut(usize, usize, __m256) -> __m256,
+) -> [[f32; 8]; G] {
+    let mut acc = [_mm256_setzero_ps(); G];
     for i in 0..nb {
-        acc = _mm256_add_ps(acc, terms(i, _mm256_cvtepi32_ps(sums(i))));
+        let p = quants(i).map(|s| signed_prep(s));
+        for (g, acc) in acc.iter_mut().enumerate() {
+            let sums = signed_sums_2x4(p, act(i, g), st);
+            *acc = _mm256_add_ps(*acc, terms(i, g, _mm256_cvtepi32_ps(sums)));
+        }
     }
-    let mut out = [0.0f32; 8];
-    _mm256_storeu_ps(out.as_mut_ptr(), acc);
-    out
+    acc.map(|v| {
+        let mut out = [0.0f32; 8];
+        _mm256_storeu_ps(out.as_mut_ptr(), v);
+        out
+    })
 }
 
 /// `[d_w0 × 4, d_w1 × 4]` and `[d_a0..d_a3, d_a0..d_a3]`: the f16 scales at the starts of
@@ -508,54 +565,66 @@ unsafe fn terms_2x4_sdd(w: *const u8, ws: usize, a: *const u8, st: usize, s: __m
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn dot_2x4_q4_0(n: usize, w: &[u8], ws: usize, a: &[u8], st: usize) -> [f32; 8] {
+unsafe fn dot_2x4g_q4_0<const G: usize>(
+    n: usize,
+    w: &[u8],
+    ws: usize,
+    a: &[u8],
+    st: usize,
+) -> [[f32; 8]; G] {
     let (wb, ab) = (q4_0::BLOCK_BYTES, q8_0::BLOCK_BYTES);
-    let nb = n / 32;
     let (w, a) = (w.as_ptr(), a.as_ptr());
     let quants = |b: *const u8| _mm256_sub_epi8(nibbles32(b.add(2)), _mm256_set1_epi8(8));
-    sum_2x4(
-        nb,
-        |i| {
-            let b = w.add(i * wb);
-            signed_sums_2x4(quants(b), quants(b.add(ws)), a.add(i * ab + 2), st)
-        },
-        |i, s| terms_2x4_sdd(w.add(i * wb), ws, a.add(i * ab), st, s),
+    tile_2x4g::<G>(
+        n / 32,
+        st,
+        |i| [quants(w.add(i * wb)), quants(w.add(ws + i * wb))],
+        |i, g| a.add(4 * g * st + i * ab + 2),
+        |i, g, s| terms_2x4_sdd(w.add(i * wb), ws, a.add(4 * g * st + i * ab), st, s),
     )
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn dot_2x4_q5_0(n: usize, w: &[u8], ws: usize, a: &[u8], st: usize) -> [f32; 8] {
+unsafe fn dot_2x4g_q5_0<const G: usize>(
+    n: usize,
+    w: &[u8],
+    ws: usize,
+    a: &[u8],
+    st: usize,
+) -> [[f32; 8]; G] {
     let (wb, ab) = (q5_0::BLOCK_BYTES, q8_0::BLOCK_BYTES);
-    let nb = n / 32;
     let (w, a) = (w.as_ptr(), a.as_ptr());
     // A clear 5th bit means q − 16: OR-ing 0xF0 into the nibble is that in i8.
     let quants = |b: *const u8| {
         let high = _mm256_andnot_si256(bits32(b.add(2)), _mm256_set1_epi8(0xF0u8 as i8));
         _mm256_or_si256(nibbles32(b.add(6)), high)
     };
-    sum_2x4(
-        nb,
-        |i| {
-            let b = w.add(i * wb);
-            signed_sums_2x4(quants(b), quants(b.add(ws)), a.add(i * ab + 2), st)
-        },
-        |i, s| terms_2x4_sdd(w.add(i * wb), ws, a.add(i * ab), st, s),
+    tile_2x4g::<G>(
+        n / 32,
+        st,
+        |i| [quants(w.add(i * wb)), quants(w.add(ws + i * wb))],
+        |i, g| a.add(4 * g * st + i * ab + 2),
+        |i, g, s| terms_2x4_sdd(w.add(i * wb), ws, a.add(4 * g * st + i * ab), st, s),
     )
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn dot_2x4_q8_0(n: usize, w: &[u8], ws: usize, a: &[u8], st: usize) -> [f32; 8] {
+unsafe fn dot_2x4g_q8_0<const G: usize>(
+    n: usize,
+    w: &[u8],
+    ws: usize,
+    a: &[u8],
+    st: usize,
+) -> [[f32; 8]; G] {
     let (wb, ab) = (q8_0::BLOCK_BYTES, q8_0::BLOCK_BYTES);
-    let nb = n / 32;
     let (w, a) = (w.as_ptr(), a.as_ptr());
-    sum_2x4(
-        nb,
-        |i| {
-            let b = w.add(i * wb + 2);
-            signed_sums_2x4(load(b), load(b.add(ws)), a.add(i * ab + 2), st)
-        },
-        |i, s| {
-            let (dw, da) = scales_2x4(w.add(i * wb), ws, a.add(i * ab), st);
+    tile_2x4g::<G>(
+        n / 32,
+        st,
+        |i| [load(w.add(i * wb + 2)), load(w.add(ws + i * wb + 2))],
+        |i, g| a.add(4 * g * st + i * ab + 2),
+        |i, g, s| {
+            let (dw, da) = scales_2x4(w.add(i * wb), ws, a.add(4 * g * st + i * ab), st);
             _mm256_mul_ps(s, _mm256_mul_ps(dw, da))
         },
     )
