@@ -36,6 +36,7 @@ pub(in crate::formats) fn overlay(mut k: FormatKernels) -> FormatKernels {
         T::Q4_0 => Some(vec_dot_2x8_q4_0),
         T::Q5_0 => Some(vec_dot_2x8_q5_0),
         T::Q8_0 => Some(vec_dot_2x8_q8_0),
+        T::Q4K => Some(vec_dot_2x8_q4_k),
         _ => k.vec_dot_2x8,
     };
     k.vec_dot_2x4 = match k.weight_type {
@@ -116,16 +117,16 @@ x2x4_wrappers! {
     vec_dot_2x4_q6_k => dot_2x4_q6_k, QK_K, q6_k::BLOCK_BYTES, q8_k::BLOCK_BYTES;
 }
 
-/// Two-row tiles of one (`2x4`) and two (`2x8`) four-token groups of the 32-element signed
-/// formats, from one generic kernel each; the safe wrappers check bounds.
+/// Two-row tiles of one (`2x4`) and two (`2x8`) four-token groups, from one generic kernel
+/// per format; the safe wrappers check bounds.
 macro_rules! x2xg_wrappers {
-    ($($name8:ident, $inner4:ident => $imp:ident, $w_block:expr;)*) => {
+    ($($name8:ident, $inner4:ident => $imp:ident, $elems:expr, $w_block:expr, $a_block:expr;)*) => {
         $(unsafe fn $inner4(n: usize, w: &[u8], ws: usize, a: &[u8], st: usize) -> [f32; 8] {
             // SAFETY: the caller (the `x2x4_wrappers` function) checked bounds and features.
             unsafe { $imp::<1>(n, w, ws, a, st)[0] }
         }
         fn $name8(n: usize, w: &[u8], w_stride: usize, a: &[u8], a_stride: usize) -> [[f32; 8]; 2] {
-            let (w_row, a_row) = ((n / 32) * $w_block, (n / 32) * q8_0::BLOCK_BYTES);
+            let (w_row, a_row) = ((n / $elems) * $w_block, (n / $elems) * $a_block);
             assert!(
                 w_stride >= w_row && w.len() >= w_stride + w_row,
                 "vec_dot_2x8: short weight rows"
@@ -142,9 +143,10 @@ macro_rules! x2xg_wrappers {
 }
 
 x2xg_wrappers! {
-    vec_dot_2x8_q4_0, dot_2x4_q4_0 => dot_2x4g_q4_0, q4_0::BLOCK_BYTES;
-    vec_dot_2x8_q5_0, dot_2x4_q5_0 => dot_2x4g_q5_0, q5_0::BLOCK_BYTES;
-    vec_dot_2x8_q8_0, dot_2x4_q8_0 => dot_2x4g_q8_0, q8_0::BLOCK_BYTES;
+    vec_dot_2x8_q4_0, dot_2x4_q4_0 => dot_2x4g_q4_0, 32, q4_0::BLOCK_BYTES, q8_0::BLOCK_BYTES;
+    vec_dot_2x8_q5_0, dot_2x4_q5_0 => dot_2x4g_q5_0, 32, q5_0::BLOCK_BYTES, q8_0::BLOCK_BYTES;
+    vec_dot_2x8_q8_0, dot_2x4_q8_0 => dot_2x4g_q8_0, 32, q8_0::BLOCK_BYTES, q8_0::BLOCK_BYTES;
+    vec_dot_2x8_q4_k, dot_2x4_q4_k => dot_2x4g_q4_k, QK_K, q4_k::BLOCK_BYTES, q8_k::BLOCK_BYTES;
 }
 
 /// `Σ u·s` of unsigned × signed bytes in groups of four, as 8 i32s (no i16 saturation).
@@ -647,17 +649,23 @@ unsafe fn fold_pairs(acc: [__m512i; 4]) -> [__m512i; 2] {
     [pair(acc[0], acc[1]), pair(acc[2], acc[3])]
 }
 
-/// Two Q4_K rows (`ws` bytes apart) against four tokens: each token's activations, bsums
-/// and scale are read once for both rows, and the sixteen sums (products and mins) of the
-/// tile are reduced by two trees rather than per row.
+/// Two Q4_K rows (`ws` bytes apart) against `G` groups of four tokens: the rows' quants
+/// and scales are unpacked once for all groups, each token's activations, bsums and scale
+/// are read once for both rows, and each group's sixteen sums (products and mins) are
+/// reduced by two trees rather than per row.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[allow(clippy::needless_range_loop)] // c, k and r index several parallel arrays
-unsafe fn dot_2x4_q4_k(n: usize, w: &[u8], ws: usize, a: &[u8], st: usize) -> [f32; 8] {
+unsafe fn dot_2x4g_q4_k<const G: usize>(
+    n: usize,
+    w: &[u8],
+    ws: usize,
+    a: &[u8],
+    st: usize,
+) -> [[f32; 8]; G] {
     let (wbb, abb) = (q4_k::BLOCK_BYTES, q8_k::BLOCK_BYTES);
     let low = _mm512_set1_epi8(0x0F);
-    let mut sum = _mm256_setzero_ps();
+    let mut sum = [_mm256_setzero_ps(); G];
     for i in 0..n / QK_K {
-        let ab = a.as_ptr().add(i * abb);
         let wb = [
             &w[i * wbb..(i + 1) * wbb],
             &w[ws + i * wbb..ws + (i + 1) * wbb],
@@ -665,34 +673,14 @@ unsafe fn dot_2x4_q4_k(n: usize, w: &[u8], ws: usize, a: &[u8], st: usize) -> [f
         let (sc0, mn0) = scales_mins_k4(&wb[0][4..16]);
         let (sc1, mn1) = scales_mins_k4(&wb[1][4..16]);
         let sv = [scale_vectors_k4(sc0), scale_vectors_k4(sc1)];
-        let mut acc = [[_mm512_setzero_si512(); 4]; 2];
-        for c in 0..4 {
-            let q: [__m512i; 2] = core::array::from_fn(|r| {
+        let m = [mins_x2(mn0), mins_x2(mn1)];
+        // Both rows' quants, unpacked once for every token group.
+        let q: [[__m512i; 4]; 2] = core::array::from_fn(|r| {
+            core::array::from_fn(|c| {
                 let q = load(wb[r].as_ptr().add(16 + 32 * c));
                 _mm512_and_si512(join(q, _mm256_srli_epi16(q, 4)), low)
-            });
-            for k in 0..4 {
-                let av = _mm512_loadu_si512(ab.add(k * st + q8_k::QS + 64 * c) as *const _);
-                for r in 0..2 {
-                    let p = _mm512_maddubs_epi16(q[r], av);
-                    acc[r][k] = _mm512_dpwssd_epi32(acc[r][k], p, sv[r][c]);
-                }
-            }
-        }
-        let [a0, a1] = fold_pairs(acc[0]);
-        let [b0, b1] = fold_pairs(acc[1]);
-        let isum = reduce_2x4([a0, a1, b0, b1]);
-        let bsums: [__m256i; 4] = core::array::from_fn(|k| load(ab.add(k * st + q8_k::BSUMS)));
-        let m = [mins_x2(mn0), mins_x2(mn1)];
-        let mins = |r: usize, k: usize| _mm256_madd_epi16(bsums[k], m[r]);
-        let msum = reduce_2x4([
-            join(mins(0, 0), mins(0, 1)),
-            join(mins(0, 2), mins(0, 3)),
-            join(mins(1, 0), mins(1, 1)),
-            join(mins(1, 2), mins(1, 3)),
-        ]);
-        let d_a = q8k_d_x4(ab, st);
-        let d_a = _mm256_set_m128(d_a, d_a);
+            })
+        });
         let per_row = |off: usize| {
             let (x0, x1) = (
                 f16_at(wb[0].as_ptr().add(off)),
@@ -701,15 +689,43 @@ unsafe fn dot_2x4_q4_k(n: usize, w: &[u8], ws: usize, a: &[u8], st: usize) -> [f
             _mm256_set_m128(_mm_set1_ps(x1), _mm_set1_ps(x0))
         };
         let (d, dmin) = (per_row(0), per_row(2));
-        let t = _mm256_sub_ps(
-            _mm256_mul_ps(_mm256_mul_ps(d_a, d), _mm256_cvtepi32_ps(isum)),
-            _mm256_mul_ps(_mm256_mul_ps(d_a, dmin), _mm256_cvtepi32_ps(msum)),
-        );
-        sum = _mm256_add_ps(sum, t);
+        for (g, sum) in sum.iter_mut().enumerate() {
+            let ab = a.as_ptr().add(4 * g * st + i * abb);
+            let mut acc = [[_mm512_setzero_si512(); 4]; 2];
+            for c in 0..4 {
+                for k in 0..4 {
+                    let av = _mm512_loadu_si512(ab.add(k * st + q8_k::QS + 64 * c) as *const _);
+                    for r in 0..2 {
+                        let p = _mm512_maddubs_epi16(q[r][c], av);
+                        acc[r][k] = _mm512_dpwssd_epi32(acc[r][k], p, sv[r][c]);
+                    }
+                }
+            }
+            let [a0, a1] = fold_pairs(acc[0]);
+            let [b0, b1] = fold_pairs(acc[1]);
+            let isum = reduce_2x4([a0, a1, b0, b1]);
+            let bsums: [__m256i; 4] = core::array::from_fn(|k| load(ab.add(k * st + q8_k::BSUMS)));
+            let mins = |r: usize, k: usize| _mm256_madd_epi16(bsums[k], m[r]);
+            let msum = reduce_2x4([
+                join(mins(0, 0), mins(0, 1)),
+                join(mins(0, 2), mins(0, 3)),
+                join(mins(1, 0), mins(1, 1)),
+                join(mins(1, 2), mins(1, 3)),
+            ]);
+            let d_a = q8k_d_x4(ab, st);
+            let d_a = _mm256_set_m128(d_a, d_a);
+            let t = _mm256_sub_ps(
+                _mm256_mul_ps(_mm256_mul_ps(d_a, d), _mm256_cvtepi32_ps(isum)),
+                _mm256_mul_ps(_mm256_mul_ps(d_a, dmin), _mm256_cvtepi32_ps(msum)),
+            );
+            *sum = _mm256_add_ps(*sum, t);
+        }
     }
-    let mut out = [0.0f32; 8];
-    _mm256_storeu_ps(out.as_mut_ptr(), sum);
-    out
+    sum.map(|v| {
+        let mut out = [0.0f32; 8];
+        _mm256_storeu_ps(out.as_mut_ptr(), v);
+        out
+    })
 }
 
 /// Two Q6_K rows (`ws` bytes apart) against four tokens, sharing each token's activation
