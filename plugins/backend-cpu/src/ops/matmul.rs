@@ -170,9 +170,10 @@ pub fn dot_rows(
 ) {
     let rows = out.len() / n_tokens;
     let row_tile = (ROW_TILE_BYTES / w.row_bytes.max(1)).clamp(1, rows.max(1));
-    // A whole number of four-token groups where it can be, so only the prompt's last few
-    // tokens take the one-token kernel, not the end of every tile.
+    // A whole number of eight- (or four-) token groups where it can be, so only the
+    // prompt's last few tokens take the smaller kernels, not the end of every tile.
     let token_tile = match TOKEN_TILE_BYTES / act_row_bytes.max(1) {
+        t if t >= 8 => t / 8 * 8,
         t if t >= 4 => t / 4 * 4,
         t => t.max(1),
     }
