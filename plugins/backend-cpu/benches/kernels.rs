@@ -6,8 +6,8 @@
 //! - `pool/q4_1/576x576/<pool>/<threads>`: a whole decode matmul through `ops::matmul` on
 //!   rayon vs `SpinPool`, the hand-off cost the decode step pays ~100 times per token.
 //! - `prefill/<format>/<rows>x<cols>/<tokens>`: a prefill matmul on two threads.
-//! - `prefill_1t/<format>/<rows>x<cols>/<level>/x1|x4|2x4`: one thread, 16 tokens, the
-//!   one-token, four-token and two-row × four-token kernels.
+//! - `prefill_1t/<format>/<rows>x<cols>/<level>/x1|x4|2x4|2x8`: one thread, 16 tokens, the
+//!   one-token, four-token and two-row × four- and eight-token kernels.
 //!
 //! Run briefly: `cargo bench -p prima-backend-cpu -- --warm-up-time 1 --measurement-time 3 matvec/q4_1`.
 
@@ -243,9 +243,19 @@ fn prefill_x4(c: &mut Criterion) {
                 (k.quantize_activation)(xr, a);
             }
             let mut out = vec![0f32; rows * n_tokens];
-            let variants = [("x1", without_x4(k)), ("x4", without_2x4(k)), ("2x4", k)];
+            let variants = [
+                ("x1", without_x4(k)),
+                ("x4", without_2x4(k)),
+                ("2x4", without_2x8(k)),
+                ("2x8", k),
+            ];
             for (label, kk) in variants {
-                if label == "2x4" && k.vec_dot_2x4.is_none() {
+                let has = match label {
+                    "2x4" => k.vec_dot_2x4.is_some(),
+                    "2x8" => k.vec_dot_2x8.is_some(),
+                    _ => true,
+                };
+                if !has {
                     continue;
                 }
                 g.bench_function(BenchmarkId::new(level.name(), label), |b| {
@@ -257,10 +267,18 @@ fn prefill_x4(c: &mut Criterion) {
     }
 }
 
+fn without_2x8(
+    mut k: prima_backend_cpu::formats::FormatKernels,
+) -> prima_backend_cpu::formats::FormatKernels {
+    k.vec_dot_2x8 = None;
+    k
+}
+
 fn without_2x4(
     mut k: prima_backend_cpu::formats::FormatKernels,
 ) -> prima_backend_cpu::formats::FormatKernels {
     k.vec_dot_2x4 = None;
+    k.vec_dot_2x8 = None;
     k
 }
 
@@ -269,6 +287,7 @@ fn without_x4(
 ) -> prima_backend_cpu::formats::FormatKernels {
     k.vec_dot_x4 = None;
     k.vec_dot_2x4 = None;
+    k.vec_dot_2x8 = None;
     k
 }
 
