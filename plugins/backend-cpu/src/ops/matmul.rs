@@ -169,6 +169,14 @@ pub fn dot_rows(
     out: &mut [f32],
 ) {
     let rows = out.len() / n_tokens;
+    if n_tokens == 1 {
+        // Decoding: one pass over the rows, with nothing per row but the kernel call.
+        let w_rows = &w.data[first_row * w.row_bytes..(first_row + rows) * w.row_bytes];
+        for (o, w_row) in out.iter_mut().zip(w_rows.chunks_exact(w.row_bytes.max(1))) {
+            *o = (kernels.vec_dot)(w.cols, w_row, act);
+        }
+        return;
+    }
     let row_tile = (ROW_TILE_BYTES / w.row_bytes.max(1)).clamp(1, rows.max(1));
     // A whole number of eight- (or four-) token groups where it can be, so only the
     // prompt's last few tokens take the smaller kernels, not the end of every tile.
