@@ -11,9 +11,6 @@
 //!   different activation kinds side by side and rows padded apart (strides beyond a row).
 //! - `vec_dot_2x4_matches_scalar`: likewise for the two-row, four- and eight-token kernels,
 //!   the two weight rows with different scale kinds and padded apart.
-//! - `vec_dot_4r_matches_scalar`: likewise for the four-row, one-token (decode) kernels,
-//!   the four weight rows with different scale kinds and padded apart, against every
-//!   activation kind.
 //! - `matmul_matches_scalar_at_every_level`: `ops::matmul` with each level's table, odd
 //!   row and token counts (prefill tiles and their remainders), equals the scalar
 //!   `vec_dot` of every element.
@@ -323,54 +320,6 @@ fn vec_dot_2x4_matches_scalar() {
                                         base + k
                                     );
                                 }
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
-}
-
-#[test]
-fn vec_dot_4r_matches_scalar() {
-    let mut rng = ChaCha8Rng::seed_from_u64(16);
-    let kinds = [Scales::Normal, Scales::Max, Scales::Subnormal, Scales::Zero];
-    for level in levels() {
-        for t in WEIGHT_TYPES {
-            let (want_k, got_k) = (scalar::kernels(t).unwrap(), level.kernels(t).unwrap());
-            let Some(x4r) = got_k.vec_dot_4r else {
-                continue;
-            };
-            let at = want_k.vec_dot_type;
-            for n in lengths(t) {
-                let (w_row, a_row) = (t.row_bytes(n).unwrap(), at.row_bytes(n).unwrap());
-                for first in 0..kinds.len() {
-                    let rows: Vec<(Scales, Vec<u8>)> = (0..4)
-                        .map(|r| {
-                            let k = kinds[(first + r) % kinds.len()];
-                            (k, random_row(&mut rng, t, n, k))
-                        })
-                        .collect();
-                    for pad in [0, 7] {
-                        let ws = w_row + pad;
-                        let mut w = vec![0xA5u8; 3 * ws + w_row];
-                        for (r, (_, row)) in rows.iter().enumerate() {
-                            w[r * ws..r * ws + w_row].copy_from_slice(row);
-                        }
-                        for (name, x) in activations(&mut rng, n) {
-                            let mut a = vec![0u8; a_row];
-                            (want_k.quantize_activation)(&x, &mut a);
-                            let got = x4r(n, &w, ws, &a);
-                            for (r, (kind, row)) in rows.iter().enumerate() {
-                                let want = (want_k.vec_dot)(n, row, &a);
-                                assert!(
-                                    same(want, got[r]),
-                                    "{} {t} 4r n={n} row {r} ({kind:?}), {name} activations, \
-                                     pad {pad}: {} vs scalar {want}",
-                                    level.name(),
-                                    got[r]
-                                );
                             }
                         }
                     }

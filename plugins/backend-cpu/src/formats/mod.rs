@@ -86,13 +86,6 @@ pub type VecDot2x8Fn = fn(
     a_stride: usize,
 ) -> [[f32; 8]; 2];
 
-/// Dot products of four weight rows `w_stride` bytes apart against one activation row,
-/// each equal to `VecDotFn` on that pair, bit for bit. Decode uses it to read the
-/// activations (and their per-block sums and scales) once for four rows and to reduce the
-/// four rows' block sums together.
-pub type VecDot4RFn =
-    fn(n: usize, weight_rows: &[u8], w_stride: usize, activation_row: &[u8]) -> [f32; 4];
-
 /// Everything `matmul` and `get_rows` need to know about one weight type.
 #[derive(Clone, Copy)]
 pub struct FormatKernels {
@@ -110,8 +103,6 @@ pub struct FormatKernels {
     pub vec_dot_2x4: Option<VecDot2x4Fn>,
     /// A two-row, eight-token `vec_dot`, where a kernel level has one (only with a 2×4).
     pub vec_dot_2x8: Option<VecDot2x8Fn>,
-    /// A four-row, one-token `vec_dot`, where a kernel level has one.
-    pub vec_dot_4r: Option<VecDot4RFn>,
 }
 
 /// Reads a little-endian f16 at `off` as f32.

@@ -21,7 +21,6 @@ pub fn kernels(t: GgmlType) -> Option<FormatKernels> {
         vec_dot_x4: None,
         vec_dot_2x4: None,
         vec_dot_2x8: None,
-        vec_dot_4r: None,
     };
     Some(match t {
         T::F32 => k(

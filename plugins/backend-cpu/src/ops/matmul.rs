@@ -170,21 +170,9 @@ pub fn dot_rows(
 ) {
     let rows = out.len() / n_tokens;
     if n_tokens == 1 {
-        // Decoding: one pass over the rows, four at a time where the level can.
+        // Decoding: one pass over the rows, with nothing per row but the kernel call.
         let w_rows = &w.data[first_row * w.row_bytes..(first_row + rows) * w.row_bytes];
-        let mut done = 0;
-        if let Some(x4r) = kernels.vec_dot_4r {
-            // Four rows per call: the activations are read once for four rows.
-            for (o, w4) in out
-                .chunks_exact_mut(4)
-                .zip(w_rows.chunks_exact(4 * w.row_bytes.max(1)))
-            {
-                o.copy_from_slice(&x4r(w.cols, w4, w.row_bytes, act));
-                done += 4;
-            }
-        }
-        let rest = w_rows[done * w.row_bytes..].chunks_exact(w.row_bytes.max(1));
-        for (o, w_row) in out[done..].iter_mut().zip(rest) {
+        for (o, w_row) in out.iter_mut().zip(w_rows.chunks_exact(w.row_bytes.max(1))) {
             *o = (kernels.vec_dot)(w.cols, w_row, act);
         }
         return;

@@ -32,12 +32,6 @@ pub(in crate::formats) fn overlay(mut k: FormatKernels) -> FormatKernels {
         T::Q6K => Some(vec_dot_x4_q6_k),
         _ => k.vec_dot_x4,
     };
-    k.vec_dot_4r = match k.weight_type {
-        T::Q4_0 => Some(vec_dot_4r_q4_0),
-        T::Q5_0 => Some(vec_dot_4r_q5_0),
-        T::Q8_0 => Some(vec_dot_4r_q8_0),
-        _ => k.vec_dot_4r,
-    };
     k.vec_dot_2x8 = match k.weight_type {
         T::Q4_0 => Some(vec_dot_2x8_q4_0),
         T::Q5_0 => Some(vec_dot_2x8_q5_0),
@@ -153,29 +147,6 @@ x2xg_wrappers! {
     vec_dot_2x8_q5_0, dot_2x4_q5_0 => dot_2x4g_q5_0, 32, q5_0::BLOCK_BYTES, q8_0::BLOCK_BYTES;
     vec_dot_2x8_q8_0, dot_2x4_q8_0 => dot_2x4g_q8_0, 32, q8_0::BLOCK_BYTES, q8_0::BLOCK_BYTES;
     vec_dot_2x8_q4_k, dot_2x4_q4_k => dot_2x4g_q4_k, QK_K, q4_k::BLOCK_BYTES, q8_k::BLOCK_BYTES;
-}
-
-/// Safe wrappers of the four-row, one-token kernels of the 32-element formats; they check
-/// that the four weight rows and the activation row are in bounds.
-macro_rules! x4r_wrappers {
-    ($($name:ident => $imp:ident, $w_block:expr, $a_block:expr;)*) => {
-        $(fn $name(n: usize, w: &[u8], w_stride: usize, a: &[u8]) -> [f32; 4] {
-            let (w_row, a_row) = ((n / 32) * $w_block, (n / 32) * $a_block);
-            assert!(
-                w_stride >= w_row && w.len() >= 3 * w_stride + w_row && a.len() >= a_row,
-                "vec_dot_4r: short rows"
-            );
-            // SAFETY: only reachable through `overlay`'s table, which `dispatch` hands out
-            // after detecting the AVX-512 features (and AVX2's); the rows are in bounds.
-            unsafe { $imp(n, w, w_stride, a) }
-        })*
-    };
-}
-
-x4r_wrappers! {
-    vec_dot_4r_q4_0 => dot_4r_q4_0, q4_0::BLOCK_BYTES, q8_0::BLOCK_BYTES;
-    vec_dot_4r_q5_0 => dot_4r_q5_0, q5_0::BLOCK_BYTES, q8_0::BLOCK_BYTES;
-    vec_dot_4r_q8_0 => dot_4r_q8_0, q8_0::BLOCK_BYTES, q8_0::BLOCK_BYTES;
 }
 
 /// `Σ u·s` of unsigned × signed bytes in groups of four, as 8 i32s (no i16 saturation).
@@ -835,100 +806,4 @@ unsafe fn dot_2x4_q6_k(n: usize, w: &[u8], ws: usize, a: &[u8], st: usize) -> [f
     let mut out = [0.0f32; 8];
     _mm256_storeu_ps(out.as_mut_ptr(), sum);
     out
-}
-
-// ---- four rows × one token (decode), 32-element blocks ----
-//
-// (Q4_1's one-row kernel measured as fast as four rows; it keeps that.)
-
-/// Four rows' block terms over blocks `0..nb`, summed per row (lane) in block order:
-/// `act(i)` reads block `i` of the token once (its quants and the accumulator start every
-/// row's dot begins from), `dots(i, r, act)` is row `r`'s 8-lane integer dot, and
-/// `terms(i, sums)` turns the four rows' block sums into their float terms.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-#[inline]
-unsafe fn tile_4r<A: Copy>(
-    nb: usize,
-    mut act: impl FnMut(usize) -> A,
-    mut dots: impl FnMut(usize, usize, A) -> __m256i,
-    mut terms: impl FnMut(usize, __m128) -> __m128,
-) -> [f32; 4] {
-    let mut acc = _mm_setzero_ps();
-    for i in 0..nb {
-        let a = act(i);
-        let sums = hsum4(core::array::from_fn(|r| dots(i, r, a)));
-        acc = _mm_add_ps(acc, terms(i, _mm_cvtepi32_ps(sums)));
-    }
-    let mut out = [0.0f32; 4];
-    _mm_storeu_ps(out.as_mut_ptr(), acc);
-    out
-}
-
-/// A Q8_0 activation block's quants and `−off·Σa` (8 lanes): the start of the dot of
-/// unsigned weight quants that stand for `q − off`.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-#[inline]
-unsafe fn act_offset(a: *const u8, off_shift: i32) -> (__m256i, __m256i) {
-    let act = load(a);
-    let sum = dot_u8_i8(_mm256_set1_epi8(1), act);
-    let start = _mm256_sub_epi32(
-        _mm256_setzero_si256(),
-        _mm256_sll_epi32(sum, _mm_cvtsi32_si128(off_shift)),
-    );
-    (act, start)
-}
-
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn dot_4r_q4_0(n: usize, w: &[u8], ws: usize, a: &[u8]) -> [f32; 4] {
-    let (wb, ab) = (q4_0::BLOCK_BYTES, q8_0::BLOCK_BYTES);
-    let (w, a) = (w.as_ptr(), a.as_ptr());
-    // Unsigned nibbles q stand for q − 8: the dots start at −8·Σa.
-    tile_4r(
-        n / 32,
-        |i| act_offset(a.add(i * ab + 2), 3),
-        |i, r, (act, start)| {
-            let q = nibbles32(w.add(r * ws + i * wb + 2));
-            _mm256_dpbusd_epi32(start, q, act)
-        },
-        |i, s| {
-            let d_a = _mm_set1_ps(f16_at(a.add(i * ab)));
-            _mm_mul_ps(_mm_mul_ps(s, f16_x4(w.add(i * wb), ws)), d_a)
-        },
-    )
-}
-
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn dot_4r_q5_0(n: usize, w: &[u8], ws: usize, a: &[u8]) -> [f32; 4] {
-    let (wb, ab) = (q5_0::BLOCK_BYTES, q8_0::BLOCK_BYTES);
-    let (w, a) = (w.as_ptr(), a.as_ptr());
-    // Unsigned 5-bit quants q stand for q − 16: the dots start at −16·Σa.
-    tile_4r(
-        n / 32,
-        |i| act_offset(a.add(i * ab + 2), 4),
-        |i, r, (act, start)| {
-            let b = w.add(r * ws + i * wb);
-            let high = _mm256_and_si256(bits32(b.add(2)), _mm256_set1_epi8(0x10));
-            let q = _mm256_or_si256(nibbles32(b.add(6)), high);
-            _mm256_dpbusd_epi32(start, q, act)
-        },
-        |i, s| {
-            let d_a = _mm_set1_ps(f16_at(a.add(i * ab)));
-            _mm_mul_ps(_mm_mul_ps(s, f16_x4(w.add(i * wb), ws)), d_a)
-        },
-    )
-}
-
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn dot_4r_q8_0(n: usize, w: &[u8], ws: usize, a: &[u8]) -> [f32; 4] {
-    let (wb, ab) = (q8_0::BLOCK_BYTES, q8_0::BLOCK_BYTES);
-    let (w, a) = (w.as_ptr(), a.as_ptr());
-    tile_4r(
-        n / 32,
-        |i| load(a.add(i * ab + 2)),
-        |i, r, act| dot_i8_i8(load(w.add(r * ws + i * wb + 2)), act),
-        |i, s| {
-            let d_a = _mm_set1_ps(f16_at(a.add(i * ab)));
-            _mm_mul_ps(s, _mm_mul_ps(f16_x4(w.add(i * wb), ws), d_a))
-        },
-    )
 }
