@@ -6,8 +6,8 @@
 //! - `pool/q4_1/576x576/<pool>/<threads>`: a whole decode matmul through `ops::matmul` on
 //!   rayon vs `SpinPool`, the hand-off cost the decode step pays ~100 times per token.
 //! - `prefill/<format>/<rows>x<cols>/<tokens>`: a prefill matmul on two threads.
-//! - `prefill_1t/<format>/<rows>x<cols>/<level>/x1|x4`: one thread, 16 tokens, the
-//!   four-token kernel against one-token calls.
+//! - `prefill_1t/<format>/<rows>x<cols>/<level>/x1|x4|2x4|2x8`: one thread, 16 tokens, the
+//!   one-token, four-token and two-row × four- and eight-token kernels.
 //!
 //! Run briefly: `cargo bench -p prima-backend-cpu -- --warm-up-time 1 --measurement-time 3 matvec/q4_1`.
 
@@ -203,19 +203,23 @@ fn prefill(c: &mut Criterion) {
     }
 }
 
-/// One thread, 16 tokens: the four-token kernel against four one-token calls.
+/// One thread, 16 tokens: the four-token kernel against four one-token calls, at each SIMD
+/// level this CPU runs.
 fn prefill_x4(c: &mut Criterion) {
     let mut rng = ChaCha8Rng::seed_from_u64(4);
-    let Some(&best) = available_levels().last() else {
-        return;
-    };
+    let levels: Vec<KernelLevel> = available_levels()
+        .into_iter()
+        .filter(|&l| l != KernelLevel::Scalar)
+        .collect();
     for t in [
         GgmlType::Q4_1,
         GgmlType::Q8_0,
         GgmlType::Q4_0,
         GgmlType::Q5_0,
+        GgmlType::Q4K,
+        GgmlType::Q6K,
     ] {
-        let (rows, cols) = SHAPES[0];
+        let (rows, cols) = shape_for(t, SHAPES[0]);
         let data = weights(&mut rng, t, rows, cols);
         let row_bytes = t.row_bytes(cols).unwrap();
         let w = Weight {
@@ -226,32 +230,64 @@ fn prefill_x4(c: &mut Criterion) {
             row_bytes,
         };
         let n_tokens = 16;
-        let k = best.kernels(t).unwrap();
-        let arb = k.vec_dot_type.row_bytes(cols).unwrap();
         let x: Vec<f32> = (0..n_tokens * cols)
             .map(|_| rng.gen_range(-1.0..1.0))
             .collect();
-        let mut act = vec![0u8; n_tokens * arb];
-        for (a, xr) in act.chunks_exact_mut(arb).zip(x.chunks_exact(cols)) {
-            (k.quantize_activation)(xr, a);
-        }
-        let mut out = vec![0f32; rows * n_tokens];
         let mut g = c.benchmark_group(format!("prefill_1t/{}/{rows}x{cols}", name(t)));
         g.throughput(Throughput::Bytes((data.len() * n_tokens) as u64));
-        let one = without_x4(k);
-        for (label, kk) in [("x1", one), ("x4", k)] {
-            g.bench_function(BenchmarkId::new(best.name(), label), |b| {
-                b.iter(|| dot_rows(&kk, &w, 0, &act, arb, n_tokens, &mut out))
-            });
+        for &level in &levels {
+            let k = level.kernels(t).unwrap();
+            let arb = k.vec_dot_type.row_bytes(cols).unwrap();
+            let mut act = vec![0u8; n_tokens * arb];
+            for (a, xr) in act.chunks_exact_mut(arb).zip(x.chunks_exact(cols)) {
+                (k.quantize_activation)(xr, a);
+            }
+            let mut out = vec![0f32; rows * n_tokens];
+            let variants = [
+                ("x1", without_x4(k)),
+                ("x4", without_2x4(k)),
+                ("2x4", without_2x8(k)),
+                ("2x8", k),
+            ];
+            for (label, kk) in variants {
+                let has = match label {
+                    "2x4" => k.vec_dot_2x4.is_some(),
+                    "2x8" => k.vec_dot_2x8.is_some(),
+                    _ => true,
+                };
+                if !has {
+                    continue;
+                }
+                g.bench_function(BenchmarkId::new(level.name(), label), |b| {
+                    b.iter(|| dot_rows(&kk, &w, 0, &act, arb, n_tokens, &mut out))
+                });
+            }
         }
         g.finish();
     }
+}
+
+fn without_2x8(
+    mut k: prima_backend_cpu::formats::FormatKernels,
+) -> prima_backend_cpu::formats::FormatKernels {
+    k.vec_dot_2x8 = None;
+    k
+}
+
+fn without_2x4(
+    mut k: prima_backend_cpu::formats::FormatKernels,
+) -> prima_backend_cpu::formats::FormatKernels {
+    k.vec_dot_2x4 = None;
+    k.vec_dot_2x8 = None;
+    k
 }
 
 fn without_x4(
     mut k: prima_backend_cpu::formats::FormatKernels,
 ) -> prima_backend_cpu::formats::FormatKernels {
     k.vec_dot_x4 = None;
+    k.vec_dot_2x4 = None;
+    k.vec_dot_2x8 = None;
     k
 }
 

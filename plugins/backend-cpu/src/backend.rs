@@ -156,11 +156,21 @@ impl Backend for CpuBackend {
     }
 
     fn swiglu(&self, mut gate: RSliceMut<'_, f32>, up: RSlice<'_, f32>) -> BackendResult<()> {
-        to_abi(elementwise::swiglu(gate.as_mut_slice(), up.as_slice()))
+        to_abi(elementwise::gated_on(
+            &self.pool,
+            gate.as_mut_slice(),
+            up.as_slice(),
+            elementwise::swiglu,
+        ))
     }
 
     fn geglu(&self, mut gate: RSliceMut<'_, f32>, up: RSlice<'_, f32>) -> BackendResult<()> {
-        to_abi(elementwise::geglu(gate.as_mut_slice(), up.as_slice()))
+        to_abi(elementwise::gated_on(
+            &self.pool,
+            gate.as_mut_slice(),
+            up.as_slice(),
+            elementwise::geglu,
+        ))
     }
 
     fn kv_create(&self, spec: KvSpec) -> BackendResult<u64> {

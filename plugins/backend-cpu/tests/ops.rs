@@ -6,7 +6,8 @@
 //!   every element equals the format's `vec_dot`, and the f64 dot of dequantized operands
 //!   within the activation step; bad shapes and types are errors.
 //! - get_rows: rows equal `dequantize_row`; out-of-range ids are errors.
-//! - rms_norm (several rows, per-head row length), swiglu, geglu, add, add_bias, scale.
+//! - rms_norm (several rows, per-head row length), swiglu, geglu, add, add_bias, scale;
+//!   prompt-sized swiglu/geglu (split over the pool) equal the element-wise functions.
 //! - rope: normal and NeoX ordering, partial rotation, freq_factors and YaRN, vs f64.
 //! - attention: GQA, prefill then decode, sliding window, soft-capping, vs a naive f64
 //!   softmax over f16-rounded q/k/v and probabilities; truncate and rewrite; shape and position errors.
@@ -312,6 +313,37 @@ fn rms_norm_and_elementwise_match_formulas() {
             view(&bias, GgmlType::F32, 4, 1)
         )
         .is_err());
+}
+
+#[test]
+fn gated_activations_split_over_the_pool_match_elementwise() {
+    let mut rng = ChaCha8Rng::seed_from_u64(31);
+    let n = 3 * 16 * 1024 + 5;
+    let up = rand_vec(&mut rng, n, 3.0);
+    let gate = rand_vec(&mut rng, n, 6.0);
+    for threads in [1, 2, 3] {
+        let b = backend(threads);
+        let mut g = gate.clone();
+        b.swiglu(RSliceMut::from_mut_slice(&mut g), RSlice::from_slice(&up))
+            .unwrap();
+        let mut h = gate.clone();
+        b.geglu(RSliceMut::from_mut_slice(&mut h), RSlice::from_slice(&up))
+            .unwrap();
+        for i in 0..n {
+            let (x, u) = (gate[i], up[i]);
+            assert_eq!(
+                g[i].to_bits(),
+                (x / (1.0 + (-x).exp()) * u).to_bits(),
+                "swiglu {i}"
+            );
+            let gelu = prima_backend_cpu::ops::elementwise::gelu_tanh(x) * u;
+            assert_eq!(
+                h[i].to_bits(),
+                gelu.to_bits(),
+                "geglu {i}, {threads} threads"
+            );
+        }
+    }
 }
 
 fn rope_params(n_rot: u32, neox: bool, factors: Option<&[f32]>) -> RopeParams<'_> {

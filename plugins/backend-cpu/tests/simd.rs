@@ -6,10 +6,17 @@
 //! - `vec_dot_matches_scalar`: each level's `vec_dot` of every weight type returns the
 //!   scalar result bit for bit (the kernels keep the scalar summation order), for the same
 //!   row lengths, weight scales of ±65504, f16 subnormals and zero, and those activations.
+//! - `vec_dot_x4_matches_scalar`: each level's four-token kernel returns, per token, the
+//!   scalar `vec_dot` bit for bit, for the same row lengths and weight scales, with four
+//!   different activation kinds side by side and rows padded apart (strides beyond a row).
+//! - `vec_dot_2x4_matches_scalar`: likewise for the two-row, four- and eight-token kernels,
+//!   the two weight rows with different scale kinds and padded apart.
 //! - `matmul_matches_scalar_at_every_level`: `ops::matmul` with each level's table, odd
 //!   row and token counts (prefill tiles and their remainders), equals the scalar
 //!   `vec_dot` of every element.
 //!   Both on rayon and on `SpinPool`, which must agree.
+//! - `axpy_f16_matches_scalar`: each level's F16 `axpy` (attention's V weighting) returns
+//!   the scalar bits, over the float lengths (8-lane tails) and extreme values.
 //! - `spin_pool_runs_every_chunk_once`: `SpinPool` runs each chunk exactly once, including
 //!   after its workers have gone to sleep.
 //! - `dispatch_selection`: `PRIMA_CPU_KERNELS` parsing and fallbacks.
@@ -197,6 +204,131 @@ fn vec_dot_matches_scalar() {
     }
 }
 
+#[test]
+fn vec_dot_x4_matches_scalar() {
+    let mut rng = ChaCha8Rng::seed_from_u64(14);
+    for level in levels() {
+        for t in WEIGHT_TYPES {
+            let (want_k, got_k) = (scalar::kernels(t).unwrap(), level.kernels(t).unwrap());
+            let Some(x4) = got_k.vec_dot_x4 else {
+                continue;
+            };
+            let at = want_k.vec_dot_type;
+            for n in lengths(t) {
+                let row = at.row_bytes(n).unwrap();
+                // Every activation kind once in each of the four slots, across the groups.
+                let acts: Vec<Vec<u8>> = activations(&mut rng, n)
+                    .into_iter()
+                    .map(|(_, x)| {
+                        let mut a = vec![0u8; row];
+                        (want_k.quantize_activation)(&x, &mut a);
+                        a
+                    })
+                    .collect();
+                for scales in [Scales::Normal, Scales::Max, Scales::Subnormal, Scales::Zero] {
+                    let w = random_row(&mut rng, t, n, scales);
+                    for pad in [0, 3] {
+                        let stride = row + pad;
+                        for first in 0..acts.len() {
+                            let pick: [usize; 4] =
+                                std::array::from_fn(|k| (first + k) % acts.len());
+                            let mut a = vec![0x5Au8; 3 * stride + row];
+                            for (k, &p) in pick.iter().enumerate() {
+                                a[k * stride..k * stride + row].copy_from_slice(&acts[p]);
+                            }
+                            let got = x4(n, &w, &a, stride);
+                            for (k, &p) in pick.iter().enumerate() {
+                                let want = (want_k.vec_dot)(n, &w, &acts[p]);
+                                assert!(
+                                    same(want, got[k]),
+                                    "{} {t} x4 n={n} {scales:?} weights, token {k} (kind {p}), \
+                                     stride {stride}: {} vs scalar {want}",
+                                    level.name(),
+                                    got[k]
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn vec_dot_2x4_matches_scalar() {
+    let mut rng = ChaCha8Rng::seed_from_u64(15);
+    let kinds = [Scales::Normal, Scales::Max, Scales::Subnormal, Scales::Zero];
+    for level in levels() {
+        for t in WEIGHT_TYPES {
+            let (want_k, got_k) = (scalar::kernels(t).unwrap(), level.kernels(t).unwrap());
+            let Some(x2x4) = got_k.vec_dot_2x4 else {
+                continue;
+            };
+            let x2x8 = got_k.vec_dot_2x8;
+            let at = want_k.vec_dot_type;
+            for n in lengths(t) {
+                let (w_row, a_row) = (t.row_bytes(n).unwrap(), at.row_bytes(n).unwrap());
+                let acts: Vec<Vec<u8>> = activations(&mut rng, n)
+                    .into_iter()
+                    .map(|(_, x)| {
+                        let mut a = vec![0u8; a_row];
+                        (want_k.quantize_activation)(&x, &mut a);
+                        a
+                    })
+                    .collect();
+                for (ki, &k0) in kinds.iter().enumerate() {
+                    let k1 = kinds[(ki + 1) % kinds.len()];
+                    let rows = [
+                        random_row(&mut rng, t, n, k0),
+                        random_row(&mut rng, t, n, k1),
+                    ];
+                    for pad in [0, 5] {
+                        let (ws, st) = (w_row + pad, a_row + pad);
+                        let mut w = vec![0xA5u8; ws + w_row];
+                        w[..w_row].copy_from_slice(&rows[0]);
+                        w[ws..].copy_from_slice(&rows[1]);
+                        for first in 0..acts.len() {
+                            let pick: [usize; 8] =
+                                std::array::from_fn(|k| (first + k) % acts.len());
+                            let mut a = vec![0x5Au8; 7 * st + a_row];
+                            for (k, &p) in pick.iter().enumerate() {
+                                a[k * st..k * st + a_row].copy_from_slice(&acts[p]);
+                            }
+                            // Each result is [row 0 × 4 tokens, row 1 × 4 tokens]: the 2x4
+                            // call on tokens 0..4, then the 2x8 call's two groups.
+                            let mut got = vec![(0, x2x4(n, &w, ws, &a, st))];
+                            if let Some(x2x8) = x2x8 {
+                                let [g0, g1] = x2x8(n, &w, ws, &a, st);
+                                got.extend([(0, g0), (4, g1)]);
+                            }
+                            for (call, &(base, d)) in got.iter().enumerate() {
+                                for ((r, row), k) in rows
+                                    .iter()
+                                    .enumerate()
+                                    .flat_map(|r| (0..4).map(move |k| (r, k)))
+                                {
+                                    let p = pick[base + k];
+                                    let want = (want_k.vec_dot)(n, row, &acts[p]);
+                                    let g = d[4 * r + k];
+                                    assert!(
+                                        same(want, g),
+                                        "{} {t} call {call} (2x4, then 2x8) n={n} row {r} ({:?}), \
+                                         token {} (kind {p}), pad {pad}: {g} vs scalar {want}",
+                                        level.name(),
+                                        [k0, k1][r],
+                                        base + k
+                                    );
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 fn matmul_with(
     lookup: KernelLookup,
     threads: u32,
@@ -213,6 +345,31 @@ fn matmul_with(
     matmul(&spin, &mut scratch, lookup, &w, x, n_tokens, &mut spin_out).unwrap();
     assert_eq!(out, spin_out, "rayon vs SpinPool");
     out
+}
+
+#[test]
+fn axpy_f16_matches_scalar() {
+    let mut rng = ChaCha8Rng::seed_from_u64(17);
+    let want_f = KernelLevel::Scalar.axpy_f16().unwrap();
+    for level in levels() {
+        let got_f = level.axpy_f16().unwrap();
+        for n in FLOAT_LENGTHS {
+            for scales in [Scales::Normal, Scales::Max, Scales::Subnormal, Scales::Zero] {
+                let v = random_row(&mut rng, GgmlType::F16, n, scales);
+                for w in [0.0f32, 1.0, -0.37, 1e-30, 65504.0, f32::MIN_POSITIVE] {
+                    let acc: Vec<f32> = (0..n).map(|_| rng.gen_range(-4.0..4.0)).collect();
+                    let (mut want, mut got) = (acc.clone(), acc);
+                    want_f(&mut want, w, &v);
+                    got_f(&mut got, w, &v);
+                    assert!(
+                        want.iter().zip(&got).all(|(a, b)| same(*a, *b)),
+                        "{} axpy_f16 n={n} {scales:?} w={w}",
+                        level.name()
+                    );
+                }
+            }
+        }
+    }
 }
 
 #[test]

@@ -11,7 +11,7 @@
 //! Not for: AMX. Some hosts advertise it yet kill the process with SIGILL, so it is never
 //! probed.
 
-use super::{scalar, FormatKernels};
+use super::{float, scalar, AxpyF16Fn, FormatKernels};
 use prima_core::gguf::GgmlType;
 use std::sync::OnceLock;
 
@@ -88,6 +88,21 @@ impl KernelLevel {
     }
 }
 
+impl KernelLevel {
+    /// The F16 `axpy` of this level (attention's weighting of V rows), or `None` when this
+    /// CPU cannot run the level.
+    pub fn axpy_f16(self) -> Option<AxpyF16Fn> {
+        if !self.is_available() {
+            return None;
+        }
+        Some(match self {
+            #[cfg(target_arch = "x86_64")]
+            KernelLevel::Avx2 | KernelLevel::Avx512 => super::x86::avx2::axpy_f16,
+            _ => float::axpy_f16,
+        })
+    }
+}
+
 /// Every level this CPU can run, lowest first (tests run them all).
 pub fn available_levels() -> Vec<KernelLevel> {
     KernelLevel::ALL
@@ -154,4 +169,12 @@ pub fn kernel_level_name() -> &'static str {
 /// `ops::matmul::KernelLookup`.
 pub fn kernels(t: GgmlType) -> Option<FormatKernels> {
     selection().level.kernels(t)
+}
+
+/// The selected level's F16 `axpy`.
+pub fn axpy_f16() -> AxpyF16Fn {
+    selection()
+        .level
+        .axpy_f16()
+        .unwrap_or(float::axpy_f16 as AxpyF16Fn)
 }

@@ -89,3 +89,11 @@ pub fn vec_dot_bf16(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let at = |b: &[u8], i: usize| bf16::from_le_bytes([b[2 * i], b[2 * i + 1]]).to_f32();
     dot_in_lanes(n, |i| at(w, i) * at(a, i))
 }
+
+/// `acc[i] += w · v[i]` over the F16 row `v` (little-endian bytes): a multiply, then an add
+/// (no FMA), so every kernel level returns the same bits. Attention weights V rows with it.
+pub fn axpy_f16(acc: &mut [f32], w: f32, v: &[u8]) {
+    for (a, b) in acc.iter_mut().zip(v.chunks_exact(2)) {
+        *a += w * f16::from_le_bytes([b[0], b[1]]).to_f32();
+    }
+}

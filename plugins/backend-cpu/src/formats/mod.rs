@@ -44,6 +44,10 @@ pub const WEIGHT_TYPES: [GgmlType; 13] = [
     GgmlType::Q6K,
 ];
 
+/// `acc[i] += w · v[i]` with `v` an F16 row as little-endian bytes (see
+/// [`float::axpy_f16`]).
+pub type AxpyF16Fn = fn(acc: &mut [f32], w: f32, v: &[u8]);
+
 /// Dequantizes a whole row: `src` holds `out.len() / block_elems` blocks.
 pub type DequantizeRowFn = fn(src: &[u8], out: &mut [f32]);
 
@@ -60,6 +64,28 @@ pub type VecDotFn = fn(n: usize, weight_row: &[u8], activation_row: &[u8]) -> f3
 pub type VecDotX4Fn =
     fn(n: usize, weight_row: &[u8], activation_rows: &[u8], a_stride: usize) -> [f32; 4];
 
+/// Dot products of two weight rows `w_stride` bytes apart against four activation rows
+/// `a_stride` bytes apart: `[row 0 × tokens 0..4, row 1 × tokens 0..4]`, each equal to
+/// `VecDotFn` on that pair, bit for bit. Prefill uses it to load each token's activations
+/// once for two rows as well as unpack each weight block once for four tokens.
+pub type VecDot2x4Fn = fn(
+    n: usize,
+    weight_rows: &[u8],
+    w_stride: usize,
+    activation_rows: &[u8],
+    a_stride: usize,
+) -> [f32; 8];
+
+/// Two `VecDot2x4Fn` tiles at once, for tokens `0..4` and `4..8` of eight activation rows
+/// `a_stride` bytes apart (each weight block unpacked once for all eight tokens).
+pub type VecDot2x8Fn = fn(
+    n: usize,
+    weight_rows: &[u8],
+    w_stride: usize,
+    activation_rows: &[u8],
+    a_stride: usize,
+) -> [[f32; 8]; 2];
+
 /// Everything `matmul` and `get_rows` need to know about one weight type.
 #[derive(Clone, Copy)]
 pub struct FormatKernels {
@@ -73,6 +99,10 @@ pub struct FormatKernels {
     pub vec_dot: VecDotFn,
     /// A four-token `vec_dot`, where a kernel level has one.
     pub vec_dot_x4: Option<VecDotX4Fn>,
+    /// A two-row, four-token `vec_dot`, where a kernel level has one.
+    pub vec_dot_2x4: Option<VecDot2x4Fn>,
+    /// A two-row, eight-token `vec_dot`, where a kernel level has one (only with a 2×4).
+    pub vec_dot_2x8: Option<VecDot2x8Fn>,
 }
 
 /// Reads a little-endian f16 at `off` as f32.

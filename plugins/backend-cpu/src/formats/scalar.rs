@@ -19,6 +19,8 @@ pub fn kernels(t: GgmlType) -> Option<FormatKernels> {
         quantize_activation,
         vec_dot,
         vec_dot_x4: None,
+        vec_dot_2x4: None,
+        vec_dot_2x8: None,
     };
     Some(match t {
         T::F32 => k(

@@ -8,16 +8,19 @@
 //! `p = softmax(s)` computed in two passes (max, then exp and a sum in f64) and each `p_j`
 //! rounded to f16 before it weights the F16 values — the numerics of llama.cpp's
 //! non-flash attention, which the golden fixtures record (measured: this takes F32 models
-//! from 3e-3 to 5e-4 max |Δlogit| against llama.cpp). Heads × tokens run on the SpinPool; each
+//! from 3e-3 to 5e-4 max |Δlogit| against llama.cpp). `q · k_j` is the F16 weight format's
+//! `vec_dot` at the selected kernel level (16 f32 lanes, see `formats::float`), so
+//! attention shares the matmul's numerics and speed. Heads × tokens run on the SpinPool; each
 //! worker thread keeps its score buffer between calls, so steady-state calls allocate
 //! nothing.
 
 use super::kv_cache::{lock, KvCache, KvStore};
 use super::matmul::SharedOut;
 use super::{expect_len, mul, OpResult};
+use crate::formats::{dispatch, put_f16, AxpyF16Fn, VecDotFn};
 use crate::pool::{sized, ChunkRunner, Scratch};
 use half::f16;
-use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
+use prima_core::gguf::GgmlType;
 use prima_core::plugin::backend_abi::AttentionParams;
 use std::cell::RefCell;
 
@@ -118,11 +121,15 @@ pub fn attention(
     }
     cache.write(layer, start, n_tokens, k, v);
 
-    let queries = sized(&mut scratch.queries, q.len());
-    for (d, s) in queries.iter_mut().zip(q) {
-        *d = f16::from_f32(*s).to_f32();
+    let queries = sized(&mut scratch.queries, 2 * q.len());
+    for (i, s) in q.iter().enumerate() {
+        put_f16(queries, 2 * i, *s);
     }
-    let queries: &[f32] = queries;
+    let queries: &[u8] = queries;
+    let dot = dispatch::kernels(GgmlType::F16)
+        .ok_or_else(|| format!("{OP}: no F16 kernels"))?
+        .vec_dot;
+    let axpy = dispatch::axpy_f16();
     let cache: &KvCache = &cache;
     if dv == 0 {
         return Ok(());
@@ -140,30 +147,40 @@ pub fn attention(
             // chunks are done.
             let o = unsafe { std::slice::from_raw_parts_mut(dst.ptr().add(idx * dv), dv) };
             let (t, h) = (idx / n_head, idx % n_head);
-            let qh = &queries[idx * dk..(idx + 1) * dk];
-            attend_one(cache, layer, start + t, h / group, qh, p, o);
+            let qh = &queries[2 * idx * dk..2 * (idx + 1) * dk];
+            attend_one(cache, layer, start + t, h / group, qh, (dot, axpy), p, o);
         }
     });
     Ok(())
 }
 
-/// Longest head the stack row buffer holds; the attention op refuses longer heads.
+/// Longest head the attention op accepts (a bound kept from when rows were widened on the
+/// stack; the models in use have at most 256).
 pub const MAX_HEAD_DIM: usize = 512;
 
-/// Widens an F16 row into `buf` and returns the filled part.
-fn widen<'a>(bits: &[u16], buf: &'a mut [f32; MAX_HEAD_DIM]) -> &'a [f32] {
-    let out = &mut buf[..bits.len()];
-    bits.reinterpret_cast::<f16>().convert_to_f32_slice(out);
-    out
+/// An F16 row as the little-endian bytes the format kernels read.
+fn f16_bytes(bits: &[u16]) -> &[u8] {
+    const {
+        assert!(
+            cfg!(target_endian = "little"),
+            "F16 rows are read as little-endian bytes"
+        )
+    };
+    // SAFETY: `u16` has no padding and `u8` no alignment requirement; the byte slice covers
+    // exactly the memory of `bits` and borrows it for the same lifetime.
+    unsafe { std::slice::from_raw_parts(bits.as_ptr() as *const u8, 2 * bits.len()) }
 }
 
-/// One query head at position `pos` against KV head `kv_head`; writes `o`.
+/// One query head (`q`: f16 bytes) at position `pos` against KV head `kv_head`, with `dot`
+/// the F16 `vec_dot` and `axpy` the F16 `axpy`; writes `o`.
+#[allow(clippy::too_many_arguments)]
 fn attend_one(
     cache: &KvCache,
     layer: usize,
     pos: usize,
     kv_head: usize,
-    q: &[f32],
+    q: &[u8],
+    (dot, axpy): (VecDotFn, AxpyF16Fn),
     p: &AttentionParams,
     o: &mut [f32],
 ) {
@@ -173,21 +190,13 @@ fn attend_one(
     } else {
         0
     };
-    // One K or V row widened to f32 at a time: the slice conversion uses F16C where the
-    // CPU has it, and the products below then run on plain f32 (same values, far faster
-    // than converting element by element).
-    let mut row = [0f32; MAX_HEAD_DIM];
     SCORES.with(|cell| {
         let mut buf = cell.borrow_mut();
         let scores = sized(&mut buf, pos + 1 - first);
         let mut max = f32::NEG_INFINITY;
         for (s, j) in scores.iter_mut().zip(first..=pos) {
-            let key = widen(cache.key(layer, j, kv_head), &mut row);
-            let mut dot = 0.0f32;
-            for (a, b) in q.iter().zip(key) {
-                dot += a * b;
-            }
-            *s = p.scale * dot;
+            let key = cache.key(layer, j, kv_head);
+            *s = p.scale * dot(key.len(), f16_bytes(key), q);
             if p.softcap != 0.0 {
                 *s = p.softcap * (*s / p.softcap).tanh();
             }
@@ -206,10 +215,7 @@ fn attend_one(
         o.fill(0.0);
         for (s, j) in scores.iter().zip(first..=pos) {
             let weight = f16::from_f32(s * norm).to_f32();
-            let value = widen(cache.value(layer, j, kv_head), &mut row);
-            for (x, b) in o.iter_mut().zip(value) {
-                *x += weight * b;
-            }
+            axpy(o, weight, f16_bytes(cache.value(layer, j, kv_head)));
         }
     });
 }

@@ -1,7 +1,13 @@
 //! Element-wise ops: add, add_bias, scale and the gated activations SwiGLU and GeGLU.
 
+use super::matmul::SharedOut;
 use super::{expect_len, OpResult, Weight};
+use crate::pool::ChunkRunner;
 use prima_core::plugin::backend_abi::TensorView;
+
+/// Elements per pool chunk of a gated activation; shorter inputs (a decode step's
+/// activations) run on the calling thread, where the hand-off would cost more than it saves.
+const GATE_CHUNK: usize = 16 * 1024;
 
 pub fn add(acc: &mut [f32], x: &[f32]) -> OpResult<()> {
     expect_len("add", "x length", x.len(), acc.len())?;
@@ -63,5 +69,30 @@ pub fn geglu(gate: &mut [f32], up: &[f32]) -> OpResult<()> {
     for (g, u) in gate.iter_mut().zip(up) {
         *g = gelu_tanh(*g) * u;
     }
+    Ok(())
+}
+
+/// `gate = act(gate) · up` element-wise, split over `pool` for prompt-sized inputs (each
+/// element is computed alone, so the split does not change results).
+pub fn gated_on(
+    pool: &impl ChunkRunner,
+    gate: &mut [f32],
+    up: &[f32],
+    act: fn(&mut [f32], &[f32]) -> OpResult<()>,
+) -> OpResult<()> {
+    expect_len("gated activation", "up length", up.len(), gate.len())?;
+    if gate.len() < 2 * GATE_CHUNK || pool.threads() < 2 {
+        return act(gate, up);
+    }
+    let n = gate.len();
+    let dst = SharedOut(gate.as_mut_ptr());
+    pool.run(n.div_ceil(GATE_CHUNK), &|c| {
+        let (lo, hi) = (c * GATE_CHUNK, ((c + 1) * GATE_CHUNK).min(n));
+        // SAFETY: chunk `c` owns elements `lo .. hi` of `gate`, disjoint per chunk, and `gate`
+        // outlives `run`, which returns when every chunk is done.
+        let g = unsafe { std::slice::from_raw_parts_mut(dst.ptr().add(lo), hi - lo) };
+        // Lengths match by construction, so `act` cannot fail here.
+        let _ = act(g, &up[lo..hi]);
+    });
     Ok(())
 }

@@ -112,28 +112,43 @@ pub fn matmul(
     let chunk = w.rows.div_ceil(pool.threads() * CHUNKS_PER_THREAD).max(1);
     let n_chunks = w.rows.div_ceil(chunk);
     // One token: row-major and token-major coincide, write straight into `out`.
-    let by_row: &mut [f32] = if n_tokens == 1 {
-        out
-    } else {
-        sized(rows_by_token, w.rows * n_tokens)
-    };
-    let dst = SharedOut(by_row.as_mut_ptr());
+    if n_tokens == 1 {
+        let dst = SharedOut(out.as_mut_ptr());
+        pool.run(n_chunks, &|c| {
+            let first = c * chunk;
+            let rows = chunk.min(w.rows - first);
+            // SAFETY: chunk `c` owns elements `first .. first + rows` of `out`, disjoint per
+            // chunk; `out` outlives `run`, which returns when every chunk is done.
+            let o = unsafe { std::slice::from_raw_parts_mut(dst.ptr().add(first), rows) };
+            dot_rows(&kernels, &w, first, act, act_row_bytes, 1, o);
+        });
+        return Ok(());
+    }
+    // Several tokens: each chunk fills its rows × tokens block of `rows_by_token` (weight-row
+    // major, as the kernels produce it), then transposes that block into its columns of the
+    // token-major `out` while it is still in cache.
+    let by_row = SharedOut(sized(rows_by_token, w.rows * n_tokens).as_mut_ptr());
+    let dst = SharedOut(out.as_mut_ptr());
     pool.run(n_chunks, &|c| {
-        let _ = &dst;
         let first = c * chunk;
         let rows = chunk.min(w.rows - first);
-        // SAFETY: chunk `c` owns rows `first .. first + rows` of `by_row`, disjoint per chunk.
-        let o =
-            unsafe { std::slice::from_raw_parts_mut(dst.0.add(first * n_tokens), rows * n_tokens) };
+        // SAFETY: chunk `c` owns rows `first .. first + rows` of `rows_by_token` (sized to
+        // `w.rows · n_tokens` above), disjoint per chunk.
+        let o = unsafe {
+            std::slice::from_raw_parts_mut(by_row.ptr().add(first * n_tokens), rows * n_tokens)
+        };
         dot_rows(&kernels, &w, first, act, act_row_bytes, n_tokens, o);
-    });
-    if n_tokens > 1 {
-        for (t, out_row) in out.chunks_exact_mut(w.rows).enumerate() {
-            for (r, o) in out_row.iter_mut().enumerate() {
-                *o = rows_by_token[r * n_tokens + t];
+        for t in 0..n_tokens {
+            // SAFETY: chunk `c` owns columns `first .. first + rows` of every token's row of
+            // `out` (`n_tokens × w.rows`, checked above), disjoint per chunk; `out` outlives
+            // `run`, which returns when every chunk is done.
+            let out_row =
+                unsafe { std::slice::from_raw_parts_mut(dst.ptr().add(t * w.rows + first), rows) };
+            for (r, v) in out_row.iter_mut().enumerate() {
+                *v = o[r * n_tokens + t];
             }
         }
-    }
+    });
     Ok(())
 }
 
@@ -142,7 +157,8 @@ pub fn matmul(
 ///
 /// Walks row tiles of about [`ROW_TILE_BYTES`] and, inside each, token blocks of about
 /// [`TOKEN_TILE_BYTES`], so both operands of the inner loops come from cache; uses the
-/// four-token kernel where the level has one (same bits as four `vec_dot` calls).
+/// two-row × eight- and four-token kernels, else the four-token kernel, where the level
+/// has them (same bits as the `vec_dot` calls they replace).
 pub fn dot_rows(
     kernels: &FormatKernels,
     w: &Weight<'_>,
@@ -153,14 +169,74 @@ pub fn dot_rows(
     out: &mut [f32],
 ) {
     let rows = out.len() / n_tokens;
+    if n_tokens == 1 {
+        // Decoding: one pass over the rows, with nothing per row but the kernel call.
+        let w_rows = &w.data[first_row * w.row_bytes..(first_row + rows) * w.row_bytes];
+        for (o, w_row) in out.iter_mut().zip(w_rows.chunks_exact(w.row_bytes.max(1))) {
+            *o = (kernels.vec_dot)(w.cols, w_row, act);
+        }
+        return;
+    }
     let row_tile = (ROW_TILE_BYTES / w.row_bytes.max(1)).clamp(1, rows.max(1));
-    let token_tile = (TOKEN_TILE_BYTES / act_row_bytes.max(1)).clamp(1, n_tokens);
+    // A whole number of eight- (or four-) token groups where it can be, so only the
+    // prompt's last few tokens take the smaller kernels, not the end of every tile.
+    let token_tile = match TOKEN_TILE_BYTES / act_row_bytes.max(1) {
+        t if t >= 8 => t / 8 * 8,
+        t if t >= 4 => t / 4 * 4,
+        t => t.max(1),
+    }
+    .min(n_tokens);
     for r0 in (0..rows).step_by(row_tile) {
         let r1 = (r0 + row_tile).min(rows);
         for t0 in (0..n_tokens).step_by(token_tile) {
             let t1 = (t0 + token_tile).min(n_tokens);
             let acts = &act[t0 * act_row_bytes..t1 * act_row_bytes];
-            for r in r0..r1 {
+            let mut r = r0;
+            if let Some(x2x4) = kernels.vec_dot_2x4 {
+                // Two rows × four tokens per call: each token's activations are also loaded
+                // once for both rows.
+                while r + 2 <= r1 {
+                    let w_rows = &w.data[(first_row + r) * w.row_bytes..];
+                    let w_rows = &w_rows[..2 * w.row_bytes];
+                    let n4 = (t1 - t0) / 4 * 4;
+                    // Eight tokens per call where the level has it: weights unpacked once.
+                    let n8 = kernels.vec_dot_2x8.map_or(0, |_| n4 / 8 * 8);
+                    let mut put = |t: usize, d: [f32; 8]| {
+                        let (o0, o1) = (r * n_tokens + t, (r + 1) * n_tokens + t);
+                        out[o0..o0 + 4].copy_from_slice(&d[..4]);
+                        out[o1..o1 + 4].copy_from_slice(&d[4..]);
+                    };
+                    if let Some(x2x8) = kernels.vec_dot_2x8 {
+                        for (g, a) in acts[..n8 * act_row_bytes]
+                            .chunks_exact(8 * act_row_bytes)
+                            .enumerate()
+                        {
+                            let [d0, d1] = x2x8(w.cols, w_rows, w.row_bytes, a, act_row_bytes);
+                            put(t0 + 8 * g, d0);
+                            put(t0 + 8 * g + 4, d1);
+                        }
+                    }
+                    for (g, a) in acts[n8 * act_row_bytes..n4 * act_row_bytes]
+                        .chunks_exact(4 * act_row_bytes)
+                        .enumerate()
+                    {
+                        put(
+                            t0 + n8 + 4 * g,
+                            x2x4(w.cols, w_rows, w.row_bytes, a, act_row_bytes),
+                        );
+                    }
+                    for rr in r..r + 2 {
+                        let w_row = w.row(first_row + rr);
+                        let rest = acts[n4 * act_row_bytes..].chunks_exact(act_row_bytes);
+                        let o = &mut out[rr * n_tokens + t0 + n4..rr * n_tokens + t1];
+                        for (o, a) in o.iter_mut().zip(rest) {
+                            *o = (kernels.vec_dot)(w.cols, w_row, a);
+                        }
+                    }
+                    r += 2;
+                }
+            }
+            for r in r..r1 {
                 let w_row = w.row(first_row + r);
                 let out_row = &mut out[r * n_tokens + t0..r * n_tokens + t1];
                 let mut done = 0;

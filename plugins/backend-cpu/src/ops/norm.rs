@@ -19,8 +19,10 @@ pub fn rms_norm(x: &[f32], weight: &TensorView<'_>, eps: f32, out: &mut [f32]) -
         let sum: f64 = xr.iter().map(|&v| v as f64 * v as f64).sum();
         let mean = (sum / n as f64) as f32;
         let scale = 1.0 / (mean + eps).sqrt();
-        for (i, (y, &v)) in yr.iter_mut().zip(xr).enumerate() {
-            *y = (v * scale) * w.f32_at(i);
+        // The weight's bytes in whole f32s (`f32_vector` checked the length), so the loop
+        // vectorises.
+        for ((y, &v), wb) in yr.iter_mut().zip(xr).zip(w.data.chunks_exact(4)) {
+            *y = (v * scale) * f32::from_le_bytes([wb[0], wb[1], wb[2], wb[3]]);
         }
     }
     Ok(())

@@ -33,6 +33,8 @@ pub(in crate::formats) fn overlay(mut k: FormatKernels) -> FormatKernels {
         T::Q4_1 => Some(vec_dot_x4_q4_1),
         T::Q5_0 => Some(vec_dot_x4_q5_0),
         T::Q8_0 => Some(vec_dot_x4_q8_0),
+        T::Q4K => Some(vec_dot_x4_q4_k),
+        T::Q6K => Some(vec_dot_x4_q6_k),
         _ => k.vec_dot_x4,
     };
     k.quantize_activation = match k.vec_dot_type {
@@ -60,10 +62,11 @@ macro_rules! wrappers {
 }
 
 /// Safe wrappers of the four-token kernels; they check that the four rows are in bounds.
+/// `$elems` and `$act_block` are the activation type's block elements and bytes.
 macro_rules! x4_wrappers {
-    ($($name:ident => $imp:ident, $act_block:expr;)*) => {
+    ($($name:ident => $imp:ident, $elems:expr, $act_block:expr;)*) => {
         $(fn $name(n: usize, w: &[u8], a: &[u8], a_stride: usize) -> [f32; 4] {
-            let row = (n / 32) * $act_block;
+            let row = (n / $elems) * $act_block;
             assert!(a_stride >= row && a.len() >= 3 * a_stride + row, "vec_dot_x4: short rows");
             // SAFETY: only reachable through `overlay`'s table, which `dispatch` hands out
             // after detecting avx2, fma and f16c; the four rows are in bounds (above).
@@ -73,10 +76,12 @@ macro_rules! x4_wrappers {
 }
 
 x4_wrappers! {
-    vec_dot_x4_q4_0 => dot_x4_q4_0, q8_0::BLOCK_BYTES;
-    vec_dot_x4_q4_1 => dot_x4_q4_1, q8_1::BLOCK_BYTES;
-    vec_dot_x4_q5_0 => dot_x4_q5_0, q8_0::BLOCK_BYTES;
-    vec_dot_x4_q8_0 => dot_x4_q8_0, q8_0::BLOCK_BYTES;
+    vec_dot_x4_q4_0 => dot_x4_q4_0, 32, q8_0::BLOCK_BYTES;
+    vec_dot_x4_q4_1 => dot_x4_q4_1, 32, q8_1::BLOCK_BYTES;
+    vec_dot_x4_q5_0 => dot_x4_q5_0, 32, q8_0::BLOCK_BYTES;
+    vec_dot_x4_q8_0 => dot_x4_q8_0, 32, q8_0::BLOCK_BYTES;
+    vec_dot_x4_q4_k => dot_x4_q4_k, QK_K, q8_k::BLOCK_BYTES;
+    vec_dot_x4_q6_k => dot_x4_q6_k, QK_K, q8_k::BLOCK_BYTES;
 }
 
 wrappers! {
@@ -96,6 +101,32 @@ wrappers! {
     quantize quantize_row_q8_0 => quantize_q8_0;
     quantize quantize_row_q8_1 => quantize_q8_1;
     quantize quantize_row_q8_k => quantize_q8_k;
+}
+
+/// [`crate::formats::float::axpy_f16`] with F16C: eight lanes at a time, each a multiply then
+/// an add, as the scalar loop does per element.
+pub(in crate::formats) fn axpy_f16(acc: &mut [f32], w: f32, v: &[u8]) {
+    // SAFETY: only handed out by `dispatch` (`KernelLevel::axpy_f16`) after detecting avx2,
+    // fma and f16c.
+    unsafe { axpy_f16_imp(acc, w, v) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn axpy_f16_imp(acc: &mut [f32], w: f32, v: &[u8]) {
+    let n = acc.len().min(v.len() / 2);
+    let full = n / 8 * 8;
+    let wv = _mm256_set1_ps(w);
+    let (a, b) = (acc.as_mut_ptr(), v.as_ptr());
+    let mut i = 0;
+    while i < full {
+        let x = _mm256_cvtph_ps(_mm_loadu_si128(b.add(2 * i) as *const __m128i));
+        let y = _mm256_add_ps(_mm256_loadu_ps(a.add(i)), _mm256_mul_ps(wv, x));
+        _mm256_storeu_ps(a.add(i), y);
+        i += 8;
+    }
+    for j in full..n {
+        *a.add(j) += w * f16_at(b.add(2 * j));
+    }
 }
 
 // ---- helpers (shared with the AVX-512 level) ----
@@ -434,18 +465,22 @@ unsafe fn dot_x4_q4_1(n: usize, w: &[u8], a: &[u8], st: usize) -> [f32; 4] {
             }
             dot_u8_i8(q, load(a.add(k * st + i * ab + 4)))
         },
-        |i, s| {
-            // [d, m] of the weight block against [d_a, s_a] of each token's block.
-            let wdm = _mm_cvtph_ps(_mm_set1_epi32(
-                (w.add(i * wb) as *const i32).read_unaligned(),
-            ));
-            let wdm = _mm256_set_m128(wdm, wdm);
-            let prod = _mm256_mul_ps(wdm, f16_pairs4(a.add(i * ab), st));
-            let prod = _mm256_permutevar8x32_ps(prod, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
-            let (dd, ms) = (_mm256_castps256_ps128(prod), _mm256_extractf128_ps(prod, 1));
-            _mm_add_ps(_mm_mul_ps(dd, s), ms)
-        },
+        |i, s| terms_x4_q4_1(w.add(i * wb), a.add(i * ab), st, s),
     )
+}
+
+/// `d · d_a · isum + m · s_a` (Q4_1, Q5_1) of one weight block at `w` against four tokens'
+/// blocks `st` bytes apart from `a`, in the scalar order.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn terms_x4_q4_1(w: *const u8, a: *const u8, st: usize, s: __m128) -> __m128 {
+    // [d, m] of the weight block against [d_a, s_a] of each token's block.
+    let wdm = _mm_cvtph_ps(_mm_set1_epi32((w as *const i32).read_unaligned()));
+    let wdm = _mm256_set_m128(wdm, wdm);
+    let prod = _mm256_mul_ps(wdm, f16_pairs4(a, st));
+    let prod = _mm256_permutevar8x32_ps(prod, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
+    let (dd, ms) = (_mm256_castps256_ps128(prod), _mm256_extractf128_ps(prod, 1));
+    _mm_add_ps(_mm_mul_ps(dd, s), ms)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -470,6 +505,151 @@ unsafe fn dot_x4_q8_0(n: usize, w: &[u8], a: &[u8], st: usize) -> [f32; 4] {
 }
 
 // ---- K-quants ----
+
+/// The Q8_K `d` of four activation blocks `stride` bytes apart.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn q8k_d_x4(ab: *const u8, stride: usize) -> __m128 {
+    _mm_setr_ps(
+        f32_at(ab),
+        f32_at(ab.add(stride)),
+        f32_at(ab.add(2 * stride)),
+        f32_at(ab.add(3 * stride)),
+    )
+}
+
+/// The mins of a Q4_K/Q5_K super-block widened to i16, each twice: `[m0, m0, m1, m1, …]`,
+/// facing the 16 Q8_K `bsums` (two per 32-element sub-block).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn mins_x2(mn: [u8; 8]) -> __m256i {
+    let m = _mm_cvtsi64_si128(i64::from_le_bytes(mn));
+    _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m, m))
+}
+
+/// Four tokens' Q4_K/Q5_K super-block terms, `d_a·d·isum − d_a·dmin·msum` per lane in the
+/// scalar kernel's float order; `isum` holds the four integer sums, `ab` the first token's
+/// Q8_K block (the others `st` bytes apart), `wb` the weight block.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn k4_terms_x4(
+    wb: *const u8,
+    ab: *const u8,
+    st: usize,
+    isum: __m128i,
+    mn: [u8; 8],
+) -> __m128 {
+    let m = mins_x2(mn);
+    let msum = hsum4(core::array::from_fn(|k| {
+        _mm256_madd_epi16(load(ab.add(k * st + q8_k::BSUMS)), m)
+    }));
+    let d_a = q8k_d_x4(ab, st);
+    let (d, dmin) = (_mm_set1_ps(f16_at(wb)), _mm_set1_ps(f16_at(wb.add(2))));
+    _mm_sub_ps(
+        _mm_mul_ps(_mm_mul_ps(d_a, d), _mm_cvtepi32_ps(isum)),
+        _mm_mul_ps(_mm_mul_ps(d_a, dmin), _mm_cvtepi32_ps(msum)),
+    )
+}
+
+/// `32 · Σ_g scale_g · bsum_g` of the Q8_K block at `ab` (as 8 i32 lanes), the part of a
+/// Q6_K dot that its −32 offset contributes: `Σ (q − 32)·a = Σ q·a − 32·Σ a`, per group.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn q6k_offset(ab: *const u8, scales16: __m256i) -> __m256i {
+    _mm256_slli_epi32(_mm256_madd_epi16(load(ab.add(q8_k::BSUMS)), scales16), 5)
+}
+
+/// Four tokens' Q6_K super-block terms `d_a·d·isum`, in the scalar order.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn q6k_terms_x4(
+    wb: *const u8,
+    ab: *const u8,
+    st: usize,
+    isum: __m128i,
+) -> __m128 {
+    let d = _mm_set1_ps(f16_at(wb.add(208)));
+    _mm_mul_ps(_mm_mul_ps(q8k_d_x4(ab, st), d), _mm_cvtepi32_ps(isum))
+}
+
+/// One Q4_K row against four tokens: each 32-byte slice of quants is split into nibbles
+/// once and dotted against all four tokens' activations.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_x4_q4_k(n: usize, w: &[u8], a: &[u8], st: usize) -> [f32; 4] {
+    let (wbb, abb) = (q4_k::BLOCK_BYTES, q8_k::BLOCK_BYTES);
+    let nb = (n / QK_K).min(w.len() / wbb);
+    let low = _mm256_set1_epi8(0x0F);
+    let mut sum = _mm_setzero_ps();
+    for i in 0..nb {
+        let wb = &w[i * wbb..(i + 1) * wbb];
+        let ab = a.as_ptr().add(i * abb);
+        let (sc, mn) = scales_mins_k4(&wb[4..16]);
+        let qs = wb.as_ptr().add(16);
+        let mut acc = [_mm256_setzero_si256(); 4];
+        for c in 0..4 {
+            let q = load(qs.add(32 * c));
+            let lo = _mm256_and_si256(q, low);
+            let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
+            let (slo, shi) = (
+                _mm256_set1_epi16(sc[2 * c] as i16),
+                _mm256_set1_epi16(sc[2 * c + 1] as i16),
+            );
+            for (k, acc) in acc.iter_mut().enumerate() {
+                let aq = ab.add(k * st + q8_k::QS + 64 * c);
+                let plo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, load(aq)), slo);
+                let phi = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, load(aq.add(32))), shi);
+                *acc = _mm256_add_epi32(*acc, _mm256_add_epi32(plo, phi));
+            }
+        }
+        sum = _mm_add_ps(sum, k4_terms_x4(wb.as_ptr(), ab, st, hsum4(acc), mn));
+    }
+    let mut out = [0.0f32; 4];
+    _mm_storeu_ps(out.as_mut_ptr(), sum);
+    out
+}
+
+/// One Q6_K row against four tokens: each 32 quants are assembled once; the −32 offset
+/// comes from the activations' `bsums` ([`q6k_offset`]) instead of a second `maddubs`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_x4_q6_k(n: usize, w: &[u8], a: &[u8], st: usize) -> [f32; 4] {
+    let (wbb, abb) = (q6_k::BLOCK_BYTES, q8_k::BLOCK_BYTES);
+    let nb = (n / QK_K).min(w.len() / wbb);
+    let low4 = _mm256_set1_epi8(0x0F);
+    let low2 = _mm256_set1_epi8(0x03);
+    let mut sum = _mm_setzero_ps();
+    for i in 0..nb {
+        let wb = &w[i * wbb..(i + 1) * wbb];
+        let ab = a.as_ptr().add(i * abb);
+        let (ql, qh, scales) = (wb.as_ptr(), wb.as_ptr().add(128), &wb[192..208]);
+        let mut acc = [_mm256_setzero_si256(); 4];
+        for h in 0..2 {
+            let (ql0, ql1) = (load(ql.add(64 * h)), load(ql.add(64 * h + 32)));
+            let qhv = load(qh.add(32 * h));
+            for j in 0..4 {
+                let l = if j % 2 == 0 { ql0 } else { ql1 };
+                let l = if j < 2 { l } else { _mm256_srli_epi16(l, 4) };
+                let hb =
+                    _mm256_and_si256(_mm256_srl_epi16(qhv, _mm_cvtsi32_si128(2 * j as i32)), low2);
+                let q = _mm256_or_si256(_mm256_and_si256(l, low4), _mm256_slli_epi16(hb, 4));
+                let g = 8 * h + 2 * j;
+                let s = scale_pair(scales[g] as i8 as i32, scales[g + 1] as i8 as i32);
+                for (k, acc) in acc.iter_mut().enumerate() {
+                    let av = load(ab.add(k * st + q8_k::QS + 128 * h + 32 * j));
+                    *acc =
+                        _mm256_add_epi32(*acc, _mm256_madd_epi16(_mm256_maddubs_epi16(q, av), s));
+                }
+            }
+        }
+        let scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(scales.as_ptr() as *const __m128i));
+        for (k, acc) in acc.iter_mut().enumerate() {
+            *acc = _mm256_sub_epi32(*acc, q6k_offset(ab.add(k * st), scales16));
+        }
+        sum = _mm_add_ps(sum, q6k_terms_x4(wb.as_ptr(), ab, st, hsum4(acc)));
+    }
+    let mut out = [0.0f32; 4];
+    _mm_storeu_ps(out.as_mut_ptr(), sum);
+    out
+}
 
 /// `[s0 × 8, s1 × 8]` as i16s: the scales of two 16-element groups for `madd`.
 #[target_feature(enable = "avx2,fma,f16c")]
