@@ -346,3 +346,72 @@ fn kept_nodes_are_reused_when_their_configuration_is_unchanged() {
         scratch.processes_left()
     );
 }
+
+/// Plans a testbed manifest with --dry-run --json (writing its sparse model if missing).
+fn testbed_plan(manifest: &str, model_tag: &str) -> serde_json::Value {
+    let synth = derived_models().join("synth");
+    if !synth.join(format!("{model_tag}.gguf")).exists() {
+        prima_core::halda::synth::spec(model_tag)
+            .unwrap()
+            .write_to(&synth)
+            .unwrap();
+    }
+    let path = common::workspace_root()
+        .join("manifests/testbeds")
+        .join(manifest);
+    let out = Command::new(env!("CARGO_BIN_EXE_prima"))
+        .args(["apply", path.to_str().unwrap(), "--dry-run", "--json"])
+        .env("HOME", std::env::var_os("HOME").unwrap())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn with_layers(plan: &serde_json::Value) -> Vec<String> {
+    plan["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|d| d["layers"].as_u64().unwrap() > 0)
+        .map(|d| d["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn testbed_manifests_plan_as_the_paper_reports() {
+    // 8B on D1–D4 goes entirely to D3's GPU; D2 and D4 are pruned.
+    let plan = testbed_plan("d1-d4-llama3-8b.toml", "llama3-8b-q4_k");
+    assert_eq!(with_layers(&plan), ["D3"]);
+    let d3 = &plan["devices"][2];
+    assert_eq!((d3["w"].as_u64(), d3["n"].as_u64()), (Some(32), Some(32)));
+    let pruned: Vec<&str> = plan["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|d| d["pruned"] == true)
+        .map(|d| d["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(pruned, ["D2", "D4"]);
+
+    // 70B needs every device of D1–D4.
+    let plan = testbed_plan("d1-d4-llama3-70b.toml", "llama3-70b-q4_k");
+    assert_eq!(with_layers(&plan), ["D1", "D2", "D3", "D4"]);
+    assert!(plan["predicted_tpot_ms"].as_f64().unwrap() > 0.0);
+
+    // On the ten-node bed, 70B uses few devices and drops the weak ones.
+    let plan = testbed_plan("ten-node-llama3-70b.toml", "llama3-70b-q4_k");
+    let used = with_layers(&plan);
+    assert!(used.len() <= 4, "{used:?}");
+    let layers: u64 = plan["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["layers"].as_u64().unwrap())
+        .sum();
+    assert_eq!(layers, 80);
+}
