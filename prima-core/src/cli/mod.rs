@@ -2,10 +2,12 @@
 //! one-line messages with a non-zero exit code.
 
 mod bench;
+mod chat;
 mod engine;
 mod node;
 mod plugins;
 mod run;
+mod serve;
 mod tokenize;
 mod units;
 
@@ -36,6 +38,10 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Run as a ring device: serve layer windows to a head.
     Node(node::NodeArgs),
+    /// Serve an OpenAI-compatible API (chat and completions) from this device.
+    Serve(serve::ServeArgs),
+    /// Chat in the terminal with a running server.
+    Chat(chat::ChatArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -50,6 +56,8 @@ pub fn main() -> ExitCode {
         Command::Plugins => plugins::run(),
         Command::Bench(args) => bench::run(args),
         Command::Node(args) => node::run(args),
+        Command::Serve(args) => serve::run(args),
+        Command::Chat(args) => chat::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
