@@ -53,7 +53,10 @@ fn streamed_chat_equals_the_whole_reply_and_usage_is_counted() {
     let completion_tokens = usage["completion_tokens"].as_u64().unwrap();
     assert!(prompt_tokens > 10, "{usage}");
     assert!((1..=24).contains(&completion_tokens), "{usage}");
-    assert_eq!(usage["total_tokens"].as_u64(), Some(prompt_tokens + completion_tokens));
+    assert_eq!(
+        usage["total_tokens"].as_u64(),
+        Some(prompt_tokens + completion_tokens)
+    );
     let finish = choice["finish_reason"].as_str().unwrap();
     assert_eq!(finish == "length", completion_tokens == 24, "{whole}");
 
@@ -65,10 +68,19 @@ fn streamed_chat_equals_the_whole_reply_and_usage_is_counted() {
     let (events, done) = sse_events(&body);
     assert!(done, "no [DONE]: {body}");
     assert!(events.len() >= 3, "{body}");
-    assert!(events.iter().all(|e| e["object"] == "chat.completion.chunk"));
+    assert!(events
+        .iter()
+        .all(|e| e["object"] == "chat.completion.chunk"));
     assert_eq!(events[0]["choices"][0]["delta"]["role"], "assistant");
-    assert_eq!(streamed_text(&events), text, "streamed and whole greedy replies differ");
-    let last_choice = events.iter().rev().find(|e| !e["choices"].as_array().unwrap().is_empty());
+    assert_eq!(
+        streamed_text(&events),
+        text,
+        "streamed and whole greedy replies differ"
+    );
+    let last_choice = events
+        .iter()
+        .rev()
+        .find(|e| !e["choices"].as_array().unwrap().is_empty());
     assert_eq!(last_choice.unwrap()["choices"][0]["finish_reason"], finish);
     let usage_chunk = events.last().unwrap();
     assert_eq!(usage_chunk["choices"], json!([]));
@@ -105,7 +117,10 @@ fn stop_strings_and_max_tokens_end_the_reply() {
     with_stop["stop"] = json!(["8", "never appears"]);
     let (status, stopped) = server.post_json("/v1/completions", &with_stop);
     assert_eq!(status, 200, "{stopped}");
-    assert_eq!(stopped["choices"][0]["text"], text[..text.find('8').unwrap()]);
+    assert_eq!(
+        stopped["choices"][0]["text"],
+        text[..text.find('8').unwrap()]
+    );
     assert_eq!(stopped["choices"][0]["finish_reason"], "stop");
 
     // The same, streamed: the stop string never reaches the client.
@@ -114,7 +129,10 @@ fn stop_strings_and_max_tokens_end_the_reply() {
     let (events, done) = sse_events(&body);
     assert!(done);
     assert_eq!(streamed_text(&events), text[..text.find('8').unwrap()]);
-    assert_eq!(events.last().unwrap()["choices"][0]["finish_reason"], "stop");
+    assert_eq!(
+        events.last().unwrap()["choices"][0]["finish_reason"],
+        "stop"
+    );
 
     // max_tokens: exactly that many tokens, finish_reason "length".
     let mut short = prompt.clone();
@@ -133,7 +151,10 @@ fn models_health_and_metrics() {
     let server = Server::start(&model, &["-c", "512", "--alias", "smol"]);
     let (status, health) = server.get("/health");
     assert_eq!(status, 200);
-    assert_eq!(serde_json::from_str::<Value>(&health).unwrap()["status"], "ok");
+    assert_eq!(
+        serde_json::from_str::<Value>(&health).unwrap()["status"],
+        "ok"
+    );
 
     let (status, models) = server.get("/v1/models");
     assert_eq!(status, 200);
@@ -166,16 +187,29 @@ fn models_health_and_metrics() {
     );
     let finished: f64 = ["stop", "length"]
         .iter()
-        .map(|r| server.metric(&format!(r#"prima_generations_total{{finish_reason="{r}"}}"#)))
+        .map(|r| {
+            server.metric(&format!(
+                r#"prima_generations_total{{finish_reason="{r}"}}"#
+            ))
+        })
         .sum();
     assert_eq!(finished, 1.0);
 
     // The same conversation again reuses the cached prompt.
     let (status, again) = server.post_json("/v1/chat/completions", &greeting(json!({})));
     assert_eq!(status, 200);
-    assert_eq!(again["choices"][0]["message"], reply["choices"][0]["message"]);
-    assert_eq!(again["timings"]["prompt_cached_n"].as_f64(), Some(prompt - 1.0));
-    assert_eq!(server.metric("prima_prompt_tokens_cached_total"), prompt - 1.0);
+    assert_eq!(
+        again["choices"][0]["message"],
+        reply["choices"][0]["message"]
+    );
+    assert_eq!(
+        again["timings"]["prompt_cached_n"].as_f64(),
+        Some(prompt - 1.0)
+    );
+    assert_eq!(
+        server.metric("prima_prompt_tokens_cached_total"),
+        prompt - 1.0
+    );
 }
 
 #[test]
@@ -184,17 +218,43 @@ fn bad_requests_get_openai_errors_and_the_server_keeps_serving() {
     let server = Server::start(&model, &["-c", "128"]);
     let long_prompt = "tell me a story about a dragon ".repeat(40);
     for (path, body, param, needle) in [
-        ("/v1/chat/completions", r#"{"messages": [{"role": "user", "#.to_string(), None, "not valid JSON"),
-        ("/v1/chat/completions", "[]".to_string(), None, "JSON object"),
-        ("/v1/chat/completions", r#"{"model": "x"}"#.to_string(), Some("messages"), "messages"),
         (
             "/v1/chat/completions",
-            r#"{"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}"#.to_string(),
+            r#"{"messages": [{"role": "user", "#.to_string(),
+            None,
+            "not valid JSON",
+        ),
+        (
+            "/v1/chat/completions",
+            "[]".to_string(),
+            None,
+            "JSON object",
+        ),
+        (
+            "/v1/chat/completions",
+            r#"{"model": "x"}"#.to_string(),
+            Some("messages"),
+            "messages",
+        ),
+        (
+            "/v1/chat/completions",
+            r#"{"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}"#
+                .to_string(),
             Some("temperature"),
             "temperature",
         ),
-        ("/v1/completions", r#"{"prompt": "x", "max_tokens": -5}"#.to_string(), Some("max_tokens"), "max_tokens"),
-        ("/v1/completions", r#"{"prompt": "x", "stop": 7}"#.to_string(), Some("stop"), "stop"),
+        (
+            "/v1/completions",
+            r#"{"prompt": "x", "max_tokens": -5}"#.to_string(),
+            Some("max_tokens"),
+            "max_tokens",
+        ),
+        (
+            "/v1/completions",
+            r#"{"prompt": "x", "stop": 7}"#.to_string(),
+            Some("stop"),
+            "stop",
+        ),
         (
             "/v1/chat/completions",
             json!({"messages": [{"role": "user", "content": long_prompt}]}).to_string(),
@@ -213,7 +273,10 @@ fn bad_requests_get_openai_errors_and_the_server_keeps_serving() {
         let error: Value = serde_json::from_str(&text).unwrap();
         let error = &error["error"];
         assert_eq!(error["type"], "invalid_request_error", "{text}");
-        assert!(error["message"].as_str().unwrap().contains(needle), "{text}");
+        assert!(
+            error["message"].as_str().unwrap().contains(needle),
+            "{text}"
+        );
         assert_eq!(error["param"].as_str(), param, "{text}");
         assert!(error.get("code").is_some(), "{text}");
     }
@@ -268,20 +331,30 @@ fn a_client_that_disconnects_cancels_its_generation() {
     let mut line = String::new();
     while chunks < 3 {
         line.clear();
-        assert!(reader.read_line(&mut line).unwrap() > 0, "the stream ended early");
+        assert!(
+            reader.read_line(&mut line).unwrap() > 0,
+            "the stream ended early"
+        );
         if line.starts_with("data: ") {
             chunks += 1;
         }
     }
     drop(reader); // closes the connection
 
-    let cancelled = server.wait_for_metric(r#"prima_generations_total{finish_reason="cancelled"}"#, 1.0);
+    let cancelled =
+        server.wait_for_metric(r#"prima_generations_total{finish_reason="cancelled"}"#, 1.0);
     assert_eq!(cancelled, 1.0, "the generation was not cancelled");
     let generated = server.metric("prima_generated_tokens_total");
-    assert!(generated < 1000.0, "{generated} tokens generated after the client left");
+    assert!(
+        generated < 1000.0,
+        "{generated} tokens generated after the client left"
+    );
 
     // The next request is served.
-    let (status, reply) = server.post_json("/v1/completions", &json!({"prompt": "Hello", "max_tokens": 2}));
+    let (status, reply) = server.post_json(
+        "/v1/completions",
+        &json!({"prompt": "Hello", "max_tokens": 2}),
+    );
     assert_eq!(status, 200, "{reply}");
 }
 
@@ -291,7 +364,10 @@ fn post_cancel_stops_the_running_generation() {
     let server = Server::start(&model, &["-c", ENDLESS_CTX]);
     let (status, idle) = server.post("/v1/cancel", "");
     assert_eq!(status, 200);
-    assert_eq!(serde_json::from_str::<Value>(&idle).unwrap()["cancelled"], false);
+    assert_eq!(
+        serde_json::from_str::<Value>(&idle).unwrap()["cancelled"],
+        false
+    );
 
     // Streamed: the stream ends with finish_reason "cancelled" and [DONE].
     let response = ureq::post(&format!("{}/v1/completions", server.url))
@@ -305,22 +381,35 @@ fn post_cancel_stops_the_running_generation() {
     }
     let (status, text) = server.post("/v1/cancel", "");
     assert_eq!(status, 200);
-    assert_eq!(serde_json::from_str::<Value>(&text).unwrap()["cancelled"], true);
+    assert_eq!(
+        serde_json::from_str::<Value>(&text).unwrap()["cancelled"],
+        true
+    );
     let mut rest = String::new();
     reader.read_to_string(&mut rest).unwrap();
     let (events, done) = sse_events(&rest);
     assert!(done, "{rest}");
-    assert_eq!(events.last().unwrap()["choices"][0]["finish_reason"], "cancelled");
-    let generated = events.last().unwrap()["timings"]["predicted_n"].as_u64().unwrap();
-    assert!(generated < 1000, "{generated} tokens generated after the cancel");
+    assert_eq!(
+        events.last().unwrap()["choices"][0]["finish_reason"],
+        "cancelled"
+    );
+    let generated = events.last().unwrap()["timings"]["predicted_n"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        generated < 1000,
+        "{generated} tokens generated after the cancel"
+    );
 
     // Not streamed: the reply so far, finish_reason "cancelled".
     let url = server.url.clone();
     let waiter = std::thread::spawn(move || {
-        let r = ureq::post(&format!("{url}/v1/completions")).send_string(&endless(false).to_string());
+        let r =
+            ureq::post(&format!("{url}/v1/completions")).send_string(&endless(false).to_string());
         r.unwrap().into_json::<Value>().unwrap()
     });
-    let started = server.wait_for_metric(r#"prima_requests_total{endpoint="/v1/completions"}"#, 2.0);
+    let started =
+        server.wait_for_metric(r#"prima_requests_total{endpoint="/v1/completions"}"#, 2.0);
     assert_eq!(started, 2.0);
     // Cancel once the generation is under way (the request may still be queued).
     let mut cancelled = false;

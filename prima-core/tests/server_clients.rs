@@ -95,7 +95,11 @@ fn curl_streams_and_gets_a_whole_reply() {
             .arg(format!("{}/v1/chat/completions", server.url))
             .output()
             .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8(out.stdout).unwrap()
     };
     let body = json!({

@@ -27,16 +27,17 @@ pub struct ServeArgs {
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let engine = Engine::open(&args.engine)?;
-    let n_ctx = args
-        .ctx_size
-        .min(engine.model.hparams().n_ctx_train.max(1));
+    let n_ctx = args.ctx_size.min(engine.model.hparams().n_ctx_train.max(1));
     let mut session = Session::new(
         &engine.model,
         &engine.backend.backend,
         n_ctx,
         args.batch_size,
     )?;
-    let name = args.alias.clone().unwrap_or_else(|| model_name(&args.engine.model));
+    let name = args
+        .alias
+        .clone()
+        .unwrap_or_else(|| model_name(&args.engine.model));
     let listener = std::net::TcpListener::bind(&args.listen)
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     let addr = listener.local_addr()?;
@@ -44,8 +45,15 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         "serve: listening on http://{addr} (model {name}, context {n_ctx} tokens, {})",
         engine.backend.backend.describe()
     );
-    serve_blocking(&mut session, &engine.tokenizer, &name, listener, None, |_| {})
-        .context("serving")?;
+    serve_blocking(
+        &mut session,
+        &engine.tokenizer,
+        &name,
+        listener,
+        None,
+        |_| {},
+    )
+    .context("serving")?;
     eprintln!("serve: stopped");
     Ok(())
 }

@@ -116,11 +116,7 @@ async fn metrics(State(state): State<ServerState>) -> Response {
         }
         None => String::new(),
     };
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        text,
-    )
-        .into_response()
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 
 async fn not_found(method: Method, uri: Uri) -> Response {

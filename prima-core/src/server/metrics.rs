@@ -65,19 +65,38 @@ pub fn install() -> Option<PrometheusHandle> {
 fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
     describe_counter!(REQUESTS, "HTTP requests by endpoint");
-    describe_counter!(REQUEST_ERRORS, "HTTP requests answered with an error, by endpoint and type");
+    describe_counter!(
+        REQUEST_ERRORS,
+        "HTTP requests answered with an error, by endpoint and type"
+    );
     describe_counter!(GENERATIONS, "Finished generations by finish reason");
     describe_counter!(GENERATION_ERRORS, "Generations that failed, by error type");
-    describe_counter!(PROMPT_TOKENS, Unit::Count, "Prompt tokens of finished generations");
+    describe_counter!(
+        PROMPT_TOKENS,
+        Unit::Count,
+        "Prompt tokens of finished generations"
+    );
     describe_counter!(
         CACHED_PROMPT_TOKENS,
         Unit::Count,
         "Prompt tokens reused from the previous request's cache"
     );
     describe_counter!(GENERATED_TOKENS, Unit::Count, "Generated tokens");
-    describe_histogram!(TTFT, Unit::Seconds, "Time to first token (prompt processing)");
-    describe_histogram!(TPOT, Unit::Seconds, "Mean time per output token after the first");
-    describe_counter!(DEVICE_COMPUTE, Unit::Microseconds, "Time each ring device spent computing");
+    describe_histogram!(
+        TTFT,
+        Unit::Seconds,
+        "Time to first token (prompt processing)"
+    );
+    describe_histogram!(
+        TPOT,
+        Unit::Seconds,
+        "Mean time per output token after the first"
+    );
+    describe_counter!(
+        DEVICE_COMPUTE,
+        Unit::Microseconds,
+        "Time each ring device spent computing"
+    );
     describe_counter!(
         DEVICE_NETWORK,
         Unit::Microseconds,
@@ -88,9 +107,21 @@ fn describe() {
         Unit::Microseconds,
         "Time each ring device waited for the previous device's activations"
     );
-    describe_counter!(DEVICE_DISK, Unit::Microseconds, "Time each device spent reading weights from disk");
-    describe_counter!(DEVICE_DISK_READ, Unit::Bytes, "Bytes each device read from storage");
-    describe_counter!(DEVICE_MAJOR_FAULTS, Unit::Count, "Major page faults on each device");
+    describe_counter!(
+        DEVICE_DISK,
+        Unit::Microseconds,
+        "Time each device spent reading weights from disk"
+    );
+    describe_counter!(
+        DEVICE_DISK_READ,
+        Unit::Bytes,
+        "Bytes each device read from storage"
+    );
+    describe_counter!(
+        DEVICE_MAJOR_FAULTS,
+        Unit::Count,
+        "Major page faults on each device"
+    );
     describe_gauge!(
         DEVICE_MEMORY_PRESSURE,
         "Peak memory pressure of each device, (baseline - MemAvailable) / MemTotal"
@@ -166,7 +197,10 @@ pub fn record_device(s: &DeviceSample) {
 pub fn record_ring_stats(devices: &[DeviceStats], names: &[String]) {
     for d in devices {
         let mut s = DeviceSample {
-            device: names.get(d.device).cloned().unwrap_or_else(|| d.addr.clone()),
+            device: names
+                .get(d.device)
+                .cloned()
+                .unwrap_or_else(|| d.addr.clone()),
             memory_pressure: Some(d.peak_memory_pressure),
             ..Default::default()
         };

@@ -84,7 +84,10 @@ pub(crate) fn parse_request(api: Api, body: &[u8]) -> Result<ParsedRequest, BadR
         None => opt_u64(&obj, "max_tokens")?,
     };
     if max_tokens == Some(0) {
-        return Err(BadRequest::new("max_tokens", "max_tokens must be at least 1"));
+        return Err(BadRequest::new(
+            "max_tokens",
+            "max_tokens must be at least 1",
+        ));
     }
     let defaults = SamplerConfig::default();
     let sampler = SamplerConfig {
@@ -127,7 +130,10 @@ pub(crate) fn parse_request(api: Api, body: &[u8]) -> Result<ParsedRequest, BadR
 
 fn messages(obj: &Map<String, Value>) -> Result<Vec<ChatMessage>, BadRequest> {
     let Some(value) = obj.get("messages") else {
-        return Err(BadRequest::new("messages", "missing required parameter: messages"));
+        return Err(BadRequest::new(
+            "messages",
+            "missing required parameter: messages",
+        ));
     };
     let Value::Array(items) = value else {
         return Err(BadRequest::new("messages", "messages must be an array"));
@@ -185,7 +191,9 @@ fn text_parts(i: usize, parts: &[Value]) -> Result<String, BadRequest> {
             (Some(Value::String(t)), _) if t != "text" => {
                 return Err(BadRequest::new(
                     "messages",
-                    format!("messages[{i}].content: parts of type {t:?} are not supported, only text"),
+                    format!(
+                        "messages[{i}].content: parts of type {t:?} are not supported, only text"
+                    ),
                 ))
             }
             _ => {
@@ -210,7 +218,10 @@ fn text_prompt(obj: &Map<String, Value>) -> Result<String, BadRequest> {
             )),
         },
         Some(_) => Err(BadRequest::new("prompt", "prompt must be a string")),
-        None => Err(BadRequest::new("prompt", "missing required parameter: prompt")),
+        None => Err(BadRequest::new(
+            "prompt",
+            "missing required parameter: prompt",
+        )),
     }
 }
 
@@ -259,7 +270,10 @@ fn opt_u64(obj: &Map<String, Value>, name: &'static str) -> Result<Option<u64>, 
     match obj.get(name) {
         None | Some(Value::Null) => Ok(None),
         Some(v) => v.as_u64().map(Some).ok_or_else(|| {
-            BadRequest::new(name, format!("{name} must be a non-negative integer, not {v}"))
+            BadRequest::new(
+                name,
+                format!("{name} must be a non-negative integer, not {v}"),
+            )
         }),
     }
 }
@@ -335,7 +349,12 @@ impl ResponseHeader<'_> {
 
     /// A streamed chunk: `text` (with the assistant role on the first chat chunk), or the
     /// end with `finish`.
-    pub(crate) fn chunk(&self, text: Option<&str>, first: bool, finish: Option<&Completion>) -> Value {
+    pub(crate) fn chunk(
+        &self,
+        text: Option<&str>,
+        first: bool,
+        finish: Option<&Completion>,
+    ) -> Value {
         let finish_reason = finish.map(|c| c.finish_reason.as_str());
         let choice = match self.api {
             Api::Chat => {
@@ -401,7 +420,12 @@ fn timings(c: &Completion) -> Value {
 }
 
 /// OpenAI's error body.
-pub(crate) fn error_body(message: &str, kind: &str, param: Option<&str>, code: Option<&str>) -> Value {
+pub(crate) fn error_body(
+    message: &str,
+    kind: &str,
+    param: Option<&str>,
+    code: Option<&str>,
+) -> Value {
     json!({"error": {"message": message, "type": kind, "param": param, "code": code}})
 }
 
@@ -427,7 +451,9 @@ mod tests {
         assert_eq!(p.generation.stop, vec!["\n".to_string()]);
         assert_eq!(p.generation.sampler.temperature, 0.0);
         assert_eq!(p.generation.sampler.seed, 3);
-        let Prompt::Chat(m) = &p.generation.prompt else { panic!() };
+        let Prompt::Chat(m) = &p.generation.prompt else {
+            panic!()
+        };
         assert_eq!(m, &[ChatMessage::new("user", "hi")]);
     }
 
@@ -438,7 +464,9 @@ mod tests {
             r#"{"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}]}"#,
         )
         .unwrap();
-        let Prompt::Chat(m) = &p.generation.prompt else { panic!() };
+        let Prompt::Chat(m) = &p.generation.prompt else {
+            panic!()
+        };
         assert_eq!(m[0].content, "ab");
         let e = parse(
             Api::Chat,
@@ -457,8 +485,16 @@ mod tests {
             (Api::Text, r#"{"prompt":3}"#, "prompt"),
             (Api::Text, r#"{"prompt":"x","max_tokens":-1}"#, "max_tokens"),
             (Api::Text, r#"{"prompt":"x","max_tokens":0}"#, "max_tokens"),
-            (Api::Text, r#"{"prompt":"x","temperature":"hot"}"#, "temperature"),
-            (Api::Text, r#"{"prompt":"x","temperature":5}"#, "temperature"),
+            (
+                Api::Text,
+                r#"{"prompt":"x","temperature":"hot"}"#,
+                "temperature",
+            ),
+            (
+                Api::Text,
+                r#"{"prompt":"x","temperature":5}"#,
+                "temperature",
+            ),
             (Api::Text, r#"{"prompt":"x","top_p":1.5}"#, "top_p"),
             (Api::Text, r#"{"prompt":"x","stop":[1]}"#, "stop"),
             (Api::Text, r#"{"prompt":"x","stream":"yes"}"#, "stream"),

@@ -82,7 +82,9 @@ pub struct Completion {
 #[derive(Debug)]
 pub enum Event {
     /// The prompt fits; evaluation begins.
-    Started { prompt_tokens: usize },
+    Started {
+        prompt_tokens: usize,
+    },
     /// The next piece of generated text.
     Text(String),
     Done(Completion),
@@ -397,7 +399,8 @@ fn tokenize(tokenizer: &Tokenizer, prompt: &Prompt) -> Result<Vec<u32>, WorkerEr
             let bos = tokenizer.bos_text();
             let text = render_chat(template, messages, true, bos, tokenizer.eos_text())?;
             // A chat template writes its own BOS text; it is parsed as the special token.
-            let add_bos = tokenizer.add_bos_default() && !(!bos.is_empty() && text.starts_with(bos));
+            let writes_bos = !bos.is_empty() && text.starts_with(bos);
+            let add_bos = tokenizer.add_bos_default() && !writes_bos;
             tokenizer.encode(&text, add_bos, true)
         }
         Prompt::Text(text) => tokenizer.encode(text, tokenizer.add_bos_default(), true),

@@ -20,7 +20,10 @@ pub fn smollm2() -> Option<PathBuf> {
         return Some(path);
     }
     if std::env::var_os("PRIMA_REQUIRE_MODELS").is_some() {
-        panic!("{} is missing (run `cargo xtask fetch-models`)", path.display());
+        panic!(
+            "{} is missing (run `cargo xtask fetch-models`)",
+            path.display()
+        );
     }
     eprintln!("note: skipping, {} is absent", path.display());
     None
