@@ -425,3 +425,30 @@ fn post_cancel_stops_the_running_generation() {
     let reply = waiter.join().unwrap();
     assert_eq!(reply["choices"][0]["finish_reason"], "cancelled", "{reply}");
 }
+
+#[test]
+fn ctrl_c_ends_the_running_generation_and_the_server() {
+    let Some(model) = smollm2() else { return };
+    let mut server = Server::start(&model, &["-c", ENDLESS_CTX]);
+    let response = ureq::post(&format!("{}/v1/completions", server.url))
+        .send_string(&endless(true).to_string())
+        .unwrap();
+    let mut reader = BufReader::new(response.into_reader());
+    let mut first = String::new();
+    while !first.starts_with("data: ") {
+        first.clear();
+        reader.read_line(&mut first).unwrap();
+    }
+    let (status, stderr) = server.interrupt();
+    assert!(status.success(), "{status}: {stderr:?}");
+    assert!(stderr.iter().any(|l| l == "serve: stopped"), "{stderr:?}");
+    // The stream was finished, not cut.
+    let mut rest = String::new();
+    reader.read_to_string(&mut rest).unwrap();
+    let (events, done) = sse_events(&rest);
+    assert!(done, "{rest}");
+    assert_eq!(
+        events.last().unwrap()["choices"][0]["finish_reason"],
+        "cancelled"
+    );
+}

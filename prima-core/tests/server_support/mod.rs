@@ -118,8 +118,35 @@ impl Server {
         }
     }
 
+    /// Everything printed on stderr since the last call.
     pub fn stderr_lines(&self) -> Vec<String> {
         self.log.try_iter().collect()
+    }
+
+    /// Sends SIGINT (Ctrl-C), waits for the process to exit (bounded: 60 s), and returns
+    /// its status and the rest of its stderr.
+    pub fn interrupt(&mut self) -> (std::process::ExitStatus, Vec<String>) {
+        let kill = Command::new("kill")
+            .args(["-INT", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(kill.success());
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                let mut lines = Vec::new();
+                // Until the reader thread has seen the end of the pipe.
+                while let Ok(line) = self.log.recv_timeout(Duration::from_secs(10)) {
+                    lines.push(line);
+                }
+                return (status, lines);
+            }
+            assert!(
+                Instant::now() < deadline,
+                "prima serve did not stop on SIGINT"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 }
 
