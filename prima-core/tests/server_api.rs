@@ -3,7 +3,7 @@
 
 mod server_support;
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader, Read, Write};
 
 use serde_json::{json, Value};
 use server_support::{smollm2, sse_events, Server};
@@ -343,11 +343,34 @@ fn a_client_that_disconnects_cancels_its_generation() {
 
     let cancelled =
         server.wait_for_metric(r#"prima_generations_total{finish_reason="cancelled"}"#, 1.0);
-    assert_eq!(cancelled, 1.0, "the generation was not cancelled");
+    assert_eq!(cancelled, 1.0, "the streamed generation was not cancelled");
+
+    // Not streamed: the client leaves while waiting for the whole reply.
+    let mut client =
+        std::net::TcpStream::connect(server.url.trim_start_matches("http://")).unwrap();
+    let body = endless(false).to_string();
+    write!(
+        client,
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let seen = server.wait_for_metric(r#"prima_requests_total{endpoint="/v1/completions"}"#, 2.0);
+    assert_eq!(seen, 2.0);
+    drop(client);
+    let cancelled =
+        server.wait_for_metric(r#"prima_generations_total{finish_reason="cancelled"}"#, 2.0);
+    assert_eq!(
+        cancelled, 2.0,
+        "the whole-reply generation was not cancelled"
+    );
+
+    // Far fewer tokens than the two requests would have generated to the end.
     let generated = server.metric("prima_generated_tokens_total");
     assert!(
-        generated < 1000.0,
-        "{generated} tokens generated after the client left"
+        generated < 2000.0,
+        "{generated} tokens generated after the clients left"
     );
 
     // The next request is served.

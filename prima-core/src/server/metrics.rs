@@ -69,7 +69,10 @@ fn describe() {
         REQUEST_ERRORS,
         "HTTP requests answered with an error, by endpoint and type"
     );
-    describe_counter!(GENERATIONS, "Finished generations by finish reason");
+    describe_counter!(
+        GENERATIONS,
+        "Finished generations by finish reason (cancelled includes those cancelled while queued)"
+    );
     describe_counter!(GENERATION_ERRORS, "Generations that failed, by error type");
     describe_counter!(
         PROMPT_TOKENS,
@@ -149,6 +152,11 @@ pub(crate) fn record_generation(c: &Completion) {
     if c.usage.completion_tokens > 1 {
         histogram!(TPOT).record(c.tpot_ms / 1e3);
     }
+}
+
+/// A job whose client left before it started: a generation cancelled with no tokens.
+pub(crate) fn record_cancelled_in_queue() {
+    counter!(GENERATIONS, "finish_reason" => "cancelled").increment(1);
 }
 
 pub(crate) fn record_generation_error(e: &WorkerError) {

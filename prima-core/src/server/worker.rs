@@ -257,7 +257,9 @@ pub fn run_worker_with<F: Forward>(
     let mut cached: Vec<u32> = Vec::new();
     while let Ok(job) = jobs.rx.recv() {
         if job.cancel.load(Ordering::Acquire) || job.events.is_closed() {
-            continue; // the client went away while queued
+            // The client went away (or cancelled) while queued.
+            metrics::record_cancelled_in_queue();
+            continue;
         }
         jobs.shared.set_running(Some(job.cancel.clone()));
         if jobs.shared.closing.load(Ordering::Acquire) {
