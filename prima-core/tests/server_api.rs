@@ -290,6 +290,12 @@ fn bad_requests_get_openai_errors_and_the_server_keeps_serving() {
     let (status, text) = server.get("/v1/nothing");
     assert_eq!(status, 404);
     assert!(text.contains("unknown endpoint: GET /v1/nothing"), "{text}");
+    let (status, text) = server.get("/v1/chat/completions");
+    assert_eq!(status, 405);
+    assert!(
+        text.contains("/v1/chat/completions does not accept GET"),
+        "{text}"
+    );
 
     // Still serving.
     let (status, reply) = server.post_json(

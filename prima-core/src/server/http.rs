@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
+use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::{header, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
@@ -74,6 +75,7 @@ pub async fn serve(
         .route("/v1/cancel", post(cancel))
         .route("/metrics", get(metrics))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .with_state(state);
     axum::serve(listener, app)
         .with_graceful_shutdown(async move {
@@ -129,18 +131,48 @@ async fn not_found(method: Method, uri: Uri) -> Response {
     )
 }
 
-async fn chat_completions(State(state): State<ServerState>, body: Bytes) -> Response {
+async fn method_not_allowed(method: Method, uri: Uri) -> Response {
+    error_response(
+        StatusCode::METHOD_NOT_ALLOWED,
+        &format!("{} does not accept {method}", uri.path()),
+        "invalid_request_error",
+        None,
+        None,
+    )
+}
+
+async fn chat_completions(
+    State(state): State<ServerState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
     complete(state, Api::Chat, body).await
 }
 
-async fn completions(State(state): State<ServerState>, body: Bytes) -> Response {
+async fn completions(
+    State(state): State<ServerState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
     complete(state, Api::Text, body).await
 }
 
 /// Parses, queues, and answers one generation request.
-async fn complete(state: ServerState, api: Api, body: Bytes) -> Response {
+async fn complete(state: ServerState, api: Api, body: Result<Bytes, BytesRejection>) -> Response {
     let endpoint = api.endpoint();
     record_request(endpoint);
+    let body = match body {
+        Ok(b) => b,
+        Err(rejection) => {
+            // Too large (over axum's 2 MB default), or the connection failed mid-body.
+            record_request_error(endpoint, "invalid_request_error");
+            return error_response(
+                rejection.status(),
+                &format!("cannot read the request body: {}", rejection.body_text()),
+                "invalid_request_error",
+                None,
+                None,
+            );
+        }
+    };
     let request = match parse_request(api, &body) {
         Ok(r) => r,
         Err(BadRequest { message, param }) => {
