@@ -329,10 +329,12 @@ const ENDLESS_CTX: &str = "2048";
 fn a_client_that_disconnects_cancels_its_generation() {
     let Some(model) = smollm2() else { return };
     let server = Server::start(&model, &["-c", ENDLESS_CTX]);
-    let response = ureq::post(&format!("{}/v1/completions", server.url))
-        .send_string(&endless(true).to_string())
-        .unwrap();
-    let mut reader = BufReader::new(response.into_reader());
+    let response = server_support::post(
+        &format!("{}/v1/completions", server.url),
+        &endless(true).to_string(),
+    )
+    .unwrap();
+    let mut reader = BufReader::new(server_support::reader(response));
     let mut chunks = 0;
     let mut line = String::new();
     while chunks < 3 {
@@ -399,10 +401,12 @@ fn post_cancel_stops_the_running_generation() {
     );
 
     // Streamed: the stream ends with finish_reason "cancelled" and [DONE].
-    let response = ureq::post(&format!("{}/v1/completions", server.url))
-        .send_string(&endless(true).to_string())
-        .unwrap();
-    let mut reader = BufReader::new(response.into_reader());
+    let response = server_support::post(
+        &format!("{}/v1/completions", server.url),
+        &endless(true).to_string(),
+    )
+    .unwrap();
+    let mut reader = BufReader::new(server_support::reader(response));
     let mut first = String::new();
     while !first.starts_with("data: ") {
         first.clear();
@@ -433,9 +437,11 @@ fn post_cancel_stops_the_running_generation() {
     // Not streamed: the reply so far, finish_reason "cancelled".
     let url = server.url.clone();
     let waiter = std::thread::spawn(move || {
-        let r =
-            ureq::post(&format!("{url}/v1/completions")).send_string(&endless(false).to_string());
-        r.unwrap().into_json::<Value>().unwrap()
+        let r = server_support::post(
+            &format!("{url}/v1/completions"),
+            &endless(false).to_string(),
+        );
+        r.unwrap().body_mut().read_json::<Value>().unwrap()
     });
     let started =
         server.wait_for_metric(r#"prima_requests_total{endpoint="/v1/completions"}"#, 2.0);
@@ -459,10 +465,12 @@ fn post_cancel_stops_the_running_generation() {
 fn ctrl_c_ends_the_running_generation_and_the_server() {
     let Some(model) = smollm2() else { return };
     let mut server = Server::start(&model, &["-c", ENDLESS_CTX]);
-    let response = ureq::post(&format!("{}/v1/completions", server.url))
-        .send_string(&endless(true).to_string())
-        .unwrap();
-    let mut reader = BufReader::new(response.into_reader());
+    let response = server_support::post(
+        &format!("{}/v1/completions", server.url),
+        &endless(true).to_string(),
+    )
+    .unwrap();
+    let mut reader = BufReader::new(server_support::reader(response));
     let mut first = String::new();
     while !first.starts_with("data: ") {
         first.clear();

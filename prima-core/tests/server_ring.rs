@@ -92,10 +92,10 @@ fn serve_and_ask<F: Forward>(
     let client = std::thread::spawn(move || {
         let mut texts = Vec::new();
         for (path, body) in requests() {
-            let r = ureq::post(&format!("{url}{path}"))
-                .send_string(&body.to_string())
+            let r = server_support::post(&format!("{url}{path}"), &body.to_string())
                 .unwrap()
-                .into_string()
+                .body_mut()
+                .read_to_string()
                 .unwrap();
             texts.push(if body["stream"] == true {
                 let (events, done) = server_support::sse_events(&r);
@@ -114,10 +114,12 @@ fn serve_and_ask<F: Forward>(
                     .to_string()
             });
         }
-        let metrics = ureq::get(&format!("{url}/metrics"))
+        let metrics = server_support::agent()
+            .get(format!("{url}/metrics"))
             .call()
             .unwrap()
-            .into_string()
+            .body_mut()
+            .read_to_string()
             .unwrap();
         let _ = stop_tx.send(());
         (texts, metrics)

@@ -28,9 +28,12 @@ pub struct ChatArgs {
 
 pub fn run(args: ChatArgs) -> anyhow::Result<()> {
     let base = args.url.trim_end_matches('/').to_string();
-    let agent = ureq::AgentBuilder::new()
-        .timeout_connect(Duration::from_secs(5))
-        .build();
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_connect(Some(Duration::from_secs(5)))
+        // Error statuses come back as responses, so their OpenAI error body can be read.
+        .http_status_as_error(false)
+        .build()
+        .into();
     let model = model_name(&agent, &base)?;
     let interactive = std::io::stdin().is_terminal();
     if interactive {
@@ -77,15 +80,18 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
 
 /// Asks `/v1/models` what the server runs; a clear error if it cannot be reached.
 fn model_name(agent: &ureq::Agent, base: &str) -> anyhow::Result<String> {
-    let models: Value = match agent.get(&format!("{base}/v1/models")).call() {
-        Ok(r) => r
-            .into_json()
-            .with_context(|| format!("{base}/v1/models did not answer with JSON"))?,
-        Err(ureq::Error::Status(code, _)) => {
-            bail!("{base}/v1/models answered HTTP {code}: is this a Prima server?")
-        }
+    let mut response = match agent.get(format!("{base}/v1/models")).call() {
+        Ok(r) => r,
         Err(e) => bail!("cannot reach the server at {base}: {e} (start one with `prima serve`)"),
     };
+    let status = response.status();
+    if !status.is_success() {
+        bail!("{base}/v1/models answered HTTP {status}: is this a Prima server?");
+    }
+    let models: Value = response
+        .body_mut()
+        .read_json()
+        .with_context(|| format!("{base}/v1/models did not answer with JSON"))?;
     Ok(models["data"][0]["id"]
         .as_str()
         .unwrap_or("unknown model")
@@ -112,17 +118,18 @@ fn reply(
         body["seed"] = json!(s);
     }
     let url = format!("{base}/v1/chat/completions");
-    let response = match agent.post(&url).send_json(body) {
+    let mut response = match agent.post(&url).send_json(body) {
         Ok(r) => r,
-        Err(ureq::Error::Status(code, r)) => {
-            let detail: Value = r.into_json().unwrap_or(Value::Null);
-            let message = detail["error"]["message"].as_str().unwrap_or("no details");
-            bail!("the server answered HTTP {code}: {message}");
-        }
         Err(e) => bail!("cannot reach the server at {base}: {e}"),
     };
+    let status = response.status();
+    if !status.is_success() {
+        let detail: Value = response.body_mut().read_json().unwrap_or(Value::Null);
+        let message = detail["error"]["message"].as_str().unwrap_or("no details");
+        bail!("the server answered HTTP {status}: {message}");
+    }
     let mut text = String::new();
-    for line in BufReader::new(response.into_reader()).lines() {
+    for line in BufReader::new(response.into_body().into_reader()).lines() {
         let line = line.context("reading the reply")?;
         let Some(data) = line.strip_prefix("data: ") else {
             continue;

@@ -74,16 +74,12 @@ impl Server {
     }
 
     pub fn get(&self, path: &str) -> (u16, String) {
-        response(ureq::get(&format!("{}{path}", self.url)).call())
+        response(agent().get(format!("{}{path}", self.url)).call())
     }
 
     /// POSTs `body` as it is (it may be malformed on purpose).
     pub fn post(&self, path: &str, body: &str) -> (u16, String) {
-        response(
-            ureq::post(&format!("{}{path}", self.url))
-                .set("Content-Type", "application/json")
-                .send_string(body),
-        )
+        response(post(&format!("{}{path}", self.url), body))
     }
 
     pub fn post_json(&self, path: &str, body: &Value) -> (u16, Value) {
@@ -157,10 +153,31 @@ impl Drop for Server {
     }
 }
 
-fn response(r: Result<ureq::Response, ureq::Error>) -> (u16, String) {
+/// An HTTP client that returns error statuses as responses.
+pub fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .into()
+}
+
+/// POSTs a JSON `body` to `url`.
+pub fn post(url: &str, body: &str) -> Result<ureq::http::Response<ureq::Body>, ureq::Error> {
+    agent()
+        .post(url)
+        .header("Content-Type", "application/json")
+        .send(body)
+}
+
+/// The response's body as a reader (for streams read piece by piece).
+pub fn reader(r: ureq::http::Response<ureq::Body>) -> impl std::io::Read {
+    assert!(r.status().is_success(), "HTTP {}", r.status());
+    r.into_body().into_reader()
+}
+
+fn response(r: Result<ureq::http::Response<ureq::Body>, ureq::Error>) -> (u16, String) {
     match r {
-        Ok(r) => (r.status(), r.into_string().unwrap()),
-        Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap()),
+        Ok(mut r) => (r.status().as_u16(), r.body_mut().read_to_string().unwrap()),
         Err(e) => panic!("request failed: {e}"),
     }
 }
