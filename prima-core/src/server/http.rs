@@ -268,31 +268,33 @@ fn stream_response(header: Header, submitted: Submitted, include_usage: bool) ->
             return None;
         }
         let h = s.header.view();
-        let mut out = String::new();
-        loop {
+        let event = loop {
             match s.submitted.events.recv().await {
                 Some(Event::Started { .. }) => continue,
-                Some(Event::Text(t)) => {
-                    push_event(&mut out, &h.chunk(Some(&t), s.first, None));
-                    s.first = false;
-                }
-                Some(Event::Done(c)) => {
-                    finish_chunks(&mut out, &h, &c, s.first, s.include_usage);
-                    s.finished = true;
-                }
-                Some(Event::Failed(e)) => {
-                    push_event(&mut out, &worker_error_body(&e));
-                    record_request_error(h.api.endpoint(), error_type(&e));
-                    out.push_str("data: [DONE]\n\n");
-                    s.finished = true;
-                }
-                None => {
-                    push_event(&mut out, &worker_error_body(&WorkerError::ShuttingDown));
-                    out.push_str("data: [DONE]\n\n");
-                    s.finished = true;
-                }
+                other => break other,
             }
-            break;
+        };
+        let mut out = String::new();
+        match event {
+            Some(Event::Text(t)) => {
+                push_event(&mut out, &h.chunk(Some(&t), s.first, None));
+                s.first = false;
+            }
+            Some(Event::Done(c)) => {
+                finish_chunks(&mut out, &h, &c, s.first, s.include_usage);
+                s.finished = true;
+            }
+            Some(Event::Failed(e)) => {
+                push_event(&mut out, &worker_error_body(&e));
+                record_request_error(h.api.endpoint(), error_type(&e));
+                out.push_str("data: [DONE]\n\n");
+                s.finished = true;
+            }
+            Some(Event::Started { .. }) | None => {
+                push_event(&mut out, &worker_error_body(&WorkerError::ShuttingDown));
+                out.push_str("data: [DONE]\n\n");
+                s.finished = true;
+            }
         }
         Some((Ok::<_, Infallible>(Bytes::from(out)), s))
     });
