@@ -7,6 +7,8 @@
 pub mod chat;
 pub mod generate;
 pub mod gguf;
+pub mod halda;
+pub mod manifest;
 pub mod model;
 pub mod plugin;
 pub mod profile;

@@ -361,3 +361,70 @@ fn prima_run_names_an_unreachable_device_and_a_missing_windows_list() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("3 window sizes for 2 devices"), "{stderr}");
 }
+
+#[test]
+fn a_head_speaking_another_protocol_is_refused() {
+    use abi_stable::std_types::{RSlice, RString};
+    use prima_core::prp::protocol::{
+        decode, encode_control, Control, Frame, ModelFingerprint, NextHop, ReleaseMethod,
+        ReleasePolicy, Role, RoundWindow, Setup, WireType,
+    };
+    let Some(path) = smollm2() else { return };
+    let model = Model::load(&path).unwrap();
+    let node = NodeProcess::start(&path);
+    let transport = transport();
+    let conn = transport
+        .transport
+        .connect(RString::from(node.addr.as_str()), 5_000)
+        .unwrap();
+    let send = |msg: &Control| conn.send(RSlice::from_slice(&encode_control(msg))).unwrap();
+    send(&Control::Hello {
+        protocol: 999,
+        role: Role::Control,
+    });
+    send(&Control::Setup(Box::new(Setup {
+        protocol: 999,
+        model: ModelFingerprint::of(model.gguf()),
+        device: 1,
+        n_devices: 2,
+        rounds: 1,
+        windows: vec![RoundWindow {
+            round: 0,
+            layers: 15..30,
+        }],
+        n_ctx: 64,
+        n_batch: 8,
+        next: NextHop::Head { port: 1 },
+        prefetch: true,
+        release: ReleasePolicy::Mru,
+        release_method: ReleaseMethod::Pageout,
+        wire: WireType::F32,
+    })));
+    let frame = conn.recv(10_000).unwrap().unwrap();
+    let Ok(Frame::Control(Control::Refused { reason })) = decode(&frame) else {
+        panic!("expected a refusal");
+    };
+    assert!(reason.contains("ring protocol v999"), "{reason}");
+}
+
+#[test]
+fn a_node_answers_profile_requests_between_sessions() {
+    let Some(path) = smollm2() else { return };
+    let model = Model::load(&path).unwrap();
+    let backend = cpu_backend(1);
+    let transport = transport();
+    let node = NodeProcess::start(&path);
+    let profile =
+        prima_core::prp::head::request_profile(&transport.transport, &node.addr, 30_000).unwrap();
+    assert!(profile["mem_total"].as_u64().unwrap_or(0) > 0, "{profile}");
+    let mut head = RingHead::connect(
+        &model,
+        &backend.backend,
+        &transport.transport,
+        std::slice::from_ref(&node.addr),
+        &[15, 15],
+        &options(),
+    )
+    .unwrap();
+    head.eval(&[1, 2, 3]).unwrap();
+}

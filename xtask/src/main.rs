@@ -16,6 +16,7 @@ mod llama_cpp;
 mod reference;
 mod ring_bench;
 mod shell;
+mod synth_model;
 mod test;
 mod test_models;
 mod wheel;
@@ -58,6 +59,12 @@ enum Task {
     /// Ring experiments on loopback: overhead per hop, idle nodes, prefetch and release
     /// under a cgroup memory limit (needs root for the cgroup).
     RingBench(ring_bench::RingBenchArgs),
+    /// Write sparse GGUF files with the paper's model shapes (for `prima plan`).
+    SynthModel {
+        /// Only the models whose tag contains this text.
+        #[arg(long, value_name = "TEXT")]
+        only: Option<String>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -84,6 +91,7 @@ fn run(cli: Cli) -> Result<u8> {
         Task::BenchModels => {
             bench_models::run(&layout)?;
         }
+        Task::SynthModel { only } => synth_model::run(&layout, only.as_deref())?,
         Task::Test => {
             let code = test::run(&layout)?;
             return Ok(u8::try_from(code).unwrap_or(1));

@@ -48,7 +48,9 @@ pub fn run(layout: &Layout, args: &RingBenchArgs) -> Result<()> {
     let prima = target.join("release").join("prima");
     bench_models::run(layout)?;
     let smollm2 = [
-        layout.workspace.join("models/SmolLM2-135M-Instruct.Q4_1.gguf"),
+        layout
+            .workspace
+            .join("models/SmolLM2-135M-Instruct.Q4_1.gguf"),
         layout.derived_models.join("smollm2-135m-q4_k_m.gguf"),
     ];
     for m in &smollm2 {

@@ -1,15 +1,19 @@
 //! Command-line front end: parses arguments, runs one command, and turns errors into
 //! one-line messages with a non-zero exit code.
 
+mod apply;
+mod apply_nodes;
+mod apply_plan;
 mod bench;
 mod chat;
 mod engine;
 mod node;
+mod plan;
 mod plugins;
+mod profile;
 mod run;
 mod serve;
 mod tokenize;
-mod units;
 
 use std::process::ExitCode;
 
@@ -38,6 +42,12 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Run as a ring device: serve layer windows to a head.
     Node(node::NodeArgs),
+    /// Start the cluster a manifest declares: profile, plan, launch the ring, serve.
+    Apply(apply::ApplyArgs),
+    /// Assign layers to devices (Halda, or the MemSched/PerfSched baselines).
+    Plan(plan::PlanArgs),
+    /// Measure this device for planning (cached per device and model).
+    Profile(profile::ProfileArgs),
     /// Serve an OpenAI-compatible API (chat and completions) from this device.
     Serve(serve::ServeArgs),
     /// Chat in the terminal with a running server.
@@ -56,6 +66,9 @@ pub fn main() -> ExitCode {
         Command::Plugins => plugins::run(),
         Command::Bench(args) => bench::run(args),
         Command::Node(args) => node::run(args),
+        Command::Apply(args) => apply::run(args),
+        Command::Plan(args) => plan::run(args),
+        Command::Profile(args) => profile::run(args),
         Command::Serve(args) => serve::run(args),
         Command::Chat(args) => chat::run(args),
     };

@@ -3,10 +3,11 @@
 
 use prima_core::plugin::load_transport;
 use prima_core::plugin::transport_abi::TransportConfig;
+use prima_core::profile::{profile_device, DeviceProfile, ProfileOptions, GIB};
 use prima_core::prp::node::{serve, NodeConfig};
 
 use super::engine::{Engine, EngineArgs};
-use super::units::parse_bytes;
+use prima_core::manifest::parse_size;
 
 /// Largest frame a node accepts: a full prompt batch of activations of a large model.
 pub const MAX_FRAME_BYTES: u64 = 1 << 30;
@@ -21,7 +22,7 @@ pub struct NodeArgs {
     engine: EngineArgs,
     /// Bytes of weights to keep resident (e.g. 2G); windows beyond it are streamed from
     /// disk each token. Default: no limit.
-    #[arg(long, value_parser = parse_bytes)]
+    #[arg(long, value_parser = parse_size)]
     mem_budget: Option<u64>,
     /// Transport plugin to use (default: the first one found).
     #[arg(long)]
@@ -48,10 +49,23 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
         args.engine.model.display(),
         backend_desc
     );
+    let profiler = || -> Result<serde_json::Value, String> {
+        let options = ProfileOptions::default();
+        let report = profile_device(
+            &engine.backend.backend,
+            &engine.backend.plugin_name,
+            &args.engine.model,
+            &options,
+        )
+        .map_err(|e| e.to_string())?;
+        let profile = with_budget(report.profile, args.mem_budget);
+        serde_json::to_value(&profile).map_err(|e| e.to_string())
+    };
     let config = NodeConfig {
         mem_budget: args.mem_budget,
         host: hostname(),
         backend_desc,
+        profiler: &profiler,
     };
     serve(
         &engine.model,
@@ -61,6 +75,17 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
         &config,
     )?;
     Ok(())
+}
+
+/// The profile of a device that may use only `budget` bytes of memory for weights: its
+/// RAM, as the planner sees it, is the smaller of what it has and the budget.
+pub fn with_budget(mut profile: DeviceProfile, budget: Option<u64>) -> DeviceProfile {
+    if let Some(b) = budget {
+        let gib = b as f64 / GIB;
+        profile.ram_available_gib = profile.ram_available_gib.min(gib);
+        profile.ram_total_gib = profile.ram_total_gib.min(gib);
+    }
+    profile
 }
 
 fn hostname() -> String {

@@ -17,7 +17,7 @@ use prima_core::tokenizer::Tokenizer;
 
 use super::engine::{Engine, EngineArgs};
 use super::node::MAX_FRAME_BYTES;
-use super::units::parse_bytes;
+use prima_core::manifest::parse_size;
 
 /// Running the layers on a ring of devices instead of this one alone.
 #[derive(clap::Args, Debug)]
@@ -41,7 +41,7 @@ pub struct RingArgs {
     #[arg(long, value_enum, default_value = "f32")]
     wire: WireArg,
     /// Bytes of weights the head keeps resident (e.g. 1G); default: no limit.
-    #[arg(long, value_parser = parse_bytes)]
+    #[arg(long, value_parser = parse_size)]
     mem_budget: Option<u64>,
     /// Transport plugin (default: the first one found).
     #[arg(long)]
@@ -267,7 +267,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
 }
 
 /// Generates, streaming the text to stdout.
-fn stream<F: Forward>(
+pub(super) fn stream<F: Forward>(
     forward: &mut F,
     tok: &Tokenizer,
     sampler: &mut Sampler,
@@ -293,7 +293,7 @@ fn stream<F: Forward>(
     Ok(stats)
 }
 
-fn print_summary(stats: &GenerationStats, seed: u64, backend: &str) {
+pub(super) fn print_summary(stats: &GenerationStats, seed: u64, backend: &str) {
     eprintln!(
         "prompt: {} tokens, {:.1} tok/s | TTFT {:.1} ms | generated {} tokens, TPOT {:.2} ms ({:.1} tok/s) | seed {seed} | {backend}",
         stats.prompt_tokens,
@@ -306,7 +306,7 @@ fn print_summary(stats: &GenerationStats, seed: u64, backend: &str) {
 }
 
 /// Per device, the mean per generated token (one-token batches, all rounds summed).
-fn print_device_table(devices: &[DeviceStats]) {
+pub(super) fn print_device_table(devices: &[DeviceStats]) {
     eprintln!(
         "{:<8} {:<22} {:>8} {:>11} {:>9} {:>9} {:>12} {:>12} {:>10}",
         "device",

@@ -85,25 +85,34 @@ impl GgufFile {
         };
         match hint {
             PageHint::WillNeed => madvise(libc::MADV_WILLNEED),
+            #[cfg(target_os = "linux")]
             PageHint::Cold => madvise(libc::MADV_COLD),
+            #[cfg(target_os = "linux")]
             PageHint::PageOut => madvise(libc::MADV_PAGEOUT),
+            // Elsewhere there is no cold list to move pages to: only drop them.
+            #[cfg(not(target_os = "linux"))]
+            PageHint::Cold | PageHint::PageOut => madvise(libc::MADV_DONTNEED),
             PageHint::DontNeed => {
                 madvise(libc::MADV_DONTNEED)?;
-                use std::os::fd::AsRawFd;
-                // SAFETY: the descriptor is our open file; fadvise only hints the kernel.
-                let rc = unsafe {
-                    libc::posix_fadvise(
-                        file.as_raw_fd(),
-                        start as libc::off_t,
-                        n as libc::off_t,
-                        libc::POSIX_FADV_DONTNEED,
-                    )
-                };
-                if rc == 0 {
-                    Ok(())
-                } else {
-                    Err(io::Error::from_raw_os_error(rc))
+                #[cfg(not(target_os = "linux"))]
+                let _ = file;
+                #[cfg(target_os = "linux")]
+                {
+                    use std::os::fd::AsRawFd;
+                    // SAFETY: the descriptor is our open file; fadvise only hints the kernel.
+                    let rc = unsafe {
+                        libc::posix_fadvise(
+                            file.as_raw_fd(),
+                            start as libc::off_t,
+                            n as libc::off_t,
+                            libc::POSIX_FADV_DONTNEED,
+                        )
+                    };
+                    if rc != 0 {
+                        return Err(io::Error::from_raw_os_error(rc));
+                    }
                 }
+                Ok(())
             }
         }
     }

@@ -6,6 +6,7 @@ use abi_stable::library::{lib_header_from_path, RootModule};
 use abi_stable::std_types::RResult;
 
 use super::backend_abi::{BackendBox, BackendConfig, BackendPluginRef, BACKEND_ABI_VERSION};
+use super::solver_abi::{MilpProblem, MilpSolution, SolverPluginRef, SOLVER_ABI_VERSION};
 use super::PluginKind;
 
 /// Environment variable naming the plugin directories (separated like `PATH`).
@@ -79,9 +80,14 @@ fn is_plugin_file(path: &Path) -> bool {
 
 /// Lists every plugin library in the plugin directories, with what it declares.
 pub fn discover() -> Vec<PluginInfo> {
+    discover_in(&plugin_dirs())
+}
+
+/// Lists every plugin library in `dirs`, with what it declares.
+pub fn discover_in(dirs: &[PathBuf]) -> Vec<PluginInfo> {
     let mut found = Vec::new();
-    for dir in plugin_dirs() {
-        let Ok(entries) = std::fs::read_dir(&dir) else {
+    for dir in dirs {
+        let Ok(entries) = std::fs::read_dir(dir) else {
             continue;
         };
         let mut paths: Vec<PathBuf> = entries
@@ -134,9 +140,18 @@ fn inspect(path: &Path) -> PluginInfo {
                         Err(reason) => info.refused = Some(reason),
                     }
                 }
-                Some(other) => {
-                    info.refused = Some(format!("{} plugins are not used by this release", other.name()))
+                Some(PluginKind::Solver) if abi != SOLVER_ABI_VERSION => {
+                    info.refused = Some(format!(
+                        "built for solver ABI v{abi}, this prima speaks v{SOLVER_ABI_VERSION}; rebuild the plugin against this release"
+                    ))
                 }
+                Some(PluginKind::Solver) => match open_solver_root(path) {
+                    Ok(root) => {
+                        info.name = Some(root.name()().into_string());
+                        info.version = Some(root.plugin_version()().into_string());
+                    }
+                    Err(reason) => info.refused = Some(reason),
+                },
             }
         }
     }
@@ -213,6 +228,102 @@ pub fn load_backend(
         .join(", ");
     Err(PluginError::NotFound {
         kind: "backend",
+        which: name.map(|n| format!(" named '{n}'")).unwrap_or_default(),
+        dirs,
+    })
+}
+
+/// A solver loaded from a plugin, with where it came from.
+#[derive(Clone)]
+pub struct LoadedSolver {
+    root: SolverPluginRef,
+    pub plugin_name: String,
+    pub plugin_version: String,
+    pub path: PathBuf,
+}
+
+impl std::fmt::Debug for LoadedSolver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadedSolver")
+            .field("plugin_name", &self.plugin_name)
+            .field("path", &self.path)
+            .finish()
+    }
+}
+
+impl LoadedSolver {
+    /// Solves `problem` after checking its indices, so the plugin never sees a bad one.
+    pub fn solve(&self, problem: &MilpProblem) -> Result<MilpSolution, String> {
+        problem.validate()?;
+        match self.root.solve()(problem) {
+            RResult::ROk(solution)
+                if solution.values.len() == problem.columns.len() || !solution.has_solution =>
+            {
+                Ok(solution)
+            }
+            RResult::ROk(solution) => Err(format!(
+                "solver {} returned {} values for {} columns",
+                self.plugin_name,
+                solution.values.len(),
+                problem.columns.len()
+            )),
+            RResult::RErr(e) => Err(e.into_string()),
+        }
+    }
+}
+
+fn open_solver_root(path: &Path) -> Result<SolverPluginRef, String> {
+    let header = lib_header_from_path(path).map_err(|e| e.to_string())?;
+    header
+        .init_root_module::<SolverPluginRef>()
+        .map_err(|e| format!("incompatible plugin layout: {e}"))
+}
+
+/// Loads the solver plugin named `name` (or the first usable one).
+pub fn load_solver(name: Option<&str>) -> Result<LoadedSolver, PluginError> {
+    load_solver_from(&plugin_dirs(), name)
+}
+
+/// Loads the solver plugin named `name` (or the first usable one) from `dirs`.
+pub fn load_solver_from(dirs: &[PathBuf], name: Option<&str>) -> Result<LoadedSolver, PluginError> {
+    let mut last_refusal = None;
+    for info in discover_in(dirs) {
+        if info.kind != Some(PluginKind::Solver) {
+            continue;
+        }
+        if let (Some(want), Some(have)) = (name, info.name.as_deref()) {
+            if want != have {
+                continue;
+            }
+        }
+        if let Some(reason) = info.refused {
+            last_refusal = Some(PluginError::Refused {
+                path: info.path,
+                reason,
+            });
+            continue;
+        }
+        let root = open_solver_root(&info.path).map_err(|reason| PluginError::Refused {
+            path: info.path.clone(),
+            reason,
+        })?;
+        return Ok(LoadedSolver {
+            root,
+            plugin_name: info.name.unwrap_or_default(),
+            plugin_version: info.version.unwrap_or_default(),
+            path: info.path,
+        });
+    }
+    if let Some(refusal) = last_refusal {
+        return Err(refusal);
+    }
+    let dirs = dirs
+        .iter()
+        .map(|d| d.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    Err(PluginError::NotFound {
+        kind: "solver",
         which: name.map(|n| format!(" named '{n}'")).unwrap_or_default(),
         dirs,
     })

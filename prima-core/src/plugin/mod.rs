@@ -1,6 +1,6 @@
 //! Plugins: the stable ABI the core defines, and the loader that finds plugins at run time.
 //!
-//! Backends (and later transports and solvers) are `cdylib`s loaded from a plugin
+//! Backends, transports and solvers are `cdylib`s loaded from a plugin
 //! directory, so a user swaps or adds one without rebuilding `prima`. Each plugin exports
 //! two plain C symbols, read with `libloading` before anything else:
 //! `prima_plugin_kind() -> u32` and `prima_plugin_abi_version() -> u32`. Only when both
@@ -8,10 +8,12 @@
 
 pub mod backend_abi;
 mod loader;
+pub mod solver_abi;
 pub mod transport_abi;
 mod transport_loader;
 
 pub use loader::{discover, load_backend, plugin_dirs, LoadedBackend, PluginError, PluginInfo};
+pub use loader::{discover_in, load_solver, load_solver_from, LoadedSolver};
 pub use transport_loader::{load_transport, LoadedTransport};
 
 /// What a plugin library provides.

@@ -2,29 +2,49 @@
 //! come from storage) and bytes read from storage, so the ring's timing can say how much of
 //! a token's time went to the disk.
 
-/// A snapshot of the counters; subtract two to get what happened in between.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ProcessCounters {
-    pub major_faults: u64,
-    /// `read_bytes` of `/proc/self/io`: bytes fetched from the storage layer (0 where the
-    /// system does not report it).
-    pub disk_read_bytes: u64,
+/// Per-pass measurements that stay cheap on the hot path: major faults around the compute
+/// (one `getrusage` each), but the storage bytes and MemAvailable (file reads under /proc)
+/// only once per pass, and MemAvailable at most every 50 ms.
+pub struct PassMeter {
+    last_disk: u64,
+    mem_sampled: Option<(std::time::Instant, u64)>,
 }
 
-impl ProcessCounters {
-    pub fn now() -> ProcessCounters {
-        ProcessCounters {
-            major_faults: major_faults(),
-            disk_read_bytes: disk_read_bytes(),
+impl Default for PassMeter {
+    fn default() -> Self {
+        PassMeter::new()
+    }
+}
+
+impl PassMeter {
+    pub fn new() -> PassMeter {
+        PassMeter {
+            last_disk: disk_read_bytes(),
+            mem_sampled: None,
         }
     }
 
-    /// What happened since `earlier`.
-    pub fn since(&self, earlier: &ProcessCounters) -> ProcessCounters {
-        ProcessCounters {
-            major_faults: self.major_faults.saturating_sub(earlier.major_faults),
-            disk_read_bytes: self.disk_read_bytes.saturating_sub(earlier.disk_read_bytes),
-        }
+    /// Major page faults of this process so far.
+    pub fn major_faults(&self) -> u64 {
+        major_faults()
+    }
+
+    /// Storage bytes read since the previous call (the whole pass: compute, prefetch and
+    /// release), and the latest MemAvailable sample.
+    pub fn end_pass(&mut self) -> (u64, u64) {
+        let disk = disk_read_bytes();
+        let delta = disk.saturating_sub(self.last_disk);
+        self.last_disk = disk;
+        let now = std::time::Instant::now();
+        let mem = match self.mem_sampled {
+            Some((at, v)) if now.duration_since(at) < std::time::Duration::from_millis(50) => v,
+            _ => {
+                let v = mem_available_total().map_or(0, |(a, _)| a);
+                self.mem_sampled = Some((now, v));
+                v
+            }
+        };
+        (delta, mem)
     }
 }
 
@@ -72,15 +92,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn counters_read_and_never_go_backwards() {
-        let a = ProcessCounters::now();
+    fn pass_meter_reads_and_never_goes_backwards() {
+        let mut meter = PassMeter::new();
+        let a = meter.major_faults();
         let _ = std::fs::read("/proc/self/status");
-        let b = ProcessCounters::now();
-        assert!(b.major_faults >= a.major_faults);
-        assert_eq!(a.since(&b).major_faults, 0, "saturates instead of wrapping");
+        assert!(meter.major_faults() >= a);
+        let (_, mem) = meter.end_pass();
         if cfg!(target_os = "linux") {
             let (avail, total) = mem_available_total().expect("/proc/meminfo");
             assert!(avail > 0 && avail <= total, "{avail} of {total}");
+            assert!(mem > 0);
         }
     }
 }

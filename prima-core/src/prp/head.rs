@@ -16,7 +16,7 @@ use crate::model::{Model, Session};
 use crate::plugin::backend_abi::BackendBox;
 use crate::plugin::transport_abi::{ConnectionBox, TransportBox};
 
-use super::counters::{mem_available_total, ProcessCounters};
+use super::counters::PassMeter;
 use super::link::{expect_control, recv_control, recv_frame, send_control, send_frame};
 use super::protocol::{
     decode, encode_activations, read_payload, Activations, Control, Frame, MemoryBaseline,
@@ -121,6 +121,39 @@ pub struct NodeInfo {
     pub ready: Ready,
 }
 
+/// Asks the node at `addr` for its device profile (a short session of its own).
+pub fn request_profile(
+    transport: &TransportBox,
+    addr: &str,
+    timeout_ms: u64,
+) -> Result<serde_json::Value, RingError> {
+    let conn = transport
+        .connect(addr.into(), 10_000)
+        .into_result()
+        .map_err(|e| RingError::Transport(e.into_string()))?;
+    send_control(
+        &conn,
+        &Control::Hello {
+            protocol: PROTOCOL_VERSION,
+            role: Role::Control,
+        },
+    )?;
+    send_control(&conn, &Control::ProfileRequest)?;
+    let reply = expect_control(&conn, timeout_ms, "a profile")?;
+    conn.close();
+    match reply {
+        Control::Profile { profile } => Ok(profile),
+        Control::Refused { reason } => Err(RingError::Setup(format!(
+            "{addr}: profiling failed: {reason}"
+        ))),
+        other => Err(RingError::Unexpected {
+            peer: addr.to_string(),
+            expected: "a profile",
+            got: format!("{other:?}"),
+        }),
+    }
+}
+
 /// The head: a [`Forward`] whose layers run round the ring.
 pub struct RingHead<'m> {
     session: Session<'m>,
@@ -134,6 +167,7 @@ pub struct RingHead<'m> {
     seq: u64,
     frame: Vec<u8>,
     passes: Vec<PassStats>,
+    meter: PassMeter,
     memory: MemoryBaseline,
     nodes: Vec<NodeInfo>,
 }
@@ -338,6 +372,7 @@ impl<'m> RingHead<'m> {
             seq: 0,
             frame: Vec::new(),
             passes: Vec::new(),
+            meter: PassMeter::new(),
             memory,
             nodes: infos,
         })
@@ -424,7 +459,7 @@ impl<'m> RingHead<'m> {
         let model = self.session.model();
         let n_embd = model.hparams().n_embd;
         let n_tokens = self.session.hidden().len() / n_embd;
-        let before = ProcessCounters::now();
+        let faults_before = self.meter.major_faults();
         let computing = Instant::now();
         let window = self.residency.index_of_round(round);
         if let Some(i) = window {
@@ -432,7 +467,7 @@ impl<'m> RingHead<'m> {
                 .run_layers(self.residency.windows()[i].layers.clone())?;
         }
         let compute_ms = computing.elapsed().as_secs_f64() * 1e3;
-        let counters = ProcessCounters::now().since(&before);
+        let major_faults = self.meter.major_faults().saturating_sub(faults_before);
 
         let header = Activations {
             seq: self.seq,
@@ -450,6 +485,7 @@ impl<'m> RingHead<'m> {
         if let Some(i) = window {
             self.residency.after_window(model, i);
         }
+        let (disk_read_bytes, mem_available) = self.meter.end_pass();
 
         let waiting = Instant::now();
         let frame = loop {
@@ -499,9 +535,9 @@ impl<'m> RingHead<'m> {
             wait_ms,
             compute_ms,
             send_ms,
-            major_faults: counters.major_faults,
-            disk_read_bytes: counters.disk_read_bytes,
-            mem_available: mem_available_total().map_or(0, |(a, _)| a),
+            major_faults,
+            disk_read_bytes,
+            mem_available,
         });
         Ok(())
     }

@@ -13,7 +13,7 @@ use crate::model::{Model, Session};
 use crate::plugin::backend_abi::BackendBox;
 use crate::plugin::transport_abi::{ConnectionBox, ListenerBox, TransportBox, NO_TIMEOUT};
 
-use super::counters::{mem_available_total, ProcessCounters};
+use super::counters::PassMeter;
 use super::link::{expect_control, recv_control, recv_frame, send_control, send_frame};
 use super::protocol::{
     decode, encode_activations, read_payload, Control, Frame, MemoryBaseline, ModelFingerprint,
@@ -27,14 +27,19 @@ const SETUP_TIMEOUT_MS: u64 = 30_000;
 /// Statistics kept between two requests (older passes are dropped).
 const MAX_PASSES: usize = 1 << 16;
 
+/// Measures this device for the head's planner (the profile's schema is the planner's).
+pub type Profiler<'a> = &'a dyn Fn() -> Result<serde_json::Value, String>;
+
 /// What a node brings to a session besides the model and backend.
-pub struct NodeConfig {
+pub struct NodeConfig<'a> {
     /// Bytes of weights this node may keep resident; the rest is streamed.
     pub mem_budget: Option<u64>,
     /// A name for this device in messages.
     pub host: String,
     /// Describes the backend in the Ready message.
     pub backend_desc: String,
+    /// Answers profile requests.
+    pub profiler: Profiler<'a>,
 }
 
 const RUNNING: u8 = 0;
@@ -75,16 +80,38 @@ pub fn serve(
             }
         }
         let head = conn.peer().into_string();
+        let first = match expect_control(&conn, SETUP_TIMEOUT_MS, "a setup or a profile request") {
+            Ok(Control::ProfileRequest) => {
+                let reply = match (config.profiler)() {
+                    Ok(profile) => Control::Profile { profile },
+                    Err(reason) => Control::Refused { reason },
+                };
+                let _ = send_control(&conn, &reply);
+                conn.close();
+                continue;
+            }
+            Ok(Control::Setup(setup)) => *setup,
+            Ok(other) => {
+                tracing::warn!(peer = %head, "expected a setup, got {other:?}; closing");
+                conn.close();
+                continue;
+            }
+            Err(e) => {
+                tracing::warn!("{e}");
+                conn.close();
+                continue;
+            }
+        };
         eprintln!("node: head {head} connected");
-        match session(
+        let node = Node {
             model,
             backend,
             transport,
             listener,
             config,
-            &fingerprint,
-            &conn,
-        ) {
+            fingerprint: &fingerprint,
+        };
+        match session(&node, first, &conn) {
             Ok(true) => {
                 eprintln!("node: head {head} asked this node to exit");
                 return Ok(());
@@ -138,26 +165,26 @@ fn check_setup(setup: &Setup, model: &Model, fingerprint: &ModelFingerprint) -> 
 }
 
 /// One head's session. `Ok(true)` when the head asked the node to exit.
-fn session(
-    model: &Model,
-    backend: &BackendBox,
-    transport: &TransportBox,
-    listener: &ListenerBox,
-    config: &NodeConfig,
-    fingerprint: &ModelFingerprint,
-    control: &ConnectionBox,
-) -> Result<bool, RingError> {
+/// What a session runs with: this node's model, backend, transport and configuration.
+struct Node<'a> {
+    model: &'a Model,
+    backend: &'a BackendBox,
+    transport: &'a TransportBox,
+    listener: &'a ListenerBox,
+    config: &'a NodeConfig<'a>,
+    fingerprint: &'a ModelFingerprint,
+}
+
+fn session(node: &Node<'_>, setup: Setup, control: &ConnectionBox) -> Result<bool, RingError> {
+    let Node {
+        model,
+        backend,
+        transport,
+        listener,
+        config,
+        fingerprint,
+    } = *node;
     let peer = control.peer().into_string();
-    let setup = match expect_control(control, SETUP_TIMEOUT_MS, "a setup")? {
-        Control::Setup(s) => *s,
-        other => {
-            return Err(RingError::Unexpected {
-                peer,
-                expected: "a setup",
-                got: format!("{other:?}"),
-            })
-        }
-    };
     check_setup(&setup, model, fingerprint).map_err(RingError::Setup)?;
     let memory = MemoryBaseline::now();
     let held: Vec<usize> = setup
@@ -349,6 +376,7 @@ fn compute_loop(
     let n_embd = model.hparams().n_embd;
     let peer = data_in.peer().into_string();
     let mut out = Vec::new();
+    let mut meter = PassMeter::new();
     loop {
         let waiting = Instant::now();
         let frame = match recv_frame(data_in, NO_TIMEOUT) {
@@ -381,14 +409,14 @@ fn compute_loop(
             }
         })?;
 
-        let before = ProcessCounters::now();
+        let faults_before = meter.major_faults();
         let computing = Instant::now();
         let window = residency.index_of_round(round);
         if let Some(i) = window {
             session.run_layers(residency.windows()[i].layers.clone())?;
         }
         let compute_ms = computing.elapsed().as_secs_f64() * 1e3;
-        let counters = ProcessCounters::now().since(&before);
+        let major_faults = meter.major_faults().saturating_sub(faults_before);
 
         let sending = Instant::now();
         encode_activations(&mut out, &header, session.hidden());
@@ -397,10 +425,10 @@ fn compute_loop(
         if let Some(i) = window {
             residency.after_window(model, i);
         }
+        let (disk_read_bytes, mem_available) = meter.end_pass();
         if round + 1 == setup.rounds {
             session.finish_batch();
         }
-        let mem_available = mem_available_total().map_or(0, |(a, _)| a);
         let mut log = passes.lock().unwrap_or_else(|e| e.into_inner());
         if log.len() < MAX_PASSES {
             log.push(PassStats {
@@ -410,8 +438,8 @@ fn compute_loop(
                 wait_ms,
                 compute_ms,
                 send_ms,
-                major_faults: counters.major_faults,
-                disk_read_bytes: counters.disk_read_bytes,
+                major_faults,
+                disk_read_bytes,
                 mem_available,
             });
         }

@@ -254,6 +254,11 @@ pub enum Control {
     Pong {
         seq: u64,
     },
+    /// Asks a node for its device profile (instead of a setup); answered with `Profile`.
+    ProfileRequest,
+    Profile {
+        profile: serde_json::Value,
+    },
     StatsRequest,
     Stats {
         passes: Vec<PassStats>,

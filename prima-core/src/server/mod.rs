@@ -22,6 +22,10 @@ mod stop;
 mod worker;
 
 use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
 
 pub use http::{serve, ServerState};
 pub use worker::{
@@ -31,6 +35,18 @@ pub use worker::{
 
 use crate::generate::Forward;
 use crate::tokenizer::Tokenizer;
+
+/// A future whose completion stops the server.
+pub type Shutdown = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// Completes once `flag` is set (e.g. by a `ctrlc` handler); checked every 100 ms.
+pub fn shutdown_when_set(flag: Arc<AtomicBool>) -> Shutdown {
+    Box::pin(async move {
+        while !flag.load(Ordering::Acquire) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+}
 
 /// Serves `forward` over HTTP on `listener` until `shutdown` completes (or Ctrl-C or SIGTERM
 /// when `shutdown` is `None`): the HTTP server runs on its own thread with its own tokio
@@ -42,7 +58,7 @@ pub fn serve_blocking<F: Forward>(
     tokenizer: &Tokenizer,
     model_name: &str,
     listener: std::net::TcpListener,
-    shutdown: Option<std::pin::Pin<Box<dyn Future<Output = ()> + Send>>>,
+    shutdown: Option<Shutdown>,
     after_job: impl FnMut(&mut F),
 ) -> std::io::Result<()> {
     let metrics = metrics::install();

@@ -1,0 +1,271 @@
+//! `prima apply MANIFEST`: validate the manifest, start the local nodes it owns, connect
+//! the remote ones, plan the layer windows, print the plan, launch the ring, and then run
+//! one prompt (`--prompt`) or serve until Ctrl-C — stopping the nodes it started.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use prima_core::chat::{render_chat, ChatMessage};
+use prima_core::generate::GenerateOptions;
+use prima_core::manifest::{LoadedManifest, Release};
+use prima_core::model::{Model, Session};
+use prima_core::plugin::load_transport;
+use prima_core::plugin::transport_abi::TransportConfig;
+use prima_core::prp::protocol::{ReleaseMethod, ReleasePolicy, WireType};
+use prima_core::prp::{RingError, RingHead, RingOptions};
+use prima_core::sampler::{Sampler, SamplerConfig};
+
+use super::apply_nodes::{LocalNodes, NodeSpec};
+use super::apply_plan::{plan, spinner, DevicePlan, Plan, PlanInputs};
+use super::engine::{Engine, EngineArgs};
+use super::node::MAX_FRAME_BYTES;
+use super::run::{print_device_table, print_summary, stream};
+
+#[derive(clap::Args, Debug)]
+pub struct ApplyArgs {
+    /// The cluster manifest (default: the embedded manifests/home.toml).
+    manifest: Option<PathBuf>,
+    /// Stop after printing the plan.
+    #[arg(long)]
+    dry_run: bool,
+    /// With --dry-run, print the plan as JSON.
+    #[arg(long, requires = "dry_run")]
+    json: bool,
+    /// Run one generation from this prompt, print it with TTFT/TPOT, and exit.
+    #[arg(short = 'p', long)]
+    prompt: Option<String>,
+    /// Wrap --prompt as a user message in the model's chat template.
+    #[arg(long)]
+    chat: bool,
+    /// Tokens to generate at most for --prompt.
+    #[arg(short = 'n', long = "n-predict", default_value_t = 64)]
+    n_predict: usize,
+    /// Sampling temperature for --prompt; 0 is greedy.
+    #[arg(long, default_value_t = 0.0)]
+    temp: f32,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Print per-device timing after --prompt.
+    #[arg(short = 'v', long)]
+    verbose: bool,
+    /// Leave the local nodes running on exit; the next apply of this manifest reuses
+    /// those whose configuration is unchanged.
+    #[arg(long)]
+    keep_nodes: bool,
+}
+
+/// Renames a ring error's device index to its manifest name.
+fn name_devices(e: RingError, plan: &Plan) -> anyhow::Error {
+    let ring: Vec<&DevicePlan> = plan.ring().collect();
+    let name = |m: usize| ring.get(m).map(|d| d.name.clone()).unwrap_or_default();
+    match e {
+        RingError::DeviceLost {
+            device,
+            addr,
+            reason,
+        } => anyhow::anyhow!("device '{}' ({addr}) is gone: {reason}", name(device)),
+        RingError::Refused {
+            device,
+            addr,
+            reason,
+        } => anyhow::anyhow!(
+            "device '{}' ({addr}) refused the setup: {reason}",
+            name(device)
+        ),
+        other => other.into(),
+    }
+}
+
+pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
+    let manifest = match &args.manifest {
+        Some(path) => LoadedManifest::load(path)?,
+        None => LoadedManifest::embedded_default()?,
+    };
+    let m = &manifest.manifest;
+    let head = manifest.head_index()?;
+    let head_name = m.devices[head].name.clone();
+    let head_model = manifest.model_path(&head_name);
+    for d in m.devices.iter().filter(|d| d.local || d.head) {
+        let path = manifest.model_path(&d.name);
+        if !path.exists() {
+            bail!(
+                "device '{}': model file {} not found (run `cargo xtask fetch-models`, or fix [model] path in {})",
+                d.name,
+                path.display(),
+                manifest.path.display()
+            );
+        }
+    }
+
+    // Stop cleanly on Ctrl-C or SIGTERM: the local nodes are dropped (killed) on the way out.
+    let interrupted = Arc::new(AtomicBool::new(false));
+    {
+        let flag = interrupted.clone();
+        let _ = ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst));
+    }
+
+    let model = Model::load(&head_model)?;
+    let specs: Vec<NodeSpec> = m
+        .devices
+        .iter()
+        .filter(|d| d.local && d.name != head_name)
+        .map(|d| NodeSpec {
+            name: d.name.clone(),
+            model: manifest.model_path(&d.name),
+            threads: d.threads,
+            mem_budget: d.mem_budget.map(|s| s.0),
+            backend: d.backend.clone(),
+        })
+        .collect();
+    let bar = spinner(format!("starting {} local nodes", specs.len()));
+    let local_nodes = LocalNodes::start(&manifest.path, &specs, args.keep_nodes);
+    bar.finish_and_clear();
+    let local_nodes = local_nodes?;
+    for n in local_nodes.running() {
+        let how = if local_nodes.reused().contains(&n.name) {
+            "reused "
+        } else {
+            "started"
+        };
+        eprintln!("{how}   {} on {} (pid {})", n.name, n.addr, n.pid);
+    }
+    let addr_of = |name: &str| local_nodes.addr_of(name);
+
+    let head_device = &m.devices[head];
+    let engine_args = EngineArgs {
+        model: head_model.clone(),
+        threads: head_device.threads,
+        backend: head_device.backend.clone(),
+    };
+    let engine = Engine::open_with(&engine_args, false)?;
+    let transport = load_transport(
+        None,
+        TransportConfig {
+            max_frame_bytes: MAX_FRAME_BYTES,
+        },
+    )?;
+    let plan = plan(&PlanInputs {
+        manifest: &manifest,
+        model: &model,
+        head,
+        backend: &engine.backend,
+        transport: &transport.transport,
+        addr_of: &addr_of,
+    })?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&plan.to_json())?);
+    } else {
+        plan.print_table();
+    }
+    if args.dry_run {
+        return Ok(());
+    }
+
+    let policy = &m.policy;
+    let n_ctx = policy.ctx.min(engine.model.hparams().n_ctx_train.max(1));
+    let nodes: Vec<String> = plan.ring().skip(1).map(|d| d.addr.clone()).collect();
+    let windows: Vec<usize> = plan.ring().map(|d| d.w).collect();
+    let options = RingOptions {
+        n_ctx,
+        n_batch: policy.batch,
+        prefetch: policy.prefetch,
+        release: match policy.release {
+            Release::Mru => ReleasePolicy::Mru,
+            Release::None => ReleasePolicy::None,
+        },
+        release_method: ReleaseMethod::Pageout,
+        wire: WireType::F32,
+        mem_budget: head_device.mem_budget.map(|s| s.0),
+        ..RingOptions::default()
+    };
+    let bar = spinner(format!("launching the ring ({} devices)", windows.len()));
+    let head_ring = if nodes.is_empty() {
+        None
+    } else {
+        Some(
+            RingHead::connect(
+                &engine.model,
+                &engine.backend.backend,
+                &transport.transport,
+                &nodes,
+                &windows,
+                &options,
+            )
+            .map_err(|e| name_devices(e, &plan))?,
+        )
+    };
+    bar.finish_and_clear();
+
+    let Some(prompt_text) = &args.prompt else {
+        bail!("serving is not available yet: pass --prompt TEXT (or --dry-run)");
+    };
+    let tok = &engine.tokenizer;
+    let text = if args.chat {
+        let template = tok
+            .chat_template()
+            .context("--chat needs tokenizer.chat_template, which the model lacks")?;
+        render_chat(
+            template,
+            &[ChatMessage::new("user", prompt_text.clone())],
+            true,
+            tok.bos_text(),
+            tok.eos_text(),
+        )?
+    } else {
+        prompt_text.clone()
+    };
+    let add_bos = tok.add_bos_default()
+        && !(args.chat && text.starts_with(tok.bos_text()) && !tok.bos_text().is_empty());
+    let prompt = tok.encode(&text, add_bos, true);
+    anyhow::ensure!(!prompt.is_empty(), "the prompt is empty after tokenization");
+    anyhow::ensure!(
+        prompt.len() < n_ctx,
+        "the prompt has {} tokens but the context holds {n_ctx} (raise policy.ctx)",
+        prompt.len()
+    );
+    let mut sampler = Sampler::new(SamplerConfig {
+        temperature: args.temp,
+        seed: args.seed,
+        ..SamplerConfig::default()
+    });
+    let gen = GenerateOptions {
+        max_tokens: args.n_predict,
+        ignore_eos: false,
+    };
+    let backend = engine.backend.backend.describe();
+    match head_ring {
+        Some(mut ring) => {
+            let stats =
+                stream(&mut ring, tok, &mut sampler, &prompt, gen).map_err(|e| match e
+                    .downcast::<RingError>()
+                {
+                    Ok(r) => name_devices(r, &plan),
+                    Err(e) => e,
+                })?;
+            print_summary(
+                &stats,
+                args.seed,
+                &format!(
+                    "{backend} | ring of {} devices, k = {}",
+                    windows.len(),
+                    ring.rounds()
+                ),
+            );
+            if args.verbose {
+                print_device_table(&ring.collect_stats()?);
+            }
+            // Kept nodes go back to waiting for a head; the others are stopped anyway.
+            ring.shutdown(false);
+        }
+        None => {
+            let mut session =
+                Session::new(&engine.model, &engine.backend.backend, n_ctx, policy.batch)?;
+            let stats = stream(&mut session, tok, &mut sampler, &prompt, gen)?;
+            print_summary(&stats, args.seed, &format!("{backend} | the head alone"));
+        }
+    }
+    let _ = interrupted;
+    Ok(())
+}

@@ -1,0 +1,306 @@
+//! The plan `prima apply` launches: devices in ring order (the head first), each device's
+//! window size w_m and GPU layers n_m, and which devices were pruned and why.
+
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use indicatif::{ProgressBar, ProgressStyle};
+use prima_core::halda::{self, ModelProfile, PlanOptions};
+use prima_core::manifest::{LoadedManifest, Rounds, Scheduler};
+use prima_core::model::Model;
+use prima_core::plugin::transport_abi::TransportBox;
+use prima_core::plugin::{load_solver, LoadedBackend};
+use prima_core::profile::{profile_device, DeviceProfile, ProfileOptions};
+use prima_core::prp::head::request_profile;
+use prima_core::prp::layer_counts;
+
+use super::node::with_budget;
+
+/// One device's part of the plan.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct DevicePlan {
+    pub name: String,
+    /// Where the head reaches it ("head" for the head itself).
+    pub addr: String,
+    /// Window size w_m and GPU layers n_m.
+    pub w: usize,
+    pub n: usize,
+    /// Layers it runs per token, l_m.
+    pub layers: usize,
+    pub relay: bool,
+    /// Why it takes no part, if it doesn't.
+    pub pruned: Option<String>,
+    pub mem_budget: Option<u64>,
+    /// Halda's set (M1–M4) for the device, when Halda planned.
+    pub set: Option<&'static str>,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Plan {
+    pub scheduler: &'static str,
+    pub k: usize,
+    pub predicted_tpot_ms: Option<f64>,
+    pub solve_ms: f64,
+    /// Every device, in ring order from the head; pruned ones included (and skipped by
+    /// [`Plan::ring`]).
+    pub devices: Vec<DevicePlan>,
+}
+
+impl Plan {
+    /// The devices in the ring, head first.
+    pub fn ring(&self) -> impl Iterator<Item = &DevicePlan> {
+        self.devices.iter().filter(|d| d.pruned.is_none())
+    }
+
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "scheduler": self.scheduler,
+            "k": self.k,
+            "predicted_tpot_ms": self.predicted_tpot_ms,
+            "solve_ms": self.solve_ms,
+            "devices": self.devices.iter().map(|d| serde_json::json!({
+                "name": d.name,
+                "addr": d.addr,
+                "w": d.w,
+                "n": d.n,
+                "layers": d.layers,
+                "pruned": d.pruned.is_some(),
+                "pruned_reason": d.pruned,
+                "relay": d.relay,
+                "set": d.set,
+            })).collect::<Vec<_>>(),
+        })
+    }
+
+    pub fn print_table(&self) {
+        let total: usize = self.devices.iter().map(|d| d.layers).sum::<usize>().max(1);
+        eprintln!(
+            "plan ({} scheduler, k = {}{}):",
+            self.scheduler,
+            self.k,
+            self.predicted_tpot_ms
+                .map(|t| format!(", predicted TPOT {t:.1} ms"))
+                .unwrap_or_default()
+        );
+        eprintln!(
+            "  {:<12} {:<22} {:>4} {:>4} {:>4} {:>7} {:>7}  note",
+            "device", "address", "set", "w", "n", "layers", "share"
+        );
+        for d in &self.devices {
+            let note = match (&d.pruned, d.relay) {
+                (Some(why), _) => format!("pruned: {why}"),
+                (None, true) => "relay only".to_string(),
+                _ => String::new(),
+            };
+            eprintln!(
+                "  {:<12} {:<22} {:>4} {:>4} {:>4} {:>7} {:>6.0}%  {}",
+                d.name,
+                d.addr,
+                d.set.unwrap_or("-"),
+                d.w,
+                d.n,
+                d.layers,
+                100.0 * d.layers as f64 / total as f64,
+                note
+            );
+        }
+    }
+}
+
+/// What planning needs besides the manifest: the head's model and backend, the transport
+/// (to ask nodes for their profiles), and the addresses of the nodes apply started.
+pub struct PlanInputs<'a> {
+    pub manifest: &'a LoadedManifest,
+    pub model: &'a Model,
+    pub head: usize,
+    pub backend: &'a LoadedBackend,
+    pub transport: &'a TransportBox,
+    pub addr_of: &'a dyn Fn(&str) -> Option<String>,
+}
+
+pub fn spinner(msg: String) -> ProgressBar {
+    let bar = ProgressBar::new_spinner();
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+    );
+    bar.set_message(msg);
+    bar.enable_steady_tick(std::time::Duration::from_millis(120));
+    bar
+}
+
+/// Profiles every device in ring order: the head here, the nodes over the ring protocol
+/// (each measures itself; results are cached on the device).
+fn collect_profiles(
+    inputs: &PlanInputs<'_>,
+    order: &[usize],
+) -> anyhow::Result<Vec<DeviceProfile>> {
+    let m = &inputs.manifest.manifest;
+    let mut profiles = Vec::with_capacity(order.len());
+    for (pos, &i) in order.iter().enumerate() {
+        let d = &m.devices[i];
+        let bar = spinner(format!("profiling '{}'", d.name));
+        let profile = if pos == 0 {
+            let options = ProfileOptions {
+                name: Some(d.name.clone()),
+                ..ProfileOptions::default()
+            };
+            let report = profile_device(
+                &inputs.backend.backend,
+                &inputs.backend.plugin_name,
+                &inputs.manifest.model_path(&d.name),
+                &options,
+            )
+            .with_context(|| format!("device '{}': profiling", d.name))?;
+            with_budget(report.profile, d.mem_budget.map(|s| s.0))
+        } else {
+            let addr = d
+                .address
+                .clone()
+                .or_else(|| (inputs.addr_of)(&d.name))
+                .with_context(|| format!("device '{}': no address", d.name))?;
+            let value = request_profile(inputs.transport, &addr, 120_000)
+                .map_err(|e| anyhow::anyhow!("device '{}' ({addr}): {e}", d.name))?;
+            serde_json::from_value::<DeviceProfile>(value)
+                .with_context(|| format!("device '{}' ({addr}): unreadable profile", d.name))?
+        };
+        bar.finish_and_clear();
+        let mut profile = profile;
+        profile.name = d.name.clone();
+        profile.relay = d.relay_only;
+        profiles.push(profile);
+    }
+    Ok(profiles)
+}
+
+/// Plans the manifest's devices for the model.
+pub fn plan(inputs: &PlanInputs<'_>) -> anyhow::Result<Plan> {
+    let started = Instant::now();
+    let manifest = inputs.manifest;
+    let m = &manifest.manifest;
+    let n_devices = m.devices.len();
+    // Ring order: the head, then the manifest's order after it, wrapping round.
+    let order: Vec<usize> = (0..n_devices)
+        .map(|i| (inputs.head + i) % n_devices)
+        .collect();
+    let n_layers = inputs.model.hparams().n_layers;
+    let mut sets: Vec<Option<&'static str>> = vec![None; n_devices];
+    let mut reasons: Vec<Option<String>> = vec![None; n_devices];
+    let mut relays: Vec<bool> = order.iter().map(|&i| m.devices[i].relay_only).collect();
+    let mut predicted = None;
+    let mut w: Vec<usize> = match m.policy.scheduler {
+        Scheduler::Manual => {
+            let given = m.policy.windows.as_deref().unwrap_or(&[]);
+            order
+                .iter()
+                .map(|&i| given.get(i).copied().unwrap_or(0))
+                .collect()
+        }
+        scheduler => {
+            let profiles = collect_profiles(inputs, &order)?;
+            let model_profile = ModelProfile::from_gguf(inputs.model.gguf())?;
+            let which = match scheduler {
+                Scheduler::Mem => halda::Scheduler::Mem,
+                Scheduler::Perf => halda::Scheduler::Perf,
+                _ => halda::Scheduler::Halda,
+            };
+            let solver = match which {
+                halda::Scheduler::Halda => Some(load_solver(None)?),
+                _ => None,
+            };
+            let options = PlanOptions {
+                n_kv: m.policy.ctx as f64,
+                ..PlanOptions::default()
+            };
+            let planned = halda::plan(
+                &model_profile,
+                &profiles,
+                which,
+                solver.as_ref().map(|s| s as &dyn halda::MilpSolver),
+                &options,
+            )?;
+            predicted = Some(planned.predicted_tpot_ms);
+            let mut w = vec![0; n_devices];
+            for (pos, d) in planned.devices.iter().enumerate() {
+                w[pos] = d.w as usize;
+                sets[pos] = d.set.map(|s| s.name());
+                reasons[pos] = d.reason.clone();
+                relays[pos] = relays[pos] || d.relay;
+            }
+            rescale_to_k(&mut w, planned.k as usize, m.policy.k);
+            w
+        }
+    };
+    if m.policy.scheduler == Scheduler::Manual {
+        let planned_k = n_layers.div_ceil(w.iter().sum::<usize>().max(1));
+        rescale_to_k(&mut w, planned_k, m.policy.k);
+    }
+    for (pos, &i) in order.iter().enumerate() {
+        if m.devices[i].relay_only {
+            w[pos] = 0;
+        }
+    }
+    if w.iter().all(|&x| x == 0) {
+        bail!(
+            "{}: the plan gives no device any layer",
+            manifest.path.display()
+        );
+    }
+    let counts = layer_counts(n_layers, &w, &vec![0; w.len()])?;
+    let k = n_layers.div_ceil(w.iter().sum::<usize>());
+    let devices = order
+        .iter()
+        .enumerate()
+        .map(|(pos, &i)| {
+            let d = &m.devices[i];
+            let addr = if pos == 0 {
+                "head".to_string()
+            } else {
+                d.address
+                    .clone()
+                    .or_else(|| (inputs.addr_of)(&d.name))
+                    .unwrap_or_default()
+            };
+            let pruned = (counts[pos].0 == 0 && !relays[pos] && pos != 0).then(|| {
+                reasons[pos]
+                    .clone()
+                    .unwrap_or_else(|| "no layers assigned".to_string())
+            });
+            DevicePlan {
+                name: d.name.clone(),
+                addr,
+                w: w[pos],
+                n: 0,
+                layers: counts[pos].0,
+                relay: relays[pos] && counts[pos].0 == 0,
+                pruned,
+                mem_budget: d.mem_budget.map(|s| s.0),
+                set: sets[pos],
+            }
+        })
+        .collect();
+    Ok(Plan {
+        scheduler: match m.policy.scheduler {
+            Scheduler::Halda => "halda",
+            Scheduler::Mem => "mem",
+            Scheduler::Perf => "perf",
+            Scheduler::Manual => "manual",
+        },
+        k,
+        predicted_tpot_ms: predicted,
+        solve_ms: started.elapsed().as_secs_f64() * 1e3,
+        devices,
+    })
+}
+
+/// Applies a fixed k from the manifest to windows planned for `planned_k` rounds: each
+/// device keeps its share of layers, cut into k windows.
+fn rescale_to_k(w: &mut [usize], planned_k: usize, wanted: Rounds) {
+    let Rounds::Fixed(k) = wanted else { return };
+    if k == planned_k || k == 0 {
+        return;
+    }
+    for x in w.iter_mut().filter(|x| **x > 0) {
+        *x = (*x * planned_k).div_ceil(k).max(1);
+    }
+}

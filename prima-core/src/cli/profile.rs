@@ -1,0 +1,124 @@
+//! `prima profile`: measures this device (compute through the backend plugin, memory,
+//! disk, OS memory figures) and prints the profile Halda plans with.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use prima_core::plugin::backend_abi::BackendConfig;
+use prima_core::plugin::load_backend;
+use prima_core::profile::{profile_device, DeviceProfiles, ProfileOptions, QuantClass};
+
+#[derive(clap::Args, Debug)]
+pub struct ProfileArgs {
+    /// The model whose disk is measured (read uncached; nothing is written). Without it,
+    /// the disk holding the prima binary is measured.
+    #[arg(short = 'm', long)]
+    pub model: Option<PathBuf>,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Print a `[[device]]` entry for a profiles file.
+    #[arg(long, conflicts_with = "json")]
+    pub toml: bool,
+    /// Device name (default: the host name).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Measure again even if a fresh cached profile exists.
+    #[arg(long)]
+    pub refresh: bool,
+    /// Cached profiles older than this many hours are measured again.
+    #[arg(long, default_value_t = 24.0)]
+    pub max_age_h: f64,
+    /// Backend plugin to measure compute with (default: the first one found).
+    #[arg(long)]
+    pub backend: Option<String>,
+    #[arg(short = 't', long)]
+    pub threads: Option<u32>,
+}
+
+pub fn run(args: ProfileArgs) -> anyhow::Result<()> {
+    let disk_file = match &args.model {
+        Some(m) => {
+            if !m.is_file() {
+                anyhow::bail!("model file {} does not exist", m.display());
+            }
+            m.clone()
+        }
+        None => std::env::current_exe().context("locating the prima binary")?,
+    };
+    let backend = load_backend(
+        args.backend.as_deref(),
+        BackendConfig {
+            threads: args.threads.unwrap_or(0),
+        },
+    )?;
+    let opts = ProfileOptions {
+        name: args.name.clone(),
+        max_age: std::time::Duration::from_secs_f64(args.max_age_h.max(0.0) * 3600.0),
+        refresh: args.refresh,
+    };
+    let report = profile_device(&backend.backend, &backend.plugin_name, &disk_file, &opts)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(());
+    }
+    if args.toml {
+        let file = DeviceProfiles {
+            description: None,
+            device: vec![report.profile],
+        };
+        print!("{}", toml::to_string(&file)?);
+        return Ok(());
+    }
+    let p = &report.profile;
+    println!(
+        "device      {} ({}, {} cores)",
+        p.name,
+        p.os.name(),
+        p.cpu_cores
+    );
+    let rates: Vec<String> = QuantClass::ALL
+        .iter()
+        .map(|&q| format!("{} {:.0}", q.name(), p.cpu_gflops.flops_per_s(q) / 1e9))
+        .collect();
+    println!(
+        "cpu GFLOP/s {}  (backend {})",
+        rates.join(", "),
+        backend.plugin_name
+    );
+    println!(
+        "memory      read {:.1} GB/s, copy {:.1} GB/s",
+        p.cpu_read_gb_s, p.memcpy_gb_s
+    );
+    println!(
+        "RAM         {:.1} GiB total, {:.1} GiB available; swap {:.1} GiB, {:.1} GiB free",
+        p.ram_total_gib, p.ram_available_gib, p.swap_total_gib, p.swap_available_gib
+    );
+    println!(
+        "disk        sequential {:.2} GB/s, random {:.2} GB/s ({}{})",
+        p.disk_seq_gb_s,
+        p.disk_rand_gb_s,
+        report.disk_file.display(),
+        if report.disk_uncached {
+            ", page cache bypassed"
+        } else {
+            ", page cache NOT bypassed: this filesystem refuses direct I/O"
+        }
+    );
+    println!("gpu         none (no GPU backend plugin)");
+    println!(
+        "profiled in {:.0} ms ({}{})",
+        report.elapsed_ms,
+        if report.cached {
+            "from cache"
+        } else {
+            "measured"
+        },
+        report
+            .cache_file
+            .as_ref()
+            .map(|f| format!(", {}", f.display()))
+            .unwrap_or_default()
+    );
+    Ok(())
+}

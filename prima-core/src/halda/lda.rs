@@ -1,0 +1,422 @@
+//! The layer-to-device assignment (LDA) model of the paper's appendix: per-device
+//! coefficients α_m, β_m, ξ_m, the constant κ, the objective vectors a, b, c for a set
+//! assignment M1–M4, the RAM bounds z and VRAM bounds z^{gpu}, and the latency model
+//! itself ([`Lda::predict`]) that every scheduler's plan is scored with.
+
+use serde::Serialize;
+
+use super::model_profile::ModelProfile;
+use super::os::{behaviour_for, LdaSet, MemoryBehaviour, MemoryTerms};
+use crate::profile::{DeviceProfile, GpuKind, QuantClass, GB, GIB};
+
+/// Planning options.
+#[derive(Debug, Clone, Copy)]
+pub struct PlanOptions {
+    /// n_{kv}: tokens of KV cache the plan provisions for.
+    pub n_kv: f64,
+    /// s^{disk}_{threshold}: a disk slower than this (bytes/s) never takes reloads (M4).
+    pub disk_threshold: f64,
+    /// Time limit of one ILP solve, seconds.
+    pub ilp_time_limit_s: f64,
+    /// Solve the exact epigraph program instead of the paper's set iteration.
+    pub exact: bool,
+    /// Solve the ILP of every valid k, even those k = 1 provably dominates.
+    pub every_k: bool,
+}
+
+impl Default for PlanOptions {
+    fn default() -> Self {
+        PlanOptions {
+            n_kv: 4096.0,
+            // The paper names the threshold but not its value; slower than a SATA-era
+            // disk's random reads we treat as "slow".
+            disk_threshold: 0.2 * GB,
+            ilp_time_limit_s: 1.0,
+            exact: false,
+            every_k: false,
+        }
+    }
+}
+
+/// One device's constants, derived from its profile and the model.
+#[derive(Clone)]
+pub struct DeviceTerms {
+    pub name: String,
+    pub behaviour: &'static dyn MemoryBehaviour,
+    pub has_gpu: bool,
+    pub head: bool,
+    /// Σ_q f^q / s^{cpu,q}: compute time of one layer on the CPU.
+    pub cpu_layer_s: f64,
+    /// Σ_q f^q / s^{gpu,q}.
+    pub gpu_layer_s: f64,
+    /// t_m^{kv_cpy,cpu}, t_m^{kv_cpy,gpu}.
+    pub t_kv_cpu: f64,
+    pub t_kv_gpu: f64,
+    /// b'/𝒯_m^{cpu}, b'/𝒯_m^{gpu}: loading one layer (and its KV) into registers.
+    pub load_cpu_s: f64,
+    pub load_gpu_s: f64,
+    /// (t^{ram-vram} + t^{vram-ram})(1 − 𝕀^{UMA}), per window.
+    pub t_dev_copy: f64,
+    /// t_m^{comm}: sending 4e bytes to the next device.
+    pub t_comm: f64,
+    /// α_m, β_m, ξ_m.
+    pub alpha: f64,
+    pub beta: f64,
+    pub xi: f64,
+    /// s_m^{disk} as this platform's reloads see it.
+    pub s_disk: f64,
+    /// The memory budget before weights are evicted (d^{avail}, d^{avail}_{metal}, …).
+    pub budget: f64,
+    pub slow_disk: bool,
+    pub mem: MemoryTerms,
+    /// VRAM (or Metal working set) left for layers: d^{avail}_{gpu} − c^{gpu} (− b_o on a
+    /// Metal head).
+    pub gpu_layer_bytes: f64,
+    /// The head's output layer: Σ_q f_out^q/s_1^{cpu,q} and (b_i/V + b_o)/𝒯_1^{cpu}.
+    pub out_compute_s: f64,
+    pub out_load_s: f64,
+    /// The head's lookup-table read, b_i/V.
+    pub lookup_bytes: f64,
+}
+
+/// The model: the devices in ring order (the first is the head) and the model's costs.
+#[derive(Clone)]
+pub struct Lda {
+    /// L.
+    pub n_layers: u32,
+    pub devices: Vec<DeviceTerms>,
+    /// b': bytes of one layer with its KV cache.
+    pub b_prime: f64,
+    /// Σ t^{comm} of pruned devices kept as relays: paid once per window round.
+    pub relay_hop_s: f64,
+}
+
+/// Predicted time of one token on one device, split as the paper splits it.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Cost {
+    pub compute_s: f64,
+    pub memory_s: f64,
+    pub disk_s: f64,
+    pub network_s: f64,
+}
+
+impl Cost {
+    pub fn total(&self) -> f64 {
+        self.compute_s + self.memory_s + self.disk_s + self.network_s
+    }
+
+    fn add(&mut self, o: &Cost) {
+        self.compute_s += o.compute_s;
+        self.memory_s += o.memory_s;
+        self.disk_s += o.disk_s;
+        self.network_s += o.network_s;
+    }
+}
+
+/// What one device does and uses under a placement.
+#[derive(Debug, Clone, Serialize)]
+pub struct DeviceLoad {
+    /// l_m and l_m^{gpu}: layers per token on this device, and of those on its GPU.
+    pub l: u32,
+    pub l_gpu: u32,
+    /// 𝒲_m: windows per token.
+    pub windows: u32,
+    pub ram_bytes: f64,
+    pub budget_bytes: f64,
+    pub vram_bytes: f64,
+    pub vram_capacity_bytes: f64,
+    pub reload_bytes: f64,
+    pub cost: Cost,
+}
+
+/// T = Σ_m (T^{comp} + T^{mem} + T^{disk} + T^{comm}), with each device's share.
+#[derive(Debug, Clone, Serialize)]
+pub struct Prediction {
+    pub total_s: f64,
+    pub breakdown: Cost,
+    pub devices: Vec<DeviceLoad>,
+}
+
+/// The objective of one set assignment: T = k(aᵀw + bᵀn + eᵀc) + κ (+ relay hops).
+#[derive(Debug, Clone)]
+pub struct Objective {
+    pub a: Vec<f64>,
+    pub b: Vec<f64>,
+    pub c: Vec<f64>,
+    pub kappa: f64,
+}
+
+impl Lda {
+    /// Derives every device's constants. `relays` are pruned devices kept as ring hops.
+    pub fn new(
+        model: &ModelProfile,
+        devices: &[&DeviceProfile],
+        relays: &[&DeviceProfile],
+        opts: &PlanOptions,
+    ) -> Lda {
+        let n_kv = opts.n_kv;
+        let b = model.layer_bytes;
+        let b_prime = model.layer_bytes_with_kv(n_kv);
+        let f = model.layer_flops(n_kv);
+        let hidden_bytes = 4.0 * model.n_embd as f64;
+        let kv_token = model.kv_bytes_per_token;
+        let lookup = model.input_row_bytes();
+        let comm = |d: &DeviceProfile| match &d.link {
+            Some(link) => link.rtt_ms / 2000.0 + hidden_bytes / link.bytes_per_s,
+            None => 0.0,
+        };
+        let terms = devices
+            .iter()
+            .enumerate()
+            .map(|(m, d)| {
+                let head = m == 0;
+                let behaviour = behaviour_for(d);
+                let time = |rates: &crate::profile::QuantRates, flops: &[f64; 6]| -> f64 {
+                    QuantClass::ALL
+                        .iter()
+                        .map(|&q| flops[q.index()] / rates.flops_per_s(q))
+                        .sum()
+                };
+                let cpu_layer_s = time(&d.cpu_gflops, &f);
+                let t_kv_cpu = kv_token / (d.memcpy_gb_s * GB);
+                let load_cpu_s = b_prime / (d.cpu_read_gb_s * GB);
+                let (gpu_layer_s, t_kv_gpu, load_gpu_s) = match (&d.gpu_gflops, d.gpu_read_gb_s) {
+                    (Some(rates), Some(read)) if d.has_gpu() => (
+                        time(rates, &f),
+                        kv_token / (d.gpu_memcpy_gb_s.unwrap_or(read) * GB),
+                        b_prime / (read * GB),
+                    ),
+                    _ => (0.0, 0.0, 0.0),
+                };
+                let t_dev_copy = if d.has_gpu() && !d.uma() {
+                    2.0 * d.gpu_copy_ms / 1000.0
+                } else {
+                    0.0
+                };
+                let t_comm = comm(d);
+                // α_m = Σ f/s^{cpu} + t^{kv_cpy,cpu} + b'/𝒯^{cpu}
+                let alpha = cpu_layer_s + t_kv_cpu + load_cpu_s;
+                // β_m = (Σ f/s^{gpu} + t^{kv_cpy,gpu} + b'/𝒯^{gpu}) − α_m
+                let beta = if d.has_gpu() {
+                    gpu_layer_s + t_kv_gpu + load_gpu_s - alpha
+                } else {
+                    0.0
+                };
+                // ξ_m = (t^{ram-vram} + t^{vram-ram})(1 − 𝕀^{UMA}) + t^{comm}
+                let xi = t_dev_copy + t_comm;
+                let io = if head {
+                    lookup + model.output_bytes
+                } else {
+                    0.0
+                };
+                let mem = MemoryTerms {
+                    b,
+                    b_prime,
+                    io,
+                    c_cpu: model.c_cpu,
+                    c_gpu: model.c_gpu,
+                };
+                let s_disk = behaviour.disk_bytes_per_s(d);
+                let gpu_layer_bytes = match d.gpu {
+                    GpuKind::None => 0.0,
+                    GpuKind::Cuda => d.gpu_available_gib * GIB - model.c_gpu,
+                    GpuKind::Metal => {
+                        d.gpu_available_gib * GIB
+                            - model.c_gpu
+                            - if head { model.output_bytes } else { 0.0 }
+                    }
+                };
+                let out_compute_s = if head {
+                    time(&d.cpu_gflops, &model.output_flops)
+                } else {
+                    0.0
+                };
+                let out_load_s = if head {
+                    (lookup + model.output_bytes) / (d.cpu_read_gb_s * GB)
+                } else {
+                    0.0
+                };
+                DeviceTerms {
+                    name: d.name.clone(),
+                    behaviour,
+                    has_gpu: d.has_gpu(),
+                    head,
+                    cpu_layer_s,
+                    gpu_layer_s,
+                    t_kv_cpu,
+                    t_kv_gpu,
+                    load_cpu_s,
+                    load_gpu_s,
+                    t_dev_copy,
+                    t_comm,
+                    alpha,
+                    beta,
+                    xi,
+                    s_disk,
+                    budget: behaviour.budget_bytes(d),
+                    slow_disk: s_disk < opts.disk_threshold,
+                    mem,
+                    gpu_layer_bytes: gpu_layer_bytes.max(0.0),
+                    out_compute_s,
+                    out_load_s,
+                    lookup_bytes: if head { lookup } else { 0.0 },
+                }
+            })
+            .collect();
+        Lda {
+            n_layers: model.n_layers,
+            devices: terms,
+            b_prime,
+            relay_hop_s: relays.iter().map(|d| comm(d)).sum(),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.devices.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.devices.is_empty()
+    }
+
+    /// 𝒦_L: the rounds k that divide L and leave every device at least one layer per
+    /// window (W = L/k ≥ M).
+    pub fn valid_ks(&self) -> Vec<u32> {
+        let l = self.n_layers;
+        let m = self.devices.len() as u32;
+        (1..=l)
+            .filter(|&k| l.is_multiple_of(k) && l / k >= m)
+            .collect()
+    }
+
+    /// The layers device `m` can keep on its GPU at k rounds: ⌊W·z_m^{gpu}⌋, with
+    /// z_m^{gpu} = (d^{avail}_{gpu} − c^{gpu} [− b_o])/(L·b').
+    pub fn gpu_cap(&self, m: usize, k: u32) -> u32 {
+        let d = &self.devices[m];
+        if !d.has_gpu {
+            return 0;
+        }
+        let w = (self.n_layers / k) as f64;
+        let cap = (d.gpu_layer_bytes / (k as f64 * self.b_prime)).floor();
+        cap.clamp(0.0, w) as u32
+    }
+
+    /// GPU layers at k = 1 (one window per device), as the baselines place them.
+    pub fn gpu_cap_layers(&self, m: usize) -> u32 {
+        self.gpu_cap(m, 1)
+    }
+
+    /// W·z_m: the bound on the device's RAM form (f_w·w_m + f_n·n_m) at k rounds, above
+    /// which it is overloaded: (budget − b^{cio}_m − extra)/(k·b').
+    pub fn ram_bound(&self, m: usize, k: f64) -> f64 {
+        let d = &self.devices[m];
+        let f = d.behaviour.ram_form(&d.mem);
+        (d.budget - d.mem.b_cio() - f.extra) / (k * self.b_prime)
+    }
+
+    /// Which set each device is in for a placement (w, n) at k = L/W rounds. A device
+    /// with a slow disk, or forced by calibration (M4^{force}), is always in M4.
+    pub fn assign_sets(&self, w: &[f64], n: &[f64], forced: &[bool]) -> Vec<LdaSet> {
+        let total: f64 = w.iter().sum();
+        let k = self.n_layers as f64 / total.max(1e-9);
+        self.devices
+            .iter()
+            .enumerate()
+            .map(|(m, d)| {
+                if d.slow_disk || forced[m] {
+                    return LdaSet::M4;
+                }
+                let ram = d.behaviour.ram_bytes(k * w[m], k * n[m], &d.mem);
+                if ram > d.budget {
+                    d.behaviour.overload_set()
+                } else {
+                    LdaSet::M4
+                }
+            })
+            .collect()
+    }
+
+    /// The vectors a, b, c and the constant κ of the objective for a set assignment.
+    pub fn objective(&self, sets: &[LdaSet]) -> Objective {
+        let head = &self.devices[0];
+        // κ: the head's output layer and its input/output reads from disk.
+        let mut kappa = head.out_compute_s + head.out_load_s + head.lookup_bytes / head.s_disk;
+        if sets[0] != LdaSet::M4 {
+            kappa += (head.mem.io - head.lookup_bytes) / head.s_disk; // b_o/s_1^{disk}
+        }
+        let mut a = Vec::with_capacity(sets.len());
+        let mut b = Vec::with_capacity(sets.len());
+        let mut c = Vec::with_capacity(sets.len());
+        for (d, set) in self.devices.iter().zip(sets) {
+            let (am, bm) = if *set == LdaSet::M4 {
+                (d.alpha, d.beta)
+            } else {
+                let (am, bm, share) = d
+                    .behaviour
+                    .overloaded_coefficients(d.alpha, d.beta, &d.mem, d.s_disk, d.budget);
+                kappa += share; // Σ_{M1∪M3} (c^{cpu} − d^{avail} − d^{swapout})/s^{disk}
+                (am, bm)
+            };
+            a.push(am);
+            b.push(if d.has_gpu { bm } else { 0.0 });
+            c.push(d.xi);
+        }
+        Objective { a, b, c, kappa }
+    }
+
+    /// The latency model: T for any placement, including ones whose W does not divide L
+    /// (the paper's l_m with R = L mod W) and ones that break the set constraints (the
+    /// baselines' plans), with the per-OS reload volumes.
+    pub fn predict(&self, w: &[u32], n: &[u32]) -> Prediction {
+        let l_total = self.n_layers;
+        let big_w: u32 = w.iter().sum();
+        let rounds = l_total / big_w.max(1);
+        let r = l_total % big_w.max(1);
+        let mut before = 0u32; // Σ_{j<m} min(w_j, R)
+        let mut breakdown = Cost::default();
+        let mut loads = Vec::with_capacity(w.len());
+        for (m, d) in self.devices.iter().enumerate() {
+            let rest = r.saturating_sub(before);
+            let extra = w[m].min(rest);
+            let l = rounds * w[m] + extra;
+            let l_gpu = rounds * n[m] + n[m].min(rest);
+            let windows = rounds + rest.min(1);
+            before += w[m].min(r);
+            let lc = (l - l_gpu) as f64;
+            let lg = l_gpu as f64;
+            let reload = d.behaviour.reload_bytes(l as f64, lg, &d.mem, d.budget);
+            let cost = Cost {
+                compute_s: lc * d.cpu_layer_s + lg * d.gpu_layer_s + d.out_compute_s,
+                memory_s: lc * (d.t_kv_cpu + d.load_cpu_s)
+                    + lg * (d.t_kv_gpu + d.load_gpu_s)
+                    + windows as f64 * d.t_dev_copy
+                    + d.out_load_s,
+                disk_s: reload.max(d.lookup_bytes) / d.s_disk,
+                network_s: windows as f64 * d.t_comm,
+            };
+            breakdown.add(&cost);
+            loads.push(DeviceLoad {
+                l,
+                l_gpu,
+                windows,
+                ram_bytes: d.behaviour.ram_bytes(l as f64, lg, &d.mem),
+                budget_bytes: d.budget,
+                vram_bytes: if d.has_gpu {
+                    lg * self.b_prime + d.mem.c_gpu
+                } else {
+                    0.0
+                },
+                vram_capacity_bytes: d.gpu_layer_bytes + if d.has_gpu { d.mem.c_gpu } else { 0.0 },
+                reload_bytes: reload,
+                cost,
+            });
+        }
+        let round_trips = rounds + r.min(1);
+        breakdown.network_s += round_trips as f64 * self.relay_hop_s;
+        Prediction {
+            total_s: breakdown.total(),
+            breakdown,
+            devices: loads,
+        }
+    }
+}

@@ -1,0 +1,56 @@
+//! Android (Case 3): like Linux, but the OS first swaps out other apps' cold pages, so the
+//! model gets d_m^{avail} + d_m^{swapout} before its own pages are evicted.
+//!
+//! d_m^{swapout} = min(overflow, min(d^{bytes_can_swap}, d^{swap_avail})); as a budget we
+//! use its upper bound min(d^{bytes_can_swap}, d^{swap_avail}), which gives the same
+//! reload volume: below it nothing is reloaded either way.
+
+use super::{
+    incremental_coefficients, incremental_reload, LdaSet, MemoryBehaviour, MemoryTerms, RamForm,
+};
+use crate::profile::{DeviceProfile, GB, GIB};
+
+pub struct Android;
+
+impl MemoryBehaviour for Android {
+    fn name(&self) -> &'static str {
+        "android"
+    }
+
+    fn overload_set(&self) -> LdaSet {
+        LdaSet::M3
+    }
+
+    fn disk_bytes_per_s(&self, d: &DeviceProfile) -> f64 {
+        d.disk_seq_gb_s * GB
+    }
+
+    fn budget_bytes(&self, d: &DeviceProfile) -> f64 {
+        // d_m^{avail} + d_m^{swapout}
+        let swapout = d.swappable_gib.min(d.swap_available_gib);
+        (d.ram_available_gib + swapout) * GIB
+    }
+
+    fn ram_form(&self, _t: &MemoryTerms) -> RamForm {
+        RamForm {
+            w: 1.0,
+            n: -1.0,
+            extra: 0.0,
+        }
+    }
+
+    fn reload_bytes(&self, l: f64, l_gpu: f64, t: &MemoryTerms, budget: f64) -> f64 {
+        incremental_reload(self.ram_bytes(l, l_gpu, t), budget)
+    }
+
+    fn overloaded_coefficients(
+        &self,
+        alpha: f64,
+        beta: f64,
+        t: &MemoryTerms,
+        s_disk: f64,
+        budget: f64,
+    ) -> (f64, f64, f64) {
+        incremental_coefficients(self.ram_form(t), alpha, beta, t, s_disk, budget)
+    }
+}

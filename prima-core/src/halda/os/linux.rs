@@ -1,0 +1,54 @@
+//! Linux (Case 3): the kernel reclaims mmapped pages gradually and mmap is advised for
+//! sequential access, so reloads run at the disk's sequential read rate. CUDA locks the
+//! weights it holds in VRAM, so only CPU layers occupy RAM.
+
+use super::{
+    incremental_coefficients, incremental_reload, LdaSet, MemoryBehaviour, MemoryTerms, RamForm,
+};
+use crate::profile::{DeviceProfile, GB, GIB};
+
+pub struct Linux;
+
+impl MemoryBehaviour for Linux {
+    fn name(&self) -> &'static str {
+        "linux"
+    }
+
+    fn overload_set(&self) -> LdaSet {
+        LdaSet::M3
+    }
+
+    fn disk_bytes_per_s(&self, d: &DeviceProfile) -> f64 {
+        d.disk_seq_gb_s * GB
+    }
+
+    fn budget_bytes(&self, d: &DeviceProfile) -> f64 {
+        // d_m^{avail}
+        d.ram_available_gib * GIB
+    }
+
+    fn ram_form(&self, _t: &MemoryTerms) -> RamForm {
+        // (l_m − l_m^{gpu})·b' + b_cio
+        RamForm {
+            w: 1.0,
+            n: -1.0,
+            extra: 0.0,
+        }
+    }
+
+    fn reload_bytes(&self, l: f64, l_gpu: f64, t: &MemoryTerms, budget: f64) -> f64 {
+        incremental_reload(self.ram_bytes(l, l_gpu, t), budget)
+    }
+
+    fn overloaded_coefficients(
+        &self,
+        alpha: f64,
+        beta: f64,
+        t: &MemoryTerms,
+        s_disk: f64,
+        budget: f64,
+    ) -> (f64, f64, f64) {
+        // a = α + b'/s, b = β − b'/s (M3 column of the paper's a, b vectors)
+        incremental_coefficients(self.ram_form(t), alpha, beta, t, s_disk, budget)
+    }
+}

@@ -1,0 +1,476 @@
+//! Cluster manifests: the TOML file that declares a model, the candidate devices, the
+//! scheduling policy and the server — what `prima apply` turns into a running ring.
+//!
+//! Parsing rejects unknown fields and names the line and column of every mistake; the
+//! checks that need more than one field (one head, unique names, a window per device…)
+//! come after parsing and name the device or field. Every field is documented in
+//! `manifests/README.md`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// The embedded default: three local nodes on loopback whose memory budgets together hold
+/// SmolLM2-135M but none alone does.
+pub const DEFAULT_MANIFEST: &str = include_str!("../../manifests/home.toml");
+/// Where the embedded default says it lives (its relative paths resolve from there).
+pub const DEFAULT_MANIFEST_PATH: &str = "manifests/home.toml";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    #[error("{path}: {message}")]
+    Read { path: PathBuf, message: String },
+    /// toml's message already carries the line, the column and the offending field.
+    #[error("{path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("{path}: {field}: {message}")]
+    Invalid {
+        path: PathBuf,
+        field: String,
+        message: String,
+    },
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    pub model: ModelSection,
+    #[serde(rename = "device")]
+    pub devices: Vec<Device>,
+    #[serde(default)]
+    pub policy: Policy,
+    #[serde(default)]
+    pub server: Server,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSection {
+    /// The GGUF file, relative to the manifest's directory unless absolute.
+    pub path: PathBuf,
+    /// Per-device paths, by device name, where a device keeps its copy elsewhere.
+    #[serde(default)]
+    pub paths: BTreeMap<String, PathBuf>,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Device {
+    pub name: String,
+    /// Address of a running `prima node` (host:port).
+    pub address: Option<String>,
+    /// A node that `prima apply` starts on this machine (the head is always local).
+    #[serde(default)]
+    pub local: bool,
+    /// This device is the head: it holds the tokenizer, the sampler and the server.
+    #[serde(default)]
+    pub head: bool,
+    /// Keep the device in the ring as a hop, with no layers.
+    #[serde(default)]
+    pub relay_only: bool,
+    /// Bytes of weights to keep resident (e.g. "2G"); the rest is streamed from disk.
+    pub mem_budget: Option<Size>,
+    /// Bytes of GPU memory to use (for GPU backends).
+    pub vram_budget: Option<Size>,
+    /// Compute threads (default: the backend's choice).
+    pub threads: Option<u32>,
+    /// Backend plugin name (default: the first one found).
+    pub backend: Option<String>,
+}
+
+/// A byte count, written as a number or a string with a unit ("512M", "2G").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "SizeText")]
+pub struct Size(pub u64);
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum SizeText {
+    Bytes(u64),
+    Text(String),
+}
+
+impl TryFrom<SizeText> for Size {
+    type Error = String;
+
+    fn try_from(v: SizeText) -> Result<Size, String> {
+        match v {
+            SizeText::Bytes(b) => Ok(Size(b)),
+            SizeText::Text(t) => parse_size(&t).map(Size),
+        }
+    }
+}
+
+/// Parses "4096", "512M", "1.5G", "2GiB" (units are powers of 1024).
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("'{text}' is not a size (try 512M, 2G or a byte count)"))?;
+    let scale: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        other => {
+            return Err(format!(
+                "'{text}': unknown size unit '{other}' (use K, M, G or T)"
+            ))
+        }
+    };
+    Ok((value * scale as f64).round() as u64)
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Scheduler {
+    /// Halda: the paper's layer-to-device assignment with device pruning.
+    #[default]
+    Halda,
+    /// Layers in proportion to available memory (as exo does).
+    Mem,
+    /// Layers in proportion to compute, then moved off devices short of memory.
+    Perf,
+    /// The window sizes given in `policy.windows`.
+    Manual,
+}
+
+/// Rounds per token: chosen by the scheduler, or fixed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Rounds {
+    #[default]
+    Auto,
+    Fixed(usize),
+}
+
+impl<'de> Deserialize<'de> for Rounds {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Rounds, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            N(usize),
+            S(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::N(0) => Err(serde::de::Error::custom("k must be at least 1")),
+            Raw::N(n) => Ok(Rounds::Fixed(n)),
+            Raw::S(s) if s == "auto" => Ok(Rounds::Auto),
+            Raw::S(s) => Err(serde::de::Error::custom(format!(
+                "k must be \"auto\" or a number, not \"{s}\""
+            ))),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Release {
+    #[default]
+    Mru,
+    None,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Policy {
+    #[serde(default)]
+    pub scheduler: Scheduler,
+    /// Window size per device, in manifest order (manual scheduler only).
+    pub windows: Option<Vec<usize>>,
+    #[serde(default)]
+    pub k: Rounds,
+    #[serde(default = "yes")]
+    pub prefetch: bool,
+    #[serde(default)]
+    pub release: Release,
+    /// Context length in tokens.
+    #[serde(default = "default_ctx")]
+    pub ctx: usize,
+    /// Prompt tokens per batch.
+    #[serde(default = "default_batch")]
+    pub batch: usize,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn default_ctx() -> usize {
+    4096
+}
+
+fn default_batch() -> usize {
+    512
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            scheduler: Scheduler::default(),
+            windows: None,
+            k: Rounds::Auto,
+            prefetch: true,
+            release: Release::Mru,
+            ctx: default_ctx(),
+            batch: default_batch(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Server {
+    #[serde(default = "default_listen")]
+    pub listen: String,
+}
+
+fn default_listen() -> String {
+    "127.0.0.1:8080".into()
+}
+
+impl Default for Server {
+    fn default() -> Self {
+        Server {
+            listen: default_listen(),
+        }
+    }
+}
+
+/// A manifest with its origin, checked as a whole.
+#[derive(Debug, Clone)]
+pub struct LoadedManifest {
+    pub manifest: Manifest,
+    /// The file it came from (or the embedded default's nominal path).
+    pub path: PathBuf,
+}
+
+impl LoadedManifest {
+    /// Reads and checks the manifest at `path`.
+    pub fn load(path: &Path) -> Result<LoadedManifest, ManifestError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ManifestError::Read {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+        LoadedManifest::parse(&text, path)
+    }
+
+    /// The embedded default manifest.
+    pub fn embedded_default() -> Result<LoadedManifest, ManifestError> {
+        LoadedManifest::parse(DEFAULT_MANIFEST, Path::new(DEFAULT_MANIFEST_PATH))
+    }
+
+    pub fn parse(text: &str, path: &Path) -> Result<LoadedManifest, ManifestError> {
+        let manifest: Manifest = toml::from_str(text).map_err(|e| ManifestError::Parse {
+            path: path.to_path_buf(),
+            message: e.to_string().trim_end().replace('\n', " | "),
+        })?;
+        let loaded = LoadedManifest {
+            manifest,
+            path: path.to_path_buf(),
+        };
+        loaded.check()?;
+        Ok(loaded)
+    }
+
+    fn invalid(&self, field: impl Into<String>, message: impl Into<String>) -> ManifestError {
+        ManifestError::Invalid {
+            path: self.path.clone(),
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+
+    fn check(&self) -> Result<(), ManifestError> {
+        let m = &self.manifest;
+        if m.devices.is_empty() {
+            return Err(self.invalid("device", "declare at least one [[device]]"));
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for (i, d) in m.devices.iter().enumerate() {
+            let field = format!("device[{i}] ({})", d.name);
+            if d.name.trim().is_empty() {
+                return Err(self.invalid(format!("device[{i}].name"), "must not be empty"));
+            }
+            if !seen.insert(d.name.as_str()) {
+                return Err(self.invalid(field, "another device has the same name"));
+            }
+            match (&d.address, d.local || d.head) {
+                (Some(_), true) => {
+                    return Err(self.invalid(
+                        field,
+                        "has both `address` and `local`/`head`; a device is either a running node (address) or started here (local)",
+                    ))
+                }
+                (None, false) => {
+                    return Err(self.invalid(
+                        field,
+                        "needs `address = \"host:port\"` of a running `prima node`, or `local = true`",
+                    ))
+                }
+                _ => {}
+            }
+            if d.head && d.relay_only {
+                return Err(self.invalid(
+                    field,
+                    "the head cannot be relay-only: it embeds the tokens and samples",
+                ));
+            }
+        }
+        let heads = m.devices.iter().filter(|d| d.head).count();
+        if heads > 1 {
+            return Err(self.invalid("device.head", "only one device can be the head"));
+        }
+        for name in m.model.paths.keys() {
+            if !m.devices.iter().any(|d| &d.name == name) {
+                return Err(self.invalid(format!("model.paths.{name}"), "names no declared device"));
+            }
+        }
+        match (m.policy.scheduler, &m.policy.windows) {
+            (Scheduler::Manual, None) => {
+                return Err(self.invalid(
+                    "policy.windows",
+                    "the manual scheduler needs one window size per device, in manifest order",
+                ))
+            }
+            (Scheduler::Manual, Some(w)) if w.len() != m.devices.len() => {
+                return Err(self.invalid(
+                    "policy.windows",
+                    format!("{} window sizes for {} devices", w.len(), m.devices.len()),
+                ))
+            }
+            (Scheduler::Manual, Some(w)) if w.iter().all(|&x| x == 0) => {
+                return Err(self.invalid("policy.windows", "all window sizes are zero"))
+            }
+            (s, Some(_)) if s != Scheduler::Manual => {
+                return Err(self.invalid(
+                    "policy.windows",
+                    "only the manual scheduler takes window sizes (set scheduler = \"manual\")",
+                ))
+            }
+            _ => {}
+        }
+        if m.policy.ctx == 0 || m.policy.batch == 0 {
+            return Err(self.invalid("policy.ctx", "ctx and batch must be positive"));
+        }
+        Ok(())
+    }
+
+    /// Index of the head device: the one marked `head`, else the first local one.
+    pub fn head_index(&self) -> Result<usize, ManifestError> {
+        let m = &self.manifest;
+        if let Some(i) = m.devices.iter().position(|d| d.head) {
+            return Ok(i);
+        }
+        m.devices.iter().position(|d| d.local).ok_or_else(|| {
+            self.invalid(
+                "device.head",
+                "no device is local, so none can be the head; mark this machine's device `head = true`",
+            )
+        })
+    }
+
+    /// The model file of device `name`: its override, else `model.path`, relative to the
+    /// manifest's directory.
+    pub fn model_path(&self, name: &str) -> PathBuf {
+        let m = &self.manifest.model;
+        let p = m.paths.get(name).unwrap_or(&m.path);
+        if p.is_absolute() {
+            p.clone()
+        } else {
+            self.path.parent().unwrap_or(Path::new(".")).join(p)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<LoadedManifest, ManifestError> {
+        LoadedManifest::parse(text, Path::new("/m/home.toml"))
+    }
+
+    const GOOD: &str = r#"
+[model]
+path = "../models/x.gguf"
+
+[[device]]
+name = "desk"
+head = true
+local = true
+mem_budget = "40M"
+
+[[device]]
+name = "laptop"
+address = "10.0.0.2:9000"
+threads = 4
+
+[policy]
+scheduler = "manual"
+windows = [10, 20]
+k = 2
+"#;
+
+    #[test]
+    fn a_good_manifest_parses_with_defaults() {
+        let m = parse(GOOD).unwrap();
+        assert_eq!(m.head_index().unwrap(), 0);
+        let d = &m.manifest.devices;
+        assert_eq!(d[0].mem_budget, Some(Size(40 << 20)));
+        assert_eq!(d[1].threads, Some(4));
+        assert_eq!(m.manifest.policy.k, Rounds::Fixed(2));
+        assert!(m.manifest.policy.prefetch);
+        assert_eq!(m.manifest.server.listen, "127.0.0.1:8080");
+        assert_eq!(m.model_path("desk"), PathBuf::from("/m/../models/x.gguf"));
+    }
+
+    #[test]
+    fn the_embedded_default_is_valid() {
+        let m = LoadedManifest::embedded_default().unwrap();
+        assert!(m.manifest.devices.len() >= 3);
+        assert!(m.manifest.devices.iter().all(|d| d.local || d.head));
+    }
+
+    #[test]
+    fn mistakes_name_the_line_and_field() {
+        let err = parse(&GOOD.replace("threads = 4", "threads = 4\ncolour = 1")).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("colour") && text.contains("line 15"),
+            "{text}"
+        );
+
+        let err = parse(&GOOD.replace("\"40M\"", "\"40Q\""))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("unknown size unit 'q'") && err.contains("line 9"),
+            "{err}"
+        );
+
+        let err = parse(&GOOD.replace("windows = [10, 20]", "windows = [10]")).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "/m/home.toml: policy.windows: 1 window sizes for 2 devices"
+        );
+
+        let err = parse(&GOOD.replace("address = \"10.0.0.2:9000\"", "")).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("device[1] (laptop): needs `address"),
+            "{err}"
+        );
+
+        let err = parse(&GOOD.replace("name = \"laptop\"", "name = \"desk\"")).unwrap_err();
+        assert!(err.to_string().contains("same name"), "{err}");
+
+        let err = parse(&GOOD.replace("k = 2", "k = \"many\"")).unwrap_err();
+        assert!(err.to_string().contains("\"auto\" or a number"), "{err}");
+    }
+}

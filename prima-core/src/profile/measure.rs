@@ -1,0 +1,236 @@
+//! Profiling this device end to end: compute through the backend, memory, disk, OS
+//! memory figures; and the cache that makes the second run near-instant.
+//!
+//! The throughputs are cached per device and model file under
+//! `~/.cache/prima/profiles/` (or `$PRIMA_PROFILE_DIR`) and expire after a while; memory
+//! figures change minute to minute and are read fresh every time.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use super::compute::{cpu_throughput, memcpy_rate};
+use super::device::{DeviceProfile, GpuKind, Os, QuantRates, GB};
+use super::disk::disk_read_rates;
+use super::memory::memory_read_bandwidth;
+use super::system::{cpu_model, hostname, meminfo};
+use crate::plugin::backend_abi::BackendBox;
+
+/// Environment variable overriding the profile cache directory.
+pub const PROFILE_DIR_ENV: &str = "PRIMA_PROFILE_DIR";
+
+#[derive(Debug, Clone)]
+pub struct ProfileOptions {
+    /// Device name in the profile (default: the host name).
+    pub name: Option<String>,
+    /// A cached profile older than this is measured again.
+    pub max_age: Duration,
+    /// Measure even when a fresh cached profile exists.
+    pub refresh: bool,
+}
+
+impl Default for ProfileOptions {
+    fn default() -> Self {
+        ProfileOptions {
+            name: None,
+            max_age: Duration::from_secs(24 * 3600),
+            refresh: false,
+        }
+    }
+}
+
+/// What was measured (the cached part).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Measured {
+    cpu_gflops: QuantRates,
+    cpu_read_gb_s: f64,
+    memcpy_gb_s: f64,
+    disk_seq_gb_s: f64,
+    disk_rand_gb_s: f64,
+    disk_uncached: bool,
+    measure_ms: f64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CacheRecord {
+    key: String,
+    created_unix: u64,
+    measured: Measured,
+}
+
+/// A profile and how it was obtained.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProfileReport {
+    pub profile: DeviceProfile,
+    /// Whether the throughputs came from the cache.
+    pub cached: bool,
+    /// Wall time of this profiling run.
+    pub elapsed_ms: f64,
+    /// Wall time of the measurement itself (from the cache: of the run that made it).
+    pub measure_ms: f64,
+    /// The file the disk was measured with, and whether the page cache was bypassed.
+    pub disk_file: PathBuf,
+    pub disk_uncached: bool,
+    pub cache_file: Option<PathBuf>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProfileError {
+    #[error("{path}: {source}")]
+    Disk {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("measuring compute through the backend: {0}")]
+    Compute(String),
+    #[error("{0}")]
+    Memory(String),
+}
+
+/// The profile cache directory.
+pub fn cache_dir() -> PathBuf {
+    match std::env::var_os(PROFILE_DIR_ENV) {
+        Some(d) => PathBuf::from(d),
+        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+            .join(".cache/prima/profiles"),
+    }
+}
+
+/// FNV-1a: a stable hash for cache file names (std's hasher may change between releases).
+fn fnv1a(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// Profiles this device with `backend`, measuring the disk by reading `disk_file` (the
+/// model) uncached.
+pub fn profile_device(
+    backend: &BackendBox,
+    backend_name: &str,
+    disk_file: &Path,
+    opts: &ProfileOptions,
+) -> Result<ProfileReport, ProfileError> {
+    let start = Instant::now();
+    let disk_meta = std::fs::metadata(disk_file).map_err(|source| ProfileError::Disk {
+        path: disk_file.to_path_buf(),
+        source,
+    })?;
+    let mtime = disk_meta
+        .modified()
+        .ok()
+        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let host = hostname();
+    let canonical = std::fs::canonicalize(disk_file).unwrap_or_else(|_| disk_file.to_path_buf());
+    let key = format!(
+        "{host}|{}|{backend_name}|{}|{}|{mtime}",
+        cpu_model(),
+        canonical.display(),
+        disk_meta.len()
+    );
+    let cache_file = cache_dir().join(format!("{host}-{:016x}.json", fnv1a(&key)));
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+
+    let cached = if opts.refresh {
+        None
+    } else {
+        std::fs::read_to_string(&cache_file)
+            .ok()
+            .and_then(|t| serde_json::from_str::<CacheRecord>(&t).ok())
+            .filter(|r| {
+                r.key == key && now.saturating_sub(r.created_unix) <= opts.max_age.as_secs()
+            })
+    };
+    let (measured, from_cache) = match cached {
+        Some(record) => (record.measured, true),
+        None => {
+            let m = measure(backend, disk_file)?;
+            let record = CacheRecord {
+                key: key.clone(),
+                created_unix: now,
+                measured: m.clone(),
+            };
+            // A cache that cannot be written only costs the next run its speed.
+            if let Some(dir) = cache_file.parent() {
+                let _ = std::fs::create_dir_all(dir);
+            }
+            if let Ok(text) = serde_json::to_string_pretty(&record) {
+                if let Err(e) = std::fs::write(&cache_file, text) {
+                    tracing::warn!("cannot cache the profile in {}: {e}", cache_file.display());
+                }
+            }
+            (m, false)
+        }
+    };
+
+    let mem = meminfo().map_err(ProfileError::Memory)?;
+    let profile = DeviceProfile {
+        name: opts.name.clone().unwrap_or(host),
+        os: Os::current(),
+        gpu: GpuKind::None,
+        cpu_cores: std::thread::available_parallelism()
+            .map(|n| n.get() as u32)
+            .unwrap_or(1),
+        cpu_gflops: measured.cpu_gflops,
+        gpu_gflops: None,
+        cpu_read_gb_s: measured.cpu_read_gb_s,
+        gpu_read_gb_s: None,
+        memcpy_gb_s: measured.memcpy_gb_s,
+        gpu_memcpy_gb_s: None,
+        gpu_copy_ms: 0.0,
+        ram_total_gib: mem.total_gib,
+        ram_available_gib: mem.available_gib.min(mem.total_gib),
+        swap_total_gib: mem.swap_total_gib,
+        swap_available_gib: mem.swap_free_gib,
+        swappable_gib: 0.0,
+        gpu_available_gib: 0.0,
+        disk_seq_gb_s: measured.disk_seq_gb_s,
+        disk_rand_gb_s: measured.disk_rand_gb_s,
+        link: None,
+        relay: false,
+    };
+    Ok(ProfileReport {
+        profile,
+        cached: from_cache,
+        elapsed_ms: start.elapsed().as_secs_f64() * 1e3,
+        measure_ms: measured.measure_ms,
+        disk_file: disk_file.to_path_buf(),
+        disk_uncached: measured.disk_uncached,
+        cache_file: Some(cache_file),
+    })
+}
+
+fn measure(backend: &BackendBox, disk_file: &Path) -> Result<Measured, ProfileError> {
+    let start = Instant::now();
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    let cpu_gflops =
+        cpu_throughput(backend, Duration::from_millis(60)).map_err(ProfileError::Compute)?;
+    let bandwidth = memory_read_bandwidth(128 << 20, threads, 3);
+    let memcpy = memcpy_rate(Duration::from_millis(40));
+    let disk =
+        disk_read_rates(disk_file, 512 << 20, Duration::from_millis(400)).map_err(|source| {
+            ProfileError::Disk {
+                path: disk_file.to_path_buf(),
+                source,
+            }
+        })?;
+    Ok(Measured {
+        cpu_gflops,
+        cpu_read_gb_s: bandwidth.bytes_per_s / GB,
+        memcpy_gb_s: memcpy / GB,
+        disk_seq_gb_s: disk.seq_bytes_per_s / GB,
+        disk_rand_gb_s: disk.rand_bytes_per_s / GB,
+        disk_uncached: disk.uncached,
+        measure_ms: start.elapsed().as_secs_f64() * 1e3,
+    })
+}

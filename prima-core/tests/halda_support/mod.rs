@@ -1,0 +1,113 @@
+//! Shared by the `halda_*` tests: the solver and backend plugins found (or built) the way
+//! the binary finds them, the paper's models as sparse synthetic files, the testbeds.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use prima_core::halda::synth::{spec, PAPER_MODELS};
+use prima_core::halda::ModelProfile;
+use prima_core::plugin::{load_solver_from, LoadedSolver};
+use prima_core::profile::{DeviceProfile, DeviceProfiles};
+
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// The target profile directory this test binary was built in (…/target/<profile>).
+fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    exe.ancestors().nth(2).unwrap().to_path_buf()
+}
+
+fn lib_name(stem: &str) -> String {
+    if cfg!(target_os = "macos") {
+        format!("lib{stem}.dylib")
+    } else if cfg!(windows) {
+        format!("{stem}.dll")
+    } else {
+        format!("lib{stem}.so")
+    }
+}
+
+/// A directory holding the solver and CPU backend plugins. They are taken from beside
+/// this test binary when a workspace build put them there; otherwise built once, in a
+/// target directory of their own (a separate build, as a user's plugin would be).
+pub fn plugin_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let wanted = [
+            ("prima-solver-highs", "prima_solver_highs"),
+            ("prima-backend-cpu", "prima_backend_cpu"),
+        ];
+        let here = profile_dir();
+        if wanted
+            .iter()
+            .all(|(_, stem)| here.join(lib_name(stem)).exists())
+        {
+            return here;
+        }
+        let target = here.parent().unwrap().join("halda-plugins");
+        let mut cmd = Command::new(env!("CARGO"));
+        cmd.current_dir(workspace_root())
+            .args(["build", "--quiet", "--release", "--lib"])
+            .env("CARGO_TARGET_DIR", &target);
+        for (package, _) in wanted {
+            cmd.args(["-p", package]);
+        }
+        let status = cmd.status().expect("cargo runs");
+        assert!(status.success(), "building the plugins failed");
+        let dir = target.join("release");
+        for (_, stem) in wanted {
+            assert!(dir.join(lib_name(stem)).exists(), "{stem} was not built");
+        }
+        dir
+    })
+}
+
+pub fn solver() -> LoadedSolver {
+    load_solver_from(&[plugin_dir().to_path_buf()], Some("highs")).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The paper's models as sparse files in a per-process temporary directory.
+pub fn model_path(tag: &str) -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    let dir = DIR.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("prima-halda-models-{}", std::process::id()));
+        for s in PAPER_MODELS.iter() {
+            s.write_to(&dir).expect("writing a synthetic model");
+        }
+        dir
+    });
+    assert!(spec(tag).is_some(), "no synthetic model {tag}");
+    dir.join(format!("{tag}.gguf"))
+}
+
+pub fn model(tag: &str) -> ModelProfile {
+    ModelProfile::open(&model_path(tag)).unwrap()
+}
+
+pub fn testbed_path(name: &str) -> PathBuf {
+    workspace_root()
+        .join("manifests/testbeds")
+        .join(format!("{name}.toml"))
+}
+
+pub fn testbed(name: &str) -> Vec<DeviceProfile> {
+    DeviceProfiles::load(&testbed_path(name))
+        .unwrap_or_else(|e| panic!("{e}"))
+        .device
+}
+
+/// The named devices of a testbed, in the file's order.
+pub fn devices(name: &str, names: &[&str]) -> Vec<DeviceProfile> {
+    testbed(name)
+        .into_iter()
+        .filter(|d| names.contains(&d.name.as_str()))
+        .collect()
+}
