@@ -1,6 +1,6 @@
 //! The generation loop: prompt in, streamed text out, with timing.
 //!
-//! Shared by `prima run` and (later) the server and the ring head, so every front end
+//! Shared by `prima run`, the server and the ring head, so every front end
 //! measures TTFT and TPOT the same way.
 
 use std::ops::ControlFlow;
@@ -23,6 +23,10 @@ pub trait Forward {
 
     /// Positions the context holds.
     fn n_ctx(&self) -> usize;
+
+    /// Forgets every cached position from `n` on (a new request that shares only the
+    /// first `n` tokens with what is cached).
+    fn truncate(&mut self, n: usize) -> Result<(), Self::Error>;
 }
 
 impl Forward for Session<'_> {
@@ -38,6 +42,10 @@ impl Forward for Session<'_> {
 
     fn n_ctx(&self) -> usize {
         Session::n_ctx(self)
+    }
+
+    fn truncate(&mut self, n: usize) -> Result<(), ModelError> {
+        Session::truncate(self, n)
     }
 }
 

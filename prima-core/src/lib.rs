@@ -14,4 +14,5 @@ pub mod plugin;
 pub mod profile;
 pub mod prp;
 pub mod sampler;
+pub mod server;
 pub mod tokenizer;

@@ -5,12 +5,14 @@ mod apply;
 mod apply_nodes;
 mod apply_plan;
 mod bench;
+mod chat;
 mod engine;
 mod node;
 mod plan;
 mod plugins;
 mod profile;
 mod run;
+mod serve;
 mod tokenize;
 
 use std::process::ExitCode;
@@ -46,6 +48,10 @@ enum Command {
     Plan(plan::PlanArgs),
     /// Measure this device for planning (cached per device and model).
     Profile(profile::ProfileArgs),
+    /// Serve an OpenAI-compatible API (chat and completions) from this device.
+    Serve(serve::ServeArgs),
+    /// Chat in the terminal with a running server.
+    Chat(chat::ChatArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -63,6 +69,8 @@ pub fn main() -> ExitCode {
         Command::Apply(args) => apply::run(args),
         Command::Plan(args) => plan::run(args),
         Command::Profile(args) => profile::run(args),
+        Command::Serve(args) => serve::run(args),
+        Command::Chat(args) => chat::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

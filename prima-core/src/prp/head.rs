@@ -572,6 +572,12 @@ impl Forward for RingHead<'_> {
     fn n_ctx(&self) -> usize {
         self.session.n_ctx()
     }
+
+    /// Only the head's cache is cut here: the next batch carries its start position,
+    /// and every node forgets its positions from there.
+    fn truncate(&mut self, n: usize) -> Result<(), RingError> {
+        Ok(self.session.truncate(n)?)
+    }
 }
 
 impl Drop for RingHead<'_> {

@@ -1,0 +1,369 @@
+//! The HTTP front end (axum): routes, streaming, errors. It submits work to the
+//! [`JobQueue`] and never touches the model.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::http::{header, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use metrics_exporter_prometheus::PrometheusHandle;
+use serde_json::{json, Value};
+
+use super::metrics::{record_request, record_request_error};
+use super::openai::{error_body, parse_request, Api, BadRequest, ResponseHeader};
+use super::worker::{Completion, Event, JobQueue, Submitted, WorkerError};
+
+/// What every request handler shares.
+#[derive(Clone)]
+pub struct ServerState {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    model_name: String,
+    queue: JobQueue,
+    metrics: Option<PrometheusHandle>,
+    /// Unix seconds when the server started (the model's `created`).
+    started: u64,
+    next_id: AtomicU64,
+}
+
+impl ServerState {
+    /// `model_name` is what `/v1/models` lists and responses name; `metrics` renders
+    /// `/metrics` (from [`super::metrics::install`]; `None` serves an empty page).
+    pub fn new(
+        model_name: impl Into<String>,
+        queue: JobQueue,
+        metrics: Option<PrometheusHandle>,
+    ) -> ServerState {
+        ServerState {
+            inner: Arc::new(Inner {
+                model_name: model_name.into(),
+                queue,
+                metrics,
+                started: unix_now(),
+                next_id: AtomicU64::new(1),
+            }),
+        }
+    }
+
+    pub fn queue(&self) -> &JobQueue {
+        &self.inner.queue
+    }
+}
+
+/// Serves the API on `listener` until `shutdown` completes; then cancels the running
+/// generation, refuses queued ones, and returns once open connections have finished.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: ServerState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let queue = state.inner.queue.clone();
+    let app = Router::new()
+        .route("/health", get(health))
+        .route("/v1/models", get(models))
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/completions", post(completions))
+        .route("/v1/cancel", post(cancel))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(state);
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move {
+            shutdown.await;
+            tracing::info!("shutting down: cancelling the running generation");
+            queue.close();
+        })
+        .await
+}
+
+async fn health() -> Json<Value> {
+    record_request("/health");
+    Json(json!({"status": "ok"}))
+}
+
+async fn models(State(state): State<ServerState>) -> Json<Value> {
+    record_request("/v1/models");
+    Json(json!({
+        "object": "list",
+        "data": [{
+            "id": state.inner.model_name,
+            "object": "model",
+            "created": state.inner.started,
+            "owned_by": "prima",
+        }],
+    }))
+}
+
+async fn cancel(State(state): State<ServerState>) -> Json<Value> {
+    record_request("/v1/cancel");
+    Json(json!({"cancelled": state.inner.queue.cancel_running()}))
+}
+
+async fn metrics(State(state): State<ServerState>) -> Response {
+    record_request("/metrics");
+    let text = match &state.inner.metrics {
+        Some(handle) => {
+            handle.run_upkeep();
+            handle.render()
+        }
+        None => String::new(),
+    };
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}
+
+async fn not_found(method: Method, uri: Uri) -> Response {
+    error_response(
+        StatusCode::NOT_FOUND,
+        &format!("unknown endpoint: {method} {}", uri.path()),
+        "invalid_request_error",
+        None,
+        None,
+    )
+}
+
+async fn method_not_allowed(method: Method, uri: Uri) -> Response {
+    error_response(
+        StatusCode::METHOD_NOT_ALLOWED,
+        &format!("{} does not accept {method}", uri.path()),
+        "invalid_request_error",
+        None,
+        None,
+    )
+}
+
+async fn chat_completions(
+    State(state): State<ServerState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    complete(state, Api::Chat, body).await
+}
+
+async fn completions(
+    State(state): State<ServerState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    complete(state, Api::Text, body).await
+}
+
+/// Parses, queues, and answers one generation request.
+async fn complete(state: ServerState, api: Api, body: Result<Bytes, BytesRejection>) -> Response {
+    let endpoint = api.endpoint();
+    record_request(endpoint);
+    let body = match body {
+        Ok(b) => b,
+        Err(rejection) => {
+            // Too large (over axum's 2 MB default), or the connection failed mid-body.
+            record_request_error(endpoint, "invalid_request_error");
+            return error_response(
+                rejection.status(),
+                &format!("cannot read the request body: {}", rejection.body_text()),
+                "invalid_request_error",
+                None,
+                None,
+            );
+        }
+    };
+    let request = match parse_request(api, &body) {
+        Ok(r) => r,
+        Err(BadRequest { message, param }) => {
+            record_request_error(endpoint, "invalid_request_error");
+            return error_response(
+                StatusCode::BAD_REQUEST,
+                &message,
+                "invalid_request_error",
+                param,
+                None,
+            );
+        }
+    };
+    let mut submitted = match state.inner.queue.submit(request.generation) {
+        Ok(s) => s,
+        Err(e) => return worker_error(api, &e),
+    };
+    // Wait for the worker to accept the prompt, so a prompt that does not fit is an HTTP
+    // error rather than an error inside a stream that has already begun.
+    loop {
+        match submitted.events.recv().await {
+            Some(Event::Started { .. }) => break,
+            Some(Event::Failed(e)) => return worker_error(api, &e),
+            Some(_) => continue,
+            None => return worker_error(api, &WorkerError::ShuttingDown),
+        }
+    }
+    let header = Header {
+        api,
+        id: state.inner.next_id.fetch_add(1, Ordering::Relaxed),
+        created: unix_now(),
+        model: state.inner.model_name.clone(),
+    };
+    if request.stream {
+        stream_response(header, submitted, request.include_usage)
+    } else {
+        whole_response(header, submitted).await
+    }
+}
+
+/// [`ResponseHeader`] with an owned model name, to live inside a stream.
+struct Header {
+    api: Api,
+    id: u64,
+    created: u64,
+    model: String,
+}
+
+impl Header {
+    fn view(&self) -> ResponseHeader<'_> {
+        ResponseHeader {
+            api: self.api,
+            id: self.id,
+            created: self.created,
+            model: &self.model,
+        }
+    }
+}
+
+async fn whole_response(header: Header, mut submitted: Submitted) -> Response {
+    let mut text = String::new();
+    while let Some(event) = submitted.events.recv().await {
+        match event {
+            Event::Text(t) => text.push_str(&t),
+            Event::Done(c) => return Json(header.view().complete(&text, &c)).into_response(),
+            Event::Failed(e) => return worker_error(header.api, &e),
+            Event::Started { .. } => {}
+        }
+    }
+    worker_error(header.api, &WorkerError::ShuttingDown)
+}
+
+/// Server-sent events: one `data: {chunk}` per text piece, then the finish chunk,
+/// the usage chunk if asked, and `data: [DONE]`. Dropping the stream (the client went
+/// away) drops `submitted`, which cancels the generation.
+fn stream_response(header: Header, submitted: Submitted, include_usage: bool) -> Response {
+    struct Stream {
+        header: Header,
+        submitted: Submitted,
+        include_usage: bool,
+        first: bool,
+        finished: bool,
+    }
+    let state = Stream {
+        header,
+        submitted,
+        include_usage,
+        first: true,
+        finished: false,
+    };
+    let body = futures_util::stream::unfold(state, |mut s| async move {
+        if s.finished {
+            return None;
+        }
+        let h = s.header.view();
+        let event = loop {
+            match s.submitted.events.recv().await {
+                Some(Event::Started { .. }) => continue,
+                other => break other,
+            }
+        };
+        let mut out = String::new();
+        match event {
+            Some(Event::Text(t)) => {
+                push_event(&mut out, &h.chunk(Some(&t), s.first, None));
+                s.first = false;
+            }
+            Some(Event::Done(c)) => {
+                finish_chunks(&mut out, &h, &c, s.first, s.include_usage);
+                s.finished = true;
+            }
+            Some(Event::Failed(e)) => {
+                push_event(&mut out, &worker_error_body(&e));
+                record_request_error(h.api.endpoint(), error_type(&e));
+                out.push_str("data: [DONE]\n\n");
+                s.finished = true;
+            }
+            Some(Event::Started { .. }) | None => {
+                push_event(&mut out, &worker_error_body(&WorkerError::ShuttingDown));
+                out.push_str("data: [DONE]\n\n");
+                s.finished = true;
+            }
+        }
+        Some((Ok::<_, Infallible>(Bytes::from(out)), s))
+    });
+    (
+        [
+            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        Body::from_stream(body),
+    )
+        .into_response()
+}
+
+fn finish_chunks(out: &mut String, h: &ResponseHeader, c: &Completion, first: bool, usage: bool) {
+    push_event(out, &h.chunk(None, first, Some(c)));
+    if usage {
+        push_event(out, &h.usage_chunk(&c.usage));
+    }
+    out.push_str("data: [DONE]\n\n");
+}
+
+fn push_event(out: &mut String, value: &Value) {
+    out.push_str("data: ");
+    out.push_str(&value.to_string());
+    out.push_str("\n\n");
+}
+
+fn error_type(e: &WorkerError) -> &'static str {
+    if e.is_client_error() {
+        "invalid_request_error"
+    } else {
+        "server_error"
+    }
+}
+
+fn worker_error_body(e: &WorkerError) -> Value {
+    error_body(&e.to_string(), error_type(e), None, e.code())
+}
+
+fn worker_error(api: Api, e: &WorkerError) -> Response {
+    let status = match e {
+        _ if e.is_client_error() => StatusCode::BAD_REQUEST,
+        WorkerError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    record_request_error(api.endpoint(), error_type(e));
+    let param = match (e, api) {
+        (WorkerError::PromptTooLong { .. } | WorkerError::EmptyPrompt, Api::Chat) => {
+            Some("messages")
+        }
+        (WorkerError::PromptTooLong { .. } | WorkerError::EmptyPrompt, Api::Text) => Some("prompt"),
+        _ => None,
+    };
+    error_response(status, &e.to_string(), error_type(e), param, e.code())
+}
+
+fn error_response(
+    status: StatusCode,
+    message: &str,
+    kind: &str,
+    param: Option<&str>,
+    code: Option<&str>,
+) -> Response {
+    (status, Json(error_body(message, kind, param, code))).into_response()
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
