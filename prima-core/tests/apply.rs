@@ -415,3 +415,51 @@ fn testbed_manifests_plan_as_the_paper_reports() {
         .sum();
     assert_eq!(layers, 80);
 }
+
+#[allow(dead_code)]
+mod server_support;
+
+#[test]
+fn apply_serves_the_openai_api_over_the_ring_and_stops_cleanly() {
+    let Some(model) = smollm2() else { return };
+    let scratch = Scratch::new("serve");
+    scratch.link_model(&model, "model.gguf");
+    let text = three_local("scheduler = \"manual\"\nwindows = [10, 10, 10]")
+        + "\n[server]\nlisten = \"127.0.0.1:0\"\n";
+    let manifest = scratch.manifest(&text);
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_prima"));
+    cmd.args(["apply", manifest.to_str().unwrap()]);
+    let mut server = server_support::Server::spawn(cmd);
+    let (status, reply) = server.post_json(
+        "/v1/chat/completions",
+        &serde_json::json!({
+            "model": "model",
+            "messages": [{"role": "user", "content": "Name a colour."}],
+            "max_tokens": 8,
+            "temperature": 0
+        }),
+    );
+    assert_eq!(status, 200, "{reply}");
+    let content = reply["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(!content.is_empty(), "{reply}");
+    // Each device's compute time reaches the metrics after the request.
+    let series = "prima_device_compute_microseconds_total{device=\"tablet\"}";
+    assert!(server.wait_for_metric(series, 1.0) > 0.0, "{series}");
+    assert_eq!(
+        scratch.processes_left().len(),
+        2,
+        "two local nodes while serving"
+    );
+
+    let (exit, lines) = server.interrupt();
+    assert!(exit.success(), "{exit}: {lines:?}");
+    assert!(
+        lines.iter().any(|l| l.contains("serve: stopped")),
+        "{lines:?}"
+    );
+    assert!(
+        scratch.processes_left().is_empty(),
+        "{:?}",
+        scratch.processes_left()
+    );
+}

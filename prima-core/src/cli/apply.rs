@@ -16,6 +16,8 @@ use prima_core::plugin::transport_abi::TransportConfig;
 use prima_core::prp::protocol::{ReleaseMethod, ReleasePolicy, WireType};
 use prima_core::prp::{RingError, RingHead, RingOptions};
 use prima_core::sampler::{Sampler, SamplerConfig};
+use prima_core::server::metrics as server_metrics;
+use prima_core::server::{serve_blocking, shutdown_when_set};
 
 use super::apply_nodes::{LocalNodes, NodeSpec};
 use super::apply_plan::{plan, spinner, DevicePlan, Plan, PlanInputs};
@@ -212,7 +214,15 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
     bar.finish_and_clear();
 
     let Some(prompt_text) = &args.prompt else {
-        bail!("serving is not available yet: pass --prompt TEXT (or --dry-run)");
+        return serve_until_interrupted(
+            &manifest,
+            &plan,
+            &engine,
+            head_ring,
+            n_ctx,
+            policy.batch,
+            interrupted,
+        );
     };
     let tok = &engine.tokenizer;
     let text = if args.chat {
@@ -280,5 +290,51 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
         }
     }
     let _ = interrupted;
+    Ok(())
+}
+
+/// Serves the OpenAI-compatible API on the manifest's `[server] listen` address until
+/// Ctrl-C or SIGTERM; then the ring's nodes are released (and the local ones stopped).
+#[allow(clippy::too_many_arguments)]
+fn serve_until_interrupted(
+    manifest: &LoadedManifest,
+    plan: &Plan,
+    engine: &Engine,
+    head_ring: Option<RingHead<'_>>,
+    n_ctx: usize,
+    n_batch: usize,
+    interrupted: Arc<AtomicBool>,
+) -> anyhow::Result<()> {
+    let addr = &manifest.manifest.server.listen;
+    let listener = std::net::TcpListener::bind(addr)
+        .with_context(|| format!("[server] listen = \"{addr}\": cannot listen there"))?;
+    let bound = listener.local_addr()?;
+    let name = manifest
+        .model_path(&plan.devices[0].name)
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "prima".into());
+    eprintln!(
+        "serve: listening on http://{bound} (model {name}, context {n_ctx} tokens, {} devices) — Ctrl-C stops",
+        plan.ring().count()
+    );
+    let shutdown = Some(shutdown_when_set(interrupted));
+    let tok = &engine.tokenizer;
+    match head_ring {
+        Some(mut ring) => {
+            let names: Vec<String> = plan.ring().map(|d| d.name.clone()).collect();
+            serve_blocking(&mut ring, tok, &name, listener, shutdown, |h| {
+                if let Ok(stats) = h.collect_stats() {
+                    server_metrics::record_ring_stats(&stats, &names);
+                }
+            })?;
+            ring.shutdown(false);
+        }
+        None => {
+            let mut session = Session::new(&engine.model, &engine.backend.backend, n_ctx, n_batch)?;
+            serve_blocking(&mut session, tok, &name, listener, shutdown, |_| {})?;
+        }
+    }
+    eprintln!("serve: stopped");
     Ok(())
 }

@@ -41,10 +41,17 @@ pub struct Server {
 impl Server {
     /// Starts `prima serve` on a free loopback port with `extra` arguments.
     pub fn start(model: &Path, extra: &[&str]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_prima"))
-            .args(["serve", "--listen", "127.0.0.1:0", "-t", "1", "-m"])
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_prima"));
+        cmd.args(["serve", "--listen", "127.0.0.1:0", "-t", "1", "-m"])
             .arg(model)
-            .args(extra)
+            .args(extra);
+        Server::spawn(cmd)
+    }
+
+    /// Runs `cmd` (a `prima` command that serves, e.g. `prima apply`) and waits for the
+    /// address it prints.
+    pub fn spawn(mut cmd: Command) -> Server {
+        let mut child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
