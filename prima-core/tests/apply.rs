@@ -416,7 +416,6 @@ fn testbed_manifests_plan_as_the_paper_reports() {
     assert_eq!(layers, 80);
 }
 
-#[allow(dead_code)]
 mod server_support;
 
 #[test]

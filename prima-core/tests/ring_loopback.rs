@@ -416,7 +416,10 @@ fn a_node_answers_profile_requests_between_sessions() {
     let node = NodeProcess::start(&path);
     let profile =
         prima_core::prp::head::request_profile(&transport.transport, &node.addr, 30_000).unwrap();
-    assert!(profile["mem_total"].as_u64().unwrap_or(0) > 0, "{profile}");
+    assert!(
+        profile["ram_total_gib"].as_f64().unwrap_or(0.0) > 0.0,
+        "{profile}"
+    );
     let mut head = RingHead::connect(
         &model,
         &backend.backend,

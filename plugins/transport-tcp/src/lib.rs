@@ -5,8 +5,10 @@
 //! another version is refused before any frame is read. Frames are a big-endian u32 length
 //! and the payload (tokio-util's `LengthDelimitedCodec`).
 //!
-//! The blocking calls of the ABI run their futures on one small tokio runtime per transport
-//! (a single worker thread parked in epoll when idle), so a waiting device sleeps.
+//! The blocking calls of the ABI run their futures on tokio: listening and connecting on one
+//! small runtime per transport, and each connection on a current-thread runtime of its
+//! own, driven by the thread that blocks in `recv` — which sleeps in epoll until a frame
+//! arrives, and is woken directly by it.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -120,16 +122,12 @@ impl Transport for TcpTransport {
                 .write_all(&hello)
                 .await
                 .map_err(|e| format!("connecting to {addr}: {e}"))?;
-            TcpConnection::new(stream, addr.to_string(), max_frame)
+            stream
+                .into_std()
+                .map_err(|e| format!("connecting to {addr}: {e}"))
         });
-        match result {
-            Ok(c) => ROk(Connection_TO::from_value(
-                ConnectionHandle {
-                    rt: self.rt.clone(),
-                    inner: c,
-                },
-                TD_Opaque,
-            )),
+        match result.and_then(|s| ConnectionHandle::from_std(s, addr.to_string(), max_frame)) {
+            Ok(c) => ROk(Connection_TO::from_value(c, TD_Opaque)),
             Err(e) => RErr(e.into()),
         }
     }
@@ -170,16 +168,17 @@ impl Listener for TcpListener {
                     "{peer}: speaks TCP wire version {version}, this node speaks {WIRE_VERSION}"
                 ));
             }
-            TcpConnection::new(stream, peer.to_string(), self.max_frame).map(Some)
+            stream
+                .into_std()
+                .map(|s| Some((s, peer.to_string())))
+                .map_err(|e| format!("{peer}: socket error: {e}"))
         });
-        match result {
-            Ok(Some(c)) => ROk(RSome(Connection_TO::from_value(
-                ConnectionHandle {
-                    rt: self.rt.clone(),
-                    inner: c,
-                },
-                TD_Opaque,
-            ))),
+        let made = result.and_then(|accepted| match accepted {
+            Some((s, peer)) => ConnectionHandle::from_std(s, peer, self.max_frame).map(Some),
+            None => Ok(None),
+        });
+        match made {
+            Ok(Some(c)) => ROk(RSome(Connection_TO::from_value(c, TD_Opaque))),
             Ok(None) => ROk(RNone),
             Err(e) => RErr(e.into()),
         }
@@ -198,16 +197,15 @@ pub struct TcpConnection {
 }
 
 impl TcpConnection {
+    /// Registers `std` with the runtime entered by the caller.
     fn new(
-        stream: tokio::net::TcpStream,
+        std: std::net::TcpStream,
         peer: String,
         max_frame: usize,
     ) -> Result<TcpConnection, String> {
-        stream
-            .set_nodelay(true)
+        std.set_nodelay(true)
             .map_err(|e| format!("{peer}: cannot set TCP_NODELAY: {e}"))?;
-        let std = stream
-            .into_std()
+        std.set_nonblocking(true)
             .map_err(|e| format!("{peer}: socket error: {e}"))?;
         let shutdown = std
             .try_clone()
@@ -225,10 +223,35 @@ impl TcpConnection {
     }
 }
 
-/// A connection plus the runtime its futures run on.
+/// A connection plus the runtime its futures run on: a current-thread runtime of its own,
+/// so the thread blocked in `recv` is the one waiting in epoll and a frame wakes it
+/// directly (one wake-up per hop, not two).
 pub struct ConnectionHandle {
-    rt: Arc<Runtime>,
+    // Dropped before the runtime its sockets are registered with.
     inner: TcpConnection,
+    rt: Arc<Runtime>,
+}
+
+impl ConnectionHandle {
+    fn from_std(
+        std: std::net::TcpStream,
+        peer: String,
+        max_frame: usize,
+    ) -> Result<ConnectionHandle, String> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .enable_time()
+            .build()
+            .map_err(|e| format!("{peer}: cannot start a runtime: {e}"))?;
+        let inner = {
+            let _entered = rt.enter();
+            TcpConnection::new(std, peer, max_frame)?
+        };
+        Ok(ConnectionHandle {
+            inner,
+            rt: Arc::new(rt),
+        })
+    }
 }
 
 impl Connection for ConnectionHandle {
