@@ -149,7 +149,14 @@ fn three_devices_compute_exactly_what_one_does() {
     for prompt in prompts(&model) {
         let mut single = Session::new(&model, be, 256, 64).unwrap();
         let (want_tokens, want_logits) = greedy(&mut single, &prompt, GENERATE);
-        for windows in [[10, 10, 10], [5, 5, 5], [4, 3, 3], [2, 2, 1], [4, 4, 4]] {
+        for windows in [
+            [10, 10, 10],
+            [5, 5, 5],
+            [4, 3, 3],
+            [2, 2, 1],
+            [4, 4, 4],
+            [0, 15, 15],
+        ] {
             let mut head = RingHead::connect(
                 &model,
                 be,

@@ -79,7 +79,9 @@ impl Scratch {
 pub struct Session<'m> {
     model: &'m Model,
     backend: &'m BackendBox,
-    kv: u64,
+    /// The backend's KV cache; none when the session holds no layer (a ring head whose
+    /// plan gives it only the embedding and the output head).
+    kv: Option<u64>,
     /// KV-cache slot of each model layer, `None` for layers held elsewhere.
     kv_slots: Vec<Option<u32>>,
     n_ctx: usize,
@@ -135,13 +137,17 @@ impl<'m> Session<'m> {
             head_dim_k: hp.head_dim_k as u32,
             head_dim_v: hp.head_dim_v as u32,
         };
-        let kv = match backend.kv_create(spec) {
-            RResult::ROk(kv) => kv,
-            RResult::RErr(message) => {
-                return Err(ModelError::Backend {
-                    op: "kv_create",
-                    message: message.into_string(),
-                })
+        let kv = if held == 0 {
+            None
+        } else {
+            match backend.kv_create(spec) {
+                RResult::ROk(kv) => Some(kv),
+                RResult::RErr(message) => {
+                    return Err(ModelError::Backend {
+                        op: "kv_create",
+                        message: message.into_string(),
+                    })
+                }
             }
         };
         let n_batch = n_batch.clamp(1, n_ctx.max(1));
@@ -180,7 +186,9 @@ impl<'m> Session<'m> {
     /// Forgets every position from `n` on, so generation can resume from there.
     pub fn truncate(&mut self, n: usize) -> Result<(), ModelError> {
         let n = n.min(self.n_past);
-        op(self.backend.kv_truncate(self.kv, n as u32), "kv_truncate")?;
+        if let Some(kv) = self.kv {
+            op(self.backend.kv_truncate(kv, n as u32), "kv_truncate")?;
+        }
         self.n_past = n;
         Ok(())
     }
@@ -373,7 +381,9 @@ impl<'m> Session<'m> {
         let hp = model.hparams();
         let w = &model.layers[il];
         let be = self.backend;
-        let (kv, start_pos, n) = (self.kv, self.batch_start as u32, self.batch_len);
+        // A layer is only run when it has a slot, so the cache exists.
+        let kv = self.kv.unwrap_or_default();
+        let (start_pos, n) = (self.batch_start as u32, self.batch_len);
         let spec = hp.arch.spec();
         let rope = self.rope_params(il);
         let b = &mut self.buf;
@@ -527,6 +537,8 @@ fn add_residual(
 
 impl Drop for Session<'_> {
     fn drop(&mut self) {
-        self.backend.kv_drop(self.kv);
+        if let Some(kv) = self.kv {
+            self.backend.kv_drop(kv);
+        }
     }
 }
