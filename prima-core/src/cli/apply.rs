@@ -101,7 +101,8 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
         }
     }
 
-    // Stop cleanly on Ctrl-C or SIGTERM: the local nodes are dropped (killed) on the way out.
+    // Ctrl-C or SIGTERM ends the prompt or the server cleanly, so the local nodes are
+    // dropped (stopped, or recorded with --keep-nodes) on the way out.
     let interrupted = Arc::new(AtomicBool::new(false));
     {
         let flag = interrupted.clone();
@@ -261,11 +262,11 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
     match head_ring {
         Some(mut ring) => {
             let stats =
-                stream(&mut ring, tok, &mut sampler, &prompt, gen).map_err(|e| match e
-                    .downcast::<RingError>()
-                {
-                    Ok(r) => name_devices(r, &plan),
-                    Err(e) => e,
+                stream(&mut ring, tok, &mut sampler, &prompt, gen, &interrupted).map_err(|e| {
+                    match e.downcast::<RingError>() {
+                        Ok(r) => name_devices(r, &plan),
+                        Err(e) => e,
+                    }
                 })?;
             print_summary(
                 &stats,
@@ -285,11 +286,10 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
         None => {
             let mut session =
                 Session::new(&engine.model, &engine.backend.backend, n_ctx, policy.batch)?;
-            let stats = stream(&mut session, tok, &mut sampler, &prompt, gen)?;
+            let stats = stream(&mut session, tok, &mut sampler, &prompt, gen, &interrupted)?;
             print_summary(&stats, args.seed, &format!("{backend} | the head alone"));
         }
     }
-    let _ = interrupted;
     Ok(())
 }
 

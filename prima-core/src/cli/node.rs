@@ -3,7 +3,7 @@
 
 use prima_core::plugin::load_transport;
 use prima_core::plugin::transport_abi::TransportConfig;
-use prima_core::profile::{profile_device, DeviceProfile, ProfileOptions, GIB};
+use prima_core::profile::{hostname, profile_device, DeviceProfile, ProfileOptions, GIB};
 use prima_core::prp::node::{serve, NodeConfig};
 
 use super::engine::{Engine, EngineArgs};
@@ -86,10 +86,4 @@ pub fn with_budget(mut profile: DeviceProfile, budget: Option<u64>) -> DevicePro
         profile.ram_total_gib = profile.ram_total_gib.min(gib);
     }
     profile
-}
-
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .unwrap_or_else(|_| "node".into())
 }

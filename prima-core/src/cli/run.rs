@@ -3,6 +3,7 @@
 
 use std::io::Write;
 use std::ops::ControlFlow;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::Context;
 use prima_core::chat::{render_chat, ChatMessage};
@@ -190,7 +191,14 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             n_ctx,
             args.batch_size,
         )?;
-        let stats = stream(&mut session, tok, &mut sampler, &prompt, options)?;
+        let stats = stream(
+            &mut session,
+            tok,
+            &mut sampler,
+            &prompt,
+            options,
+            &AtomicBool::new(false),
+        )?;
         print_summary(&stats, seed, &backend);
         return Ok(());
     }
@@ -234,7 +242,14 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         &ring.windows,
         &ring_options,
     )?;
-    let stats = stream(&mut head, tok, &mut sampler, &prompt, options)?;
+    let stats = stream(
+        &mut head,
+        tok,
+        &mut sampler,
+        &prompt,
+        options,
+        &AtomicBool::new(false),
+    )?;
     print_summary(
         &stats,
         seed,
@@ -266,18 +281,22 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Generates, streaming the text to stdout.
+/// Generates, streaming the text to stdout, until done or `cancel` is set.
 pub(super) fn stream<F: Forward>(
     forward: &mut F,
     tok: &Tokenizer,
     sampler: &mut Sampler,
     prompt: &[u32],
     options: GenerateOptions,
+    cancel: &AtomicBool,
 ) -> anyhow::Result<GenerationStats> {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let mut write_error = None;
     let (_, stats) = generate(forward, tok, sampler, prompt, options, |piece| {
+        if cancel.load(Ordering::Relaxed) {
+            return ControlFlow::Break(());
+        }
         match out.write_all(piece.as_bytes()).and_then(|_| out.flush()) {
             Ok(()) => ControlFlow::Continue(()),
             Err(e) => {

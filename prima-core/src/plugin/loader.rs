@@ -1,4 +1,5 @@
-//! Finds plugin libraries and loads backends from them.
+//! Finds plugin libraries, checks what they declare, and loads backends and solvers
+//! from them (transports: `transport_loader.rs`, over the same `find_plugin`).
 
 use std::path::{Path, PathBuf};
 
@@ -124,7 +125,7 @@ fn inspect(path: &Path) -> PluginInfo {
                         "built for backend ABI v{abi}, this prima speaks v{BACKEND_ABI_VERSION}; rebuild the plugin against this release"
                     ))
                 }
-                Some(PluginKind::Backend) => match open_backend_root(path) {
+                Some(PluginKind::Backend) => match open_root::<BackendPluginRef>(path) {
                     Ok(root) => {
                         info.name = Some(root.name()().into_string());
                         info.version = Some(root.plugin_version()().into_string());
@@ -145,7 +146,7 @@ fn inspect(path: &Path) -> PluginInfo {
                         "built for solver ABI v{abi}, this prima speaks v{SOLVER_ABI_VERSION}; rebuild the plugin against this release"
                     ))
                 }
-                Some(PluginKind::Solver) => match open_solver_root(path) {
+                Some(PluginKind::Solver) => match open_root::<SolverPluginRef>(path) {
                     Ok(root) => {
                         info.name = Some(root.name()().into_string());
                         info.version = Some(root.plugin_version()().into_string());
@@ -171,22 +172,25 @@ fn read_c_header(path: &Path) -> Result<(u32, u32), String> {
     Ok((kind(), abi()))
 }
 
-fn open_backend_root(path: &Path) -> Result<BackendPluginRef, String> {
+/// Loads a plugin's `abi_stable` root module of type `M`, checking every layout.
+pub(super) fn open_root<M: RootModule>(path: &Path) -> Result<M, String> {
     let header = lib_header_from_path(path).map_err(|e| e.to_string())?;
     header
-        .init_root_module::<BackendPluginRef>()
+        .init_root_module::<M>()
         .map_err(|e| format!("incompatible plugin layout: {e}"))
 }
 
-/// Loads the backend plugin named `name` (or the first usable one) and creates a backend.
-pub fn load_backend(
+/// The first usable plugin of `kind` in `dirs` (the one named `name`, when given), with
+/// the root module opened; else the last refusal met, else a not-found error naming the
+/// directories searched.
+pub(super) fn find_plugin<M: RootModule>(
+    dirs: &[PathBuf],
+    kind: PluginKind,
     name: Option<&str>,
-    config: BackendConfig,
-) -> Result<LoadedBackend, PluginError> {
-    let plugins = discover();
+) -> Result<(PluginInfo, M), PluginError> {
     let mut last_refusal = None;
-    for info in &plugins {
-        if info.kind != Some(PluginKind::Backend) {
+    for info in discover_in(dirs) {
+        if info.kind != Some(kind) {
             continue;
         }
         if let (Some(want), Some(have)) = (name, info.name.as_deref()) {
@@ -194,43 +198,52 @@ pub fn load_backend(
                 continue;
             }
         }
-        if let Some(reason) = &info.refused {
+        if let Some(reason) = info.refused {
             last_refusal = Some(PluginError::Refused {
-                path: info.path.clone(),
-                reason: reason.clone(),
+                path: info.path,
+                reason,
             });
             continue;
         }
-        let root = open_backend_root(&info.path).map_err(|reason| PluginError::Refused {
+        let root = open_root::<M>(&info.path).map_err(|reason| PluginError::Refused {
             path: info.path.clone(),
             reason,
         })?;
-        return match root.create()(config) {
-            RResult::ROk(backend) => Ok(LoadedBackend {
-                backend,
-                plugin_name: info.name.clone().unwrap_or_default(),
-                plugin_version: info.version.clone().unwrap_or_default(),
-                path: info.path.clone(),
-            }),
-            RResult::RErr(e) => Err(PluginError::Create {
-                path: info.path.clone(),
-                reason: e.into_string(),
-            }),
-        };
+        return Ok((info, root));
     }
     if let Some(refusal) = last_refusal {
         return Err(refusal);
     }
-    let dirs = plugin_dirs()
+    let dirs = dirs
         .iter()
         .map(|d| d.display().to_string())
         .collect::<Vec<_>>()
         .join(", ");
     Err(PluginError::NotFound {
-        kind: "backend",
+        kind: kind.name(),
         which: name.map(|n| format!(" named '{n}'")).unwrap_or_default(),
         dirs,
     })
+}
+
+/// Loads the backend plugin named `name` (or the first usable one) and creates a backend.
+pub fn load_backend(
+    name: Option<&str>,
+    config: BackendConfig,
+) -> Result<LoadedBackend, PluginError> {
+    let (info, root) = find_plugin::<BackendPluginRef>(&plugin_dirs(), PluginKind::Backend, name)?;
+    match root.create()(config) {
+        RResult::ROk(backend) => Ok(LoadedBackend {
+            backend,
+            plugin_name: info.name.unwrap_or_default(),
+            plugin_version: info.version.unwrap_or_default(),
+            path: info.path,
+        }),
+        RResult::RErr(e) => Err(PluginError::Create {
+            path: info.path,
+            reason: e.into_string(),
+        }),
+    }
 }
 
 /// A solver loaded from a plugin, with where it came from.
@@ -272,13 +285,6 @@ impl LoadedSolver {
     }
 }
 
-fn open_solver_root(path: &Path) -> Result<SolverPluginRef, String> {
-    let header = lib_header_from_path(path).map_err(|e| e.to_string())?;
-    header
-        .init_root_module::<SolverPluginRef>()
-        .map_err(|e| format!("incompatible plugin layout: {e}"))
-}
-
 /// Loads the solver plugin named `name` (or the first usable one).
 pub fn load_solver(name: Option<&str>) -> Result<LoadedSolver, PluginError> {
     load_solver_from(&plugin_dirs(), name)
@@ -286,46 +292,12 @@ pub fn load_solver(name: Option<&str>) -> Result<LoadedSolver, PluginError> {
 
 /// Loads the solver plugin named `name` (or the first usable one) from `dirs`.
 pub fn load_solver_from(dirs: &[PathBuf], name: Option<&str>) -> Result<LoadedSolver, PluginError> {
-    let mut last_refusal = None;
-    for info in discover_in(dirs) {
-        if info.kind != Some(PluginKind::Solver) {
-            continue;
-        }
-        if let (Some(want), Some(have)) = (name, info.name.as_deref()) {
-            if want != have {
-                continue;
-            }
-        }
-        if let Some(reason) = info.refused {
-            last_refusal = Some(PluginError::Refused {
-                path: info.path,
-                reason,
-            });
-            continue;
-        }
-        let root = open_solver_root(&info.path).map_err(|reason| PluginError::Refused {
-            path: info.path.clone(),
-            reason,
-        })?;
-        return Ok(LoadedSolver {
-            root,
-            plugin_name: info.name.unwrap_or_default(),
-            plugin_version: info.version.unwrap_or_default(),
-            path: info.path,
-        });
-    }
-    if let Some(refusal) = last_refusal {
-        return Err(refusal);
-    }
-    let dirs = dirs
-        .iter()
-        .map(|d| d.display().to_string())
-        .collect::<Vec<_>>()
-        .join(", ");
-    Err(PluginError::NotFound {
-        kind: "solver",
-        which: name.map(|n| format!(" named '{n}'")).unwrap_or_default(),
-        dirs,
+    let (info, root) = find_plugin::<SolverPluginRef>(dirs, PluginKind::Solver, name)?;
+    Ok(LoadedSolver {
+        root,
+        plugin_name: info.name.unwrap_or_default(),
+        plugin_version: info.version.unwrap_or_default(),
+        path: info.path,
     })
 }
 

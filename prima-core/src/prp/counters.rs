@@ -71,20 +71,12 @@ fn disk_read_bytes() -> u64 {
         .unwrap_or(0)
 }
 
-/// `MemAvailable` and `MemTotal` from `/proc/meminfo`, in bytes (Linux; `None` elsewhere).
+/// `MemAvailable` and `MemTotal` in bytes, from the device profiler's /proc/meminfo
+/// reading (Linux and Android; `None` elsewhere).
 pub fn mem_available_total() -> Option<(u64, u64)> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let field = |name: &str| -> Option<u64> {
-        let line = text.lines().find(|l| l.starts_with(name))?;
-        let kb: u64 = line[name.len()..]
-            .trim()
-            .trim_end_matches("kB")
-            .trim()
-            .parse()
-            .ok()?;
-        Some(kb * 1024)
-    };
-    Some((field("MemAvailable:")?, field("MemTotal:")?))
+    let m = crate::profile::meminfo().ok()?;
+    let bytes = |gib: f64| (gib * crate::profile::GIB) as u64;
+    Some((bytes(m.available_gib), bytes(m.total_gib)))
 }
 
 #[cfg(test)]

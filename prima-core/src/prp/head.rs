@@ -459,15 +459,9 @@ impl<'m> RingHead<'m> {
         let model = self.session.model();
         let n_embd = model.hparams().n_embd;
         let n_tokens = self.session.hidden().len() / n_embd;
-        let faults_before = self.meter.major_faults();
-        let computing = Instant::now();
-        let window = self.residency.index_of_round(round);
-        if let Some(i) = window {
-            self.session
-                .run_layers(self.residency.windows()[i].layers.clone())?;
-        }
-        let compute_ms = computing.elapsed().as_secs_f64() * 1e3;
-        let major_faults = self.meter.major_faults().saturating_sub(faults_before);
+        let run = self
+            .residency
+            .run_round(&mut self.session, &self.meter, round)?;
 
         let header = Activations {
             seq: self.seq,
@@ -482,7 +476,7 @@ impl<'m> RingHead<'m> {
             return Err(self.broken(e));
         }
         let send_ms = sending.elapsed().as_secs_f64() * 1e3;
-        if let Some(i) = window {
+        if let Some(i) = run.index {
             self.residency.after_window(model, i);
         }
         let (disk_read_bytes, mem_available) = self.meter.end_pass();
@@ -533,9 +527,9 @@ impl<'m> RingHead<'m> {
             round,
             n_tokens,
             wait_ms,
-            compute_ms,
+            compute_ms: run.compute_ms,
             send_ms,
-            major_faults,
+            major_faults: run.major_faults,
             disk_read_bytes,
             mem_available,
         });

@@ -409,20 +409,13 @@ fn compute_loop(
             }
         })?;
 
-        let faults_before = meter.major_faults();
-        let computing = Instant::now();
-        let window = residency.index_of_round(round);
-        if let Some(i) = window {
-            session.run_layers(residency.windows()[i].layers.clone())?;
-        }
-        let compute_ms = computing.elapsed().as_secs_f64() * 1e3;
-        let major_faults = meter.major_faults().saturating_sub(faults_before);
+        let run = residency.run_round(session, &meter, round)?;
 
         let sending = Instant::now();
         encode_activations(&mut out, &header, session.hidden());
         send_frame(data_out, &out)?;
         let send_ms = sending.elapsed().as_secs_f64() * 1e3;
-        if let Some(i) = window {
+        if let Some(i) = run.index {
             residency.after_window(model, i);
         }
         let (disk_read_bytes, mem_available) = meter.end_pass();
@@ -436,9 +429,9 @@ fn compute_loop(
                 round,
                 n_tokens: n,
                 wait_ms,
-                compute_ms,
+                compute_ms: run.compute_ms,
                 send_ms,
-                major_faults,
+                major_faults: run.major_faults,
                 disk_read_bytes,
                 mem_available,
             });

@@ -12,7 +12,9 @@
 use std::ops::Range;
 
 use crate::gguf::PageHint;
-use crate::model::Model;
+use crate::model::{Model, ModelError, Session};
+
+use super::counters::PassMeter;
 
 use super::protocol::{ReleaseMethod, ReleasePolicy, RoundWindow};
 
@@ -33,6 +35,15 @@ impl WindowPages {
     pub fn fully_resident(&self) -> bool {
         self.streamed_ranges.is_empty()
     }
+}
+
+/// What running one round's window cost (nothing for a relay).
+#[derive(Debug, Clone, Copy)]
+pub struct WindowRun {
+    /// The window run, by index; `None` when the device only relays this round.
+    pub index: Option<usize>,
+    pub compute_ms: f64,
+    pub major_faults: u64,
 }
 
 /// A device's windows and what it does with their pages.
@@ -128,6 +139,27 @@ impl Residency {
     /// Bytes read from storage each token when streaming works as planned.
     pub fn streamed_bytes(&self) -> u64 {
         self.windows.iter().map(|w| w.streamed_bytes).sum()
+    }
+
+    /// Runs this device's window of `round` (if it has one) over the batch in `session`,
+    /// timing it and counting the major faults it took.
+    pub fn run_round(
+        &self,
+        session: &mut Session<'_>,
+        meter: &PassMeter,
+        round: usize,
+    ) -> Result<WindowRun, ModelError> {
+        let faults_before = meter.major_faults();
+        let computing = std::time::Instant::now();
+        let index = self.index_of_round(round);
+        if let Some(i) = index {
+            session.run_layers(self.windows[i].layers.clone())?;
+        }
+        Ok(WindowRun {
+            index,
+            compute_ms: computing.elapsed().as_secs_f64() * 1e3,
+            major_faults: meter.major_faults().saturating_sub(faults_before),
+        })
     }
 
     /// The window run in `round`, by index.
