@@ -210,4 +210,8 @@ impl Backend for CpuBackend {
             out.as_mut_slice(),
         ))
     }
+
+    fn idle(&self) {
+        self.pool.park();
+    }
 }

@@ -94,6 +94,9 @@ struct Shared {
     done: AtomicUsize,
     /// Set when a chunk panicked on a worker; the caller re-raises.
     panicked: AtomicBool,
+    /// Set by [`SpinPool::park`]: idle workers sleep at once instead of finishing their
+    /// spin window. Cleared when the next job is published.
+    park: AtomicBool,
     sleepers: AtomicUsize,
     sleep: Mutex<()>,
     wake: Condvar,
@@ -128,6 +131,7 @@ impl SpinPool {
             }),
             done: AtomicUsize::new(0),
             panicked: AtomicBool::new(false),
+            park: AtomicBool::new(false),
             sleepers: AtomicUsize::new(0),
             sleep: Mutex::new(()),
             wake: Condvar::new(),
@@ -192,8 +196,10 @@ fn worker(s: &Shared) {
                 return;
             }
             spins += 1;
-            // Read the clock only every 64 polls.
-            if spins & 63 != 0 || spin_start.elapsed() < SPIN_WINDOW {
+            // Read the clock (and the park flag) only every 64 polls.
+            if spins & 63 != 0
+                || (!s.park.load(Relaxed) && spin_start.elapsed() < SPIN_WINDOW)
+            {
                 std::hint::spin_loop();
                 continue;
             }
@@ -232,6 +238,7 @@ impl SpinPool {
             };
         }
         s.done.store(0, Relaxed);
+        s.park.store(false, Relaxed);
         s.state.store(pack(generation, n, 0), SeqCst);
         if s.sleepers.load(SeqCst) > 0 {
             let _g = s.sleep.lock().unwrap_or_else(|e| e.into_inner());
@@ -250,6 +257,16 @@ impl SpinPool {
         if caller_panicked || s.panicked.swap(false, Relaxed) {
             panic!("cpu backend: a compute task panicked");
         }
+    }
+}
+
+impl SpinPool {
+    /// Tells idle workers to sleep now rather than spin for the rest of [`SPIN_WINDOW`]:
+    /// the caller knows no job follows soon (a ring device that has just passed its
+    /// activations on), and on a machine shared with the next device the spinning would
+    /// take a core from it.
+    pub fn park(&self) {
+        self.shared.park.store(true, Relaxed);
     }
 }
 

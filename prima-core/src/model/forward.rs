@@ -271,6 +271,12 @@ impl<'m> Session<'m> {
         &mut self.buf.x[..len]
     }
 
+    /// Tells the backend that no operation follows soon, so it frees the cores (a ring
+    /// device between its window and the next round).
+    pub fn idle(&self) {
+        self.backend.idle();
+    }
+
     /// Runs the layers `layers` over the batch in flight (all must be held).
     pub fn run_layers(&mut self, layers: std::ops::Range<usize>) -> Result<(), ModelError> {
         for il in layers {

@@ -1,4 +1,4 @@
-//! Backend plugin ABI, version 1: the only way the engine reaches compute.
+//! Backend plugin ABI, version 2: the only way the engine reaches compute.
 //!
 //! A backend is a small table of operations over host memory — matrix products against
 //! quantized weights, norms, RoPE, attention over a backend-owned KV cache — in the spirit
@@ -24,7 +24,7 @@ use abi_stable::{
 
 /// Version of the backend ABI defined in this file. A plugin built for another version is
 /// refused at load time.
-pub const BACKEND_ABI_VERSION: u32 = 1;
+pub const BACKEND_ABI_VERSION: u32 = 2;
 
 /// A weight tensor as it lies in the GGUF mapping.
 #[repr(C)]
@@ -195,6 +195,11 @@ pub trait Backend: Send + Sync {
         params: AttentionParams,
         out: RSliceMut<'_, f32>,
     ) -> BackendResult<()>;
+
+    /// A hint that no operation follows for a while (a ring device has passed its
+    /// activations on and waits for the next round): release the cores now, e.g. put
+    /// worker threads to sleep instead of letting them poll for the next operation.
+    fn idle(&self);
 }
 
 /// An owned backend instance behind the ABI.

@@ -154,6 +154,8 @@ impl Residency {
         let index = self.index_of_round(round);
         if let Some(i) = index {
             session.run_layers(self.windows[i].layers.clone())?;
+            // The next device computes now; idle workers here would take its cores.
+            session.idle();
         }
         Ok(WindowRun {
             index,
