@@ -16,8 +16,7 @@ use std::time::Duration;
 
 use abi_stable::sabi_trait::TD_Opaque;
 use abi_stable::std_types::{RErr, RNone, ROk, ROption, RSlice, RSome, RString, RVec};
-use bytes::Bytes;
-use futures_util::{SinkExt, StreamExt};
+use futures_util::StreamExt;
 use prima_core::plugin::transport_abi::{
     Connection, ConnectionBox, Connection_TO, Listener, ListenerBox, Listener_TO, Transport,
     TransportBox, TransportConfig, TransportResult, Transport_TO, NO_TIMEOUT,
@@ -26,7 +25,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::runtime::Runtime;
 use tokio::sync::Mutex;
-use tokio_util::codec::{FramedRead, FramedWrite, LengthDelimitedCodec};
+use tokio_util::codec::{FramedRead, LengthDelimitedCodec};
 
 prima_core::export_transport_plugin!(name = "tcp", create = create_transport);
 
@@ -189,9 +188,14 @@ impl Listener for TcpListener {
 /// receives.
 pub struct TcpConnection {
     reader: Mutex<FramedRead<OwnedReadHalf, LengthDelimitedCodec>>,
-    writer: Mutex<FramedWrite<OwnedWriteHalf, LengthDelimitedCodec>>,
-    /// A second handle on the socket, kept to shut it down while a read is blocked.
+    /// The write half, for the rare frame the socket buffer cannot take at once. Held (a
+    /// std mutex: `send` is never called from async code) for the whole of a frame, so
+    /// frames from two threads never interleave.
+    writer: std::sync::Mutex<OwnedWriteHalf>,
+    /// A second handle on the socket: frames are written through it directly (see
+    /// `send`), and it shuts the socket down while a read is blocked.
     shutdown: std::net::TcpStream,
+    max_frame: usize,
     peer: String,
     closed: AtomicBool,
 }
@@ -215,12 +219,41 @@ impl TcpConnection {
         let (r, w) = stream.into_split();
         Ok(TcpConnection {
             reader: Mutex::new(FramedRead::new(r, codec(max_frame))),
-            writer: Mutex::new(FramedWrite::new(w, codec(max_frame))),
+            writer: std::sync::Mutex::new(w),
             shutdown,
+            max_frame,
             peer,
             closed: AtomicBool::new(false),
         })
     }
+}
+
+/// Writes as much of `header` then `payload` as the socket takes without blocking, and
+/// returns how many bytes that was.
+fn write_now(
+    socket: &std::net::TcpStream,
+    header: &[u8],
+    payload: &[u8],
+) -> std::io::Result<usize> {
+    use std::io::{ErrorKind, IoSlice, Write};
+    let mut socket = socket;
+    let total = header.len() + payload.len();
+    let mut written = 0;
+    while written < total {
+        let slices = if written < header.len() {
+            [IoSlice::new(&header[written..]), IoSlice::new(payload)]
+        } else {
+            [IoSlice::new(&payload[written - header.len()..]), IoSlice::new(&[])]
+        };
+        match socket.write_vectored(&slices) {
+            Ok(0) => return Err(ErrorKind::WriteZero.into()),
+            Ok(n) => written += n,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(written)
 }
 
 /// A connection plus the runtime its futures run on: a current-thread runtime of its own,
@@ -260,10 +293,37 @@ impl Connection for ConnectionHandle {
         if c.closed.load(Ordering::Acquire) {
             return RErr(format!("{}: connection already closed", c.peer).into());
         }
-        let bytes = Bytes::copy_from_slice(frame.as_slice());
-        let result = self
-            .rt
-            .block_on(async { c.writer.lock().await.send(bytes).await });
+        let payload = frame.as_slice();
+        if payload.len() > c.max_frame {
+            return RErr(format!(
+                "sending to {}: a frame of {} bytes is over the limit of {} bytes",
+                c.peer,
+                payload.len(),
+                c.max_frame
+            )
+            .into());
+        }
+        let header = (payload.len() as u32).to_be_bytes();
+        let mut writer = c.writer.lock().unwrap_or_else(|e| e.into_inner());
+        // Fast path: one writev on the (non-blocking) socket, without entering the
+        // runtime. A hop's frame almost always fits the socket buffer, so the common
+        // case is one system call; what does not fit is written by the runtime.
+        let written = match write_now(&c.shutdown, &header, payload) {
+            Ok(n) => n,
+            Err(e) => return RErr(format!("sending to {}: {e}", c.peer).into()),
+        };
+        let total = header.len() + payload.len();
+        if written == total {
+            return ROk(());
+        }
+        let result = self.rt.block_on(async {
+            if written < header.len() {
+                writer.write_all(&header[written..]).await?;
+                writer.write_all(payload).await
+            } else {
+                writer.write_all(&payload[written - header.len()..]).await
+            }
+        });
         match result {
             Ok(()) => ROk(()),
             Err(e) => RErr(format!("sending to {}: {e}", c.peer).into()),
