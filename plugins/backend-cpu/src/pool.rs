@@ -197,9 +197,7 @@ fn worker(s: &Shared) {
             }
             spins += 1;
             // Read the clock (and the park flag) only every 64 polls.
-            if spins & 63 != 0
-                || (!s.park.load(Relaxed) && spin_start.elapsed() < SPIN_WINDOW)
-            {
+            if spins & 63 != 0 || (!s.park.load(Relaxed) && spin_start.elapsed() < SPIN_WINDOW) {
                 std::hint::spin_loop();
                 continue;
             }

@@ -243,7 +243,10 @@ fn write_now(
         let slices = if written < header.len() {
             [IoSlice::new(&header[written..]), IoSlice::new(payload)]
         } else {
-            [IoSlice::new(&payload[written - header.len()..]), IoSlice::new(&[])]
+            [
+                IoSlice::new(&payload[written - header.len()..]),
+                IoSlice::new(&[]),
+            ]
         };
         match socket.write_vectored(&slices) {
             Ok(0) => return Err(ErrorKind::WriteZero.into()),
@@ -295,13 +298,15 @@ impl Connection for ConnectionHandle {
         }
         let payload = frame.as_slice();
         if payload.len() > c.max_frame {
-            return RErr(format!(
-                "sending to {}: a frame of {} bytes is over the limit of {} bytes",
-                c.peer,
-                payload.len(),
-                c.max_frame
-            )
-            .into());
+            return RErr(
+                format!(
+                    "sending to {}: a frame of {} bytes is over the limit of {} bytes",
+                    c.peer,
+                    payload.len(),
+                    c.max_frame
+                )
+                .into(),
+            );
         }
         let header = (payload.len() as u32).to_be_bytes();
         let mut writer = c.writer.lock().unwrap_or_else(|e| e.into_inner());
