@@ -6,7 +6,7 @@
 //! Rust 1.89, the workspace's `rust-version`.)
 
 use super::avx2::{
-    bits32, blocks, f16_at, f16_x4, hsum, hsum4, k4_terms_x4, load, min_sum_k4, mins_x2, nibbles32,
+    bits32, blocks, f16_at, f16_pairs4, f16_x4, hsum, hsum4, k4_terms_x4, load, mins_x2, nibbles32,
     q4_1_term, q6k_offset, q6k_terms_x4, q8k_d_x4, scales_mins_k4, sum_blocks, terms4_q4_1,
     terms4_sdd,
 };
@@ -269,75 +269,139 @@ unsafe fn scale_vectors_k4(sc: [u8; 8]) -> [__m512i; 4] {
     })
 }
 
+/// Super-block `wb` of a Q4_K row against its Q8_K block `ab`: the quant products (scaled
+/// by the sub-block scales) and the mins against the `bsums`, each as 8 i32 lanes whose sum
+/// is the scalar kernel's integer.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn q4_k_sums(wb: *const u8, ab: *const u8) -> (__m256i, __m256i) {
+    let low = _mm512_set1_epi8(0x0F);
+    let (sc, mn) = scales_mins_k4(std::slice::from_raw_parts(wb.add(4), 12));
+    let sv = scale_vectors_k4(sc);
+    let (qs, aq) = (wb.add(16), ab.add(q8_k::QS));
+    let mut acc = _mm512_setzero_si512();
+    for (c, s) in sv.into_iter().enumerate() {
+        // 32 bytes of quants are sub-blocks 2c (low nibbles) and 2c+1 (high nibbles),
+        // which face 64 consecutive activations.
+        let q = load(qs.add(32 * c));
+        let q = _mm512_and_si512(join(q, _mm256_srli_epi16(q, 4)), low);
+        let av = _mm512_loadu_si512(aq.add(64 * c) as *const _);
+        acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(q, av), s);
+    }
+    let mins = _mm256_madd_epi16(load(ab.add(q8_k::BSUMS)), mins_x2(mn));
+    (fold(acc), mins)
+}
+
+/// Q4_K: four super-blocks' integer sums reduced together (two `hsum4` trees instead of
+/// eight horizontal sums) and their float terms computed in lanes, then added to the row
+/// sum in block order, so the result is the scalar kernel's bit for bit.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn dot_q4_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let (wbb, abb) = (q4_k::BLOCK_BYTES, q8_k::BLOCK_BYTES);
     let nb = blocks(n, QK_K, w, wbb, a, abb);
+    let (w, a) = (w.as_ptr(), a.as_ptr());
     let mut sum = 0.0f32;
-    let low = _mm512_set1_epi8(0x0F);
-    for i in 0..nb {
-        let (wb, ab) = (&w[i * wbb..(i + 1) * wbb], &a[i * abb..(i + 1) * abb]);
-        let (sc, mn) = scales_mins_k4(&wb[4..16]);
-        let sv = scale_vectors_k4(sc);
-        let (qs, aq) = (wb.as_ptr().add(16), ab.as_ptr().add(q8_k::QS));
-        let mut acc = _mm512_setzero_si512();
-        for (c, s) in sv.into_iter().enumerate() {
-            // 32 bytes of quants are sub-blocks 2c (low nibbles) and 2c+1 (high nibbles),
-            // which face 64 consecutive activations.
-            let q = load(qs.add(32 * c));
-            let q = _mm512_and_si512(join(q, _mm256_srli_epi16(q, 4)), low);
-            let av = _mm512_loadu_si512(aq.add(64 * c) as *const _);
-            let p = _mm512_maddubs_epi16(q, av);
-            acc = _mm512_dpwssd_epi32(acc, p, s);
-        }
-        let (isum, msum) = (_mm512_reduce_add_epi32(acc), min_sum_k4(ab.as_ptr(), mn));
-        let d_a = q8_k::d(ab);
-        sum += d_a * f16_at(wb.as_ptr()) * isum as f32
-            - d_a * f16_at(wb.as_ptr().add(2)) * msum as f32;
+    let mut i = 0;
+    while i + 4 <= nb {
+        let (p0, m0) = q4_k_sums(w.add(i * wbb), a.add(i * abb));
+        let (p1, m1) = q4_k_sums(w.add((i + 1) * wbb), a.add((i + 1) * abb));
+        let (p2, m2) = q4_k_sums(w.add((i + 2) * wbb), a.add((i + 2) * abb));
+        let (p3, m3) = q4_k_sums(w.add((i + 3) * wbb), a.add((i + 3) * abb));
+        let isum = _mm_cvtepi32_ps(hsum4([p0, p1, p2, p3]));
+        let msum = _mm_cvtepi32_ps(hsum4([m0, m1, m2, m3]));
+        // [d, dmin] of the four weight blocks, as [d × 4 | dmin × 4].
+        let dm = _mm256_permutevar8x32_ps(
+            f16_pairs4(w.add(i * wbb), wbb),
+            _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7),
+        );
+        let (d, dmin) = (_mm256_castps256_ps128(dm), _mm256_extractf128_ps(dm, 1));
+        let d_a = q8k_d_x4(a.add(i * abb), abb);
+        // d_a·d·isum − d_a·dmin·msum, as the scalar kernel orders it.
+        let t = _mm_sub_ps(
+            _mm_mul_ps(_mm_mul_ps(d_a, d), isum),
+            _mm_mul_ps(_mm_mul_ps(d_a, dmin), msum),
+        );
+        sum += _mm_cvtss_f32(t);
+        sum += _mm_cvtss_f32(_mm_movehdup_ps(t));
+        sum += _mm_cvtss_f32(_mm_movehl_ps(t, t));
+        sum += _mm_cvtss_f32(_mm_shuffle_ps(t, t, 0b11));
+        i += 4;
+    }
+    while i < nb {
+        let (wb, ab) = (w.add(i * wbb), a.add(i * abb));
+        let (p, m) = q4_k_sums(wb, ab);
+        let d_a = q8k_d_x4(ab, 0);
+        let d_a = _mm_cvtss_f32(d_a);
+        sum += d_a * f16_at(wb) * hsum(p) as f32 - d_a * f16_at(wb.add(2)) * hsum(m) as f32;
+        i += 1;
     }
     sum
 }
 
+/// Super-block `wb` of a Q6_K row against its Q8_K block `ab`: the scaled products less
+/// the −32 offset, as 8 i32 lanes whose sum is the scalar kernel's integer.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn q6_k_sums(wb: *const u8, ab: *const u8) -> __m256i {
+    let low4 = _mm512_set1_epi8(0x0F);
+    let low2 = _mm512_set1_epi8(0x03);
+    let (ql, qh) = (wb, wb.add(128));
+    let aq = ab.add(q8_k::QS);
+    let scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(wb.add(192) as *const __m128i));
+    let mut acc = _mm512_setzero_si512();
+    for h in 0..2 {
+        // Elements 128h + 0..64 take ql[64h..64h+64] low nibbles and qh bits 0-1 (first
+        // 32) and 2-3 (next 32); elements 128h + 64..128 the high nibbles, bits 4-7.
+        let l = _mm512_loadu_si512(ql.add(64 * h) as *const _);
+        let qhv = load(qh.add(32 * h));
+        let hb = [
+            join(qhv, _mm256_srli_epi16(qhv, 2)),
+            join(_mm256_srli_epi16(qhv, 4), _mm256_srli_epi16(qhv, 6)),
+        ];
+        for (k, hb) in hb.into_iter().enumerate() {
+            let lk = if k == 0 { l } else { _mm512_srli_epi16(l, 4) };
+            let q = _mm512_or_si512(
+                _mm512_and_si512(lk, low4),
+                _mm512_slli_epi16(_mm512_and_si512(hb, low2), 4),
+            );
+            let av = _mm512_loadu_si512(aq.add(128 * h + 64 * k) as *const _);
+            // The 64 quants are four 16-element groups: g = 8h + 4k + 0..4. Their −32
+            // offset is applied once per block from the bsums (`q6k_offset`).
+            let s = scale_quarters(scales16, 2 * h + k);
+            acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(q, av), s);
+        }
+    }
+    _mm256_sub_epi32(fold(acc), q6k_offset(ab, scales16))
+}
+
+/// Q6_K, four super-blocks reduced at a time as in [`dot_q4_k`].
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn dot_q6_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let (wbb, abb) = (q6_k::BLOCK_BYTES, q8_k::BLOCK_BYTES);
     let nb = blocks(n, QK_K, w, wbb, a, abb);
+    let (w, a) = (w.as_ptr(), a.as_ptr());
     let mut sum = 0.0f32;
-    let low4 = _mm512_set1_epi8(0x0F);
-    let low2 = _mm512_set1_epi8(0x03);
-    for i in 0..nb {
-        let (wb, ab) = (&w[i * wbb..(i + 1) * wbb], &a[i * abb..(i + 1) * abb]);
-        let (ql, qh, scales) = (wb.as_ptr(), wb.as_ptr().add(128), &wb[192..208]);
-        let aq = ab.as_ptr().add(q8_k::QS);
-        let scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(scales.as_ptr() as *const __m128i));
-        let mut acc = _mm512_setzero_si512();
-        for h in 0..2 {
-            // Elements 128h + 0..64 take ql[64h..64h+64] low nibbles and qh bits 0-1 (first
-            // 32) and 2-3 (next 32); elements 128h + 64..128 the high nibbles, bits 4-7.
-            let l = _mm512_loadu_si512(ql.add(64 * h) as *const _);
-            let qhv = load(qh.add(32 * h));
-            let hb = [
-                join(qhv, _mm256_srli_epi16(qhv, 2)),
-                join(_mm256_srli_epi16(qhv, 4), _mm256_srli_epi16(qhv, 6)),
-            ];
-            for (k, hb) in hb.into_iter().enumerate() {
-                let lk = if k == 0 { l } else { _mm512_srli_epi16(l, 4) };
-                let q = _mm512_or_si512(
-                    _mm512_and_si512(lk, low4),
-                    _mm512_slli_epi16(_mm512_and_si512(hb, low2), 4),
-                );
-                let av = _mm512_loadu_si512(aq.add(128 * h + 64 * k) as *const _);
-                // The 64 quants are four 16-element groups: g = 8h + 4k + 0..4. Their −32
-                // offset is applied once per block from the bsums (`q6k_offset`).
-                let s = scale_quarters(scales16, 2 * h + k);
-                acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(q, av), s);
-            }
-        }
-        let isum = hsum(_mm256_sub_epi32(
-            fold(acc),
-            q6k_offset(ab.as_ptr(), scales16),
-        ));
-        sum += q8_k::d(ab) * f16_at(wb.as_ptr().add(208)) * isum as f32;
+    let mut i = 0;
+    while i + 4 <= nb {
+        let p0 = q6_k_sums(w.add(i * wbb), a.add(i * abb));
+        let p1 = q6_k_sums(w.add((i + 1) * wbb), a.add((i + 1) * abb));
+        let p2 = q6_k_sums(w.add((i + 2) * wbb), a.add((i + 2) * abb));
+        let p3 = q6_k_sums(w.add((i + 3) * wbb), a.add((i + 3) * abb));
+        let isum = _mm_cvtepi32_ps(hsum4([p0, p1, p2, p3]));
+        let d = f16_x4(w.add(i * wbb + 208), wbb);
+        // d_a·d·isum, as the scalar kernel orders it.
+        let t = _mm_mul_ps(_mm_mul_ps(q8k_d_x4(a.add(i * abb), abb), d), isum);
+        sum += _mm_cvtss_f32(t);
+        sum += _mm_cvtss_f32(_mm_movehdup_ps(t));
+        sum += _mm_cvtss_f32(_mm_movehl_ps(t, t));
+        sum += _mm_cvtss_f32(_mm_shuffle_ps(t, t, 0b11));
+        i += 4;
+    }
+    while i < nb {
+        let (wb, ab) = (w.add(i * wbb), a.add(i * abb));
+        let d_a = _mm_cvtss_f32(q8k_d_x4(ab, 0));
+        sum += d_a * f16_at(wb.add(208)) * hsum(q6_k_sums(wb, ab)) as f32;
+        i += 1;
     }
     sum
 }
