@@ -3,6 +3,10 @@
 //! release mode (every test binary runs even when an earlier one fails).
 //! Model-level tests are told that their models must exist
 //! (`PRIMA_REQUIRE_MODELS=1`), so a missing model fails instead of skipping.
+//! Then the CPU backend's kernel tests run once more built for aarch64 under
+//! qemu-user, so the NEON kernels are checked against the scalar ones on an
+//! x86-64 machine (`.ci/run` installs the target, the cross linker and qemu;
+//! without them this step is reported as skipped, never passed).
 
 use std::env;
 use std::process::Command;
@@ -41,5 +45,46 @@ pub fn run(layout: &Layout) -> Result<i32> {
             return Ok(status.code().unwrap_or(1));
         }
     }
-    Ok(0)
+    aarch64_kernels(layout, &cargo)
+}
+
+const ARM_TARGET: &str = "aarch64-unknown-linux-gnu";
+const ARM_LINKER: &str = "aarch64-linux-gnu-gcc";
+const ARM_RUNNER: &str = "qemu-aarch64";
+
+/// The backend's kernel tests (`tests/simd.rs`, scalar oracle against every level the
+/// CPU runs) built for aarch64 and run under qemu-user, where the NEON level exists.
+fn aarch64_kernels(layout: &Layout, cargo: &std::ffi::OsStr) -> Result<i32> {
+    let installed = Command::new("rustup")
+        .args(["target", "list", "--installed"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).contains(ARM_TARGET))
+        .unwrap_or(false);
+    let have = |tool: &str| {
+        Command::new(tool)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if !installed || !have(ARM_LINKER) || !have(ARM_RUNNER) {
+        eprintln!(
+            "SKIPPED: aarch64 (NEON) kernel tests: need the {ARM_TARGET} Rust target, \
+             {ARM_LINKER} and {ARM_RUNNER} (`.ci/run` installs them)"
+        );
+        return Ok(0);
+    }
+    let runner = format!("{ARM_RUNNER} -L /usr/aarch64-linux-gnu");
+    let status = Command::new(cargo)
+        .args(["test", "--release", "--target", ARM_TARGET])
+        .args(["-p", "prima-backend-cpu", "--test", "simd"])
+        .current_dir(&layout.workspace)
+        .env("CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER", ARM_LINKER)
+        .env("CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER", runner)
+        .status()
+        .context("cannot start the aarch64 kernel tests")?;
+    Ok(if status.success() {
+        0
+    } else {
+        status.code().unwrap_or(1)
+    })
 }

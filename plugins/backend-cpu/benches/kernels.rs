@@ -131,6 +131,7 @@ fn best_lookup() -> KernelLookup {
     match available_levels().last() {
         Some(KernelLevel::Avx512) => |t| KernelLevel::Avx512.kernels(t),
         Some(KernelLevel::Avx2) => |t| KernelLevel::Avx2.kernels(t),
+        Some(KernelLevel::Neon) => |t| KernelLevel::Neon.kernels(t),
         _ => |t| KernelLevel::Scalar.kernels(t),
     }
 }

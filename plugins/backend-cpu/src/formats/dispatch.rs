@@ -1,7 +1,7 @@
 //! Run-time kernel selection: the one place that decides which instruction set the format
 //! kernels use.
 //!
-//! The CPU's features are detected once (and `PRIMA_CPU_KERNELS=scalar|avx2|avx512` may ask
+//! The CPU's features are detected once (and `PRIMA_CPU_KERNELS=scalar|avx2|avx512|neon` may ask
 //! for a lower level, for tests and ablation); [`kernels`] then hands out the table of the
 //! selected [`KernelLevel`], falling back to [`super::scalar`] for anything a level does
 //! not accelerate. Every level returns the same bits as the scalar kernels: integer block
@@ -27,16 +27,24 @@ pub enum KernelLevel {
     Avx2,
     /// x86-64 AVX-512 F/BW/VL + VNNI, on top of everything AVX2 has.
     Avx512,
+    /// aarch64 NEON (Advanced SIMD, part of the aarch64 baseline).
+    Neon,
 }
 
 impl KernelLevel {
-    pub const ALL: [KernelLevel; 3] = [KernelLevel::Scalar, KernelLevel::Avx2, KernelLevel::Avx512];
+    pub const ALL: [KernelLevel; 4] = [
+        KernelLevel::Scalar,
+        KernelLevel::Avx2,
+        KernelLevel::Avx512,
+        KernelLevel::Neon,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             KernelLevel::Scalar => "scalar",
             KernelLevel::Avx2 => "avx2",
             KernelLevel::Avx512 => "avx512",
+            KernelLevel::Neon => "neon",
         }
     }
 
@@ -66,6 +74,10 @@ impl KernelLevel {
             }
             #[cfg(not(target_arch = "x86_64"))]
             KernelLevel::Avx2 | KernelLevel::Avx512 => false,
+            #[cfg(target_arch = "aarch64")]
+            KernelLevel::Neon => std::arch::is_aarch64_feature_detected!("neon"),
+            #[cfg(not(target_arch = "aarch64"))]
+            KernelLevel::Neon => false,
         }
     }
 
@@ -84,6 +96,10 @@ impl KernelLevel {
             KernelLevel::Avx512 => super::x86::avx512::overlay(super::x86::avx2::overlay(base)),
             #[cfg(not(target_arch = "x86_64"))]
             KernelLevel::Avx2 | KernelLevel::Avx512 => base,
+            #[cfg(target_arch = "aarch64")]
+            KernelLevel::Neon => super::arm::neon::overlay(base),
+            #[cfg(not(target_arch = "aarch64"))]
+            KernelLevel::Neon => base,
         })
     }
 }
@@ -153,7 +169,7 @@ pub fn select(requested: Option<&str>) -> Selection {
         None => Selection {
             level: best,
             note: Some(format!(
-                "{ENV_VAR}={req} is not one of scalar, avx2, avx512; using {}",
+                "{ENV_VAR}={req} is not one of scalar, avx2, avx512, neon; using {}",
                 best.name()
             )),
         },

@@ -12,6 +12,8 @@
 //! This module is not for parallelism or validation: kernels trust the lengths they are
 //! given (the ops check them) and only ever walk whole blocks with `chunks_exact`.
 
+#[cfg(target_arch = "aarch64")]
+mod arm;
 pub mod dispatch;
 pub mod float;
 pub mod k_quants;
