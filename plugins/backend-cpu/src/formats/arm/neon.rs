@@ -1,10 +1,12 @@
-//! NEON kernels for the 32-element block quants (Q4_0, Q4_1, Q5_0, Q8_0): each block's
-//! 32 products in vector lanes (`vmull_s8`/`vmlal_high_s8` into i16, pairwise widening
-//! adds into i32), the block's float term as the scalar kernel computes it.
+//! NEON kernels for the 32-element block quants (Q4_0, Q4_1, Q5_0, Q8_0) and the K-quants
+//! of Q4_K_M files (Q4_K, Q6_K): each block's products in vector lanes (`vmull_s8` /
+//! `vmlal_high_s8` into i16, pairwise widening adds into i32), the block's float term as
+//! the scalar kernel computes it.
 //!
-//! Not here yet: the dot-product extension (`sdot`), K-quants and prefill tiles; those
-//! formats keep the scalar kernels on aarch64.
+//! Not here yet: the dot-product extension (`sdot`), the other K-quants and the
+//! multi-token prefill tiles; those keep the scalar kernels on aarch64.
 
+use crate::formats::k_quants::{q4_k, q6_k, q8_k, unpack_scale_min_k4, QK_K};
 use crate::formats::{f16_at, q4_0, q4_1, q5_0, q8_0, q8_1, FormatKernels};
 use core::arch::aarch64::*;
 use prima_core::gguf::GgmlType;
@@ -17,6 +19,8 @@ pub(in crate::formats) fn overlay(mut k: FormatKernels) -> FormatKernels {
         T::Q4_1 => dot_q4_1,
         T::Q5_0 => dot_q5_0,
         T::Q8_0 => dot_q8_0,
+        T::Q4K => dot_q4_k,
+        T::Q6K => dot_q6_k,
         _ => k.vec_dot,
     };
     k
@@ -125,6 +129,109 @@ fn dot_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
         };
         let isum = dot32(lo, hi, &ab[2..]);
         sum += isum as f32 * (f16_at(wb, 0) * f16_at(ab, 0));
+    }
+    sum
+}
+
+/// `Σ x·y` over 16 signed bytes against 16 activation bytes at `y`.
+#[inline]
+fn dot16(x: int8x16_t, y: &[u8]) -> i32 {
+    assert!(y.len() >= 16);
+    // SAFETY: NEON is baseline; `y` holds at least 16 bytes (above).
+    unsafe {
+        let y = vld1q_s8(y.as_ptr() as *const i8);
+        vaddvq_s32(vpaddlq_s16(vmlal_high_s8(
+            vmull_s8(vget_low_s8(x), vget_low_s8(y)),
+            x,
+            y,
+        )))
+    }
+}
+
+/// Q4_K: per 64-quant slice, the low nibbles of its 32 bytes are sub-block 2c and the high
+/// nibbles sub-block 2c + 1; mins against the Q8_K `bsums`.
+fn dot_q4_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let mut sum = 0.0f32;
+    let blocks = w
+        .chunks_exact(q4_k::BLOCK_BYTES)
+        .zip(a.chunks_exact(q8_k::BLOCK_BYTES));
+    for (wb, ab) in blocks.take(n / QK_K) {
+        let (sc, mn) = unpack_scale_min_k4(&wb[4..16]);
+        let aq = &ab[q8_k::QS..];
+        let (mut isum, mut msum) = (0i32, 0i32);
+        for c in 0..4 {
+            let qs = &wb[16 + 32 * c..16 + 32 * c + 32];
+            // SAFETY: NEON is baseline; `qs` is 32 bytes.
+            let (lo, hi) = unsafe {
+                let (q0, q1) = (vld1q_u8(qs.as_ptr()), vld1q_u8(qs.as_ptr().add(16)));
+                let m = vdupq_n_u8(0x0F);
+                (
+                    (
+                        vreinterpretq_s8_u8(vandq_u8(q0, m)),
+                        vreinterpretq_s8_u8(vandq_u8(q1, m)),
+                    ),
+                    (
+                        vreinterpretq_s8_u8(vshrq_n_u8(q0, 4)),
+                        vreinterpretq_s8_u8(vshrq_n_u8(q1, 4)),
+                    ),
+                )
+            };
+            isum += sc[2 * c] as i32 * dot32(lo.0, lo.1, &aq[64 * c..]);
+            isum += sc[2 * c + 1] as i32 * dot32(hi.0, hi.1, &aq[64 * c + 32..]);
+        }
+        for (sb, &m) in mn.iter().enumerate() {
+            msum += m as i32 * (q8_k::bsum(ab, 2 * sb) + q8_k::bsum(ab, 2 * sb + 1));
+        }
+        let d_a = q8_k::d(ab);
+        sum += d_a * f16_at(wb, 0) * isum as f32 - d_a * f16_at(wb, 2) * msum as f32;
+    }
+    sum
+}
+
+/// Q6_K: elements `128h + 32k .. + 32` take the low (k < 2) or high (k ≥ 2) nibbles of
+/// `ql[64h + 32(k % 2) ..]` and bits `2k..2k + 2` of `qh[32h ..]`, less 32; each group of
+/// 16 has its own scale.
+fn dot_q6_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    const QH: usize = QK_K / 2;
+    const SCALES: usize = QH + QK_K / 4;
+    const D: usize = SCALES + QK_K / 16;
+    let mut sum = 0.0f32;
+    let blocks = w
+        .chunks_exact(q6_k::BLOCK_BYTES)
+        .zip(a.chunks_exact(q8_k::BLOCK_BYTES));
+    for (wb, ab) in blocks.take(n / QK_K) {
+        let aq = &ab[q8_k::QS..];
+        let mut isum = 0i32;
+        for h in 0..2 {
+            let qh = &wb[QH + 32 * h..QH + 32 * h + 32];
+            for k in 0..4 {
+                let ql = &wb[64 * h + 32 * (k % 2)..64 * h + 32 * (k % 2) + 32];
+                for half in 0..2 {
+                    // SAFETY: NEON is baseline; `ql` and `qh` are 32 bytes, `half` < 2.
+                    let q = unsafe {
+                        let l = vld1q_u8(ql.as_ptr().add(16 * half));
+                        let l = if k < 2 {
+                            vandq_u8(l, vdupq_n_u8(0x0F))
+                        } else {
+                            vshrq_n_u8(l, 4)
+                        };
+                        let hb = vld1q_u8(qh.as_ptr().add(16 * half));
+                        let hb = match k {
+                            0 => hb,
+                            1 => vshrq_n_u8(hb, 2),
+                            2 => vshrq_n_u8(hb, 4),
+                            _ => vshrq_n_u8(hb, 6),
+                        };
+                        let hb = vshlq_n_u8(vandq_u8(hb, vdupq_n_u8(0x03)), 4);
+                        vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(l, hb)), vdupq_n_s8(32))
+                    };
+                    let first = 128 * h + 32 * k + 16 * half;
+                    let scale = wb[SCALES + first / 16] as i8 as i32;
+                    isum += scale * dot16(q, &aq[first..]);
+                }
+            }
+        }
+        sum += q8_k::d(ab) * f16_at(wb, D) * isum as f32;
     }
     sum
 }
