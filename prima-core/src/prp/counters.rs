@@ -29,8 +29,9 @@ impl PassMeter {
         major_faults()
     }
 
-    /// Storage bytes read since the previous call (the whole pass: compute, prefetch and
-    /// release), and the latest MemAvailable sample.
+    /// Storage bytes read since the previous call (the pass's compute, and the prefetch
+    /// and release hinted after the previous pass's send), and the latest MemAvailable
+    /// sample.
     pub fn end_pass(&mut self) -> (u64, u64) {
         let disk = disk_read_bytes();
         let delta = disk.saturating_sub(self.last_disk);

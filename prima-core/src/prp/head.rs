@@ -470,6 +470,11 @@ impl<'m> RingHead<'m> {
             round: round as u16,
             wire: self.wire,
         };
+        // The pass's counters are read before the send: the send wakes the next device,
+        // and on a shared machine anything this thread still does afterwards competes
+        // with that device for the cores (the page hints below are the exception: their
+        // point is to overlap others' compute; their reads count in the next pass).
+        let (disk_read_bytes, mem_available) = self.meter.end_pass();
         let sending = Instant::now();
         encode_activations(&mut self.frame, &header, self.session.hidden());
         if let Err(e) = send_frame(&self.data_out, &self.frame) {
@@ -479,7 +484,6 @@ impl<'m> RingHead<'m> {
         if let Some(i) = run.index {
             self.residency.after_window(model, i);
         }
-        let (disk_read_bytes, mem_available) = self.meter.end_pass();
 
         let waiting = Instant::now();
         let frame = loop {

@@ -411,6 +411,9 @@ fn compute_loop(
 
         let run = residency.run_round(session, &meter, round)?;
 
+        // Counters before the send, as on the head (`RingHead::pass`): after it, this
+        // thread should only hint pages and go back to sleep.
+        let (disk_read_bytes, mem_available) = meter.end_pass();
         let sending = Instant::now();
         encode_activations(&mut out, &header, session.hidden());
         send_frame(data_out, &out)?;
@@ -418,7 +421,6 @@ fn compute_loop(
         if let Some(i) = run.index {
             residency.after_window(model, i);
         }
-        let (disk_read_bytes, mem_available) = meter.end_pass();
         if round + 1 == setup.rounds {
             session.finish_batch();
         }
