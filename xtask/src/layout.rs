@@ -21,8 +21,13 @@ pub struct Layout {
 
 impl Layout {
     pub fn discover() -> Result<Self> {
-        // xtask/ sits directly under the workspace root.
-        let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
+        // xtask/ sits directly under the workspace root. `cargo run` passes the manifest
+        // directory at run time too; prefer it, because with a build cache shared between
+        // checkouts the binary may have been compiled in another checkout.
+        let manifest_dir = env::var_os("CARGO_MANIFEST_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
+        let workspace = manifest_dir
             .parent()
             .context("xtask has no parent directory")?
             .to_path_buf();
