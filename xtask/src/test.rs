@@ -42,7 +42,7 @@ pub fn run(layout: &Layout) -> Result<i32> {
             .status()
             .with_context(|| format!("cannot start cargo {}", step.join(" ")))?;
         if !status.success() {
-            return Ok(status.code().unwrap_or(1));
+            return Ok(exit_code(status));
         }
     }
     aarch64_kernels(layout, &cargo)
@@ -82,9 +82,14 @@ fn aarch64_kernels(layout: &Layout, cargo: &std::ffi::OsStr) -> Result<i32> {
         .env("CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER", runner)
         .status()
         .context("cannot start the aarch64 kernel tests")?;
-    Ok(if status.success() {
+    Ok(exit_code(status))
+}
+
+/// 0 for success, else the process's code (1 when a signal ended it).
+fn exit_code(status: std::process::ExitStatus) -> i32 {
+    if status.success() {
         0
     } else {
         status.code().unwrap_or(1)
-    })
+    }
 }

@@ -228,6 +228,14 @@ impl TcpConnection {
     }
 }
 
+/// What is left of `header` then `payload` after the first `written` bytes of both.
+fn unsent<'a>(header: &'a [u8], payload: &'a [u8], written: usize) -> [&'a [u8]; 2] {
+    match written.checked_sub(header.len()) {
+        None => [&header[written..], payload],
+        Some(into_payload) => [&[], &payload[into_payload..]],
+    }
+}
+
 /// Writes as much of `header` then `payload` as the socket takes without blocking, and
 /// returns how many bytes that was.
 fn write_now(
@@ -240,15 +248,8 @@ fn write_now(
     let total = header.len() + payload.len();
     let mut written = 0;
     while written < total {
-        let slices = if written < header.len() {
-            [IoSlice::new(&header[written..]), IoSlice::new(payload)]
-        } else {
-            [
-                IoSlice::new(&payload[written - header.len()..]),
-                IoSlice::new(&[]),
-            ]
-        };
-        match socket.write_vectored(&slices) {
+        let [h, p] = unsent(header, payload, written);
+        match socket.write_vectored(&[IoSlice::new(h), IoSlice::new(p)]) {
             Ok(0) => return Err(ErrorKind::WriteZero.into()),
             Ok(n) => written += n,
             Err(e) if e.kind() == ErrorKind::WouldBlock => break,
@@ -321,13 +322,10 @@ impl Connection for ConnectionHandle {
         if written == total {
             return ROk(());
         }
+        let [h, p] = unsent(&header, payload, written);
         let result = self.rt.block_on(async {
-            if written < header.len() {
-                writer.write_all(&header[written..]).await?;
-                writer.write_all(payload).await
-            } else {
-                writer.write_all(&payload[written - header.len()..]).await
-            }
+            writer.write_all(h).await?;
+            writer.write_all(p).await
         });
         match result {
             Ok(()) => ROk(()),

@@ -17,11 +17,13 @@ use crate::plugin::backend_abi::BackendBox;
 use crate::plugin::transport_abi::{ConnectionBox, TransportBox};
 
 use super::counters::PassMeter;
-use super::link::{expect_control, recv_control, recv_frame, send_control, send_frame};
+use super::link::{
+    decode_activations, expect_control, recv_control, recv_frame, send_control, send_frame,
+};
 use super::protocol::{
-    decode, encode_activations, read_payload, Activations, Control, Frame, MemoryBaseline,
-    ModelFingerprint, NextHop, PassStats, Ready, ReleaseMethod, ReleasePolicy, Role, RoundWindow,
-    Setup, WireType, PROTOCOL_VERSION,
+    encode_activations, read_payload, Activations, Control, MemoryBaseline, ModelFingerprint,
+    NextHop, PassStats, Ready, ReleaseMethod, ReleasePolicy, Role, RoundWindow, Setup, WireType,
+    PROTOCOL_VERSION,
 };
 use super::residency::Residency;
 use super::{assign_windows, RingError};
@@ -503,29 +505,16 @@ impl<'m> RingHead<'m> {
         };
         let wait_ms = waiting.elapsed().as_secs_f64() * 1e3;
         let peer = self.data_in.peer().into_string();
-        match decode(&frame) {
-            Ok(Frame::Activations(h, payload))
-                if h.seq == header.seq && h.round == header.round =>
-            {
-                read_payload(&h, payload, n_embd, self.session.hidden_mut())
-                    .map_err(|source| RingError::Protocol { peer, source })?;
-            }
-            Ok(Frame::Activations(h, _)) => {
-                return Err(RingError::Unexpected {
-                    peer,
-                    expected: "the activations just sent round the ring",
-                    got: format!("seq {} round {}", h.seq, h.round),
-                })
-            }
-            Ok(Frame::Control(c)) => {
-                return Err(RingError::Unexpected {
-                    peer,
-                    expected: "activations",
-                    got: format!("{c:?}"),
-                })
-            }
-            Err(source) => return Err(RingError::Protocol { peer, source }),
+        let (h, payload) = decode_activations(&frame, &peer)?;
+        if h.seq != header.seq || h.round != header.round {
+            return Err(RingError::Unexpected {
+                peer,
+                expected: "the activations just sent round the ring",
+                got: format!("seq {} round {}", h.seq, h.round),
+            });
         }
+        read_payload(&h, payload, n_embd, self.session.hidden_mut())
+            .map_err(|source| RingError::Protocol { peer, source })?;
         self.passes.push(PassStats {
             seq: header.seq,
             round,

@@ -4,7 +4,7 @@ use abi_stable::std_types::{RResult, RSlice};
 
 use crate::plugin::transport_abi::ConnectionBox;
 
-use super::protocol::{decode, encode_control, Control, Frame};
+use super::protocol::{decode, encode_control, Activations, Control, Frame};
 use super::RingError;
 
 pub fn send_frame(conn: &ConnectionBox, frame: &[u8]) -> Result<(), RingError> {
@@ -40,6 +40,26 @@ pub fn recv_control(conn: &ConnectionBox, timeout_ms: u64) -> Result<Option<Cont
         }),
         Err(source) => Err(RingError::Protocol {
             peer: conn.peer().into_string(),
+            source,
+        }),
+    }
+}
+
+/// An activation frame's header and payload; a control message or a malformed frame is an
+/// error naming `peer`.
+pub fn decode_activations<'f>(
+    frame: &'f [u8],
+    peer: &str,
+) -> Result<(Activations, &'f [u8]), RingError> {
+    match decode(frame) {
+        Ok(Frame::Activations(header, payload)) => Ok((header, payload)),
+        Ok(Frame::Control(c)) => Err(RingError::Unexpected {
+            peer: peer.to_string(),
+            expected: "activations",
+            got: format!("{c:?}"),
+        }),
+        Err(source) => Err(RingError::Protocol {
+            peer: peer.to_string(),
             source,
         }),
     }

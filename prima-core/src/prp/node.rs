@@ -14,10 +14,12 @@ use crate::plugin::backend_abi::BackendBox;
 use crate::plugin::transport_abi::{ConnectionBox, ListenerBox, TransportBox, NO_TIMEOUT};
 
 use super::counters::PassMeter;
-use super::link::{expect_control, recv_control, recv_frame, send_control, send_frame};
+use super::link::{
+    decode_activations, expect_control, recv_control, recv_frame, send_control, send_frame,
+};
 use super::protocol::{
-    decode, encode_activations, read_payload, Control, Frame, MemoryBaseline, ModelFingerprint,
-    NextHop, PassStats, Ready, Role, Setup, PROTOCOL_VERSION,
+    encode_activations, read_payload, Control, MemoryBaseline, ModelFingerprint, NextHop,
+    PassStats, Ready, Role, Setup, PROTOCOL_VERSION,
 };
 use super::residency::Residency;
 use super::RingError;
@@ -57,14 +59,9 @@ pub fn serve(
 ) -> Result<(), RingError> {
     let fingerprint = ModelFingerprint::of(model.gguf());
     loop {
-        let conn = match listener.accept(NO_TIMEOUT).into_result() {
-            Ok(c) => c.into_option(),
-            Err(e) => {
-                tracing::warn!("refused a connection: {e}");
-                continue;
-            }
+        let Some(conn) = accept_one(listener, NO_TIMEOUT) else {
+            continue;
         };
-        let Some(conn) = conn else { continue };
         match recv_control(&conn, 5_000) {
             Ok(Some(Control::Hello {
                 role: Role::Control,
@@ -284,14 +281,9 @@ fn accept_data(listener: &ListenerBox) -> Result<ConnectionBox, RingError> {
                 "the previous device in the ring did not connect within 30 s".into(),
             ));
         }
-        let conn = match listener.accept(left).into_result() {
-            Ok(c) => c.into_option(),
-            Err(e) => {
-                tracing::warn!("refused a connection: {e}");
-                continue;
-            }
+        let Some(conn) = accept_one(listener, left) else {
+            continue;
         };
-        let Some(conn) = conn else { continue };
         match recv_control(&conn, 5_000) {
             Ok(Some(Control::Hello {
                 role: Role::Data, ..
@@ -386,17 +378,7 @@ fn compute_loop(
             Err(e) => return Err(e),
         };
         let wait_ms = waiting.elapsed().as_secs_f64() * 1e3;
-        let (header, payload) = match decode(&frame) {
-            Ok(Frame::Activations(h, p)) => (h, p),
-            Ok(Frame::Control(c)) => {
-                return Err(RingError::Unexpected {
-                    peer,
-                    expected: "activations",
-                    got: format!("{c:?}"),
-                })
-            }
-            Err(source) => return Err(RingError::Protocol { peer, source }),
-        };
+        let (header, payload) = decode_activations(&frame, &peer)?;
         let round = header.round as usize;
         let n = header.n_tokens as usize;
         if round == 0 {
@@ -437,6 +419,18 @@ fn compute_loop(
                 disk_read_bytes,
                 mem_available,
             });
+        }
+    }
+}
+
+/// The next connection within `timeout_ms`; `None` on a timeout, or after logging one the
+/// transport refused (a stray client, a bad hello), so the caller just listens on.
+fn accept_one(listener: &ListenerBox, timeout_ms: u64) -> Option<ConnectionBox> {
+    match listener.accept(timeout_ms).into_result() {
+        Ok(c) => c.into_option(),
+        Err(e) => {
+            tracing::warn!("refused a connection: {e}");
+            None
         }
     }
 }

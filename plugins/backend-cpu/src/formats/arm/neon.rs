@@ -26,20 +26,36 @@ pub(in crate::formats) fn overlay(mut k: FormatKernels) -> FormatKernels {
     k
 }
 
-/// `Σ x·y` over 16 + 16 signed bytes: `(x_lo, x_hi)` against 32 activation bytes at `y`.
+/// The 16 products `x·y` of signed bytes, summed in pairs and widened: four i32 lanes.
 /// The i16 lanes hold two products each, at most 2 · 128 · 127 in size (activations from
 /// the quantizers are within ±127), so nothing saturates.
 #[inline]
-fn dot32(x_lo: int8x16_t, x_hi: int8x16_t, y: &[u8]) -> i32 {
-    assert!(y.len() >= 32);
-    // SAFETY: NEON is part of the aarch64 baseline; `y` holds at least 32 bytes (above).
+fn products(x: int8x16_t, y: &[u8]) -> int32x4_t {
+    assert!(y.len() >= 16);
+    // SAFETY: NEON is part of the aarch64 baseline; `y` holds at least 16 bytes (above).
     unsafe {
-        let y_lo = vld1q_s8(y.as_ptr() as *const i8);
-        let y_hi = vld1q_s8(y.as_ptr().add(16) as *const i8);
-        let p_lo = vmlal_high_s8(vmull_s8(vget_low_s8(x_lo), vget_low_s8(y_lo)), x_lo, y_lo);
-        let p_hi = vmlal_high_s8(vmull_s8(vget_low_s8(x_hi), vget_low_s8(y_hi)), x_hi, y_hi);
-        vaddvq_s32(vaddq_s32(vpaddlq_s16(p_lo), vpaddlq_s16(p_hi)))
+        let y = vld1q_s8(y.as_ptr() as *const i8);
+        vpaddlq_s16(vmlal_high_s8(
+            vmull_s8(vget_low_s8(x), vget_low_s8(y)),
+            x,
+            y,
+        ))
     }
+}
+
+/// `Σ x·y` over 16 signed bytes against 16 activation bytes at `y`.
+#[inline]
+fn dot16(x: int8x16_t, y: &[u8]) -> i32 {
+    // SAFETY: NEON is baseline.
+    unsafe { vaddvq_s32(products(x, y)) }
+}
+
+/// `Σ x·y` over 16 + 16 signed bytes: `(x_lo, x_hi)` against 32 activation bytes at `y`.
+#[inline]
+fn dot32(x_lo: int8x16_t, x_hi: int8x16_t, y: &[u8]) -> i32 {
+    let (lo, hi) = (products(x_lo, y), products(x_hi, &y[16..]));
+    // SAFETY: NEON is baseline.
+    unsafe { vaddvq_s32(vaddq_s32(lo, hi)) }
 }
 
 /// The 16 quant bytes at `qs[..16]` as low nibbles (elements 0..16) and high nibbles
@@ -133,21 +149,6 @@ fn dot_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
     sum
 }
 
-/// `Σ x·y` over 16 signed bytes against 16 activation bytes at `y`.
-#[inline]
-fn dot16(x: int8x16_t, y: &[u8]) -> i32 {
-    assert!(y.len() >= 16);
-    // SAFETY: NEON is baseline; `y` holds at least 16 bytes (above).
-    unsafe {
-        let y = vld1q_s8(y.as_ptr() as *const i8);
-        vaddvq_s32(vpaddlq_s16(vmlal_high_s8(
-            vmull_s8(vget_low_s8(x), vget_low_s8(y)),
-            x,
-            y,
-        )))
-    }
-}
-
 /// Q4_K: per 64-quant slice, the low nibbles of its 32 bytes are sub-block 2c and the high
 /// nibbles sub-block 2c + 1; mins against the Q8_K `bsums`.
 fn dot_q4_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
@@ -160,22 +161,10 @@ fn dot_q4_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
         let aq = &ab[q8_k::QS..];
         let (mut isum, mut msum) = (0i32, 0i32);
         for c in 0..4 {
-            let qs = &wb[16 + 32 * c..16 + 32 * c + 32];
-            // SAFETY: NEON is baseline; `qs` is 32 bytes.
-            let (lo, hi) = unsafe {
-                let (q0, q1) = (vld1q_u8(qs.as_ptr()), vld1q_u8(qs.as_ptr().add(16)));
-                let m = vdupq_n_u8(0x0F);
-                (
-                    (
-                        vreinterpretq_s8_u8(vandq_u8(q0, m)),
-                        vreinterpretq_s8_u8(vandq_u8(q1, m)),
-                    ),
-                    (
-                        vreinterpretq_s8_u8(vshrq_n_u8(q0, 4)),
-                        vreinterpretq_s8_u8(vshrq_n_u8(q1, 4)),
-                    ),
-                )
-            };
+            // Each 16-byte half gives its low nibbles to sub-block 2c, its high to 2c + 1.
+            let qs = &wb[16 + 32 * c..];
+            let ((lo0, hi0), (lo1, hi1)) = (nibbles(qs, 0), nibbles(&qs[16..], 0));
+            let (lo, hi) = ((lo0, lo1), (hi0, hi1));
             isum += sc[2 * c] as i32 * dot32(lo.0, lo.1, &aq[64 * c..]);
             isum += sc[2 * c + 1] as i32 * dot32(hi.0, hi.1, &aq[64 * c + 32..]);
         }
@@ -192,9 +181,7 @@ fn dot_q4_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
 /// `ql[64h + 32(k % 2) ..]` and bits `2k..2k + 2` of `qh[32h ..]`, less 32; each group of
 /// 16 has its own scale.
 fn dot_q6_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    const QH: usize = QK_K / 2;
-    const SCALES: usize = QH + QK_K / 4;
-    const D: usize = SCALES + QK_K / 16;
+    use q6_k::{D, QH, SCALES};
     let mut sum = 0.0f32;
     let blocks = w
         .chunks_exact(q6_k::BLOCK_BYTES)

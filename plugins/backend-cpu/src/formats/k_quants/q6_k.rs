@@ -11,9 +11,10 @@ use crate::formats::f16_at;
 pub const BLOCK_ELEMS: usize = QK_K;
 pub const BLOCK_BYTES: usize = QK_K / 2 + QK_K / 4 + QK_K / 16 + 2;
 
-const QH: usize = QK_K / 2;
-const SCALES: usize = QH + QK_K / 4;
-const D: usize = SCALES + QK_K / 16;
+/// Byte offsets of `qh`, the scales and `d` in a block.
+pub(crate) const QH: usize = QK_K / 2;
+pub(crate) const SCALES: usize = QH + QK_K / 4;
+pub(crate) const D: usize = SCALES + QK_K / 16;
 
 #[inline]
 fn quant(block: &[u8], i: usize) -> i32 {

@@ -213,6 +213,18 @@ pub(super) unsafe fn hsum4(p: [__m256i; 4]) -> __m128i {
     _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1))
 }
 
+/// `sum + t[0] + t[1] + t[2] + t[3]`, one addition at a time: four blocks' terms added in
+/// block order, as the scalar kernels add them.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn add_in_order(mut sum: f32, t: __m128) -> f32 {
+    sum += _mm_cvtss_f32(t);
+    sum += _mm_cvtss_f32(_mm_movehdup_ps(t));
+    sum += _mm_cvtss_f32(_mm_movehl_ps(t, t));
+    sum += _mm_cvtss_f32(_mm_shuffle_ps(t, t, 0b11));
+    sum
+}
+
 /// `Σ term(i, Σ partial(i))` over blocks `0..nb`, the float sum in block order.
 ///
 /// `partial(i)` is block `i`'s integer dot as 8 i32 lanes; `term` turns its sum into the
@@ -230,11 +242,7 @@ pub(super) unsafe fn sum_blocks(
     let mut i = 0;
     while i + 4 <= nb {
         let s = hsum4([partial(i), partial(i + 1), partial(i + 2), partial(i + 3)]);
-        let t = terms4(i, _mm_cvtepi32_ps(s));
-        sum += _mm_cvtss_f32(t);
-        sum += _mm_cvtss_f32(_mm_movehdup_ps(t));
-        sum += _mm_cvtss_f32(_mm_movehl_ps(t, t));
-        sum += _mm_cvtss_f32(_mm_shuffle_ps(t, t, 0b11));
+        sum = add_in_order(sum, terms4(i, _mm_cvtepi32_ps(s)));
         i += 4;
     }
     while i < nb {

@@ -6,9 +6,9 @@
 //! Rust 1.89, the workspace's `rust-version`.)
 
 use super::avx2::{
-    bits32, blocks, f16_at, f16_pairs4, f16_x4, hsum, hsum4, k4_terms_x4, load, mins_x2, nibbles32,
-    q4_1_term, q6k_offset, q6k_terms_x4, q8k_d_x4, scales_mins_k4, sum_blocks, terms4_q4_1,
-    terms4_sdd,
+    add_in_order, bits32, blocks, f16_at, f16_pairs4, f16_x4, f32_at, hsum, hsum4, k4_terms_x4,
+    load, mins_x2, nibbles32, q4_1_term, q6k_offset, q6k_terms_x4, q8k_d_x4, scales_mins_k4,
+    sum_blocks, terms4_q4_1, terms4_sdd,
 };
 use crate::formats::k_quants::{q4_k, q6_k, q8_k, QK_K};
 use crate::formats::{q4_0, q4_1, q5_0, q8_0, q8_1, FormatKernels};
@@ -321,17 +321,13 @@ unsafe fn dot_q4_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
             _mm_mul_ps(_mm_mul_ps(d_a, d), isum),
             _mm_mul_ps(_mm_mul_ps(d_a, dmin), msum),
         );
-        sum += _mm_cvtss_f32(t);
-        sum += _mm_cvtss_f32(_mm_movehdup_ps(t));
-        sum += _mm_cvtss_f32(_mm_movehl_ps(t, t));
-        sum += _mm_cvtss_f32(_mm_shuffle_ps(t, t, 0b11));
+        sum = add_in_order(sum, t);
         i += 4;
     }
     while i < nb {
         let (wb, ab) = (w.add(i * wbb), a.add(i * abb));
         let (p, m) = q4_k_sums(wb, ab);
-        let d_a = q8k_d_x4(ab, 0);
-        let d_a = _mm_cvtss_f32(d_a);
+        let d_a = f32_at(ab);
         sum += d_a * f16_at(wb) * hsum(p) as f32 - d_a * f16_at(wb.add(2)) * hsum(m) as f32;
         i += 1;
     }
@@ -391,15 +387,12 @@ unsafe fn dot_q6_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
         let d = f16_x4(w.add(i * wbb + 208), wbb);
         // d_a·d·isum, as the scalar kernel orders it.
         let t = _mm_mul_ps(_mm_mul_ps(q8k_d_x4(a.add(i * abb), abb), d), isum);
-        sum += _mm_cvtss_f32(t);
-        sum += _mm_cvtss_f32(_mm_movehdup_ps(t));
-        sum += _mm_cvtss_f32(_mm_movehl_ps(t, t));
-        sum += _mm_cvtss_f32(_mm_shuffle_ps(t, t, 0b11));
+        sum = add_in_order(sum, t);
         i += 4;
     }
     while i < nb {
         let (wb, ab) = (w.add(i * wbb), a.add(i * abb));
-        let d_a = _mm_cvtss_f32(q8k_d_x4(ab, 0));
+        let d_a = f32_at(ab);
         sum += d_a * f16_at(wb.add(208)) * hsum(q6_k_sums(wb, ab)) as f32;
         i += 1;
     }
