@@ -17,6 +17,10 @@
 //!   Both on rayon and on `SpinPool`, which must agree.
 //! - `axpy_f16_matches_scalar`: each level's F16 `axpy` (attention's V weighting) returns
 //!   the scalar bits, over the float lengths (8-lane tails) and extreme values.
+//! - `gated_activations_match_portable`: each level's SiLU and GELU gates return the
+//!   portable bits over float lengths (vector tails) and inputs from −1e4 to 1e4, with
+//!   zeros, infinities and values at the `exp` clamp; and the portable functions stay within
+//!   their stated error of the f64 functions.
 //! - `spin_pool_runs_every_chunk_once`: `SpinPool` runs each chunk exactly once, including
 //!   after its workers have gone to sleep.
 //! - `dispatch_selection`: `PRIMA_CPU_KERNELS` parsing and fallbacks.
@@ -370,6 +374,66 @@ fn axpy_f16_matches_scalar() {
             }
         }
     }
+}
+
+#[test]
+fn gated_activations_match_portable() {
+    use prima_backend_cpu::ops::activation::{self, gate_at, Gate};
+    let mut rng = ChaCha8Rng::seed_from_u64(23);
+    let specials = [
+        0.0f32, -0.0, 1e-30, -1e-30, 43.6, -43.6, 87.0, -87.0, 88.5, -88.5, 1e4, -1e4,
+    ];
+    for level in levels() {
+        for n in FLOAT_LENGTHS {
+            for span in [1.0f32, 8.0, 100.0, 1e4] {
+                let mut gate: Vec<f32> = (0..n).map(|_| rng.gen_range(-span..span)).collect();
+                for (g, s) in gate.iter_mut().zip(specials.iter().cycle().step_by(5)) {
+                    if rng.gen_bool(0.1) {
+                        *g = *s;
+                    }
+                }
+                let up: Vec<f32> = (0..n).map(|_| rng.gen_range(-3.0..3.0)).collect();
+                for act in [Gate::Silu, Gate::GeluTanh] {
+                    let (mut want, mut got) = (gate.clone(), gate.clone());
+                    gate_at(KernelLevel::Scalar, act, &mut want, &up);
+                    gate_at(level, act, &mut got, &up);
+                    assert!(
+                        want.iter().zip(&got).all(|(a, b)| same(*a, *b)),
+                        "{} {act:?} n={n} span={span}",
+                        level.name()
+                    );
+                }
+            }
+        }
+    }
+    // Accuracy of the portable math against f64.
+    let mut worst = [0.0f64; 3];
+    for i in 0..=200_000 {
+        let x = -87.0 + 175.0 * i as f64 / 200_000.0;
+        let e = activation::exp(x as f32) as f64;
+        let want = (x as f32 as f64).exp();
+        worst[0] = worst[0].max(((e - want) / want).abs());
+        let x = (x / 4.0) as f32;
+        let xf = x as f64;
+        let silu = xf / (1.0 + (-xf).exp());
+        let u = (2.0 / std::f64::consts::PI).sqrt() * (xf + 0.044715 * xf * xf * xf);
+        // 0.5·x·(1 + tanh u) without f64's cancellation at tanh u ≈ −1.
+        let gelu = xf / (1.0 + (-2.0 * u).exp());
+        // Relative error, with a floor where GELU's exact value underflows (x ≪ 0).
+        let err = |got: f32, want: f64| (got as f64 - want).abs() / want.abs().max(1e-20);
+        worst[1] = worst[1].max(err(activation::silu(x), silu));
+        // GELU's argument 2u is itself computed in f32 (five roundings, as in any f32
+        // GELU), and e^−2u carries that error times |2u|: measure in units of that bound.
+        let bound = 1e-6 + 4e-7 * (2.0 * u).abs();
+        worst[2] = worst[2].max(err(activation::gelu_tanh(x), gelu) / bound * 1e-6);
+    }
+    eprintln!(
+        "worst relative error: exp {:.2e}, silu {:.2e}, gelu {:.2e}",
+        worst[0], worst[1], worst[2]
+    );
+    assert!(worst[0] < 2.5e-7, "exp: {:.3e}", worst[0]);
+    assert!(worst[1] < 1e-6, "silu: {:.3e}", worst[1]);
+    assert!(worst[2] < 1e-6, "gelu: {:.3e}", worst[2]);
 }
 
 #[test]

@@ -1,5 +1,6 @@
 //! Element-wise ops: add, add_bias, scale and the gated activations SwiGLU and GeGLU.
 
+use super::activation::{self, Gate};
 use super::matmul::SharedOut;
 use super::{expect_len, OpResult, Weight};
 use crate::pool::ChunkRunner;
@@ -41,34 +42,17 @@ pub fn scale(x: &mut [f32], s: f32) {
     }
 }
 
-/// `x / (1 + e^−x)`.
-#[inline]
-pub fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
-}
-
-/// `0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))`.
-#[inline]
-pub fn gelu_tanh(x: f32) -> f32 {
-    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
-    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + 0.044715 * x * x)).tanh())
-}
-
-/// `gate = silu(gate) · up`.
+/// `gate = silu(gate) · up` (see [`activation`] for the math).
 pub fn swiglu(gate: &mut [f32], up: &[f32]) -> OpResult<()> {
     expect_len("swiglu", "up length", up.len(), gate.len())?;
-    for (g, u) in gate.iter_mut().zip(up) {
-        *g = silu(*g) * u;
-    }
+    activation::gate(Gate::Silu, gate, up);
     Ok(())
 }
 
-/// `gate = gelu_tanh(gate) · up`.
+/// `gate = gelu_tanh(gate) · up` (see [`activation`] for the math).
 pub fn geglu(gate: &mut [f32], up: &[f32]) -> OpResult<()> {
     expect_len("geglu", "up length", up.len(), gate.len())?;
-    for (g, u) in gate.iter_mut().zip(up) {
-        *g = gelu_tanh(*g) * u;
-    }
+    activation::gate(Gate::GeluTanh, gate, up);
     Ok(())
 }
 

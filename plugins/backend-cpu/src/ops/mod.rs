@@ -5,6 +5,7 @@
 //! converts types. Ops that parallelise take the backend's persistent thread pool; ops on
 //! the per-token path take reusable scratch buffers instead of allocating.
 
+pub mod activation;
 pub mod attention;
 pub mod elementwise;
 pub mod get_rows;
