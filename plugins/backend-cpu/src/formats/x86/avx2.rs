@@ -265,8 +265,11 @@ pub(super) unsafe fn f16_pairs4(p: *const u8, stride: usize) -> __m256 {
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 pub(super) unsafe fn f16_x4(p: *const u8, stride: usize) -> __m128 {
-    let at = |k: usize| (p.add(k * stride) as *const u16).read_unaligned() as i16;
-    _mm_cvtph_ps(_mm_setr_epi16(at(0), at(1), at(2), at(3), 0, 0, 0, 0))
+    // Assembled in a general register: four word inserts would queue on the shuffle ports
+    // that the block reductions need.
+    let at = |k: usize| (p.add(k * stride) as *const u16).read_unaligned() as u64;
+    let x = at(0) | at(1) << 16 | at(2) << 32 | at(3) << 48;
+    _mm_cvtph_ps(_mm_cvtsi64_si128(x as i64))
 }
 
 /// `isum · dw · da` (Q4_0, Q5_0) of blocks `i..i + 4`, in that order.

@@ -8,7 +8,7 @@
 use super::avx2::{
     add_in_order, bits32, blocks, f16_at, f16_pairs4, f16_x4, f32_at, hsum, hsum4, k4_terms_x4,
     load, mins_x2, nibbles32, q4_1_term, q6k_offset, q6k_terms_x4, q8k_d_x4, scales_mins_k4,
-    sum_blocks, terms4_q4_1, terms4_sdd,
+    terms4_q4_1, terms4_sdd,
 };
 use crate::formats::k_quants::{q4_k, q6_k, q8_k, QK_K};
 use crate::formats::{q4_0, q4_1, q5_0, q8_0, q8_1, FormatKernels};
@@ -163,13 +163,83 @@ unsafe fn dot_i8_i8(x: __m256i, y: __m256i) -> __m256i {
     dot_u8_i8(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x))
 }
 
+/// `Σ term(i, Σ partial(i))` over blocks `0..nb` as `avx2::sum_blocks` computes it (float
+/// terms added in block order), but taking two blocks' integer dots per 512-bit vector:
+/// `pair(i)` holds block `i` in its low eight i32 lanes and block `i + 1` in its high eight.
+/// `single(i)` serves the last block of an odd count.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn sum_block_pairs(
+    nb: usize,
+    mut pair: impl FnMut(usize) -> __m512i,
+    mut single: impl FnMut(usize) -> __m256i,
+    mut term: impl FnMut(usize, i32) -> f32,
+    mut terms4: impl FnMut(usize, __m128) -> __m128,
+) -> f32 {
+    let halves = |v: __m512i| (_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+    let mut sum = 0.0f32;
+    let mut i = 0;
+    while i + 4 <= nb {
+        let (p0, p1) = halves(pair(i));
+        let (p2, p3) = halves(pair(i + 2));
+        sum = add_in_order(sum, terms4(i, _mm_cvtepi32_ps(hsum4([p0, p1, p2, p3]))));
+        i += 4;
+    }
+    if i + 2 <= nb {
+        let (p0, p1) = halves(pair(i));
+        sum += term(i, hsum(p0));
+        sum += term(i + 1, hsum(p1));
+        i += 2;
+    }
+    if i < nb {
+        sum += term(i, hsum(single(i)));
+    }
+    sum
+}
+
+/// The 32 nibbles of each of the 16-byte runs at `p` and `p + stride`, as
+/// `[low nibbles, high nibbles]` of the first, then of the second (two blocks' quants in
+/// element order).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn nibbles32_pair(p: *const u8, stride: usize) -> __m512i {
+    let t0 = _mm_loadu_si128(p as *const __m128i);
+    let t1 = _mm_loadu_si128(p.add(stride) as *const __m128i);
+    let t = _mm512_inserti32x4(_mm512_castsi128_si512(t0), t1, 2);
+    // [t0, t0, t1, t1], then the second copy of each shifted to its high nibbles.
+    let t = _mm512_shuffle_i32x4(t, t, 0b10_10_00_00);
+    let t = _mm512_mask_srli_epi16(t, 0xFF00_FF00, t, 4);
+    _mm512_and_si512(t, _mm512_set1_epi8(0x0F))
+}
+
+/// The 32-byte runs at `p` and `p + stride` as one vector.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn load_pair(p: *const u8, stride: usize) -> __m512i {
+    join(load(p), load(p.add(stride)))
+}
+
+/// `Σ x·y` of signed bytes (y ≠ −128) in groups of four, as 16 i32s: `|x| · (±y)` with the
+/// sign moved onto y by a mask (AVX-512 has no `vpsignb`).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn dot_i8_i8_512(x: __m512i, y: __m512i) -> __m512i {
+    let neg = _mm512_movepi8_mask(x);
+    let y = _mm512_mask_sub_epi8(y, neg, _mm512_setzero_si512(), y);
+    _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(x), y)
+}
+
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn dot_q4_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let (wb, ab) = (q4_0::BLOCK_BYTES, q8_0::BLOCK_BYTES);
     let nb = blocks(n, 32, w, wb, a, ab);
     let (w, a) = (w.as_ptr(), a.as_ptr());
-    sum_blocks(
+    sum_block_pairs(
         nb,
+        |i| {
+            let q = _mm512_sub_epi8(nibbles32_pair(w.add(i * wb + 2), wb), _mm512_set1_epi8(8));
+            dot_i8_i8_512(q, load_pair(a.add(i * ab + 2), ab))
+        },
         |i| {
             let q = _mm256_sub_epi8(nibbles32(w.add(i * wb + 2)), _mm256_set1_epi8(8));
             dot_i8_i8(q, load(a.add(i * ab + 2)))
@@ -184,24 +254,46 @@ unsafe fn dot_q4_1(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let (wb, ab) = (q4_1::BLOCK_BYTES, q8_1::BLOCK_BYTES);
     let nb = blocks(n, 32, w, wb, a, ab);
     let (w, a) = (w.as_ptr(), a.as_ptr());
-    sum_blocks(
+    sum_block_pairs(
         nb,
+        |i| {
+            let (q, act) = (
+                nibbles32_pair(w.add(i * wb + 4), wb),
+                load_pair(a.add(i * ab + 4), ab),
+            );
+            _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, act)
+        },
         |i| dot_u8_i8(nibbles32(w.add(i * wb + 4)), load(a.add(i * ab + 4))),
         |i, s| q4_1_term(w.add(i * wb), a.add(i * ab), s),
         |i, s| terms4_q4_1(w.add(i * wb), wb, a.add(i * ab), ab, s),
     )
 }
 
-/// Q5_0 with VNNI: the 5-bit quants as unsigned bytes (0..=31), so one `vpdpbusd` does the
-/// products, and the −16 offset comes back as `16·Σa` — integer-exact, so the block sums
-/// equal the scalar kernel's.
+/// Q5_0 with VNNI, two blocks per vector: the 5-bit quants as unsigned bytes (0..=31), the
+/// fifth bits added straight from the blocks' `qh` words used as a byte mask, so one
+/// `vpdpbusd` does the products; the −16 offset comes back as `16·Σa` — integer-exact, so
+/// the block sums equal the scalar kernel's.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn dot_q5_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let (wb, ab) = (q5_0::BLOCK_BYTES, q8_0::BLOCK_BYTES);
     let nb = blocks(n, 32, w, wb, a, ab);
     let (w, a) = (w.as_ptr(), a.as_ptr());
-    sum_blocks(
+    let sixteen = _mm512_set1_epi8(16);
+    sum_block_pairs(
         nb,
+        |i| {
+            let b = w.add(i * wb);
+            let qh = |p: *const u8| (p as *const u32).read_unaligned() as u64;
+            let fifth: __mmask64 = qh(b.add(2)) | (qh(b.add(wb + 2)) << 32);
+            let nib = nibbles32_pair(b.add(6), wb);
+            let q = _mm512_mask_add_epi8(nib, fifth, nib, sixteen);
+            let act = load_pair(a.add(i * ab + 2), ab);
+            let zero = _mm512_setzero_si512();
+            _mm512_sub_epi32(
+                _mm512_dpbusd_epi32(zero, q, act),
+                _mm512_dpbusd_epi32(zero, sixteen, act),
+            )
+        },
         |i| {
             let b = w.add(i * wb);
             let high = _mm256_and_si256(bits32(b.add(2)), _mm256_set1_epi8(0x10));
@@ -220,8 +312,14 @@ unsafe fn dot_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let (wb, ab) = (q8_0::BLOCK_BYTES, q8_0::BLOCK_BYTES);
     let nb = blocks(n, 32, w, wb, a, ab);
     let (w, a) = (w.as_ptr(), a.as_ptr());
-    sum_blocks(
+    sum_block_pairs(
         nb,
+        |i| {
+            dot_i8_i8_512(
+                load_pair(w.add(i * wb + 2), wb),
+                load_pair(a.add(i * ab + 2), ab),
+            )
+        },
         |i| dot_i8_i8(load(w.add(i * wb + 2)), load(a.add(i * ab + 2))),
         |i, s| s as f32 * (f16_at(w.add(i * wb)) * f16_at(a.add(i * ab))),
         |i, s| {
