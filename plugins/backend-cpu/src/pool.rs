@@ -82,16 +82,29 @@ fn unpack(state: u64) -> (u64, usize, usize) {
     )
 }
 
+/// Keeps a hot atomic on a cache line of its own, so claims and completions do not
+/// bounce one line between the cores (128 bytes: adjacent-line prefetch pairs lines).
+#[repr(align(128))]
+struct Padded<T>(T);
+
+impl<T> std::ops::Deref for Padded<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
 struct Shared {
     /// `generation | n_chunks | next`: a chunk is claimed by a compare-and-swap that
     /// checks the generation, so a worker that wakes late can never claim from a job
     /// whose caller has returned; the caller only waits for chunks actually claimed.
-    state: AtomicU64,
+    state: Padded<AtomicU64>,
     /// Written only by the caller holding `caller`, before it publishes a new `state`, and
     /// while no claim of the previous generation is running.
     job: UnsafeCell<Job>,
-    /// Chunks of the current generation that have finished.
-    done: AtomicUsize,
+    /// Chunks of the current generation that workers have finished: each worker adds its
+    /// count once, when it finds nothing left to claim.
+    done: Padded<AtomicUsize>,
     /// Set when a chunk panicked on a worker; the caller re-raises.
     panicked: AtomicBool,
     /// Set by [`SpinPool::park`]: idle workers sleep at once instead of finishing their
@@ -124,12 +137,12 @@ impl SpinPool {
     pub fn new(threads: u32) -> Result<SpinPool, String> {
         let n = thread_count(threads).max(1);
         let shared = Arc::new(Shared {
-            state: AtomicU64::new(0),
+            state: Padded(AtomicU64::new(0)),
             job: UnsafeCell::new(Job {
                 f: &|_| {},
                 base: 0,
             }),
-            done: AtomicUsize::new(0),
+            done: Padded(AtomicUsize::new(0)),
             panicked: AtomicBool::new(false),
             park: AtomicBool::new(false),
             sleepers: AtomicUsize::new(0),
@@ -154,15 +167,15 @@ impl SpinPool {
     }
 }
 
-/// Claims and runs chunks of generation `generation` until none are left; returns whether
-/// a chunk panicked.
-fn claim_chunks(s: &Shared, generation: u64) -> bool {
-    let mut panicked = false;
+/// Claims and runs chunks of generation `generation` until none are left; returns how
+/// many it ran and whether one panicked.
+fn claim_chunks(s: &Shared, generation: u64) -> (usize, bool) {
+    let (mut ran, mut panicked) = (0, false);
     let mut cur = s.state.load(Acquire);
     loop {
         let (g, n, next) = unpack(cur);
         if g != generation || next >= n {
-            return panicked;
+            return (ran, panicked);
         }
         match s.state.compare_exchange_weak(cur, cur + 1, AcqRel, Acquire) {
             Ok(_) => {
@@ -171,9 +184,9 @@ fn claim_chunks(s: &Shared, generation: u64) -> bool {
                 let job = unsafe { *s.job.get() };
                 let f = job.f;
                 // SAFETY: as above.
-                let ran = catch_unwind(AssertUnwindSafe(|| unsafe { (*f)(job.base + next) }));
-                panicked |= ran.is_err();
-                s.done.fetch_add(1, Release);
+                let result = catch_unwind(AssertUnwindSafe(|| unsafe { (*f)(job.base + next) }));
+                panicked |= result.is_err();
+                ran += 1;
                 cur = s.state.load(Acquire);
             }
             Err(now) => cur = now,
@@ -209,8 +222,13 @@ fn worker(s: &Shared) {
             s.sleepers.fetch_sub(1, SeqCst);
             spin_start = Instant::now();
         };
-        if claim_chunks(s, generation) {
+        let (ran, panicked) = claim_chunks(s, generation);
+        if panicked {
+            // Before `done`, so the caller that sees the count also sees the flag.
             s.panicked.store(true, Relaxed);
+        }
+        if ran > 0 {
+            s.done.fetch_add(ran, Release);
         }
         seen = generation;
     }
@@ -242,9 +260,9 @@ impl SpinPool {
             let _g = s.sleep.lock().unwrap_or_else(|e| e.into_inner());
             s.wake.notify_all();
         }
-        let caller_panicked = claim_chunks(s, generation);
+        let (caller_ran, caller_panicked) = claim_chunks(s, generation);
         let mut spins = 0u32;
-        while s.done.load(Acquire) != n {
+        while s.done.load(Acquire) + caller_ran != n {
             spins += 1;
             if spins < 1 << 12 {
                 std::hint::spin_loop();

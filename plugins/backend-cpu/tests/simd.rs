@@ -23,6 +23,8 @@
 //!   their stated error of the f64 functions.
 //! - `spin_pool_runs_every_chunk_once`: `SpinPool` runs each chunk exactly once, including
 //!   after its workers have gone to sleep.
+//! - `spin_pool_reraises_a_worker_panic`: a chunk that panics on a worker makes `run`
+//!   panic in the caller, every time, and the pool keeps working.
 //! - `dispatch_selection`: `PRIMA_CPU_KERNELS` parsing and fallbacks.
 
 use abi_stable::std_types::RSlice;
@@ -457,6 +459,38 @@ fn spin_pool_runs_every_chunk_once() {
             }
         }
     }
+}
+
+#[test]
+fn spin_pool_reraises_a_worker_panic() {
+    let pool = SpinPool::new(2).unwrap();
+    let mut worker_panics = 0;
+    for _ in 0..50 {
+        let on_worker = std::sync::atomic::AtomicBool::new(false);
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            pool.run(8, &|_| {
+                std::thread::sleep(std::time::Duration::from_micros(20));
+                let name = std::thread::current().name().map(str::to_owned);
+                if name.is_some_and(|n| n.starts_with("prima-cpu-")) {
+                    on_worker.store(true, Ordering::Relaxed);
+                    panic!("chunk failed on a worker");
+                }
+            })
+        }));
+        if on_worker.load(Ordering::Relaxed) {
+            worker_panics += 1;
+            assert!(result.is_err(), "a worker's panic was lost");
+        } else {
+            assert!(result.is_ok());
+        }
+    }
+    assert!(worker_panics > 0, "the worker never took a chunk");
+    // The pool still works afterwards.
+    let hits = AtomicUsize::new(0);
+    pool.run(8, &|_| {
+        hits.fetch_add(1, Ordering::Relaxed);
+    });
+    assert_eq!(hits.load(Ordering::Relaxed), 8);
 }
 
 #[test]
