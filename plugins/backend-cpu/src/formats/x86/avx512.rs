@@ -828,7 +828,8 @@ unsafe fn dot_2x4g_q4_k<const G: usize>(
         let (sc0, mn0) = scales_mins_k4(&wb[0][4..16]);
         let (sc1, mn1) = scales_mins_k4(&wb[1][4..16]);
         let sv = [scale_vectors_k4(sc0), scale_vectors_k4(sc1)];
-        let m = [mins_x2(mn0), mins_x2(mn1)];
+        // Each row's mins twice over, to face two tokens' bsums in one 512-bit madd.
+        let m = [mins_x2(mn0), mins_x2(mn1)].map(|m| join(m, m));
         // Both rows' quants, unpacked once for every token group.
         let q: [[__m512i; 4]; 2] = core::array::from_fn(|r| {
             core::array::from_fn(|c| {
@@ -859,13 +860,14 @@ unsafe fn dot_2x4g_q4_k<const G: usize>(
             let [a0, a1] = fold_pairs(acc[0]);
             let [b0, b1] = fold_pairs(acc[1]);
             let isum = reduce_2x4([a0, a1, b0, b1]);
-            let bsums: [__m256i; 4] = core::array::from_fn(|k| load(ab.add(k * st + q8_k::BSUMS)));
-            let mins = |r: usize, k: usize| _mm256_madd_epi16(bsums[k], m[r]);
+            // Tokens 0,1 and 2,3's bsums, joined once for both rows.
+            let bsums = |k: usize| load(ab.add(k * st + q8_k::BSUMS));
+            let b = [join(bsums(0), bsums(1)), join(bsums(2), bsums(3))];
             let msum = reduce_2x4([
-                join(mins(0, 0), mins(0, 1)),
-                join(mins(0, 2), mins(0, 3)),
-                join(mins(1, 0), mins(1, 1)),
-                join(mins(1, 2), mins(1, 3)),
+                _mm512_madd_epi16(b[0], m[0]),
+                _mm512_madd_epi16(b[1], m[0]),
+                _mm512_madd_epi16(b[0], m[1]),
+                _mm512_madd_epi16(b[1], m[1]),
             ]);
             let d_a = q8k_d_x4(ab, st);
             let d_a = _mm256_set_m128(d_a, d_a);
