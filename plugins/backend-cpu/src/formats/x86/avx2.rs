@@ -302,6 +302,25 @@ pub(super) unsafe fn terms4_q4_1(
     _mm_add_ps(_mm_mul_ps(dd, s), ms)
 }
 
+/// How far ahead of their reads the decode kernels prefetch weight rows. The hardware
+/// prefetchers alone leave decoding well short of the memory bandwidth here (a decode
+/// step streams each row once); 4 KiB ahead was best of 1, 2, 4 and 8 KiB on SmolLM2 and
+/// the 1B model (+17% on SmolLM2 over none).
+const PREFETCH_AHEAD: usize = 4096;
+
+/// Prefetches the cache lines `PREFETCH_AHEAD` bytes past `p .. p + bytes` (the weights a
+/// kernel step is about to read), one per 64 bytes.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn prefetch_ahead(p: *const u8, bytes: usize) {
+    let mut off = 0;
+    while off < bytes {
+        // Wrapping: the address may lie past the mapping; a prefetch never faults.
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_AHEAD + off) as *const i8);
+        off += 64;
+    }
+}
+
 // ---- 32-element block quants ----
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -312,6 +331,7 @@ unsafe fn dot_q4_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
     sum_blocks(
         nb,
         |i| {
+            prefetch_ahead(w.add(i * wb), wb);
             let q = _mm256_sub_epi8(nibbles32(w.add(i * wb + 2)), _mm256_set1_epi8(8));
             dot_i8_i8(q, load(a.add(i * ab + 2)))
         },
@@ -327,7 +347,10 @@ unsafe fn dot_q4_1(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let (w, a) = (w.as_ptr(), a.as_ptr());
     sum_blocks(
         nb,
-        |i| dot_u8_i8(nibbles32(w.add(i * wb + 4)), load(a.add(i * ab + 4))),
+        |i| {
+            prefetch_ahead(w.add(i * wb), wb);
+            dot_u8_i8(nibbles32(w.add(i * wb + 4)), load(a.add(i * ab + 4)))
+        },
         |i, s| q4_1_term(w.add(i * wb), a.add(i * ab), s),
         |i, s| terms4_q4_1(w.add(i * wb), wb, a.add(i * ab), ab, s),
     )
@@ -351,6 +374,7 @@ unsafe fn dot_q5_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
         nb,
         |i| {
             let b = w.add(i * wb);
+            prefetch_ahead(b, wb);
             // A clear 5th bit means q − 16: OR-ing 0xF0 into the nibble is that in i8.
             let high = _mm256_andnot_si256(bits32(b.add(2)), _mm256_set1_epi8(0xF0u8 as i8));
             let q = _mm256_or_si256(nibbles32(b.add(6)), high);
@@ -370,6 +394,7 @@ unsafe fn dot_q5_1(n: usize, w: &[u8], a: &[u8]) -> f32 {
         nb,
         |i| {
             let b = w.add(i * wb);
+            prefetch_ahead(b, wb);
             let high = _mm256_and_si256(bits32(b.add(4)), _mm256_set1_epi8(0x10));
             let q = _mm256_or_si256(nibbles32(b.add(8)), high);
             dot_u8_i8(q, load(a.add(i * ab + 4)))
@@ -386,7 +411,10 @@ unsafe fn dot_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let (w, a) = (w.as_ptr(), a.as_ptr());
     sum_blocks(
         nb,
-        |i| dot_i8_i8(load(w.add(i * wb + 2)), load(a.add(i * ab + 2))),
+        |i| {
+            prefetch_ahead(w.add(i * wb), wb);
+            dot_i8_i8(load(w.add(i * wb + 2)), load(a.add(i * ab + 2)))
+        },
         |i, s| s as f32 * (f16_at(w.add(i * wb)) * f16_at(a.add(i * ab))),
         |i, s| {
             _mm_mul_ps(
@@ -738,6 +766,7 @@ unsafe fn dot_q4_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let low = _mm256_set1_epi8(0x0F);
     for i in 0..nb {
         let (wb, ab) = (&w[i * wbb..(i + 1) * wbb], &a[i * abb..(i + 1) * abb]);
+        prefetch_ahead(wb.as_ptr(), wbb);
         let (sc, mn) = scales_mins_k4(&wb[4..16]);
         let (qs, aq) = (wb.as_ptr().add(16), ab.as_ptr().add(q8_k::QS));
         let mut acc = _mm256_setzero_si256();
@@ -761,6 +790,7 @@ unsafe fn dot_q5_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let bit5 = _mm256_set1_epi8(0x10);
     for i in 0..nb {
         let (wb, ab) = (&w[i * wbb..(i + 1) * wbb], &a[i * abb..(i + 1) * abb]);
+        prefetch_ahead(wb.as_ptr(), wbb);
         let (sc, mn) = scales_mins_k4(&wb[4..16]);
         let qh = load(wb.as_ptr().add(16));
         let (qs, aq) = (wb.as_ptr().add(48), ab.as_ptr().add(q8_k::QS));
@@ -793,6 +823,7 @@ unsafe fn dot_q6_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let m32 = _mm256_set1_epi8(32);
     for i in 0..nb {
         let (wb, ab) = (&w[i * wbb..(i + 1) * wbb], &a[i * abb..(i + 1) * abb]);
+        prefetch_ahead(wb.as_ptr(), wbb);
         let (ql, qh, scales) = (wb.as_ptr(), wb.as_ptr().add(128), &wb[192..208]);
         let aq = ab.as_ptr().add(q8_k::QS);
         let mut acc = _mm256_setzero_si256();
@@ -828,6 +859,7 @@ unsafe fn dot_q3_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let four = _mm256_set1_epi8(4);
     for i in 0..nb {
         let (wb, ab) = (&w[i * wbb..(i + 1) * wbb], &a[i * abb..(i + 1) * abb]);
+        prefetch_ahead(wb.as_ptr(), wbb);
         let sc = q3_k::scales(wb);
         let hm = load(wb.as_ptr());
         let (qs, aq) = (wb.as_ptr().add(32), ab.as_ptr().add(q8_k::QS));
@@ -864,6 +896,7 @@ unsafe fn dot_q2_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let low2 = _mm256_set1_epi8(0x03);
     for i in 0..nb {
         let (wb, ab) = (&w[i * wbb..(i + 1) * wbb], &a[i * abb..(i + 1) * abb]);
+        prefetch_ahead(wb.as_ptr(), wbb);
         let scales = &wb[..16];
         let (qs, aq) = (wb.as_ptr().add(16), ab.as_ptr().add(q8_k::QS));
         let mut acc = _mm256_setzero_si256();

@@ -7,8 +7,8 @@
 
 use super::avx2::{
     add_in_order, bits32, blocks, f16_at, f16_pairs4, f16_x4, f32_at, hsum, hsum4, k4_terms_x4,
-    load, mins_x2, nibbles32, q4_1_term, q6k_offset, q6k_terms_x4, q8k_d_x4, scales_mins_k4,
-    terms4_q4_1, terms4_sdd,
+    load, mins_x2, nibbles32, prefetch_ahead, q4_1_term, q6k_offset, q6k_terms_x4, q8k_d_x4,
+    scales_mins_k4, terms4_q4_1, terms4_sdd,
 };
 use crate::formats::k_quants::{q4_k, q6_k, q8_k, QK_K};
 use crate::formats::{q4_0, q4_1, q5_0, q8_0, q8_1, FormatKernels};
@@ -237,6 +237,7 @@ unsafe fn dot_q4_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
     sum_block_pairs(
         nb,
         |i| {
+            prefetch_ahead(w.add(i * wb), 2 * wb);
             let q = _mm512_sub_epi8(nibbles32_pair(w.add(i * wb + 2), wb), _mm512_set1_epi8(8));
             dot_i8_i8_512(q, load_pair(a.add(i * ab + 2), ab))
         },
@@ -257,6 +258,7 @@ unsafe fn dot_q4_1(n: usize, w: &[u8], a: &[u8]) -> f32 {
     sum_block_pairs(
         nb,
         |i| {
+            prefetch_ahead(w.add(i * wb), 2 * wb);
             let (q, act) = (
                 nibbles32_pair(w.add(i * wb + 4), wb),
                 load_pair(a.add(i * ab + 4), ab),
@@ -283,6 +285,7 @@ unsafe fn dot_q5_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
         nb,
         |i| {
             let b = w.add(i * wb);
+            prefetch_ahead(b, 2 * wb);
             let qh = |p: *const u8| (p as *const u32).read_unaligned() as u64;
             let fifth: __mmask64 = qh(b.add(2)) | (qh(b.add(wb + 2)) << 32);
             let nib = nibbles32_pair(b.add(6), wb);
@@ -315,6 +318,7 @@ unsafe fn dot_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
     sum_block_pairs(
         nb,
         |i| {
+            prefetch_ahead(w.add(i * wb), 2 * wb);
             dot_i8_i8_512(
                 load_pair(w.add(i * wb + 2), wb),
                 load_pair(a.add(i * ab + 2), ab),
@@ -401,6 +405,7 @@ unsafe fn dot_q4_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let mut sum = 0.0f32;
     let mut i = 0;
     while i + 4 <= nb {
+        prefetch_ahead(w.add(i * wbb), 4 * wbb);
         let (p0, m0) = q4_k_sums(w.add(i * wbb), a.add(i * abb));
         let (p1, m1) = q4_k_sums(w.add((i + 1) * wbb), a.add((i + 1) * abb));
         let (p2, m2) = q4_k_sums(w.add((i + 2) * wbb), a.add((i + 2) * abb));
@@ -477,6 +482,7 @@ unsafe fn dot_q6_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let mut sum = 0.0f32;
     let mut i = 0;
     while i + 4 <= nb {
+        prefetch_ahead(w.add(i * wbb), 4 * wbb);
         let p0 = q6_k_sums(w.add(i * wbb), a.add(i * abb));
         let p1 = q6_k_sums(w.add((i + 1) * wbb), a.add((i + 1) * abb));
         let p2 = q6_k_sums(w.add((i + 2) * wbb), a.add((i + 2) * abb));
