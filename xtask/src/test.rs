@@ -73,7 +73,8 @@ fn aarch64_kernels(layout: &Layout, cargo: &std::ffi::OsStr) -> Result<i32> {
         );
         return Ok(0);
     }
-    let runner = format!("{ARM_RUNNER} -L /usr/aarch64-linux-gnu");
+    // `-cpu max` has the dot-product extension, so both NEON levels run.
+    let runner = format!("{ARM_RUNNER} -cpu max -L /usr/aarch64-linux-gnu");
     let status = Command::new(cargo)
         .args(["test", "--release", "--target", ARM_TARGET])
         .args(["-p", "prima-backend-cpu", "--test", "simd"])

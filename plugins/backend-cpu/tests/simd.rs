@@ -495,11 +495,14 @@ fn spin_pool_reraises_a_worker_panic() {
 
 #[test]
 fn matmul_matches_scalar_at_every_level() {
-    let lookups: [(KernelLevel, KernelLookup); 4] = [
+    let lookups: [(KernelLevel, KernelLookup); 5] = [
         (KernelLevel::Scalar, |t| KernelLevel::Scalar.kernels(t)),
         (KernelLevel::Avx2, |t| KernelLevel::Avx2.kernels(t)),
         (KernelLevel::Avx512, |t| KernelLevel::Avx512.kernels(t)),
         (KernelLevel::Neon, |t| KernelLevel::Neon.kernels(t)),
+        (KernelLevel::NeonDotprod, |t| {
+            KernelLevel::NeonDotprod.kernels(t)
+        }),
     ];
     let available = levels();
     let mut rng = ChaCha8Rng::seed_from_u64(13);

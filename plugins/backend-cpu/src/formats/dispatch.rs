@@ -1,7 +1,7 @@
 //! Run-time kernel selection: the one place that decides which instruction set the format
 //! kernels use.
 //!
-//! The CPU's features are detected once (and `PRIMA_CPU_KERNELS=scalar|avx2|avx512|neon` may ask
+//! The CPU's features are detected once (and `PRIMA_CPU_KERNELS=scalar|avx2|avx512|neon|neon-dotprod` may ask
 //! for a lower level, for tests and ablation); [`kernels`] then hands out the table of the
 //! selected [`KernelLevel`], falling back to [`super::scalar`] for anything a level does
 //! not accelerate. Every level returns the same bits as the scalar kernels: integer block
@@ -29,14 +29,17 @@ pub enum KernelLevel {
     Avx512,
     /// aarch64 NEON (Advanced SIMD, part of the aarch64 baseline).
     Neon,
+    /// aarch64 NEON with the dot-product extension (`sdot`).
+    NeonDotprod,
 }
 
 impl KernelLevel {
-    pub const ALL: [KernelLevel; 4] = [
+    pub const ALL: [KernelLevel; 5] = [
         KernelLevel::Scalar,
         KernelLevel::Avx2,
         KernelLevel::Avx512,
         KernelLevel::Neon,
+        KernelLevel::NeonDotprod,
     ];
 
     pub fn name(self) -> &'static str {
@@ -45,6 +48,7 @@ impl KernelLevel {
             KernelLevel::Avx2 => "avx2",
             KernelLevel::Avx512 => "avx512",
             KernelLevel::Neon => "neon",
+            KernelLevel::NeonDotprod => "neon-dotprod",
         }
     }
 
@@ -76,8 +80,13 @@ impl KernelLevel {
             KernelLevel::Avx2 | KernelLevel::Avx512 => false,
             #[cfg(target_arch = "aarch64")]
             KernelLevel::Neon => std::arch::is_aarch64_feature_detected!("neon"),
+            #[cfg(target_arch = "aarch64")]
+            KernelLevel::NeonDotprod => {
+                KernelLevel::Neon.is_available()
+                    && std::arch::is_aarch64_feature_detected!("dotprod")
+            }
             #[cfg(not(target_arch = "aarch64"))]
-            KernelLevel::Neon => false,
+            KernelLevel::Neon | KernelLevel::NeonDotprod => false,
         }
     }
 
@@ -97,9 +106,12 @@ impl KernelLevel {
             #[cfg(not(target_arch = "x86_64"))]
             KernelLevel::Avx2 | KernelLevel::Avx512 => base,
             #[cfg(target_arch = "aarch64")]
-            KernelLevel::Neon => super::arm::neon::overlay(base),
+            KernelLevel::Neon => super::arm::neon::overlay(base, false),
+            // Only reached on a CPU with the extension: `is_available` checked it above.
+            #[cfg(target_arch = "aarch64")]
+            KernelLevel::NeonDotprod => super::arm::neon::overlay(base, true),
             #[cfg(not(target_arch = "aarch64"))]
-            KernelLevel::Neon => base,
+            KernelLevel::Neon | KernelLevel::NeonDotprod => base,
         })
     }
 }
@@ -169,7 +181,7 @@ pub fn select(requested: Option<&str>) -> Selection {
         None => Selection {
             level: best,
             note: Some(format!(
-                "{ENV_VAR}={req} is not one of scalar, avx2, avx512, neon; using {}",
+                "{ENV_VAR}={req} is not one of scalar, avx2, avx512, neon, neon-dotprod; using {}",
                 best.name()
             )),
         },

@@ -1,59 +1,118 @@
 //! NEON kernels for the 32-element block quants (Q4_0, Q4_1, Q5_0, Q8_0) and the K-quants
-//! of Q4_K_M files (Q4_K, Q6_K): each block's products in vector lanes (`vmull_s8` /
-//! `vmlal_high_s8` into i16, pairwise widening adds into i32), the block's float term as
-//! the scalar kernel computes it.
+//! of Q4_K_M files (Q4_K, Q6_K): each block's products in vector lanes, the block's float
+//! term as the scalar kernel computes it. Each kernel comes in two builds that differ only
+//! in how 16 byte products reach four i32 lanes ([`Products`]): plain NEON (`vmull_s8` /
+//! `vmlal_high_s8` into i16, pairwise widening adds), or one `sdot` where the CPU has the
+//! dot-product extension. Both give the same exact integer sums.
 //!
-//! Not here yet: the dot-product extension (`sdot`), the other K-quants and the
-//! multi-token prefill tiles; those keep the scalar kernels on aarch64.
+//! Not here yet: the other K-quants and the multi-token prefill tiles; those keep the
+//! scalar kernels on aarch64.
 
 use crate::formats::k_quants::{q4_k, q6_k, q8_k, unpack_scale_min_k4, QK_K};
 use crate::formats::{f16_at, q4_0, q4_1, q5_0, q8_0, q8_1, FormatKernels};
 use core::arch::aarch64::*;
 use prima_core::gguf::GgmlType;
 
-/// Replaces the functions of `k` (the scalar table) that have a NEON version.
-pub(in crate::formats) fn overlay(mut k: FormatKernels) -> FormatKernels {
-    use GgmlType as T;
-    k.vec_dot = match k.weight_type {
-        T::Q4_0 => dot_q4_0,
-        T::Q4_1 => dot_q4_1,
-        T::Q5_0 => dot_q5_0,
-        T::Q8_0 => dot_q8_0,
-        T::Q4K => dot_q4_k,
-        T::Q6K => dot_q6_k,
-        _ => k.vec_dot,
-    };
+/// Replaces the functions of `k` (the scalar table) that have a NEON version; with
+/// `dotprod`, the builds that use `sdot`.
+///
+/// The caller must only pass `dotprod` on a CPU that has the dot-product extension
+/// (`dispatch` checks it): those kernels execute `sdot`.
+pub(in crate::formats) fn overlay(mut k: FormatKernels, dotprod: bool) -> FormatKernels {
+    k.vec_dot = if dotprod {
+        kernel::<Sdot>(k.weight_type)
+    } else {
+        kernel::<Widening>(k.weight_type)
+    }
+    .unwrap_or(k.vec_dot);
     k
 }
 
-/// The 16 products `x·y` of signed bytes, summed in pairs and widened: four i32 lanes.
-/// The i16 lanes hold two products each, at most 2 · 128 · 127 in size (activations from
-/// the quantizers are within ±127), so nothing saturates.
-#[inline]
-fn products(x: int8x16_t, y: &[u8]) -> int32x4_t {
-    assert!(y.len() >= 16);
-    // SAFETY: NEON is part of the aarch64 baseline; `y` holds at least 16 bytes (above).
-    unsafe {
-        let y = vld1q_s8(y.as_ptr() as *const i8);
-        vpaddlq_s16(vmlal_high_s8(
-            vmull_s8(vget_low_s8(x), vget_low_s8(y)),
-            x,
-            y,
-        ))
+/// The kernel of weight type `t` built on `P`, where there is one.
+fn kernel<P: Products>(t: GgmlType) -> Option<crate::formats::VecDotFn> {
+    use GgmlType as T;
+    Some(match t {
+        T::Q4_0 => dot_q4_0::<P>,
+        T::Q4_1 => dot_q4_1::<P>,
+        T::Q5_0 => dot_q5_0::<P>,
+        T::Q8_0 => dot_q8_0::<P>,
+        T::Q4K => dot_q4_k::<P>,
+        T::Q6K => dot_q6_k::<P>,
+        _ => return None,
+    })
+}
+
+/// How 16 signed-byte products `x·y` become four i32 lanes whose total is `Σ x·y`.
+trait Products {
+    fn products(x: int8x16_t, y: int8x16_t) -> int32x4_t;
+}
+
+/// Plain NEON: products in i16 lanes, summed in pairs and widened. The i16 lanes hold two
+/// products each, at most 2 · 128 · 127 in size (activations from the quantizers are
+/// within ±127), so nothing saturates.
+struct Widening;
+
+impl Products for Widening {
+    #[inline(always)]
+    fn products(x: int8x16_t, y: int8x16_t) -> int32x4_t {
+        // SAFETY: NEON is part of the aarch64 baseline.
+        unsafe {
+            vpaddlq_s16(vmlal_high_s8(
+                vmull_s8(vget_low_s8(x), vget_low_s8(y)),
+                x,
+                y,
+            ))
+        }
     }
 }
 
+/// The dot-product extension: one `sdot` sums each group of four products into a lane.
+/// Only reachable through `overlay(_, true)`, which `dispatch` calls after detecting the
+/// extension. (`vdotq_s32` is not stable Rust yet, hence the one-instruction `asm!`.)
+struct Sdot;
+
+impl Products for Sdot {
+    #[inline(always)]
+    fn products(x: int8x16_t, y: int8x16_t) -> int32x4_t {
+        // SAFETY: `sdot` only reads its three vector registers and writes the first; the
+        // CPU has the dot-product extension (see the type's comment).
+        unsafe {
+            let mut acc = vdupq_n_s32(0);
+            core::arch::asm!(
+                ".arch_extension dotprod",
+                "sdot {acc:v}.4s, {x:v}.16b, {y:v}.16b",
+                acc = inout(vreg) acc,
+                x = in(vreg) x,
+                y = in(vreg) y,
+                options(pure, nomem, nostack, preserves_flags),
+            );
+            acc
+        }
+    }
+}
+
+/// The 16 activation bytes at `y` as signed bytes.
+#[inline(always)]
+fn act16(y: &[u8]) -> int8x16_t {
+    assert!(y.len() >= 16);
+    // SAFETY: NEON is baseline; `y` holds at least 16 bytes (above).
+    unsafe { vld1q_s8(y.as_ptr() as *const i8) }
+}
+
 /// `Σ x·y` over 16 signed bytes against 16 activation bytes at `y`.
-#[inline]
-fn dot16(x: int8x16_t, y: &[u8]) -> i32 {
+#[inline(always)]
+fn dot16<P: Products>(x: int8x16_t, y: &[u8]) -> i32 {
     // SAFETY: NEON is baseline.
-    unsafe { vaddvq_s32(products(x, y)) }
+    unsafe { vaddvq_s32(P::products(x, act16(y))) }
 }
 
 /// `Σ x·y` over 16 + 16 signed bytes: `(x_lo, x_hi)` against 32 activation bytes at `y`.
-#[inline]
-fn dot32(x_lo: int8x16_t, x_hi: int8x16_t, y: &[u8]) -> i32 {
-    let (lo, hi) = (products(x_lo, y), products(x_hi, &y[16..]));
+#[inline(always)]
+fn dot32<P: Products>(x_lo: int8x16_t, x_hi: int8x16_t, y: &[u8]) -> i32 {
+    let (lo, hi) = (
+        P::products(x_lo, act16(y)),
+        P::products(x_hi, act16(&y[16..])),
+    );
     // SAFETY: NEON is baseline.
     unsafe { vaddvq_s32(vaddq_s32(lo, hi)) }
 }
@@ -73,27 +132,27 @@ fn nibbles(qs: &[u8], offset: i8) -> (int8x16_t, int8x16_t) {
     }
 }
 
-fn dot_q4_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
+fn dot_q4_0<P: Products>(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let mut sum = 0.0f32;
     let blocks = w
         .chunks_exact(q4_0::BLOCK_BYTES)
         .zip(a.chunks_exact(q8_0::BLOCK_BYTES));
     for (wb, ab) in blocks.take(n / 32) {
         let (lo, hi) = nibbles(&wb[2..], 8);
-        let isum = dot32(lo, hi, &ab[2..]);
+        let isum = dot32::<P>(lo, hi, &ab[2..]);
         sum += isum as f32 * f16_at(wb, 0) * f16_at(ab, 0);
     }
     sum
 }
 
-fn dot_q4_1(n: usize, w: &[u8], a: &[u8]) -> f32 {
+fn dot_q4_1<P: Products>(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let mut sum = 0.0f32;
     let blocks = w
         .chunks_exact(q4_1::BLOCK_BYTES)
         .zip(a.chunks_exact(q8_1::BLOCK_BYTES));
     for (wb, ab) in blocks.take(n / 32) {
         let (lo, hi) = nibbles(&wb[4..], 0);
-        let isum = dot32(lo, hi, &ab[4..]);
+        let isum = dot32::<P>(lo, hi, &ab[4..]);
         let (d, m) = (f16_at(wb, 0), f16_at(wb, 2));
         let (d_a, s_a) = (f16_at(ab, 0), f16_at(ab, 2));
         sum += d * d_a * isum as f32 + m * s_a;
@@ -101,7 +160,7 @@ fn dot_q4_1(n: usize, w: &[u8], a: &[u8]) -> f32 {
     sum
 }
 
-fn dot_q5_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
+fn dot_q5_0<P: Products>(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let mut sum = 0.0f32;
     let blocks = w
         .chunks_exact(q5_0::BLOCK_BYTES)
@@ -124,13 +183,13 @@ fn dot_q5_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
                 vsubq_s8(vorrq_s8(hi, fifth(&wb[4..6])), sixteen),
             )
         };
-        let isum = dot32(lo, hi, &ab[2..]);
+        let isum = dot32::<P>(lo, hi, &ab[2..]);
         sum += isum as f32 * f16_at(wb, 0) * f16_at(ab, 0);
     }
     sum
 }
 
-fn dot_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
+fn dot_q8_0<P: Products>(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let mut sum = 0.0f32;
     let blocks = w
         .chunks_exact(q8_0::BLOCK_BYTES)
@@ -143,7 +202,7 @@ fn dot_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
                 vld1q_s8(wb.as_ptr().add(18) as *const i8),
             )
         };
-        let isum = dot32(lo, hi, &ab[2..]);
+        let isum = dot32::<P>(lo, hi, &ab[2..]);
         sum += isum as f32 * (f16_at(wb, 0) * f16_at(ab, 0));
     }
     sum
@@ -151,7 +210,7 @@ fn dot_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
 
 /// Q4_K: per 64-quant slice, the low nibbles of its 32 bytes are sub-block 2c and the high
 /// nibbles sub-block 2c + 1; mins against the Q8_K `bsums`.
-fn dot_q4_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
+fn dot_q4_k<P: Products>(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let mut sum = 0.0f32;
     let blocks = w
         .chunks_exact(q4_k::BLOCK_BYTES)
@@ -165,8 +224,8 @@ fn dot_q4_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
             let qs = &wb[16 + 32 * c..];
             let ((lo0, hi0), (lo1, hi1)) = (nibbles(qs, 0), nibbles(&qs[16..], 0));
             let (lo, hi) = ((lo0, lo1), (hi0, hi1));
-            isum += sc[2 * c] as i32 * dot32(lo.0, lo.1, &aq[64 * c..]);
-            isum += sc[2 * c + 1] as i32 * dot32(hi.0, hi.1, &aq[64 * c + 32..]);
+            isum += sc[2 * c] as i32 * dot32::<P>(lo.0, lo.1, &aq[64 * c..]);
+            isum += sc[2 * c + 1] as i32 * dot32::<P>(hi.0, hi.1, &aq[64 * c + 32..]);
         }
         for (sb, &m) in mn.iter().enumerate() {
             msum += m as i32 * (q8_k::bsum(ab, 2 * sb) + q8_k::bsum(ab, 2 * sb + 1));
@@ -180,7 +239,7 @@ fn dot_q4_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
 /// Q6_K: elements `128h + 32k .. + 32` take the low (k < 2) or high (k ≥ 2) nibbles of
 /// `ql[64h + 32(k % 2) ..]` and bits `2k..2k + 2` of `qh[32h ..]`, less 32; each group of
 /// 16 has its own scale.
-fn dot_q6_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
+fn dot_q6_k<P: Products>(n: usize, w: &[u8], a: &[u8]) -> f32 {
     use q6_k::{D, QH, SCALES};
     let mut sum = 0.0f32;
     let blocks = w
@@ -214,7 +273,7 @@ fn dot_q6_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
                     };
                     let first = 128 * h + 32 * k + 16 * half;
                     let scale = wb[SCALES + first / 16] as i8 as i32;
-                    isum += scale * dot16(q, &aq[first..]);
+                    isum += scale * dot16::<P>(q, &aq[first..]);
                 }
             }
         }
