@@ -110,7 +110,13 @@ struct Shared {
     /// Set by [`SpinPool::park`]: idle workers sleep at once instead of finishing their
     /// spin window. Cleared when the next job is published.
     park: AtomicBool,
+    /// Workers waiting on `wake`, or about to.
     sleepers: AtomicUsize,
+    /// Set when a caller has notified the sleepers; cleared by a worker (under `sleep`)
+    /// as it goes to sleep. While set, later jobs skip the notify: the workers it woke are
+    /// on their way and will find those jobs by polling. Without it, each job of a window
+    /// paid a futex call until the woken worker had run again.
+    notified: AtomicBool,
     sleep: Mutex<()>,
     wake: Condvar,
     shutdown: AtomicBool,
@@ -146,6 +152,7 @@ impl SpinPool {
             panicked: AtomicBool::new(false),
             park: AtomicBool::new(false),
             sleepers: AtomicUsize::new(0),
+            notified: AtomicBool::new(false),
             sleep: Mutex::new(()),
             wake: Condvar::new(),
             shutdown: AtomicBool::new(false),
@@ -215,6 +222,7 @@ fn worker(s: &Shared) {
                 continue;
             }
             let guard = s.sleep.lock().unwrap_or_else(|e| e.into_inner());
+            s.notified.store(false, SeqCst);
             s.sleepers.fetch_add(1, SeqCst);
             if unpack(s.state.load(SeqCst)).0 == seen && !s.shutdown.load(SeqCst) {
                 drop(s.wake.wait(guard).unwrap_or_else(|e| e.into_inner()));
@@ -256,8 +264,11 @@ impl SpinPool {
         s.done.store(0, Relaxed);
         s.park.store(false, Relaxed);
         s.state.store(pack(generation, n, 0), SeqCst);
-        if s.sleepers.load(SeqCst) > 0 {
-            let _g = s.sleep.lock().unwrap_or_else(|e| e.into_inner());
+        if s.sleepers.load(SeqCst) > 0 && !s.notified.swap(true, SeqCst) {
+            // Taking and dropping the lock orders this with a worker between its check of
+            // `state` and its wait; notifying after the lock is released lets the woken
+            // worker take it at once instead of waking a second time for it.
+            drop(s.sleep.lock().unwrap_or_else(|e| e.into_inner()));
             s.wake.notify_all();
         }
         let (caller_ran, caller_panicked) = claim_chunks(s, generation);
