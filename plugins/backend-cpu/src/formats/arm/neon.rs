@@ -1,15 +1,15 @@
-//! NEON kernels for the 32-element block quants (Q4_0, Q4_1, Q5_0, Q8_0) and the K-quants
-//! of Q4_K_M files (Q4_K, Q6_K): each block's products in vector lanes, the block's float
+//! NEON kernels for the 32-element block quants (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) and the
+//! K-quants of Q4_K_M and Q5_K_M files (Q4_K, Q5_K, Q6_K): each block's products in vector lanes, the block's float
 //! term as the scalar kernel computes it. Each kernel comes in two builds that differ only
 //! in how 16 byte products reach four i32 lanes ([`Products`]): plain NEON (`vmull_s8` /
 //! `vmlal_high_s8` into i16, pairwise widening adds), or one `sdot` where the CPU has the
 //! dot-product extension. Both give the same exact integer sums.
 //!
-//! Not here yet: the other K-quants and the multi-token prefill tiles; those keep the
-//! scalar kernels on aarch64.
+//! Not here yet: Q2_K, Q3_K and the multi-token prefill tiles; those keep the scalar
+//! kernels on aarch64 (the float formats' scalar dot, in 16 lanes, vectorises as it is).
 
-use crate::formats::k_quants::{q4_k, q6_k, q8_k, unpack_scale_min_k4, QK_K};
-use crate::formats::{f16_at, q4_0, q4_1, q5_0, q8_0, q8_1, FormatKernels};
+use crate::formats::k_quants::{q4_k, q5_k, q6_k, q8_k, unpack_scale_min_k4, QK_K};
+use crate::formats::{f16_at, q4_0, q4_1, q5_0, q5_1, q8_0, q8_1, FormatKernels};
 use core::arch::aarch64::*;
 use prima_core::gguf::GgmlType;
 
@@ -35,8 +35,10 @@ fn kernel<P: Products>(t: GgmlType) -> Option<crate::formats::VecDotFn> {
         T::Q4_0 => dot_q4_0::<P>,
         T::Q4_1 => dot_q4_1::<P>,
         T::Q5_0 => dot_q5_0::<P>,
+        T::Q5_1 => dot_q5_1::<P>,
         T::Q8_0 => dot_q8_0::<P>,
         T::Q4K => dot_q4_k::<P>,
+        T::Q5K => dot_q5_k::<P>,
         T::Q6K => dot_q6_k::<P>,
         _ => return None,
     })
@@ -189,6 +191,42 @@ fn dot_q5_0<P: Products>(n: usize, w: &[u8], a: &[u8]) -> f32 {
     sum
 }
 
+/// The fifth bits of 16 elements as 0x10 bytes: bit `i` of the little-endian `qh16`
+/// (two bytes) for element `i`.
+#[inline(always)]
+fn fifth_bits(qh16: &[u8]) -> uint8x16_t {
+    assert!(qh16.len() >= 2);
+    // SAFETY: NEON is baseline.
+    unsafe {
+        let bit = vld1q_u8([1u8, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128].as_ptr());
+        let bytes = vcombine_u8(vdup_n_u8(qh16[0]), vdup_n_u8(qh16[1]));
+        vandq_u8(vtstq_u8(bytes, bit), vdupq_n_u8(0x10))
+    }
+}
+
+fn dot_q5_1<P: Products>(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let mut sum = 0.0f32;
+    let blocks = w
+        .chunks_exact(q5_1::BLOCK_BYTES)
+        .zip(a.chunks_exact(q8_1::BLOCK_BYTES));
+    for (wb, ab) in blocks.take(n / 32) {
+        // As Q5_0 without the −16: quants 0..=31 against Q8_1 activations.
+        let (lo, hi) = nibbles(&wb[8..], 0);
+        // SAFETY: NEON is baseline.
+        let (lo, hi) = unsafe {
+            (
+                vorrq_s8(lo, vreinterpretq_s8_u8(fifth_bits(&wb[4..6]))),
+                vorrq_s8(hi, vreinterpretq_s8_u8(fifth_bits(&wb[6..8]))),
+            )
+        };
+        let isum = dot32::<P>(lo, hi, &ab[4..]);
+        let (d, m) = (f16_at(wb, 0), f16_at(wb, 2));
+        let (d_a, s_a) = (f16_at(ab, 0), f16_at(ab, 2));
+        sum += d * d_a * isum as f32 + m * s_a;
+    }
+    sum
+}
+
 fn dot_q8_0<P: Products>(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let mut sum = 0.0f32;
     let blocks = w
@@ -229,6 +267,43 @@ fn dot_q4_k<P: Products>(n: usize, w: &[u8], a: &[u8]) -> f32 {
         }
         for (sb, &m) in mn.iter().enumerate() {
             msum += m as i32 * (q8_k::bsum(ab, 2 * sb) + q8_k::bsum(ab, 2 * sb + 1));
+        }
+        let d_a = q8_k::d(ab);
+        sum += d_a * f16_at(wb, 0) * isum as f32 - d_a * f16_at(wb, 2) * msum as f32;
+    }
+    sum
+}
+
+/// Q5_K: Q4_K's nibbles, plus a fifth bit per element: bit `sb` of `qh[j]` for element
+/// `j` of sub-block `sb`.
+fn dot_q5_k<P: Products>(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    const QH: usize = 16;
+    const QS: usize = QH + QK_K / 8;
+    let mut sum = 0.0f32;
+    let blocks = w
+        .chunks_exact(q5_k::BLOCK_BYTES)
+        .zip(a.chunks_exact(q8_k::BLOCK_BYTES));
+    for (wb, ab) in blocks.take(n / QK_K) {
+        let (sc, mn) = unpack_scale_min_k4(&wb[4..16]);
+        let aq = &ab[q8_k::QS..];
+        let qh = &wb[QH..QH + 32];
+        // SAFETY: NEON is baseline; `qh` is 32 bytes.
+        let (qh_lo, qh_hi) = unsafe { (vld1q_u8(qh.as_ptr()), vld1q_u8(qh.as_ptr().add(16))) };
+        let (mut isum, mut msum) = (0i32, 0i32);
+        for sb in 0..8 {
+            let qs = &wb[QS + 32 * (sb / 2)..];
+            let ((lo0, hi0), (lo1, hi1)) = (nibbles(qs, 0), nibbles(&qs[16..], 0));
+            let (q0, q1) = if sb % 2 == 0 { (lo0, lo1) } else { (hi0, hi1) };
+            // SAFETY: NEON is baseline.
+            let (q0, q1) = unsafe {
+                let bit = vdupq_n_u8(1 << sb);
+                let five = |h: uint8x16_t| {
+                    vreinterpretq_s8_u8(vandq_u8(vtstq_u8(h, bit), vdupq_n_u8(0x10)))
+                };
+                (vorrq_s8(q0, five(qh_lo)), vorrq_s8(q1, five(qh_hi)))
+            };
+            isum += sc[sb] as i32 * dot32::<P>(q0, q1, &aq[32 * sb..]);
+            msum += mn[sb] as i32 * (q8_k::bsum(ab, 2 * sb) + q8_k::bsum(ab, 2 * sb + 1));
         }
         let d_a = q8_k::d(ab);
         sum += d_a * f16_at(wb, 0) * isum as f32 - d_a * f16_at(wb, 2) * msum as f32;
