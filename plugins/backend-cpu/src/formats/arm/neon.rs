@@ -1,14 +1,14 @@
-//! NEON kernels for the 32-element block quants (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) and the
-//! K-quants of Q4_K_M and Q5_K_M files (Q4_K, Q5_K, Q6_K): each block's products in vector lanes, the block's float
+//! NEON kernels for every quantized weight format (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K to
+//! Q6_K): each block's products in vector lanes, the block's float
 //! term as the scalar kernel computes it. Each kernel comes in two builds that differ only
 //! in how 16 byte products reach four i32 lanes ([`Products`]): plain NEON (`vmull_s8` /
 //! `vmlal_high_s8` into i16, pairwise widening adds), or one `sdot` where the CPU has the
 //! dot-product extension. Both give the same exact integer sums.
 //!
-//! Not here yet: Q2_K, Q3_K and the multi-token prefill tiles; those keep the scalar
-//! kernels on aarch64 (the float formats' scalar dot, in 16 lanes, vectorises as it is).
+//! Not here yet: the multi-token prefill tiles (prefill calls these per token). The float
+//! formats keep their scalar dot, whose 16-lane order the compiler vectorises as it is.
 
-use crate::formats::k_quants::{q4_k, q5_k, q6_k, q8_k, unpack_scale_min_k4, QK_K};
+use crate::formats::k_quants::{q2_k, q3_k, q4_k, q5_k, q6_k, q8_k, unpack_scale_min_k4, QK_K};
 use crate::formats::{f16_at, q4_0, q4_1, q5_0, q5_1, q8_0, q8_1, FormatKernels};
 use core::arch::aarch64::*;
 use prima_core::gguf::GgmlType;
@@ -37,6 +37,8 @@ fn kernel<P: Products>(t: GgmlType) -> Option<crate::formats::VecDotFn> {
         T::Q5_0 => dot_q5_0::<P>,
         T::Q5_1 => dot_q5_1::<P>,
         T::Q8_0 => dot_q8_0::<P>,
+        T::Q2K => dot_q2_k::<P>,
+        T::Q3K => dot_q3_k::<P>,
         T::Q4K => dot_q4_k::<P>,
         T::Q5K => dot_q5_k::<P>,
         T::Q6K => dot_q6_k::<P>,
@@ -242,6 +244,76 @@ fn dot_q8_0<P: Products>(n: usize, w: &[u8], a: &[u8]) -> f32 {
         };
         let isum = dot32::<P>(lo, hi, &ab[2..]);
         sum += isum as f32 * (f16_at(wb, 0) * f16_at(ab, 0));
+    }
+    sum
+}
+
+/// The 2-bit quants `(qs[k] >> 2s) & 3` of the 16 bytes at `qs`, as signed bytes.
+#[inline(always)]
+fn crumbs(qs: &[u8], s: usize) -> int8x16_t {
+    assert!(qs.len() >= 16);
+    // SAFETY: NEON is baseline; `qs` holds at least 16 bytes (above).
+    unsafe {
+        let q = vld1q_u8(qs.as_ptr());
+        let q = match s {
+            0 => q,
+            1 => vshrq_n_u8(q, 2),
+            2 => vshrq_n_u8(q, 4),
+            _ => vshrq_n_u8(q, 6),
+        };
+        vreinterpretq_s8_u8(vandq_u8(q, vdupq_n_u8(3)))
+    }
+}
+
+/// Q2_K: group `g` of 16 takes bits `2s..2s + 2` of `qs[32h + 16(g % 2) ..]` (h = g / 8,
+/// s = (g % 8) / 2), with a 4-bit scale and a 4-bit min.
+fn dot_q2_k<P: Products>(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    use q2_k::{D, QS};
+    let mut sum = 0.0f32;
+    let blocks = w
+        .chunks_exact(q2_k::BLOCK_BYTES)
+        .zip(a.chunks_exact(q8_k::BLOCK_BYTES));
+    for (wb, ab) in blocks.take(n / QK_K) {
+        let aq = &ab[q8_k::QS..];
+        let (mut isum, mut msum) = (0i32, 0i32);
+        for g in 0..QK_K / 16 {
+            let (h, s) = (g / 8, (g % 8) / 2);
+            let q = crumbs(&wb[QS + 32 * h + 16 * (g % 2)..], s);
+            let sc = wb[g];
+            isum += (sc & 0x0F) as i32 * dot16::<P>(q, &aq[16 * g..]);
+            msum += (sc >> 4) as i32 * q8_k::bsum(ab, g);
+        }
+        let d_a = q8_k::d(ab);
+        sum += d_a * f16_at(wb, D) * isum as f32 - d_a * f16_at(wb, D + 2) * msum as f32;
+    }
+    sum
+}
+
+/// Q3_K: Q2_K's crumbs plus a high bit from `hmask` (bit `g / 2` of `hmask[16(g % 2) ..]`);
+/// a clear bit means the quant is less 4. Signed 6-bit scales per group of 16.
+fn dot_q3_k<P: Products>(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    use q3_k::{D, QS};
+    let mut sum = 0.0f32;
+    let blocks = w
+        .chunks_exact(q3_k::BLOCK_BYTES)
+        .zip(a.chunks_exact(q8_k::BLOCK_BYTES));
+    for (wb, ab) in blocks.take(n / QK_K) {
+        let aq = &ab[q8_k::QS..];
+        let sc = q3_k::scales(wb);
+        let mut isum = 0i32;
+        for (g, &scale) in sc.iter().enumerate() {
+            let (h, s) = (g / 8, (g % 8) / 2);
+            let low = crumbs(&wb[QS + 32 * h + 16 * (g % 2)..], s);
+            let hmask = &wb[16 * (g % 2)..16 * (g % 2) + 16];
+            // SAFETY: NEON is baseline; `hmask` is 16 bytes.
+            let q = unsafe {
+                let set = vtstq_u8(vld1q_u8(hmask.as_ptr()), vdupq_n_u8(1 << (g / 2)));
+                let four = vreinterpretq_s8_u8(vandq_u8(set, vdupq_n_u8(4)));
+                vsubq_s8(vorrq_s8(low, four), vdupq_n_s8(4))
+            };
+            isum += scale * dot16::<P>(q, &aq[16 * g..]);
+        }
+        sum += q8_k::d(ab) * f16_at(wb, D) * isum as f32;
     }
     sum
 }

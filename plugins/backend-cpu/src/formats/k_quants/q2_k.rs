@@ -11,8 +11,8 @@ use crate::formats::f16_at;
 pub const BLOCK_ELEMS: usize = QK_K;
 pub const BLOCK_BYTES: usize = QK_K / 16 + QK_K / 4 + 2 + 2;
 
-const QS: usize = QK_K / 16;
-const D: usize = QS + QK_K / 4;
+pub(crate) const QS: usize = QK_K / 16;
+pub(crate) const D: usize = QS + QK_K / 4;
 
 #[inline]
 fn quant(block: &[u8], i: usize) -> i32 {

@@ -13,9 +13,9 @@ use crate::formats::f16_at;
 pub const BLOCK_ELEMS: usize = QK_K;
 pub const BLOCK_BYTES: usize = QK_K / 8 + QK_K / 4 + 12 + 2;
 
-const QS: usize = QK_K / 8;
+pub(crate) const QS: usize = QK_K / 8;
 const SCALES: usize = QS + QK_K / 4;
-const D: usize = SCALES + 12;
+pub(crate) const D: usize = SCALES + 12;
 
 #[inline]
 fn quant(block: &[u8], i: usize) -> i32 {
