@@ -40,14 +40,51 @@ impl ChunkRunner for ThreadPool {
 
 fn thread_count(threads: u32) -> usize {
     match threads {
-        0 => std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1),
+        0 => default_threads(),
         n => n as usize,
     }
 }
 
-/// Builds the pool once per backend: `threads` workers, or one per available core for 0.
+/// One compute thread per physical core this process may use: SMT siblings share a core's
+/// execution units and its load bandwidth, so a second thread per core mostly adds
+/// synchronisation. The cores counted are the distinct (package, core) pairs under
+/// /sys/devices/system/cpu (Linux, Android), capped by the CPUs the process may run on;
+/// elsewhere, the available parallelism.
+pub fn default_threads() -> usize {
+    let logical = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    physical_cores(std::path::Path::new("/sys/devices/system/cpu"))
+        .map_or(logical, |p| p.min(logical))
+        .max(1)
+}
+
+/// Distinct (package, core) pairs among the `cpuN/topology` directories under `root`;
+/// `None` when there are none (not Linux, or no topology exposed).
+pub fn physical_cores(root: &std::path::Path) -> Option<usize> {
+    let mut cores = std::collections::HashSet::new();
+    for entry in std::fs::read_dir(root).ok()?.flatten() {
+        let name = entry.file_name();
+        let Some(id) = name.to_str().and_then(|n| n.strip_prefix("cpu")) else {
+            continue;
+        };
+        if id.is_empty() || !id.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let topology = entry.path().join("topology");
+        let read = |file: &str| {
+            std::fs::read_to_string(topology.join(file))
+                .ok()
+                .and_then(|s| s.trim().parse::<i64>().ok())
+        };
+        if let (Some(package), Some(core)) = (read("physical_package_id"), read("core_id")) {
+            cores.insert((package, core));
+        }
+    }
+    (!cores.is_empty()).then_some(cores.len())
+}
+
+/// Builds the pool once per backend: `threads` workers, or one per physical core for 0.
 pub fn build_pool(threads: u32) -> Result<ThreadPool, String> {
     let n = thread_count(threads);
     ThreadPoolBuilder::new()
@@ -139,7 +176,7 @@ pub struct SpinPool {
 }
 
 impl SpinPool {
-    /// `threads` threads in all (0: one per available core), the caller counted.
+    /// `threads` threads in all (0: one per physical core), the caller counted.
     pub fn new(threads: u32) -> Result<SpinPool, String> {
         let n = thread_count(threads).max(1);
         let shared = Arc::new(Shared {

@@ -25,6 +25,8 @@
 //!   after its workers have gone to sleep.
 //! - `spin_pool_reraises_a_worker_panic`: a chunk that panics on a worker makes `run`
 //!   panic in the caller, every time, and the pool keeps working.
+//! - `default_threads_count_physical_cores`: the default thread count counts (package,
+//!   core) pairs of a sysfs-like tree (SMT siblings once, offline CPUs not at all).
 //! - `dispatch_selection`: `PRIMA_CPU_KERNELS` parsing and fallbacks.
 
 use abi_stable::std_types::RSlice;
@@ -491,6 +493,29 @@ fn spin_pool_reraises_a_worker_panic() {
         hits.fetch_add(1, Ordering::Relaxed);
     });
     assert_eq!(hits.load(Ordering::Relaxed), 8);
+}
+
+#[test]
+fn default_threads_count_physical_cores() {
+    use prima_backend_cpu::pool::{default_threads, physical_cores};
+    let root = std::env::temp_dir().join(format!("prima-cpu-topology-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    // Two packages; cpu0/cpu2 and cpu1/cpu3 are SMT siblings on package 0, cpu4 is alone on
+    // package 1 with the same core id as cpu0; cpu5 is offline (no topology).
+    for (cpu, package, core) in [(0, 0, 0), (1, 0, 1), (2, 0, 0), (3, 0, 1), (4, 1, 0)] {
+        let dir = root.join(format!("cpu{cpu}/topology"));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("physical_package_id"), format!("{package}\n")).unwrap();
+        std::fs::write(dir.join("core_id"), format!("{core}\n")).unwrap();
+    }
+    std::fs::create_dir_all(root.join("cpu5")).unwrap();
+    std::fs::create_dir_all(root.join("cpufreq/topology")).unwrap();
+    assert_eq!(physical_cores(&root), Some(3));
+    assert_eq!(physical_cores(&root.join("missing")), None);
+    std::fs::remove_dir_all(&root).unwrap();
+    let n = default_threads();
+    let logical = std::thread::available_parallelism().map_or(1, |n| n.get());
+    assert!(n >= 1 && n <= logical, "{n} threads of {logical} CPUs");
 }
 
 #[test]

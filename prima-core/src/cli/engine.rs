@@ -17,7 +17,7 @@ pub struct EngineArgs {
     /// GGUF model file.
     #[arg(short = 'm', long)]
     pub model: std::path::PathBuf,
-    /// Compute threads (default: the backend's choice, the number of cores).
+    /// Compute threads (default: the backend's choice; the CPU backend uses one per physical core).
     #[arg(short = 't', long)]
     pub threads: Option<u32>,
     /// Backend plugin to use (default: the first one found).
