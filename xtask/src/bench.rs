@@ -1,9 +1,10 @@
 //! `cargo xtask bench`: Prima and llama.cpp side by side, in one run, on the same models,
 //! thread counts, prompt and generation lengths.
 //!
-//! The two tools are run in alternation (llama-bench, prima bench, llama-bench, …) so a
-//! disturbance on the machine hits both; each reports the mean over `reps` repetitions
-//! and the table shows the mean of those means per tool and the Prima ÷ llama.cpp ratios.
+//! The two tools are run in alternation, the first of each round's pair alternating too
+//! (llama-bench, prima bench; prima bench, llama-bench; …), so a disturbance on the machine
+//! hits both; each reports the mean over `reps` repetitions and the table shows the median
+//! round per tool and the Prima ÷ llama.cpp ratios of those medians.
 //! Bandwidth efficiency = weight bytes read per generated token × generation tok/s ÷ the
 //! memory read bandwidth measured (STREAM-style) in the same run.
 
@@ -33,7 +34,8 @@ pub struct BenchArgs {
     /// Repetitions inside each tool run.
     #[arg(short = 'r', long, default_value_t = 3)]
     reps: usize,
-    /// Alternating rounds of (llama-bench, prima bench).
+    /// Alternating rounds of llama-bench and prima bench (the first of each pair
+    /// alternates); the table shows each side's median round.
     #[arg(long, default_value_t = 2)]
     rounds: usize,
 }
@@ -89,8 +91,17 @@ pub fn run(layout: &Layout, args: &BenchArgs) -> Result<()> {
             let mut bytes_per_token = 0.0f64;
             let mut prima_error = None;
             for round in 0..args.rounds {
-                theirs.push(run_llama_bench(&llama_bench, model, t, args)?);
-                match run_prima_bench(&prima, model, t, args, round == 0) {
+                // Who goes first alternates, so neither side always runs on a cold or a
+                // warmed-up machine.
+                let reference_first = round % 2 == 0;
+                if reference_first {
+                    theirs.push(run_llama_bench(&llama_bench, model, t, args)?);
+                }
+                let ran = run_prima_bench(&prima, model, t, args, round == 0);
+                if !reference_first && ran.is_ok() {
+                    theirs.push(run_llama_bench(&llama_bench, model, t, args)?);
+                }
+                match ran {
                     Ok((tp, bw, bytes)) => {
                         ours.push(tp);
                         if let Some(bw) = bw {
@@ -105,13 +116,13 @@ pub fn run(layout: &Layout, args: &BenchArgs) -> Result<()> {
                 }
             }
             let name = model.file_name().unwrap_or_default().to_string_lossy();
-            let l = mean(&theirs);
+            let l = median(&theirs);
             if let Some(err) = prima_error {
                 let first_line = err.lines().next().unwrap_or("").to_string();
                 println!("| {name} | {t} | {:.1} | – | – | {:.1} | – | – | | Prima failed: {first_line} |", l.pp, l.tg);
                 continue;
             }
-            let o = mean(&ours);
+            let o = median(&ours);
             let eff = |tg: f64| {
                 if mem_bw > 0.0 {
                     format!("{:.0}%", 100.0 * bytes_per_token * tg / mem_bw)
@@ -163,11 +174,21 @@ fn resolve_model(layout: &Layout, name: &str) -> Result<PathBuf> {
     }
 }
 
-fn mean(xs: &[Throughput]) -> Throughput {
-    let n = xs.len().max(1) as f64;
+/// The median round of each throughput: on a shared machine, interference slows a few
+/// rounds a lot, which a mean would carry into the ratio.
+fn median(xs: &[Throughput]) -> Throughput {
+    let mid = |f: fn(&Throughput) -> f64| {
+        let mut v: Vec<f64> = xs.iter().map(f).collect();
+        v.sort_by(f64::total_cmp);
+        match v.len() {
+            0 => 0.0,
+            n if n % 2 == 1 => v[n / 2],
+            n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+        }
+    };
     Throughput {
-        pp: xs.iter().map(|x| x.pp).sum::<f64>() / n,
-        tg: xs.iter().map(|x| x.tg).sum::<f64>() / n,
+        pp: mid(|x| x.pp),
+        tg: mid(|x| x.tg),
     }
 }
 
