@@ -437,32 +437,39 @@ unsafe fn dot_q4_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
     sum
 }
 
+/// The 128 quants of half `h` of Q6_K super-block `wb` (offsets not removed), as two
+/// 64-quant vectors: elements 128h + 0..64 take ql[64h..64h+64]'s low nibbles with qh bits
+/// 0-1 (first 32) and 2-3 (next 32); elements 128h + 64..128 the high nibbles with bits
+/// 4-7.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn q6k_half(wb: *const u8, h: usize) -> [__m512i; 2] {
+    let (low4, low2) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x03));
+    let l = _mm512_loadu_si512(wb.add(64 * h) as *const _);
+    let qhv = load(wb.add(128 + 32 * h));
+    let hb = [
+        join(qhv, _mm256_srli_epi16(qhv, 2)),
+        join(_mm256_srli_epi16(qhv, 4), _mm256_srli_epi16(qhv, 6)),
+    ];
+    let lj = [l, _mm512_srli_epi16(l, 4)];
+    core::array::from_fn(|j| {
+        _mm512_or_si512(
+            _mm512_and_si512(lj[j], low4),
+            _mm512_slli_epi16(_mm512_and_si512(hb[j], low2), 4),
+        )
+    })
+}
+
 /// Super-block `wb` of a Q6_K row against its Q8_K block `ab`: the scaled products less
 /// the −32 offset, as 8 i32 lanes whose sum is the scalar kernel's integer.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
 unsafe fn q6_k_sums(wb: *const u8, ab: *const u8) -> __m256i {
-    let low4 = _mm512_set1_epi8(0x0F);
-    let low2 = _mm512_set1_epi8(0x03);
-    let (ql, qh) = (wb, wb.add(128));
     let aq = ab.add(q8_k::QS);
     let scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(wb.add(192) as *const __m128i));
     let mut acc = _mm512_setzero_si512();
     for h in 0..2 {
-        // Elements 128h + 0..64 take ql[64h..64h+64] low nibbles and qh bits 0-1 (first
-        // 32) and 2-3 (next 32); elements 128h + 64..128 the high nibbles, bits 4-7.
-        let l = _mm512_loadu_si512(ql.add(64 * h) as *const _);
-        let qhv = load(qh.add(32 * h));
-        let hb = [
-            join(qhv, _mm256_srli_epi16(qhv, 2)),
-            join(_mm256_srli_epi16(qhv, 4), _mm256_srli_epi16(qhv, 6)),
-        ];
-        for (k, hb) in hb.into_iter().enumerate() {
-            let lk = if k == 0 { l } else { _mm512_srli_epi16(l, 4) };
-            let q = _mm512_or_si512(
-                _mm512_and_si512(lk, low4),
-                _mm512_slli_epi16(_mm512_and_si512(hb, low2), 4),
-            );
+        for (k, q) in q6k_half(wb, h).into_iter().enumerate() {
             let av = _mm512_loadu_si512(aq.add(128 * h + 64 * k) as *const _);
             // The 64 quants are four 16-element groups: g = 8h + 4k + 0..4. Their −32
             // offset is applied once per block from the bsums (`q6k_offset`).
@@ -572,29 +579,14 @@ unsafe fn dot_x4_q4_k(n: usize, w: &[u8], a: &[u8], st: usize) -> [f32; 4] {
 unsafe fn dot_x4_q6_k(n: usize, w: &[u8], a: &[u8], st: usize) -> [f32; 4] {
     let (wbb, abb) = (q6_k::BLOCK_BYTES, q8_k::BLOCK_BYTES);
     let nb = (n / QK_K).min(w.len() / wbb);
-    let low4 = _mm512_set1_epi8(0x0F);
-    let low2 = _mm512_set1_epi8(0x03);
     let mut sum = _mm_setzero_ps();
     for i in 0..nb {
         let wb = &w[i * wbb..(i + 1) * wbb];
         let ab = a.as_ptr().add(i * abb);
-        let (ql, qh, scales) = (wb.as_ptr(), wb.as_ptr().add(128), &wb[192..208]);
-        let scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(scales.as_ptr() as *const __m128i));
+        let scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(wb.as_ptr().add(192) as *const _));
         let mut acc = [_mm512_setzero_si512(); 4];
         for h in 0..2 {
-            // As `dot_q6_k`: low nibbles with qh bits 0-3, then high nibbles with bits 4-7.
-            let l = _mm512_loadu_si512(ql.add(64 * h) as *const _);
-            let qhv = load(qh.add(32 * h));
-            let hb = [
-                join(qhv, _mm256_srli_epi16(qhv, 2)),
-                join(_mm256_srli_epi16(qhv, 4), _mm256_srli_epi16(qhv, 6)),
-            ];
-            for (j, hb) in hb.into_iter().enumerate() {
-                let lj = if j == 0 { l } else { _mm512_srli_epi16(l, 4) };
-                let q = _mm512_or_si512(
-                    _mm512_and_si512(lj, low4),
-                    _mm512_slli_epi16(_mm512_and_si512(hb, low2), 4),
-                );
+            for (j, q) in q6k_half(wb.as_ptr(), h).into_iter().enumerate() {
                 let s = scale_quarters(scales16, 2 * h + j);
                 for (k, acc) in acc.iter_mut().enumerate() {
                     let off = k * st + q8_k::QS + 128 * h + 64 * j;
@@ -897,8 +889,6 @@ unsafe fn dot_2x4g_q4_k<const G: usize>(
 #[allow(clippy::needless_range_loop)] // h, j, k and r index several parallel arrays
 unsafe fn dot_2x4_q6_k(n: usize, w: &[u8], ws: usize, a: &[u8], st: usize) -> [f32; 8] {
     let (wbb, abb) = (q6_k::BLOCK_BYTES, q8_k::BLOCK_BYTES);
-    let low4 = _mm512_set1_epi8(0x0F);
-    let low2 = _mm512_set1_epi8(0x03);
     let mut sum = _mm256_setzero_ps();
     for i in 0..n / QK_K {
         let ab = a.as_ptr().add(i * abb);
@@ -908,27 +898,9 @@ unsafe fn dot_2x4_q6_k(n: usize, w: &[u8], ws: usize, a: &[u8], st: usize) -> [f
         });
         let mut acc = [[_mm512_setzero_si512(); 4]; 2];
         for h in 0..2 {
-            // As `dot_q6_k`: low nibbles with qh bits 0-3, then high nibbles with bits 4-7.
-            let l: [__m512i; 2] =
-                core::array::from_fn(|r| _mm512_loadu_si512(wb[r].add(64 * h) as *const _));
-            let qhv: [__m256i; 2] = core::array::from_fn(|r| load(wb[r].add(128 + 32 * h)));
+            let halves = [q6k_half(wb[0], h), q6k_half(wb[1], h)];
             for j in 0..2 {
-                let q: [__m512i; 2] = core::array::from_fn(|r| {
-                    let hb = if j == 0 {
-                        join(qhv[r], _mm256_srli_epi16(qhv[r], 2))
-                    } else {
-                        join(_mm256_srli_epi16(qhv[r], 4), _mm256_srli_epi16(qhv[r], 6))
-                    };
-                    let lj = if j == 0 {
-                        l[r]
-                    } else {
-                        _mm512_srli_epi16(l[r], 4)
-                    };
-                    _mm512_or_si512(
-                        _mm512_and_si512(lj, low4),
-                        _mm512_slli_epi16(_mm512_and_si512(hb, low2), 4),
-                    )
-                });
+                let q = [halves[0][j], halves[1][j]];
                 let s = [
                     scale_quarters(scales16[0], 2 * h + j),
                     scale_quarters(scales16[1], 2 * h + j),
