@@ -156,10 +156,7 @@ fn dot_q4_1<P: Products>(n: usize, w: &[u8], a: &[u8]) -> f32 {
         .zip(a.chunks_exact(q8_1::BLOCK_BYTES));
     for (wb, ab) in blocks.take(n / 32) {
         let (lo, hi) = nibbles(&wb[4..], 0);
-        let isum = dot32::<P>(lo, hi, &ab[4..]);
-        let (d, m) = (f16_at(wb, 0), f16_at(wb, 2));
-        let (d_a, s_a) = (f16_at(ab, 0), f16_at(ab, 2));
-        sum += d * d_a * isum as f32 + m * s_a;
+        sum += q4_1_term(wb, ab, dot32::<P>(lo, hi, &ab[4..]));
     }
     sum
 }
@@ -171,21 +168,11 @@ fn dot_q5_0<P: Products>(n: usize, w: &[u8], a: &[u8]) -> f32 {
         .zip(a.chunks_exact(q8_0::BLOCK_BYTES));
     for (wb, ab) in blocks.take(n / 32) {
         // Bit i of the 32-bit `qh` is the fifth bit of element i; the value is q − 16.
-        let (lo, hi) = nibbles(&wb[6..], 0);
+        let (lo, hi) = fifth_bit_quants(&wb[2..], &wb[6..]);
         // SAFETY: NEON is baseline.
         let (lo, hi) = unsafe {
-            let bit =
-                vld1q_u8([1u8, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128].as_ptr());
-            // 0x10 in lane i where bit i of the two `qh` bytes at `qh` is set.
-            let fifth = |qh: &[u8]| {
-                let bytes = vcombine_u8(vdup_n_u8(qh[0]), vdup_n_u8(qh[1]));
-                vreinterpretq_s8_u8(vandq_u8(vtstq_u8(bytes, bit), vdupq_n_u8(0x10)))
-            };
             let sixteen = vdupq_n_s8(16);
-            (
-                vsubq_s8(vorrq_s8(lo, fifth(&wb[2..4])), sixteen),
-                vsubq_s8(vorrq_s8(hi, fifth(&wb[4..6])), sixteen),
-            )
+            (vsubq_s8(lo, sixteen), vsubq_s8(hi, sixteen))
         };
         let isum = dot32::<P>(lo, hi, &ab[2..]);
         sum += isum as f32 * f16_at(wb, 0) * f16_at(ab, 0);
@@ -193,17 +180,35 @@ fn dot_q5_0<P: Products>(n: usize, w: &[u8], a: &[u8]) -> f32 {
     sum
 }
 
-/// The fifth bits of 16 elements as 0x10 bytes: bit `i` of the little-endian `qh16`
-/// (two bytes) for element `i`.
+/// The 32 five-bit quants (0..=31) of a Q5_0/Q5_1 block: the nibbles at `qs[..16]`
+/// (elements 0..16 low, 16..32 high) with bit `i` of the little-endian u32 at `qh` as
+/// element `i`'s fifth bit.
 #[inline(always)]
-fn fifth_bits(qh16: &[u8]) -> uint8x16_t {
-    assert!(qh16.len() >= 2);
+fn fifth_bit_quants(qh: &[u8], qs: &[u8]) -> (int8x16_t, int8x16_t) {
+    assert!(qh.len() >= 4);
+    let (lo, hi) = nibbles(qs, 0);
     // SAFETY: NEON is baseline.
     unsafe {
         let bit = vld1q_u8([1u8, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128].as_ptr());
-        let bytes = vcombine_u8(vdup_n_u8(qh16[0]), vdup_n_u8(qh16[1]));
-        vandq_u8(vtstq_u8(bytes, bit), vdupq_n_u8(0x10))
+        // 0x10 in lane i where bit i of the two bytes is set.
+        let fifth = |b: &[u8]| {
+            let bytes = vcombine_u8(vdup_n_u8(b[0]), vdup_n_u8(b[1]));
+            vreinterpretq_s8_u8(vandq_u8(vtstq_u8(bytes, bit), vdupq_n_u8(0x10)))
+        };
+        (
+            vorrq_s8(lo, fifth(&qh[..2])),
+            vorrq_s8(hi, fifth(&qh[2..4])),
+        )
     }
+}
+
+/// `d · d_a · isum + m · s_a`, the Q4_1/Q5_1 block term in the scalar order (`wb` and
+/// `ab` start with their f16 pairs).
+#[inline(always)]
+fn q4_1_term(wb: &[u8], ab: &[u8], isum: i32) -> f32 {
+    let (d, m) = (f16_at(wb, 0), f16_at(wb, 2));
+    let (d_a, s_a) = (f16_at(ab, 0), f16_at(ab, 2));
+    d * d_a * isum as f32 + m * s_a
 }
 
 fn dot_q5_1<P: Products>(n: usize, w: &[u8], a: &[u8]) -> f32 {
@@ -213,18 +218,8 @@ fn dot_q5_1<P: Products>(n: usize, w: &[u8], a: &[u8]) -> f32 {
         .zip(a.chunks_exact(q8_1::BLOCK_BYTES));
     for (wb, ab) in blocks.take(n / 32) {
         // As Q5_0 without the −16: quants 0..=31 against Q8_1 activations.
-        let (lo, hi) = nibbles(&wb[8..], 0);
-        // SAFETY: NEON is baseline.
-        let (lo, hi) = unsafe {
-            (
-                vorrq_s8(lo, vreinterpretq_s8_u8(fifth_bits(&wb[4..6]))),
-                vorrq_s8(hi, vreinterpretq_s8_u8(fifth_bits(&wb[6..8]))),
-            )
-        };
-        let isum = dot32::<P>(lo, hi, &ab[4..]);
-        let (d, m) = (f16_at(wb, 0), f16_at(wb, 2));
-        let (d_a, s_a) = (f16_at(ab, 0), f16_at(ab, 2));
-        sum += d * d_a * isum as f32 + m * s_a;
+        let (lo, hi) = fifth_bit_quants(&wb[4..], &wb[8..]);
+        sum += q4_1_term(wb, ab, dot32::<P>(lo, hi, &ab[4..]));
     }
     sum
 }
