@@ -93,6 +93,8 @@ pub fn gate(act: Gate, gate: &mut [f32], up: &[f32]) {
     gate_at(dispatch::selection().level, act, gate, up)
 }
 
+/// The one loop of every level; each wrapper below inlines it under its target features.
+#[inline(always)]
 fn gate_portable(act: Gate, gate: &mut [f32], up: &[f32]) {
     match act {
         Gate::Silu => gate_with(gate, up, silu),
@@ -102,21 +104,15 @@ fn gate_portable(act: Gate, gate: &mut [f32], up: &[f32]) {
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{gate_with, gelu_tanh, silu, Gate};
+    use super::{gate_portable, Gate};
 
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn gate_avx2(act: Gate, gate: &mut [f32], up: &[f32]) {
-        match act {
-            Gate::Silu => gate_with(gate, up, silu),
-            Gate::GeluTanh => gate_with(gate, up, gelu_tanh),
-        }
+        gate_portable(act, gate, up)
     }
 
     #[target_feature(enable = "avx2,fma,avx512f")]
     pub(super) unsafe fn gate_avx512(act: Gate, gate: &mut [f32], up: &[f32]) {
-        match act {
-            Gate::Silu => gate_with(gate, up, silu),
-            Gate::GeluTanh => gate_with(gate, up, gelu_tanh),
-        }
+        gate_portable(act, gate, up)
     }
 }
