@@ -5,10 +5,12 @@
 //! another version is refused before any frame is read. Frames are a big-endian u32 length
 //! and the payload (tokio-util's `LengthDelimitedCodec`).
 //!
-//! The blocking calls of the ABI run their futures on tokio: listening and connecting on one
-//! small runtime per transport, and each connection on a current-thread runtime of its
-//! own, driven by the thread that blocks in `recv` — which sleeps in epoll until a frame
-//! arrives, and is woken directly by it.
+//! Listening, accepting and connecting (with their timeouts and the hello) run on one small
+//! tokio runtime per transport. A connection's data path runs on no runtime: its socket is
+//! blocking, a frame leaves in one `writev`, and the thread in `recv` sleeps in the socket
+//! read itself, so a frame's arrival wakes it directly and one read usually takes the whole
+//! frame (with epoll in between, a hop cost a wake-up plus two or three system calls).
+//! Frames are taken out of the bytes read by the same codec.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -16,16 +18,14 @@ use std::time::Duration;
 
 use abi_stable::sabi_trait::TD_Opaque;
 use abi_stable::std_types::{RErr, RNone, ROk, ROption, RSlice, RSome, RString, RVec};
-use futures_util::StreamExt;
+use bytes::BytesMut;
 use prima_core::plugin::transport_abi::{
     Connection, ConnectionBox, Connection_TO, Listener, ListenerBox, Listener_TO, Transport,
     TransportBox, TransportConfig, TransportResult, Transport_TO, NO_TIMEOUT,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::runtime::Runtime;
-use tokio::sync::Mutex;
-use tokio_util::codec::{FramedRead, LengthDelimitedCodec};
+use tokio_util::codec::{Decoder, LengthDelimitedCodec};
 
 prima_core::export_transport_plugin!(name = "tcp", create = create_transport);
 
@@ -184,43 +184,125 @@ impl Listener for TcpListener {
     }
 }
 
-/// The socket halves, each behind its own lock so one thread can send while another
-/// receives.
-pub struct TcpConnection {
-    reader: Mutex<FramedRead<OwnedReadHalf, LengthDelimitedCodec>>,
-    /// The write half, for the rare frame the socket buffer cannot take at once. Held (a
-    /// std mutex: `send` is never called from async code) for the whole of a frame, so
-    /// frames from two threads never interleave.
-    writer: std::sync::Mutex<OwnedWriteHalf>,
-    /// A second handle on the socket: frames are written through it directly (see
-    /// `send`), and it shuts the socket down while a read is blocked.
-    shutdown: std::net::TcpStream,
+/// Bytes read from the socket and not yet handed out as frames, and the read timeout the
+/// socket was last given.
+struct Inbox {
+    buf: BytesMut,
+    codec: LengthDelimitedCodec,
+    max_frame: usize,
+    /// `None` until first set; then the socket's current `SO_RCVTIMEO`.
+    timeout: Option<Option<Duration>>,
+}
+
+/// The most one read asks for: a frame bigger than this arrives over several reads, and
+/// only what is asked for is zeroed first.
+const MAX_READ: usize = 1 << 20;
+/// What a read asks for while the length of the next frame is not known yet.
+const FIRST_READ: usize = 64 << 10;
+
+impl Inbox {
+    /// The next frame, reading from `socket` (blocking, so the waiting thread sleeps in
+    /// the read itself and the frame's arrival wakes it directly). `None` when no byte
+    /// came for `timeout_ms`; a partly received frame is kept for the next call.
+    fn next_frame(
+        &mut self,
+        socket: &std::net::TcpStream,
+        timeout_ms: u64,
+        peer: &str,
+    ) -> Result<Option<BytesMut>, String> {
+        use std::io::{ErrorKind, Read};
+        let timeout = (timeout_ms != NO_TIMEOUT).then(|| Duration::from_millis(timeout_ms.max(1)));
+        loop {
+            let want = match self.buf.get(..4) {
+                Some(head) => {
+                    let len = u32::from_be_bytes([head[0], head[1], head[2], head[3]]) as usize;
+                    if len > self.max_frame || self.buf.len() >= 4 + len {
+                        // The whole frame is here (or its length is over the limit): the
+                        // codec takes it out (or names the error) in one step, so it never
+                        // holds a half-read frame of its own.
+                        return match self.codec.decode(&mut self.buf) {
+                            Ok(Some(frame)) => Ok(Some(frame)),
+                            Ok(None) => Err(format!("receiving from {peer}: frame lost")),
+                            Err(e) => Err(format!("receiving from {peer}: {e}")),
+                        };
+                    }
+                    (4 + len - self.buf.len()).min(MAX_READ)
+                }
+                None => FIRST_READ,
+            };
+            if self.timeout != Some(timeout) {
+                socket
+                    .set_read_timeout(timeout)
+                    .map_err(|e| format!("receiving from {peer}: {e}"))?;
+                self.timeout = Some(timeout);
+            }
+            let have = self.buf.len();
+            let length_known = have >= 4;
+            // Zeroed once, then filled by as many reads as the rest of the frame takes.
+            self.buf.resize(have + want, 0);
+            let mut got = 0;
+            let mut reader = socket;
+            let outcome = loop {
+                match reader.read(&mut self.buf[have + got..]) {
+                    Ok(0) => break Err(format!("{peer} closed the connection")),
+                    Ok(n) => {
+                        got += n;
+                        if got == want || !length_known {
+                            break Ok(true);
+                        }
+                    }
+                    Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                        break Ok(false)
+                    }
+                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                    Err(e) => break Err(format!("receiving from {peer}: {e}")),
+                }
+            };
+            self.buf.truncate(have + got);
+            match outcome {
+                Ok(true) => {}
+                // Timed out: what came of a frame stays for the next call.
+                Ok(false) => return Ok(None),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+/// One connection: a blocking socket with a lock per direction, so one thread can send
+/// while another receives. No runtime on the data path: a frame goes out in one `writev`
+/// and comes in through a read the receiving thread sleeps in.
+pub struct ConnectionHandle {
+    socket: std::net::TcpStream,
+    inbox: std::sync::Mutex<Inbox>,
+    /// Held for the whole of a frame, so frames from two threads never interleave.
+    sending: std::sync::Mutex<()>,
     max_frame: usize,
     peer: String,
     closed: AtomicBool,
 }
 
-impl TcpConnection {
-    /// Registers `std` with the runtime entered by the caller.
-    fn new(
-        std: std::net::TcpStream,
+impl ConnectionHandle {
+    fn from_std(
+        socket: std::net::TcpStream,
         peer: String,
         max_frame: usize,
-    ) -> Result<TcpConnection, String> {
-        std.set_nodelay(true)
+    ) -> Result<ConnectionHandle, String> {
+        socket
+            .set_nodelay(true)
             .map_err(|e| format!("{peer}: cannot set TCP_NODELAY: {e}"))?;
-        std.set_nonblocking(true)
+        socket
+            .set_nonblocking(false)
             .map_err(|e| format!("{peer}: socket error: {e}"))?;
-        let shutdown = std
-            .try_clone()
-            .map_err(|e| format!("{peer}: socket error: {e}"))?;
-        let stream = tokio::net::TcpStream::from_std(std)
-            .map_err(|e| format!("{peer}: socket error: {e}"))?;
-        let (r, w) = stream.into_split();
-        Ok(TcpConnection {
-            reader: Mutex::new(FramedRead::new(r, codec(max_frame))),
-            writer: std::sync::Mutex::new(w),
-            shutdown,
+        Ok(ConnectionHandle {
+            socket,
+            inbox: std::sync::Mutex::new(Inbox {
+                buf: BytesMut::new(),
+                codec: codec(max_frame),
+                max_frame,
+                timeout: None,
+            }),
+            sending: std::sync::Mutex::new(()),
             max_frame,
             peer,
             closed: AtomicBool::new(false),
@@ -236,13 +318,8 @@ fn unsent<'a>(header: &'a [u8], payload: &'a [u8], written: usize) -> [&'a [u8];
     }
 }
 
-/// Writes as much of `header` then `payload` as the socket takes without blocking, and
-/// returns how many bytes that was.
-fn write_now(
-    socket: &std::net::TcpStream,
-    header: &[u8],
-    payload: &[u8],
-) -> std::io::Result<usize> {
+/// Writes `header` then `payload`, in one `writev` unless the socket buffer is full.
+fn write_frame(socket: &std::net::TcpStream, header: &[u8], payload: &[u8]) -> std::io::Result<()> {
     use std::io::{ErrorKind, IoSlice, Write};
     let mut socket = socket;
     let total = header.len() + payload.len();
@@ -252,116 +329,63 @@ fn write_now(
         match socket.write_vectored(&[IoSlice::new(h), IoSlice::new(p)]) {
             Ok(0) => return Err(ErrorKind::WriteZero.into()),
             Ok(n) => written += n,
-            Err(e) if e.kind() == ErrorKind::WouldBlock => break,
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
     }
-    Ok(written)
-}
-
-/// A connection plus the runtime its futures run on: a current-thread runtime of its own,
-/// so the thread blocked in `recv` is the one waiting in epoll and a frame wakes it
-/// directly (one wake-up per hop, not two).
-pub struct ConnectionHandle {
-    // Dropped before the runtime its sockets are registered with.
-    inner: TcpConnection,
-    rt: Arc<Runtime>,
-}
-
-impl ConnectionHandle {
-    fn from_std(
-        std: std::net::TcpStream,
-        peer: String,
-        max_frame: usize,
-    ) -> Result<ConnectionHandle, String> {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_io()
-            .enable_time()
-            .build()
-            .map_err(|e| format!("{peer}: cannot start a runtime: {e}"))?;
-        let inner = {
-            let _entered = rt.enter();
-            TcpConnection::new(std, peer, max_frame)?
-        };
-        Ok(ConnectionHandle {
-            inner,
-            rt: Arc::new(rt),
-        })
-    }
+    Ok(())
 }
 
 impl Connection for ConnectionHandle {
     fn send(&self, frame: RSlice<'_, u8>) -> TransportResult<()> {
-        let c = &self.inner;
-        if c.closed.load(Ordering::Acquire) {
-            return RErr(format!("{}: connection already closed", c.peer).into());
+        if self.closed.load(Ordering::Acquire) {
+            return RErr(format!("{}: connection already closed", self.peer).into());
         }
         let payload = frame.as_slice();
-        if payload.len() > c.max_frame {
+        if payload.len() > self.max_frame {
             return RErr(
                 format!(
                     "sending to {}: a frame of {} bytes is over the limit of {} bytes",
-                    c.peer,
+                    self.peer,
                     payload.len(),
-                    c.max_frame
+                    self.max_frame
                 )
                 .into(),
             );
         }
         let header = (payload.len() as u32).to_be_bytes();
-        let mut writer = c.writer.lock().unwrap_or_else(|e| e.into_inner());
-        // Fast path: one writev on the (non-blocking) socket, without entering the
-        // runtime. A hop's frame almost always fits the socket buffer, so the common
-        // case is one system call; what does not fit is written by the runtime.
-        let written = match write_now(&c.shutdown, &header, payload) {
-            Ok(n) => n,
-            Err(e) => return RErr(format!("sending to {}: {e}", c.peer).into()),
-        };
-        let total = header.len() + payload.len();
-        if written == total {
-            return ROk(());
-        }
-        let [h, p] = unsent(&header, payload, written);
-        let result = self.rt.block_on(async {
-            writer.write_all(h).await?;
-            writer.write_all(p).await
-        });
-        match result {
+        let _one_frame_at_a_time = self.sending.lock().unwrap_or_else(|e| e.into_inner());
+        match write_frame(&self.socket, &header, payload) {
             Ok(()) => ROk(()),
-            Err(e) => RErr(format!("sending to {}: {e}", c.peer).into()),
+            Err(e) => RErr(format!("sending to {}: {e}", self.peer).into()),
         }
     }
 
     fn recv(&self, timeout_ms: u64) -> TransportResult<ROption<RVec<u8>>> {
-        let c = &self.inner;
-        if c.closed.load(Ordering::Acquire) {
-            return RErr(format!("{}: connection already closed", c.peer).into());
+        if self.closed.load(Ordering::Acquire) {
+            return RErr(format!("{}: connection already closed", self.peer).into());
         }
-        let result = self.rt.block_on(async {
-            let mut reader = c.reader.lock().await;
-            within(timeout_ms, reader.next()).await
-        });
-        match result {
-            None => ROk(RNone),
-            Some(Some(Ok(frame))) => ROk(RSome(RVec::from(frame.to_vec()))),
-            Some(Some(Err(e))) => RErr(format!("receiving from {}: {e}", c.peer).into()),
-            Some(None) => RErr(format!("{} closed the connection", c.peer).into()),
+        let mut inbox = self.inbox.lock().unwrap_or_else(|e| e.into_inner());
+        match inbox.next_frame(&self.socket, timeout_ms, &self.peer) {
+            Ok(Some(frame)) => ROk(RSome(RVec::from(&frame[..]))),
+            Ok(None) => ROk(RNone),
+            Err(e) => RErr(e.into()),
         }
     }
 
     fn peer(&self) -> RString {
-        self.inner.peer.as_str().into()
+        self.peer.as_str().into()
     }
 
     fn close(&self) {
-        self.inner.closed.store(true, Ordering::Release);
-        let _ = self.inner.shutdown.shutdown(std::net::Shutdown::Both);
+        self.closed.store(true, Ordering::Release);
+        // Also wakes a thread blocked in a read or write on this socket.
+        let _ = self.socket.shutdown(std::net::Shutdown::Both);
     }
 }
 
 impl Drop for ConnectionHandle {
     fn drop(&mut self) {
-        let _ = self.inner.shutdown.shutdown(std::net::Shutdown::Both);
+        let _ = self.socket.shutdown(std::net::Shutdown::Both);
     }
 }

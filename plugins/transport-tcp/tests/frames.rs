@@ -1,7 +1,7 @@
 //! Frames through the TCP transport over loopback: intact and in order whatever their size
-//! (including frames far larger than the socket buffer, which take the runtime's path),
-//! never interleaved when two threads send on one connection, and refused with a clear
-//! error when over the frame limit.
+//! (including frames far larger than the socket buffer), kept whole when they arrive in
+//! pieces across a receive timeout, never interleaved when two threads send on one
+//! connection, and refused with a clear error when over the frame limit.
 
 use abi_stable::std_types::{RSlice, RString};
 use prima_core::plugin::transport_abi::{ConnectionBox, Transport, TransportConfig, NO_TIMEOUT};
@@ -54,7 +54,7 @@ fn recv(conn: &ConnectionBox) -> Vec<u8> {
 fn frames_of_every_size_arrive_intact_and_in_order() {
     let (a, b, _transports) = pair(LIMIT);
     // 0 bytes, a hop's row, and 16 MiB: far more than a loopback socket buffers, so the
-    // sender blocks part-way and finishes through the runtime while the reader drains.
+    // sender blocks part-way and finishes while the reader drains.
     let sizes = [0usize, 1, 2332, 65_536, 16 << 20, 3, 2332];
     let reader = std::thread::spawn(move || {
         // Let the big frame fill the socket before reading.
@@ -154,4 +154,45 @@ fn a_receiver_refuses_a_frame_over_its_own_limit() {
         .unwrap();
     let err = b.recv(NO_TIMEOUT).into_result().unwrap_err().into_string();
     assert!(err.contains("127.0.0.1"), "the error names the peer: {err}");
+}
+
+#[test]
+fn a_frame_that_arrives_in_pieces_survives_a_timeout() {
+    // A raw peer: it writes the transport's hello, then one frame in three pieces with
+    // pauses longer than the receiver's timeout.
+    let server = TcpTransport::new(TransportConfig {
+        max_frame_bytes: LIMIT,
+    })
+    .unwrap();
+    let listener = server.listen(RString::from("127.0.0.1:0")).unwrap();
+    let addr = listener.local_addr().into_string();
+    let peer = std::thread::spawn(move || {
+        use std::io::Write;
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.set_nodelay(true).unwrap();
+        s.write_all(b"PRTC\x01\0\0\0").unwrap();
+        let payload = frame(9, 5000);
+        let mut wire = (payload.len() as u32).to_be_bytes().to_vec();
+        wire.extend_from_slice(&payload);
+        for piece in [&wire[..2], &wire[2..3000], &wire[3000..]] {
+            s.write_all(piece).unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(150));
+        }
+        s
+    });
+    let conn = listener.accept(5_000).unwrap().unwrap();
+    let mut timeouts = 0;
+    let got = loop {
+        match conn.recv(50).into_result().unwrap().into_option() {
+            Some(f) => break f.into_vec(),
+            None => timeouts += 1,
+        }
+        assert!(timeouts < 100, "the frame never completed");
+    };
+    assert!(
+        timeouts >= 2,
+        "the receiver timed out between the pieces ({timeouts})"
+    );
+    assert!(got == frame(9, 5000), "the frame was corrupted");
+    drop(peer.join().unwrap());
 }
