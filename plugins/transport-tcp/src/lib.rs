@@ -188,6 +188,10 @@ impl Listener for TcpListener {
 /// socket was last given.
 struct Inbox {
     buf: BytesMut,
+    /// Zeroed once: reads whose size is not known yet land here and are copied to `buf`,
+    /// so the thread does not zero a large buffer before every read (work that would
+    /// compete, on a small machine, with the device it has just woken).
+    first_read: Vec<u8>,
     codec: LengthDelimitedCodec,
     max_frame: usize,
     /// `None` until first set; then the socket's current `SO_RCVTIMEO`.
@@ -197,7 +201,8 @@ struct Inbox {
 /// The most one read asks for: a frame bigger than this arrives over several reads, and
 /// only what is asked for is zeroed first.
 const MAX_READ: usize = 1 << 20;
-/// What a read asks for while the length of the next frame is not known yet.
+/// What a read asks for while the length of the next frame is not known yet: a one-token
+/// frame of any model arrives whole.
 const FIRST_READ: usize = 64 << 10;
 
 impl Inbox {
@@ -213,41 +218,54 @@ impl Inbox {
         use std::io::{ErrorKind, Read};
         let timeout = (timeout_ms != NO_TIMEOUT).then(|| Duration::from_millis(timeout_ms.max(1)));
         loop {
-            let want = match self.buf.get(..4) {
-                Some(head) => {
-                    let len = u32::from_be_bytes([head[0], head[1], head[2], head[3]]) as usize;
-                    if len > self.max_frame || self.buf.len() >= 4 + len {
-                        // The whole frame is here (or its length is over the limit): the
-                        // codec takes it out (or names the error) in one step, so it never
-                        // holds a half-read frame of its own.
-                        return match self.codec.decode(&mut self.buf) {
-                            Ok(Some(frame)) => Ok(Some(frame)),
-                            Ok(None) => Err(format!("receiving from {peer}: frame lost")),
-                            Err(e) => Err(format!("receiving from {peer}: {e}")),
-                        };
-                    }
-                    (4 + len - self.buf.len()).min(MAX_READ)
+            let frame_len = self
+                .buf
+                .get(..4)
+                .map(|head| u32::from_be_bytes([head[0], head[1], head[2], head[3]]) as usize);
+            if let Some(len) = frame_len {
+                if len > self.max_frame || self.buf.len() >= 4 + len {
+                    // The whole frame is here (or its length is over the limit): the codec
+                    // takes it out (or names the error) in one step, so it never holds a
+                    // half-read frame of its own.
+                    return match self.codec.decode(&mut self.buf) {
+                        Ok(Some(frame)) => Ok(Some(frame)),
+                        Ok(None) => Err(format!("receiving from {peer}: frame lost")),
+                        Err(e) => Err(format!("receiving from {peer}: {e}")),
+                    };
                 }
-                None => FIRST_READ,
-            };
+            }
             if self.timeout != Some(timeout) {
                 socket
                     .set_read_timeout(timeout)
                     .map_err(|e| format!("receiving from {peer}: {e}"))?;
                 self.timeout = Some(timeout);
             }
+            let mut reader = socket;
+            let Some(len) = frame_len else {
+                // One read of whatever has come, usually the whole frame.
+                match reader.read(&mut self.first_read) {
+                    Ok(0) => return Err(format!("{peer} closed the connection")),
+                    Ok(n) => self.buf.extend_from_slice(&self.first_read[..n]),
+                    Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                        return Ok(None)
+                    }
+                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                    Err(e) => return Err(format!("receiving from {peer}: {e}")),
+                }
+                continue;
+            };
+            // The rest of a frame of known length: zeroed once, then filled by as many
+            // reads as it takes.
             let have = self.buf.len();
-            let length_known = have >= 4;
-            // Zeroed once, then filled by as many reads as the rest of the frame takes.
+            let want = (4 + len - have).min(MAX_READ);
             self.buf.resize(have + want, 0);
             let mut got = 0;
-            let mut reader = socket;
             let outcome = loop {
                 match reader.read(&mut self.buf[have + got..]) {
                     Ok(0) => break Err(format!("{peer} closed the connection")),
                     Ok(n) => {
                         got += n;
-                        if got == want || !length_known {
+                        if got == want {
                             break Ok(true);
                         }
                     }
@@ -298,6 +316,7 @@ impl ConnectionHandle {
             socket,
             inbox: std::sync::Mutex::new(Inbox {
                 buf: BytesMut::new(),
+                first_read: vec![0; FIRST_READ],
                 codec: codec(max_frame),
                 max_frame,
                 timeout: None,
