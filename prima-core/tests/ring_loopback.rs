@@ -290,6 +290,56 @@ fn a_dead_node_is_named_within_seconds() {
     );
 }
 
+#[test]
+fn a_frozen_node_is_named_even_while_the_head_is_sending() {
+    // A node that stops (a suspended laptop, a frozen phone) while the head sends it a
+    // prompt batch larger than the socket buffers: the head's send cannot finish, and the
+    // head must still name the node within seconds instead of waiting for ever.
+    let Some(path) = smollm2() else { return };
+    let model = Model::load(&path).unwrap();
+    let backend = cpu_backend(1);
+    let transport = transport();
+    let mut first = NodeProcess::start(&path);
+    let second = NodeProcess::start(&path);
+    let addrs = [first.addr.clone(), second.addr.clone()];
+    let batch = 4096;
+    let options = RingOptions {
+        n_ctx: 4200,
+        n_batch: batch,
+        ..options()
+    };
+    let mut head = RingHead::connect(
+        &model,
+        &backend.backend,
+        &transport.transport,
+        &addrs,
+        &[1, 1, 28],
+        &options,
+    )
+    .unwrap();
+    head.eval(&[1, 2, 3]).unwrap();
+    // SAFETY: kill(2) with the pid of a child we own and a valid signal number.
+    assert_eq!(
+        unsafe { libc::kill(first.child.id() as i32, libc::SIGSTOP) },
+        0
+    );
+    let started = Instant::now();
+    let prompt: Vec<u32> = (0..batch as u32).map(|t| 100 + t % 1000).collect();
+    let result = head.eval(&prompt).map(|_| ());
+    let elapsed = started.elapsed();
+    // SAFETY: as above.
+    unsafe { libc::kill(first.child.id() as i32, libc::SIGCONT) };
+    let _ = first.child.kill();
+    let err = result.expect_err("the ring fails while a node is frozen");
+    let text = err.to_string();
+    assert!(
+        matches!(err, RingError::DeviceLost { device: 1, .. }),
+        "names the frozen node: {text}"
+    );
+    assert!(text.contains(&first.addr), "{text}");
+    assert!(elapsed < Duration::from_secs(15), "took {elapsed:?}");
+}
+
 fn prima(args: &[&str], model: &Path) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_prima"))
         .args([

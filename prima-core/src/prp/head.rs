@@ -91,6 +91,12 @@ struct Verdict {
 
 struct Shared {
     nodes: Vec<NodeLink>,
+    /// The head's data connections: to device 1, and from the last device. Here so that
+    /// the health thread can close them once it has a verdict, which ends a send or
+    /// receive the head is blocked in (a frame bigger than the socket buffers, sent to a
+    /// frozen node, would otherwise never finish).
+    data_out: ConnectionBox,
+    data_in: ConnectionBox,
     verdict: Mutex<Option<Verdict>>,
     stop: AtomicBool,
 }
@@ -163,8 +169,6 @@ pub struct RingHead<'m> {
     rounds: usize,
     wire: WireType,
     shared: Arc<Shared>,
-    data_out: ConnectionBox,
-    data_in: ConnectionBox,
     health: Option<JoinHandle<()>>,
     seq: u64,
     frame: Vec<u8>,
@@ -352,6 +356,8 @@ impl<'m> RingHead<'m> {
 
         let shared = Arc::new(Shared {
             nodes: links,
+            data_out,
+            data_in,
             verdict: Mutex::new(None),
             stop: AtomicBool::new(false),
         });
@@ -368,8 +374,6 @@ impl<'m> RingHead<'m> {
             rounds,
             wire: options.wire,
             shared,
-            data_out,
-            data_in,
             health: Some(health),
             seq: 0,
             frame: Vec::new(),
@@ -435,8 +439,8 @@ impl<'m> RingHead<'m> {
             let _ = send_control(&link.control, &Control::Shutdown { exit });
             link.control.close();
         }
-        self.data_out.close();
-        self.data_in.close();
+        self.shared.data_out.close();
+        self.shared.data_in.close();
     }
 
     /// Turns a transport failure into the health thread's verdict on who broke the ring,
@@ -479,7 +483,7 @@ impl<'m> RingHead<'m> {
         let (disk_read_bytes, mem_available) = self.meter.end_pass();
         let sending = Instant::now();
         encode_activations(&mut self.frame, &header, self.session.hidden());
-        if let Err(e) = send_frame(&self.data_out, &self.frame) {
+        if let Err(e) = send_frame(&self.shared.data_out, &self.frame) {
             return Err(self.broken(e));
         }
         let send_ms = sending.elapsed().as_secs_f64() * 1e3;
@@ -489,7 +493,7 @@ impl<'m> RingHead<'m> {
 
         let waiting = Instant::now();
         let frame = loop {
-            match recv_frame(&self.data_in, 200) {
+            match recv_frame(&self.shared.data_in, 200) {
                 Ok(Some(f)) => break f,
                 Ok(None) => {
                     if let Some(v) = self.shared.verdict() {
@@ -504,7 +508,7 @@ impl<'m> RingHead<'m> {
             }
         };
         let wait_ms = waiting.elapsed().as_secs_f64() * 1e3;
-        let peer = self.data_in.peer().into_string();
+        let peer = self.shared.data_in.peer().into_string();
         let (h, payload) = decode_activations(&frame, &peer)?;
         if h.seq != header.seq || h.round != header.round {
             return Err(RingError::Unexpected {
@@ -614,6 +618,10 @@ fn health_loop(shared: &Shared) {
         if let Some(v) = culprit.or_else(|| symptoms.into_iter().next()) {
             if !shared.stop.load(Ordering::Acquire) {
                 *shared.verdict.lock().unwrap_or_else(|e| e.into_inner()) = Some(v);
+                // The ring is broken: end any send or receive the head is blocked in, so
+                // it reports the verdict instead of waiting on a device that is gone.
+                shared.data_out.close();
+                shared.data_in.close();
             }
             return;
         }

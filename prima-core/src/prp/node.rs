@@ -245,8 +245,11 @@ fn session(node: &Node<'_>, setup: Setup, control: &ConnectionBox) -> Result<boo
     let failure = Mutex::new(None::<String>);
     let passes = Mutex::new(Vec::<PassStats>::new());
     std::thread::scope(|scope| {
-        let control_thread =
-            scope.spawn(|| control_loop(control, &data_in, &state, &failure, &passes, memory));
+        let control_thread = scope.spawn(|| {
+            control_loop(
+                control, &data_in, &data_out, &state, &failure, &passes, memory,
+            )
+        });
         let result = compute_loop(
             model,
             &mut session,
@@ -311,17 +314,22 @@ fn accept_data(listener: &ListenerBox) -> Result<ConnectionBox, RingError> {
 /// Answers the head until it ends the session or goes away. Once the compute loop has
 /// failed, pings are answered with its reason, so the head can tell a device that lost
 /// its neighbour from the neighbour that died.
+#[allow(clippy::too_many_arguments)]
 fn control_loop(
     control: &ConnectionBox,
     data_in: &ConnectionBox,
+    data_out: &ConnectionBox,
     state: &AtomicU8,
     failure: &Mutex<Option<String>>,
     passes: &Mutex<Vec<PassStats>>,
     memory: MemoryBaseline,
 ) {
+    // Closing both data connections ends whatever the compute loop is blocked in: a
+    // receive, or a send to a next device that has stopped reading.
     let end = |how: u8| {
         state.store(how, Ordering::Release);
         data_in.close();
+        data_out.close();
     };
     loop {
         let reply = match recv_control(control, NO_TIMEOUT) {
