@@ -188,22 +188,18 @@ impl Listener for TcpListener {
 /// socket was last given.
 struct Inbox {
     buf: BytesMut,
-    /// Zeroed once: reads whose size is not known yet land here and are copied to `buf`,
-    /// so the thread does not zero a large buffer before every read (work that would
-    /// compete, on a small machine, with the device it has just woken).
-    first_read: Vec<u8>,
+    /// Zeroed once: every read lands here and is copied to `buf`, so the thread never
+    /// zeroes a buffer before a read (work that would compete, on a small machine, with
+    /// the device it has just woken).
+    landing: Vec<u8>,
     codec: LengthDelimitedCodec,
     max_frame: usize,
     /// `None` until first set; then the socket's current `SO_RCVTIMEO`.
     timeout: Option<Option<Duration>>,
 }
 
-/// The most one read asks for: a frame bigger than this arrives over several reads, and
-/// only what is asked for is zeroed first.
-const MAX_READ: usize = 1 << 20;
-/// What a read asks for while the length of the next frame is not known yet: a one-token
-/// frame of any model arrives whole.
-const FIRST_READ: usize = 64 << 10;
+/// The most one read takes: a one-token frame of any model arrives whole.
+const READ_BYTES: usize = 64 << 10;
 
 impl Inbox {
     /// The next frame, reading from `socket` (blocking, so the waiting thread sleeps in
@@ -218,11 +214,8 @@ impl Inbox {
         use std::io::{ErrorKind, Read};
         let timeout = (timeout_ms != NO_TIMEOUT).then(|| Duration::from_millis(timeout_ms.max(1)));
         loop {
-            let frame_len = self
-                .buf
-                .get(..4)
-                .map(|head| u32::from_be_bytes([head[0], head[1], head[2], head[3]]) as usize);
-            if let Some(len) = frame_len {
+            if let Some(head) = self.buf.get(..4) {
+                let len = u32::from_be_bytes([head[0], head[1], head[2], head[3]]) as usize;
                 if len > self.max_frame || self.buf.len() >= 4 + len {
                     // The whole frame is here (or its length is over the limit): the codec
                     // takes it out (or names the error) in one step, so it never holds a
@@ -233,6 +226,7 @@ impl Inbox {
                         Err(e) => Err(format!("receiving from {peer}: {e}")),
                     };
                 }
+                self.buf.reserve(4 + len - self.buf.len());
             }
             if self.timeout != Some(timeout) {
                 socket
@@ -241,47 +235,15 @@ impl Inbox {
                 self.timeout = Some(timeout);
             }
             let mut reader = socket;
-            let Some(len) = frame_len else {
-                // One read of whatever has come, usually the whole frame.
-                match reader.read(&mut self.first_read) {
-                    Ok(0) => return Err(format!("{peer} closed the connection")),
-                    Ok(n) => self.buf.extend_from_slice(&self.first_read[..n]),
-                    Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
-                        return Ok(None)
-                    }
-                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                    Err(e) => return Err(format!("receiving from {peer}: {e}")),
-                }
-                continue;
-            };
-            // The rest of a frame of known length: zeroed once, then filled by as many
-            // reads as it takes.
-            let have = self.buf.len();
-            let want = (4 + len - have).min(MAX_READ);
-            self.buf.resize(have + want, 0);
-            let mut got = 0;
-            let outcome = loop {
-                match reader.read(&mut self.buf[have + got..]) {
-                    Ok(0) => break Err(format!("{peer} closed the connection")),
-                    Ok(n) => {
-                        got += n;
-                        if got == want {
-                            break Ok(true);
-                        }
-                    }
-                    Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
-                        break Ok(false)
-                    }
-                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                    Err(e) => break Err(format!("receiving from {peer}: {e}")),
-                }
-            };
-            self.buf.truncate(have + got);
-            match outcome {
-                Ok(true) => {}
+            match reader.read(&mut self.landing) {
+                Ok(0) => return Err(format!("{peer} closed the connection")),
+                Ok(n) => self.buf.extend_from_slice(&self.landing[..n]),
                 // Timed out: what came of a frame stays for the next call.
-                Ok(false) => return Ok(None),
-                Err(e) => return Err(e),
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                    return Ok(None)
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(format!("receiving from {peer}: {e}")),
             }
         }
     }
@@ -316,7 +278,7 @@ impl ConnectionHandle {
             socket,
             inbox: std::sync::Mutex::new(Inbox {
                 buf: BytesMut::new(),
-                first_read: vec![0; FIRST_READ],
+                landing: vec![0; READ_BYTES],
                 codec: codec(max_frame),
                 max_frame,
                 timeout: None,
