@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use crate::generate::Forward;
 use crate::model::{Model, Session};
 use crate::plugin::backend_abi::BackendBox;
-use crate::plugin::transport_abi::{ConnectionBox, TransportBox};
+use crate::plugin::transport_abi::{ConnectionBox, TransportBox, NO_TIMEOUT};
 
 use super::counters::PassMeter;
 use super::link::{
@@ -102,6 +102,12 @@ struct Shared {
 }
 
 impl Shared {
+    /// Ends any send or receive on the head's data connections.
+    fn close_data(&self) {
+        self.data_out.close();
+        self.data_in.close();
+    }
+
     fn verdict(&self) -> Option<Verdict> {
         self.verdict
             .lock()
@@ -439,8 +445,7 @@ impl<'m> RingHead<'m> {
             let _ = send_control(&link.control, &Control::Shutdown { exit });
             link.control.close();
         }
-        self.shared.data_out.close();
-        self.shared.data_in.close();
+        self.shared.close_data();
     }
 
     /// Turns a transport failure into the health thread's verdict on who broke the ring,
@@ -492,18 +497,12 @@ impl<'m> RingHead<'m> {
         }
 
         let waiting = Instant::now();
+        // Sleeps until the frame comes back; if the ring breaks first, the health thread
+        // closes the connection and the verdict names who broke it.
         let frame = loop {
-            match recv_frame(&self.shared.data_in, 200) {
+            match recv_frame(&self.shared.data_in, NO_TIMEOUT) {
                 Ok(Some(f)) => break f,
-                Ok(None) => {
-                    if let Some(v) = self.shared.verdict() {
-                        return Err(RingError::DeviceLost {
-                            device: v.device,
-                            addr: v.addr,
-                            reason: v.reason,
-                        });
-                    }
-                }
+                Ok(None) => {}
                 Err(e) => return Err(self.broken(e)),
             }
         };
@@ -620,8 +619,7 @@ fn health_loop(shared: &Shared) {
                 *shared.verdict.lock().unwrap_or_else(|e| e.into_inner()) = Some(v);
                 // The ring is broken: end any send or receive the head is blocked in, so
                 // it reports the verdict instead of waiting on a device that is gone.
-                shared.data_out.close();
-                shared.data_in.close();
+                shared.close_data();
             }
             return;
         }
