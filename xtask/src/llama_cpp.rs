@@ -13,6 +13,8 @@ use std::time::SystemTime;
 
 use anyhow::{bail, Context, Result};
 
+use crate::build_tools;
+use crate::cpu_features::CpuFeatures;
 use crate::layout::Layout;
 use crate::shell;
 
@@ -20,21 +22,10 @@ use crate::shell;
 pub const SDIST_NAME: &str = "llama-cpp-python";
 pub const SDIST_VERSION: &str = "0.3.36";
 
-/// Portable x86-64 build with AVX-512 but no AMX (AMX faults on the CI CPUs).
-pub const CMAKE_FLAGS: &[&str] = &[
+/// The build's switches besides the instruction sets, which come from the CPU at hand
+/// ([`CpuFeatures::cmake_flags`]).
+const BASE_CMAKE_FLAGS: &[&str] = &[
     "-DCMAKE_BUILD_TYPE=Release",
-    "-DGGML_NATIVE=OFF",
-    "-DGGML_AVX=ON",
-    "-DGGML_AVX2=ON",
-    "-DGGML_FMA=ON",
-    "-DGGML_F16C=ON",
-    "-DGGML_AVX512=ON",
-    "-DGGML_AVX512_VNNI=ON",
-    "-DGGML_AVX512_VBMI=ON",
-    "-DGGML_AVX512_BF16=ON",
-    "-DGGML_AMX_TILE=OFF",
-    "-DGGML_AMX_INT8=OFF",
-    "-DGGML_AMX_BF16=OFF",
     "-DLLAMA_CURL=OFF",
     "-DLLAMA_OPENSSL=OFF",
     "-DBUILD_SHARED_LIBS=OFF",
@@ -42,6 +33,15 @@ pub const CMAKE_FLAGS: &[&str] = &[
     "-DLLAMA_BUILD_SERVER=OFF",
     "-DGGML_OPENMP=ON",
 ];
+
+/// Every cmake switch of the reference build on this CPU.
+pub fn cmake_flags(cpu: &CpuFeatures) -> Vec<String> {
+    BASE_CMAKE_FLAGS
+        .iter()
+        .map(|f| f.to_string())
+        .chain(cpu.cmake_flags())
+        .collect()
+}
 
 const TARGETS: &[&str] = &[
     "llama-tokenize",
@@ -71,6 +71,8 @@ pub struct LlamaCpp {
     /// `~/.cache/prima/llama.cpp`
     root: PathBuf,
     dump_tool_source: PathBuf,
+    /// `~/.cache/prima`, where a cmake from PyPI goes when the machine has none.
+    cache: PathBuf,
 }
 
 /// What fixtures record about the reference build.
@@ -78,6 +80,8 @@ pub struct Version {
     pub sdist: String,
     pub commit: String,
     pub ggml: String,
+    /// The cmake switches of the build, its CPU's instruction sets included.
+    pub cmake_flags: String,
 }
 
 impl LlamaCpp {
@@ -86,6 +90,7 @@ impl LlamaCpp {
             sdists: layout.sdists(),
             root: layout.llama_cpp(),
             dump_tool_source: layout.workspace.join(DUMP_TOOL_SOURCE),
+            cache: layout.cache.clone(),
         }
     }
 
@@ -113,33 +118,39 @@ impl LlamaCpp {
         self.source().join("gguf-py")
     }
 
-    /// Fetch the source and build it unless a matching build exists.
+    /// Fetch the source and build it for this CPU unless a build for the same CPU
+    /// features, flags and targets exists.
     pub fn ensure_built(&self) -> Result<()> {
         self.ensure_source()?;
+        let cpu = CpuFeatures::detect()?;
+        let flags = cmake_flags(&cpu);
         let stamp_path = self.build_dir().join("prima-build.stamp");
-        let stamp = build_stamp();
+        let stamp = build_stamp(&flags);
         let built = BINARIES.iter().all(|b| self.bin(b).exists())
             && LIBRARIES.iter().all(|l| self.build_dir().join(l).exists());
         if built && fs::read_to_string(&stamp_path).is_ok_and(|s| s == stamp) {
             return Ok(());
         }
-        let cmake = ensure_cmake()?;
+        let cmake = build_tools::cmake(&self.cache)?;
         fs::create_dir_all(&self.root)?;
         let log = self.root.join("build.log");
         fs::write(&log, "")?;
         let jobs = std::thread::available_parallelism().map_or(2, |n| n.get());
         eprintln!(
-            "building llama.cpp {SDIST_VERSION} with {jobs} jobs (log: {})",
+            "building llama.cpp {SDIST_VERSION} for {} with {jobs} jobs (log: {})",
+            cpu.summary(),
             log.display()
         );
         let started = std::time::Instant::now();
+        // A stale stamp means other CPU features or flags: drop the old objects too.
+        let _ = fs::remove_file(&stamp_path);
         shell::run_logged(
             Command::new(&cmake)
                 .arg("-S")
                 .arg(self.source())
                 .arg("-B")
                 .arg(self.build_dir())
-                .args(CMAKE_FLAGS),
+                .args(&flags),
             &log,
         )?;
         shell::run_logged(
@@ -154,6 +165,18 @@ impl LlamaCpp {
         fs::write(&stamp_path, stamp)?;
         eprintln!("built llama.cpp in {:.0?}", started.elapsed());
         Ok(())
+    }
+
+    /// The cmake switches the existing build was made with (from its stamp).
+    pub fn built_flags(&self) -> Result<String> {
+        let stamp_path = self.build_dir().join("prima-build.stamp");
+        let stamp = fs::read_to_string(&stamp_path)
+            .with_context(|| format!("reading {}", stamp_path.display()))?;
+        stamp
+            .lines()
+            .find_map(|l| l.strip_prefix("flags: "))
+            .map(str::to_owned)
+            .with_context(|| format!("no flags in {}", stamp_path.display()))
     }
 
     /// Fail unless the build exists (for `--fixtures-only`).
@@ -215,6 +238,7 @@ impl LlamaCpp {
             sdist: format!("{SDIST_NAME} {SDIST_VERSION}"),
             commit,
             ggml,
+            cmake_flags: self.built_flags()?,
         })
     }
 
@@ -240,38 +264,12 @@ impl LlamaCpp {
     }
 }
 
-fn build_stamp() -> String {
+fn build_stamp(flags: &[String]) -> String {
     format!(
         "{SDIST_NAME} {SDIST_VERSION}\nflags: {}\ntargets: {}\n",
-        CMAKE_FLAGS.join(" "),
+        flags.join(" "),
         TARGETS.join(" ")
     )
-}
-
-/// The cmake to run: the system's, else the one from PyPI (installed when
-/// missing; its bin directory is not always on PATH).
-fn ensure_cmake() -> Result<PathBuf> {
-    if shell::on_path("cmake") {
-        return Ok(PathBuf::from("cmake"));
-    }
-    let locate = || -> Option<PathBuf> {
-        let out = Command::new("python3")
-            .args([
-                "-c",
-                "import cmake, os; print(os.path.join(cmake.CMAKE_BIN_DIR, 'cmake'))",
-            ])
-            .stderr(std::process::Stdio::null())
-            .output()
-            .ok()
-            .filter(|o| o.status.success())?;
-        Some(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
-    };
-    if let Some(path) = locate() {
-        return Ok(path);
-    }
-    eprintln!("installing cmake with pip");
-    shell::run(Command::new("python3").args(["-m", "pip", "install", "cmake"]))?;
-    locate().context("pip installed cmake but python cannot locate it")
 }
 
 fn modified(path: &Path) -> Option<SystemTime> {

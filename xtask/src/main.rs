@@ -7,7 +7,9 @@
 
 mod bench;
 mod bench_models;
+mod build_tools;
 mod catalogue;
+mod cpu_features;
 mod digest;
 mod fetch_models;
 mod fixture_cases;
@@ -37,6 +39,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Task {
+    /// Everything `cargo build` and `prima` need on a bare machine: the build tools it
+    /// lacks (cmake, libclang, from PyPI) and the models (fetch-models).
+    Setup,
     /// Put SmolLM2-135M-Instruct Q4_1 and Gemma-3-270M Q4_K_M into models/.
     FetchModels,
     /// Build llama.cpp, make every test model and regenerate the golden fixtures.
@@ -80,6 +85,10 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> Result<u8> {
     let layout = Layout::discover()?;
     match cli.command {
+        Task::Setup => {
+            build_tools::ensure_for_cargo(&layout)?;
+            fetch_models::run(&layout)?;
+        }
         Task::FetchModels => fetch_models::run(&layout)?,
         Task::Reference {
             fixtures_only,

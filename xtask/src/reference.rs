@@ -25,7 +25,7 @@ use crate::catalogue::{ModelSpec, MODELS, SMOLLM2_Q4_1};
 use crate::digest;
 use crate::fixture_cases::{self, Case, Prompt};
 use crate::layout::Layout;
-use crate::llama_cpp::{LlamaCpp, Version, CMAKE_FLAGS};
+use crate::llama_cpp::{LlamaCpp, Version};
 use crate::shell;
 use crate::test_models;
 
@@ -187,7 +187,7 @@ fn write_fixture(
                 "sdist": version.sdist,
                 "commit": version.commit,
                 "ggml": version.ggml,
-                "cmake_flags": CMAKE_FLAGS.join(" "),
+                "cmake_flags": version.cmake_flags,
                 "tool": "xtask/reference/dump_logits.c",
                 "command": header.command,
                 "regenerate": "cargo xtask reference --fixtures-only",

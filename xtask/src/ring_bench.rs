@@ -34,6 +34,7 @@ pub struct RingBenchArgs {
 }
 
 pub fn run(layout: &Layout, args: &RingBenchArgs) -> Result<()> {
+    crate::build_tools::ensure_for_cargo(layout)?;
     let status = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
         .args(["build", "--release", "--workspace", "--exclude", "xtask"])
         .current_dir(&layout.workspace)

@@ -13,12 +13,16 @@ use std::process::Command;
 
 use anyhow::{Context, Result};
 
+use crate::build_tools;
 use crate::layout::Layout;
 use crate::test_models;
 
 /// Returns the exit code of the first cargo step that fails, 0 otherwise.
 pub fn run(layout: &Layout) -> Result<i32> {
+    build_tools::ensure_for_cargo(layout)?;
     test_models::run(layout)?;
+    // The server tests drive `prima serve` with the official client.
+    test_models::ensure_python_modules(&[("openai", "openai")])?;
     let cargo = env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let steps: [&[&str]; 4] = [
         &["fmt", "--all", "--check"],
