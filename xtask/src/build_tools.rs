@@ -100,7 +100,11 @@ fn install_cmake(cache: &Path) -> Result<PathBuf> {
     let exe = if cfg!(windows) { "cmake.exe" } else { "cmake" };
     let binary = dir.join("cmake/data/bin").join(exe);
     if !binary.exists() {
-        bail!("the cmake wheel in {} has no {}", dir.display(), binary.display());
+        bail!(
+            "the cmake wheel in {} has no {}",
+            dir.display(),
+            binary.display()
+        );
     }
     Ok(binary)
 }
@@ -113,7 +117,10 @@ fn install_libclang(cache: &Path) -> Result<PathBuf> {
         .filter_map(|e| e.ok())
         .any(|e| e.file_name().to_string_lossy().starts_with("libclang"));
     if !found {
-        bail!("the libclang wheel left no libclang library in {}", dir.display());
+        bail!(
+            "the libclang wheel left no libclang library in {}",
+            dir.display()
+        );
     }
     Ok(dir)
 }
@@ -136,7 +143,13 @@ fn pip_install(cache: &Path, wheel: &Wheel) -> Result<PathBuf> {
     );
     shell::run(
         Command::new("python3")
-            .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"])
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+            ])
             .args(["--no-deps", "--target"])
             .arg(&dir)
             .arg(wheel.requirement)

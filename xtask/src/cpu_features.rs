@@ -228,7 +228,14 @@ mod tests {
     fn avx2_only_cpu_gets_no_avx512() {
         let f = sample("amd-epyc-zen3-avx2.txt");
         assert_eq!(f.arch, Arch::X86_64);
-        for on in ["GGML_SSE42", "GGML_AVX", "GGML_AVX2", "GGML_FMA", "GGML_F16C", "GGML_BMI2"] {
+        for on in [
+            "GGML_SSE42",
+            "GGML_AVX",
+            "GGML_AVX2",
+            "GGML_FMA",
+            "GGML_F16C",
+            "GGML_BMI2",
+        ] {
             assert_eq!(switch(&f, on).as_deref(), Some("ON"), "{on}");
         }
         for off in [
