@@ -1,12 +1,13 @@
 //! `prima profile`: measures this device (compute through the backend plugin, memory,
-//! disk, OS memory figures) and prints the profile Halda plans with.
+//! disk, OS memory figures) and prints the profile Halda plans with, and where its memory
+//! and core figures came from (the host's, or a cgroup's limits).
 
 use std::path::PathBuf;
 
 use anyhow::Context;
 use prima_core::plugin::backend_abi::BackendConfig;
 use prima_core::plugin::load_backend;
-use prima_core::profile::{profile_device, DeviceProfiles, ProfileOptions, QuantClass};
+use prima_core::profile::{profile_device, DeviceProfiles, ProfileOptions, QuantClass, GIB};
 
 #[derive(clap::Args, Debug)]
 pub struct ProfileArgs {
@@ -71,8 +72,18 @@ pub fn run(args: ProfileArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let p = &report.profile;
+    let cores_from = match &report.cores.cgroup {
+        Some(q) if q.whole_cores() < report.cores.affinity_cpus => format!(
+            "quota {:.2} CPU ({} {}), {} CPUs in affinity",
+            q.cores(),
+            q.version.name(),
+            q.path,
+            report.cores.affinity_cpus
+        ),
+        _ => format!("{} CPUs in affinity", report.cores.affinity_cpus),
+    };
     println!(
-        "device      {} ({}, {} cores)",
+        "device      {} ({}, {} cores: {cores_from})",
         p.name,
         p.os.name(),
         p.cpu_cores
@@ -91,9 +102,21 @@ pub fn run(args: ProfileArgs) -> anyhow::Result<()> {
         p.cpu_read_gb_s, p.memcpy_gb_s
     );
     println!(
-        "RAM         {:.1} GiB total, {:.1} GiB available; swap {:.1} GiB, {:.1} GiB free",
+        "RAM         {:.2} GiB total, {:.2} GiB available; swap {:.1} GiB, {:.1} GiB free",
         p.ram_total_gib, p.ram_available_gib, p.swap_total_gib, p.swap_available_gib
     );
+    let host = &report.memory.host;
+    match &report.memory.cgroup {
+        Some(l) => println!(
+            "            {:.2} GiB limit ({} {}), host {:.1} GiB total, {:.1} GiB available",
+            l.limit_bytes as f64 / GIB,
+            l.version.name(),
+            l.path,
+            host.total_gib,
+            host.available_gib
+        ),
+        None => println!("            host figures (no cgroup memory limit below them)"),
+    }
     println!(
         "disk        sequential {:.2} GB/s, random {:.2} GB/s ({}{})",
         p.disk_seq_gb_s,

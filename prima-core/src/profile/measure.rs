@@ -3,7 +3,8 @@
 //!
 //! The throughputs are cached per device and model file under
 //! `~/.cache/prima/profiles/` (or `$PRIMA_PROFILE_DIR`) and expire after a while; memory
-//! figures change minute to minute and are read fresh every time.
+//! figures change minute to minute and are read fresh every time, as are the cores and
+//! memory limits of the cgroup the process runs in.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -13,8 +14,9 @@ use serde::{Deserialize, Serialize};
 use super::compute::{cpu_throughput, memcpy_rate};
 use super::device::{DeviceProfile, GpuKind, Os, QuantRates, GB};
 use super::disk::disk_read_rates;
+use super::limits::{device_cores, device_memory, DeviceCores, DeviceMemory};
 use super::memory::memory_read_bandwidth;
-use super::system::{cpu_model, hostname, meminfo};
+use super::system::{cpu_model, hostname};
 use crate::plugin::backend_abi::BackendBox;
 
 /// Environment variable overriding the profile cache directory.
@@ -75,6 +77,10 @@ pub struct ProfileReport {
     pub disk_file: PathBuf,
     pub disk_uncached: bool,
     pub cache_file: Option<PathBuf>,
+    /// Where `ram_*` came from: the host's figures and the cgroup limit that lowered them.
+    pub memory: DeviceMemory,
+    /// Where `cpu_cores` came from: the affinity mask and the cgroup's CPU quota.
+    pub cores: DeviceCores,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -171,14 +177,14 @@ pub fn profile_device(
         }
     };
 
-    let mem = meminfo().map_err(ProfileError::Memory)?;
+    let memory = device_memory().map_err(ProfileError::Memory)?;
+    let mem = memory.effective;
+    let cores = device_cores();
     let profile = DeviceProfile {
         name: opts.name.clone().unwrap_or(host),
         os: Os::current(),
         gpu: GpuKind::None,
-        cpu_cores: std::thread::available_parallelism()
-            .map(|n| n.get() as u32)
-            .unwrap_or(1),
+        cpu_cores: cores.cores as u32,
         cpu_gflops: measured.cpu_gflops,
         gpu_gflops: None,
         cpu_read_gb_s: measured.cpu_read_gb_s,
@@ -205,14 +211,14 @@ pub fn profile_device(
         disk_file: disk_file.to_path_buf(),
         disk_uncached: measured.disk_uncached,
         cache_file: Some(cache_file),
+        memory,
+        cores,
     })
 }
 
 fn measure(backend: &BackendBox, disk_file: &Path) -> Result<Measured, ProfileError> {
     let start = Instant::now();
-    let threads = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1);
+    let threads = device_cores().cores;
     let cpu_gflops =
         cpu_throughput(backend, Duration::from_millis(60)).map_err(ProfileError::Compute)?;
     let bandwidth = memory_read_bandwidth(128 << 20, threads, 3);

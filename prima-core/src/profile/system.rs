@@ -3,10 +3,12 @@
 
 use std::path::Path;
 
+use serde::Serialize;
+
 use super::device::GIB;
 
 /// Memory figures in GiB.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct MemInfo {
     pub total_gib: f64,
     pub available_gib: f64,
@@ -32,7 +34,8 @@ pub fn parse_meminfo(text: &str) -> Result<MemInfo, String> {
     })
 }
 
-/// This machine's memory, from /proc/meminfo.
+/// The host's memory, from /proc/meminfo (see [`super::device_memory`] for what this
+/// process may use of it).
 pub fn meminfo() -> Result<MemInfo, String> {
     let path = Path::new("/proc/meminfo");
     let text = std::fs::read_to_string(path).map_err(|e| {
