@@ -3,8 +3,8 @@
 //! a token's time went to the disk.
 
 /// Per-pass measurements that stay cheap on the hot path: major faults around the compute
-/// (one `getrusage` each), but the storage bytes and MemAvailable (file reads under /proc)
-/// only once per pass, and MemAvailable at most every 50 ms.
+/// (one `getrusage` each), but the storage bytes and available memory (file reads under
+/// /proc and the cgroup's files) only once per pass, and the memory at most every 50 ms.
 pub struct PassMeter {
     /// /proc/self/io, opened once: each pass then costs one `pread`, not an open, a read
     /// and a close on the ring's critical path.
@@ -35,8 +35,8 @@ impl PassMeter {
     }
 
     /// Storage bytes read since the previous call (the pass's compute, and the prefetch
-    /// and release hinted after the previous pass's send), and the latest MemAvailable
-    /// sample.
+    /// and release hinted after the previous pass's send), and the latest available-memory
+    /// sample ([`mem_available_total`]).
     pub fn end_pass(&mut self) -> (u64, u64) {
         let disk = disk_read_bytes(self.io.as_ref());
         let delta = disk.saturating_sub(self.last_disk);
@@ -83,10 +83,14 @@ fn disk_read_bytes(io: Option<&std::fs::File>) -> u64 {
         .unwrap_or(0)
 }
 
-/// `MemAvailable` and `MemTotal` in bytes, from the device profiler's /proc/meminfo
-/// reading (Linux and Android; `None` elsewhere).
+/// Available and total memory in bytes as the device profiler reads them: /proc/meminfo's
+/// `MemAvailable` and `MemTotal`, lowered by the process's cgroup limit, so memory pressure
+/// inside a container is measured against the container's own limit (Linux and Android;
+/// `None` elsewhere).
 pub fn mem_available_total() -> Option<(u64, u64)> {
-    let m = crate::profile::meminfo().ok()?;
+    let m = crate::profile::device_memory_in(crate::profile::memory_cgroups())
+        .ok()?
+        .effective;
     let bytes = |gib: f64| (gib * crate::profile::GIB) as u64;
     Some((bytes(m.available_gib), bytes(m.total_gib)))
 }

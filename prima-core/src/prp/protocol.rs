@@ -198,12 +198,15 @@ pub struct PassStats {
     pub major_faults: u64,
     /// Bytes this process read from storage while computing.
     pub disk_read_bytes: u64,
-    /// The system's MemAvailable after the pass, in bytes (0 where unknown).
+    /// The device's available memory after the pass, in bytes (0 where unknown): MemAvailable,
+    /// or less under a cgroup limit.
     pub mem_available: u64,
 }
 
-/// The system's memory when a device's session began (before it read its windows), the
-/// baseline of the paper's memory pressure: (baseline − MemAvailable) ÷ MemTotal.
+/// The device's memory when its session began (before it read its windows), the baseline
+/// of the paper's memory pressure: (baseline − MemAvailable) ÷ MemTotal. Inside a cgroup
+/// both figures are the cgroup's (its limit as the total), so pressure is measured against
+/// the memory the device really has.
 #[derive(Serialize, Deserialize, Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct MemoryBaseline {

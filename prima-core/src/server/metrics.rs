@@ -127,7 +127,7 @@ fn describe() {
     );
     describe_gauge!(
         DEVICE_MEMORY_PRESSURE,
-        "Peak memory pressure of each device, (baseline - MemAvailable) / MemTotal"
+        "Peak memory pressure of each device, (baseline - MemAvailable) / MemTotal, within its cgroup limit where it has one"
     );
 }
 
@@ -182,7 +182,8 @@ pub struct DeviceSample {
     pub disk: Duration,
     pub disk_read_bytes: u64,
     pub major_faults: u64,
-    /// (baseline − MemAvailable) ÷ MemTotal, the paper's memory pressure; a gauge.
+    /// (baseline − MemAvailable) ÷ MemTotal, the paper's memory pressure (both figures the
+    /// cgroup's where the device runs under a memory limit); a gauge.
     pub memory_pressure: Option<f64>,
 }
 
