@@ -47,16 +47,22 @@ fn thread_count(threads: u32) -> usize {
 
 /// One compute thread per physical core this process may use: SMT siblings share a core's
 /// execution units and its load bandwidth, so a second thread per core mostly adds
-/// synchronisation. The cores counted are the distinct (package, core) pairs under
-/// /sys/devices/system/cpu (Linux, Android), capped by the CPUs the process may run on;
-/// elsewhere, the available parallelism.
+/// synchronisation. [`threads_for`] holds the rule; the physical cores are the distinct
+/// (package, core) pairs under /sys/devices/system/cpu (Linux, Android), and the cores the
+/// process may use are the device profile's (`prima_core::profile::device_cores`: the
+/// affinity mask, lowered by a cgroup CPU quota, so a container allowed half a core does
+/// not start a thread per host core).
 pub fn default_threads() -> usize {
-    let logical = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1);
-    physical_cores(std::path::Path::new("/sys/devices/system/cpu"))
-        .map_or(logical, |p| p.min(logical))
-        .max(1)
+    threads_for(
+        physical_cores(std::path::Path::new("/sys/devices/system/cpu")),
+        prima_core::profile::device_cores().cores,
+    )
+}
+
+/// min(physical cores, usable cores), at least 1; the usable cores alone where the
+/// topology is unknown.
+pub fn threads_for(physical: Option<usize>, usable: usize) -> usize {
+    physical.map_or(usable, |p| p.min(usable)).max(1)
 }
 
 /// Distinct (package, core) pairs among the `cpuN/topology` directories under `root`;

@@ -26,7 +26,8 @@
 //! - `spin_pool_reraises_a_worker_panic`: a chunk that panics on a worker makes `run`
 //!   panic in the caller, every time, and the pool keeps working.
 //! - `default_threads_count_physical_cores`: the default thread count counts (package,
-//!   core) pairs of a sysfs-like tree (SMT siblings once, offline CPUs not at all).
+//!   core) pairs of a sysfs-like tree (SMT siblings once, offline CPUs not at all), and
+//!   never more than the cores a cgroup quota or affinity mask leaves the process.
 //! - `dispatch_selection`: `PRIMA_CPU_KERNELS` parsing and fallbacks.
 
 use abi_stable::std_types::RSlice;
@@ -497,7 +498,7 @@ fn spin_pool_reraises_a_worker_panic() {
 
 #[test]
 fn default_threads_count_physical_cores() {
-    use prima_backend_cpu::pool::{default_threads, physical_cores};
+    use prima_backend_cpu::pool::{default_threads, physical_cores, threads_for};
     let root = std::env::temp_dir().join(format!("prima-cpu-topology-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&root);
     // Two packages; cpu0/cpu2 and cpu1/cpu3 are SMT siblings on package 0, cpu4 is alone on
@@ -513,9 +514,17 @@ fn default_threads_count_physical_cores() {
     assert_eq!(physical_cores(&root), Some(3));
     assert_eq!(physical_cores(&root.join("missing")), None);
     std::fs::remove_dir_all(&root).unwrap();
+    assert_eq!(threads_for(Some(3), 8), 3);
+    // A cgroup quota of one core on a 3-core machine: one thread.
+    assert_eq!(threads_for(Some(3), 1), 1);
+    assert_eq!(threads_for(None, 2), 2);
+    assert_eq!(threads_for(Some(0), 0), 1);
     let n = default_threads();
-    let logical = std::thread::available_parallelism().map_or(1, |n| n.get());
-    assert!(n >= 1 && n <= logical, "{n} threads of {logical} CPUs");
+    let usable = prima_core::profile::device_cores().cores;
+    assert!(
+        n >= 1 && n <= usable,
+        "{n} threads of {usable} usable cores"
+    );
 }
 
 #[test]
