@@ -13,6 +13,7 @@ mod cpu_features;
 mod digest;
 mod fetch_models;
 mod fixture_cases;
+mod homelab;
 mod layout;
 mod llama_cpp;
 mod reference;
@@ -64,6 +65,10 @@ enum Task {
     /// Ring experiments on loopback: overhead per hop, idle nodes, prefetch and release
     /// under a cgroup memory limit (needs root for the cgroup).
     RingBench(ring_bench::RingBenchArgs),
+    /// Emulated home devices on this machine (cgroups, namespaces, link latency): up,
+    /// down, status, exec (root, cgroup v1, iproute2).
+    #[command(subcommand)]
+    Homelab(homelab::HomelabCommand),
     /// Write sparse GGUF files with the paper's model shapes (for `prima plan`).
     SynthModel {
         /// Only the models whose tag contains this text.
@@ -100,6 +105,7 @@ fn run(cli: Cli) -> Result<u8> {
         Task::BenchModels => {
             bench_models::run(&layout)?;
         }
+        Task::Homelab(command) => return homelab::run(&layout, command),
         Task::SynthModel { only } => synth_model::run(&layout, only.as_deref())?,
         Task::Test => {
             let code = test::run(&layout)?;
