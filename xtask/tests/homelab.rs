@@ -29,6 +29,14 @@ fn xtask(args: &[&str]) -> Output {
     out
 }
 
+/// Where `homelab up` takes `prima` from.
+fn release_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace().join("target"))
+        .join("release")
+}
+
 /// Why this machine cannot run the bed, if it cannot.
 fn skip_reason() -> Option<String> {
     // SAFETY: geteuid has no arguments and cannot fail.
@@ -69,6 +77,21 @@ fn skip_reason() -> Option<String> {
             "{} is missing (cargo xtask setup)",
             model.display()
         ));
+    }
+    // `up` is run with --no-build: a cargo build from inside `cargo test` would wait on
+    // the lock of the build that runs this test.
+    let release = release_dir();
+    for file in [
+        "prima",
+        "libprima_transport_tcp.so",
+        "libprima_backend_cpu.so",
+    ] {
+        if !release.join(file).exists() {
+            return Some(format!(
+                "{} is missing (cargo build --release --workspace)",
+                release.join(file).display()
+            ));
+        }
     }
     if Path::new("/var/tmp/prima-homelab")
         .read_dir()
@@ -138,7 +161,7 @@ fn smoke_bed_generates_and_leaves_nothing_behind() {
         eprintln!("SKIPPED: homelab smoke bed: {reason}");
         return;
     }
-    let up = xtask(&["homelab", "up", "smoke-2"]);
+    let up = xtask(&["homelab", "up", "smoke-2", "--no-build"]);
     let result = std::panic::catch_unwind(|| {
         assert!(up.status.success(), "homelab up failed");
         let text = String::from_utf8_lossy(&up.stdout);

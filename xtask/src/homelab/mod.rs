@@ -268,7 +268,8 @@ fn build(hierarchies: &Hierarchies, bed: &Testbed, arg: &str, bin: &Path) -> Res
         .group("memory", cgroups::ROUTER_GROUP)
         .join("cgroup.procs");
     let mut cmd = Command::new("sh");
-    cmd.args(["-c", r#"echo $$ > "$0" && exec "$@""#])
+    // The router stands in for network hardware: it must not queue behind the devices.
+    cmd.args(["-c", r#"echo $$ > "$0" && exec nice -n -10 "$@""#])
         .arg(&router_procs)
         .args(&router_argv);
     let router_log = dir.join("link-router.log");
@@ -360,7 +361,9 @@ fn device_command(
 /// `prima run --ring …` for the head: windows in proportion to the devices' memory limits.
 fn run_command(bed: &Testbed, st: &BedState, prima: &str) -> Result<Vec<String>> {
     let head = st.devices.iter().find(|d| d.head).expect("one head");
-    let n_layers = layer_count(&head.model_copy)?;
+    // Read from the source: reading the copy here would cache its pages outside the head.
+    let source = &bed.devices.iter().find(|d| d.head).expect("one head").model;
+    let n_layers = layer_count(source)?;
     // Ring order: the head first, then the nodes as declared.
     let order: Vec<&DeviceState> = std::iter::once(head)
         .chain(st.devices.iter().filter(|d| !d.head))
