@@ -31,6 +31,8 @@ use crate::layout::Layout;
 
 /// The port every `prima node` listens on, at its device's address.
 const NODE_PORT: u16 = 9000;
+/// Memory a device needs to be profiled (`prima apply` asks every node for a profile).
+const PROFILER_NEEDS: u64 = 160 << 20;
 
 #[derive(clap::Subcommand, Debug)]
 pub enum HomelabCommand {
@@ -515,6 +517,21 @@ fn report(st: &BedState, _bin: &Path) {
     println!("Run inside the head:");
     println!("  {exec} {}", shell_words(&st.run_command));
     println!("  {exec} {}", shell_words(&st.apply_command));
+    // prima-core's profiler measures memory bandwidth over a 128 MiB buffer.
+    let small: Vec<&str> = st
+        .devices
+        .iter()
+        .filter(|d| d.memory < PROFILER_NEEDS)
+        .map(|d| d.name.as_str())
+        .collect();
+    if !small.is_empty() {
+        println!(
+            "  (note: `prima apply` profiles every device, and profiling takes about {} MB; \
+             under a lower limit {} will be OOM-killed: use `prima run --ring` there)",
+            PROFILER_NEEDS >> 20,
+            small.join(", ")
+        );
+    }
     println!("Manifest: {}", st.manifest.display());
     println!("State:    {}", BedState::file(&st.dir).display());
     println!("Stop:     cargo xtask homelab down {}", st.testbed);
