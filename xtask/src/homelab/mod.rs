@@ -653,10 +653,11 @@ fn status() -> Result<()> {
                             .map(|s| (s.trim().parse::<u64>().unwrap_or(0) >> 20).to_string())
                             .unwrap_or_else(|_| "?".into())
                     };
-                    let state = match d.pid {
-                        Some(p) if processes::alive(p) => format!("node pid {p} running"),
-                        Some(p) => format!("node pid {p} GONE"),
-                        None => "head".into(),
+                    let state = match (d.head, d.pid) {
+                        (true, _) => "head".into(),
+                        (false, Some(p)) if processes::alive(p) => format!("node pid {p} running"),
+                        (false, Some(p)) => format!("node pid {p} GONE"),
+                        (false, None) => "node not started".into(),
                     };
                     println!(
                         "  {:<8} {:<10} memory {}/{} MB  {}  net: {}",
