@@ -158,8 +158,8 @@ fn resolve_model(layout: &Layout, name: &str) -> Result<PathBuf> {
     if name.ends_with(".gguf") {
         return Ok(PathBuf::from(name));
     }
-    if name == bench_models::BENCH_1B {
-        return bench_models::run(layout);
+    if let Some(path) = bench_models::by_tag(layout, name) {
+        return path;
     }
     match catalogue::MODELS.iter().find(|m| m.tag == name) {
         Some(spec) => Ok(spec.path(layout)),

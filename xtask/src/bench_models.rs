@@ -1,22 +1,89 @@
-//! `cargo xtask bench-models`: the generated benchmark model — a ~1.1B-parameter
-//! llama-architecture GGUF with seeded random weights, quantized to Q4_K_M — so that
-//! generation speed is dominated by streaming weights, not per-operation overhead.
-//! Deterministic (fixed seed, fixed llama-quantize), never committed, kept in the derived
-//! model directory and made only when missing.
+//! `cargo xtask bench-models`: the generated benchmark models — llama-architecture GGUFs
+//! with seeded random weights, so that generation speed is dominated by streaming weights,
+//! not per-operation overhead. Deterministic, never committed, kept in the derived model
+//! directory and made only when missing (or, for 3B and 8B, when their recipe changed).
+//!
+//! - 1B (Llama-3.2-1B-like, 32k vocabulary): random F16 written by
+//!   `xtask/scripts/make_bench_model.py`, then llama-quantize to Q4_K_M and Q8_0.
+//! - 3B (Llama-3.2-3B-like, tied embeddings) and 8B (Llama-3.1-8B-like), both with the
+//!   Llama 3 vocabulary size (128 256): random Q4_K / Q6_K blocks in llama-quantize's
+//!   Q4_K_M mix, written directly by [`random_llama`] (no 6–16 GB F16 intermediate,
+//!   resident memory ≈ 20 MB, well under a minute for the 8B). Their sizes and per-type
+//!   tensor counts are the published Q4_K_M files' (1.87 GiB, 4.58 GiB; rope_freqs
+//!   aside), so they stand in for a model larger than one device's memory. A
+//!   `<file>.recipe` beside each names the generator's hash, the seed and the shape.
 
-use std::path::PathBuf;
+mod random_llama;
+
+use std::fs;
+use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Instant;
 
 use anyhow::{Context, Result};
 
+use crate::digest;
 use crate::layout::Layout;
 use crate::llama_cpp::LlamaCpp;
 use crate::shell;
+use random_llama::LlamaShape;
 
 /// Tag and file of the benchmark model (`cargo xtask bench --model bench-llama-1b-q4_k_m`).
 pub const BENCH_1B: &str = "bench-llama-1b-q4_k_m";
 /// The same model in Q8_0 (1.2 GB): big enough for the ring's memory-residency experiment.
 pub const BENCH_1B_Q8: &str = "bench-llama-1b-q8_0";
+/// Llama-3.2-3B-shaped, Q4_K_M, ≈ 2.0 GB.
+pub const BENCH_3B: &str = "bench-llama-3b-q4_k_m";
+/// Llama-3.1-8B-shaped, Q4_K_M, ≈ 4.9 GB: larger than any one device of the home lab.
+pub const BENCH_8B: &str = "bench-llama-8b-q4_k_m";
+
+/// Seed of the 3B and 8B generators (the 1B's is in its script).
+const SEED: u64 = 1234;
+/// Llama 3's vocabulary size: the embedding and output head are as large as the real ones.
+const LLAMA3_VOCAB: u64 = 128_256;
+
+const SHAPE_3B: LlamaShape = LlamaShape {
+    name: "bench-llama-3b",
+    n_layer: 28,
+    n_embd: 3072,
+    n_head: 24,
+    n_head_kv: 8,
+    n_ff: 8192,
+    n_vocab: LLAMA3_VOCAB,
+    tied_embeddings: true,
+};
+
+const SHAPE_8B: LlamaShape = LlamaShape {
+    name: "bench-llama-8b",
+    n_layer: 32,
+    n_embd: 4096,
+    n_head: 32,
+    n_head_kv: 8,
+    n_ff: 14336,
+    n_vocab: LLAMA3_VOCAB,
+    tied_embeddings: false,
+};
+
+/// Which benchmark models to make.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Size {
+    /// bench-llama-1b-q4_k_m and bench-llama-1b-q8_0 (needs llama.cpp built).
+    #[value(name = "1b")]
+    B1,
+    /// bench-llama-3b-q4_k_m.
+    #[value(name = "3b")]
+    B3,
+    /// bench-llama-8b-q4_k_m.
+    #[value(name = "8b")]
+    B8,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct BenchModelsArgs {
+    /// Make only these sizes (comma-separated); default: all.
+    #[arg(long, value_enum, value_delimiter = ',', value_name = "SIZE")]
+    only: Vec<Size>,
+}
 
 pub fn path(layout: &Layout) -> PathBuf {
     layout.derived_models.join(format!("{BENCH_1B}.gguf"))
@@ -26,7 +93,44 @@ pub fn path_q8(layout: &Layout) -> PathBuf {
     layout.derived_models.join(format!("{BENCH_1B_Q8}.gguf"))
 }
 
-/// Makes the benchmark models if they are missing and returns the Q4_K_M one's path.
+/// `cargo xtask bench-models [--only 1b,3b,8b]`.
+pub fn make(layout: &Layout, args: &BenchModelsArgs) -> Result<()> {
+    let all = [Size::B1, Size::B3, Size::B8];
+    let sizes = if args.only.is_empty() {
+        &all[..]
+    } else {
+        &args.only[..]
+    };
+    for size in all.into_iter().filter(|s| sizes.contains(s)) {
+        match size {
+            Size::B1 => {
+                run(layout)?;
+            }
+            Size::B3 => {
+                ensure_random(layout, BENCH_3B, &SHAPE_3B)?;
+            }
+            Size::B8 => {
+                ensure_random(layout, BENCH_8B, &SHAPE_8B)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The path of the benchmark model tagged `tag`, made if missing; `None` for a tag that
+/// is not a benchmark model's.
+pub fn by_tag(layout: &Layout, tag: &str) -> Option<Result<PathBuf>> {
+    match tag {
+        BENCH_1B => Some(run(layout)),
+        BENCH_1B_Q8 => Some(run(layout).map(|_| path_q8(layout))),
+        BENCH_3B => Some(ensure_random(layout, BENCH_3B, &SHAPE_3B)),
+        BENCH_8B => Some(ensure_random(layout, BENCH_8B, &SHAPE_8B)),
+        _ => None,
+    }
+}
+
+/// Makes the 1B benchmark models (Q4_K_M and Q8_0) if they are missing and returns the
+/// Q4_K_M one's path.
 pub fn run(layout: &Layout) -> Result<PathBuf> {
     let out = path(layout);
     let q8 = path_q8(layout);
@@ -37,7 +141,7 @@ pub fn run(layout: &Layout) -> Result<PathBuf> {
     }
     let llama = LlamaCpp::new(layout);
     llama.ensure_built()?;
-    std::fs::create_dir_all(&layout.derived_models)
+    fs::create_dir_all(&layout.derived_models)
         .with_context(|| format!("cannot create {}", layout.derived_models.display()))?;
     let f16 = layout.derived_models.join("bench-llama-1b-f16.gguf");
     let script = layout.workspace.join("xtask/scripts/make_bench_model.py");
@@ -50,10 +154,47 @@ pub fn run(layout: &Layout) -> Result<PathBuf> {
                 .arg(&tmp)
                 .arg(ty),
         )?;
-        std::fs::rename(&tmp, target)?;
+        fs::rename(&tmp, target)?;
         println!("made      {}", target.display());
     }
     // The F16 source is 2.2 GB and only an intermediate.
-    let _ = std::fs::remove_file(&f16);
+    let _ = fs::remove_file(&f16);
     Ok(out)
+}
+
+/// Makes `<tag>.gguf` with [`random_llama`] unless it exists with the current recipe.
+fn ensure_random(layout: &Layout, tag: &str, shape: &LlamaShape) -> Result<PathBuf> {
+    let out = layout.derived_models.join(format!("{tag}.gguf"));
+    let recipe = format!(
+        "xtask/src/bench_models/random_llama.rs sha256={} seed={SEED} shape={shape:?}\n",
+        digest::hash_reader(random_llama::SOURCE.as_bytes())?,
+    );
+    let recipe_path = recipe_path(&out);
+    if out.exists() && fs::read_to_string(&recipe_path).is_ok_and(|r| r == recipe) {
+        println!("ok        {}", out.display());
+        return Ok(out);
+    }
+    fs::create_dir_all(&layout.derived_models)
+        .with_context(|| format!("cannot create {}", layout.derived_models.display()))?;
+    let _ = fs::remove_file(&recipe_path);
+    let tmp = out.with_extension("gguf.tmp");
+    let started = Instant::now();
+    let size = random_llama::write(shape, SEED, &tmp)
+        .with_context(|| format!("generating {}", out.display()))?;
+    fs::rename(&tmp, &out)?;
+    fs::write(&recipe_path, recipe)
+        .with_context(|| format!("writing {}", recipe_path.display()))?;
+    println!(
+        "made      {} ({:.2} GB in {:.0?})",
+        out.display(),
+        size as f64 / 1e9,
+        started.elapsed()
+    );
+    Ok(out)
+}
+
+fn recipe_path(model: &Path) -> PathBuf {
+    let mut name = model.file_name().unwrap_or_default().to_os_string();
+    name.push(".recipe");
+    model.with_file_name(name)
 }

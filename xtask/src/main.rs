@@ -60,8 +60,9 @@ enum Task {
     Test,
     /// Prima and llama-bench side by side on the bench models, with ratios.
     Bench(bench::BenchArgs),
-    /// Make the generated ~1B-parameter Q4_K_M benchmark model (random weights).
-    BenchModels,
+    /// Make the generated benchmark models (random weights): Llama-shaped 1B (Q4_K_M,
+    /// Q8_0), 3B and 8B (Q4_K_M).
+    BenchModels(bench_models::BenchModelsArgs),
     /// Ring experiments on loopback: overhead per hop, idle nodes, prefetch and release
     /// under a cgroup memory limit (needs root for the cgroup).
     RingBench(ring_bench::RingBenchArgs),
@@ -102,9 +103,7 @@ fn run(cli: Cli) -> Result<u8> {
         Task::TestModels => test_models::run(&layout)?,
         Task::Bench(args) => bench::run(&layout, &args)?,
         Task::RingBench(args) => ring_bench::run(&layout, &args)?,
-        Task::BenchModels => {
-            bench_models::run(&layout)?;
-        }
+        Task::BenchModels(args) => bench_models::make(&layout, &args)?,
         Task::Homelab(command) => return homelab::run(&layout, command),
         Task::SynthModel { only } => synth_model::run(&layout, only.as_deref())?,
         Task::Test => {
