@@ -12,7 +12,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 
 use super::compute::{cpu_throughput, memcpy_rate};
-use super::device::{DeviceProfile, GpuKind, Os, QuantRates, GB};
+use super::device::{DeviceProfile, GpuKind, Os, QuantRates, GB, GIB};
 use super::disk::disk_read_rates;
 use super::limits::{device_cores, device_memory, DeviceCores, DeviceMemory};
 use super::memory::memory_read_bandwidth;
@@ -216,12 +216,26 @@ pub fn profile_device(
     })
 }
 
+/// The bandwidth probe's buffer: 128 MiB (far beyond the caches), but at most a quarter
+/// of what the device may still use, so that profiling a small device (a phone's app
+/// limit, a 100 MB cgroup) never pushes it out of memory. Below ~32 MiB the figure
+/// partly measures the cache, which only matters on devices that hold few layers anyway.
+fn bandwidth_buffer_bytes() -> usize {
+    const FULL: usize = 128 << 20;
+    const FLOOR: usize = 4 << 20;
+    let available = device_memory()
+        .map(|m| m.effective.available_gib * GIB)
+        .unwrap_or(f64::INFINITY);
+    let quarter = (available / 4.0).min(FULL as f64) as usize;
+    quarter.clamp(FLOOR, FULL)
+}
+
 fn measure(backend: &BackendBox, disk_file: &Path) -> Result<Measured, ProfileError> {
     let start = Instant::now();
     let threads = device_cores().cores;
     let cpu_gflops =
         cpu_throughput(backend, Duration::from_millis(60)).map_err(ProfileError::Compute)?;
-    let bandwidth = memory_read_bandwidth(128 << 20, threads, 3);
+    let bandwidth = memory_read_bandwidth(bandwidth_buffer_bytes(), threads, 3);
     let memcpy = memcpy_rate(Duration::from_millis(40));
     let disk =
         disk_read_rates(disk_file, 512 << 20, Duration::from_millis(400)).map_err(|source| {
