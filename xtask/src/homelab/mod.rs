@@ -1,4 +1,4 @@
-//! `cargo xtask homelab up | down | status | exec`: emulated home devices on this machine.
+//! `cargo xtask homelab up | down | status | exec | bench`: emulated home devices on this machine.
 //!
 //! Each device of a testbed file (`manifests/testbeds/homelab/*.toml`) becomes a set of
 //! cgroup-v1 groups (memory with page cache counted, a CFS CPU quota, a cpuset, a blkio
@@ -8,8 +8,10 @@
 //! head runs what the user runs in it (`homelab exec`). Root, cgroup v1 and iproute2 only.
 //!
 //! Module map: `testbed` (the file format), `cgroups`, `netns`, `router` (the latency),
-//! `model_copy`, `processes` (start and stop inside a device), `state` (what is up).
+//! `model_copy`, `processes` (start and stop inside a device), `state` (what is up),
+//! `bench` (the paper's comparison on a bed).
 
+mod bench;
 mod cgroups;
 mod model_copy;
 mod netns;
@@ -61,6 +63,10 @@ pub enum HomelabCommand {
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
+    /// The paper's comparison on a bed, one same-run table per model (llama.cpp and Prima
+    /// alone on the best device, the ring under Halda, MemSched, PerfSched, without
+    /// prefetch, without release); writes target/homelab-bench.{md,json}.
+    Bench(bench::BenchArgs),
     /// The link router (started by `up`).
     #[command(hide = true)]
     LinkRouter {
@@ -78,6 +84,7 @@ pub fn run(layout: &Layout, command: HomelabCommand) -> Result<u8> {
         } => up(layout, &testbed, model.as_deref(), no_build)?,
         HomelabCommand::Down { testbed } => down(testbed.as_deref())?,
         HomelabCommand::Status => status()?,
+        HomelabCommand::Bench(args) => bench::run(layout, &args)?,
         HomelabCommand::Exec {
             testbed,
             device,
