@@ -47,7 +47,7 @@ pub struct CpuFeatures {
 }
 
 /// x86-64: ggml switch ← every `/proc/cpuinfo` flag it needs. The AVX-512 extensions
-/// also need ggml's base `GGML_AVX512` (F, CD, VL, DQ, BW), checked in [`cmake_flags`].
+/// also need ggml's base `GGML_AVX512` ([`AVX512_BASE`]).
 const X86_SWITCHES: &[(&str, &[&str])] = &[
     ("GGML_SSE42", &["sse4_2"]),
     ("GGML_AVX", &["avx"]),
@@ -56,11 +56,10 @@ const X86_SWITCHES: &[(&str, &[&str])] = &[
     ("GGML_F16C", &["f16c"]),
     ("GGML_BMI2", &["bmi2"]),
     ("GGML_AVX_VNNI", &["avx_vnni", "avx2"]),
-    (
-        "GGML_AVX512",
-        &["avx512f", "avx512cd", "avx512vl", "avx512dq", "avx512bw"],
-    ),
+    ("GGML_AVX512", AVX512_BASE),
 ];
+/// ggml's `GGML_AVX512` compiles for all five of these at once.
+const AVX512_BASE: &[&str] = &["avx512f", "avx512cd", "avx512vl", "avx512dq", "avx512bw"];
 const X86_AVX512_EXTENSIONS: &[(&str, &str)] = &[
     ("GGML_AVX512_VBMI", "avx512vbmi"),
     ("GGML_AVX512_VNNI", "avx512_vnni"),
@@ -138,7 +137,7 @@ impl CpuFeatures {
                 for (switch, needs) in X86_SWITCHES {
                     set(switch, self.has_all(needs));
                 }
-                let avx512 = self.has_all(X86_SWITCHES[X86_SWITCHES.len() - 1].1);
+                let avx512 = self.has_all(AVX512_BASE);
                 for (switch, flag) in X86_AVX512_EXTENSIONS {
                     set(switch, avx512 && self.has(flag));
                 }

@@ -338,6 +338,27 @@ impl Bench<'_> {
         let copy = best.model_copy.display().to_string();
         // Some(Halda's prediction) when the row runs the halda row's plan pinned.
         let mut pinned = None;
+        // What both tools alone are given: the same prompt, length, threads and greedy
+        // sampling, so their rows compare.
+        let alone_args: Vec<String> = [
+            "-m",
+            &copy,
+            "-p",
+            &prompt,
+            "-n",
+            &n,
+            "-t",
+            &threads,
+            "-c",
+            &ctx,
+            "--temp",
+            "0",
+            "--seed",
+            "0",
+            "--ignore-eos",
+        ]
+        .map(String::from)
+        .to_vec();
         let (device, argv, timed_by, watched): (
             &DeviceState,
             Vec<String>,
@@ -351,53 +372,14 @@ impl Bench<'_> {
                         self.llama.display()
                     );
                 }
-                let argv = [
-                    &self.llama.display().to_string(),
-                    "-m",
-                    &copy,
-                    "-p",
-                    &prompt,
-                    "-n",
-                    &n,
-                    "-t",
-                    &threads,
-                    "-c",
-                    &ctx,
-                    "--temp",
-                    "0",
-                    "--seed",
-                    "0",
-                    "--ignore-eos",
-                    "-no-cnv",
-                    "--no-display-prompt",
-                    "--no-warmup",
-                ]
-                .map(String::from)
-                .to_vec();
+                let mut argv = vec![self.llama.display().to_string()];
+                argv.extend(alone_args.iter().cloned());
+                argv.extend(["-no-cnv", "--no-display-prompt", "--no-warmup"].map(String::from));
                 (best, argv, "llama-completion", vec![best])
             }
             None => {
-                let argv = [
-                    &self.prima.display().to_string(),
-                    "run",
-                    "-m",
-                    &copy,
-                    "-p",
-                    &prompt,
-                    "-n",
-                    &n,
-                    "-t",
-                    &threads,
-                    "-c",
-                    &ctx,
-                    "--temp",
-                    "0",
-                    "--seed",
-                    "0",
-                    "--ignore-eos",
-                ]
-                .map(String::from)
-                .to_vec();
+                let mut argv = vec![self.prima.display().to_string(), "run".to_owned()];
+                argv.extend(alone_args.iter().cloned());
                 (best, argv, "prima run", vec![best])
             }
             Some(policy) => {
