@@ -145,7 +145,18 @@ pub fn run(layout: &Layout) -> Result<PathBuf> {
         .with_context(|| format!("cannot create {}", layout.derived_models.display()))?;
     let f16 = layout.derived_models.join("bench-llama-1b-f16.gguf");
     let script = layout.workspace.join("xtask/scripts/make_bench_model.py");
-    shell::run(Command::new("python3").arg(&script).arg("--out").arg(&f16))?;
+    // The writer is llama.cpp's own gguf-py, from the sdist the reference build uses.
+    crate::test_models::ensure_python_modules(&[("numpy", "numpy"), ("yaml", "pyyaml")])?;
+    shell::run(
+        Command::new("python3")
+            .arg(&script)
+            .arg("--out")
+            .arg(&f16)
+            .env(
+                "PYTHONPATH",
+                crate::test_models::python_path(&llama.gguf_py()),
+            ),
+    )?;
     for (target, ty) in [(&out, "Q4_K_M"), (&q8, "Q8_0")] {
         let tmp = target.with_extension("gguf.tmp");
         shell::run(
