@@ -14,11 +14,14 @@ use crate::profile::{DeviceMemory, MemoryLimit, GIB};
 
 use super::residency::Residency;
 
-/// What a device alone keeps for itself besides weights and its session's buffers: the
-/// binary, the plugins, the tokenizer, the allocator's slack, page tables. Measured RSS
-/// without weights is about 20–30 MiB; the rest is headroom, because running short costs
-/// a resident layer, running over costs the LRU thrashing this module exists to avoid.
-pub const PROCESS_OVERHEAD: u64 = 64 << 20;
+/// What the process still allocates after the budget is taken, besides the session's
+/// buffers: thread stacks, the backend's scratch, the allocator's slack, output. What it
+/// already holds (binary, plugins, tokenizer) is in the cgroup's usage, so not in the
+/// available memory the budget starts from. Measured: SmolLM2 alone holds 25 MiB of
+/// anonymous memory and 6 MiB of binary pages while generating; this is most of that
+/// again as headroom, since running short costs a resident layer, running over costs the
+/// LRU thrashing this module exists to avoid.
+pub const PROCESS_OVERHEAD: u64 = 16 << 20;
 
 /// `--mem-budget` as given.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
