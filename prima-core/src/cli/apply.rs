@@ -147,7 +147,7 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
     let engine = if fixtures_only {
         None
     } else {
-        Some(Engine::open_with(&engine_args, false)?)
+        Some(Engine::open(&engine_args)?)
     };
     let transport = if fixtures_only {
         None

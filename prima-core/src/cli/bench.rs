@@ -8,12 +8,13 @@
 
 use std::time::Instant;
 
-use prima_core::model::Session;
+use prima_core::generate::Forward;
+use prima_core::prp::alone::MemBudget;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
-use super::engine::{Engine, EngineArgs};
+use super::engine::{Engine, EngineArgs, Streaming};
 
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
@@ -31,6 +32,10 @@ pub struct BenchArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
+    /// Bytes of weights to keep in memory (e.g. 1G), `auto` or `none`; layers beyond it
+    /// are streamed from disk each token (see `prima run --mem-budget`).
+    #[arg(long, default_value = "auto", value_parser = MemBudget::parse)]
+    mem_budget: MemBudget,
     /// Also measure the memory read bandwidth and the bandwidth efficiency of generation.
     #[arg(long)]
     mem_bw: bool,
@@ -93,7 +98,12 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         hp.n_ctx_train
     );
     let backend = &engine.backend.backend;
-    let mut session = Session::new(&engine.model, backend, n_ctx, args.n_prompt.max(1))?;
+    let mut session = engine.local_session(
+        args.mem_budget,
+        n_ctx,
+        args.n_prompt.max(1),
+        Streaming::default(),
+    )?;
     let mut rng = ChaCha8Rng::seed_from_u64(42);
     let vocab = hp.n_vocab as u32;
     let prompt: Vec<u32> = (0..args.n_prompt)

@@ -30,7 +30,7 @@ pub struct NodeArgs {
 }
 
 pub fn run(args: NodeArgs) -> anyhow::Result<()> {
-    let engine = Engine::open_with(&args.engine, false)?;
+    let engine = Engine::open(&args.engine)?;
     let transport = load_transport(
         args.transport.as_deref(),
         TransportConfig {

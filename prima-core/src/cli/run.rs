@@ -8,7 +8,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use anyhow::Context;
 use prima_core::chat::{render_chat, ChatMessage};
 use prima_core::generate::{generate, Forward, GenerateOptions, GenerationStats};
-use prima_core::model::Session;
 use prima_core::plugin::load_transport;
 use prima_core::plugin::transport_abi::TransportConfig;
 use prima_core::prp::protocol::{ReleaseMethod, ReleasePolicy, WireType};
@@ -16,9 +15,9 @@ use prima_core::prp::{DeviceStats, RingHead, RingOptions};
 use prima_core::sampler::{Sampler, SamplerConfig};
 use prima_core::tokenizer::Tokenizer;
 
-use super::engine::{Engine, EngineArgs};
+use super::engine::{Engine, EngineArgs, Streaming};
 use super::node::MAX_FRAME_BYTES;
-use prima_core::manifest::parse_size;
+use prima_core::prp::alone::MemBudget;
 
 /// Running the layers on a ring of devices instead of this one alone.
 #[derive(clap::Args, Debug)]
@@ -29,10 +28,12 @@ pub struct RingArgs {
     /// Window size w_m of every device, the head's first (e.g. 10,10,10).
     #[arg(long, value_delimiter = ',', requires = "ring")]
     windows: Vec<usize>,
-    /// Read each device's next streamed window ahead while others compute.
+    /// Read each device's next streamed window ahead while others compute (alone: the
+    /// streamed chunk after next while this one is computed).
     #[arg(long, value_enum, default_value = "on")]
     prefetch: OnOff,
-    /// Release a streamed window right after use (mru) or leave eviction to the kernel.
+    /// Release a streamed window (alone: chunk) right after use (mru) or leave eviction
+    /// to the kernel.
     #[arg(long, value_enum, default_value = "mru")]
     release: ReleaseArg,
     /// How a release is asked of the kernel.
@@ -41,9 +42,12 @@ pub struct RingArgs {
     /// Activation format between devices (f16 halves the bytes but rounds).
     #[arg(long, value_enum, default_value = "f32")]
     wire: WireArg,
-    /// Bytes of weights the head keeps resident (e.g. 1G); default: no limit.
-    #[arg(long, value_parser = parse_size)]
-    mem_budget: Option<u64>,
+    /// Bytes of weights to keep in memory (e.g. 1G), `auto` or `none`. Alone, layers
+    /// beyond it are streamed from disk each token; `auto` is what this device has
+    /// available (inside its cgroup limits) less room for the KV cache, buffers and the
+    /// process. On a ring, the head's budget (`auto`: no limit).
+    #[arg(long, default_value = "auto", value_parser = MemBudget::parse)]
+    mem_budget: MemBudget,
     /// Transport plugin (default: the first one found).
     #[arg(long)]
     transport: Option<String>,
@@ -131,8 +135,7 @@ pub struct RunArgs {
 
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let distributed = !args.ring.ring.is_empty();
-    // A ring head reads only its own layers; the nodes read theirs.
-    let engine = Engine::open_with(&args.engine, !distributed)?;
+    let engine = Engine::open(&args.engine)?;
     let tok = &engine.tokenizer;
 
     let text = if args.chat {
@@ -184,13 +187,25 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         ignore_eos: args.ignore_eos,
     };
     let backend = engine.backend.backend.describe();
+    let ring = &args.ring;
+    let prefetch = matches!(ring.prefetch, OnOff::On);
+    let release = match ring.release {
+        ReleaseArg::Mru => ReleasePolicy::Mru,
+        ReleaseArg::None => ReleasePolicy::None,
+    };
+    let release_method = match ring.release_method {
+        ReleaseMethodArg::Pageout => ReleaseMethod::Pageout,
+        ReleaseMethodArg::Cold => ReleaseMethod::Cold,
+        ReleaseMethodArg::Dontneed => ReleaseMethod::Dontneed,
+    };
     if !distributed {
-        let mut session = Session::new(
-            &engine.model,
-            &engine.backend.backend,
-            n_ctx,
-            args.batch_size,
-        )?;
+        let streaming = Streaming {
+            prefetch,
+            release,
+            method: release_method,
+        };
+        let mut session =
+            engine.local_session(ring.mem_budget, n_ctx, args.batch_size, streaming)?;
         let stats = stream(
             &mut session,
             tok,
@@ -203,7 +218,6 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         return Ok(());
     }
 
-    let ring = &args.ring;
     anyhow::ensure!(
         !ring.windows.is_empty(),
         "--ring needs --windows: one window size per device, the head's first"
@@ -217,21 +231,17 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let ring_options = RingOptions {
         n_ctx,
         n_batch: args.batch_size,
-        prefetch: matches!(ring.prefetch, OnOff::On),
-        release: match ring.release {
-            ReleaseArg::Mru => ReleasePolicy::Mru,
-            ReleaseArg::None => ReleasePolicy::None,
-        },
-        release_method: match ring.release_method {
-            ReleaseMethodArg::Pageout => ReleaseMethod::Pageout,
-            ReleaseMethodArg::Cold => ReleaseMethod::Cold,
-            ReleaseMethodArg::Dontneed => ReleaseMethod::Dontneed,
-        },
+        prefetch,
+        release,
+        release_method,
         wire: match ring.wire {
             WireArg::F32 => WireType::F32,
             WireArg::F16 => WireType::F16,
         },
-        mem_budget: ring.mem_budget,
+        mem_budget: match ring.mem_budget {
+            MemBudget::Bytes(b) => Some(b),
+            MemBudget::Auto | MemBudget::Off => None,
+        },
         ..RingOptions::default()
     };
     let mut head = RingHead::connect(

@@ -2,10 +2,10 @@
 //! the same API through `prima apply`).
 
 use anyhow::Context;
-use prima_core::model::Session;
+use prima_core::prp::alone::MemBudget;
 use prima_core::server::serve_blocking;
 
-use super::engine::{Engine, EngineArgs};
+use super::engine::{Engine, EngineArgs, Streaming};
 
 #[derive(clap::Args, Debug)]
 pub struct ServeArgs {
@@ -20,6 +20,10 @@ pub struct ServeArgs {
     /// Prompt tokens processed per batch.
     #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
     batch_size: usize,
+    /// Bytes of weights to keep in memory (e.g. 1G), `auto` or `none`; layers beyond it
+    /// are streamed from disk each token (see `prima run --mem-budget`).
+    #[arg(long, default_value = "auto", value_parser = MemBudget::parse)]
+    mem_budget: MemBudget,
     /// The model's name in `/v1/models` and in responses (default: the file name).
     #[arg(long)]
     alias: Option<String>,
@@ -28,11 +32,11 @@ pub struct ServeArgs {
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let engine = Engine::open(&args.engine)?;
     let n_ctx = args.ctx_size.min(engine.model.hparams().n_ctx_train.max(1));
-    let mut session = Session::new(
-        &engine.model,
-        &engine.backend.backend,
+    let mut session = engine.local_session(
+        args.mem_budget,
         n_ctx,
         args.batch_size,
+        Streaming::default(),
     )?;
     let name = args
         .alias

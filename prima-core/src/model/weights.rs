@@ -149,6 +149,20 @@ impl Model {
         [&self.token_embd, &self.output_norm, &self.output].into_iter()
     }
 
+    /// Bytes of the tensors outside the layers, a tied output head counted once (it is
+    /// the embedding's bytes).
+    pub fn global_bytes(&self) -> u64 {
+        let mut seen = Vec::with_capacity(3);
+        self.global_tensors()
+            .filter(|t| {
+                let new = !seen.contains(&t.offset);
+                seen.push(t.offset);
+                new
+            })
+            .map(|t| t.n_bytes)
+            .sum()
+    }
+
     /// The weight tensors of layer `il` (none when out of range).
     pub fn layer_tensors(&self, il: usize) -> impl Iterator<Item = &TensorInfo> {
         self.layers.get(il).into_iter().flat_map(|l| {

@@ -11,7 +11,7 @@
 
 use std::ops::Range;
 
-use crate::gguf::PageHint;
+use crate::gguf::{PageHint, TensorInfo};
 use crate::model::{Model, ModelError, Session};
 
 use super::counters::PassMeter;
@@ -37,6 +37,15 @@ impl WindowPages {
     }
 }
 
+/// The page hints a plan gives.
+#[derive(Debug, Clone, Copy)]
+struct Hints {
+    prefetch: bool,
+    release: ReleasePolicy,
+    method: ReleaseMethod,
+    lookahead: usize,
+}
+
 /// What running one round's window cost (nothing for a relay).
 #[derive(Debug, Clone, Copy)]
 pub struct WindowRun {
@@ -53,14 +62,74 @@ pub struct Residency {
     prefetch: bool,
     release: ReleasePolicy,
     hint: PageHint,
+    /// How many windows ahead a prefetch reaches: 1 on a ring (the next window is read
+    /// while the other devices compute), 2 on a device alone (the chunk after next is
+    /// read while the next one, already read, is computed).
+    lookahead: usize,
+    /// Byte ranges outside the layers that this device reads every token and keeps
+    /// resident (the embedding and output head of a device alone), read by `warm`.
+    global_ranges: Vec<Range<u64>>,
 }
 
-/// Sorted, merged byte ranges of the tensors of `layers` (gaps under a page are bridged).
-fn layer_ranges(model: &Model, layers: impl Iterator<Item = usize>) -> Vec<Range<u64>> {
-    let mut ranges: Vec<Range<u64>> = layers
-        .flat_map(|il| model.layer_tensors(il))
-        .map(|t| t.offset..t.offset + t.n_bytes)
+/// The streamed chunk a device alone reads at once, at most: big enough that the disk
+/// sees long requests. A tight budget takes smaller chunks (an eighth of what the budget
+/// leaves for layers), since two chunks in flight displace resident layers; a chunk is
+/// never less than one layer.
+pub const CHUNK_BYTES: u64 = 16 << 20;
+
+/// How a device running the whole model alone splits it under a memory budget.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AloneSplit {
+    /// Layers `0..resident` stay in memory.
+    pub resident: usize,
+    /// The other layers, in chunks streamed one after the other (empty when all fits).
+    pub chunks: Vec<Range<usize>>,
+}
+
+/// Splits a model of `layer_bytes` (per layer, in execution order) and `global_bytes` of
+/// other weights (embedding, output head: always resident) under `budget` bytes.
+///
+/// When everything fits, every layer is resident. Otherwise the streamed layers go in
+/// chunks of the same number of layers (about [`CHUNK_BYTES`], less under a tight budget)
+/// and room for two chunks is kept out of the budget (one being computed, the next being
+/// read); the first layers that fit in what is left stay resident. A budget smaller than
+/// the global weights and that room streams every layer.
+pub fn split_alone(layer_bytes: &[u64], global_bytes: u64, budget: u64) -> AloneSplit {
+    let n = layer_bytes.len();
+    let total: u64 = global_bytes + layer_bytes.iter().sum::<u64>();
+    if total <= budget || n == 0 {
+        return AloneSplit {
+            resident: n,
+            chunks: Vec::new(),
+        };
+    }
+    let largest = layer_bytes.iter().copied().max().unwrap_or(0).max(1);
+    let for_layers = budget.saturating_sub(global_bytes);
+    let chunk_bytes = CHUNK_BYTES.min(for_layers / 8);
+    let per_chunk = chunk_bytes.div_ceil(largest).clamp(1, n as u64) as usize;
+    let room = 2 * per_chunk as u64 * largest;
+    let mut left = for_layers.saturating_sub(room);
+    let mut resident = 0;
+    for &b in layer_bytes {
+        if b > left {
+            break;
+        }
+        left -= b;
+        resident += 1;
+    }
+    // Everything but the room fits, and the room holds more than the layers it leaves
+    // out, so some layer is always streamed here; `min` only keeps that obvious.
+    let resident = resident.min(n - 1);
+    let chunks = (resident..n)
+        .step_by(per_chunk)
+        .map(|start| start..(start + per_chunk).min(n))
         .collect();
+    AloneSplit { resident, chunks }
+}
+
+/// Sorted, merged byte ranges of `tensors` (gaps under a page are bridged).
+fn merged_ranges<'a>(tensors: impl Iterator<Item = &'a TensorInfo>) -> Vec<Range<u64>> {
+    let mut ranges: Vec<Range<u64>> = tensors.map(|t| t.offset..t.offset + t.n_bytes).collect();
     ranges.sort_by_key(|r| r.start);
     let mut merged: Vec<Range<u64>> = Vec::new();
     for r in ranges {
@@ -70,6 +139,11 @@ fn layer_ranges(model: &Model, layers: impl Iterator<Item = usize>) -> Vec<Range
         }
     }
     merged
+}
+
+/// Sorted, merged byte ranges of the tensors of `layers`.
+fn layer_ranges(model: &Model, layers: impl Iterator<Item = usize>) -> Vec<Range<u64>> {
+    merged_ranges(layers.flat_map(|il| model.layer_tensors(il)))
 }
 
 impl Residency {
@@ -85,41 +159,95 @@ impl Residency {
         method: ReleaseMethod,
     ) -> Residency {
         let mut used = 0u64;
+        let mut streaming = false;
+        let mut resident = vec![false; model.hparams().n_layers];
+        for il in windows.iter().flat_map(|w| w.layers.clone()) {
+            let b = model.layer_bytes(il);
+            if !streaming && budget.is_none_or(|budget| used + b <= budget) {
+                used += b;
+                if let Some(r) = resident.get_mut(il) {
+                    *r = true;
+                }
+            } else {
+                streaming = true;
+            }
+        }
+        let hints = Hints {
+            prefetch,
+            release,
+            method,
+            lookahead: 1,
+        };
+        Residency::build(model, windows, &resident, hints)
+    }
+
+    /// Plans residency for a device running every layer alone under `budget` bytes for
+    /// all its weights, embedding and output head included ([`split_alone`]): a resident
+    /// window, then streamed chunks, each read two chunks ahead of its use.
+    pub fn plan_alone(
+        model: &Model,
+        budget: u64,
+        prefetch: bool,
+        release: ReleasePolicy,
+        method: ReleaseMethod,
+    ) -> Residency {
+        let n = model.hparams().n_layers;
+        let layer_bytes: Vec<u64> = (0..n).map(|il| model.layer_bytes(il)).collect();
+        let split = split_alone(&layer_bytes, model.global_bytes(), budget);
+        let windows: Vec<RoundWindow> = std::iter::once(0..split.resident)
+            .filter(|r| !r.is_empty())
+            .chain(split.chunks.iter().cloned())
+            .enumerate()
+            .map(|(round, layers)| RoundWindow { round, layers })
+            .collect();
+        let resident: Vec<bool> = (0..n).map(|il| il < split.resident).collect();
+        let hints = Hints {
+            prefetch,
+            release,
+            method,
+            lookahead: 2,
+        };
+        let mut plan = Residency::build(model, &windows, &resident, hints);
+        plan.global_ranges = merged_ranges(model.global_tensors());
+        plan
+    }
+
+    fn build(model: &Model, windows: &[RoundWindow], resident: &[bool], hints: Hints) -> Residency {
+        let is_resident = |il: usize| resident.get(il).copied().unwrap_or(false);
         let windows = windows
             .iter()
             .map(|w| {
-                let (mut resident, mut streamed) = (Vec::new(), Vec::new());
-                let mut streamed_bytes = 0;
-                for il in w.layers.clone() {
-                    let b = model.layer_bytes(il);
-                    if budget.is_none_or(|budget| used + b <= budget) && streamed.is_empty() {
-                        used += b;
-                        resident.push(il);
-                    } else {
-                        streamed_bytes += b;
-                        streamed.push(il);
-                    }
-                }
+                let streamed = w.layers.clone().filter(|&il| !is_resident(il));
                 WindowPages {
                     round: w.round,
                     layers: w.layers.clone(),
-                    resident_ranges: layer_ranges(model, resident.into_iter()),
-                    streamed_ranges: layer_ranges(model, streamed.into_iter()),
+                    resident_ranges: layer_ranges(
+                        model,
+                        w.layers.clone().filter(|&il| is_resident(il)),
+                    ),
+                    streamed_ranges: layer_ranges(model, streamed.clone()),
                     bytes: w.layers.clone().map(|il| model.layer_bytes(il)).sum(),
-                    streamed_bytes,
+                    streamed_bytes: streamed.map(|il| model.layer_bytes(il)).sum(),
                 }
             })
             .collect();
         Residency {
             windows,
-            prefetch,
-            release,
-            hint: match method {
+            prefetch: hints.prefetch,
+            release: hints.release,
+            hint: match hints.method {
                 ReleaseMethod::Pageout => PageHint::PageOut,
                 ReleaseMethod::Cold => PageHint::Cold,
                 ReleaseMethod::Dontneed => PageHint::DontNeed,
             },
+            lookahead: hints.lookahead,
+            global_ranges: Vec::new(),
         }
+    }
+
+    /// Whether any layer is streamed.
+    pub fn streams(&self) -> bool {
+        self.windows.iter().any(|w| !w.fully_resident())
     }
 
     pub fn windows(&self) -> &[WindowPages] {
@@ -170,26 +298,33 @@ impl Residency {
     }
 
     /// Reads every resident page (so the first token does not fault them in) and starts
-    /// reading the first streamed layers.
+    /// reading the first streamed windows, as many as a prefetch reaches ahead.
     pub fn warm(&self, model: &Model) {
         const PAGE: usize = 4096;
         let bytes = model.gguf().bytes();
         let mut checksum = 0u8;
-        for r in self.windows.iter().flat_map(|w| &w.resident_ranges) {
+        let resident = self.windows.iter().flat_map(|w| &w.resident_ranges);
+        for r in self.global_ranges.iter().chain(resident) {
             let end = (r.end as usize).min(bytes.len());
-            for page in bytes[r.start as usize..end].chunks(PAGE) {
+            let start = (r.start as usize).min(end);
+            for page in bytes[start..end].chunks(PAGE) {
                 checksum ^= page[0];
             }
         }
         std::hint::black_box(checksum);
-        if let Some(first) = self.windows.iter().find(|w| !w.fully_resident()) {
-            self.advise(model, &first.streamed_ranges, PageHint::WillNeed);
+        for w in self
+            .windows
+            .iter()
+            .filter(|w| !w.fully_resident())
+            .take(self.lookahead)
+        {
+            self.advise(model, &w.streamed_ranges, PageHint::WillNeed);
         }
     }
 
     /// After window `index` has run: release its streamed layers (MRU), and prefetch the
-    /// next window's streamed layers if prefetching is on. Without a budget nothing is
-    /// streamed and no hint is given.
+    /// streamed layers of the window `lookahead` places on (cyclically) if prefetching is
+    /// on. Without a budget nothing is streamed and no hint is given.
     pub fn after_window(&self, model: &Model, index: usize) {
         let Some(w) = self.windows.get(index) else {
             return;
@@ -198,7 +333,8 @@ impl Residency {
         if released {
             self.advise(model, &w.streamed_ranges, self.hint);
         }
-        let next = (index + 1) % self.windows.len();
+        let len = self.windows.len();
+        let next = (index + self.lookahead.min(len - 1)) % len;
         let n = &self.windows[next];
         if self.prefetch && !n.fully_resident() && !(next == index && released) {
             self.advise(model, &n.streamed_ranges, PageHint::WillNeed);
@@ -211,6 +347,64 @@ impl Residency {
                 // A hint the kernel refuses costs speed, never correctness.
                 tracing::debug!(hint = hint.name(), error = %e, "page hint refused");
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn everything_that_fits_is_resident() {
+        let layers = [10 * MIB; 4];
+        let all = split_alone(&layers, 5 * MIB, 45 * MIB);
+        assert_eq!((all.resident, all.chunks.len()), (4, 0));
+        assert_eq!(
+            split_alone(&[], 5 * MIB, 0).chunks,
+            Vec::<Range<usize>>::new()
+        );
+    }
+
+    #[test]
+    fn the_first_layers_stay_resident_beside_room_for_two_chunks() {
+        // 22 layers of 48 MiB and 100 MiB of embedding/output under a 480 MiB budget:
+        // chunks of one layer (48 MiB ≥ 16 MiB), room for two (96 MiB), which leaves
+        // 284 MiB: five layers resident, seventeen streamed one by one.
+        let layers = [48 * MIB; 22];
+        let s = split_alone(&layers, 100 * MIB, 480 * MIB);
+        assert_eq!(s.resident, 5);
+        assert_eq!(s.chunks.len(), 17);
+        assert_eq!(s.chunks[0], 5..6);
+        assert_eq!(s.chunks.last(), Some(&(21..22)));
+    }
+
+    #[test]
+    fn small_layers_are_streamed_in_chunks_that_cover_every_layer_once() {
+        // 2 MiB layers: 16 MiB chunks of 8 layers when the budget is roomy (150 MiB:
+        // 32 MiB of room, 59 layers resident) ...
+        let roomy = split_alone(&[2 * MIB; 100], 0, 150 * MIB);
+        assert_eq!((roomy.resident, roomy.chunks[0].len()), (59, 8));
+        assert_eq!(roomy.chunks.last(), Some(&(99..100)));
+        // ... and smaller ones when it is tight: 32 MiB for layers → 4 MiB chunks of 2,
+        // 8 MiB of room, 12 layers resident.
+        let tight = split_alone(&[2 * MIB; 30], 8 * MIB, 40 * MIB);
+        assert_eq!((tight.resident, tight.chunks[0].len()), (12, 2));
+        for (s, n) in [(&roomy, 100), (&tight, 30)] {
+            let covered: Vec<usize> = s.chunks.iter().flat_map(|c| c.clone()).collect();
+            assert_eq!(covered, (s.resident..n).collect::<Vec<_>>());
+        }
+    }
+
+    #[test]
+    fn a_budget_below_the_global_weights_streams_every_layer() {
+        let layers = [10 * MIB; 6];
+        for budget in [0, 1, 50 * MIB] {
+            let s = split_alone(&layers, 50 * MIB, budget);
+            assert_eq!(s.resident, 0, "budget {budget}");
+            assert_eq!(s.chunks.len(), 6);
         }
     }
 }
