@@ -13,6 +13,7 @@ use prima_core::manifest::{LoadedManifest, Release};
 use prima_core::model::{Model, Session};
 use prima_core::plugin::load_transport;
 use prima_core::plugin::transport_abi::TransportConfig;
+use prima_core::prp::budget::MemBudget;
 use prima_core::prp::protocol::{ReleaseMethod, ReleasePolicy, WireType};
 use prima_core::prp::{RingError, RingHead, RingOptions};
 use prima_core::sampler::{Sampler, SamplerConfig};
@@ -193,7 +194,9 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
         },
         release_method: ReleaseMethod::Pageout,
         wire: WireType::F32,
-        mem_budget: head_device.mem_budget.map(|s| s.0),
+        mem_budget: head_device
+            .mem_budget
+            .map_or(MemBudget::Auto, |s| MemBudget::Bytes(s.0)),
         ..RingOptions::default()
     };
     let bar = spinner(format!("launching the ring ({} devices)", windows.len()));

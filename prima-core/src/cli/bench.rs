@@ -9,7 +9,7 @@
 use std::time::Instant;
 
 use prima_core::generate::Forward;
-use prima_core::prp::alone::MemBudget;
+use prima_core::prp::budget::MemBudget;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;

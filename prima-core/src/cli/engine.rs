@@ -10,9 +10,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use prima_core::model::{Model, Session};
 use prima_core::plugin::backend_abi::BackendConfig;
 use prima_core::plugin::{load_backend, LoadedBackend};
-use prima_core::prp::alone::{
-    describe_plan, memory_margin, resolve_budget, LocalSession, MemBudget,
-};
+use prima_core::prp::alone::{describe_plan, LocalSession};
+use prima_core::prp::budget::{memory_margin, resolve_budget, MemBudget};
 use prima_core::prp::protocol::{ReleaseMethod, ReleasePolicy};
 use prima_core::prp::residency::Residency;
 use prima_core::tokenizer::Tokenizer;

@@ -4,10 +4,10 @@
 use prima_core::plugin::load_transport;
 use prima_core::plugin::transport_abi::TransportConfig;
 use prima_core::profile::{hostname, profile_device, DeviceProfile, ProfileOptions, GIB};
+use prima_core::prp::budget::MemBudget;
 use prima_core::prp::node::{serve, NodeConfig};
 
 use super::engine::{Engine, EngineArgs};
-use prima_core::manifest::parse_size;
 
 /// Largest frame a node accepts: a full prompt batch of activations of a large model.
 pub const MAX_FRAME_BYTES: u64 = 1 << 30;
@@ -20,10 +20,11 @@ pub struct NodeArgs {
     listen: String,
     #[command(flatten)]
     engine: EngineArgs,
-    /// Bytes of weights to keep resident (e.g. 2G); windows beyond it are streamed from
-    /// disk each token. Default: no limit.
-    #[arg(long, value_parser = parse_size)]
-    mem_budget: Option<u64>,
+    /// Bytes of weights to keep resident (e.g. 2G); layers beyond it are streamed from
+    /// disk each token. `auto` (the default): what this device has available, inside its
+    /// cgroup limits, less its KV cache and buffers; `none`: no limit.
+    #[arg(long, default_value = "auto", value_parser = MemBudget::parse)]
+    mem_budget: MemBudget,
     /// Transport plugin to use (default: the first one found).
     #[arg(long)]
     transport: Option<String>,
@@ -58,7 +59,11 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
             &options,
         )
         .map_err(|e| e.to_string())?;
-        let profile = with_budget(report.profile, args.mem_budget);
+        let flag = match args.mem_budget {
+            MemBudget::Bytes(b) => Some(b),
+            MemBudget::Auto | MemBudget::Off => None,
+        };
+        let profile = with_budget(report.profile, flag);
         serde_json::to_value(&profile).map_err(|e| e.to_string())
     };
     let config = NodeConfig {

@@ -17,7 +17,7 @@ use prima_core::tokenizer::Tokenizer;
 
 use super::engine::{Engine, EngineArgs, Streaming};
 use super::node::MAX_FRAME_BYTES;
-use prima_core::prp::alone::MemBudget;
+use prima_core::prp::budget::MemBudget;
 
 /// Running the layers on a ring of devices instead of this one alone.
 #[derive(clap::Args, Debug)]
@@ -238,10 +238,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             WireArg::F32 => WireType::F32,
             WireArg::F16 => WireType::F16,
         },
-        mem_budget: match ring.mem_budget {
-            MemBudget::Bytes(b) => Some(b),
-            MemBudget::Auto | MemBudget::Off => None,
-        },
+        mem_budget: ring.mem_budget,
         ..RingOptions::default()
     };
     let mut head = RingHead::connect(

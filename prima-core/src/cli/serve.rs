@@ -2,7 +2,7 @@
 //! the same API through `prima apply`).
 
 use anyhow::Context;
-use prima_core::prp::alone::MemBudget;
+use prima_core::prp::budget::MemBudget;
 use prima_core::server::serve_blocking;
 
 use super::engine::{Engine, EngineArgs, Streaming};

@@ -16,6 +16,7 @@ use crate::model::{Model, Session};
 use crate::plugin::backend_abi::BackendBox;
 use crate::plugin::transport_abi::{ConnectionBox, TransportBox, NO_TIMEOUT};
 
+use super::budget::{report_budget, ring_device_budget, MemBudget};
 use super::counters::PassMeter;
 use super::link::{
     decode_activations, expect_control, recv_control, recv_frame, send_control, send_frame,
@@ -43,8 +44,9 @@ pub struct RingOptions {
     pub release: ReleasePolicy,
     pub release_method: ReleaseMethod,
     pub wire: WireType,
-    /// The head's own budget for resident weights.
-    pub mem_budget: Option<u64>,
+    /// The head's own budget for resident weights (`auto`: what it has available less
+    /// its KV cache, buffers, embedding and output head).
+    pub mem_budget: MemBudget,
     /// Where the head accepts the last device's data connection.
     pub listen: String,
 }
@@ -58,7 +60,7 @@ impl Default for RingOptions {
             release: ReleasePolicy::Mru,
             release_method: ReleaseMethod::Pageout,
             wire: WireType::F32,
-            mem_budget: None,
+            mem_budget: MemBudget::Auto,
             listen: "0.0.0.0:0".into(),
         }
     }
@@ -286,14 +288,23 @@ impl<'m> RingHead<'m> {
         let head_windows = of_device(0);
         let held: Vec<usize> = head_windows.iter().flat_map(|w| w.layers.clone()).collect();
         let session = Session::with_layers(model, backend, options.n_ctx, options.n_batch, &held)?;
+        let budget = ring_device_budget(
+            options.mem_budget,
+            model,
+            held.len(),
+            true,
+            options.n_ctx,
+            options.n_batch,
+        );
         let residency = Residency::plan(
             model,
             &head_windows,
-            options.mem_budget,
+            budget.as_ref().map(|b| b.bytes),
             options.prefetch,
             options.release,
             options.release_method,
         );
+        report_budget("head", budget.as_ref(), &residency);
         residency.warm(model);
 
         let data_out = transport

@@ -7,11 +7,13 @@
 //! - [`head`]: device 0, a [`Forward`](crate::generate::Forward) whose layers run round
 //!   the ring; [`node`]: the daemon every other device runs.
 //! - [`residency`]: which windows stay in memory, prefetch and release of the others.
+//! - [`budget`]: how many bytes of weights a device keeps in memory (`--mem-budget`).
 //! - [`alone`]: a device running the whole model alone, a ring of one, with the same
 //!   residency when its weights do not fit its memory.
 //! - [`counters`]: page faults and disk reads, for the per-device timing.
 
 pub mod alone;
+pub mod budget;
 pub mod counters;
 mod error;
 pub mod head;

@@ -13,6 +13,7 @@ use crate::model::{Model, Session};
 use crate::plugin::backend_abi::BackendBox;
 use crate::plugin::transport_abi::{ConnectionBox, ListenerBox, TransportBox, NO_TIMEOUT};
 
+use super::budget::{report_budget, ring_device_budget, MemBudget};
 use super::counters::PassMeter;
 use super::link::{
     decode_activations, expect_control, recv_control, recv_frame, send_control, send_frame,
@@ -35,7 +36,9 @@ pub type Profiler<'a> = &'a dyn Fn() -> Result<serde_json::Value, String>;
 /// What a node brings to a session besides the model and backend.
 pub struct NodeConfig<'a> {
     /// Bytes of weights this node may keep resident; the rest is streamed.
-    pub mem_budget: Option<u64>,
+    /// Budget for the weights of this device's windows (`auto`: what it has available
+    /// less its KV cache and buffers, read when a head sets it up).
+    pub mem_budget: MemBudget,
     /// A name for this device in messages.
     pub host: String,
     /// Describes the backend in the Ready message.
@@ -190,14 +193,23 @@ fn session(node: &Node<'_>, setup: Setup, control: &ConnectionBox) -> Result<boo
         .flat_map(|w| w.layers.clone())
         .collect();
     let mut session = Session::with_layers(model, backend, setup.n_ctx, setup.n_batch, &held)?;
+    let budget = ring_device_budget(
+        config.mem_budget,
+        model,
+        held.len(),
+        false,
+        setup.n_ctx,
+        setup.n_batch,
+    );
     let residency = Residency::plan(
         model,
         &setup.windows,
-        config.mem_budget,
+        budget.as_ref().map(|b| b.bytes),
         setup.prefetch,
         setup.release,
         setup.release_method,
     );
+    report_budget("node", budget.as_ref(), &residency);
     residency.warm(model);
 
     let next_addr = match &setup.next {
@@ -237,7 +249,7 @@ fn session(node: &Node<'_>, setup: Setup, control: &ConnectionBox) -> Result<boo
             resident_windows: residency.resident_count(),
             streamed_windows: residency.streamed_count(),
             streamed_bytes: residency.streamed_bytes(),
-            mem_budget: config.mem_budget,
+            mem_budget: budget.as_ref().map(|b| b.bytes),
         }),
     )?;
 
