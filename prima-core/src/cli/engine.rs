@@ -25,7 +25,8 @@ pub struct EngineArgs {
     /// Compute threads (default: the backend's choice; the CPU backend uses one per physical core).
     #[arg(short = 't', long)]
     pub threads: Option<u32>,
-    /// Backend plugin to use (default: the first one found).
+    /// Backend plugin to use, e.g. `cpu` or `cuda` (default: $PRIMA_BACKEND, else the
+    /// first usable one found, in file-name order: the CPU backend).
     #[arg(long)]
     pub backend: Option<String>,
 }
@@ -48,6 +49,18 @@ impl Default for Streaming {
     }
 }
 
+/// Names the backend plugin when `--backend` does not.
+pub const BACKEND_ENV: &str = "PRIMA_BACKEND";
+
+/// `--backend`, else `$PRIMA_BACKEND` when set and not empty.
+pub fn backend_choice(flag: Option<&str>) -> Option<String> {
+    flag.map(str::to_owned).or_else(|| {
+        std::env::var(BACKEND_ENV)
+            .ok()
+            .filter(|name| !name.is_empty())
+    })
+}
+
 pub struct Engine {
     pub path: std::path::PathBuf,
     pub model: Model,
@@ -63,7 +76,7 @@ impl Engine {
         let config = BackendConfig {
             threads: args.threads.unwrap_or(0),
         };
-        let backend = load_backend(args.backend.as_deref(), config)?;
+        let backend = load_backend(backend_choice(args.backend.as_deref()).as_deref(), config)?;
         let tokenizer = Tokenizer::from_gguf(model.gguf())
             .with_context(|| format!("{}: reading the tokenizer", args.model.display()))?;
         tracing::info!(backend = %backend.backend.describe(), "engine ready");

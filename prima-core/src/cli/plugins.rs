@@ -24,12 +24,16 @@ pub fn run() -> anyhow::Result<()> {
             .unwrap_or_else(|| "abi ?".into());
         let name = p.name.as_deref().unwrap_or("?");
         let version = p.version.as_deref().unwrap_or("?");
-        match &p.refused {
-            None => println!(
+        match (&p.refused, &p.unavailable) {
+            (None, None) => println!(
                 "{kind:<9} {name:<8} {version:<8} {abi:<7} {}",
                 p.path.display()
             ),
-            Some(why) => println!("refused   {} — {why}", p.path.display()),
+            (None, Some(why)) => println!(
+                "{kind:<9} {name:<8} {version:<8} {abi:<7} {} — unavailable: {why}",
+                p.path.display()
+            ),
+            (Some(why), _) => println!("refused   {} — {why}", p.path.display()),
         }
     }
     Ok(())

@@ -218,6 +218,11 @@ pub struct BackendPlugin {
     /// Creates a backend instance.
     #[sabi(last_prefix_field)]
     pub create: extern "C" fn(BackendConfig) -> BackendResult<BackendBox>,
+    /// Whether this machine can run the backend at all, asked without creating one:
+    /// `None` if it can, else why not (e.g. `libcuda.so not found`). Cheap; never panics.
+    /// Appended after the prefix, so plugins built before it still load (as available).
+    #[sabi(missing_field(option))]
+    pub unavailable: extern "C" fn() -> ROption<RString>,
 }
 
 impl RootModule for BackendPluginRef {
@@ -233,9 +238,23 @@ impl RootModule for BackendPluginRef {
 /// prima_core::export_backend_plugin!(name = "cpu", create = my_create_fn);
 /// ```
 /// where `my_create_fn: extern "C" fn(BackendConfig) -> BackendResult<BackendBox>`.
+/// A backend that needs hardware or a driver also names
+/// `unavailable = my_probe_fn` (`extern "C" fn() -> ROption<RString>`, see
+/// [`BackendPlugin::unavailable`]); without it the plugin is always available.
 #[macro_export]
 macro_rules! export_backend_plugin {
     (name = $name:expr, create = $create:path) => {
+        extern "C" fn __prima_plugin_always_available(
+        ) -> ::abi_stable::std_types::ROption<::abi_stable::std_types::RString> {
+            ::abi_stable::std_types::ROption::RNone
+        }
+        $crate::export_backend_plugin!(
+            name = $name,
+            create = $create,
+            unavailable = __prima_plugin_always_available
+        );
+    };
+    (name = $name:expr, create = $create:path, unavailable = $unavailable:path) => {
         /// Read by the loader with plain `libloading` before any `abi_stable` check.
         #[no_mangle]
         pub extern "C" fn prima_plugin_abi_version() -> u32 {
@@ -267,6 +286,7 @@ macro_rules! export_backend_plugin {
                 name: __prima_plugin_name,
                 plugin_version: __prima_plugin_version,
                 create: $create,
+                unavailable: $unavailable,
             }
             .leak_into_prefix()
         }

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use abi_stable::library::{lib_header_from_path, RootModule};
-use abi_stable::std_types::RResult;
+use abi_stable::std_types::{RResult, RString};
 
 use super::backend_abi::{BackendBox, BackendConfig, BackendPluginRef, BACKEND_ABI_VERSION};
 use super::solver_abi::{MilpProblem, MilpSolution, SolverPluginRef, SOLVER_ABI_VERSION};
@@ -37,6 +37,9 @@ pub struct PluginInfo {
     pub version: Option<String>,
     /// `None` when the plugin can be used, else why not.
     pub refused: Option<String>,
+    /// A loadable backend that cannot run on this machine (no driver, no device): why.
+    /// Filled by [`discover`]/[`discover_in`], which ask each backend; `None` otherwise.
+    pub unavailable: Option<String>,
 }
 
 /// A backend loaded from a plugin, with where it came from.
@@ -112,6 +115,7 @@ fn inspect(path: &Path) -> PluginInfo {
         name: None,
         version: None,
         refused: None,
+        unavailable: None,
     };
     match read_c_header(path) {
         Err(reason) => info.refused = Some(reason),
@@ -129,6 +133,7 @@ fn inspect(path: &Path) -> PluginInfo {
                     Ok(root) => {
                         info.name = Some(root.name()().into_string());
                         info.version = Some(root.plugin_version()().into_string());
+                        info.unavailable = backend_unavailable(root);
                     }
                     Err(reason) => info.refused = Some(reason),
                 },
@@ -157,6 +162,12 @@ fn inspect(path: &Path) -> PluginInfo {
         }
     }
     info
+}
+
+/// Asks a backend whether it can run here (a plugin built without the question can).
+fn backend_unavailable(root: BackendPluginRef) -> Option<String> {
+    let probe = root.unavailable()?;
+    probe().into_option().map(RString::into_string)
 }
 
 fn read_c_header(path: &Path) -> Result<(u32, u32), String> {
@@ -198,7 +209,12 @@ pub(super) fn find_plugin<M: RootModule>(
                 continue;
             }
         }
-        if let Some(reason) = info.refused {
+        let unusable = info.refused.clone().or_else(|| {
+            info.unavailable
+                .as_ref()
+                .map(|why| format!("unavailable: {why}"))
+        });
+        if let Some(reason) = unusable {
             last_refusal = Some(PluginError::Refused {
                 path: info.path,
                 reason,

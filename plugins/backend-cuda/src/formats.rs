@@ -1,0 +1,161 @@
+//! The weight formats the GPU reads, as the host sees them: which kernel family decodes
+//! each, and the checks a weight passes before it is uploaded. Block layouts themselves
+//! live in the kernels (`kernels/formats_*.cu`), checked against the CPU backend.
+
+use crate::kernels::Family;
+use prima_core::gguf::GgmlType;
+use prima_core::plugin::backend_abi::TensorView;
+
+/// One supported weight format.
+#[derive(Debug, Clone, Copy)]
+pub struct Format {
+    pub ty: GgmlType,
+    /// Suffix of its kernels: `get_rows_<kernel>`, `matmul_<kernel>`.
+    pub kernel: &'static str,
+    /// `matmul_<kernel>` and `get_rows_<kernel>`.
+    pub matmul: &'static str,
+    pub get_rows: &'static str,
+    pub family: Family,
+}
+
+macro_rules! f {
+    ($ty:expr, $kernel:literal, $family:expr) => {
+        Format {
+            ty: $ty,
+            kernel: $kernel,
+            matmul: concat!("matmul_", $kernel),
+            get_rows: concat!("get_rows_", $kernel),
+            family: $family,
+        }
+    };
+}
+
+/// Every format `matmul` and `get_rows` accept: all that the CPU backend multiplies.
+/// Q8_1 and Q8_K are activation formats and never weights.
+pub const FORMATS: [Format; 13] = [
+    f!(GgmlType::F32, "f32", Family::FloatFormats),
+    f!(GgmlType::F16, "f16", Family::FloatFormats),
+    f!(GgmlType::BF16, "bf16", Family::FloatFormats),
+    f!(GgmlType::Q4_0, "q4_0", Family::LegacyQuants),
+    f!(GgmlType::Q4_1, "q4_1", Family::LegacyQuants),
+    f!(GgmlType::Q5_0, "q5_0", Family::LegacyQuants),
+    f!(GgmlType::Q5_1, "q5_1", Family::LegacyQuants),
+    f!(GgmlType::Q8_0, "q8_0", Family::LegacyQuants),
+    f!(GgmlType::Q2K, "q2_k", Family::KQuants),
+    f!(GgmlType::Q3K, "q3_k", Family::KQuants),
+    f!(GgmlType::Q4K, "q4_k", Family::KQuants),
+    f!(GgmlType::Q5K, "q5_k", Family::KQuants),
+    f!(GgmlType::Q6K, "q6_k", Family::KQuants),
+];
+
+/// The format of GGUF type id `id`, if the GPU reads it.
+pub fn format_of(id: u32) -> Option<&'static Format> {
+    FORMATS.iter().find(|f| f.ty as u32 == id)
+}
+
+/// A weight matrix checked for the row kernels: its format, shape and row stride.
+#[derive(Debug, Clone, Copy)]
+pub struct WeightShape {
+    pub format: &'static Format,
+    pub cols: u32,
+    pub rows: u32,
+    pub row_bytes: u64,
+}
+
+impl WeightShape {
+    /// Checks that `w` is a whole number of rows of a supported format whose rows are
+    /// whole 32-element chunks (the unit each GPU lane decodes).
+    pub fn of(op: &str, w: &TensorView<'_>) -> Result<WeightShape, String> {
+        let format = format_of(w.ggml_type).ok_or_else(|| {
+            let name = GgmlType::from_id(w.ggml_type).map_or("unknown", GgmlType::name);
+            format!(
+                "{op}: weight type {name} (id {}) is not supported by the CUDA backend",
+                w.ggml_type
+            )
+        })?;
+        let ty = format.ty;
+        let cols = usize::try_from(w.cols).map_err(|_| format!("{op}: too many columns"))?;
+        if cols % 32 != 0 || cols % ty.block_elems() != 0 {
+            return Err(format!(
+                "{op}: rows of {cols} elements are not whole {}-element {} blocks (and 32-element chunks)",
+                ty.block_elems().max(32),
+                ty.name()
+            ));
+        }
+        let row_bytes = ty
+            .row_bytes(cols)
+            .ok_or_else(|| format!("{op}: row of {cols} {} elements overflows", ty.name()))?;
+        let expected = (row_bytes as u128) * (w.rows as u128);
+        if w.data.len() as u128 != expected {
+            return Err(format!(
+                "{op}: {} weight of {} × {cols} must be {expected} bytes, got {}",
+                ty.name(),
+                w.rows,
+                w.data.len()
+            ));
+        }
+        Ok(WeightShape {
+            format,
+            cols: u32::try_from(cols).map_err(|_| format!("{op}: too many columns"))?,
+            rows: u32::try_from(w.rows).map_err(|_| format!("{op}: too many rows"))?,
+            row_bytes: row_bytes as u64,
+        })
+    }
+
+    /// Bytes the weight occupies in VRAM: its stored blocks, unchanged.
+    pub fn upload_bytes(&self) -> u64 {
+        self.row_bytes * self.rows as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use abi_stable::std_types::RSlice;
+
+    fn view(data: &[u8], ty: GgmlType, cols: u64, rows: u64) -> TensorView<'_> {
+        TensorView {
+            data: RSlice::from_slice(data),
+            ggml_type: ty as u32,
+            cols,
+            rows,
+        }
+    }
+
+    #[test]
+    fn supported_formats_are_the_cpu_backends_weight_formats() {
+        for ty in GgmlType::ALL {
+            let activation_only = matches!(ty, GgmlType::Q8_1 | GgmlType::Q8K);
+            assert_eq!(format_of(ty as u32).is_some(), !activation_only, "{ty}");
+        }
+        assert!(format_of(99).is_none());
+    }
+
+    #[test]
+    fn upload_size_is_the_stored_block_size() {
+        // 2 rows of 512 Q4_K elements: 2 super-blocks of 144 bytes per row.
+        let data = vec![0u8; 2 * 2 * 144];
+        let s = WeightShape::of("t", &view(&data, GgmlType::Q4K, 512, 2)).unwrap();
+        assert_eq!((s.row_bytes, s.upload_bytes()), (288, 576));
+        let data = vec![0u8; 3 * 64 * 18];
+        let s = WeightShape::of("t", &view(&data, GgmlType::Q4_0, 2048, 3)).unwrap();
+        assert_eq!(s.upload_bytes(), 3 * 64 * 18);
+        let data = vec![0u8; 4 * 32 * 2];
+        let s = WeightShape::of("t", &view(&data, GgmlType::BF16, 32, 4)).unwrap();
+        assert_eq!(s.row_bytes, 64);
+    }
+
+    #[test]
+    fn bad_weights_are_refused_with_a_reason() {
+        let data = vec![0u8; 144];
+        let e = WeightShape::of("matmul", &view(&data, GgmlType::Q4K, 128, 1)).unwrap_err();
+        assert!(e.contains("whole 256-element Q4_K blocks"), "{e}");
+        let e = WeightShape::of("matmul", &view(&data, GgmlType::Q4K, 256, 2)).unwrap_err();
+        assert!(e.contains("must be 288 bytes, got 144"), "{e}");
+        let e = WeightShape::of("matmul", &view(&data, GgmlType::Q8K, 256, 1)).unwrap_err();
+        assert!(e.contains("Q8_K") && e.contains("not supported"), "{e}");
+        let data = vec![0u8; 48 * 4];
+        let e = WeightShape::of("matmul", &view(&data, GgmlType::F32, 48, 1)).unwrap_err();
+        assert!(e.contains("32-element"), "{e}");
+    }
+}

@@ -1,0 +1,33 @@
+//! Prima's CUDA backend plugin: NVIDIA GPUs behind the backend ABI.
+//!
+//! Built with no CUDA toolkit or driver: the driver API and NVRTC are opened at run time
+//! (cudarc, dynamic loading), and the kernels are CUDA C compiled by NVRTC for the GPU
+//! found, cached on disk. Where there is no driver, NVRTC or device the plugin still
+//! loads; it reports why through the ABI's `unavailable` and refuses `create`.
+//!
+//! - [`kernels`]: the CUDA C sources, one per operation or format family (`*.cu`), and how
+//!   a compilation unit is assembled. No GPU code runs from Rust but through these.
+//! - [`compile`]: NVRTC and the on-disk PTX cache.
+//! - [`formats`]: the weight formats the GPU reads and the checks before an upload.
+//! - [`device`]: the availability probe and an opened GPU (context, stream, modules).
+//! - [`ops`]: the host side of each operation: checks, uploads, launches, downloads.
+//! - [`backend`]: the ABI glue, with every call guarded against panics.
+//!
+//! Status (phase 1): the host-slice ABI v2 in full on one GPU; weights live in VRAM in
+//! their stored blocks, the KV cache is F16 in VRAM, activations cross the bus on every
+//! operation. See ARCHITECTURE.md for what the device-resident ABI (phase 2) changes.
+
+pub mod backend;
+pub mod compile;
+pub mod device;
+pub mod formats;
+pub mod kernels;
+pub mod ops;
+
+pub use backend::{create_backend, CudaBackend};
+
+prima_core::export_backend_plugin!(
+    name = "cuda",
+    create = create_backend,
+    unavailable = backend::unavailable
+);

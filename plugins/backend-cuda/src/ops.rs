@@ -1,0 +1,609 @@
+//! The backend operations on the GPU, host side: argument checks (the CPU backend's), the
+//! uploads, the launches and the downloads.
+//!
+//! Phase 1 of the CUDA backend follows the host-slice ABI (v2): every operation uploads its
+//! activations, runs, and copies its result back, synchronising once per operation. Only
+//! weights (cached by mapping address) and the KV cache stay in VRAM. The device-resident
+//! ABI — activations that stay on the GPU between operations, one synchronisation per
+//! token — replaces the upload/download pairs below (`upload`, `download`) in phase 2.
+
+use std::collections::HashMap;
+
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use prima_core::gguf::GgmlType;
+use prima_core::plugin::backend_abi::{AttentionParams, KvSpec, RopeParams, TensorView};
+
+use crate::device::{drv, grid_1d, Gpu};
+use crate::formats::WeightShape;
+use crate::kernels::{Family, ATT_MAX_HEAD_DIM, ATT_WARPS, MATMUL_TOKENS, MATMUL_WARPS};
+
+pub type OpResult<T> = Result<T, String>;
+
+/// Everything the backend keeps on the GPU.
+pub struct State {
+    pub gpu: Gpu,
+    /// Weights in their stored layout, by (mapping address, length, type): the views are
+    /// slices of a read-only mapping that outlives the backend's use of it.
+    weights: HashMap<(usize, usize, u32), CudaSlice<u8>>,
+    pub weight_bytes: u64,
+    kv: HashMap<u64, KvCache>,
+    next_kv: u64,
+}
+
+/// One F16 KV cache: per layer, K and V as `[n_ctx][n_head_kv][head_dim]`.
+struct KvCache {
+    spec: KvSpec,
+    k: Vec<CudaSlice<u16>>,
+    v: Vec<CudaSlice<u16>>,
+    /// Positions held per layer.
+    len: Vec<usize>,
+}
+
+fn expect_len(op: &str, what: &str, got: usize, want: usize) -> OpResult<()> {
+    if got != want {
+        return Err(format!("{op}: {what} is {got}, expected {want}"));
+    }
+    Ok(())
+}
+
+fn mul(op: &str, a: usize, b: usize) -> OpResult<usize> {
+    a.checked_mul(b)
+        .ok_or_else(|| format!("{op}: size {a} × {b} overflows"))
+}
+
+/// An F32 vector weight (norm weights, biases): its bytes and length.
+fn f32_vector<'a>(op: &str, what: &str, w: &TensorView<'a>) -> OpResult<(&'a [u8], usize)> {
+    if w.ggml_type != GgmlType::F32 as u32 {
+        return Err(format!(
+            "{op}: {what} must be F32 (type id {})",
+            w.ggml_type
+        ));
+    }
+    let n = usize::try_from(w.cols).map_err(|_| format!("{op}: {what} too long"))?;
+    if w.rows != 1 || w.data.len() != 4 * n || n == 0 {
+        return Err(format!(
+            "{op}: {what} must be one row of {n} f32 ({} bytes), got {} rows and {} bytes",
+            4 * n,
+            w.rows,
+            w.data.len()
+        ));
+    }
+    Ok((w.data.as_slice(), n))
+}
+
+impl State {
+    pub fn new(gpu: Gpu) -> State {
+        State {
+            gpu,
+            weights: HashMap::new(),
+            weight_bytes: 0,
+            kv: HashMap::new(),
+            next_kv: 1,
+        }
+    }
+
+    /// The weight's VRAM copy, uploaded on first use.
+    fn weight(&mut self, bytes: &[u8], ty: u32) -> OpResult<&CudaSlice<u8>> {
+        let key = (bytes.as_ptr() as usize, bytes.len(), ty);
+        if !self.weights.contains_key(&key) {
+            let dev = drv("uploading a weight", self.gpu.stream.clone_htod(bytes))?;
+            self.weight_bytes += bytes.len() as u64;
+            self.weights.insert(key, dev);
+        }
+        Ok(&self.weights[&key])
+    }
+
+    fn upload<T: cudarc::driver::DeviceRepr>(
+        &self,
+        what: &str,
+        host: &[T],
+    ) -> OpResult<CudaSlice<T>> {
+        drv(
+            &format!("uploading {what}"),
+            self.gpu.stream.clone_htod(host),
+        )
+    }
+
+    fn download<T: cudarc::driver::DeviceRepr>(
+        &self,
+        what: &str,
+        dev: &CudaSlice<T>,
+        host: &mut [T],
+    ) -> OpResult<()> {
+        drv(
+            &format!("downloading {what}"),
+            self.gpu.stream.memcpy_dtoh(dev, host),
+        )
+    }
+
+    fn alloc(&self, what: &str, n: usize) -> OpResult<CudaSlice<f32>> {
+        // SAFETY: every element is written by the kernel before it is read back.
+        drv(&format!("allocating {what}"), unsafe {
+            self.gpu.stream.alloc::<f32>(n.max(1))
+        })
+    }
+
+    pub fn get_rows(
+        &mut self,
+        table: &TensorView<'_>,
+        ids: &[u32],
+        out: &mut [f32],
+    ) -> OpResult<()> {
+        const OP: &str = "get_rows";
+        let shape = WeightShape::of(OP, table)?;
+        let cols = shape.cols as usize;
+        expect_len(OP, "out length", out.len(), mul(OP, ids.len(), cols)?)?;
+        if let Some(&bad) = ids.iter().find(|&&i| i >= shape.rows) {
+            return Err(format!(
+                "{OP}: row id {bad} is out of range for {} rows",
+                shape.rows
+            ));
+        }
+        if ids.is_empty() || cols == 0 {
+            return Ok(());
+        }
+        let f = self
+            .gpu
+            .function(shape.format.family, shape.format.get_rows)?;
+        let ids_dev = self.upload("row ids", ids)?;
+        let mut out_dev = self.alloc("rows", out.len())?;
+        let n_ids = ids.len() as u32;
+        let stream = self.gpu.stream.clone();
+        let w = self.weight(table.data.as_slice(), table.ggml_type)?;
+        let chunks = shape.cols / 32;
+        let cfg = LaunchConfig {
+            grid_dim: (chunks.div_ceil(128), n_ids, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = stream.launch_builder(&f);
+        b.arg(w)
+            .arg(&ids_dev)
+            .arg(&mut out_dev)
+            .arg(&shape.cols)
+            .arg(&shape.row_bytes)
+            .arg(&n_ids);
+        // SAFETY: get_rows_<fmt>(const u8*, const u32*, float*, u32, u64, u32); the weight holds
+        // `rows` rows of `row_bytes`, every id < rows, out holds n_ids × cols floats.
+        drv("launching get_rows", unsafe { b.launch(cfg) })?;
+        self.download("rows", &out_dev, out)
+    }
+
+    pub fn matmul(
+        &mut self,
+        w: &TensorView<'_>,
+        x: &[f32],
+        n_tokens: usize,
+        out: &mut [f32],
+    ) -> OpResult<()> {
+        const OP: &str = "matmul";
+        let shape = WeightShape::of(OP, w)?;
+        expect_len(
+            OP,
+            "x length",
+            x.len(),
+            mul(OP, n_tokens, shape.cols as usize)?,
+        )?;
+        expect_len(
+            OP,
+            "out length",
+            out.len(),
+            mul(OP, n_tokens, shape.rows as usize)?,
+        )?;
+        if n_tokens == 0 || shape.rows == 0 {
+            return Ok(());
+        }
+        let f = self
+            .gpu
+            .function(shape.format.family, shape.format.matmul)?;
+        let x_dev = self.upload("activations", x)?;
+        let mut out_dev = self.alloc("matmul output", out.len())?;
+        let n = n_tokens as u32;
+        let stream = self.gpu.stream.clone();
+        let w_dev = self.weight(w.data.as_slice(), w.ggml_type)?;
+        let cfg = LaunchConfig {
+            grid_dim: (
+                shape.rows.div_ceil(MATMUL_WARPS),
+                n.div_ceil(MATMUL_TOKENS),
+                1,
+            ),
+            block_dim: (32 * MATMUL_WARPS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = stream.launch_builder(&f);
+        b.arg(w_dev)
+            .arg(&x_dev)
+            .arg(&mut out_dev)
+            .arg(&shape.cols)
+            .arg(&shape.rows)
+            .arg(&shape.row_bytes)
+            .arg(&n);
+        // SAFETY: matmul_<fmt>(const u8* w, const float* x, float* out, u32 cols, u32 rows,
+        // u64 row_bytes, u32 n_tokens) with x n_tokens × cols, out n_tokens × rows.
+        drv("launching matmul", unsafe { b.launch(cfg) })?;
+        self.download("matmul output", &out_dev, out)
+    }
+
+    pub fn rms_norm(
+        &mut self,
+        x: &[f32],
+        weight: &TensorView<'_>,
+        eps: f32,
+        out: &mut [f32],
+    ) -> OpResult<()> {
+        const OP: &str = "rms_norm";
+        let (wb, n) = f32_vector(OP, "weight", weight)?;
+        if !x.len().is_multiple_of(n) {
+            return Err(format!(
+                "{OP}: x length {} is not a multiple of the row length {n}",
+                x.len()
+            ));
+        }
+        expect_len(OP, "out length", out.len(), x.len())?;
+        if x.is_empty() {
+            return Ok(());
+        }
+        let f = self.gpu.function(Family::Elementwise, "rms_norm")?;
+        let x_dev = self.upload("activations", x)?;
+        let mut out_dev = self.alloc("rms_norm output", out.len())?;
+        let stream = self.gpu.stream.clone();
+        let w_dev = self.weight(wb, weight.ggml_type)?;
+        let (rows, n32) = ((x.len() / n) as u32, n as u32);
+        let cfg = LaunchConfig {
+            grid_dim: (rows, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = stream.launch_builder(&f);
+        b.arg(&x_dev)
+            .arg(w_dev)
+            .arg(&mut out_dev)
+            .arg(&n32)
+            .arg(&eps);
+        // SAFETY: rms_norm(const float* x, const float* w, float* out, u32 n, float eps), one
+        // block of 256 (≤ 1024, a power of two) per row of n.
+        drv("launching rms_norm", unsafe { b.launch(cfg) })?;
+        self.download("rms_norm output", &out_dev, out)
+    }
+
+    /// `kernel(a, b, n)` over two equal-length vectors, `a` updated in place.
+    fn binary(&mut self, op: &'static str, a: &mut [f32], b: &[f32]) -> OpResult<()> {
+        expect_len(op, "second operand length", b.len(), a.len())?;
+        if a.is_empty() {
+            return Ok(());
+        }
+        let f = self.gpu.function(Family::Elementwise, op)?;
+        let stream = self.gpu.stream.clone();
+        let mut a_dev = self.upload("activations", a)?;
+        let b_dev = self.upload("activations", b)?;
+        let n = a.len() as u64;
+        let mut l = stream.launch_builder(&f);
+        l.arg(&mut a_dev).arg(&b_dev).arg(&n);
+        // SAFETY: op(float* a, const float* b, u64 n) with both n long.
+        drv(op, unsafe { l.launch(grid_1d(n)) })?;
+        self.download(op, &a_dev, a)
+    }
+
+    pub fn add(&mut self, acc: &mut [f32], x: &[f32]) -> OpResult<()> {
+        self.binary("add", acc, x)
+    }
+
+    pub fn swiglu(&mut self, gate: &mut [f32], up: &[f32]) -> OpResult<()> {
+        self.binary("swiglu", gate, up)
+    }
+
+    pub fn geglu(&mut self, gate: &mut [f32], up: &[f32]) -> OpResult<()> {
+        self.binary("geglu", gate, up)
+    }
+
+    pub fn add_bias(&mut self, x: &mut [f32], bias: &TensorView<'_>) -> OpResult<()> {
+        const OP: &str = "add_bias";
+        let (bb, row) = f32_vector(OP, "bias", bias)?;
+        if !x.len().is_multiple_of(row) {
+            return Err(format!(
+                "{OP}: x length {} is not a multiple of the bias length {row}",
+                x.len()
+            ));
+        }
+        if x.is_empty() {
+            return Ok(());
+        }
+        let f = self.gpu.function(Family::Elementwise, "add_bias")?;
+        let mut x_dev = self.upload("activations", x)?;
+        let (n, row32) = (x.len() as u64, row as u32);
+        let stream = self.gpu.stream.clone();
+        let b_dev = self.weight(bb, bias.ggml_type)?;
+        let mut l = stream.launch_builder(&f);
+        l.arg(&mut x_dev).arg(b_dev).arg(&n).arg(&row32);
+        // SAFETY: add_bias(float* x, const float* bias, u64 n, u32 row), bias row long.
+        drv(OP, unsafe { l.launch(grid_1d(n)) })?;
+        self.download(OP, &x_dev, x)
+    }
+
+    pub fn scale(&mut self, x: &mut [f32], s: f32) -> OpResult<()> {
+        if x.is_empty() {
+            return Ok(());
+        }
+        let f = self.gpu.function(Family::Elementwise, "scale")?;
+        let stream = self.gpu.stream.clone();
+        let mut x_dev = self.upload("activations", x)?;
+        let n = x.len() as u64;
+        let mut l = stream.launch_builder(&f);
+        l.arg(&mut x_dev).arg(&s).arg(&n);
+        // SAFETY: scale(float* x, float s, u64 n).
+        drv("scale", unsafe { l.launch(grid_1d(n)) })?;
+        self.download("scale", &x_dev, x)
+    }
+
+    pub fn rope(
+        &mut self,
+        x: &mut [f32],
+        n_head: usize,
+        head_dim: usize,
+        positions: &[u32],
+        p: &RopeParams<'_>,
+    ) -> OpResult<()> {
+        const OP: &str = "rope";
+        let row = mul(OP, n_head, head_dim)?;
+        expect_len(OP, "x length", x.len(), mul(OP, positions.len(), row)?)?;
+        let n_rot = p.n_rot as usize;
+        if !n_rot.is_multiple_of(2) || n_rot > head_dim {
+            return Err(format!(
+                "{OP}: n_rot {n_rot} must be even and at most head_dim {head_dim}"
+            ));
+        }
+        let factors = p.freq_factors.as_ref().map(|f| f.as_slice()).into_option();
+        if let Some(f) = factors {
+            expect_len(OP, "freq_factors length", f.len(), n_rot / 2)?;
+        }
+        if n_rot == 0 || row == 0 || positions.is_empty() {
+            return Ok(());
+        }
+        let [corr_low, corr_high] = yarn_corr_dims(n_rot, p);
+        let theta_scale = p.freq_base.powf(-2.0 / n_rot as f32);
+        let f = self.gpu.function(Family::Rope, "rope")?;
+        let stream = self.gpu.stream.clone();
+        let mut x_dev = self.upload("activations", x)?;
+        let pos_dev = self.upload("positions", positions)?;
+        let ff_dev = factors
+            .map(|f| self.upload("freq_factors", f))
+            .transpose()?;
+        let null = 0u64;
+        let (n_tokens, nh, hd, nr) = (
+            positions.len() as u32,
+            n_head as u32,
+            head_dim as u32,
+            p.n_rot,
+        );
+        let neox = u32::from(p.neox);
+        let total = positions.len() as u64 * n_head as u64 * (n_rot / 2) as u64;
+        let mut l = stream.launch_builder(&f);
+        l.arg(&mut x_dev)
+            .arg(&pos_dev)
+            .arg(&n_tokens)
+            .arg(&nh)
+            .arg(&hd)
+            .arg(&nr)
+            .arg(&neox);
+        match &ff_dev {
+            Some(d) => l.arg(d),
+            None => l.arg(&null),
+        };
+        l.arg(&theta_scale)
+            .arg(&p.freq_scale)
+            .arg(&p.ext_factor)
+            .arg(&p.attn_factor)
+            .arg(&corr_low)
+            .arg(&corr_high);
+        // SAFETY: rope(float* x, const u32* positions, u32 n_tokens, u32 n_head, u32 head_dim,
+        // u32 n_rot, u32 neox, const float* freq_factors (null: none), float ×6), x holding
+        // n_tokens × n_head × head_dim, freq_factors n_rot/2 long.
+        drv(OP, unsafe { l.launch(grid_1d(total)) })?;
+        self.download(OP, &x_dev, x)
+    }
+
+    pub fn kv_create(&mut self, spec: KvSpec) -> OpResult<u64> {
+        let per_pos = |d: u32| -> OpResult<usize> {
+            mul(
+                "kv_create",
+                spec.n_ctx as usize,
+                mul("kv_create", spec.n_head_kv as usize, d as usize)?,
+            )
+        };
+        let (nk, nv) = (per_pos(spec.head_dim_k)?, per_pos(spec.head_dim_v)?);
+        let mut cache = KvCache {
+            spec,
+            k: Vec::new(),
+            v: Vec::new(),
+            len: vec![0; spec.n_layers as usize],
+        };
+        for _ in 0..spec.n_layers {
+            cache.k.push(drv(
+                "allocating the K cache",
+                self.gpu.stream.alloc_zeros::<u16>(nk.max(1)),
+            )?);
+            cache.v.push(drv(
+                "allocating the V cache",
+                self.gpu.stream.alloc_zeros::<u16>(nv.max(1)),
+            )?);
+        }
+        let h = self.next_kv;
+        self.next_kv += 1;
+        self.kv.insert(h, cache);
+        Ok(h)
+    }
+
+    pub fn kv_drop(&mut self, kv: u64) {
+        self.kv.remove(&kv);
+    }
+
+    pub fn kv_truncate(&mut self, kv: u64, n_pos: u32) -> OpResult<()> {
+        let cache = self
+            .kv
+            .get_mut(&kv)
+            .ok_or_else(|| format!("kv_truncate: unknown KV cache {kv}"))?;
+        for l in &mut cache.len {
+            *l = (*l).min(n_pos as usize);
+        }
+        Ok(())
+    }
+
+    pub fn attention(
+        &mut self,
+        kv: u64,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        p: &AttentionParams,
+        out: &mut [f32],
+    ) -> OpResult<()> {
+        const OP: &str = "attention";
+        let spec = self
+            .kv
+            .get(&kv)
+            .ok_or_else(|| format!("{OP}: unknown KV cache {kv}"))?
+            .spec;
+        let (n_tokens, n_head, n_head_kv) =
+            (p.n_tokens as usize, p.n_head as usize, p.n_head_kv as usize);
+        let (dk, dv) = (p.head_dim_k as usize, p.head_dim_v as usize);
+        let (layer, start) = (p.layer as usize, p.start_pos as usize);
+        if p.layer >= spec.n_layers {
+            return Err(format!(
+                "{OP}: layer {} is out of range for a cache of {} layers",
+                p.layer, spec.n_layers
+            ));
+        }
+        if p.n_head_kv != spec.n_head_kv
+            || p.head_dim_k != spec.head_dim_k
+            || p.head_dim_v != spec.head_dim_v
+        {
+            return Err(format!(
+                "{OP}: n_head_kv/head_dim_k/head_dim_v {}/{}/{} differ from the cache's {}/{}/{}",
+                p.n_head_kv,
+                p.head_dim_k,
+                p.head_dim_v,
+                spec.n_head_kv,
+                spec.head_dim_k,
+                spec.head_dim_v
+            ));
+        }
+        if p.head_dim_k > ATT_MAX_HEAD_DIM || p.head_dim_v > ATT_MAX_HEAD_DIM {
+            return Err(format!(
+                "{OP}: head sizes {dk}/{dv} exceed the supported {ATT_MAX_HEAD_DIM}"
+            ));
+        }
+        if n_head == 0 || n_head_kv == 0 || n_head % n_head_kv != 0 {
+            return Err(format!(
+                "{OP}: n_head {n_head} is not a positive multiple of n_head_kv {n_head_kv}"
+            ));
+        }
+        expect_len(
+            OP,
+            "q length",
+            q.len(),
+            mul(OP, n_tokens, mul(OP, n_head, dk)?)?,
+        )?;
+        expect_len(
+            OP,
+            "k length",
+            k.len(),
+            mul(OP, n_tokens, mul(OP, n_head_kv, dk)?)?,
+        )?;
+        expect_len(
+            OP,
+            "v length",
+            v.len(),
+            mul(OP, n_tokens, mul(OP, n_head_kv, dv)?)?,
+        )?;
+        expect_len(
+            OP,
+            "out length",
+            out.len(),
+            mul(OP, n_tokens, mul(OP, n_head, dv)?)?,
+        )?;
+        let end = start.saturating_add(n_tokens);
+        if end > spec.n_ctx as usize {
+            return Err(format!(
+                "{OP}: positions {start}..{end} exceed the cache's n_ctx {}",
+                spec.n_ctx
+            ));
+        }
+        let held = self.kv[&kv].len[layer];
+        if start > held {
+            return Err(format!(
+                "{OP}: start_pos {start} leaves a gap: layer {layer} holds {held} positions"
+            ));
+        }
+        if n_tokens == 0 {
+            return Ok(());
+        }
+        let store = self.gpu.function(Family::Attention, "store_f16")?;
+        let attend = self.gpu.function(Family::Attention, "attention")?;
+        let q_dev = self.upload("queries", q)?;
+        let k_dev = self.upload("keys", k)?;
+        let v_dev = self.upload("values", v)?;
+        let mut out_dev = self.alloc("attention output", out.len())?;
+        let stream = self.gpu.stream.clone();
+        let cache = self.kv.get_mut(&kv).expect("checked above");
+        for (src, dst, d) in [
+            (&k_dev, &mut cache.k[layer], dk),
+            (&v_dev, &mut cache.v[layer], dv),
+        ] {
+            let (off, n) = (start * n_head_kv * d, n_tokens * n_head_kv * d);
+            if n == 0 {
+                continue;
+            }
+            let mut view = dst.slice_mut(off..off + n);
+            let n64 = n as u64;
+            let mut l = stream.launch_builder(&store);
+            l.arg(src).arg(&mut view).arg(&n64);
+            // SAFETY: store_f16(const float* src, u16* dst, u64 n): src holds n floats and the
+            // view n elements of the cache (end ≤ n_ctx was checked).
+            drv("storing into the KV cache", unsafe {
+                l.launch(grid_1d(n64))
+            })?;
+        }
+        cache.len[layer] = cache.len[layer].max(end);
+        let (nh, nkv, dk32, dv32, start32) = (
+            p.n_head,
+            p.n_head_kv,
+            p.head_dim_k,
+            p.head_dim_v,
+            p.start_pos,
+        );
+        let cfg = LaunchConfig {
+            grid_dim: (p.n_head, p.n_tokens, 1),
+            block_dim: (32 * ATT_WARPS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut l = stream.launch_builder(&attend);
+        l.arg(&q_dev)
+            .arg(&cache.k[layer])
+            .arg(&cache.v[layer])
+            .arg(&mut out_dev)
+            .arg(&nh)
+            .arg(&nkv)
+            .arg(&dk32)
+            .arg(&dv32)
+            .arg(&start32)
+            .arg(&p.sliding_window)
+            .arg(&p.scale)
+            .arg(&p.softcap);
+        // SAFETY: attention(const float* q, const u16* k, const u16* v, float* out, u32 ×6,
+        // float scale, float softcap); the cache layer holds positions ≤ start + n_tokens - 1,
+        // head sizes ≤ ATT_MAX_HEAD_DIM, n_head a multiple of n_head_kv (all checked).
+        drv("launching attention", unsafe { l.launch(cfg) })?;
+        self.download("attention output", &out_dev, out)
+    }
+}
+
+/// `[low, high]` pairs between which YaRN ramps (as the CPU backend's `corr_dims`).
+pub fn yarn_corr_dims(n_dims: usize, p: &RopeParams<'_>) -> [f32; 2] {
+    use std::f32::consts::PI;
+    let corr_dim = |n_rot: f32| {
+        n_dims as f32 * (p.n_ctx_orig as f32 / (n_rot * 2.0 * PI)).ln() / (2.0 * p.freq_base.ln())
+    };
+    let start = corr_dim(p.beta_fast).floor();
+    let end = corr_dim(p.beta_slow).ceil();
+    [start.max(0.0), end.min(n_dims as f32 - 1.0)]
+}

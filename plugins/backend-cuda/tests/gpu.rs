@@ -1,0 +1,620 @@
+//! The CUDA backend against the CPU backend (the oracle), on a real GPU.
+//!
+//! Every test returns early, passing, where [`prima_backend_cuda::device::unavailable`]
+//! gives a reason (CI, machines without NVIDIA drivers): there it checks only that the
+//! reason is given and `create` refuses cleanly. On a GPU machine: each weight format's
+//! get_rows and matmul, every element-wise op, RoPE variants, attention variants, and a
+//! generated Llama-shaped model's logits, greedy tokens and decode time.
+//!
+//! `PRIMA_GPU_MODEL_OUT=<path>` keeps the generated model (with a stub tokenizer) for
+//! `prima run` comparisons.
+
+use std::time::Instant;
+
+use abi_stable::std_types::{RSlice, RSliceMut};
+use half::{bf16, f16};
+use prima_backend_cuda::device::unavailable;
+use prima_backend_cuda::formats::FORMATS;
+use prima_core::gguf::{GgmlType, GgufWriter, Value};
+use prima_core::model::{Model, Session};
+use prima_core::plugin::backend_abi::{
+    AttentionParams, BackendBox, BackendConfig, KvSpec, RopeParams, TensorView,
+};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+/// The CPU backend, loaded as a plugin (linking its rlib too would clash with this
+/// crate's exported plugin symbols): from $PRIMA_PLUGIN_DIR, else beside the test binary.
+fn cpu() -> BackendBox {
+    prima_core::plugin::load_backend(Some("cpu"), BackendConfig { threads: 0 })
+        .expect(
+            "the CPU backend plugin (cargo build -p prima-backend-cpu, or set PRIMA_PLUGIN_DIR)",
+        )
+        .backend
+}
+
+/// The CUDA backend, or `None` (after checking the refusal) where there is no GPU.
+fn cuda() -> Option<BackendBox> {
+    match unavailable() {
+        Some(why) => {
+            eprintln!("no GPU here ({why}): skipped");
+            let err = prima_backend_cuda::create_backend(BackendConfig { threads: 0 })
+                .into_result()
+                .err()
+                .expect("create must refuse without a GPU");
+            assert!(err.contains("unavailable"), "{err}");
+            None
+        }
+        None => Some(prima_backend_cuda::create_backend(BackendConfig { threads: 0 }).unwrap()),
+    }
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+fn max_abs(a: &[f32]) -> f32 {
+    a.iter().fold(0.0f32, |m, x| m.max(x.abs()))
+}
+
+/// (offset, value) of each f16 scale field in a block: chosen so a random block's weights
+/// have mean ≈ 0 and standard deviation ≈ 0.03 (≈ 1/√1024), so activations stay in range
+/// through a generated model's layers instead of growing chaotically.
+fn scale_fields(ty: GgmlType) -> &'static [(usize, f32)] {
+    match ty {
+        GgmlType::Q4_0 => &[(0, 0.0068)],
+        GgmlType::Q5_0 => &[(0, 0.0034)],
+        GgmlType::Q8_0 => &[(0, 0.00042)],
+        GgmlType::Q4_1 => &[(0, 0.0068), (2, -0.051)],
+        GgmlType::Q5_1 => &[(0, 0.0034), (2, -0.053)],
+        GgmlType::Q2K => &[(80, 0.004), (82, 0.006)],
+        GgmlType::Q3K => &[(108, 0.00075)],
+        GgmlType::Q4K => &[(0, 0.0002), (2, 0.0015)],
+        GgmlType::Q5K => &[(0, 0.0001), (2, 0.00155)],
+        GgmlType::Q6K => &[(208, 0.000023)],
+        _ => &[],
+    }
+}
+
+/// `rows` rows of `cols` random but valid elements of `ty`.
+fn random_weight(rng: &mut ChaCha8Rng, ty: GgmlType, cols: usize, rows: usize) -> Vec<u8> {
+    let n = cols * rows;
+    let mut normal = || (rng.gen::<f32>() - 0.5) * 0.1;
+    match ty {
+        GgmlType::F32 => (0..n).flat_map(|_| normal().to_le_bytes()).collect(),
+        GgmlType::F16 => (0..n)
+            .flat_map(|_| f16::from_f32(normal()).to_le_bytes())
+            .collect(),
+        GgmlType::BF16 => (0..n)
+            .flat_map(|_| bf16::from_f32(normal()).to_le_bytes())
+            .collect(),
+        _ => {
+            let bytes = ty.row_bytes(cols).unwrap() * rows;
+            let mut data: Vec<u8> = (0..bytes).map(|_| rng.gen()).collect();
+            for block in data.chunks_exact_mut(ty.block_bytes()) {
+                let jitter = 0.75 + 0.5 * rng.gen::<f32>();
+                for &(off, v) in scale_fields(ty) {
+                    block[off..off + 2].copy_from_slice(&f16::from_f32(v * jitter).to_le_bytes());
+                }
+            }
+            data
+        }
+    }
+}
+
+fn view(data: &[u8], ty: GgmlType, cols: usize, rows: usize) -> TensorView<'_> {
+    TensorView {
+        data: RSlice::from_slice(data),
+        ggml_type: ty as u32,
+        cols: cols as u64,
+        rows: rows as u64,
+    }
+}
+
+fn randn(rng: &mut ChaCha8Rng, n: usize) -> Vec<f32> {
+    (0..n).map(|_| rng.gen::<f32>() * 2.0 - 1.0).collect()
+}
+
+#[test]
+fn every_weight_format_decodes_and_multiplies_like_the_cpu() {
+    let Some(gpu) = cuda() else { return };
+    let cpu = cpu();
+    let mut rng = ChaCha8Rng::seed_from_u64(7);
+    for fmt in FORMATS {
+        let ty = fmt.ty;
+        assert!(gpu.supports(ty as u32));
+        let (cols, rows) = (512, 67);
+        let w = random_weight(&mut rng, ty, cols, rows);
+        let wv = view(&w, ty, cols, rows);
+        // get_rows: exact decoding.
+        let ids: Vec<u32> = vec![0, 66, 5, 5, 31];
+        let mut want = vec![0f32; ids.len() * cols];
+        let mut got = want.clone();
+        cpu.get_rows(
+            wv,
+            RSlice::from_slice(&ids),
+            RSliceMut::from_mut_slice(&mut want),
+        )
+        .unwrap();
+        gpu.get_rows(
+            wv,
+            RSlice::from_slice(&ids),
+            RSliceMut::from_mut_slice(&mut got),
+        )
+        .unwrap();
+        let d = max_abs_diff(&want, &got);
+        assert!(
+            d <= 1e-6 * max_abs(&want).max(1.0),
+            "{ty}: get_rows differs by {d}"
+        );
+        // matmul against an f64 product of the CPU-decoded rows.
+        let all: Vec<u32> = (0..rows as u32).collect();
+        let mut dense = vec![0f32; rows * cols];
+        cpu.get_rows(
+            wv,
+            RSlice::from_slice(&all),
+            RSliceMut::from_mut_slice(&mut dense),
+        )
+        .unwrap();
+        for n_tokens in [1usize, 3, 9, 17] {
+            let x = randn(&mut rng, n_tokens * cols);
+            let mut reference = vec![0f32; n_tokens * rows];
+            for t in 0..n_tokens {
+                for r in 0..rows {
+                    let s: f64 = (0..cols)
+                        .map(|c| dense[r * cols + c] as f64 * x[t * cols + c] as f64)
+                        .sum();
+                    reference[t * rows + r] = s as f32;
+                }
+            }
+            let mut g = vec![0f32; n_tokens * rows];
+            let mut c = vec![0f32; n_tokens * rows];
+            gpu.matmul(
+                wv,
+                RSlice::from_slice(&x),
+                n_tokens as u32,
+                RSliceMut::from_mut_slice(&mut g),
+            )
+            .unwrap();
+            cpu.matmul(
+                wv,
+                RSlice::from_slice(&x),
+                n_tokens as u32,
+                RSliceMut::from_mut_slice(&mut c),
+            )
+            .unwrap();
+            let (dg, dc) = (max_abs_diff(&g, &reference), max_abs_diff(&c, &reference));
+            println!(
+                "{:<5} matmul n={n_tokens:<2}: |gpu-f64| {dg:.2e}  |cpu-f64| {dc:.2e}  (max |y| {:.2})",
+                ty.name(),
+                max_abs(&reference)
+            );
+            assert!(
+                dg <= 1e-4 * max_abs(&reference).max(1.0),
+                "{ty}: matmul off by {dg}"
+            );
+        }
+    }
+}
+
+#[test]
+fn element_wise_ops_match_the_cpu() {
+    let Some(gpu) = cuda() else { return };
+    let cpu = cpu();
+    let mut rng = ChaCha8Rng::seed_from_u64(3);
+    let n = 576;
+    let rows = 5;
+    let x = randn(&mut rng, rows * n);
+    let w: Vec<u8> = randn(&mut rng, n)
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let wv = view(&w, GgmlType::F32, n, 1);
+    let (mut a, mut b) = (vec![0f32; rows * n], vec![0f32; rows * n]);
+    cpu.rms_norm(
+        RSlice::from_slice(&x),
+        wv,
+        1e-5,
+        RSliceMut::from_mut_slice(&mut a),
+    )
+    .unwrap();
+    gpu.rms_norm(
+        RSlice::from_slice(&x),
+        wv,
+        1e-5,
+        RSliceMut::from_mut_slice(&mut b),
+    )
+    .unwrap();
+    let d = max_abs_diff(&a, &b);
+    println!("rms_norm: {d:.2e}");
+    assert!(d < 1e-5, "rms_norm {d}");
+    let y = randn(&mut rng, rows * n);
+    type Op = fn(&BackendBox, &mut [f32], &[f32], TensorView<'_>);
+    let ops: [(&str, Op, f32); 5] = [
+        (
+            "add",
+            |be, a, y, _| {
+                be.add(RSliceMut::from_mut_slice(a), RSlice::from_slice(y))
+                    .unwrap()
+            },
+            0.0,
+        ),
+        (
+            "add_bias",
+            |be, a, _, w| be.add_bias(RSliceMut::from_mut_slice(a), w).unwrap(),
+            0.0,
+        ),
+        (
+            "scale",
+            |be, a, _, _| be.scale(RSliceMut::from_mut_slice(a), 0.37).unwrap(),
+            0.0,
+        ),
+        (
+            "swiglu",
+            |be, a, y, _| {
+                be.swiglu(RSliceMut::from_mut_slice(a), RSlice::from_slice(y))
+                    .unwrap()
+            },
+            1e-6,
+        ),
+        (
+            "geglu",
+            |be, a, y, _| {
+                be.geglu(RSliceMut::from_mut_slice(a), RSlice::from_slice(y))
+                    .unwrap()
+            },
+            1e-6,
+        ),
+    ];
+    for (name, op, tol) in ops {
+        let (mut a, mut b) = (x.clone(), x.clone());
+        op(&cpu, &mut a, &y, wv);
+        op(&gpu, &mut b, &y, wv);
+        let d = max_abs_diff(&a, &b);
+        println!("{name}: {d:.2e}");
+        assert!(d <= tol, "{name}: {d}");
+    }
+}
+
+#[test]
+fn rope_variants_match_the_cpu() {
+    let Some(gpu) = cuda() else { return };
+    let cpu = cpu();
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    let (n_head, head_dim) = (4usize, 64usize);
+    let positions: Vec<u32> = vec![0, 1, 7, 100, 4095];
+    let factors: Vec<f32> = (0..32).map(|i| 1.0 + i as f32 * 0.25).collect();
+    for (neox, with_factors, yarn) in [
+        (false, false, false),
+        (true, false, false),
+        (true, true, false),
+        (false, false, true),
+    ] {
+        let params = RopeParams {
+            n_rot: 64,
+            freq_base: 10_000.0,
+            freq_scale: if yarn { 0.25 } else { 1.0 },
+            neox,
+            freq_factors: if with_factors {
+                Some(RSlice::from_slice(&factors[..]))
+            } else {
+                None
+            }
+            .into(),
+            ext_factor: if yarn { 1.0 } else { 0.0 },
+            attn_factor: 1.0,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            n_ctx_orig: 4096,
+        };
+        let x = randn(&mut rng, positions.len() * n_head * head_dim);
+        let (mut a, mut b) = (x.clone(), x.clone());
+        cpu.rope(
+            RSliceMut::from_mut_slice(&mut a),
+            n_head as u32,
+            head_dim as u32,
+            RSlice::from_slice(&positions),
+            params,
+        )
+        .unwrap();
+        gpu.rope(
+            RSliceMut::from_mut_slice(&mut b),
+            n_head as u32,
+            head_dim as u32,
+            RSlice::from_slice(&positions),
+            params,
+        )
+        .unwrap();
+        let d = max_abs_diff(&a, &b);
+        println!("rope neox={neox} factors={with_factors} yarn={yarn}: {d:.2e}");
+        assert!(d < 1e-4, "rope {d}");
+    }
+}
+
+#[test]
+fn attention_variants_match_the_cpu() {
+    let Some(gpu) = cuda() else { return };
+    let cpu = cpu();
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    for (n_head, n_head_kv, dk, window, softcap) in [
+        (8u32, 2u32, 64u32, 0u32, 0.0f32),
+        (4, 4, 128, 5, 0.0),
+        (6, 3, 256, 0, 50.0),
+    ] {
+        let spec = KvSpec {
+            n_layers: 2,
+            n_ctx: 64,
+            n_head_kv,
+            head_dim_k: dk,
+            head_dim_v: dk,
+        };
+        let (kc, kg) = (cpu.kv_create(spec).unwrap(), gpu.kv_create(spec).unwrap());
+        let mut worst = 0.0f32;
+        let mut pos = 0;
+        for n_tokens in [7u32, 1, 1, 12, 1] {
+            let p = AttentionParams {
+                layer: 1,
+                n_tokens,
+                start_pos: pos,
+                n_head,
+                n_head_kv,
+                head_dim_k: dk,
+                head_dim_v: dk,
+                scale: 1.0 / (dk as f32).sqrt(),
+                sliding_window: window,
+                softcap,
+            };
+            let q = randn(&mut rng, (n_tokens * n_head * dk) as usize);
+            let k = randn(&mut rng, (n_tokens * n_head_kv * dk) as usize);
+            let v = randn(&mut rng, (n_tokens * n_head_kv * dk) as usize);
+            let (mut a, mut b) = (vec![0f32; q.len()], vec![0f32; q.len()]);
+            cpu.attention(
+                kc,
+                RSlice::from_slice(&q),
+                RSlice::from_slice(&k),
+                RSlice::from_slice(&v),
+                p,
+                RSliceMut::from_mut_slice(&mut a),
+            )
+            .unwrap();
+            gpu.attention(
+                kg,
+                RSlice::from_slice(&q),
+                RSlice::from_slice(&k),
+                RSlice::from_slice(&v),
+                p,
+                RSliceMut::from_mut_slice(&mut b),
+            )
+            .unwrap();
+            worst = worst.max(max_abs_diff(&a, &b));
+            pos += n_tokens;
+        }
+        // Truncation, then a re-evaluation of the dropped positions.
+        cpu.kv_truncate(kc, 10).unwrap();
+        gpu.kv_truncate(kg, 10).unwrap();
+        println!("attention heads {n_head}/{n_head_kv} d {dk} window {window} softcap {softcap}: {worst:.2e}");
+        assert!(worst < 2e-3, "attention {worst}");
+        cpu.kv_drop(kc);
+        gpu.kv_drop(kg);
+    }
+}
+
+/// A Llama-shaped random model mixing the test models' formats, with a stub byte-level
+/// tokenizer so `prima run` can use it too.
+/// `mixes[il % 2]` gives layer il's q, k, v, o, gate, up, down formats; `head` the token
+/// embedding's and output head's.
+fn write_model(
+    path: &std::path::Path,
+    n_layer: u64,
+    mixes: [[GgmlType; 7]; 2],
+    head: [GgmlType; 2],
+) {
+    let mut rng = ChaCha8Rng::seed_from_u64(2024);
+    let (e, ff, n_vocab, n_head, n_head_kv) = (1024u64, 2816u64, 4096u64, 16u64, 4u64);
+    let kv = e / n_head * n_head_kv;
+    let mut w = GgufWriter::new();
+    let u = |v: u64| Value::U32(v as u32);
+    w.add("general.architecture", Value::String("llama".into()))
+        .add("general.name", Value::String("cuda-test-llama".into()))
+        .add("llama.context_length", u(2048))
+        .add("llama.embedding_length", u(e))
+        .add("llama.block_count", u(n_layer))
+        .add("llama.feed_forward_length", u(ff))
+        .add("llama.attention.head_count", u(n_head))
+        .add("llama.attention.head_count_kv", u(n_head_kv))
+        .add("llama.rope.dimension_count", u(e / n_head))
+        .add("llama.rope.freq_base", Value::F32(10_000.0))
+        .add("llama.attention.layer_norm_rms_epsilon", Value::F32(1e-5));
+    let mut tokens: Vec<Value> = (0..256).map(|b| Value::String(byte_token(b))).collect();
+    tokens.extend((256..n_vocab - 1).map(|i| Value::String(format!("<filler_{i}>"))));
+    tokens.push(Value::String("<|endoftext|>".into()));
+    let mut types = vec![Value::I32(1); n_vocab as usize];
+    types[n_vocab as usize - 1] = Value::I32(3);
+    w.add("tokenizer.ggml.model", Value::String("gpt2".into()))
+        .add("tokenizer.ggml.pre", Value::String("llama-bpe".into()))
+        .add("tokenizer.ggml.tokens", Value::Array(tokens))
+        .add("tokenizer.ggml.token_type", Value::Array(types))
+        .add(
+            "tokenizer.ggml.merges",
+            Value::Array(vec![Value::String("\u{0120} t".into())]),
+        )
+        .add("tokenizer.ggml.bos_token_id", u(n_vocab - 1))
+        .add("tokenizer.ggml.eos_token_id", u(n_vocab - 1))
+        .add("tokenizer.ggml.add_bos_token", Value::Bool(false));
+    let mut add = |name: &str, dims: &[u64], ty: GgmlType| {
+        let data = if ty == GgmlType::F32 && dims.len() == 1 {
+            (0..dims[0])
+                .flat_map(|_| (1.0 + (rng.gen::<f32>() - 0.5) * 0.2).to_le_bytes())
+                .collect()
+        } else {
+            random_weight(
+                &mut rng,
+                ty,
+                dims[0] as usize,
+                dims[1..].iter().product::<u64>() as usize,
+            )
+        };
+        w.add_tensor(name, dims, ty, &data).unwrap();
+    };
+    use GgmlType as T;
+    add("token_embd.weight", &[e, n_vocab], head[0]);
+    for il in 0..n_layer {
+        let m = mixes[il as usize % 2];
+        let b = |s: &str| format!("blk.{il}.{s}");
+        add(&b("attn_norm.weight"), &[e], T::F32);
+        add(&b("attn_q.weight"), &[e, e], m[0]);
+        add(&b("attn_k.weight"), &[e, kv], m[1]);
+        add(&b("attn_v.weight"), &[e, kv], m[2]);
+        add(&b("attn_output.weight"), &[e, e], m[3]);
+        add(&b("ffn_norm.weight"), &[e], T::F32);
+        add(&b("ffn_gate.weight"), &[e, ff], m[4]);
+        add(&b("ffn_up.weight"), &[e, ff], m[5]);
+        add(&b("ffn_down.weight"), &[ff, e], m[6]);
+    }
+    add("output_norm.weight", &[e], T::F32);
+    add("output.weight", &[e, n_vocab], head[1]);
+    w.write(path).unwrap();
+}
+
+/// GPT-2's printable stand-in for byte `b`.
+fn byte_token(b: u32) -> String {
+    let printable = |b: u32| (0x21..=0x7E).contains(&b) || (0xA1..=0xAC).contains(&b) || b >= 0xAE;
+    if printable(b) {
+        return char::from_u32(b).unwrap().to_string();
+    }
+    let rank = (0..b).filter(|&c| !printable(c)).count() as u32;
+    char::from_u32(256 + rank).unwrap().to_string()
+}
+
+fn argmax(v: &[f32]) -> usize {
+    v.iter()
+        .enumerate()
+        .fold(
+            (0, f32::MIN),
+            |(bi, bv), (i, &x)| if x > bv { (i, x) } else { (bi, bv) },
+        )
+        .0
+}
+
+/// Prompt logits, greedy tokens and decode time of both backends on a generated model.
+struct Comparison {
+    prompt_diff: f32,
+    max_logit: f32,
+    top2_gap: f32,
+    top1_equal: bool,
+    tokens_equal: usize,
+    n_tokens: usize,
+}
+
+fn compare_on(
+    name: &str,
+    path: &std::path::Path,
+    cpu: &BackendBox,
+    gpu: &BackendBox,
+) -> Comparison {
+    let model = Model::load(path).unwrap();
+    let prompt: Vec<u32> = (0..24).map(|i| (i * 131 + 7) % 4000).collect();
+    let run = |be: &BackendBox, label: &str| {
+        let mut s = Session::new(&model, be, 256, 64).unwrap();
+        let first = s.eval(&prompt).unwrap().to_vec();
+        let mut tokens = vec![argmax(&first) as u32];
+        let n_gen = 32;
+        let t0 = Instant::now();
+        for _ in 0..n_gen {
+            let l = s.eval(&[*tokens.last().unwrap()]).unwrap().to_vec();
+            tokens.push(argmax(&l) as u32);
+        }
+        let tpot = t0.elapsed().as_secs_f64() * 1000.0 / n_gen as f64;
+        println!("{name} {label}: TPOT {tpot:.2} ms over {n_gen} tokens");
+        (first, tokens)
+    };
+    let _ = run(gpu, "cuda (warm-up: weight upload)");
+    let (lc, tc) = run(cpu, "cpu");
+    let (lg, tg) = run(gpu, "cuda");
+    let mut sorted = lc.clone();
+    sorted.sort_by(|a, b| b.total_cmp(a));
+    let c = Comparison {
+        prompt_diff: max_abs_diff(&lc, &lg),
+        max_logit: max_abs(&lc),
+        top2_gap: sorted[0] - sorted[1],
+        top1_equal: argmax(&lc) == argmax(&lg),
+        tokens_equal: tc.iter().zip(&tg).take_while(|(a, b)| a == b).count(),
+        n_tokens: tc.len(),
+    };
+    println!(
+        "{name}: prompt logits max |cpu-gpu| {:.2e} (max |logit| {:.2}, cpu top-2 gap {:.3}); top-1 equal {}; greedy tokens equal for the first {}/{}",
+        c.prompt_diff, c.max_logit, c.top2_gap, c.top1_equal, c.tokens_equal, c.n_tokens
+    );
+    c
+}
+
+#[test]
+fn a_generated_f32_model_gives_the_cpus_logits_and_tokens() {
+    // With F32 weights the CPU multiplies in f32 without quantizing activations, so the two
+    // backends should agree to rounding; this checks the whole forward pass (RoPE, the KV
+    // cache across steps, attention, norms) rather than the formats.
+    let Some(gpu) = cuda() else { return };
+    let cpu = cpu();
+    let path = std::env::temp_dir().join("prima-cuda-test-f32.gguf");
+    let f = GgmlType::F32;
+    write_model(&path, 2, [[f; 7]; 2], [f, f]);
+    let c = compare_on("f32 model", &path, &cpu, &gpu);
+    assert!(
+        c.prompt_diff <= 1e-3 * c.max_logit.max(1.0),
+        "logits differ by {}",
+        c.prompt_diff
+    );
+    assert_eq!(c.tokens_equal, c.n_tokens);
+}
+
+#[test]
+fn a_generated_quantized_model_stays_close_to_the_cpu() {
+    // The CPU quantizes activations to 8 bits before each product (as llama.cpp does), the
+    // GPU (phase 1) multiplies f32 activations: within ~1% per product (see the format
+    // test), which a random model's layers amplify. Reported; top-1 asserted only where
+    // the CPU's top-2 gap exceeds 1.0, as the golden fixtures do.
+    let Some(gpu) = cuda() else { return };
+    let cpu = cpu();
+    let path = std::env::var_os("PRIMA_GPU_MODEL_OUT")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::env::temp_dir().join("prima-cuda-test-model.gguf"));
+    use GgmlType as T;
+    let mixes = [
+        [
+            T::Q4_0,
+            T::Q4_1,
+            T::Q8_0,
+            T::Q4_0,
+            T::Q4_1,
+            T::Q4_1,
+            T::Q8_0,
+        ],
+        [T::Q4K, T::Q4K, T::Q6K, T::Q4K, T::Q5K, T::Q4K, T::Q6K],
+    ];
+    write_model(&path, 8, mixes, [T::Q8_0, T::Q6K]);
+    let c = compare_on("quantized model", &path, &cpu, &gpu);
+    if c.top2_gap > 1.0 {
+        assert!(c.top1_equal);
+    }
+    assert!(
+        c.prompt_diff < 0.25 * c.max_logit.max(1.0),
+        "logits differ by {}",
+        c.prompt_diff
+    );
+}
+
+#[test]
+fn without_a_gpu_create_refuses_and_probe_explains() {
+    if let Some(why) = unavailable() {
+        assert!(!why.is_empty());
+        let err = prima_backend_cuda::create_backend(BackendConfig { threads: 0 })
+            .into_result()
+            .err()
+            .unwrap();
+        assert!(err.contains(&why), "{err}");
+    }
+}
