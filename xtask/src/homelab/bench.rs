@@ -308,10 +308,13 @@ fn model_path(layout: &Layout, name: &str) -> Result<PathBuf> {
         _ => PathBuf::from(name),
     };
     if !path.is_file() {
-        bail!(
-            "model {} is missing (`cargo xtask bench-models --only {name}` makes the bench models)",
-            path.display()
-        );
+        match name {
+            "1b" | "3b" | "8b" => bail!(
+                "model {} is missing (`cargo xtask bench-models --only {name}` makes it)",
+                path.display()
+            ),
+            _ => bail!("model {} is missing", path.display()),
+        }
     }
     Ok(path)
 }
