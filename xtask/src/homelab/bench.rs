@@ -1,17 +1,25 @@
-//! `cargo xtask homelab bench`: the paper's comparison on an emulated bed, one same-run
-//! table per model, every figure measured in that run.
+//! `cargo xtask homelab bench`: issue 15's experiments on an emulated bed, one same-run
+//! table per model, every figure measured in that run unless labelled a prediction.
 //!
-//! For each model the bed is brought up (`homelab up --model`), every row runs in turn
-//! inside its device with a timeout, and the bed is brought down again, also when a row
-//! or the bring-up fails. Before each row every device's model copy is dropped from the
-//! page cache (pages a running node maps stay) and the memory cgroups' peak counters are
-//! reset, so rows start cold and their peaks are their own.
+//! - `paper` (a, c, e): llama.cpp and Prima alone on the best device, the ring under
+//!   Halda, MemSched, PerfSched, and Halda's plan pinned without prefetch / release.
+//! - `rounds` (b): Halda's windows pinned and cut into k = 1, 2, 4, … rounds, with and
+//!   without MRU release: TPOT, TTFT, and disk bytes per token per device.
+//! - `links` (d): the bed brought up once per one-way link latency, the ring under Halda.
 //!
-//! Not for: predicting anything (the only prediction shown is the plan's own, labelled),
-//! or timing assertions. `parse` reads the tools' output, `report` renders the tables.
+//! For each model (and each latency) the bed is brought up (`homelab up --model`), every
+//! row runs in turn inside its device with a timeout, and the bed is brought down again,
+//! also when a row or the bring-up fails. Before each row every device's model copy is
+//! dropped from the page cache (pages a running node maps stay) and the memory cgroups'
+//! peak counters are reset, so rows start cold and their peaks are their own.
+//!
+//! Not for: timing assertions. `rows` says what each experiment runs, `parse` reads the
+//! tools' output, `predict` evaluates Halda's model for a plan, `report` renders tables.
 
 mod parse;
+mod predict;
 mod report;
+mod rows;
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -19,30 +27,53 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use prima_core::halda::ModelProfile;
+use prima_core::profile::{DeviceProfile, DeviceProfiles};
 
-use self::report::{DeviceMemory, ModelTable, RowResult, Status};
+use self::report::{DeviceMemory, RingDevice, RowResult, Status, Table};
+use self::rows::{Experiment, Row, RowRun};
 use super::cgroups::Hierarchies;
 use super::state::{self, BedState, DeviceState};
 use super::testbed::Testbed;
+use super::Overrides;
 use crate::layout::Layout;
 use crate::llama_cpp::LlamaCpp;
 
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
-    /// A testbed file, or a name under manifests/testbeds/homelab/.
-    #[arg(long, default_value = "d1-d4")]
-    testbed: String,
-    /// Models: 1b, 3b, 8b (the bench-llama-*-q4_k_m models) or GGUF paths.
-    #[arg(long, value_delimiter = ',', default_value = "1b,3b")]
+    /// Which experiment: paper (a: the comparison), rounds (b: PRP rounds), links (d).
+    #[arg(long, value_enum, default_value = "paper")]
+    experiment: Experiment,
+    /// A testbed file, or a name under manifests/testbeds/homelab/ (default: d1-d4 for
+    /// paper and links, homogeneous-4 for rounds).
+    #[arg(long)]
+    testbed: Option<String>,
+    /// Models: 1b, 3b, 8b (the bench-llama-*-q4_k_m models) or GGUF paths (default: 1b,3b
+    /// for paper, 8b for rounds and links).
+    #[arg(long, value_delimiter = ',')]
     models: Vec<String>,
     /// Tokens to generate per row.
     #[arg(long, default_value_t = 8)]
     tokens: usize,
     #[arg(long, default_value = "Once upon a time")]
     prompt: String,
-    /// Rows to run, in this order (default: all).
-    #[arg(long, value_delimiter = ',', value_enum)]
-    rows: Vec<RowKind>,
+    /// Rows to run, by key, in this order (default: all of the experiment's). paper:
+    /// llama-alone, prima-alone, halda, mem, perf, no-prefetch, no-release; rounds: k1,
+    /// k1-no-release, k2, …; links: halda-1ms, halda-5ms, halda-20ms.
+    #[arg(long, value_delimiter = ',')]
+    rows: Vec<String>,
+    /// rounds: these k (default: 1, 2, 4, … while k ≤ ⌈layers / devices⌉).
+    #[arg(long, value_delimiter = ',')]
+    ks: Vec<usize>,
+    /// rounds: cut Halda's plan into k rounds, or equal windows (the paper's ablation).
+    #[arg(long, value_enum, default_value = "halda")]
+    windows: rows::RoundsWindows,
+    /// links: the one-way latencies every device's link is set to, one bed each.
+    #[arg(long, value_delimiter = ',', default_value = "1,5,20")]
+    latencies_ms: Vec<f64>,
+    /// links: every device's upload rate, Mbit/s.
+    #[arg(long, default_value_t = 300.0)]
+    link_mbit: f64,
     /// A row still running after this many seconds is killed and reported as timed out.
     #[arg(long, default_value_t = 300)]
     row_timeout_s: u64,
@@ -51,186 +82,218 @@ pub struct BenchArgs {
     no_build: bool,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum RowKind {
-    /// llama.cpp (`llama-completion`, mmap) alone on the best device.
-    LlamaAlone,
-    /// `prima run` alone on the best device.
-    PrimaAlone,
-    /// The ring as Halda plans it (`prima apply`).
-    Halda,
-    /// The ring as MemSched plans it (layers in proportion to memory).
-    Mem,
-    /// The ring as PerfSched plans it (layers in proportion to compute).
-    Perf,
-    /// Halda's ring without prefetching the next window.
-    NoPrefetch,
-    /// Halda's ring without releasing used windows (the kernel evicts).
-    NoRelease,
-}
-
-const ALL_ROWS: [RowKind; 7] = [
-    RowKind::LlamaAlone,
-    RowKind::PrimaAlone,
-    RowKind::Halda,
-    RowKind::Mem,
-    RowKind::Perf,
-    RowKind::NoPrefetch,
-    RowKind::NoRelease,
-];
-
 const BEST_DEVICE_RULE: &str =
     "the device with the most memory; threads = its CPU quota rounded up";
 
-impl RowKind {
-    fn key(self) -> &'static str {
-        match self {
-            RowKind::LlamaAlone => "llama-alone",
-            RowKind::PrimaAlone => "prima-alone",
-            RowKind::Halda => "halda",
-            RowKind::Mem => "mem",
-            RowKind::Perf => "perf",
-            RowKind::NoPrefetch => "no-prefetch",
-            RowKind::NoRelease => "no-release",
-        }
-    }
-
-    fn what(self, best: &str) -> String {
-        match self {
-            RowKind::LlamaAlone => format!("llama.cpp alone on {best} (mmap)"),
-            RowKind::PrimaAlone => format!("Prima alone on {best}"),
-            RowKind::Halda => "Prima ring, Halda".into(),
-            RowKind::Mem => "Prima ring, MemSched".into(),
-            RowKind::Perf => "Prima ring, PerfSched".into(),
-            RowKind::NoPrefetch => "Prima ring, Halda, prefetch off".into(),
-            RowKind::NoRelease => "Prima ring, Halda, release none".into(),
-        }
-    }
-
-    /// The `[policy]` lines of the generated manifest for a ring row.
-    fn policy(self) -> Option<&'static str> {
-        match self {
-            RowKind::LlamaAlone | RowKind::PrimaAlone => None,
-            RowKind::Halda => Some("scheduler = \"halda\"\n"),
-            RowKind::Mem => Some("scheduler = \"mem\"\n"),
-            RowKind::Perf => Some("scheduler = \"perf\"\n"),
-            RowKind::NoPrefetch => Some("scheduler = \"halda\"\nprefetch = false\n"),
-            RowKind::NoRelease => Some("scheduler = \"halda\"\nrelease = \"none\"\n"),
-        }
-    }
+/// One bring-up of the bed and the rows run on it.
+struct Pass {
+    /// links: every device's one-way latency on this bed.
+    latency_ms: Option<f64>,
+    rows: Vec<Row>,
 }
 
 pub fn run(layout: &Layout, args: &BenchArgs) -> Result<()> {
     let hierarchies = super::check_machine()?;
-    let testbed_file = super::testbed_path(layout, &args.testbed);
-    let bed = Testbed::load(&testbed_file)?;
+    let experiment = args.experiment;
+    let testbed_arg = args
+        .testbed
+        .clone()
+        .unwrap_or_else(|| experiment.default_testbed().to_string());
+    let bed = Testbed::load(&super::testbed_path(layout, &testbed_arg))?;
     let best = bed
         .devices
         .iter()
         .max_by_key(|d| d.memory)
         .context("the testbed has no devices")?;
     let threads = (best.cpu.ceil() as u32).max(1);
+    let models = if args.models.is_empty() {
+        experiment
+            .default_models()
+            .iter()
+            .map(|m| model_path(layout, m))
+            .collect::<Result<Vec<_>>>()?
+    } else {
+        args.models
+            .iter()
+            .map(|m| model_path(layout, m))
+            .collect::<Result<Vec<_>>>()?
+    };
+    // Every model's passes before anything is built, so a bad --rows fails at once.
+    let passes = models
+        .iter()
+        .map(|m| passes_for(args, &bed, &best.name, m))
+        .collect::<Result<Vec<_>>>()?;
     let bin = super::release_dir(layout, args.no_build)?;
     let llama = LlamaCpp::new(layout).bin("llama-completion");
-    let models = args
-        .models
-        .iter()
-        .map(|m| model_path(layout, m))
-        .collect::<Result<Vec<_>>>()?;
-    let rows: Vec<RowKind> = if args.rows.is_empty() {
-        ALL_ROWS.to_vec()
-    } else {
-        args.rows.clone()
-    };
     let out_dir = layout.workspace.join("target");
     fs::create_dir_all(&out_dir)?;
+    let stem = experiment.output_stem();
 
     let mut tables = Vec::new();
-    for model in &models {
-        let mut table = ModelTable {
+    for (model, passes) in models.iter().zip(passes) {
+        let model_name: String = model
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into();
+        let mut table = Table {
+            experiment,
             testbed: bed.name.clone(),
-            model: model
-                .file_name()
-                .unwrap_or_default()
-                .to_string_lossy()
-                .into(),
+            model: model_name.clone(),
             model_bytes: fs::metadata(model).map(|m| m.len()).unwrap_or(0),
             tokens: args.tokens,
             prompt: args.prompt.clone(),
-            best_device: best.name.clone(),
-            best_device_rule: BEST_DEVICE_RULE.into(),
+            best_device: (experiment == Experiment::Paper).then(|| best.name.clone()),
+            best_device_rule: (experiment == Experiment::Paper).then(|| BEST_DEVICE_RULE.into()),
+            notes: Vec::new(),
             rows: Vec::new(),
         };
-        eprintln!("homelab bench: {} on {}", table.model, bed.name);
-        // Someone else's bed is theirs: stop here, without the `down` below.
-        let leftovers = super::what_exists(&hierarchies);
-        if !leftovers.is_empty() {
-            bail!(
-                "a home lab is already up ({}); bench brings its own up and down, so it \
-                 leaves that one alone: run `cargo xtask homelab down` when it is free",
-                leftovers.join(", ")
+        for pass in passes {
+            eprintln!(
+                "homelab bench: {} {model_name} on {}{}",
+                experiment.key(),
+                bed.name,
+                pass.latency_ms
+                    .map(|l| format!(", every link {l} ms one way, {} Mbit/s", args.link_mbit))
+                    .unwrap_or_default()
             );
-        }
-        let measured = super::up(layout, &args.testbed, Some(model), true).and_then(|()| {
-            let st = BedState::load(&state::root().join(&bed.name))?;
-            let mut bench = Bench {
-                hierarchies: &hierarchies,
-                st: &st,
-                args,
-                prima: bin.join("prima"),
-                llama: &llama,
-                model,
-                best: &best.name,
-                threads,
-                ctx: bed.ctx,
-                logs: out_dir.join("homelab-bench-logs").join(&table.model),
-                halda_plan: None,
-            };
-            fs::create_dir_all(&bench.logs)?;
-            for &row in &rows {
-                let r = bench.row(row);
-                eprintln!(
-                    "homelab bench: {}: {:?}, TTFT {:?} ms, TPOT {:?} ms",
-                    r.row, r.status, r.ttft_ms, r.tpot_ms
+            // Someone else's bed is theirs: stop here, without the `down` below.
+            let leftovers = super::what_exists(&hierarchies);
+            if !leftovers.is_empty() {
+                bail!(
+                    "a home lab is already up ({}); bench brings its own up and down, so it \
+                     leaves that one alone: run `cargo xtask homelab down` when it is free",
+                    leftovers.join(", ")
                 );
-                table.rows.push(r);
             }
-            Ok(())
-        });
-        // Always down, also after a failed `up` or row.
-        let downed = super::down(Some(&bed.name));
-        if let Err(e) = &measured {
-            let why = format!("{e:#}");
-            eprintln!("homelab bench: {}: {why}", table.model);
-            for &row in rows.iter().skip(table.rows.len()) {
-                table.rows.push(skipped(row, &best.name, &why));
+            let overrides = Overrides {
+                model: Some(model.clone()),
+                latency_ms: pass.latency_ms,
+                link_mbit: pass.latency_ms.map(|_| args.link_mbit),
+            };
+            let mut logs = out_dir
+                .join("homelab-bench-logs")
+                .join(experiment.key())
+                .join(&model_name);
+            if let Some(l) = pass.latency_ms {
+                logs = logs.join(format!("{l}ms"));
             }
+            let done_before = table.rows.len();
+            let measured = super::up(layout, &testbed_arg, &overrides, true).and_then(|()| {
+                let st = BedState::load(&state::root().join(&bed.name))?;
+                fs::create_dir_all(&logs)?;
+                let mut bench = Bench {
+                    hierarchies: &hierarchies,
+                    st: &st,
+                    bed: &bed,
+                    args,
+                    prima: bin.join("prima"),
+                    llama: &llama,
+                    model,
+                    best: &best.name,
+                    threads,
+                    logs,
+                    halda_plan: None,
+                    profiles: None,
+                    model_profile: ModelProfile::open(model).ok(),
+                };
+                bench.prepare(&mut table.notes);
+                for row in &pass.rows {
+                    let mut r = bench.row(row);
+                    r.latency_ms = pass.latency_ms;
+                    r.link_mbit = pass.latency_ms.map(|_| args.link_mbit);
+                    eprintln!(
+                        "homelab bench: {}: {:?}, TTFT {:?} ms, TPOT {:?} ms",
+                        r.row, r.status, r.ttft_ms, r.tpot_ms
+                    );
+                    table.rows.push(r);
+                }
+                Ok(())
+            });
+            // Always down, also after a failed `up` or row.
+            let downed = super::down(Some(&bed.name));
+            if let Err(e) = &measured {
+                let why = format!("{e:#}");
+                eprintln!("homelab bench: {model_name}: {why}");
+                let ran = table.rows.len() - done_before;
+                for row in pass.rows.iter().skip(ran) {
+                    table.rows.push(skipped(row, &why));
+                }
+            }
+            downed?;
         }
         tables.push(table);
-        write_outputs(&out_dir, &tables)?;
-        downed?;
+        write_outputs(&out_dir, &stem, experiment, &tables)?;
     }
     print!("{}", report::markdown(&tables));
     eprintln!(
         "homelab bench: wrote {} and {} (each row's output: {})",
-        out_dir.join("homelab-bench.md").display(),
-        out_dir.join("homelab-bench.json").display(),
-        out_dir.join("homelab-bench-logs").display()
+        out_dir.join(format!("{stem}.md")).display(),
+        out_dir.join(format!("{stem}.json")).display(),
+        out_dir
+            .join("homelab-bench-logs")
+            .join(experiment.key())
+            .display()
     );
     Ok(())
 }
 
-fn write_outputs(dir: &Path, tables: &[ModelTable]) -> Result<()> {
+/// What the experiment runs for `model`: its beds and their rows, `--rows` applied.
+fn passes_for(args: &BenchArgs, bed: &Testbed, best: &str, model: &Path) -> Result<Vec<Pass>> {
+    let experiment = args.experiment;
+    Ok(match experiment {
+        Experiment::Paper => vec![Pass {
+            latency_ms: None,
+            rows: rows::select(
+                rows::PAPER_ROWS.map(|k| k.row(best)).to_vec(),
+                &args.rows,
+                experiment,
+            )?,
+        }],
+        Experiment::Rounds => {
+            let ks = if args.ks.is_empty() {
+                rows::round_counts(super::layer_count(model)?, bed.devices.len())
+            } else {
+                args.ks.clone()
+            };
+            if ks.contains(&0) {
+                bail!("--ks: k is at least 1");
+            }
+            vec![Pass {
+                latency_ms: None,
+                rows: rows::select(rows::rounds_rows(&ks, args.windows), &args.rows, experiment)?,
+            }]
+        }
+        Experiment::Links => {
+            let all: Vec<Row> = args
+                .latencies_ms
+                .iter()
+                .map(|&l| rows::link_row(l, args.link_mbit))
+                .collect();
+            let picked = rows::select(all.clone(), &args.rows, experiment)?;
+            args.latencies_ms
+                .iter()
+                .zip(all)
+                .filter(|(_, row)| picked.contains(row))
+                .map(|(&l, row)| Pass {
+                    latency_ms: Some(l),
+                    rows: vec![row],
+                })
+                .collect()
+        }
+    })
+}
+
+fn write_outputs(dir: &Path, stem: &str, experiment: Experiment, tables: &[Table]) -> Result<()> {
     let md = format!(
-        "## Home-lab bench\n\nTTFT/TPOT as printed by the tool named in \"timed by\" \
-         (prima: its summary line; llama.cpp: llama_perf_context_print's prompt eval and \
-         eval times); \"predicted\" is the plan's own figure. Peak memory is the cgroup's \
-         memory.max_usage_in_bytes (page cache included) over the row.\n\n{}",
+        "## Home-lab bench: {}\n\n{}\n\n{}",
+        experiment.key(),
+        report::preamble(experiment),
         report::markdown(tables)
     );
-    fs::write(dir.join("homelab-bench.md"), md)?;
+    fs::write(dir.join(format!("{stem}.md")), md)?;
     fs::write(
-        dir.join("homelab-bench.json"),
+        dir.join(format!("{stem}.json")),
         serde_json::to_string_pretty(tables)? + "\n",
     )?;
     Ok(())
@@ -245,70 +308,46 @@ fn model_path(layout: &Layout, name: &str) -> Result<PathBuf> {
         _ => PathBuf::from(name),
     };
     if !path.is_file() {
-        bail!(
-            "model {} is missing (`cargo xtask bench-models --only {name}` makes the bench models)",
-            path.display()
-        );
+        match name {
+            "1b" | "3b" | "8b" => bail!(
+                "model {} is missing (`cargo xtask bench-models --only {name}` makes it)",
+                path.display()
+            ),
+            _ => bail!("model {} is missing", path.display()),
+        }
     }
     Ok(path)
 }
 
-fn skipped(row: RowKind, best: &str, why: &str) -> RowResult {
+fn skipped(row: &Row, why: &str) -> RowResult {
     RowResult {
-        row: row.key().into(),
-        what: row.what(best),
+        row: row.key.clone(),
+        what: row.what.clone(),
         timed_by: "–".into(),
-        devices: Vec::new(),
-        ttft_ms: None,
-        tpot_ms: None,
-        predicted_tpot_ms: None,
-        generated: None,
         status: Status::Skipped(why.into()),
-        plan: Vec::new(),
-        memory: Vec::new(),
-        wall_s: 0.0,
+        ..RowResult::default()
     }
-}
-
-/// `[policy]` lines that run `plan` as it was (`scheduler = "manual"`, its windows in
-/// the manifest's device `order` and its k), with the row's own prefetch/release lines.
-fn pinned_policy(order: &[&str], plan: &parse::Plan, policy: &str) -> Result<String> {
-    let windows = order
-        .iter()
-        .map(|name| {
-            plan.devices
-                .iter()
-                .find(|(d, _, _)| d == name)
-                .map(|(_, w, _)| w.to_string())
-                .with_context(|| format!("the halda plan has no device {name}"))
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let mut text = format!(
-        "scheduler = \"manual\"\nwindows = [{}]\n",
-        windows.join(", ")
-    );
-    if let Some(k) = plan.k {
-        text += &format!("k = {k}\n");
-    }
-    text += &policy.replacen("scheduler = \"halda\"\n", "", 1);
-    Ok(text)
 }
 
 /// One bed that is up, and how to run rows on it.
 struct Bench<'a> {
     hierarchies: &'a Hierarchies,
     st: &'a BedState,
+    bed: &'a Testbed,
     args: &'a BenchArgs,
     prima: PathBuf,
     llama: &'a Path,
     model: &'a Path,
     best: &'a str,
     threads: u32,
-    ctx: usize,
     /// Where each row's stdout and stderr are kept (the bed's directory goes at `down`).
     logs: PathBuf,
-    /// The `halda` row's plan, once it ran: the ablation rows run it pinned.
+    /// Halda's plan: planned before the rows (rounds), or the halda row's once it ran.
     halda_plan: Option<parse::Plan>,
+    /// Each device's profile as it measures itself, in ring order (rounds and links):
+    /// what [`predict`] evaluates Halda's model on.
+    profiles: Option<Vec<DeviceProfile>>,
+    model_profile: Option<ModelProfile>,
 }
 
 /// How one row ended, before its figures are read.
@@ -320,24 +359,213 @@ struct Finished {
     wall: Duration,
 }
 
-impl Bench<'_> {
-    fn row(&mut self, row: RowKind) -> RowResult {
-        match self.try_row(row) {
-            Ok(r) => r,
-            Err(e) => skipped(row, self.best, &format!("{e:#}")),
+impl<'a> Bench<'a> {
+    /// The devices in ring order: the head, then the nodes as the manifest lists them.
+    fn ring_order(&self) -> Vec<&'a DeviceState> {
+        self.st
+            .devices
+            .iter()
+            .filter(|d| d.head)
+            .chain(self.st.devices.iter().filter(|d| !d.head))
+            .collect()
+    }
+
+    /// Before the rows: for rounds and links, every device's profile (Halda's model
+    /// needs it); for rounds, Halda's plan from those profiles (a dry run), which the rows
+    /// pin. What was found goes into the table's notes; what failed too.
+    fn prepare(&mut self, notes: &mut Vec<String>) {
+        if self.args.experiment == Experiment::Paper {
+            return;
+        }
+        let profiles_file = match self.collect_profiles() {
+            Ok((path, profiles)) => {
+                self.profiles = Some(profiles);
+                Some(path)
+            }
+            Err(e) => {
+                let why = format!("{e:#}");
+                eprintln!("homelab bench: profiles: {why}");
+                notes.push(format!(
+                    "No device profiles ({}), so no \"Halda's model\" figures.",
+                    report_cell(&why)
+                ));
+                None
+            }
+        };
+        if self.args.experiment != Experiment::Rounds {
+            return;
+        }
+        match self.dry_run_plan(profiles_file.as_deref()) {
+            Ok(plan) => {
+                let shown =
+                    |v: Option<f64>| v.map(|v| format!("{v:.1}")).unwrap_or_else(|| "–".into());
+                let names: Vec<&str> = self.ring_order().iter().map(|d| d.name.as_str()).collect();
+                let w = rows::plan_windows(&names, &plan).ok();
+                let model = |links| w.as_ref().and_then(|w| self.model_tpot(w, links));
+                notes.push(format!(
+                    "Halda's plan (`prima apply --dry-run` over the profiles the devices \
+                     measured inside their limits): k = {}, {}; predicted TPOT {} ms (the \
+                     bench's evaluation of the same model: {} ms; for the ring as it runs \
+                     it, the head always in it, with the bed's links, which live profiles \
+                     lack: {} ms). {}",
+                    plan.k.map(|k| k.to_string()).unwrap_or_else(|| "?".into()),
+                    plan.devices
+                        .iter()
+                        .map(|(d, w, l)| format!("{d} w {w} ({l} layers)"))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    shown(plan.predicted_tpot_ms),
+                    shown(model(false)),
+                    shown(model(true)),
+                    match self.args.windows {
+                        rows::RoundsWindows::Halda => {
+                            "The rows cut these windows into k rounds (w·k_plan/k, rounded up)."
+                        }
+                        rows::RoundsWindows::Equal => {
+                            "The rows run equal windows instead (⌈L/(M·k)⌉ each, `--windows equal`)."
+                        }
+                    },
+                ));
+                self.halda_plan = Some(plan);
+            }
+            Err(e) => {
+                let why = format!("{e:#}");
+                eprintln!("homelab bench: Halda's plan: {why}");
+                notes.push(format!(
+                    "No Halda plan ({}): the rows run equal windows (⌈L/(M·k)⌉ each).",
+                    report_cell(&why)
+                ));
+            }
         }
     }
 
-    fn try_row(&mut self, row: RowKind) -> Result<RowResult> {
-        let head = self.st.devices.iter().find(|d| d.head).context("no head")?;
+    /// Every device's `prima profile --toml` inside its limits, in ring order, written
+    /// to one profiles file (kept with the logs, and in the bed's directory for the dry run).
+    fn collect_profiles(&self) -> Result<(PathBuf, Vec<DeviceProfile>)> {
+        let mut all = Vec::new();
+        for d in self.ring_order() {
+            let mut argv = vec![
+                self.prima.display().to_string(),
+                "profile".into(),
+                "--toml".into(),
+                "--name".into(),
+                d.name.clone(),
+                "-m".into(),
+                d.model_copy.display().to_string(),
+            ];
+            if let Some(t) = self
+                .bed
+                .devices
+                .iter()
+                .find(|b| b.name == d.name)
+                .and_then(|b| b.threads)
+            {
+                argv.extend(["-t".into(), t.to_string()]);
+            }
+            let key = format!("profile-{}", d.name);
+            let done = self.run_in(d, &key, &argv)?;
+            if done.exit != Some(0) {
+                bail!(
+                    "device '{}': prima profile: exit {:?}: {}",
+                    d.name,
+                    done.exit,
+                    last_line(&done.stderr)
+                );
+            }
+            let parsed =
+                DeviceProfiles::parse(&self.logs.join(format!("{key}.stdout")), &done.stdout)?;
+            all.extend(parsed.device);
+        }
+        let file = DeviceProfiles {
+            description: Some(format!(
+                "{}: each device's `prima profile` inside its limits (homelab bench)",
+                self.bed.name
+            )),
+            device: all.clone(),
+        };
+        let text = toml::to_string(&file)?;
+        fs::write(self.logs.join("profiles.toml"), &text)?;
+        let path = self.st.dir.join("bench-profiles.toml");
+        fs::write(&path, &text)?;
+        Ok((path, all))
+    }
+
+    /// Halda's plan for the bed, from `profiles` when there are some (else the devices
+    /// are profiled live), without running the ring.
+    fn dry_run_plan(&self, profiles: Option<&Path>) -> Result<parse::Plan> {
+        let mut policy = "scheduler = \"halda\"\n".to_string();
+        if let Some(p) = profiles {
+            policy += &format!(
+                "profiles = {}\n",
+                toml::Value::String(p.display().to_string())
+            );
+        }
+        let manifest = self.manifest_for("plan", &policy)?;
+        let head = self.ring_order()[0];
+        let argv = [
+            self.prima.display().to_string(),
+            "apply".into(),
+            manifest.display().to_string(),
+            "--dry-run".into(),
+        ];
+        let done = self.run_in(head, "plan", &argv)?;
+        let plan = parse::prima_plan(&done.stderr);
+        if done.exit != Some(0) || plan.devices.is_empty() {
+            bail!(
+                "prima apply --dry-run: exit {:?}: {}",
+                done.exit,
+                last_line(&done.stderr)
+            );
+        }
+        Ok(plan)
+    }
+
+    /// Halda's model for `windows` (ring order) on the devices' profiles: as Halda scores
+    /// a plan (`ring` false: the devices with a window, no links), or for the ring as it
+    /// runs, with the bed's links (`ring` true).
+    fn model_tpot(&self, windows: &[usize], ring: bool) -> Option<f64> {
+        let model = self.model_profile.as_ref()?;
+        let profiles = self.profiles.as_ref()?;
+        let ctx = self.bed.ctx;
+        if !ring {
+            return Some(predict::halda_tpot_ms(model, profiles, windows, ctx));
+        }
+        let order = self.ring_order();
+        let latency: Vec<f64> = order.iter().map(|d| d.latency_ms).collect();
+        let mbit: Vec<Option<f64>> = order.iter().map(|d| d.link_mbit).collect();
+        let links = predict::Links {
+            latency_ms: &latency,
+            link_mbit: &mbit,
+        };
+        Some(predict::ring_tpot_ms(
+            model,
+            profiles,
+            windows,
+            ctx,
+            Some(&links),
+        ))
+    }
+
+    fn row(&mut self, row: &Row) -> RowResult {
+        match self.try_row(row) {
+            Ok(r) => r,
+            Err(e) => skipped(row, &format!("{e:#}")),
+        }
+    }
+
+    fn try_row(&mut self, row: &Row) -> Result<RowResult> {
+        let head = self.ring_order()[0];
         let best = self.st.device(self.best).context("best device is gone")?;
         let threads = self.threads.to_string();
         let prompt = self.args.prompt.clone();
         let n = self.args.tokens.to_string();
-        let ctx = self.ctx.to_string();
+        let ctx = self.bed.ctx.to_string();
         let copy = best.model_copy.display().to_string();
-        // Some(Halda's prediction) when the row runs the halda row's plan pinned.
-        let mut pinned = None;
+        let mut what = row.what.clone();
+        // Halda's printed figure for the plan a pinned row runs unchanged.
+        let mut pinned_prediction = None;
+        // Halda's model for a plan Halda did not print a figure for.
+        let mut model_tpot = None;
         // What both tools alone are given: the same prompt, length, threads and greedy
         // sampling, so their rows compare.
         let alone_args: Vec<String> = [
@@ -364,8 +592,8 @@ impl Bench<'_> {
             Vec<String>,
             &str,
             Vec<&DeviceState>,
-        ) = match row.policy() {
-            None if row == RowKind::LlamaAlone => {
+        ) = match &row.run {
+            RowRun::LlamaAlone => {
                 if !self.llama.is_file() {
                     bail!(
                         "{} is missing (cargo xtask reference builds it)",
@@ -377,29 +605,58 @@ impl Bench<'_> {
                 argv.extend(["-no-cnv", "--no-display-prompt", "--no-warmup"].map(String::from));
                 (best, argv, "llama-completion", vec![best])
             }
-            None => {
+            RowRun::PrimaAlone => {
                 let mut argv = vec![self.prima.display().to_string(), "run".to_owned()];
                 argv.extend(alone_args.iter().cloned());
                 (best, argv, "prima run", vec![best])
             }
-            Some(policy) => {
-                let policy = match (row, &self.halda_plan) {
-                    (RowKind::NoPrefetch | RowKind::NoRelease, Some(plan)) => {
-                        pinned = Some(plan.predicted_tpot_ms);
-                        // The generated manifest lists the head first, then the nodes.
-                        let order: Vec<&str> = self
-                            .st
-                            .devices
-                            .iter()
-                            .filter(|d| d.head)
-                            .chain(self.st.devices.iter().filter(|d| !d.head))
-                            .map(|d| d.name.as_str())
-                            .collect();
-                        pinned_policy(&order, plan, policy)?
+            RowRun::Ring(_) | RowRun::Pinned { .. } => {
+                let policy = match &row.run {
+                    RowRun::Ring(policy) => policy.clone(),
+                    RowRun::Pinned { k, extra } => {
+                        let names: Vec<&str> =
+                            self.ring_order().iter().map(|d| d.name.as_str()).collect();
+                        // Equal windows asked for: no plan is pinned at any k.
+                        let plan = match (k, self.args.windows) {
+                            (Some(_), rows::RoundsWindows::Equal) => None,
+                            _ => self.halda_plan.as_ref(),
+                        };
+                        match (plan, k) {
+                            (Some(plan), None) => {
+                                pinned_prediction = Some(plan.predicted_tpot_ms);
+                                what += " (Halda's plan, pinned)";
+                                rows::pinned_policy(&rows::plan_windows(&names, plan)?, extra)
+                            }
+                            (Some(plan), Some(k)) => {
+                                let w = rows::windows_at_k(
+                                    &rows::plan_windows(&names, plan)?,
+                                    plan.k.unwrap_or(1),
+                                    *k,
+                                );
+                                model_tpot = self.model_tpot(&w, true);
+                                rows::pinned_policy(&w, extra)
+                            }
+                            (None, None) => {
+                                what += " (planned afresh)";
+                                rows::afresh_policy(extra)
+                            }
+                            (None, Some(k)) => {
+                                let w = rows::equal_windows(
+                                    super::layer_count(self.model)?,
+                                    names.len(),
+                                    *k,
+                                );
+                                if self.args.windows == rows::RoundsWindows::Halda {
+                                    what += " (equal windows: no Halda plan)";
+                                }
+                                model_tpot = self.model_tpot(&w, true);
+                                rows::pinned_policy(&w, extra)
+                            }
+                        }
                     }
-                    _ => policy.to_string(),
+                    _ => unreachable!(),
                 };
-                let manifest = self.manifest_for(row, &policy)?;
+                let manifest = self.manifest_for(&row.key, &policy)?;
                 let argv = [
                     &self.prima.display().to_string(),
                     "apply",
@@ -412,7 +669,7 @@ impl Bench<'_> {
                 ]
                 .map(String::from)
                 .to_vec();
-                (head, argv, "prima apply", self.st.devices.iter().collect())
+                (head, argv, "prima apply", self.ring_order())
             }
         };
 
@@ -424,7 +681,7 @@ impl Bench<'_> {
             // Writing to max_usage_in_bytes resets the peak to the current usage.
             let _ = fs::write(self.memory_file(d, "memory.max_usage_in_bytes"), "0");
         }
-        let finished = self.run_in(device, row, &argv)?;
+        let finished = self.run_in(device, &row.key, &argv)?;
         let memory = watched
             .iter()
             .zip(before)
@@ -436,74 +693,113 @@ impl Bench<'_> {
             })
             .collect();
 
-        let timing = if row == RowKind::LlamaAlone {
+        let timing = if row.run == RowRun::LlamaAlone {
             parse::llama_perf(&finished.stderr)
         } else {
             parse::prima_summary(&finished.stderr)
         }
         .unwrap_or_default();
         let plan = parse::prima_plan(&finished.stderr);
-        if row == RowKind::Halda && !plan.devices.is_empty() {
+        let is_halda = matches!(&row.run, RowRun::Ring(p) if p.contains("\"halda\""));
+        if is_halda && !plan.devices.is_empty() {
             self.halda_plan = Some(plan.clone());
+            // The links experiment: the same model with the bed's links.
+            if self.args.experiment == Experiment::Links {
+                let names: Vec<&str> = self.ring_order().iter().map(|d| d.name.as_str()).collect();
+                model_tpot = rows::plan_windows(&names, &plan)
+                    .ok()
+                    .and_then(|w| self.model_tpot(&w, true));
+            }
         }
         let status = if finished.timed_out {
             Status::TimedOut
         } else if finished.exit == Some(0) && timing.tpot_ms.is_some() {
             Status::Ok
         } else {
-            let last = finished
-                .stderr
-                .lines()
-                .rev()
-                .find(|l| !l.trim().is_empty())
-                .unwrap_or("no output");
-            Status::Failed(format!("exit {:?}: {last}", finished.exit))
+            Status::Failed(format!(
+                "exit {:?}: {}",
+                finished.exit,
+                last_line(&finished.stderr)
+            ))
         };
         let generated = timing
             .generated
             .or_else(|| (!finished.stdout.is_empty()).then(|| self.count_tokens(&finished.stdout)));
-        let what = match pinned {
-            Some(_) => format!("{} (the halda row's plan, pinned)", row.what(self.best)),
-            None if matches!(row, RowKind::NoPrefetch | RowKind::NoRelease) => {
-                format!("{} (planned afresh)", row.what(self.best))
-            }
-            None => row.what(self.best),
-        };
+        let ring = parse::ring_table(&finished.stderr)
+            .into_iter()
+            .map(|l| RingDevice {
+                device: self.device_at(&l.addr),
+                tokens: l.tokens,
+                compute_ms: l.compute_ms,
+                send_ms: l.send_ms,
+                wait_ms: l.wait_ms,
+                major_faults_per_token: l.major_faults,
+                disk_mb_per_token: l.disk_mb,
+                memory_pressure_pct: l.memory_pressure_pct,
+            })
+            .collect();
         Ok(RowResult {
-            row: row.key().into(),
+            row: row.key.clone(),
             what,
             timed_by: timed_by.into(),
             devices: watched.iter().map(|d| d.name.clone()).collect(),
             ttft_ms: timing.ttft_ms,
             tpot_ms: timing.tpot_ms,
             // A pinned plan is manual to apply, which predicts nothing: Halda's own figure.
-            predicted_tpot_ms: pinned.flatten().or(plan.predicted_tpot_ms),
+            predicted_tpot_ms: pinned_prediction.flatten().or(plan.predicted_tpot_ms),
+            model_tpot_ms: model_tpot,
             generated,
             status,
+            k: plan.k,
+            windows: plan
+                .devices
+                .iter()
+                .map(|(d, w, _)| (d.clone(), *w))
+                .collect(),
             plan: plan.devices.into_iter().map(|(d, _, l)| (d, l)).collect(),
+            ring,
+            latency_ms: None,
+            link_mbit: None,
             memory,
             wall_s: finished.wall.as_secs_f64(),
         })
     }
 
-    /// The bed's generated manifest with this row's `[policy]`.
-    fn manifest_for(&self, row: RowKind, policy: &str) -> Result<PathBuf> {
+    /// The device name behind an address of the ring's device table (`head` or a node's).
+    fn device_at(&self, addr: &str) -> String {
+        let found = if addr == "head" {
+            self.st.devices.iter().find(|d| d.head)
+        } else {
+            self.st
+                .devices
+                .iter()
+                .find(|d| d.node.as_deref() == Some(addr))
+        };
+        found
+            .map(|d| d.name.clone())
+            .unwrap_or_else(|| addr.to_string())
+    }
+
+    /// The bed's generated manifest with these `[policy]` lines instead of its scheduler.
+    fn manifest_for(&self, key: &str, policy: &str) -> Result<PathBuf> {
         let text = fs::read_to_string(&self.st.manifest)
             .with_context(|| format!("reading {}", self.st.manifest.display()))?;
         let halda = "scheduler = \"halda\"\n";
         if !text.contains(halda) {
             bail!("{} has no `{}`", self.st.manifest.display(), halda.trim());
         }
-        let path = self.st.dir.join(format!("bench-{}.toml", row.key()));
+        let path = self.st.dir.join(format!("bench-{key}.toml"));
         fs::write(&path, text.replacen(halda, policy, 1))?;
+        // Kept with the logs: the bed's directory goes at `down`.
+        let _ = fs::copy(&path, self.logs.join(format!("{key}.toml")));
         Ok(path)
     }
 
     /// Runs `argv` inside `device`, killing its process group at the row timeout.
-    fn run_in(&self, device: &DeviceState, row: RowKind, argv: &[String]) -> Result<Finished> {
+    fn run_in(&self, device: &DeviceState, key: &str, argv: &[String]) -> Result<Finished> {
         use std::os::unix::process::CommandExt;
-        let out_path = self.logs.join(format!("{}.stdout", row.key()));
-        let err_path = self.logs.join(format!("{}.stderr", row.key()));
+        let out_path = self.logs.join(format!("{key}.stdout"));
+        let err_path = self.logs.join(format!("{key}.stderr"));
         let mut cmd = super::device_command(self.hierarchies, self.st, device, argv);
         let start = Instant::now();
         let mut child = cmd
@@ -570,43 +866,20 @@ impl Bench<'_> {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// The last non-empty line of a tool's stderr.
+fn last_line(stderr: &str) -> &str {
+    stderr
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("no output")
+}
 
-    #[test]
-    fn a_pinned_plan_keeps_windows_in_manifest_order() {
-        let plan = parse::Plan {
-            predicted_tpot_ms: Some(300.0),
-            k: Some(2),
-            devices: vec![
-                ("d1".into(), 0, 0),
-                ("d3".into(), 9, 18),
-                ("d2".into(), 3, 6),
-            ],
-        };
-        let policy = RowKind::NoRelease.policy().unwrap();
-        let text = pinned_policy(&["d1", "d2", "d3"], &plan, policy).unwrap();
-        let m: toml::Value = toml::from_str(&format!("[policy]\n{text}")).unwrap();
-        assert_eq!(m["policy"]["scheduler"].as_str(), Some("manual"));
-        assert_eq!(m["policy"]["windows"].as_array().unwrap().len(), 3);
-        assert_eq!(m["policy"]["windows"][1].as_integer(), Some(3));
-        assert_eq!(m["policy"]["k"].as_integer(), Some(2));
-        assert_eq!(m["policy"]["release"].as_str(), Some("none"));
-        assert!(pinned_policy(&["d4"], &plan, policy).is_err());
-    }
-
-    #[test]
-    fn ring_rows_change_only_the_policy() {
-        for row in ALL_ROWS {
-            match row {
-                RowKind::LlamaAlone | RowKind::PrimaAlone => assert!(row.policy().is_none()),
-                _ => {
-                    let p = row.policy().unwrap();
-                    let m: toml::Value = toml::from_str(&format!("[policy]\n{p}")).unwrap();
-                    assert!(m["policy"]["scheduler"].is_str(), "{p}");
-                }
-            }
-        }
+/// A reason short enough for a table note.
+fn report_cell(text: &str) -> String {
+    let one_line = text.lines().next().unwrap_or("");
+    match one_line.char_indices().nth(200) {
+        Some((i, _)) => format!("{}…", &one_line[..i]),
+        None => one_line.to_string(),
     }
 }

@@ -9,7 +9,7 @@
 //!
 //! Module map: `testbed` (the file format), `cgroups`, `netns`, `router` (the latency),
 //! `model_copy`, `processes` (start and stop inside a device), `state` (what is up),
-//! `bench` (the paper's comparison on a bed).
+//! `bench` (issue 15's experiments on a bed).
 
 mod bench;
 mod cgroups;
@@ -42,9 +42,8 @@ pub enum HomelabCommand {
     /// and start a `prima node` on each device but the head.
     Up {
         testbed: String,
-        /// Every device runs this model instead of the testbed's.
-        #[arg(long, value_name = "PATH")]
-        model: Option<PathBuf>,
+        #[command(flatten)]
+        overrides: Overrides,
         /// Use the `prima` already built instead of running cargo build first.
         #[arg(long)]
         no_build: bool,
@@ -63,9 +62,10 @@ pub enum HomelabCommand {
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
-    /// The paper's comparison on a bed, one same-run table per model (llama.cpp and Prima
-    /// alone on the best device, the ring under Halda, MemSched, PerfSched, without
-    /// prefetch, without release); writes target/homelab-bench.{md,json}.
+    /// Issue 15's experiments on a bed, one same-run table per model: paper (llama.cpp
+    /// and Prima alone on the best device, the ring under Halda, MemSched, PerfSched,
+    /// without prefetch, without release), rounds (PRP rounds k, with and without
+    /// release), links (Halda at 1, 5, 20 ms); writes target/homelab-bench*.{md,json}.
     Bench(bench::BenchArgs),
     /// The link router (started by `up`).
     #[command(hide = true)]
@@ -75,13 +75,27 @@ pub enum HomelabCommand {
     },
 }
 
+/// What `up` changes of the testbed file, for every device.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct Overrides {
+    /// Every device runs this model instead of the testbed's.
+    #[arg(long, value_name = "PATH")]
+    pub model: Option<PathBuf>,
+    /// Every device's link gets this one-way latency (ms) instead of the testbed's.
+    #[arg(long, value_name = "MS")]
+    pub latency_ms: Option<f64>,
+    /// Every device's link gets this upload rate (Mbit/s) instead of the testbed's.
+    #[arg(long, value_name = "MBIT")]
+    pub link_mbit: Option<f64>,
+}
+
 pub fn run(layout: &Layout, command: HomelabCommand) -> Result<u8> {
     match command {
         HomelabCommand::Up {
             testbed,
-            model,
+            overrides,
             no_build,
-        } => up(layout, &testbed, model.as_deref(), no_build)?,
+        } => up(layout, &testbed, &overrides, no_build)?,
         HomelabCommand::Down { testbed } => down(testbed.as_deref())?,
         HomelabCommand::Status => status()?,
         HomelabCommand::Bench(args) => bench::run(layout, &args)?,
@@ -156,12 +170,13 @@ fn release_dir(layout: &Layout, no_build: bool) -> Result<PathBuf> {
     Ok(dir)
 }
 
-fn up(layout: &Layout, arg: &str, model: Option<&Path>, no_build: bool) -> Result<()> {
+fn up(layout: &Layout, arg: &str, overrides: &Overrides, no_build: bool) -> Result<()> {
     let hierarchies = check_machine()?;
     let mut bed = Testbed::load(&testbed_path(layout, arg))?;
-    if let Some(model) = model {
+    if let Some(model) = &overrides.model {
         bed.override_model(model);
     }
+    bed.override_links(overrides.latency_ms, overrides.link_mbit)?;
     for d in &bed.devices {
         if !d.model.is_file() {
             bail!(

@@ -106,6 +106,30 @@ impl Testbed {
             d.model = model.to_path_buf();
         }
     }
+
+    /// Every device's link gets this one-way latency and/or upload rate instead of the
+    /// file's (`--latency-ms`, `--link-mbit`), checked as the file's values are.
+    pub fn override_links(
+        &mut self,
+        latency_ms: Option<f64>,
+        link_mbit: Option<f64>,
+    ) -> Result<()> {
+        if let Some(ms) = latency_ms {
+            check_latency(ms).context("--latency-ms")?;
+        }
+        if let Some(mbit) = link_mbit {
+            check_link_mbit(mbit).context("--link-mbit")?;
+        }
+        for d in &mut self.devices {
+            if let Some(ms) = latency_ms {
+                d.latency_ms = ms;
+            }
+            if link_mbit.is_some() {
+                d.link_mbit = link_mbit;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Parses testbed text; `stem` is the default name and `dir` where relative paths start.
@@ -147,20 +171,9 @@ pub fn parse(text: &str, stem: &str, dir: &Path) -> Result<Testbed> {
             }
         }
         if let Some(mbit) = d.link_mbit {
-            if !(mbit.is_finite() && (0.1..=100_000.0).contains(&mbit)) {
-                bail!(
-                    "{}: {mbit} is not a rate (0.1 to 100000 Mbit/s)",
-                    at("link_mbit")
-                );
-            }
+            check_link_mbit(mbit).with_context(|| at("link_mbit"))?;
         }
-        if !(d.latency_ms.is_finite() && (0.0..=10_000.0).contains(&d.latency_ms)) {
-            bail!(
-                "{}: {} is not a latency (0 to 10000 ms)",
-                at("latency_ms"),
-                d.latency_ms
-            );
-        }
+        check_latency(d.latency_ms).with_context(|| at("latency_ms"))?;
         if d.threads == Some(0) {
             bail!("{}: must be at least 1", at("threads"));
         }
@@ -198,6 +211,20 @@ pub fn parse(text: &str, stem: &str, dir: &Path) -> Result<Testbed> {
 }
 
 /// Names become parts of namespace, cgroup and file names: keep them plain.
+fn check_link_mbit(mbit: f64) -> Result<()> {
+    if !(mbit.is_finite() && (0.1..=100_000.0).contains(&mbit)) {
+        bail!("{mbit} is not a rate (0.1 to 100000 Mbit/s)");
+    }
+    Ok(())
+}
+
+fn check_latency(ms: f64) -> Result<()> {
+    if !(ms.is_finite() && (0.0..=10_000.0).contains(&ms)) {
+        bail!("{ms} is not a latency (0 to 10000 ms)");
+    }
+    Ok(())
+}
+
 fn check_name(field: &str, name: &str, max: usize) -> Result<()> {
     let plain = name
         .chars()
@@ -300,6 +327,22 @@ mod tests {
         assert!(e.contains("device 'd1': disk_read"), "{e}");
         let e = err(&with("threads = 0"));
         assert!(e.contains("device 'd1': threads"), "{e}");
+    }
+
+    #[test]
+    fn link_overrides_apply_to_every_device_and_are_checked() {
+        let mut bed = parse(GOOD, "bed", Path::new("/beds")).unwrap();
+        bed.override_links(Some(20.0), Some(300.0)).unwrap();
+        assert!(bed
+            .devices
+            .iter()
+            .all(|d| d.latency_ms == 20.0 && d.link_mbit == Some(300.0)));
+        bed.override_links(Some(1.0), None).unwrap();
+        assert!(bed.devices.iter().all(|d| d.link_mbit == Some(300.0)));
+        let e = format!("{:#}", bed.override_links(Some(-1.0), None).unwrap_err());
+        assert!(e.contains("--latency-ms"), "{e}");
+        assert!(bed.override_links(None, Some(0.0)).is_err());
+        assert!(bed.devices.iter().all(|d| d.latency_ms == 1.0));
     }
 
     #[test]

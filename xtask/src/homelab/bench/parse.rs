@@ -57,6 +57,58 @@ pub fn prima_plan(stderr: &str) -> Plan {
     }
 }
 
+/// One device's line of the ring's per-device table (`prima apply -v`, `prima run --ring
+/// -v`): means per generated token (decode passes only; the prompt's are left out).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RingLine {
+    /// `head`, or the node's `address:port`.
+    pub addr: String,
+    /// Generated tokens the means are over.
+    pub tokens: usize,
+    pub compute_ms: f64,
+    pub send_ms: f64,
+    pub wait_ms: f64,
+    pub major_faults: f64,
+    /// MB (10^6 bytes) read from storage (/proc/self/io read_bytes).
+    pub disk_mb: f64,
+    /// The device's own peak memory pressure over the run, percent.
+    pub memory_pressure_pct: f64,
+}
+
+/// The per-device table prima prints after a ring generation with `-v`:
+/// `device address tokens compute ms send ms wait ms major flt disk MB mem press`, then
+/// one line per device (`0 head 7 12.345 0.100 5.000 12.0 0.05 3.2%`).
+pub fn ring_table(stderr: &str) -> Vec<RingLine> {
+    let lines: Vec<&str> = stderr.lines().collect();
+    let Some(start) = lines
+        .iter()
+        .rposition(|l| l.starts_with("device ") && l.contains("disk MB"))
+    else {
+        return Vec::new();
+    };
+    lines[start + 1..]
+        .iter()
+        .map_while(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            if f.len() != 9 {
+                return None;
+            }
+            f[0].parse::<usize>().ok()?;
+            let num = |i: usize| f[i].trim_end_matches('%').parse::<f64>().ok();
+            Some(RingLine {
+                addr: f[1].to_string(),
+                tokens: f[2].parse().ok()?,
+                compute_ms: num(3)?,
+                send_ms: num(4)?,
+                wait_ms: num(5)?,
+                major_faults: num(6)?,
+                disk_mb: num(7)?,
+                memory_pressure_pct: num(8)?,
+            })
+        })
+        .collect()
+}
+
 /// llama.cpp's timing lines (`llama-completion`, on stderr; `common_perf_print:` in newer
 /// builds, after a log timestamp):
 /// `llama_perf_context_print: prompt eval time =  120.50 ms /  5 tokens (…)` and
@@ -133,6 +185,32 @@ launching the ring\n";
         let plan = prima_plan("plan (mem scheduler, k = 1):\n  device …\n");
         assert_eq!((plan.predicted_tpot_ms, plan.k), (None, Some(1)));
         assert!(plan.devices.is_empty());
+    }
+
+    #[test]
+    fn reads_the_ring_table() {
+        // As `prima apply … -v` prints it after the summary line.
+        let stderr = "\
+prompt: 5 tokens, 40.1 tok/s | TTFT 125.0 ms | generated 4 tokens, TPOT 61.20 ms (16.3 tok/s) | seed 0 | cpu avx2 | ring of 4 devices, k = 2
+device   address                  tokens  compute ms   send ms   wait ms    major flt      disk MB  mem press
+0        head                          3      12.345     0.100    45.000         12.0         0.05       3.2%
+1        10.87.0.2:9000                3      10.000     0.080    50.120        301.3        14.57      12.0%
+2        10.87.0.3:9000                3       9.500     0.090    51.000          0.0         0.00       0.0%
+node: bye
+";
+        let t = ring_table(stderr);
+        assert_eq!(t.len(), 3);
+        assert_eq!(t[0].addr, "head");
+        assert_eq!(t[0].tokens, 3);
+        assert_eq!(t[1].addr, "10.87.0.2:9000");
+        assert_eq!((t[1].major_faults, t[1].disk_mb), (301.3, 14.57));
+        assert_eq!(
+            (t[1].compute_ms, t[1].send_ms, t[1].wait_ms),
+            (10.0, 0.08, 50.12)
+        );
+        assert_eq!(t[1].memory_pressure_pct, 12.0);
+        assert_eq!(t[2].disk_mb, 0.0);
+        assert!(ring_table("prompt: 5 tokens\n").is_empty());
     }
 
     #[test]
