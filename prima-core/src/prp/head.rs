@@ -483,7 +483,7 @@ impl<'m> RingHead<'m> {
         let n_tokens = self.session.hidden().len() / n_embd;
         let run = self
             .residency
-            .run_round(&mut self.session, &self.meter, round)?;
+            .run_round(model, &mut self.session, &self.meter, round)?;
 
         let header = Activations {
             seq: self.seq,

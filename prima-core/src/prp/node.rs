@@ -411,7 +411,7 @@ fn compute_loop(
             }
         })?;
 
-        let run = residency.run_round(session, &meter, round)?;
+        let run = residency.run_round(model, session, &meter, round)?;
 
         // Counters before the send, as on the head (`RingHead::pass`): after it, this
         // thread should only hint pages and go back to sleep.

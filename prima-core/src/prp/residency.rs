@@ -147,9 +147,14 @@ fn layer_ranges(model: &Model, layers: impl Iterator<Item = usize>) -> Vec<Range
 }
 
 impl Residency {
-    /// Plans residency for `windows` (in execution order): layers are kept resident in
-    /// execution order while their bytes fit `budget`, the rest are streamed. No budget:
-    /// everything resident.
+    /// Plans residency for `windows` (in execution order) under `budget` bytes of weights
+    /// (no budget: everything resident). When they do not all fit, room for two streamed
+    /// chunks is kept out of the budget (one being computed, the next being read), the
+    /// first layers that fit the rest stay resident, and each window's other layers are
+    /// cut into chunks of about [`CHUNK_BYTES`], each read two chunks ahead of its use and
+    /// released right after it, as a device alone streams. Without that room and the
+    /// chunks, prefetching a whole streamed window into a full memory evicts the resident
+    /// layers and the window's own first pages before they are used.
     pub fn plan(
         model: &Model,
         windows: &[RoundWindow],
@@ -158,27 +163,41 @@ impl Residency {
         release: ReleasePolicy,
         method: ReleaseMethod,
     ) -> Residency {
-        let mut used = 0u64;
-        let mut streaming = false;
+        let held: Vec<usize> = windows.iter().flat_map(|w| w.layers.clone()).collect();
+        let layer_bytes: Vec<u64> = held.iter().map(|&il| model.layer_bytes(il)).collect();
+        let split = split_alone(&layer_bytes, 0, budget.unwrap_or(u64::MAX));
         let mut resident = vec![false; model.hparams().n_layers];
-        for il in windows.iter().flat_map(|w| w.layers.clone()) {
-            let b = model.layer_bytes(il);
-            if !streaming && budget.is_none_or(|budget| used + b <= budget) {
-                used += b;
-                if let Some(r) = resident.get_mut(il) {
-                    *r = true;
-                }
-            } else {
-                streaming = true;
+        for &il in &held[..split.resident] {
+            if let Some(r) = resident.get_mut(il) {
+                *r = true;
             }
         }
+        let per_chunk = split.chunks.first().map_or(usize::MAX, |c| c.len());
+        let pieces: Vec<RoundWindow> = windows
+            .iter()
+            .flat_map(|w| {
+                let cut = w.layers.clone().take_while(|&il| resident[il]).count();
+                let first = w.layers.start + cut;
+                let kept = (cut > 0).then(|| RoundWindow {
+                    round: w.round,
+                    layers: w.layers.start..first,
+                });
+                let streamed = (first..w.layers.end)
+                    .step_by(per_chunk)
+                    .map(move |c| RoundWindow {
+                        round: w.round,
+                        layers: c..(c + per_chunk).min(w.layers.end),
+                    });
+                kept.into_iter().chain(streamed)
+            })
+            .collect();
         let hints = Hints {
             prefetch,
             release,
             method,
-            lookahead: 1,
+            lookahead: if split.chunks.is_empty() { 1 } else { 2 },
         };
-        Residency::build(model, windows, &resident, hints)
+        Residency::build(model, &pieces, &resident, hints)
     }
 
     /// Plans residency for a device running every layer alone under `budget` bytes for
@@ -270,31 +289,37 @@ impl Residency {
     }
 
     /// Runs this device's window of `round` (if it has one) over the batch in `session`,
-    /// timing it and counting the major faults it took.
+    /// timing it and counting the major faults it took. A window cut into streamed chunks
+    /// runs chunk by chunk, each but the last released (and the next prefetched) as soon as
+    /// it is done; the caller does that for the last one, `index`, after passing the
+    /// activations on.
     pub fn run_round(
         &self,
+        model: &Model,
         session: &mut Session<'_>,
         meter: &PassMeter,
         round: usize,
     ) -> Result<WindowRun, ModelError> {
         let faults_before = meter.major_faults();
         let computing = std::time::Instant::now();
-        let index = self.index_of_round(round);
-        if let Some(i) = index {
+        let pieces: Vec<usize> = (0..self.windows.len())
+            .filter(|&i| self.windows[i].round == round)
+            .collect();
+        for (n, &i) in pieces.iter().enumerate() {
             session.run_layers(self.windows[i].layers.clone())?;
+            if n + 1 < pieces.len() {
+                self.after_window(model, i);
+            }
+        }
+        if !pieces.is_empty() {
             // The next device computes now; idle workers here would take its cores.
             session.idle();
         }
         Ok(WindowRun {
-            index,
+            index: pieces.last().copied(),
             compute_ms: computing.elapsed().as_secs_f64() * 1e3,
             major_faults: meter.major_faults().saturating_sub(faults_before),
         })
-    }
-
-    /// The window run in `round`, by index.
-    pub fn index_of_round(&self, round: usize) -> Option<usize> {
-        self.windows.iter().position(|w| w.round == round)
     }
 
     /// Reads every resident page (so the first token does not fault them in) and starts

@@ -602,7 +602,18 @@ impl<'a> Bench<'a> {
                 }
                 let mut argv = vec![self.llama.display().to_string()];
                 argv.extend(alone_args.iter().cloned());
-                argv.extend(["-no-cnv", "--no-display-prompt", "--no-warmup"].map(String::from));
+                // --no-repack: as the paper ran it, weights stay in the mmap'd page cache.
+                // By default llama.cpp's CPU backend repacks Q4_K weights into anonymous
+                // memory (an 8B model: 1.7 GB of it on D3, OOM-killed in its 1750 MB).
+                argv.extend(
+                    [
+                        "-no-cnv",
+                        "--no-display-prompt",
+                        "--no-warmup",
+                        "--no-repack",
+                    ]
+                    .map(String::from),
+                );
                 (best, argv, "llama-completion", vec![best])
             }
             RowRun::PrimaAlone => {
