@@ -13,6 +13,12 @@
 //! - [`ops`]: the host side of each operation: checks, uploads, launches, downloads.
 //! - [`backend`]: the ABI glue, with every call guarded against panics.
 //!
+//! Numerics: the CPU backend's (its scalar kernels are the oracle). A matmul quantizes its
+//! activations once to the weight format's 8-bit companion (Q8_0, Q8_1, Q8_K) and takes
+//! integer block sums (dp4a) with the CPU's scale arithmetic, summed in the CPU's order;
+//! attention, norms and activations follow the CPU step for step, so results agree bit
+//! for bit except RoPE's cos/sin (see tests/gpu.rs).
+//!
 //! Status (phase 1): the host-slice ABI v2 in full on one GPU; weights live in VRAM in
 //! their stored blocks, the KV cache is F16 in VRAM, activations cross the bus on every
 //! operation. See ARCHITECTURE.md for what the device-resident ABI (phase 2) changes.

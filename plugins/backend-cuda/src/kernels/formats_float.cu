@@ -32,6 +32,14 @@ __device__ __forceinline__ float act_f32(float x) { return x; }
 __device__ __forceinline__ float act_f16(float x) { return round_f16(x); }
 __device__ __forceinline__ float act_bf16(float x) { return round_bf16(x); }
 
+__device__ __forceinline__ float elem_f32(const u8* row, u32 e) { return ((const float*)row)[e]; }
+__device__ __forceinline__ float elem_f16(const u8* row, u32 e) {
+    return f16_to_f32(((const u16*)row)[e]);
+}
+__device__ __forceinline__ float elem_bf16(const u8* row, u32 e) {
+    return bf16_to_f32(((const u16*)row)[e]);
+}
+
 GET_ROWS(f32, F32_QK, F32_BYTES)
 GET_ROWS(f16, F16_QK, F16_BYTES)
 GET_ROWS(bf16, BF16_QK, BF16_BYTES)

@@ -19,19 +19,22 @@ extern "C" __global__ void rope(float* x, const u32* positions, u32 n_tokens, u3
         for (u32 k = 0; k < i; k++) theta *= theta_scale;
         const float ff = freq_factors ? freq_factors[i] : 1.0f;
         const float theta_extrap = theta / ff;
-        const float theta_interp = freq_scale * theta_extrap;
+        const float theta_interp = __fmul_rn(freq_scale, theta_extrap);
         float angle = theta_interp, mscale = attn_factor;
         if (ext_factor != 0.0f) {
             const float y = ((float)i - corr_low) / fmaxf(corr_high - corr_low, 0.001f);
-            const float mix = (1.0f - fminf(fmaxf(y, 0.0f), 1.0f)) * ext_factor;
-            angle = theta_interp * (1.0f - mix) + theta_extrap * mix;
-            mscale *= 1.0f + 0.1f * logf(1.0f / freq_scale);
+            const float mix = __fmul_rn(1.0f - fminf(fmaxf(y, 0.0f), 1.0f), ext_factor);
+            angle = __fadd_rn(__fmul_rn(theta_interp, 1.0f - mix), __fmul_rn(theta_extrap, mix));
+            mscale = __fmul_rn(mscale, 1.0f + __fmul_rn(0.1f, logf(1.0f / freq_scale)));
         }
-        const float c = cosf(angle) * mscale, s = sinf(angle) * mscale;
+        // cos and sin rounded from double: the correctly rounded values libm's cosf/sinf
+        // (the CPU's) return, where CUDA's own are a few ulp off.
+        const float c = __fmul_rn((float)cos((double)angle), mscale);
+        const float s = __fmul_rn((float)sin((double)angle), mscale);
         float* head = x + th * head_dim;
         const u32 a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
         const float x0 = head[a], x1 = head[b];
-        head[a] = x0 * c - x1 * s;
-        head[b] = x0 * s + x1 * c;
+        head[a] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+        head[b] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
     }
 }

@@ -3,7 +3,7 @@
 // - GET_ROWS(name, QK, BYTES) from the format's `deq_<name>(block, sub, y)`, which decodes
 //   the 32 elements of sub-block `sub` to f32.
 // - FLOAT_MATMUL(name, QK, BYTES): F32/F16/BF16 weights against f32 activations rounded
-//   as the CPU rounds them (`act_<name>`), float products.
+//   as the CPU rounds them (`act_<name>`), float products summed in the CPU's order.
 // - QUANT_MATMUL(name, F): the quantized formats against activations already quantized
 //   once per product (quantize.cu) to the format's 8-bit companion (Q8_0, Q8_1 or Q8_K,
 //   as the CPU backend pairs them). `F` gives the integer block arithmetic: `decode` a
@@ -12,7 +12,8 @@
 //   `combine` one block's integer sums with its float scales exactly as the CPU's scalar
 //   `vec_dot` does (same operations in the same order, no fused multiply-add). Integer
 //   sums are exact in any order, so a block split across lanes gives the CPU's per-block
-//   value; only the float sum over a row's blocks runs in another order.
+//   value, and the blocks are added in row order as the CPU adds them: a product is the
+//   CPU's bit for bit.
 
 // Tokens each warp multiplies against one weight row: the row's blocks are decoded once
 // for all of them.
@@ -38,39 +39,32 @@
     }
 
 // matmul_<name>: out[t][row] = w[row] · x[t]; grid (ceil(rows / MATMUL_WARPS),
-// ceil(n_tokens / MATMUL_TOKENS)), block 32 * MATMUL_WARPS. One warp per row: lane k takes
-// 32-element chunks k, k + 32, …, so neighbouring lanes read neighbouring blocks.
+// ceil(n_tokens / MATMUL_TOKENS)), block 32 * MATMUL_WARPS; one warp per row.
+//
+// FLOAT_MATMUL keeps the CPU's summation order (formats/float.rs `dot_in_lanes`): element
+// e goes to accumulator e % 16 (a multiply, then an add), the 16 are folded by halving.
+// Each half-warp is those 16 accumulators for every other token. `elem_<name>(row, e)` reads
+// one weight element, `act_<name>` rounds an activation as the CPU does.
 #define FLOAT_MATMUL(NAME, QK, BYTES)                                                        \
     extern "C" __global__ void matmul_##NAME(const u8* w, const float* x, float* out,        \
                                              u32 cols, u32 rows, u64 row_bytes,              \
                                              u32 n_tokens) {                                 \
-        const u32 lane = threadIdx.x % 32;                                                   \
+        const u32 lane = threadIdx.x % 32, half = lane / 16, cl = lane % 16;                 \
         const u32 row = blockIdx.x * MATMUL_WARPS + threadIdx.x / 32;                        \
         const u32 t0 = blockIdx.y * MATMUL_TOKENS;                                           \
         if (row >= rows) return;                                                             \
         const u32 nt = min((u32)MATMUL_TOKENS, n_tokens - t0);                               \
         const u8* wr = w + (u64)row * row_bytes;                                             \
-        float acc[MATMUL_TOKENS];                                                            \
-        for (int t = 0; t < MATMUL_TOKENS; t++) acc[t] = 0.0f;                               \
-        const u32 n_chunks = cols / 32;                                                      \
-        for (u32 c = lane; c < n_chunks; c += 32) {                                          \
-            float y[32];                                                                     \
-            deq_##NAME(wr + (u64)(c / ((QK) / 32)) * (BYTES), c % ((QK) / 32), y);           \
-            _Pragma("unroll") for (u32 t = 0; t < MATMUL_TOKENS; t++) {                      \
-                if (t >= nt) break;                                                          \
-                const float4* xt = (const float4*)(x + (u64)(t0 + t) * cols + (u64)c * 32);  \
-                float s = 0.0f;                                                              \
-                _Pragma("unroll") for (int v = 0; v < 8; v++) {                              \
-                    const float4 a = xt[v];                                                  \
-                    s += y[4 * v] * act_##NAME(a.x) + y[4 * v + 1] * act_##NAME(a.y) +       \
-                         y[4 * v + 2] * act_##NAME(a.z) + y[4 * v + 3] * act_##NAME(a.w);    \
-                }                                                                            \
-                acc[t] += s;                                                                 \
-            }                                                                                \
-        }                                                                                    \
-        _Pragma("unroll") for (u32 t = 0; t < MATMUL_TOKENS; t++) {                          \
-            const float s = warp_sum(acc[t]);                                                \
-            if (lane == 0 && t < nt) out[(u64)(t0 + t) * rows + row] = s;                    \
+        for (u32 t = half; t < MATMUL_TOKENS; t += 2) {                                      \
+            if (t - half >= nt) break;                                                       \
+            const bool live = t < nt;                                                        \
+            const float* xt = x + (u64)(t0 + (live ? t : 0)) * cols;                         \
+            float acc = 0.0f;                                                                \
+            if (live)                                                                        \
+                for (u32 e = cl; e < cols; e += 16)                                          \
+                    acc = __fadd_rn(acc, __fmul_rn(elem_##NAME(wr, e), act_##NAME(xt[e])));   \
+            for (u32 o = 8; o > 0; o >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, o);    \
+            if (cl == 0 && live) out[(u64)(t0 + t) * rows + row] = acc;                      \
         }                                                                                    \
     }
 
@@ -142,17 +136,20 @@ __device__ __forceinline__ void matmul_q(const u8* w, const i8* q, const float* 
                 ip += __shfl_xor_sync(0xffffffffu, ip, o);
                 mp += __shfl_xor_sync(0xffffffffu, mp, o);
             }
+            float v = 0.0f;
             if (on && sub == 0) {
                 const u64 ab = tok * a_blocks + (u64)c * 32 / F::AQK;
-                acc[t] += F::combine(blk, ip, mp, d[ab], s ? s[ab] : 0.0f);
+                v = F::combine(blk, ip, mp, d[ab], s ? s[ab] : 0.0f);
             }
+            // The CPU adds a row's blocks one after another: so does every lane here, in
+            // block order, so the row's sum is the CPU's bit for bit.
+            const u32 here = min(32u, n_chunks - base);
+            for (u32 l = 0; l < here; l += G) acc[t] += __shfl_sync(0xffffffffu, v, l);
         }
     }
 #pragma unroll
-    for (u32 t = 0; t < MATMUL_TOKENS; t++) {
-        const float v = warp_sum(acc[t]);
-        if (lane == 0 && t < nt) out[(u64)(t0 + t) * rows + row] = v;
-    }
+    for (u32 t = 0; t < MATMUL_TOKENS; t++)
+        if (lane == 0 && t < nt) out[(u64)(t0 + t) * rows + row] = acc[t];
 }
 
 #define QUANT_MATMUL(NAME, F)                                                                \
