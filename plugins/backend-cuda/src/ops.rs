@@ -456,16 +456,11 @@ impl State {
         if n_rot == 0 || row == 0 || positions.is_empty() {
             return Ok(());
         }
-        let [corr_low, corr_high] = yarn_corr_dims(n_rot, p);
-        let theta_scale = p.freq_base.powf(-2.0 / n_rot as f32);
+        let table = crate::rope_table::table(positions, p, n_rot);
         let f = self.gpu.function(Family::Rope, "rope")?;
         let stream = self.gpu.stream.clone();
         let mut x_dev = self.upload("activations", x)?;
-        let pos_dev = self.upload("positions", positions)?;
-        let ff_dev = factors
-            .map(|f| self.upload("freq_factors", f))
-            .transpose()?;
-        let null = 0u64;
+        let table_dev = self.upload("rope cos/sin", &table)?;
         let (n_tokens, nh, hd, nr) = (
             positions.len() as u32,
             n_head as u32,
@@ -476,25 +471,14 @@ impl State {
         let total = positions.len() as u64 * n_head as u64 * (n_rot / 2) as u64;
         let mut l = stream.launch_builder(&f);
         l.arg(&mut x_dev)
-            .arg(&pos_dev)
+            .arg(&table_dev)
             .arg(&n_tokens)
             .arg(&nh)
             .arg(&hd)
             .arg(&nr)
             .arg(&neox);
-        match &ff_dev {
-            Some(d) => l.arg(d),
-            None => l.arg(&null),
-        };
-        l.arg(&theta_scale)
-            .arg(&p.freq_scale)
-            .arg(&p.ext_factor)
-            .arg(&p.attn_factor)
-            .arg(&corr_low)
-            .arg(&corr_high);
-        // SAFETY: rope(float* x, const u32* positions, u32 n_tokens, u32 n_head, u32 head_dim,
-        // u32 n_rot, u32 neox, const float* freq_factors (null: none), float ×6), x holding
-        // n_tokens × n_head × head_dim, freq_factors n_rot/2 long.
+        // SAFETY: rope(float* x, const float* cs, u32 n_tokens, u32 n_head, u32 head_dim,
+        // u32 n_rot, u32 neox), x holding n_tokens × n_head × head_dim, cs n_tokens × n_rot.
         drv(OP, unsafe { l.launch(grid_1d(total)) })?;
         self.download(OP, &x_dev, x)
     }
@@ -701,15 +685,4 @@ impl State {
         drv("launching attention", unsafe { l.launch(cfg) })?;
         self.download("attention output", &out_dev, out)
     }
-}
-
-/// `[low, high]` pairs between which YaRN ramps (as the CPU backend's `corr_dims`).
-pub fn yarn_corr_dims(n_dims: usize, p: &RopeParams<'_>) -> [f32; 2] {
-    use std::f32::consts::PI;
-    let corr_dim = |n_rot: f32| {
-        n_dims as f32 * (p.n_ctx_orig as f32 / (n_rot * 2.0 * PI)).ln() / (2.0 * p.freq_base.ln())
-    };
-    let start = corr_dim(p.beta_fast).floor();
-    let end = corr_dim(p.beta_slow).ceil();
-    [start.max(0.0), end.min(n_dims as f32 - 1.0)]
 }

@@ -15,7 +15,7 @@ extern "C" __global__ void store_f16(const float* src, u16* dst, u64 n) {
 // Grid (n_head, n_tokens), block 32 * ATT_WARPS. Query token t sits at position start + t
 // and sees keys first = max(0, pos + 1 - window) ..= pos. The numerics are the CPU
 // backend's (ops/attention.rs, llama.cpp's non-flash attention), step for step: q rounded
-// to f16; s_j = scale · (q · k_j), soft-capped; e_j = exp(s_j − max); total = Σ e_j in f64;
+// to f16; s_j = scale · (q · k_j) in the CPU's summation order, soft-capped; e_j = exp(s_j − max); total = Σ e_j in f64;
 // p_j = f16(e_j · (1 / total)); out = Σ_j p_j · v_j in key order, a multiply then an add.
 // `scores` is scratch of `span` floats per (token, head).
 extern "C" __global__ void attention(const float* q, const u16* kc, const u16* vc, float* out,
@@ -38,14 +38,23 @@ extern "C" __global__ void attention(const float* q, const u16* kc, const u16* v
     for (u32 d = threadIdx.x; d < dk; d += blockDim.x) qs[d] = round_f16(qh[d]);
     __syncthreads();
 
-    // Scores, one key per warp at a time (f16 × f16 products are exact in f32).
+    // Scores, one key per warp at a time, q · k summed in the CPU's order (its F16 vec_dot,
+    // formats/float.rs): element d into accumulator d % 16 (lanes 0–15), the 16 folded by
+    // halving, the dk % 16 tail added after in order. f16 × f16 products are exact in f32.
     float* sc = scores + ((u64)t * n_head + h) * span;
     float m = neg_inf;
+    const u32 full = dk / 16 * 16;
     for (u32 i = warp; i < n; i += ATT_WARPS) {
         const u16* kr = kc + ((u64)(first + i) * n_head_kv + kvh) * dk;
         float s = 0.0f;
-        for (u32 d = lane; d < dk; d += 32) s += qs[d] * f16_to_f32(kr[d]);
-        s = __fmul_rn(scale, warp_sum(s));
+        if (lane < 16)
+            for (u32 d = lane; d < full; d += 16)
+                s = __fadd_rn(s, __fmul_rn(qs[d], f16_to_f32(kr[d])));
+        for (u32 o = 8; o > 0; o >>= 1) s = __fadd_rn(s, __shfl_down_sync(0xffffffffu, s, o));
+        if (lane == 0)
+            for (u32 d = full; d < dk; d++) s = __fadd_rn(s, __fmul_rn(qs[d], f16_to_f32(kr[d])));
+        s = __shfl_sync(0xffffffffu, s, 0);
+        s = __fmul_rn(scale, s);
         if (softcap != 0.0f) s = __fmul_rn(softcap, tanhf(s / softcap));
         if (lane == 0) sc[i] = s;
         m = fmaxf(m, s);
@@ -58,7 +67,10 @@ extern "C" __global__ void attention(const float* q, const u16* kc, const u16* v
     // exp and the f64 total.
     double total = 0.0;
     for (u32 i = threadIdx.x; i < n; i += blockDim.x) {
-        const float e = expf(sc[i] - m);
+        // Rounded from double: the correctly rounded e^x, which libm's expf (the CPU's)
+        // returns in all but the rarest cases; CUDA's expf is up to 2 ulp off, enough to
+        // move a probability across an f16 rounding boundary now and then.
+        const float e = (float)exp((double)(sc[i] - m));
         sc[i] = e;
         total += (double)e;
     }
