@@ -187,6 +187,23 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// Every kernel source compiles, for the oldest and newest architectures the kernels
+    /// target, wherever NVRTC can be loaded (it needs no GPU or driver); skipped elsewhere.
+    #[test]
+    fn every_family_compiles_where_nvrtc_is_present() {
+        // SAFETY: only tries to dlopen NVRTC by its usual names.
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            eprintln!("no NVRTC here: skipped");
+            return;
+        }
+        for arch in [(7, 5), (9, 0)] {
+            for f in Family::ALL {
+                let ptx = compile(f, &kernels::source(f), arch).unwrap_or_else(|e| panic!("{e}"));
+                assert!(ptx.contains(".entry"), "{f:?}");
+            }
+        }
+    }
+
     #[test]
     fn options_name_the_architecture() {
         assert!(options((9, 0)).contains(&"--gpu-architecture=compute_90".to_string()));

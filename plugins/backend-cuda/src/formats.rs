@@ -6,6 +6,51 @@ use crate::kernels::Family;
 use prima_core::gguf::GgmlType;
 use prima_core::plugin::backend_abi::TensorView;
 
+/// What a format's matmul multiplies against: the CPU backend's "vec_dot type" for it
+/// (plugins/backend-cpu/src/formats/scalar.rs), so both backends compute the same products.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// f32 activations, rounded in the kernel to F16/BF16 for F16/BF16 weights.
+    Float,
+    /// 32-element blocks, f16 scale: Q4_0, Q5_0, Q8_0 weights.
+    Q8_0,
+    /// Q8_0 plus the f16 `s = d·Σq`: Q4_1, Q5_1 weights.
+    Q8_1,
+    /// 256-element blocks, f32 scale and sums of 16: the K-quants.
+    Q8K,
+}
+
+impl Activation {
+    /// The GGUF type the CPU converts activations to.
+    pub fn ggml_type(self) -> Option<GgmlType> {
+        match self {
+            Activation::Float => None,
+            Activation::Q8_0 => Some(GgmlType::Q8_0),
+            Activation::Q8_1 => Some(GgmlType::Q8_1),
+            Activation::Q8K => Some(GgmlType::Q8K),
+        }
+    }
+
+    /// Elements per activation block (quantized kinds).
+    pub fn block_elems(self) -> usize {
+        match self {
+            Activation::Float => 1,
+            Activation::Q8_0 | Activation::Q8_1 => 32,
+            Activation::Q8K => 256,
+        }
+    }
+
+    /// The kernel in `quantize.cu` that writes this kind, if it is quantized.
+    pub fn quantize_kernel(self) -> Option<&'static str> {
+        match self {
+            Activation::Float => None,
+            Activation::Q8_0 => Some("quantize_q8_0"),
+            Activation::Q8_1 => Some("quantize_q8_1"),
+            Activation::Q8K => Some("quantize_q8_k"),
+        }
+    }
+}
+
 /// One supported weight format.
 #[derive(Debug, Clone, Copy)]
 pub struct Format {
@@ -16,16 +61,18 @@ pub struct Format {
     pub matmul: &'static str,
     pub get_rows: &'static str,
     pub family: Family,
+    pub activation: Activation,
 }
 
 macro_rules! f {
-    ($ty:expr, $kernel:literal, $family:expr) => {
+    ($ty:expr, $kernel:literal, $family:expr, $act:ident) => {
         Format {
             ty: $ty,
             kernel: $kernel,
             matmul: concat!("matmul_", $kernel),
             get_rows: concat!("get_rows_", $kernel),
             family: $family,
+            activation: Activation::$act,
         }
     };
 }
@@ -33,19 +80,19 @@ macro_rules! f {
 /// Every format `matmul` and `get_rows` accept: all that the CPU backend multiplies.
 /// Q8_1 and Q8_K are activation formats and never weights.
 pub const FORMATS: [Format; 13] = [
-    f!(GgmlType::F32, "f32", Family::FloatFormats),
-    f!(GgmlType::F16, "f16", Family::FloatFormats),
-    f!(GgmlType::BF16, "bf16", Family::FloatFormats),
-    f!(GgmlType::Q4_0, "q4_0", Family::LegacyQuants),
-    f!(GgmlType::Q4_1, "q4_1", Family::LegacyQuants),
-    f!(GgmlType::Q5_0, "q5_0", Family::LegacyQuants),
-    f!(GgmlType::Q5_1, "q5_1", Family::LegacyQuants),
-    f!(GgmlType::Q8_0, "q8_0", Family::LegacyQuants),
-    f!(GgmlType::Q2K, "q2_k", Family::KQuants),
-    f!(GgmlType::Q3K, "q3_k", Family::KQuants),
-    f!(GgmlType::Q4K, "q4_k", Family::KQuants),
-    f!(GgmlType::Q5K, "q5_k", Family::KQuants),
-    f!(GgmlType::Q6K, "q6_k", Family::KQuants),
+    f!(GgmlType::F32, "f32", Family::FloatFormats, Float),
+    f!(GgmlType::F16, "f16", Family::FloatFormats, Float),
+    f!(GgmlType::BF16, "bf16", Family::FloatFormats, Float),
+    f!(GgmlType::Q4_0, "q4_0", Family::LegacyQuants, Q8_0),
+    f!(GgmlType::Q4_1, "q4_1", Family::LegacyQuants, Q8_1),
+    f!(GgmlType::Q5_0, "q5_0", Family::LegacyQuants, Q8_0),
+    f!(GgmlType::Q5_1, "q5_1", Family::LegacyQuants, Q8_1),
+    f!(GgmlType::Q8_0, "q8_0", Family::LegacyQuants, Q8_0),
+    f!(GgmlType::Q2K, "q2_k", Family::KQuants, Q8K),
+    f!(GgmlType::Q3K, "q3_k", Family::KQuants, Q8K),
+    f!(GgmlType::Q4K, "q4_k", Family::KQuants, Q8K),
+    f!(GgmlType::Q5K, "q5_k", Family::KQuants, Q8K),
+    f!(GgmlType::Q6K, "q6_k", Family::KQuants, Q8K),
 ];
 
 /// The format of GGUF type id `id`, if the GPU reads it.
@@ -129,6 +176,34 @@ mod tests {
             assert_eq!(format_of(ty as u32).is_some(), !activation_only, "{ty}");
         }
         assert!(format_of(99).is_none());
+    }
+
+    #[test]
+    fn activation_kinds_are_the_cpu_backends_vec_dot_types() {
+        // As plugins/backend-cpu/src/formats/scalar.rs pairs them (llama.cpp's pairing).
+        use GgmlType as T;
+        for (ty, want) in [
+            (T::Q4_0, Some(T::Q8_0)),
+            (T::Q5_0, Some(T::Q8_0)),
+            (T::Q8_0, Some(T::Q8_0)),
+            (T::Q4_1, Some(T::Q8_1)),
+            (T::Q5_1, Some(T::Q8_1)),
+            (T::Q2K, Some(T::Q8K)),
+            (T::Q3K, Some(T::Q8K)),
+            (T::Q4K, Some(T::Q8K)),
+            (T::Q5K, Some(T::Q8K)),
+            (T::Q6K, Some(T::Q8K)),
+            (T::F32, None),
+            (T::F16, None),
+            (T::BF16, None),
+        ] {
+            let f = format_of(ty as u32).unwrap();
+            assert_eq!(f.activation.ggml_type(), want, "{ty}");
+            if let Some(a) = want {
+                assert_eq!(f.activation.block_elems(), a.block_elems(), "{ty}");
+                assert_eq!(ty.block_elems() % a.block_elems(), 0, "{ty}");
+            }
+        }
     }
 
     #[test]

@@ -11,7 +11,14 @@
 //! - [`formats`]: the weight formats the GPU reads and the checks before an upload.
 //! - [`device`]: the availability probe and an opened GPU (context, stream, modules).
 //! - [`ops`]: the host side of each operation: checks, uploads, launches, downloads.
+//! - [`rope_table`]: RoPE's cos/sin, computed on the host as the CPU backend computes them.
 //! - [`backend`]: the ABI glue, with every call guarded against panics.
+//!
+//! Numerics: the CPU backend's (its scalar kernels are the oracle). A matmul quantizes its
+//! activations once to the weight format's 8-bit companion (Q8_0, Q8_1, Q8_K) and takes
+//! integer block sums (dp4a) with the CPU's scale arithmetic, summed in the CPU's order;
+//! attention, norms and activations follow the CPU step for step and RoPE's cos/sin come
+//! from the host, so results agree bit for bit (see tests/gpu.rs).
 //!
 //! Status (phase 1): the host-slice ABI v2 in full on one GPU; weights live in VRAM in
 //! their stored blocks, the KV cache is F16 in VRAM, activations cross the bus on every
@@ -23,6 +30,7 @@ pub mod device;
 pub mod formats;
 pub mod kernels;
 pub mod ops;
+pub mod rope_table;
 
 pub use backend::{create_backend, CudaBackend};
 

@@ -14,7 +14,7 @@ use prima_core::gguf::GgmlType;
 use prima_core::plugin::backend_abi::{AttentionParams, KvSpec, RopeParams, TensorView};
 
 use crate::device::{drv, grid_1d, Gpu};
-use crate::formats::WeightShape;
+use crate::formats::{Activation, WeightShape};
 use crate::kernels::{Family, ATT_MAX_HEAD_DIM, ATT_WARPS, MATMUL_TOKENS, MATMUL_WARPS};
 
 pub type OpResult<T> = Result<T, String>;
@@ -28,6 +28,16 @@ pub struct State {
     pub weight_bytes: u64,
     kv: HashMap<u64, KvCache>,
     next_kv: u64,
+}
+
+/// A matmul's activations as quantize.cu writes them (see `matmul_q` in rows.cuh).
+struct QuantizedActivations {
+    q: CudaSlice<i8>,
+    d: CudaSlice<f32>,
+    /// Q8_1's `d·Σq` per block.
+    s: Option<CudaSlice<f32>>,
+    /// Q8_K's sums of 16 quants.
+    bsums: Option<CudaSlice<i16>>,
 }
 
 /// One F16 KV cache: per layer, K and V as `[n_ctx][n_head_kv][head_dim]`.
@@ -199,8 +209,6 @@ impl State {
         let x_dev = self.upload("activations", x)?;
         let mut out_dev = self.alloc("matmul output", out.len())?;
         let n = n_tokens as u32;
-        let stream = self.gpu.stream.clone();
-        let w_dev = self.weight(w.data.as_slice(), w.ggml_type)?;
         let cfg = LaunchConfig {
             grid_dim: (
                 shape.rows.div_ceil(MATMUL_WARPS),
@@ -210,18 +218,107 @@ impl State {
             block_dim: (32 * MATMUL_WARPS, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = stream.launch_builder(&f);
-        b.arg(w_dev)
-            .arg(&x_dev)
-            .arg(&mut out_dev)
-            .arg(&shape.cols)
-            .arg(&shape.rows)
-            .arg(&shape.row_bytes)
-            .arg(&n);
-        // SAFETY: matmul_<fmt>(const u8* w, const float* x, float* out, u32 cols, u32 rows,
-        // u64 row_bytes, u32 n_tokens) with x n_tokens × cols, out n_tokens × rows.
-        drv("launching matmul", unsafe { b.launch(cfg) })?;
+        let stream = self.gpu.stream.clone();
+        match shape.format.activation {
+            Activation::Float => {
+                let w_dev = self.weight(w.data.as_slice(), w.ggml_type)?;
+                let mut b = stream.launch_builder(&f);
+                b.arg(w_dev)
+                    .arg(&x_dev)
+                    .arg(&mut out_dev)
+                    .arg(&shape.cols)
+                    .arg(&shape.rows)
+                    .arg(&shape.row_bytes)
+                    .arg(&n);
+                // SAFETY: matmul_<fmt>(const u8* w, const float* x, float* out, u32 cols,
+                // u32 rows, u64 row_bytes, u32 n_tokens), x n_tokens × cols, out
+                // n_tokens × rows.
+                drv("launching matmul", unsafe { b.launch(cfg) })?;
+            }
+            act => {
+                let a = self.quantize_activations(act, &x_dev, x.len())?;
+                let w_dev = self.weight(w.data.as_slice(), w.ggml_type)?;
+                let null = 0u64;
+                let mut b = stream.launch_builder(&f);
+                b.arg(w_dev).arg(&a.q).arg(&a.d);
+                match &a.s {
+                    Some(s) => b.arg(s),
+                    None => b.arg(&null),
+                };
+                match &a.bsums {
+                    Some(bs) => b.arg(bs),
+                    None => b.arg(&null),
+                };
+                b.arg(&mut out_dev)
+                    .arg(&shape.cols)
+                    .arg(&shape.rows)
+                    .arg(&shape.row_bytes)
+                    .arg(&n);
+                // SAFETY: matmul_<fmt>(const u8* w, const i8* q, const float* d,
+                // const float* s, const short* bsums, float* out, u32 cols, u32 rows,
+                // u64 row_bytes, u32 n_tokens): q n_tokens × cols quants, d (and s) one per
+                // activation block, bsums one per 16 elements (those the kind has; the
+                // kernel reads only those), out n_tokens × rows.
+                drv("launching matmul", unsafe { b.launch(cfg) })?;
+            }
+        }
         self.download("matmul output", &out_dev, out)
+    }
+
+    /// `x` (on the GPU, `n` floats, whole blocks of `act`) quantized as the CPU backend
+    /// quantizes a matmul's activations, once per product.
+    fn quantize_activations(
+        &mut self,
+        act: Activation,
+        x: &CudaSlice<f32>,
+        n: usize,
+    ) -> OpResult<QuantizedActivations> {
+        let kernel = act
+            .quantize_kernel()
+            .ok_or("float activations are not quantized")?;
+        let f = self.gpu.function(Family::Quantize, kernel)?;
+        let n_blocks = n / act.block_elems();
+        let stream = self.gpu.stream.clone();
+        // SAFETY (the three allocations): the quantize kernel writes every element (one
+        // quant per input element, one d/s per block, one sum per 16 elements) before the
+        // matmul reads them.
+        let mut q = drv("allocating activation quants", unsafe {
+            stream.alloc::<i8>(n.max(1))
+        })?;
+        let mut d = self.alloc("activation scales", n_blocks)?;
+        let mut s = match act {
+            Activation::Q8_1 => Some(self.alloc("activation sums", n_blocks)?),
+            _ => None,
+        };
+        let mut bsums = match act {
+            Activation::Q8K => Some(drv("allocating activation sums", unsafe {
+                stream.alloc::<i16>((n / 16).max(1))
+            })?),
+            _ => None,
+        };
+        let nb = n_blocks as u64;
+        // One warp per block, eight warps per thread block.
+        let cfg = LaunchConfig {
+            grid_dim: (n_blocks.div_ceil(8) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = stream.launch_builder(&f);
+        b.arg(x).arg(&mut q).arg(&mut d);
+        if let Some(s) = s.as_mut() {
+            b.arg(s);
+        }
+        if let Some(bs) = bsums.as_mut() {
+            b.arg(bs);
+        }
+        b.arg(&nb);
+        // SAFETY: quantize_q8_0(const float* x, i8* q, float* d, u64 n_blocks),
+        // quantize_q8_1(…, float* d, float* s, u64), quantize_q8_k(…, float* d,
+        // short* bsums, u64): x holds n_blocks whole blocks, the outputs are sized above.
+        drv("launching the activation quantizer", unsafe {
+            b.launch(cfg)
+        })?;
+        Ok(QuantizedActivations { q, d, s, bsums })
     }
 
     pub fn rms_norm(
@@ -359,16 +456,11 @@ impl State {
         if n_rot == 0 || row == 0 || positions.is_empty() {
             return Ok(());
         }
-        let [corr_low, corr_high] = yarn_corr_dims(n_rot, p);
-        let theta_scale = p.freq_base.powf(-2.0 / n_rot as f32);
+        let table = crate::rope_table::table(positions, p, n_rot);
         let f = self.gpu.function(Family::Rope, "rope")?;
         let stream = self.gpu.stream.clone();
         let mut x_dev = self.upload("activations", x)?;
-        let pos_dev = self.upload("positions", positions)?;
-        let ff_dev = factors
-            .map(|f| self.upload("freq_factors", f))
-            .transpose()?;
-        let null = 0u64;
+        let table_dev = self.upload("rope cos/sin", &table)?;
         let (n_tokens, nh, hd, nr) = (
             positions.len() as u32,
             n_head as u32,
@@ -379,25 +471,14 @@ impl State {
         let total = positions.len() as u64 * n_head as u64 * (n_rot / 2) as u64;
         let mut l = stream.launch_builder(&f);
         l.arg(&mut x_dev)
-            .arg(&pos_dev)
+            .arg(&table_dev)
             .arg(&n_tokens)
             .arg(&nh)
             .arg(&hd)
             .arg(&nr)
             .arg(&neox);
-        match &ff_dev {
-            Some(d) => l.arg(d),
-            None => l.arg(&null),
-        };
-        l.arg(&theta_scale)
-            .arg(&p.freq_scale)
-            .arg(&p.ext_factor)
-            .arg(&p.attn_factor)
-            .arg(&corr_low)
-            .arg(&corr_high);
-        // SAFETY: rope(float* x, const u32* positions, u32 n_tokens, u32 n_head, u32 head_dim,
-        // u32 n_rot, u32 neox, const float* freq_factors (null: none), float ×6), x holding
-        // n_tokens × n_head × head_dim, freq_factors n_rot/2 long.
+        // SAFETY: rope(float* x, const float* cs, u32 n_tokens, u32 n_head, u32 head_dim,
+        // u32 n_rot, u32 neox), x holding n_tokens × n_head × head_dim, cs n_tokens × n_rot.
         drv(OP, unsafe { l.launch(grid_1d(total)) })?;
         self.download(OP, &x_dev, x)
     }
@@ -576,11 +657,18 @@ impl State {
             block_dim: (32 * ATT_WARPS, 1, 1),
             shared_mem_bytes: 0,
         };
+        // Softmax scratch: the positions the last token sees, per (token, head).
+        let span = end as u32;
+        // SAFETY: each (token, head) writes its scores before reading them back.
+        let mut scores = drv("allocating attention scores", unsafe {
+            stream.alloc::<f32>(n_tokens * n_head * end)
+        })?;
         let mut l = stream.launch_builder(&attend);
         l.arg(&q_dev)
             .arg(&cache.k[layer])
             .arg(&cache.v[layer])
             .arg(&mut out_dev)
+            .arg(&mut scores)
             .arg(&nh)
             .arg(&nkv)
             .arg(&dk32)
@@ -588,22 +676,13 @@ impl State {
             .arg(&start32)
             .arg(&p.sliding_window)
             .arg(&p.scale)
-            .arg(&p.softcap);
-        // SAFETY: attention(const float* q, const u16* k, const u16* v, float* out, u32 ×6,
-        // float scale, float softcap); the cache layer holds positions ≤ start + n_tokens - 1,
-        // head sizes ≤ ATT_MAX_HEAD_DIM, n_head a multiple of n_head_kv (all checked).
+            .arg(&p.softcap)
+            .arg(&span);
+        // SAFETY: attention(const float* q, const u16* k, const u16* v, float* out,
+        // float* scores, u32 ×6, float scale, float softcap, u32 span); the cache layer holds
+        // positions ≤ start + n_tokens - 1 = span - 1, scores n_tokens × n_head × span, head
+        // sizes ≤ ATT_MAX_HEAD_DIM, n_head a multiple of n_head_kv (all checked).
         drv("launching attention", unsafe { l.launch(cfg) })?;
         self.download("attention output", &out_dev, out)
     }
-}
-
-/// `[low, high]` pairs between which YaRN ramps (as the CPU backend's `corr_dims`).
-pub fn yarn_corr_dims(n_dims: usize, p: &RopeParams<'_>) -> [f32; 2] {
-    use std::f32::consts::PI;
-    let corr_dim = |n_rot: f32| {
-        n_dims as f32 * (p.n_ctx_orig as f32 / (n_rot * 2.0 * PI)).ln() / (2.0 * p.freq_base.ln())
-    };
-    let start = corr_dim(p.beta_fast).floor();
-    let end = corr_dim(p.beta_slow).ceil();
-    [start.max(0.0), end.min(n_dims as f32 - 1.0)]
 }

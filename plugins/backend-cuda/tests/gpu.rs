@@ -3,14 +3,17 @@
 //! Every test returns early, passing, where [`prima_backend_cuda::device::unavailable`]
 //! gives a reason (CI, machines without NVIDIA drivers): there it checks only that the
 //! reason is given and `create` refuses cleanly. On a GPU machine: each weight format's
-//! get_rows and matmul, every element-wise op, RoPE variants, attention variants, and a
-//! generated Llama-shaped model's logits, greedy tokens and decode time.
+//! get_rows and matmul, every element-wise op, RoPE variants, attention variants, and
+//! generated Llama-shaped models' logits, greedy tokens and decode time.
 //!
 //! `PRIMA_GPU_MODEL_OUT=<path>` keeps the generated model (with a stub tokenizer) for
-//! `prima run` comparisons.
+//! `prima run` comparisons; `PRIMA_GPU_REAL_MODELS=<a.gguf,b.gguf>` compares real models
+//! the same way (e.g. SmolLM2 cut to a few layers, small enough to carry to a GPU machine).
 
 use std::time::Instant;
 
+use abi_stable::sabi_trait::TD_Opaque;
+use abi_stable::std_types::{RResult::ROk, RString};
 use abi_stable::std_types::{RSlice, RSliceMut};
 use half::{bf16, f16};
 use prima_backend_cuda::device::unavailable;
@@ -18,7 +21,8 @@ use prima_backend_cuda::formats::FORMATS;
 use prima_core::gguf::{GgmlType, GgufWriter, Value};
 use prima_core::model::{Model, Session};
 use prima_core::plugin::backend_abi::{
-    AttentionParams, BackendBox, BackendConfig, KvSpec, RopeParams, TensorView,
+    AttentionParams, Backend, BackendBox, BackendConfig, BackendResult, Backend_TO, KvSpec,
+    RopeParams, TensorView,
 };
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -119,86 +123,84 @@ fn randn(rng: &mut ChaCha8Rng, n: usize) -> Vec<f32> {
     (0..n).map(|_| rng.gen::<f32>() * 2.0 - 1.0).collect()
 }
 
+/// The largest |gpu − cpu| of a matmul relative to the output's largest magnitude. Both
+/// backends compute each block the same way (the same quantized activations, exact integer
+/// sums, the same float operations) and add a row's blocks in the same order, so the
+/// products are equal bit for bit.
+const MATMUL_REL_TOL: f32 = 0.0;
+
 #[test]
 fn every_weight_format_decodes_and_multiplies_like_the_cpu() {
     let Some(gpu) = cuda() else { return };
     let cpu = cpu();
     let mut rng = ChaCha8Rng::seed_from_u64(7);
+    let mut failures = Vec::new();
     for fmt in FORMATS {
         let ty = fmt.ty;
         assert!(gpu.supports(ty as u32));
-        let (cols, rows) = (512, 67);
-        let w = random_weight(&mut rng, ty, cols, rows);
-        let wv = view(&w, ty, cols, rows);
-        // get_rows: exact decoding.
-        let ids: Vec<u32> = vec![0, 66, 5, 5, 31];
-        let mut want = vec![0f32; ids.len() * cols];
-        let mut got = want.clone();
-        cpu.get_rows(
-            wv,
-            RSlice::from_slice(&ids),
-            RSliceMut::from_mut_slice(&mut want),
-        )
-        .unwrap();
-        gpu.get_rows(
-            wv,
-            RSlice::from_slice(&ids),
-            RSliceMut::from_mut_slice(&mut got),
-        )
-        .unwrap();
-        let d = max_abs_diff(&want, &got);
-        assert!(
-            d <= 1e-6 * max_abs(&want).max(1.0),
-            "{ty}: get_rows differs by {d}"
-        );
-        // matmul against an f64 product of the CPU-decoded rows.
-        let all: Vec<u32> = (0..rows as u32).collect();
-        let mut dense = vec![0f32; rows * cols];
-        cpu.get_rows(
-            wv,
-            RSlice::from_slice(&all),
-            RSliceMut::from_mut_slice(&mut dense),
-        )
-        .unwrap();
-        for n_tokens in [1usize, 3, 9, 17] {
-            let x = randn(&mut rng, n_tokens * cols);
-            let mut reference = vec![0f32; n_tokens * rows];
-            for t in 0..n_tokens {
-                for r in 0..rows {
-                    let s: f64 = (0..cols)
-                        .map(|c| dense[r * cols + c] as f64 * x[t * cols + c] as f64)
-                        .sum();
-                    reference[t * rows + r] = s as f32;
+        // 512 columns: fewer chunks than lanes; 2560: several passes of the warp.
+        for (cols, rows) in [(512, 67), (2560, 33)] {
+            let w = random_weight(&mut rng, ty, cols, rows);
+            let wv = view(&w, ty, cols, rows);
+            // get_rows: exact decoding.
+            let ids: Vec<u32> = vec![0, rows as u32 - 1, 5, 5, 31];
+            let mut want = vec![0f32; ids.len() * cols];
+            let mut got = want.clone();
+            cpu.get_rows(
+                wv,
+                RSlice::from_slice(&ids),
+                RSliceMut::from_mut_slice(&mut want),
+            )
+            .unwrap();
+            gpu.get_rows(
+                wv,
+                RSlice::from_slice(&ids),
+                RSliceMut::from_mut_slice(&mut got),
+            )
+            .unwrap();
+            let d = max_abs_diff(&want, &got);
+            assert!(
+                d <= 1e-6 * max_abs(&want).max(1.0),
+                "{ty}: get_rows differs by {d}"
+            );
+            for n_tokens in [1usize, 3, 9, 17] {
+                // Activations with a spread of magnitudes, a zero block and exact ties, so
+                // the quantizers' rounding and max rules are exercised.
+                let mut x = randn(&mut rng, n_tokens * cols);
+                for (i, v) in x.iter_mut().enumerate() {
+                    *v *= 1.0 + 4.0 * ((i / 32) % 3) as f32;
+                }
+                x[..32].fill(0.0);
+                x[300] = 5.0;
+                x[301] = -5.0;
+                let (mut g, mut c) = (vec![0f32; n_tokens * rows], vec![0f32; n_tokens * rows]);
+                gpu.matmul(
+                    wv,
+                    RSlice::from_slice(&x),
+                    n_tokens as u32,
+                    RSliceMut::from_mut_slice(&mut g),
+                )
+                .unwrap();
+                cpu.matmul(
+                    wv,
+                    RSlice::from_slice(&x),
+                    n_tokens as u32,
+                    RSliceMut::from_mut_slice(&mut c),
+                )
+                .unwrap();
+                let rel = max_abs_diff(&g, &c) / max_abs(&c).max(1e-30);
+                println!(
+                    "{:<5} matmul {cols}x{rows} n={n_tokens:<2}: |gpu-cpu| / max|y| {rel:.2e}  (max |y| {:.2})",
+                    ty.name(),
+                    max_abs(&c)
+                );
+                if rel > MATMUL_REL_TOL {
+                    failures.push(format!("{ty} {cols}x{rows} n={n_tokens}: {rel:.2e}"));
                 }
             }
-            let mut g = vec![0f32; n_tokens * rows];
-            let mut c = vec![0f32; n_tokens * rows];
-            gpu.matmul(
-                wv,
-                RSlice::from_slice(&x),
-                n_tokens as u32,
-                RSliceMut::from_mut_slice(&mut g),
-            )
-            .unwrap();
-            cpu.matmul(
-                wv,
-                RSlice::from_slice(&x),
-                n_tokens as u32,
-                RSliceMut::from_mut_slice(&mut c),
-            )
-            .unwrap();
-            let (dg, dc) = (max_abs_diff(&g, &reference), max_abs_diff(&c, &reference));
-            println!(
-                "{:<5} matmul n={n_tokens:<2}: |gpu-f64| {dg:.2e}  |cpu-f64| {dc:.2e}  (max |y| {:.2})",
-                ty.name(),
-                max_abs(&reference)
-            );
-            assert!(
-                dg <= 1e-4 * max_abs(&reference).max(1.0),
-                "{ty}: matmul off by {dg}"
-            );
         }
     }
+    assert!(failures.is_empty(), "matmuls differ: {failures:?}");
 }
 
 #[test]
@@ -253,13 +255,14 @@ fn element_wise_ops_match_the_cpu() {
             |be, a, _, _| be.scale(RSliceMut::from_mut_slice(a), 0.37).unwrap(),
             0.0,
         ),
+        // The CPU's own e^x, ported operation for operation: equal bits.
         (
             "swiglu",
             |be, a, y, _| {
                 be.swiglu(RSliceMut::from_mut_slice(a), RSlice::from_slice(y))
                     .unwrap()
             },
-            1e-6,
+            0.0,
         ),
         (
             "geglu",
@@ -267,7 +270,7 @@ fn element_wise_ops_match_the_cpu() {
                 be.geglu(RSliceMut::from_mut_slice(a), RSlice::from_slice(y))
                     .unwrap()
             },
-            1e-6,
+            0.0,
         ),
     ];
     for (name, op, tol) in ops {
@@ -331,7 +334,8 @@ fn rope_variants_match_the_cpu() {
         .unwrap();
         let d = max_abs_diff(&a, &b);
         println!("rope neox={neox} factors={with_factors} yarn={yarn}: {d:.2e}");
-        assert!(d < 1e-4, "rope {d}");
+        // The cos/sin table comes from the host, computed as the CPU computes it.
+        assert!(d == 0.0, "rope {d}");
     }
 }
 
@@ -397,7 +401,9 @@ fn attention_variants_match_the_cpu() {
         cpu.kv_truncate(kc, 10).unwrap();
         gpu.kv_truncate(kg, 10).unwrap();
         println!("attention heads {n_head}/{n_head_kv} d {dk} window {window} softcap {softcap}: {worst:.2e}");
-        assert!(worst < 2e-3, "attention {worst}");
+        // The CPU's numerics step for step (f16 queries, q · k in its order, f16
+        // probabilities, f64 total, values summed in key order): equal bits.
+        assert!(worst == 0.0, "attention {worst}");
         cpu.kv_drop(kc);
         gpu.kv_drop(kg);
     }
@@ -500,14 +506,40 @@ fn argmax(v: &[f32]) -> usize {
         .0
 }
 
-/// Prompt logits, greedy tokens and decode time of both backends on a generated model.
+/// Both backends on one model: the CPU decodes greedily; the GPU is fed the CPU's tokens
+/// (so every step's logits are comparable) and also decodes greedily on its own.
 struct Comparison {
-    prompt_diff: f32,
+    /// Largest |cpu − gpu| logit over the prompt and every fed step.
+    max_diff: f32,
+    /// Largest |logit| the CPU gave.
     max_logit: f32,
-    top2_gap: f32,
-    top1_equal: bool,
-    tokens_equal: usize,
-    n_tokens: usize,
+    /// Steps (prompt + fed tokens) whose top-1 agreed, and their number.
+    top1_equal: usize,
+    steps: usize,
+    /// Steps where the CPU's top-2 gap exceeds [`GAP`] but the GPU picked another token.
+    decided_mismatches: usize,
+    /// How many of the greedy tokens agree before the first difference, free-running.
+    greedy_equal: usize,
+    n_greedy: usize,
+    tpot_cpu_ms: f64,
+    tpot_gpu_ms: f64,
+}
+
+/// The top-2 gap above which both backends must pick the same token (as the golden
+/// fixtures require of Prima against llama.cpp).
+const GAP: f32 = 1.0;
+
+fn top2_gap(v: &[f32]) -> f32 {
+    let (mut a, mut b) = (f32::MIN, f32::MIN);
+    for &x in v {
+        if x > a {
+            b = a;
+            a = x;
+        } else if x > b {
+            b = x;
+        }
+    }
+    a - b
 }
 
 fn compare_on(
@@ -518,65 +550,106 @@ fn compare_on(
 ) -> Comparison {
     let model = Model::load(path).unwrap();
     let prompt: Vec<u32> = (0..24).map(|i| (i * 131 + 7) % 4000).collect();
-    let run = |be: &BackendBox, label: &str| {
+    let n_gen = 32;
+    // Greedy decoding; `feed` replaces the model's own choices. Returns every step's logits,
+    // the tokens chosen and the TPOT.
+    let run = |be: &BackendBox, feed: Option<&[u32]>| {
         let mut s = Session::new(&model, be, 256, 64).unwrap();
-        let first = s.eval(&prompt).unwrap().to_vec();
-        let mut tokens = vec![argmax(&first) as u32];
-        let n_gen = 32;
+        let mut logits = vec![s.eval(&prompt).unwrap().to_vec()];
+        let mut tokens = vec![argmax(&logits[0]) as u32];
         let t0 = Instant::now();
-        for _ in 0..n_gen {
-            let l = s.eval(&[*tokens.last().unwrap()]).unwrap().to_vec();
+        for i in 0..n_gen {
+            let next = feed.map_or(tokens[i], |f| f[i]);
+            let l = s.eval(&[next]).unwrap().to_vec();
             tokens.push(argmax(&l) as u32);
+            logits.push(l);
         }
         let tpot = t0.elapsed().as_secs_f64() * 1000.0 / n_gen as f64;
-        println!("{name} {label}: TPOT {tpot:.2} ms over {n_gen} tokens");
-        (first, tokens)
+        (logits, tokens, tpot)
     };
-    let _ = run(gpu, "cuda (warm-up: weight upload)");
-    let (lc, tc) = run(cpu, "cpu");
-    let (lg, tg) = run(gpu, "cuda");
-    let mut sorted = lc.clone();
-    sorted.sort_by(|a, b| b.total_cmp(a));
-    let c = Comparison {
-        prompt_diff: max_abs_diff(&lc, &lg),
-        max_logit: max_abs(&lc),
-        top2_gap: sorted[0] - sorted[1],
-        top1_equal: argmax(&lc) == argmax(&lg),
-        tokens_equal: tc.iter().zip(&tg).take_while(|(a, b)| a == b).count(),
-        n_tokens: tc.len(),
+    let _ = run(gpu, None); // warm-up: weight upload, module load
+    let (lc, tc, tpot_cpu_ms) = run(cpu, None);
+    let (_, tg, tpot_gpu_ms) = run(gpu, None);
+    let (lf, tf, _) = run(gpu, Some(&tc));
+    let mut c = Comparison {
+        max_diff: 0.0,
+        max_logit: 0.0,
+        top1_equal: 0,
+        steps: lc.len(),
+        decided_mismatches: 0,
+        greedy_equal: tc.iter().zip(&tg).take_while(|(a, b)| a == b).count(),
+        n_greedy: tc.len(),
+        tpot_cpu_ms,
+        tpot_gpu_ms,
     };
+    for (step, (a, b)) in lc.iter().zip(&lf).enumerate() {
+        c.max_diff = c.max_diff.max(max_abs_diff(a, b));
+        c.max_logit = c.max_logit.max(max_abs(a));
+        if tc[step] == tf[step] {
+            c.top1_equal += 1;
+        } else {
+            let gap = top2_gap(a);
+            if gap > GAP {
+                c.decided_mismatches += 1;
+            }
+            println!(
+                "{name}: step {step}: cpu {} gpu {} (cpu top-2 gap {gap:.3})",
+                tc[step], tf[step]
+            );
+        }
+    }
     println!(
-        "{name}: prompt logits max |cpu-gpu| {:.2e} (max |logit| {:.2}, cpu top-2 gap {:.3}); top-1 equal {}; greedy tokens equal for the first {}/{}",
-        c.prompt_diff, c.max_logit, c.top2_gap, c.top1_equal, c.tokens_equal, c.n_tokens
+        "{name}: logits max |cpu-gpu| {:.2e} over {} steps (max |logit| {:.2}, {:.1e} of it); \
+         top-1 equal {}/{}, {} differ where the cpu's top-2 gap > {GAP}; free-running greedy \
+         tokens equal for the first {}/{}; TPOT cpu {:.2} ms, cuda {:.2} ms",
+        c.max_diff,
+        c.steps,
+        c.max_logit,
+        c.max_diff / c.max_logit.max(1e-30),
+        c.top1_equal,
+        c.steps,
+        c.decided_mismatches,
+        c.greedy_equal,
+        c.n_greedy,
+        c.tpot_cpu_ms,
+        c.tpot_gpu_ms
     );
     c
 }
 
 #[test]
 fn a_generated_f32_model_gives_the_cpus_logits_and_tokens() {
-    // With F32 weights the CPU multiplies in f32 without quantizing activations, so the two
-    // backends should agree to rounding; this checks the whole forward pass (RoPE, the KV
-    // cache across steps, attention, norms) rather than the formats.
+    // With F32 weights neither backend quantizes activations; this checks the whole
+    // forward pass (RoPE, the KV cache across steps, attention, norms) rather than the
+    // formats. Logits equal bit for bit (see `MODEL_TOL`).
     let Some(gpu) = cuda() else { return };
     let cpu = cpu();
     let path = std::env::temp_dir().join("prima-cuda-test-f32.gguf");
     let f = GgmlType::F32;
     write_model(&path, 2, [[f; 7]; 2], [f, f]);
     let c = compare_on("f32 model", &path, &cpu, &gpu);
-    assert!(
-        c.prompt_diff <= 1e-3 * c.max_logit.max(1.0),
-        "logits differ by {}",
-        c.prompt_diff
-    );
-    assert_eq!(c.tokens_equal, c.n_tokens);
+    assert!(c.max_diff <= MODEL_TOL, "logits differ by {}", c.max_diff);
+    assert_eq!(c.decided_mismatches, 0);
+    assert_eq!(c.greedy_equal, c.n_greedy);
 }
 
+/// Largest |Δlogit| between the backends on a whole model: none. Every operation gives the
+/// CPU's bits (see `each_operation_inside_a_model_matches_the_cpu`), so logits do too;
+/// measured on an H100 for the generated F32 and quantized models and SmolLM2 Q4_K_M cut to
+/// 4 layers. The one step that leans on a library is attention's e^x (libm's expf on the
+/// CPU, e^x rounded from double on the GPU), whose rare last-bit difference the f16
+/// probabilities absorb. How far off the alternatives were, on an H100: f32 activations
+/// (phase 1) 7.6e-2 of the largest logit on the random model; the CPU's quantization but
+/// blocks summed in another order, CUDA's cos/sin/exp and q · k in another order 2.5e-2 on
+/// the random model and 6.4e-3 on the SmolLM2 cuts (Q4_K_M and Q4_1), greedy tokens equal.
+const MODEL_TOL: f32 = 0.0;
+
 #[test]
-fn a_generated_quantized_model_stays_close_to_the_cpu() {
-    // The CPU quantizes activations to 8 bits before each product (as llama.cpp does), the
-    // GPU (phase 1) multiplies f32 activations: within ~1% per product (see the format
-    // test), which a random model's layers amplify. Reported; top-1 asserted only where
-    // the CPU's top-2 gap exceeds 1.0, as the golden fixtures do.
+fn a_generated_quantized_model_gives_the_cpus_logits_and_tokens() {
+    // Both backends quantize activations once per product to the same 8-bit companion
+    // format and take integer block sums (see `MODEL_TOL`).
+    // Greedy tokens must agree wherever the CPU's top-2 gap exceeds 1.0, as the golden
+    // fixtures require.
     let Some(gpu) = cuda() else { return };
     let cpu = cpu();
     let path = std::env::var_os("PRIMA_GPU_MODEL_OUT")
@@ -588,23 +661,290 @@ fn a_generated_quantized_model_stays_close_to_the_cpu() {
             T::Q4_0,
             T::Q4_1,
             T::Q8_0,
-            T::Q4_0,
+            T::Q5_0,
             T::Q4_1,
-            T::Q4_1,
+            T::Q5_1,
             T::Q8_0,
         ],
-        [T::Q4K, T::Q4K, T::Q6K, T::Q4K, T::Q5K, T::Q4K, T::Q6K],
+        [T::Q4K, T::Q3K, T::Q6K, T::Q4K, T::Q5K, T::Q2K, T::Q6K],
     ];
     write_model(&path, 8, mixes, [T::Q8_0, T::Q6K]);
     let c = compare_on("quantized model", &path, &cpu, &gpu);
-    if c.top2_gap > 1.0 {
-        assert!(c.top1_equal);
+    assert_eq!(c.decided_mismatches, 0);
+    assert!(c.max_diff <= MODEL_TOL, "logits differ by {}", c.max_diff);
+    assert_eq!(c.greedy_equal, c.n_greedy);
+}
+
+/// Real weights, where the machine has them: `PRIMA_GPU_REAL_MODELS` lists GGUF files
+/// (comma-separated), e.g. SmolLM2 cut to its first layers (see the README's GPU notes).
+#[test]
+fn real_models_give_the_cpus_logits_and_tokens() {
+    let Some(list) = std::env::var_os("PRIMA_GPU_REAL_MODELS") else {
+        return;
+    };
+    let Some(gpu) = cuda() else { return };
+    let cpu = cpu();
+    for path in list.to_string_lossy().split(',').filter(|p| !p.is_empty()) {
+        let path = std::path::Path::new(path);
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        let c = compare_on(&name, path, &cpu, &gpu);
+        assert_eq!(c.decided_mismatches, 0, "{name}");
+        assert!(
+            c.max_diff <= MODEL_TOL,
+            "{name}: logits differ by {}",
+            c.max_diff
+        );
+        assert_eq!(c.greedy_equal, c.n_greedy, "{name}");
     }
-    assert!(
-        c.prompt_diff < 0.25 * c.max_logit.max(1.0),
-        "logits differ by {}",
-        c.prompt_diff
+}
+
+/// Per kind of operation: (calls, calls that differed, largest |Δ|).
+type OpStats =
+    std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<&'static str, (u32, u32, f32)>>>;
+
+/// Both backends behind one: every operation runs on the CPU and on the GPU with the same
+/// inputs, the CPU's result goes on, and each kind of operation records how often and how
+/// far the GPU's differed. Tells which operation a model-level difference starts in.
+struct Tee {
+    cpu: BackendBox,
+    gpu: BackendBox,
+    /// cpu KV id → gpu KV id.
+    kv: std::sync::Mutex<std::collections::HashMap<u64, u64>>,
+    stats: OpStats,
+}
+
+impl Tee {
+    fn note(&self, op: &'static str, cpu: &[f32], gpu: &[f32]) {
+        let d = max_abs_diff(cpu, gpu);
+        let mut st = self.stats.lock().unwrap();
+        let e = st.entry(op).or_insert((0, 0, 0.0));
+        e.0 += 1;
+        if d > 0.0 || cpu.iter().zip(gpu).any(|(a, b)| a.to_bits() != b.to_bits()) {
+            e.1 += 1;
+        }
+        e.2 = e.2.max(d);
+    }
+
+    /// Runs `f` on both with copies of `buf`, keeps the CPU's.
+    fn both(
+        &self,
+        op: &'static str,
+        buf: &mut [f32],
+        f: impl Fn(&BackendBox, &mut [f32]) -> BackendResult<()>,
+    ) -> BackendResult<()> {
+        let mut g = buf.to_vec();
+        f(&self.gpu, &mut g).unwrap();
+        let r = f(&self.cpu, buf);
+        self.note(op, buf, &g);
+        r
+    }
+}
+
+impl Backend for Tee {
+    fn name(&self) -> RString {
+        "tee".into()
+    }
+    fn describe(&self) -> RString {
+        "cpu + cuda".into()
+    }
+    fn supports(&self, t: u32) -> bool {
+        self.cpu.supports(t) && self.gpu.supports(t)
+    }
+    fn get_rows(
+        &self,
+        table: TensorView<'_>,
+        ids: RSlice<'_, u32>,
+        mut out: RSliceMut<'_, f32>,
+    ) -> BackendResult<()> {
+        self.both("get_rows", out.as_mut_slice(), |be, o| {
+            be.get_rows(table, ids, RSliceMut::from_mut_slice(o))
+        })
+    }
+    fn matmul(
+        &self,
+        w: TensorView<'_>,
+        x: RSlice<'_, f32>,
+        n: u32,
+        mut out: RSliceMut<'_, f32>,
+    ) -> BackendResult<()> {
+        let op = match GgmlType::from_id(w.ggml_type).map(|t| t.name()) {
+            Some("F32") => "matmul F32",
+            Some("F16") => "matmul F16",
+            Some("Q4_0") => "matmul Q4_0",
+            Some("Q4_1") => "matmul Q4_1",
+            Some("Q5_0") => "matmul Q5_0",
+            Some("Q5_1") => "matmul Q5_1",
+            Some("Q8_0") => "matmul Q8_0",
+            Some("Q2_K") => "matmul Q2_K",
+            Some("Q3_K") => "matmul Q3_K",
+            Some("Q4_K") => "matmul Q4_K",
+            Some("Q5_K") => "matmul Q5_K",
+            Some("Q6_K") => "matmul Q6_K",
+            _ => "matmul other",
+        };
+        self.both(op, out.as_mut_slice(), |be, o| {
+            be.matmul(w, x, n, RSliceMut::from_mut_slice(o))
+        })
+    }
+    fn rms_norm(
+        &self,
+        x: RSlice<'_, f32>,
+        w: TensorView<'_>,
+        eps: f32,
+        mut out: RSliceMut<'_, f32>,
+    ) -> BackendResult<()> {
+        self.both("rms_norm", out.as_mut_slice(), |be, o| {
+            be.rms_norm(x, w, eps, RSliceMut::from_mut_slice(o))
+        })
+    }
+    fn add(&self, mut acc: RSliceMut<'_, f32>, x: RSlice<'_, f32>) -> BackendResult<()> {
+        self.both("add", acc.as_mut_slice(), |be, o| {
+            be.add(RSliceMut::from_mut_slice(o), x)
+        })
+    }
+    fn add_bias(&self, mut x: RSliceMut<'_, f32>, b: TensorView<'_>) -> BackendResult<()> {
+        self.both("add_bias", x.as_mut_slice(), |be, o| {
+            be.add_bias(RSliceMut::from_mut_slice(o), b)
+        })
+    }
+    fn scale(&self, mut x: RSliceMut<'_, f32>, v: f32) -> BackendResult<()> {
+        self.both("scale", x.as_mut_slice(), |be, o| {
+            be.scale(RSliceMut::from_mut_slice(o), v)
+        })
+    }
+    fn rope(
+        &self,
+        mut x: RSliceMut<'_, f32>,
+        n_head: u32,
+        head_dim: u32,
+        pos: RSlice<'_, u32>,
+        p: RopeParams<'_>,
+    ) -> BackendResult<()> {
+        self.both("rope", x.as_mut_slice(), |be, o| {
+            be.rope(RSliceMut::from_mut_slice(o), n_head, head_dim, pos, p)
+        })
+    }
+    fn swiglu(&self, mut g: RSliceMut<'_, f32>, up: RSlice<'_, f32>) -> BackendResult<()> {
+        self.both("swiglu", g.as_mut_slice(), |be, o| {
+            be.swiglu(RSliceMut::from_mut_slice(o), up)
+        })
+    }
+    fn geglu(&self, mut g: RSliceMut<'_, f32>, up: RSlice<'_, f32>) -> BackendResult<()> {
+        self.both("geglu", g.as_mut_slice(), |be, o| {
+            be.geglu(RSliceMut::from_mut_slice(o), up)
+        })
+    }
+    fn kv_create(&self, spec: KvSpec) -> BackendResult<u64> {
+        let g = self.gpu.kv_create(spec).unwrap();
+        let c = self.cpu.kv_create(spec).unwrap();
+        self.kv.lock().unwrap().insert(c, g);
+        ROk(c)
+    }
+    fn kv_drop(&self, kv: u64) {
+        if let Some(g) = self.kv.lock().unwrap().remove(&kv) {
+            self.gpu.kv_drop(g);
+        }
+        self.cpu.kv_drop(kv);
+    }
+    fn kv_truncate(&self, kv: u64, n: u32) -> BackendResult<()> {
+        let g = self.kv.lock().unwrap()[&kv];
+        self.gpu.kv_truncate(g, n).unwrap();
+        self.cpu.kv_truncate(kv, n)
+    }
+    fn attention(
+        &self,
+        kv: u64,
+        q: RSlice<'_, f32>,
+        k: RSlice<'_, f32>,
+        v: RSlice<'_, f32>,
+        p: AttentionParams,
+        mut out: RSliceMut<'_, f32>,
+    ) -> BackendResult<()> {
+        let g = self.kv.lock().unwrap()[&kv];
+        let mut go = out.as_slice().to_vec();
+        self.gpu
+            .attention(g, q, k, v, p, RSliceMut::from_mut_slice(&mut go))
+            .unwrap();
+        let r = self.cpu.attention(
+            kv,
+            q,
+            k,
+            v,
+            p,
+            RSliceMut::from_mut_slice(out.as_mut_slice()),
+        );
+        self.note("attention", out.as_slice(), &go);
+        r
+    }
+    fn idle(&self) {
+        self.cpu.idle();
+        self.gpu.idle();
+    }
+}
+
+/// Every operation of a model's forward pass (generated models, and the real ones of
+/// `PRIMA_GPU_REAL_MODELS`), run on both backends with the same inputs: reports, per kind
+/// of operation, how many calls differed and by how much. (On an H100, before attention's
+/// q · k followed the CPU's summation order: everything bit for bit except 2–3 attention
+/// calls in 10–20, max |Δ| 1.7e-4, which then grew through the layers.)
+#[test]
+fn each_operation_inside_a_model_matches_the_cpu() {
+    let Some(gpu) = cuda() else { return };
+    let cpu = cpu();
+    let stats = OpStats::default();
+    let tee = Backend_TO::from_value(
+        Tee {
+            cpu,
+            gpu,
+            kv: Default::default(),
+            stats: stats.clone(),
+        },
+        TD_Opaque,
     );
+    let mut paths = vec![
+        std::env::temp_dir().join("prima-cuda-test-f32.gguf"),
+        std::env::temp_dir().join("prima-cuda-test-model.gguf"),
+    ];
+    let f = GgmlType::F32;
+    write_model(&paths[0], 2, [[f; 7]; 2], [f, f]);
+    use GgmlType as T;
+    let mixes = [
+        [
+            T::Q4_0,
+            T::Q4_1,
+            T::Q8_0,
+            T::Q5_0,
+            T::Q4_1,
+            T::Q5_1,
+            T::Q8_0,
+        ],
+        [T::Q4K, T::Q3K, T::Q6K, T::Q4K, T::Q5K, T::Q2K, T::Q6K],
+    ];
+    write_model(&paths[1], 2, mixes, [T::Q8_0, T::Q6K]);
+    if let Some(list) = std::env::var_os("PRIMA_GPU_REAL_MODELS") {
+        for p in list.to_string_lossy().split(',').filter(|p| !p.is_empty()) {
+            paths.push(p.into());
+        }
+    }
+    let mut differing = Vec::new();
+    for path in &paths {
+        stats.lock().unwrap().clear();
+        let model = Model::load(path).unwrap();
+        let prompt: Vec<u32> = (0..24).map(|i| (i * 131 + 7) % 4000).collect();
+        let mut s = Session::new(&model, &tee, 256, 64).unwrap();
+        let mut next = argmax(s.eval(&prompt).unwrap()) as u32;
+        for _ in 0..4 {
+            next = argmax(s.eval(&[next]).unwrap()) as u32;
+        }
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        for (op, (calls, diff, worst)) in stats.lock().unwrap().iter() {
+            println!("{name}: {op:<12} {calls:>4} calls, {diff:>4} differ, max |Δ| {worst:.2e}");
+            if *diff > 0 {
+                differing.push(format!("{name} {op}: {worst:.2e}"));
+            }
+        }
+    }
+    assert!(differing.is_empty(), "differ from the CPU: {differing:?}");
 }
 
 #[test]

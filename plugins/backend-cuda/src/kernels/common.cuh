@@ -44,3 +44,52 @@ __device__ __forceinline__ float warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
+
+__device__ __forceinline__ int warp_sum_int(int v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Rounds to f16 and back (round to nearest even), as the CPU's F16 activations are.
+__device__ __forceinline__ float round_f16(float f) {
+    return f16_to_f32(f32_to_f16(f));
+}
+
+// Rounds to bf16 and back: nearest even, NaN kept quiet (the `half` crate's rule, which
+// the CPU's BF16 activations use).
+__device__ __forceinline__ float round_bf16(float f) {
+    const u32 x = __float_as_uint(f);
+    u32 h;
+    if ((x & 0x7fffffffu) > 0x7f800000u) {
+        h = (x >> 16) | 0x40u;
+    } else if ((x & 0x8000u) != 0 && (x & 0x17fffu) != 0) {
+        h = (x >> 16) + 1;
+    } else {
+        h = x >> 16;
+    }
+    return __uint_as_float(h << 16);
+}
+
+// Four signed bytes of `a` times those of `b`, summed into `c` (sm_61+).
+__device__ __forceinline__ int dp4a(int a, int b, int c) {
+    int r;
+    asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
+}
+
+// Each byte of `v` (every one in 0..127) minus `k` (≤ 128), as four signed bytes: the
+// set top bits stop borrows from crossing bytes.
+__device__ __forceinline__ int sub_bytes(u32 v, u32 k) {
+    return (int)(((v | 0x80808080u) - k * 0x01010101u) ^ 0x80808080u);
+}
+
+// A little-endian u32 from a 2-byte aligned address (blocks of 18, 22, 34, 110, 210 bytes).
+__device__ __forceinline__ u32 ld_u32_a2(const u8* p) {
+    const u16* h = (const u16*)p;
+    return (u32)h[0] | ((u32)h[1] << 16);
+}
+
+// A u32 from a 4-byte aligned address.
+__device__ __forceinline__ u32 ld_u32_a4(const u8* p) {
+    return *(const u32*)p;
+}

@@ -88,8 +88,148 @@ __device__ __forceinline__ void deq_q6_k(const u8* b, int sub, float* y) {
     }
 }
 
-ROW_KERNELS(q2_k, 256, 84)
-ROW_KERNELS(q3_k, 256, 110)
-ROW_KERNELS(q4_k, 256, 144)
-ROW_KERNELS(q5_k, 256, 176)
-ROW_KERNELS(q6_k, 256, 210)
+GET_ROWS(q2_k, 256, 84)
+GET_ROWS(q3_k, 256, 110)
+GET_ROWS(q4_k, 256, 144)
+GET_ROWS(q5_k, 256, 176)
+GET_ROWS(q6_k, 256, 210)
+
+// Integer dot products against Q8_K activations, for matmul_q (rows.cuh). Chunk `sub` is
+// elements 32 sub … 32 sub + 31 of the super-block (wq[j]: 4j … 4j + 3 of the chunk), i.e.
+// 16-element groups 2 sub and 2 sub + 1; b0, b1 are the activation's sums of those groups.
+// `partial` gives the chunk's share of the CPU's `isum` (Σ scale · group dot) and `msum`
+// (Σ min · bsums); `combine` is the CPU's formula (formats/k_quants/*.rs `vec_dot`).
+
+// The signed 6-bit scale j of a Q3_K block (12 packed bytes).
+__device__ __forceinline__ int q3_k_scale(const u8* packed, int j) {
+    const int low = (packed[j % 8] >> (4 * (j / 8))) & 15;
+    const int high = (packed[8 + j % 4] >> (2 * (j / 4))) & 3;
+    return (low | (high << 4)) - 32;
+}
+
+struct dot_q2_k {
+    static constexpr u32 QK = 256, BYTES = 84, AQK = 256;
+    static __device__ __forceinline__ void decode(const u8* b, int sub, int* wq, int* k) {
+        const u8* qs = b + 16 + 32 * (sub / 4);
+        const int shift = 2 * (sub % 4);
+#pragma unroll
+        for (int j = 0; j < 8; j++) wq[j] = (int)((ld_u32_a4(qs + 4 * j) >> shift) & 0x03030303u);
+        const u8 s0 = b[2 * sub], s1 = b[2 * sub + 1];
+        k[0] = s0 & 15;
+        k[1] = s1 & 15;
+        k[2] = s0 >> 4;
+        k[3] = s1 >> 4;
+    }
+    static __device__ __forceinline__ void partial(const int* wq, const int* k, const int* a,
+                                                   int b0, int b1, int* ip, int* mp) {
+        *ip = k[0] * dot4(wq, a) + k[1] * dot4(wq + 4, a + 4);
+        *mp = k[2] * b0 + k[3] * b1;
+    }
+    // sum += d_a · d · isum − d_a · dmin · msum
+    static __device__ __forceinline__ float combine(const u8* b, int ip, int mp, float da, float) {
+        return __fsub_rn(__fmul_rn(__fmul_rn(da, ld_f16(b + 80)), (float)ip),
+                         __fmul_rn(__fmul_rn(da, ld_f16(b + 82)), (float)mp));
+    }
+};
+
+struct dot_q3_k {
+    static constexpr u32 QK = 256, BYTES = 110, AQK = 256;
+    static __device__ __forceinline__ void decode(const u8* b, int sub, int* wq, int* k) {
+        const u8* qs = b + 32 + 32 * (sub / 4);
+        const int shift = 2 * (sub % 4);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const u32 low = (ld_u32_a2(qs + 4 * j) >> shift) & 0x03030303u;
+            const u32 high = (ld_u32_a2(b + 4 * j) >> sub) & 0x01010101u;
+            wq[j] = sub_bytes(low | (high << 2), 4);
+        }
+        k[0] = q3_k_scale(b + 96, 2 * sub);
+        k[1] = q3_k_scale(b + 96, 2 * sub + 1);
+    }
+    static __device__ __forceinline__ void partial(const int* wq, const int* k, const int* a, int,
+                                                   int, int* ip, int*) {
+        *ip = k[0] * dot4(wq, a) + k[1] * dot4(wq + 4, a + 4);
+    }
+    // sum += d_a · d · isum
+    static __device__ __forceinline__ float combine(const u8* b, int ip, int, float da, float) {
+        return __fmul_rn(__fmul_rn(da, ld_f16(b + 108)), (float)ip);
+    }
+};
+
+struct dot_q4_k {
+    static constexpr u32 QK = 256, BYTES = 144, AQK = 256;
+    static __device__ __forceinline__ void decode(const u8* b, int sub, int* wq, int* k) {
+        const u8* qs = b + 16 + 32 * (sub / 2);
+        const int shift = 4 * (sub % 2);
+#pragma unroll
+        for (int j = 0; j < 8; j++) wq[j] = (int)((ld_u32_a4(qs + 4 * j) >> shift) & 0x0f0f0f0fu);
+        scale_min_k4(sub, b + 4, &k[0], &k[1]);
+    }
+    static __device__ __forceinline__ void partial(const int* wq, const int* k, const int* a,
+                                                   int b0, int b1, int* ip, int* mp) {
+        *ip = k[0] * dot8(wq, a);
+        *mp = k[1] * (b0 + b1);
+    }
+    // sum += d_a · d · isum − d_a · dmin · msum
+    static __device__ __forceinline__ float combine(const u8* b, int ip, int mp, float da, float) {
+        return __fsub_rn(__fmul_rn(__fmul_rn(da, ld_f16(b)), (float)ip),
+                         __fmul_rn(__fmul_rn(da, ld_f16(b + 2)), (float)mp));
+    }
+};
+
+struct dot_q5_k {
+    static constexpr u32 QK = 256, BYTES = 176, AQK = 256;
+    static __device__ __forceinline__ void decode(const u8* b, int sub, int* wq, int* k) {
+        const u8* qs = b + 48 + 32 * (sub / 2);
+        const int shift = 4 * (sub % 2);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const u32 low = (ld_u32_a4(qs + 4 * j) >> shift) & 0x0f0f0f0fu;
+            const u32 high = (ld_u32_a4(b + 16 + 4 * j) >> sub) & 0x01010101u;
+            wq[j] = (int)(low | (high << 4));
+        }
+        scale_min_k4(sub, b + 4, &k[0], &k[1]);
+    }
+    static __device__ __forceinline__ void partial(const int* wq, const int* k, const int* a,
+                                                   int b0, int b1, int* ip, int* mp) {
+        *ip = k[0] * dot8(wq, a);
+        *mp = k[1] * (b0 + b1);
+    }
+    // sum += d_a · d · isum − d_a · dmin · msum
+    static __device__ __forceinline__ float combine(const u8* b, int ip, int mp, float da, float) {
+        return __fsub_rn(__fmul_rn(__fmul_rn(da, ld_f16(b)), (float)ip),
+                         __fmul_rn(__fmul_rn(da, ld_f16(b + 2)), (float)mp));
+    }
+};
+
+struct dot_q6_k {
+    static constexpr u32 QK = 256, BYTES = 210, AQK = 256;
+    static __device__ __forceinline__ void decode(const u8* b, int sub, int* wq, int* k) {
+        const int h = sub / 4, r = sub % 4;
+        const u8* ql = b + 64 * h + 32 * (r % 2);
+        const u8* qh = b + 128 + 32 * h;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const u32 low = (ld_u32_a2(ql + 4 * j) >> (4 * (r / 2))) & 0x0f0f0f0fu;
+            const u32 high = (ld_u32_a2(qh + 4 * j) >> (2 * r)) & 0x03030303u;
+            wq[j] = sub_bytes(low | (high << 4), 32);
+        }
+        const i8* scales = (const i8*)(b + 192);
+        k[0] = scales[2 * sub];
+        k[1] = scales[2 * sub + 1];
+    }
+    static __device__ __forceinline__ void partial(const int* wq, const int* k, const int* a, int,
+                                                   int, int* ip, int*) {
+        *ip = k[0] * dot4(wq, a) + k[1] * dot4(wq + 4, a + 4);
+    }
+    // sum += d_a · d · isum
+    static __device__ __forceinline__ float combine(const u8* b, int ip, int, float da, float) {
+        return __fmul_rn(__fmul_rn(da, ld_f16(b + 208)), (float)ip);
+    }
+};
+
+QUANT_MATMUL(q2_k, dot_q2_k)
+QUANT_MATMUL(q3_k, dot_q3_k)
+QUANT_MATMUL(q4_k, dot_q4_k)
+QUANT_MATMUL(q5_k, dot_q5_k)
+QUANT_MATMUL(q6_k, dot_q6_k)

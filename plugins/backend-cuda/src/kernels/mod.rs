@@ -7,7 +7,8 @@
 
 /// Integer types, f16/bf16 conversions, byte loads, warp reductions.
 const COMMON: &str = include_str!("common.cuh");
-/// `ROW_KERNELS(name, QK, BYTES)`: get_rows and matmul for one weight format.
+/// `GET_ROWS`, `FLOAT_MATMUL` and `QUANT_MATMUL` (the `matmul_q` template): the row
+/// kernels each weight format instantiates.
 const ROWS: &str = include_str!("rows.cuh");
 
 /// A compilation unit: one NVRTC program, one CUDA module.
@@ -19,6 +20,8 @@ pub enum Family {
     LegacyQuants,
     /// Q2_K, Q3_K, Q4_K, Q5_K, Q6_K.
     KQuants,
+    /// Activations to Q8_0, Q8_1, Q8_K before a quantized matmul.
+    Quantize,
     /// rms_norm, add, add_bias, scale, swiglu, geglu.
     Elementwise,
     Rope,
@@ -27,10 +30,11 @@ pub enum Family {
 }
 
 impl Family {
-    pub const ALL: [Family; 6] = [
+    pub const ALL: [Family; 7] = [
         Family::FloatFormats,
         Family::LegacyQuants,
         Family::KQuants,
+        Family::Quantize,
         Family::Elementwise,
         Family::Rope,
         Family::Attention,
@@ -42,6 +46,7 @@ impl Family {
             Family::FloatFormats => "formats_float",
             Family::LegacyQuants => "formats_legacy",
             Family::KQuants => "formats_k",
+            Family::Quantize => "quantize",
             Family::Elementwise => "elementwise",
             Family::Rope => "rope",
             Family::Attention => "attention",
@@ -53,6 +58,7 @@ impl Family {
             Family::FloatFormats => include_str!("formats_float.cu"),
             Family::LegacyQuants => include_str!("formats_legacy.cu"),
             Family::KQuants => include_str!("formats_k.cu"),
+            Family::Quantize => include_str!("quantize.cu"),
             Family::Elementwise => include_str!("elementwise.cu"),
             Family::Rope => include_str!("rope.cu"),
             Family::Attention => include_str!("attention.cu"),
@@ -106,7 +112,7 @@ mod tests {
             let s = source(f);
             assert!(s.contains("f16_to_f32"), "{f:?}");
             assert!(s.contains(f.body()), "{f:?}");
-            assert_eq!(s.contains("#define ROW_KERNELS"), f.uses_rows(), "{f:?}");
+            assert_eq!(s.contains("#define GET_ROWS"), f.uses_rows(), "{f:?}");
         }
     }
 
@@ -125,10 +131,21 @@ mod tests {
         for fmt in crate::formats::FORMATS {
             let s = source(fmt.family);
             assert!(
-                s.contains(&format!("ROW_KERNELS({}, ", fmt.kernel)),
+                s.contains(&format!("GET_ROWS({}, ", fmt.kernel)),
                 "{}",
                 fmt.kernel
             );
+            let matmul = match fmt.activation {
+                crate::formats::Activation::Float => format!("FLOAT_MATMUL({}, ", fmt.kernel),
+                _ => format!("QUANT_MATMUL({}, dot_{})", fmt.kernel, fmt.kernel),
+            };
+            assert!(s.contains(&matmul), "{matmul}");
+            if let Some(q) = fmt.activation.quantize_kernel() {
+                assert!(
+                    source(Family::Quantize).contains(&format!("void {q}(")),
+                    "{q}"
+                );
+            }
             assert!(
                 s.contains(&format!("deq_{}(", fmt.kernel)),
                 "{}",

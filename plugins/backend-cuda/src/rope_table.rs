@@ -1,0 +1,99 @@
+//! RoPE's (cos, sin) per token and pair, computed on the host exactly as the CPU backend's
+//! `fill_cache` computes them (plugins/backend-cpu/src/ops/rope.rs, the oracle): the same
+//! f32 operations and the host's own `cosf`/`sinf`, so the GPU rotates by the CPU's bits.
+//! A GPU's cos/sin are an ulp apart now and then, and each such ulp can move an activation
+//! across a quantization boundary downstream. The table is small (n_tokens × n_rot floats)
+//! and only the rotation runs on the GPU (rope.cu).
+
+use std::f32::consts::PI;
+
+use prima_core::plugin::backend_abi::RopeParams;
+
+/// `[low, high]` dims between which YaRN ramps from extrapolation to interpolation.
+pub fn yarn_corr_dims(n_dims: usize, p: &RopeParams<'_>) -> [f32; 2] {
+    let corr_dim = |n_rot: f32| {
+        n_dims as f32 * (p.n_ctx_orig as f32 / (n_rot * 2.0 * PI)).ln() / (2.0 * p.freq_base.ln())
+    };
+    let start = corr_dim(p.beta_fast).floor();
+    let end = corr_dim(p.beta_slow).ceil();
+    [start.max(0.0), end.min(n_dims as f32 - 1.0)]
+}
+
+fn yarn_ramp(low: f32, high: f32, pair: usize) -> f32 {
+    let y = (pair as f32 - low) / (high - low).max(0.001);
+    1.0 - y.clamp(0.0, 1.0)
+}
+
+/// `[cos, sin]` of every pair (`n_rot / 2` of them) of every position, token-major:
+/// `table[(t · n_rot/2 + i) · 2 ..]`. `freq_factors`, when given, has `n_rot / 2` entries.
+pub fn table(positions: &[u32], p: &RopeParams<'_>, n_rot: usize) -> Vec<f32> {
+    let half = n_rot / 2;
+    let corr = yarn_corr_dims(n_rot, p);
+    let theta_scale = p.freq_base.powf(-2.0 / n_rot as f32);
+    let factors = p.freq_factors.as_ref().map(|f| f.as_slice()).into_option();
+    let mut out = vec![0f32; positions.len() * 2 * half];
+    for (&pos, cs_pos) in positions.iter().zip(out.chunks_exact_mut(2 * half)) {
+        let mut theta = pos as f32;
+        for (i, cs) in cs_pos.chunks_exact_mut(2).enumerate() {
+            let ff = factors.map_or(1.0, |f| f[i]);
+            let theta_extrap = theta / ff;
+            let theta_interp = p.freq_scale * theta_extrap;
+            let (mut angle, mut mscale) = (theta_interp, p.attn_factor);
+            if p.ext_factor != 0.0 {
+                let mix = yarn_ramp(corr[0], corr[1], i) * p.ext_factor;
+                angle = theta_interp * (1.0 - mix) + theta_extrap * mix;
+                mscale *= 1.0 + 0.1 * (1.0 / p.freq_scale).ln();
+            }
+            cs[0] = angle.cos() * mscale;
+            cs[1] = angle.sin() * mscale;
+            theta *= theta_scale;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use abi_stable::std_types::ROption;
+
+    fn params(freq_factors: Option<&[f32]>) -> RopeParams<'_> {
+        RopeParams {
+            n_rot: 8,
+            freq_base: 10_000.0,
+            freq_scale: 1.0,
+            neox: false,
+            freq_factors: match freq_factors {
+                Some(f) => ROption::RSome(abi_stable::std_types::RSlice::from_slice(f)),
+                None => ROption::RNone,
+            },
+            ext_factor: 0.0,
+            attn_factor: 1.0,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            n_ctx_orig: 4096,
+        }
+    }
+
+    #[test]
+    fn position_zero_is_the_identity_and_pair_zero_turns_by_the_position() {
+        let t = table(&[0, 3], &params(None), 8);
+        assert_eq!(t.len(), 2 * 8);
+        for cs in t[..8].chunks_exact(2) {
+            assert_eq!(cs, [1.0, 0.0]);
+        }
+        // Pair 0 of position 3: θ = 3.
+        assert_eq!(&t[8..10], &[3.0f32.cos(), 3.0f32.sin()]);
+        // Pair 1: θ = 3 · 10000^(−1/4).
+        let theta = 3.0 * 10_000f32.powf(-2.0 / 8.0);
+        assert_eq!(&t[10..12], &[theta.cos(), theta.sin()]);
+    }
+
+    #[test]
+    fn frequency_factors_divide_the_angle() {
+        let f = [1.0, 2.0, 4.0, 8.0];
+        let t = table(&[5], &params(Some(&f)), 8);
+        let theta = 5.0 * 10_000f32.powf(-2.0 / 8.0) * 10_000f32.powf(-2.0 / 8.0);
+        assert_eq!(t[4], (theta / 4.0).cos());
+    }
+}
