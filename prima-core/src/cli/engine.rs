@@ -114,14 +114,14 @@ impl Engine {
         };
         let margin = memory_margin(model.hparams(), n_ctx, n_batch);
         let plan = resolve_budget(budget, memory.as_ref(), margin).and_then(|b| {
-            // Below the embedding and output head, which every token reads whole, there
+            // Below the output head, which every token reads whole, there
             // is nothing to plan: streaming all layers measured slower than the LRU
             // (Gemma 3 270M in a 250 MiB cgroup: 396 vs 322 ms/token).
-            if b.bytes < model.global_bytes() && budget == MemBudget::Auto {
+            if b.bytes < model.read_whole_bytes() && budget == MemBudget::Auto {
                 eprintln!(
-                    "memory: {b}; the embedding and output head alone ({} MiB) exceed it: \
+                    "memory: {b}; the output head alone ({} MiB) exceed it: \
                      no residency plan, the kernel decides",
-                    model.global_bytes() >> 20
+                    model.read_whole_bytes() >> 20
                 );
                 return None;
             }

@@ -46,7 +46,7 @@ pub struct RingArgs {
     /// beyond it are streamed from disk each token; `auto` is what this device has
     /// available (inside its cgroup limits) less room for the KV cache, buffers and the
     /// process. On a ring, the head's budget for its own windows (`auto` also keeps room for
-    /// the embedding and output head).
+    /// the output head).
     #[arg(long, default_value = "auto", value_parser = MemBudget::parse)]
     mem_budget: MemBudget,
     /// Transport plugin (default: the first one found).

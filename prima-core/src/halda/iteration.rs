@@ -54,7 +54,13 @@ pub fn solve(
     // k-constraint then cannot be met; start again with every device allowed to overload.
     let w1 = vec![l; m_count];
     let n1 = vec![0.0; m_count];
-    iterate(lda, solver, opts, w1, n1, vec![false; m_count])?.ok_or(HaldaError::Infeasible)
+    if let Some(found) = iterate(lda, solver, opts, w1, n1, vec![false; m_count])? {
+        return Ok(found);
+    }
+    // Both starts can end on set assignments for which no k is feasible (measured: the
+    // 8B on the d1-d4 home-lab bed, every device short of memory). The exact program
+    // chooses the sets itself, so it finds a placement whenever one exists.
+    solve_exact(lda, solver, opts)
 }
 
 /// Whether the ILP at `k` can be skipped: any solution at k rounds maps to one at k = 1

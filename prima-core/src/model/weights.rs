@@ -163,6 +163,19 @@ impl Model {
             .sum()
     }
 
+    /// The tensors outside the layers that every token reads whole: the final norm and the
+    /// output head (the embedding when tied). The embedding itself is not among them: a
+    /// token reads one row of it.
+    pub fn read_whole_tensors(&self) -> impl Iterator<Item = &TensorInfo> {
+        [&self.output_norm, &self.output].into_iter()
+    }
+
+    /// Bytes of [`Model::read_whole_tensors`]: what the device holding the output head
+    /// keeps in memory besides its layers.
+    pub fn read_whole_bytes(&self) -> u64 {
+        self.read_whole_tensors().map(|t| t.n_bytes).sum()
+    }
+
     /// The weight tensors of layer `il` (none when out of range).
     pub fn layer_tensors(&self, il: usize) -> impl Iterator<Item = &TensorInfo> {
         self.layers.get(il).into_iter().flat_map(|l| {

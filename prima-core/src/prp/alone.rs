@@ -23,10 +23,10 @@ pub fn describe_plan(model: &Model, residency: &Residency) -> String {
     };
     let resident_bytes: u64 = resident.iter().map(|w| w.bytes).sum();
     format!(
-        "{} resident ({}) + embedding/output {}; {} streamed in {} chunks ({} read per token)",
+        "{} resident ({}) + output head {}; {} streamed in {} chunks ({} read per token)",
         span(&resident),
         mib(resident_bytes),
-        mib(model.global_bytes()),
+        mib(model.read_whole_bytes()),
         span(&streamed),
         streamed.len(),
         mib(residency.streamed_bytes()),

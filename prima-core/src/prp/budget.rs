@@ -137,7 +137,7 @@ pub fn resolve_budget(
 
 /// The budget of a ring device for the weights of its own windows: `arg` resolved against
 /// this device's memory (read now, for `auto`) less the margin of the `held` layers' KV
-/// cache and buffers, and on the head also less the embedding and output head, which it
+/// cache and buffers, and on the head also less the output head (and final norm), which it
 /// reads every token outside any window. `None`: no budget, everything stays resident.
 pub fn ring_device_budget(
     arg: MemBudget,
@@ -159,7 +159,7 @@ pub fn ring_device_budget(
     };
     let mut margin = memory_margin_for_layers(model.hparams(), held, n_ctx, n_batch);
     if head {
-        margin += model.global_bytes();
+        margin += model.read_whole_bytes();
     }
     resolve_budget(arg, memory.as_ref(), margin)
 }

@@ -45,7 +45,7 @@ pub struct RingOptions {
     pub release_method: ReleaseMethod,
     pub wire: WireType,
     /// The head's own budget for resident weights (`auto`: what it has available less
-    /// its KV cache, buffers, embedding and output head).
+    /// its KV cache, buffers and output head).
     pub mem_budget: MemBudget,
     /// Where the head accepts the last device's data connection.
     pub listen: String,

@@ -67,7 +67,7 @@ pub struct Residency {
     /// read while the next one, already read, is computed).
     lookahead: usize,
     /// Byte ranges outside the layers that this device reads every token and keeps
-    /// resident (the embedding and output head of a device alone), read by `warm`.
+    /// resident (the output head of a device alone; a token reads one row of the embedding), read by `warm`.
     global_ranges: Vec<Range<u64>>,
 }
 
@@ -201,7 +201,7 @@ impl Residency {
     }
 
     /// Plans residency for a device running every layer alone under `budget` bytes for
-    /// all its weights, embedding and output head included ([`split_alone`]): a resident
+    /// all its weights, output head included ([`split_alone`]): a resident
     /// window, then streamed chunks, each read two chunks ahead of its use.
     pub fn plan_alone(
         model: &Model,
@@ -212,7 +212,7 @@ impl Residency {
     ) -> Residency {
         let n = model.hparams().n_layers;
         let layer_bytes: Vec<u64> = (0..n).map(|il| model.layer_bytes(il)).collect();
-        let split = split_alone(&layer_bytes, model.global_bytes(), budget);
+        let split = split_alone(&layer_bytes, model.read_whole_bytes(), budget);
         let windows: Vec<RoundWindow> = std::iter::once(0..split.resident)
             .filter(|r| !r.is_empty())
             .chain(split.chunks.iter().cloned())
@@ -227,7 +227,7 @@ impl Residency {
             lookahead: 2,
         };
         let mut plan = Residency::build(model, &windows, &resident, hints);
-        plan.global_ranges = merged_ranges(model.global_tensors());
+        plan.global_ranges = merged_ranges(model.read_whole_tensors());
         plan
     }
 
