@@ -178,7 +178,7 @@ impl Residency {
             .flat_map(|w| {
                 let cut = w.layers.clone().take_while(|&il| resident[il]).count();
                 let first = w.layers.start + cut;
-                let kept = (cut > 0).then(|| RoundWindow {
+                let kept = (cut > 0).then_some(RoundWindow {
                     round: w.round,
                     layers: w.layers.start..first,
                 });
