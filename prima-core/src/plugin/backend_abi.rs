@@ -103,6 +103,81 @@ pub struct AttentionParams {
     pub softcap: f32,
 }
 
+impl AttentionParams {
+    /// Checks one attention call against the contract every backend keeps: the layer and
+    /// head shapes against the cache's `spec`, head sizes up to the backend's
+    /// `max_head_dim`, the lengths of `q`, `k`, `v` and `out`, and the positions against
+    /// the cache's context. The error names what is wrong.
+    pub fn check(
+        &self,
+        spec: &KvSpec,
+        max_head_dim: usize,
+        lens: [usize; 4],
+    ) -> Result<(), String> {
+        const OP: &str = "attention";
+        let (n_tokens, n_head, n_head_kv) = (
+            self.n_tokens as usize,
+            self.n_head as usize,
+            self.n_head_kv as usize,
+        );
+        let (dk, dv) = (self.head_dim_k as usize, self.head_dim_v as usize);
+        if self.layer >= spec.n_layers {
+            return Err(format!(
+                "{OP}: layer {} is out of range for a cache of {} layers",
+                self.layer, spec.n_layers
+            ));
+        }
+        if self.n_head_kv != spec.n_head_kv
+            || self.head_dim_k != spec.head_dim_k
+            || self.head_dim_v != spec.head_dim_v
+        {
+            return Err(format!(
+                "{OP}: n_head_kv/head_dim_k/head_dim_v {}/{}/{} differ from the cache's {}/{}/{}",
+                self.n_head_kv,
+                self.head_dim_k,
+                self.head_dim_v,
+                spec.n_head_kv,
+                spec.head_dim_k,
+                spec.head_dim_v
+            ));
+        }
+        if dk > max_head_dim || dv > max_head_dim {
+            return Err(format!(
+                "{OP}: head sizes {dk}/{dv} exceed the supported {max_head_dim}"
+            ));
+        }
+        if n_head == 0 || n_head_kv == 0 || n_head % n_head_kv != 0 {
+            return Err(format!(
+                "{OP}: n_head {n_head} is not a positive multiple of n_head_kv {n_head_kv}"
+            ));
+        }
+        let [q, k, v, out] = lens;
+        for (what, got, heads, dim) in [
+            ("q length", q, n_head, dk),
+            ("k length", k, n_head_kv, dk),
+            ("v length", v, n_head_kv, dv),
+            ("out length", out, n_head, dv),
+        ] {
+            let want = heads
+                .checked_mul(dim)
+                .and_then(|x| x.checked_mul(n_tokens))
+                .ok_or_else(|| format!("{OP}: size {n_tokens} × {heads} × {dim} overflows"))?;
+            if got != want {
+                return Err(format!("{OP}: {what} is {got}, expected {want}"));
+            }
+        }
+        let start = self.start_pos as usize;
+        let end = start.saturating_add(n_tokens);
+        if end > spec.n_ctx as usize {
+            return Err(format!(
+                "{OP}: positions {start}..{end} exceed the cache's n_ctx {}",
+                spec.n_ctx
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// Result type of every fallible backend operation; the error names what was wrong.
 pub type BackendResult<T> = RResult<T, RString>;
 

@@ -16,7 +16,7 @@
 
 use super::kv_cache::{lock, KvCache, KvStore};
 use super::matmul::SharedOut;
-use super::{expect_len, mul, OpResult};
+use super::OpResult;
 use crate::formats::{dispatch, put_f16, AxpyF16Fn, VecDotFn};
 use crate::pool::{sized, ChunkRunner, Scratch};
 use half::f16;
@@ -49,67 +49,7 @@ pub fn attention(
         (p.n_tokens as usize, p.n_head as usize, p.n_head_kv as usize);
     let (dk, dv) = (p.head_dim_k as usize, p.head_dim_v as usize);
     let (layer, start) = (p.layer as usize, p.start_pos as usize);
-    if p.layer >= spec.n_layers {
-        return Err(format!(
-            "{OP}: layer {} is out of range for a cache of {} layers",
-            p.layer, spec.n_layers
-        ));
-    }
-    if p.n_head_kv != spec.n_head_kv
-        || p.head_dim_k != spec.head_dim_k
-        || p.head_dim_v != spec.head_dim_v
-    {
-        return Err(format!(
-            "{OP}: n_head_kv/head_dim_k/head_dim_v {}/{}/{} differ from the cache's {}/{}/{}",
-            p.n_head_kv,
-            p.head_dim_k,
-            p.head_dim_v,
-            spec.n_head_kv,
-            spec.head_dim_k,
-            spec.head_dim_v
-        ));
-    }
-    if dk > MAX_HEAD_DIM || dv > MAX_HEAD_DIM {
-        return Err(format!(
-            "{OP}: head sizes {dk}/{dv} exceed the supported {MAX_HEAD_DIM}"
-        ));
-    }
-    if n_head == 0 || n_head % n_head_kv != 0 {
-        return Err(format!(
-            "{OP}: n_head {n_head} is not a positive multiple of n_head_kv {n_head_kv}"
-        ));
-    }
-    expect_len(
-        OP,
-        "q length",
-        q.len(),
-        mul(OP, n_tokens, mul(OP, n_head, dk)?)?,
-    )?;
-    expect_len(
-        OP,
-        "k length",
-        k.len(),
-        mul(OP, n_tokens, mul(OP, n_head_kv, dk)?)?,
-    )?;
-    expect_len(
-        OP,
-        "v length",
-        v.len(),
-        mul(OP, n_tokens, mul(OP, n_head_kv, dv)?)?,
-    )?;
-    expect_len(
-        OP,
-        "out length",
-        out.len(),
-        mul(OP, n_tokens, mul(OP, n_head, dv)?)?,
-    )?;
-    let end = start.saturating_add(n_tokens);
-    if end > spec.n_ctx as usize {
-        return Err(format!(
-            "{OP}: positions {start}..{end} exceed the cache's n_ctx {}",
-            spec.n_ctx
-        ));
-    }
+    p.check(&spec, MAX_HEAD_DIM, [q.len(), k.len(), v.len(), out.len()])?;
     if start > cache.len(layer) {
         return Err(format!(
             "{OP}: start_pos {start} leaves a gap: layer {layer} holds {} positions",
