@@ -108,6 +108,10 @@ fn brute_force(lda: &Lda, region: Option<&[LdaSet]>) -> Option<(f64, Vec<u32>, V
         let big_w = lda.n_layers / k;
         let mut ws = Vec::new();
         compositions(big_w, lda.len(), &mut ws, &mut Vec::new());
+        // The head may run no layer (it still embeds and runs the output head).
+        if lda.len() > 1 {
+            compositions(big_w, lda.len() - 1, &mut ws, &mut vec![0]);
+        }
         for w in ws {
             let caps: Vec<u32> = (0..lda.len())
                 .map(|m| lda.gpu_cap(m, k).min(w[m]))
@@ -127,7 +131,7 @@ fn brute_force(lda: &Lda, region: Option<&[LdaSet]>) -> Option<(f64, Vec<u32>, V
                     lda.assign_sets(&wf, &nf, &vec![false; lda.len()]) == sets
                 });
                 if feasible && in_region {
-                    let t = lda.predict(&w, &n).total_s;
+                    let t = lda.predict_paper(&w, &n).total_s;
                     if best.as_ref().is_none_or(|b| t < b.0) {
                         best = Some((t, w.clone(), n.clone(), k));
                     }
@@ -185,7 +189,7 @@ fn halda_reaches_the_exhaustive_optimum_on_small_instances() {
             (None, Ok(h)) => panic!("case {case}: {h:?} where nothing is feasible"),
             (Some(b), Err(e)) => panic!("case {case}: exact failed ({e}) but {b:?} is feasible"),
             (Some(b), Ok(h)) => {
-                let t = lda.predict(&h.w, &h.n).total_s;
+                let t = lda.predict_paper(&h.w, &h.n).total_s;
                 assert!(
                     close(t, h.objective),
                     "case {case}: MILP {} vs model {t}",
@@ -204,7 +208,7 @@ fn halda_reaches_the_exhaustive_optimum_on_small_instances() {
         // its ILP's objective is the model's T there, and no (w, n) with the same sets
         // does better — but that assignment is not always the best one.
         let h = iteration::solve(&lda, &s, &paper).unwrap_or_else(|e| panic!("case {case}: {e}"));
-        let t = lda.predict(&h.w, &h.n).total_s;
+        let t = lda.predict_paper(&h.w, &h.n).total_s;
         assert!(
             close(t, h.objective),
             "case {case}: ILP {} vs model {t}",

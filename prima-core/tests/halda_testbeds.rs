@@ -52,13 +52,14 @@ fn check_plan(p: &Plan) {
     if p.scheduler == Scheduler::Halda {
         assert_eq!(big_w * p.k, p.n_layers, "{}", describe(p));
     }
-    for d in &p.devices {
+    for (i, d) in p.devices.iter().enumerate() {
         if d.pruned {
             assert_eq!((d.w, d.n), (0, 0));
             continue;
         }
         let load = d.load.as_ref().unwrap();
-        assert!(d.w >= 1 && d.n <= d.w, "{}", describe(p));
+        // The head (first) may run no layer; it still embeds and runs the output head.
+        assert!((d.w >= 1 || i == 0) && d.n <= d.w, "{}", describe(p));
         assert!(
             load.vram_bytes <= load.vram_capacity_bytes + 1.0 || load.l_gpu == 0,
             "{}: VRAM {} > {}",
@@ -76,7 +77,8 @@ fn llama3_8b_on_d1_d4_runs_entirely_on_d3_gpu() {
     let p = plan(&m, &devs, Scheduler::Halda);
     eprintln!("8B on D1-D4: {}", describe(&p));
     check_plan(&p);
-    let active: Vec<_> = p.active().collect();
+    // The head may stay as the ring's input and output with no layer of its own.
+    let active: Vec<_> = p.active().filter(|d| d.w > 0).collect();
     assert_eq!(active.len(), 1, "{}", describe(&p));
     assert_eq!(active[0].name, "D3");
     assert_eq!(
@@ -85,7 +87,11 @@ fn llama3_8b_on_d1_d4_runs_entirely_on_d3_gpu() {
         "every layer on D3's GPU: {}",
         describe(&p)
     );
-    for d in p.devices.iter().filter(|d| d.name != "D3") {
+    for d in p
+        .devices
+        .iter()
+        .filter(|d| d.name != "D3" && d.name != "D1")
+    {
         assert!(d.pruned && !d.relay, "{}", describe(&p));
         assert!(d.reason.is_some());
     }
@@ -163,7 +169,11 @@ fn small_models_on_ten_nodes_reduce_to_the_3090() {
         let p = plan(&model(tag), &devs, Scheduler::Halda);
         eprintln!("{tag} on ten nodes: {}", describe(&p));
         check_plan(&p);
-        let active: Vec<&str> = p.active().map(|d| d.name.as_str()).collect();
+        let active: Vec<&str> = p
+            .active()
+            .filter(|d| d.w > 0)
+            .map(|d| d.name.as_str())
+            .collect();
         assert_eq!(active, ["D2"], "{}", describe(&p));
     }
 }
@@ -213,7 +223,7 @@ fn every_paper_model_plans_on_every_testbed() {
 }
 
 #[test]
-fn larger_k_never_wins_and_the_exact_program_is_never_worse() {
+fn every_k_and_the_exact_program_give_valid_plans() {
     let s = solver();
     let every_k = PlanOptions {
         every_k: true,
@@ -239,14 +249,10 @@ fn larger_k_never_wins_and_the_exact_program_is_never_worse() {
                 ex.predicted_tpot_ms,
                 describe(&ex)
             );
-            assert!(
-                (p.predicted_tpot_ms - all.predicted_tpot_ms).abs() < 1e-6,
-                "{tag} on {bed}"
-            );
-            assert!(
-                ex.predicted_tpot_ms <= p.predicted_tpot_ms * (1.0 + 1e-9),
-                "{tag} on {bed}"
-            );
+            // Every plan is scored by the overlap model (`Lda::predict`), which the
+            // paper's programs do not minimise: their orders need not agree any more.
+            check_plan(&p);
+            check_plan(&all);
         }
     }
 }

@@ -26,7 +26,7 @@ pub struct PlanArgs {
     #[arg(long, default_value_t = 4096)]
     pub ctx: u32,
     /// Disks slower than this (GB/s) never take reloads (s^{disk}_{threshold}).
-    #[arg(long, default_value_t = 0.2)]
+    #[arg(long, default_value_t = 0.1)]
     pub slow_disk_gb_s: f64,
     /// Solver plugin to use (default: the first one found).
     #[arg(long)]

@@ -8,7 +8,7 @@
 use std::io;
 use std::ops::Range;
 
-use super::GgufFile;
+use super::{GgufFile, ReadAhead};
 
 /// What to tell the kernel about a range of the file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,6 +46,15 @@ fn page_size() -> u64 {
 }
 
 impl GgufFile {
+    /// A thread that reads ranges of this file ahead of their use, holding at most `cap`
+    /// bytes ([`ReadAhead`]); `None` for in-memory images, which have nothing to read.
+    pub fn read_ahead(&self, cap: u64) -> io::Result<Option<ReadAhead>> {
+        match self.map_and_file().1 {
+            Some(file) => ReadAhead::spawn(file, cap).map(Some),
+            None => Ok(None),
+        }
+    }
+
     /// Applies `hint` to the file bytes `range`. Reading ahead widens the range to whole
     /// pages; releasing narrows it, so a page shared with a neighbouring tensor is kept.
     /// In-memory images (no file) ignore hints.

@@ -64,10 +64,14 @@ fn skeleton(p: &mut MilpProblem, lda: &Lda, k: u32, a: &[f64], b: &[f64]) -> Vec
     let mut forms = Vec::with_capacity(m_count);
     for (m, d) in lda.devices.iter().enumerate() {
         let (cc, nc) = (m as u32, (m_count + m) as u32);
+        // w_m ≥ 1, but the head may run no layer at all: it still embeds the input and
+        // runs the output head, and with a small memory that holds little more than the
+        // output head, each layer it took would be read from its disk every token.
+        let lowest = if m == 0 { 0.0 } else { 1.0 };
         if lda.gpu_cap(m, k) > 0 {
-            p.add_row(1.0, f64::INFINITY, &[(cc, 1.0), (nc, 1.0)]); // w_m ≥ 1
+            p.add_row(lowest, f64::INFINITY, &[(cc, 1.0), (nc, 1.0)]);
         } else {
-            p.columns[m].lower = 1.0;
+            p.columns[m].lower = lowest;
         }
         let f = d.behaviour.ram_form(&d.mem);
         // f_w·w + f_n·n = f_w·c + (f_w + f_n)·n
@@ -218,5 +222,74 @@ pub fn build_exact(lda: &Lda, k: u32, time_limit_s: f64) -> MilpProblem {
             p.add_row(io - y, f64::INFINITY, &terms);
         }
     }
+    p
+}
+
+/// The exact program at k ≥ 2 rounds with the ring's prefetch ([`Lda::predict`]): a
+/// device streams what its memory cannot hold while the others compute, so the disk is
+/// off the sum of turns, and T is the larger of that sum and each streaming device's own
+/// cycle, k/(k − 1) times its excess read from disk (the room for one round's reads is
+/// streamed too) plus its own compute. Minimises the epigraph variable τ of that maximum.
+pub fn build_overlap(lda: &Lda, k: u32, time_limit_s: f64) -> MilpProblem {
+    assert!(
+        k >= 2,
+        "the overlap program needs rounds to hide reads behind"
+    );
+    let mut p = build_exact(lda, k, time_limit_s);
+    let m_count = lda.len();
+    let kf = k as f64;
+    // build_exact adds each device's r_m after c and n, followed by a Metal binary.
+    let mut disk_columns = Vec::with_capacity(m_count);
+    let mut next = 2 * m_count as u32;
+    for d in &lda.devices {
+        disk_columns.push(next);
+        next += 1;
+        if !d.slow_disk && d.behaviour.overload_set() == LdaSet::M2 {
+            next += 1;
+        }
+    }
+    let tau = p.add_column(0.0, f64::INFINITY, 1.0, false);
+    // τ ≥ the sum of turns: every column's cost but the disk columns r_m, which are hidden.
+    let mut terms = vec![(tau, 1.0)];
+    for (j, col) in p.columns.iter().enumerate() {
+        let j = j as u32;
+        if j != tau && !disk_columns.contains(&j) && col.cost != 0.0 {
+            terms.push((j, -col.cost));
+        }
+    }
+    p.add_row(p.offset, f64::INFINITY, &terms);
+    // τ ≥ k/(k − 1)·r_m + k·(α_m·c_m + (α_m + β_m)·n_m) for each device.
+    for (m, d) in lda.devices.iter().enumerate() {
+        if !lda.has_room_to_stream(m) && !d.slow_disk {
+            // Its reads would evict what it keeps: it takes only what fits.
+            let f = d.behaviour.ram_form(&d.mem);
+            let form = (
+                f.w,
+                if lda.gpu_cap(m, k) > 0 {
+                    f.w + f.n
+                } else {
+                    0.0
+                },
+            );
+            let bound = resident_upper(lda.ram_bound(m, kf)).max(0.0);
+            let mut row = vec![(m as u32, form.0)];
+            if form.1 != 0.0 {
+                row.push(((m_count + m) as u32, form.1));
+            }
+            p.add_row(f64::NEG_INFINITY, bound, &row);
+        }
+        let r = disk_columns[m];
+        let mut terms = vec![(tau, 1.0), (r, -kf / (kf - 1.0)), (m as u32, -kf * d.alpha)];
+        if lda.gpu_cap(m, k) > 0 {
+            terms.push(((m_count + m) as u32, -kf * (d.alpha + d.beta)));
+        }
+        p.add_row(0.0, f64::INFINITY, &terms);
+    }
+    for (j, col) in p.columns.iter_mut().enumerate() {
+        if j as u32 != tau {
+            col.cost = 0.0;
+        }
+    }
+    p.offset = 0.0;
     p
 }

@@ -218,11 +218,7 @@ fn halda_with_pruning(
         let act: Vec<&DeviceProfile> = active.iter().map(|&i| all[i]).collect();
         let relays = pruned_relays(all, active);
         let lda = Lda::new(model, &act, &relays, opts);
-        if opts.exact {
-            iteration::solve_exact(&lda, solver, opts)
-        } else {
-            iteration::solve(&lda, solver, opts)
-        }
+        iteration::solve_with_overlap(&lda, solver, opts)
     };
     let mut active: Vec<usize> = (0..all.len()).collect();
     let mut solution = solve_on(&active)?;

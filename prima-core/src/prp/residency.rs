@@ -10,8 +10,9 @@
 //! makes room for the prefetch of the next one instead of evicting a resident window.
 
 use std::ops::Range;
+use std::sync::Arc;
 
-use crate::gguf::{PageHint, TensorInfo};
+use crate::gguf::{PageHint, ReadAhead, TensorInfo};
 use crate::model::{Model, ModelError, Session};
 
 use super::counters::PassMeter;
@@ -44,6 +45,8 @@ struct Hints {
     release: ReleasePolicy,
     method: ReleaseMethod,
     lookahead: usize,
+    /// What the read-ahead thread may hold: the budget the resident layers leave.
+    read_ahead_cap: u64,
 }
 
 /// What running one round's window cost (nothing for a relay).
@@ -69,6 +72,9 @@ pub struct Residency {
     /// Byte ranges outside the layers that this device reads every token and keeps
     /// resident (the output head of a device alone; a token reads one row of the embedding), read by `warm`.
     global_ranges: Vec<Range<u64>>,
+    /// The thread that prefetches streamed windows (when prefetching and streaming);
+    /// shared by clones of this plan.
+    reader: Option<Arc<ReadAhead>>,
 }
 
 /// The streamed chunk a device alone reads at once, at most: big enough that the disk
@@ -127,6 +133,26 @@ pub fn split_alone(layer_bytes: &[u64], global_bytes: u64, budget: u64) -> Alone
     AloneSplit { resident, chunks }
 }
 
+/// Spreads `n` streamed layers over windows of `lens` layers as evenly as they allow
+/// (water-filling: no window streams more than it has, the rest go to the longer ones).
+fn spread(n: usize, lens: &[usize]) -> Vec<usize> {
+    let mut out = vec![0; lens.len()];
+    let mut left = n.min(lens.iter().sum());
+    while left > 0 {
+        let open: Vec<usize> = (0..lens.len()).filter(|&i| out[i] < lens[i]).collect();
+        let each = (left / open.len()).max(1);
+        for &i in &open {
+            let add = each.min(lens[i] - out[i]).min(left);
+            out[i] += add;
+            left -= add;
+            if left == 0 {
+                break;
+            }
+        }
+    }
+    out
+}
+
 /// Sorted, merged byte ranges of `tensors` (gaps under a page are bridged).
 fn merged_ranges<'a>(tensors: impl Iterator<Item = &'a TensorInfo>) -> Vec<Range<u64>> {
     let mut ranges: Vec<Range<u64>> = tensors.map(|t| t.offset..t.offset + t.n_bytes).collect();
@@ -147,14 +173,17 @@ fn layer_ranges(model: &Model, layers: impl Iterator<Item = usize>) -> Vec<Range
 }
 
 impl Residency {
-    /// Plans residency for `windows` (in execution order) under `budget` bytes of weights
-    /// (no budget: everything resident). When they do not all fit, room for two streamed
-    /// chunks is kept out of the budget (one being computed, the next being read), the
-    /// first layers that fit the rest stay resident, and each window's other layers are
-    /// cut into chunks of about [`CHUNK_BYTES`], each read two chunks ahead of its use and
-    /// released right after it, as a device alone streams. Without that room and the
-    /// chunks, prefetching a whole streamed window into a full memory evicts the resident
-    /// layers and the window's own first pages before they are used.
+    /// Plans residency for `windows` (in execution order, one per round) under `budget`
+    /// bytes of weights (no budget: everything resident).
+    ///
+    /// When they do not all fit, each window streams its first layers and keeps the rest
+    /// resident, with the streamed layers spread as evenly as the windows allow: a device
+    /// waits between its rounds while the others compute, and the read-ahead thread fills
+    /// the room the resident layers leave with the next round's streamed layers then: with
+    /// k ≥ 2 rounds and a room of E/(k − 1) for an excess E, the streaming hides behind
+    /// the other devices (the paper's PRP); at k = 1 only the room's worth does. Streamed
+    /// layers come first in their window so that, once used and released, the reader
+    /// starts on the next round while the resident ones compute.
     pub fn plan(
         model: &Model,
         windows: &[RoundWindow],
@@ -164,38 +193,71 @@ impl Residency {
         method: ReleaseMethod,
     ) -> Residency {
         let held: Vec<usize> = windows.iter().flat_map(|w| w.layers.clone()).collect();
-        let layer_bytes: Vec<u64> = held.iter().map(|&il| model.layer_bytes(il)).collect();
-        let split = split_alone(&layer_bytes, 0, budget.unwrap_or(u64::MAX));
-        let mut resident = vec![false; model.hparams().n_layers];
-        for &il in &held[..split.resident] {
-            if let Some(r) = resident.get_mut(il) {
-                *r = true;
+        let n_layers = model.hparams().n_layers;
+        let layer_bytes = |il: usize| model.layer_bytes(il);
+        let total: u64 = held.iter().map(|&il| layer_bytes(il)).sum();
+        let budget = budget.unwrap_or(u64::MAX);
+        let mut resident = vec![false; n_layers];
+        let lens: Vec<usize> = windows.iter().map(|w| w.layers.len()).collect();
+        let streamed_per_window = if total <= budget {
+            vec![0; windows.len()]
+        } else {
+            // Room R for one round's reads: at least the largest layer, and the excess
+            // E spread over the k − 1 other rounds' waits, R = E/(k − 1), so that the
+            // reads of k rounds, E + R, hide behind the waits; then as few streamed
+            // layers as leave the resident ones within B − R.
+            let largest = held.iter().map(|&il| layer_bytes(il)).max().unwrap_or(1);
+            let excess = total - budget;
+            let rounds = windows.len() as u64;
+            let room = if rounds >= 2 {
+                largest.max(excess.div_ceil(rounds - 1))
+            } else {
+                largest
+            };
+            let keep = budget.saturating_sub(room);
+            let mut streamed = 0;
+            loop {
+                let per_window = spread(streamed, &lens);
+                let resident_bytes: u64 = windows
+                    .iter()
+                    .zip(&per_window)
+                    .flat_map(|(w, &s)| w.layers.clone().skip(s))
+                    .map(layer_bytes)
+                    .sum();
+                if resident_bytes <= keep || streamed >= held.len() {
+                    break per_window;
+                }
+                streamed += 1;
+            }
+        };
+        let mut pieces = Vec::new();
+        for (w, &streamed) in windows.iter().zip(&streamed_per_window) {
+            let first = w.layers.start + streamed;
+            for il in first..w.layers.end {
+                resident[il] = true;
+            }
+            pieces.extend((w.layers.start..first).map(|il| RoundWindow {
+                round: w.round,
+                layers: il..il + 1,
+            }));
+            if first < w.layers.end {
+                pieces.push(RoundWindow {
+                    round: w.round,
+                    layers: first..w.layers.end,
+                });
             }
         }
-        let per_chunk = split.chunks.first().map_or(usize::MAX, |c| c.len());
-        let pieces: Vec<RoundWindow> = windows
+        let resident_bytes: u64 = held
             .iter()
-            .flat_map(|w| {
-                let cut = w.layers.clone().take_while(|&il| resident[il]).count();
-                let first = w.layers.start + cut;
-                let kept = (cut > 0).then_some(RoundWindow {
-                    round: w.round,
-                    layers: w.layers.start..first,
-                });
-                let streamed = (first..w.layers.end)
-                    .step_by(per_chunk)
-                    .map(move |c| RoundWindow {
-                        round: w.round,
-                        layers: c..(c + per_chunk).min(w.layers.end),
-                    });
-                kept.into_iter().chain(streamed)
-            })
-            .collect();
+            .filter(|&&il| resident[il])
+            .map(|&il| layer_bytes(il))
+            .sum();
         let hints = Hints {
             prefetch,
             release,
             method,
-            lookahead: if split.chunks.is_empty() { 1 } else { 2 },
+            lookahead: 1,
+            read_ahead_cap: budget.saturating_sub(resident_bytes),
         };
         Residency::build(model, &pieces, &resident, hints)
     }
@@ -220,11 +282,14 @@ impl Residency {
             .map(|(round, layers)| RoundWindow { round, layers })
             .collect();
         let resident: Vec<bool> = (0..n).map(|il| il < split.resident).collect();
+        let kept: u64 =
+            model.read_whole_bytes() + layer_bytes[..split.resident].iter().sum::<u64>();
         let hints = Hints {
             prefetch,
             release,
             method,
             lookahead: 2,
+            read_ahead_cap: budget.saturating_sub(kept),
         };
         let mut plan = Residency::build(model, &windows, &resident, hints);
         plan.global_ranges = merged_ranges(model.read_whole_tensors());
@@ -233,7 +298,7 @@ impl Residency {
 
     fn build(model: &Model, windows: &[RoundWindow], resident: &[bool], hints: Hints) -> Residency {
         let is_resident = |il: usize| resident.get(il).copied().unwrap_or(false);
-        let windows = windows
+        let windows: Vec<WindowPages> = windows
             .iter()
             .map(|w| {
                 let streamed = w.layers.clone().filter(|&il| !is_resident(il));
@@ -250,8 +315,22 @@ impl Residency {
                 }
             })
             .collect();
+        let streams = windows.iter().any(|w: &WindowPages| !w.fully_resident());
+        let reader = if hints.prefetch && streams {
+            match model.gguf().read_ahead(hints.read_ahead_cap) {
+                Ok(r) => r.map(Arc::new),
+                Err(e) => {
+                    // Without the thread, prefetches fall back to the kernel's hint.
+                    tracing::warn!(error = %e, "could not start the read-ahead thread");
+                    None
+                }
+            }
+        } else {
+            None
+        };
         Residency {
             windows,
+            reader,
             prefetch: hints.prefetch,
             release: hints.release,
             hint: match hints.method {
@@ -337,32 +416,60 @@ impl Residency {
             }
         }
         std::hint::black_box(checksum);
-        for w in self
-            .windows
-            .iter()
-            .filter(|w| !w.fully_resident())
-            .take(self.lookahead)
-        {
-            self.advise(model, &w.streamed_ranges, PageHint::WillNeed);
+        match &self.reader {
+            // The reader holds one token's streamed layers in order, and reads as far
+            // as its cap lets it; each is queued again for the next token once used.
+            Some(reader) => {
+                for w in self.windows.iter().filter(|w| !w.fully_resident()) {
+                    reader.read(&w.streamed_ranges);
+                }
+            }
+            None => {
+                for w in self
+                    .windows
+                    .iter()
+                    .filter(|w| !w.fully_resident())
+                    .take(self.lookahead)
+                {
+                    self.advise(model, &w.streamed_ranges, PageHint::WillNeed);
+                }
+            }
         }
     }
 
-    /// After window `index` has run: release its streamed layers (MRU), and prefetch the
-    /// streamed layers of the window `lookahead` places on (cyclically) if prefetching is
-    /// on. Without a budget nothing is streamed and no hint is given.
+    /// After window `index` has run: release its streamed layers (MRU), and, if
+    /// prefetching is on, queue them on the read-ahead thread again for the next token
+    /// (without the thread, hint the streamed layers of the window `lookahead` places on).
+    /// Without a budget nothing is streamed and no hint is given.
     pub fn after_window(&self, model: &Model, index: usize) {
         let Some(w) = self.windows.get(index) else {
             return;
         };
-        let released = self.release == ReleasePolicy::Mru && !w.fully_resident();
+        if w.fully_resident() {
+            return;
+        }
+        if let Some(reader) = &self.reader {
+            // Used: what the reader holds of it no longer counts, and it is next needed a
+            // token from now, after every other streamed window.
+            reader.forget(&w.streamed_ranges);
+        }
+        let released = self.release == ReleasePolicy::Mru;
         if released {
             self.advise(model, &w.streamed_ranges, self.hint);
         }
-        let len = self.windows.len();
-        let next = (index + self.lookahead.min(len - 1)) % len;
-        let n = &self.windows[next];
-        if self.prefetch && !n.fully_resident() && !(next == index && released) {
-            self.advise(model, &n.streamed_ranges, PageHint::WillNeed);
+        if !self.prefetch {
+            return;
+        }
+        match &self.reader {
+            Some(reader) => reader.read(&w.streamed_ranges),
+            None => {
+                let len = self.windows.len();
+                let next = (index + self.lookahead.min(len - 1)) % len;
+                let n = &self.windows[next];
+                if !n.fully_resident() && !(next == index && released) {
+                    self.advise(model, &n.streamed_ranges, PageHint::WillNeed);
+                }
+            }
         }
     }
 
@@ -381,6 +488,16 @@ mod tests {
     use super::*;
 
     const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn streamed_layers_spread_evenly_over_the_rounds() {
+        assert_eq!(spread(6, &[5, 5, 5, 5]), vec![2, 2, 1, 1]);
+        assert_eq!(spread(0, &[3, 3]), vec![0, 0]);
+        // A short window streams all it has; the rest go to the longer ones.
+        assert_eq!(spread(7, &[1, 5, 5]), vec![1, 3, 3]);
+        // Never more than the windows hold.
+        assert_eq!(spread(99, &[2, 3]), vec![2, 3]);
+    }
 
     #[test]
     fn everything_that_fits_is_resident() {
