@@ -56,7 +56,8 @@ enum Task {
     },
     /// Make every model the test suite needs (fetched, requantized, tiny).
     TestModels,
-    /// test-models, then `cargo build --release` and `cargo test --release` on the workspace.
+    /// test-models, then `cargo build --release` and `cargo test --release` on the workspace;
+    /// the home-lab smoke bed and the aarch64 kernels where this machine can, else skipped.
     Test,
     /// Prima and llama-bench side by side on the bench models, with ratios.
     Bench(bench::BenchArgs),
@@ -67,7 +68,7 @@ enum Task {
     /// under a cgroup memory limit (needs root for the cgroup).
     RingBench(ring_bench::RingBenchArgs),
     /// Emulated home devices on this machine (cgroups, namespaces, link latency): up,
-    /// down, status, exec (root, cgroup v1, iproute2).
+    /// down, status, check, exec (root, cgroup v1, iproute2).
     #[command(subcommand)]
     Homelab(homelab::HomelabCommand),
     /// Write sparse GGUF files with the paper's model shapes (for `prima plan`).

@@ -3,10 +3,13 @@
 //! release mode (every test binary runs even when an earlier one fails).
 //! Model-level tests are told that their models must exist
 //! (`PRIMA_REQUIRE_MODELS=1`), so a missing model fails instead of skipping.
-//! Then the CPU backend's kernel tests run once more built for aarch64 under
-//! qemu-user, so the NEON kernels are checked against the scalar ones on an
-//! x86-64 machine (`.ci/run` installs the target, the cross linker and qemu;
-//! without them this step is reported as skipped, never passed).
+//! Then two steps that need more than a build machine, each run where the machine
+//! can and otherwise reported as skipped, never passed, in the closing summary:
+//! the home-lab smoke bed (`xtask/tests/homelab.rs`, `#[ignore]`d in a plain
+//! `cargo test`: it needs root, cgroup v1, iproute2 and no bed up), and the CPU
+//! backend's kernel tests built for aarch64 under qemu-user, so the NEON kernels
+//! are checked against the scalar ones on an x86-64 machine (`.ci/run` installs
+//! the target, the cross linker and qemu).
 
 use std::env;
 use std::process::Command;
@@ -14,6 +17,7 @@ use std::process::Command;
 use anyhow::{Context, Result};
 
 use crate::build_tools;
+use crate::homelab;
 use crate::layout::Layout;
 use crate::test_models;
 
@@ -49,7 +53,67 @@ pub fn run(layout: &Layout) -> Result<i32> {
             return Ok(exit_code(status));
         }
     }
-    aarch64_kernels(layout, &cargo)
+    // Both run even when the first fails, as the test binaries do.
+    let optional = [
+        ("homelab smoke bed", homelab_smoke_bed(layout, &cargo)?),
+        (
+            "aarch64 (NEON) kernel tests",
+            aarch64_kernels(layout, &cargo)?,
+        ),
+    ];
+    let (lines, code) = summary(&optional);
+    for line in lines {
+        eprintln!("{line}");
+    }
+    Ok(code)
+}
+
+/// How a step that needs more than a build machine ended.
+enum Optional {
+    /// It ran; the exit code of its cargo run.
+    Ran(i32),
+    /// This machine cannot run it, for this reason.
+    Skipped(String),
+}
+
+/// The closing lines, one per step, and the exit code: the first failure's, 0 when
+/// every step that ran passed. A skipped step fails nothing, but its line says so.
+fn summary(steps: &[(&str, Optional)]) -> (Vec<String>, i32) {
+    let mut lines = Vec::new();
+    let mut code = 0;
+    for (name, outcome) in steps {
+        lines.push(match outcome {
+            Optional::Ran(0) => format!("passed  {name}"),
+            Optional::Ran(failed) => {
+                if code == 0 {
+                    code = *failed;
+                }
+                format!("FAILED  {name}")
+            }
+            Optional::Skipped(why) => format!("SKIPPED {name}: {why}"),
+        });
+    }
+    (lines, code)
+}
+
+/// The smoke test's name in `xtask/tests/homelab.rs`.
+const SMOKE_TEST: &str = "smoke_bed_generates_and_leaves_nothing_behind";
+
+/// The home-lab smoke bed (two devices on SmolLM2, one below its share of the model)
+/// where `homelab::ready` says a bed can come up; the test is `#[ignore]`d, so the
+/// workspace run above only lists it.
+fn homelab_smoke_bed(layout: &Layout, cargo: &std::ffi::OsStr) -> Result<Optional> {
+    if let Err(why) = homelab::ready() {
+        return Ok(Optional::Skipped(format!("{why:#}")));
+    }
+    let status = Command::new(cargo)
+        .args(["test", "--release", "-p", "xtask", "--test", "homelab"])
+        .args(["--", "--ignored", "--exact", SMOKE_TEST])
+        .current_dir(&layout.workspace)
+        .env("PRIMA_REQUIRE_MODELS", "1")
+        .status()
+        .context("cannot start the home-lab smoke test")?;
+    Ok(Optional::Ran(exit_code(status)))
 }
 
 const ARM_TARGET: &str = "aarch64-unknown-linux-gnu";
@@ -58,7 +122,7 @@ const ARM_RUNNER: &str = "qemu-aarch64";
 
 /// The backend's kernel tests (`tests/simd.rs`, scalar oracle against every level the
 /// CPU runs) built for aarch64 and run under qemu-user, where the NEON level exists.
-fn aarch64_kernels(layout: &Layout, cargo: &std::ffi::OsStr) -> Result<i32> {
+fn aarch64_kernels(layout: &Layout, cargo: &std::ffi::OsStr) -> Result<Optional> {
     let installed = Command::new("rustup")
         .args(["target", "list", "--installed"])
         .output()
@@ -71,11 +135,10 @@ fn aarch64_kernels(layout: &Layout, cargo: &std::ffi::OsStr) -> Result<i32> {
             .is_ok_and(|o| o.status.success())
     };
     if !installed || !have(ARM_LINKER) || !have(ARM_RUNNER) {
-        eprintln!(
-            "SKIPPED: aarch64 (NEON) kernel tests: need the {ARM_TARGET} Rust target, \
-             {ARM_LINKER} and {ARM_RUNNER} (`.ci/run` installs them)"
-        );
-        return Ok(0);
+        return Ok(Optional::Skipped(format!(
+            "need the {ARM_TARGET} Rust target, {ARM_LINKER} and {ARM_RUNNER} \
+             (`.ci/run` installs them)"
+        )));
     }
     // `-cpu max` has the dot-product extension, so both NEON levels run.
     let runner = format!("{ARM_RUNNER} -cpu max -L /usr/aarch64-linux-gnu");
@@ -87,7 +150,7 @@ fn aarch64_kernels(layout: &Layout, cargo: &std::ffi::OsStr) -> Result<i32> {
         .env("CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER", runner)
         .status()
         .context("cannot start the aarch64 kernel tests")?;
-    Ok(exit_code(status))
+    Ok(Optional::Ran(exit_code(status)))
 }
 
 /// 0 for success, else the process's code (1 when a signal ended it).
@@ -96,5 +159,33 @@ fn exit_code(status: std::process::ExitStatus) -> i32 {
         0
     } else {
         status.code().unwrap_or(1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_skip_is_reported_as_a_skip_and_a_failure_is_not_hidden() {
+        let steps = [
+            ("homelab smoke bed", Optional::Skipped("not root".into())),
+            ("aarch64 (NEON) kernel tests", Optional::Ran(0)),
+        ];
+        assert_eq!(
+            summary(&steps),
+            (
+                vec![
+                    "SKIPPED homelab smoke bed: not root".to_string(),
+                    "passed  aarch64 (NEON) kernel tests".to_string(),
+                ],
+                0
+            )
+        );
+        let steps = [
+            ("homelab smoke bed", Optional::Ran(101)),
+            ("aarch64 (NEON) kernel tests", Optional::Ran(2)),
+        ];
+        assert_eq!(summary(&steps).1, 101);
     }
 }

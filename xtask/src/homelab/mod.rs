@@ -1,4 +1,4 @@
-//! `cargo xtask homelab up | down | status | exec | bench`: emulated home devices on this machine.
+//! `cargo xtask homelab up | down | status | check | exec | bench`: emulated home devices on this machine.
 //!
 //! Each device of a testbed file (`manifests/testbeds/homelab/*.toml`) becomes a set of
 //! cgroup-v1 groups (memory with page cache counted, a CFS CPU quota, a cpuset, a blkio
@@ -54,6 +54,8 @@ pub enum HomelabCommand {
     Down { testbed: Option<String> },
     /// What exists: beds, devices, processes, namespaces, cgroups.
     Status,
+    /// Whether a bed can be brought up now; if not, what is missing or already up.
+    Check,
     /// Run a command inside a device (its cgroups and network namespace), e.g.
     /// `homelab exec smoke-2 d1 -- prima run …`.
     Exec {
@@ -98,6 +100,10 @@ pub fn run(layout: &Layout, command: HomelabCommand) -> Result<u8> {
         } => up(layout, &testbed, &overrides, no_build)?,
         HomelabCommand::Down { testbed } => down(testbed.as_deref())?,
         HomelabCommand::Status => status()?,
+        HomelabCommand::Check => {
+            ready()?;
+            println!("homelab: this machine can bring a bed up");
+        }
         HomelabCommand::Bench(args) => bench::run(layout, &args)?,
         HomelabCommand::Exec {
             testbed,
@@ -130,6 +136,20 @@ fn check_machine() -> Result<Hierarchies> {
     }
     if !Path::new("/dev/net/tun").exists() {
         bail!("/dev/net/tun is missing (load the tun module: modprobe tun)");
+    }
+    Ok(hierarchies)
+}
+
+/// Fails, saying what is missing or what is up, unless a bed can be brought up now.
+/// `up`, `homelab check` and `cargo xtask test` (whether to run the smoke bed) ask this.
+pub fn ready() -> Result<Hierarchies> {
+    let hierarchies = check_machine()?;
+    let leftovers = what_exists(&hierarchies);
+    if !leftovers.is_empty() {
+        bail!(
+            "a home lab is already up ({}): run `cargo xtask homelab down` first",
+            leftovers.join(", ")
+        );
     }
     Ok(hierarchies)
 }
@@ -171,7 +191,7 @@ fn release_dir(layout: &Layout, no_build: bool) -> Result<PathBuf> {
 }
 
 fn up(layout: &Layout, arg: &str, overrides: &Overrides, no_build: bool) -> Result<()> {
-    let hierarchies = check_machine()?;
+    let hierarchies = ready()?;
     let mut bed = Testbed::load(&testbed_path(layout, arg))?;
     if let Some(model) = &overrides.model {
         bed.override_model(model);
@@ -186,13 +206,6 @@ fn up(layout: &Layout, arg: &str, overrides: &Overrides, no_build: bool) -> Resu
                 d.model.display()
             );
         }
-    }
-    let leftovers = what_exists(&hierarchies);
-    if !leftovers.is_empty() {
-        bail!(
-            "a home lab is already up ({}): run `cargo xtask homelab down` first",
-            leftovers.join(", ")
-        );
     }
     let bin = release_dir(layout, no_build)?;
     match build(&hierarchies, &bed, arg, &bin) {
