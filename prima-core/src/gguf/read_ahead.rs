@@ -249,6 +249,8 @@ mod tests {
     }
 
     #[test]
+    // Single ranges and a reversed one are what these calls are tested with.
+    #[allow(clippy::single_range_in_vec_init, clippy::reversed_empty_ranges)]
     fn reads_what_it_is_given_and_forgets_what_is_released() {
         let dir = std::env::temp_dir().join(format!("prima-read-ahead-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();

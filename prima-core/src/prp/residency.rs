@@ -233,9 +233,7 @@ impl Residency {
         let mut pieces = Vec::new();
         for (w, &streamed) in windows.iter().zip(&streamed_per_window) {
             let first = w.layers.start + streamed;
-            for il in first..w.layers.end {
-                resident[il] = true;
-            }
+            resident[first..w.layers.end].fill(true);
             pieces.extend((w.layers.start..first).map(|il| RoundWindow {
                 round: w.round,
                 layers: il..il + 1,
@@ -466,7 +464,8 @@ impl Residency {
                 let len = self.windows.len();
                 let next = (index + self.lookahead.min(len - 1)) % len;
                 let n = &self.windows[next];
-                if !n.fully_resident() && !(next == index && released) {
+                let just_released = next == index && released;
+                if !n.fully_resident() && !just_released {
                     self.advise(model, &n.streamed_ranges, PageHint::WillNeed);
                 }
             }
