@@ -79,6 +79,19 @@ pub struct DeviceCores {
     pub cgroup: Option<CpuQuota>,
 }
 
+impl DeviceCores {
+    /// The share of its `cores` threads' full speed a CPU quota lets through over time:
+    /// quota ÷ period ÷ cores, at most 1 (0.15 for 15 ms a 100 ms period on one thread).
+    /// The compute probe runs in slices shorter than a period and keeps the fastest, so
+    /// it sees the cores unthrottled; its figure is scaled by this.
+    pub fn quota_share(&self) -> f64 {
+        match &self.cgroup {
+            Some(q) if q.period_us > 0 => (q.cores() / self.cores.max(1) as f64).clamp(0.01, 1.0),
+            _ => 1.0,
+        }
+    }
+}
+
 /// min(affinity CPUs, ⌈quota ÷ period⌉), at least 1.
 pub fn effective_cores(affinity_cpus: usize, quota: Option<&CpuQuota>) -> usize {
     let by_quota = quota.map_or(usize::MAX, CpuQuota::whole_cores);
@@ -178,6 +191,17 @@ mod tests {
         assert_eq!(effective_cores(8, Some(&quota(50_000))), 1);
         assert_eq!(effective_cores(8, Some(&quota(250_000))), 3);
         assert_eq!(effective_cores(2, Some(&quota(800_000))), 2);
+        let share = |quota_us, cores| {
+            DeviceCores {
+                cores,
+                affinity_cpus: 2,
+                cgroup: Some(quota(quota_us)),
+            }
+            .quota_share()
+        };
+        assert!((share(15_000, 1) - 0.15).abs() < 1e-9);
+        assert!((share(150_000, 2) - 0.75).abs() < 1e-9);
+        assert_eq!(share(800_000, 2), 1.0);
         assert_eq!(effective_cores(0, None), 1);
     }
 

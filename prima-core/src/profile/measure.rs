@@ -12,7 +12,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 
 use super::compute::{cpu_throughput, memcpy_rate};
-use super::device::{DeviceProfile, GpuKind, Os, QuantRates, GB, GIB};
+use super::device::{DeviceProfile, GpuKind, Os, QuantClass, QuantRates, GB, GIB};
 use super::disk::disk_read_rates;
 use super::limits::{device_cores, device_memory, DeviceCores, DeviceMemory};
 use super::memory::memory_read_bandwidth;
@@ -180,12 +180,18 @@ pub fn profile_device(
     let memory = device_memory().map_err(ProfileError::Memory)?;
     let mem = memory.effective;
     let cores = device_cores();
+    // Scaled here, not where measured: a cached figure meets today's quota.
+    let mut cpu_gflops = measured.cpu_gflops;
+    let share = cores.quota_share();
+    for q in QuantClass::ALL {
+        cpu_gflops.set(q, cpu_gflops.flops_per_s(q) / GB * share);
+    }
     let profile = DeviceProfile {
         name: opts.name.clone().unwrap_or(host),
         os: Os::current(),
         gpu: GpuKind::None,
         cpu_cores: cores.cores as u32,
-        cpu_gflops: measured.cpu_gflops,
+        cpu_gflops,
         gpu_gflops: None,
         cpu_read_gb_s: measured.cpu_read_gb_s,
         gpu_read_gb_s: None,
