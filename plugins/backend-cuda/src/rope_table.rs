@@ -1,53 +1,20 @@
-//! RoPE's (cos, sin) per token and pair, computed on the host exactly as the CPU backend's
-//! `fill_cache` computes them (plugins/backend-cpu/src/ops/rope.rs, the oracle): the same
-//! f32 operations and the host's own `cosf`/`sinf`, so the GPU rotates by the CPU's bits.
+//! RoPE's (cos, sin) per token and pair, computed on the host by the same code as the CPU
+//! backend's (`RopeParams::fill_cos_sin` in the ABI): the same f32 operations and the
+//! host's own `cosf`/`sinf`, so the GPU rotates by the CPU's bits.
 //! A GPU's cos/sin are an ulp apart now and then, and each such ulp can move an activation
 //! across a quantization boundary downstream. The table is small (n_tokens × n_rot floats)
 //! and only the rotation runs on the GPU (rope.cu).
 
-use std::f32::consts::PI;
-
 use prima_core::plugin::backend_abi::RopeParams;
-
-/// `[low, high]` dims between which YaRN ramps from extrapolation to interpolation.
-pub fn yarn_corr_dims(n_dims: usize, p: &RopeParams<'_>) -> [f32; 2] {
-    let corr_dim = |n_rot: f32| {
-        n_dims as f32 * (p.n_ctx_orig as f32 / (n_rot * 2.0 * PI)).ln() / (2.0 * p.freq_base.ln())
-    };
-    let start = corr_dim(p.beta_fast).floor();
-    let end = corr_dim(p.beta_slow).ceil();
-    [start.max(0.0), end.min(n_dims as f32 - 1.0)]
-}
-
-fn yarn_ramp(low: f32, high: f32, pair: usize) -> f32 {
-    let y = (pair as f32 - low) / (high - low).max(0.001);
-    1.0 - y.clamp(0.0, 1.0)
-}
 
 /// `[cos, sin]` of every pair (`n_rot / 2` of them) of every position, token-major:
 /// `table[(t · n_rot/2 + i) · 2 ..]`. `freq_factors`, when given, has `n_rot / 2` entries.
 pub fn table(positions: &[u32], p: &RopeParams<'_>, n_rot: usize) -> Vec<f32> {
     let half = n_rot / 2;
-    let corr = yarn_corr_dims(n_rot, p);
-    let theta_scale = p.freq_base.powf(-2.0 / n_rot as f32);
-    let factors = p.freq_factors.as_ref().map(|f| f.as_slice()).into_option();
+    let corr = p.yarn_corr_dims(n_rot);
     let mut out = vec![0f32; positions.len() * 2 * half];
     for (&pos, cs_pos) in positions.iter().zip(out.chunks_exact_mut(2 * half)) {
-        let mut theta = pos as f32;
-        for (i, cs) in cs_pos.chunks_exact_mut(2).enumerate() {
-            let ff = factors.map_or(1.0, |f| f[i]);
-            let theta_extrap = theta / ff;
-            let theta_interp = p.freq_scale * theta_extrap;
-            let (mut angle, mut mscale) = (theta_interp, p.attn_factor);
-            if p.ext_factor != 0.0 {
-                let mix = yarn_ramp(corr[0], corr[1], i) * p.ext_factor;
-                angle = theta_interp * (1.0 - mix) + theta_extrap * mix;
-                mscale *= 1.0 + 0.1 * (1.0 / p.freq_scale).ln();
-            }
-            cs[0] = angle.cos() * mscale;
-            cs[1] = angle.sin() * mscale;
-            theta *= theta_scale;
-        }
+        p.fill_cos_sin(cs_pos, pos, n_rot, corr);
     }
     out
 }

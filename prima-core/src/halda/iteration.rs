@@ -7,7 +7,7 @@ use super::ilp;
 use super::lda::{Lda, PlanOptions};
 use super::os::LdaSet;
 use super::MilpSolver;
-use crate::plugin::solver_abi::MilpStatus;
+use crate::plugin::solver_abi::{MilpSolution, MilpStatus};
 
 /// The best placement found for one device list.
 #[derive(Debug, Clone)]
@@ -94,32 +94,49 @@ pub fn solve_with_overlap(
         let problem = ilp::build_overlap(lda, k, opts.ilp_time_limit_s);
         let solution = solver.solve(&problem).map_err(HaldaError::Solver)?;
         ilps += 1;
-        let usable = solution.status == MilpStatus::Optimal
-            || (solution.status == MilpStatus::TimeLimit && solution.has_solution);
-        if !usable {
+        if !usable(&solution) {
             continue;
         }
         let (w, n) = ilp::placement(&solution.values, m_count);
         let t = predicted(&w, &n);
         if best.as_ref().is_none_or(|b| t < b.objective) {
-            let wf: Vec<f64> = w.iter().map(|&v| v as f64).collect();
-            let nf: Vec<f64> = n.iter().map(|&v| v as f64).collect();
-            let sets = lda.assign_sets(&wf, &nf, &vec![false; m_count]);
-            best = Some(HaldaSolution {
-                w,
-                n,
-                k,
-                sets,
-                objective: t,
-                iterations: 1,
-                ilps,
-                forced: vec![false; m_count],
-            });
+            best = Some(one_program(lda, w, n, k, t, ilps));
         }
     }
     let mut best = best.ok_or(HaldaError::Infeasible)?;
     best.ilps = ilps;
     Ok(best)
+}
+
+/// Whether a solve gave a placement: optimal, or stopped at the time limit with one.
+fn usable(solution: &MilpSolution) -> bool {
+    solution.status == MilpStatus::Optimal
+        || (solution.status == MilpStatus::TimeLimit && solution.has_solution)
+}
+
+/// A placement found by one program (no set iteration, nothing forced), with the sets
+/// its (w, n) fall in.
+fn one_program(
+    lda: &Lda,
+    w: Vec<u32>,
+    n: Vec<u32>,
+    k: u32,
+    objective: f64,
+    ilps: u32,
+) -> HaldaSolution {
+    let wf: Vec<f64> = w.iter().map(|&v| v as f64).collect();
+    let nf: Vec<f64> = n.iter().map(|&v| v as f64).collect();
+    let m_count = lda.len();
+    HaldaSolution {
+        sets: lda.assign_sets(&wf, &nf, &vec![false; m_count]),
+        w,
+        n,
+        k,
+        objective,
+        iterations: 1,
+        ilps,
+        forced: vec![false; m_count],
+    }
 }
 
 /// Whether the ILP at `k` can be skipped: any solution at k rounds maps to one at k = 1
@@ -152,9 +169,7 @@ pub fn solve_exact(
         let problem = ilp::build_exact(lda, k, opts.ilp_time_limit_s);
         let solution = solver.solve(&problem).map_err(HaldaError::Solver)?;
         ilps += 1;
-        let usable = solution.status == MilpStatus::Optimal
-            || (solution.status == MilpStatus::TimeLimit && solution.has_solution);
-        if !usable {
+        if !usable(&solution) {
             continue;
         }
         if k == 1 {
@@ -165,19 +180,7 @@ pub fn solve_exact(
             .is_none_or(|b| solution.objective < b.objective)
         {
             let (w, n) = ilp::placement(&solution.values, m_count);
-            let wf: Vec<f64> = w.iter().map(|&v| v as f64).collect();
-            let nf: Vec<f64> = n.iter().map(|&v| v as f64).collect();
-            let sets = lda.assign_sets(&wf, &nf, &vec![false; m_count]);
-            best = Some(HaldaSolution {
-                w,
-                n,
-                k,
-                sets,
-                objective: solution.objective,
-                iterations: 1,
-                ilps,
-                forced: vec![false; m_count],
-            });
+            best = Some(one_program(lda, w, n, k, solution.objective, ilps));
         }
     }
     let mut best = best.ok_or(HaldaError::Infeasible)?;
@@ -217,9 +220,7 @@ fn iterate(
             let problem = ilp::build(lda, &sets, k, opts.ilp_time_limit_s);
             let solution = solver.solve(&problem).map_err(HaldaError::Solver)?;
             ilps += 1;
-            let usable = solution.status == MilpStatus::Optimal
-                || (solution.status == MilpStatus::TimeLimit && solution.has_solution);
-            if !usable {
+            if !usable(&solution) {
                 continue;
             }
             if k == 1 {

@@ -71,6 +71,53 @@ pub struct RopeParams<'a> {
     pub n_ctx_orig: u32,
 }
 
+impl RopeParams<'_> {
+    /// `[low, high]` dims between which YaRN ramps from extrapolation to interpolation.
+    pub fn yarn_corr_dims(&self, n_dims: usize) -> [f32; 2] {
+        use std::f32::consts::PI;
+        let corr_dim = |n_rot: f32| {
+            n_dims as f32 * (self.n_ctx_orig as f32 / (n_rot * 2.0 * PI)).ln()
+                / (2.0 * self.freq_base.ln())
+        };
+        let start = corr_dim(self.beta_fast).floor();
+        let end = corr_dim(self.beta_slow).ceil();
+        [start.max(0.0), end.min(n_dims as f32 - 1.0)]
+    }
+
+    /// Fills `cos_sin` with the `[cos, sin]` of each pair (`n_rot / 2`) at position `pos`:
+    /// θ_i = pos · base^(−2i/n_rot), the power accumulated by repeated f32 multiplication
+    /// as ggml does, over `freq_factors[i]`; YaRN mixes by the ramp over `corr`
+    /// ([`Self::yarn_corr_dims`]). Every backend computes its angles here, in the host's
+    /// f32, so they rotate by the same bits (a GPU's cos/sin are an ulp off now and then).
+    pub fn fill_cos_sin(&self, cos_sin: &mut [f32], pos: u32, n_rot: usize, corr: [f32; 2]) {
+        let ramp = |pair: usize| {
+            let y = (pair as f32 - corr[0]) / (corr[1] - corr[0]).max(0.001);
+            1.0 - y.clamp(0.0, 1.0)
+        };
+        let theta_scale = self.freq_base.powf(-2.0 / n_rot as f32);
+        let factors = self
+            .freq_factors
+            .as_ref()
+            .map(|f| f.as_slice())
+            .into_option();
+        let mut theta = pos as f32;
+        for (i, cs) in cos_sin.chunks_exact_mut(2).enumerate() {
+            let ff = factors.map_or(1.0, |f| f[i]);
+            let theta_extrap = theta / ff;
+            let theta_interp = self.freq_scale * theta_extrap;
+            let (mut angle, mut mscale) = (theta_interp, self.attn_factor);
+            if self.ext_factor != 0.0 {
+                let mix = ramp(i) * self.ext_factor;
+                angle = theta_interp * (1.0 - mix) + theta_extrap * mix;
+                mscale *= 1.0 + 0.1 * (1.0 / self.freq_scale).ln();
+            }
+            cs[0] = angle.cos() * mscale;
+            cs[1] = angle.sin() * mscale;
+            theta *= theta_scale;
+        }
+    }
+}
+
 /// Shape of a KV cache the backend allocates and owns.
 #[repr(C)]
 #[derive(StableAbi, Clone, Copy, Debug)]

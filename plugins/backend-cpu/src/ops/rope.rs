@@ -11,45 +11,6 @@
 use super::{expect_len, mul, OpResult};
 use crate::pool::sized;
 use prima_core::plugin::backend_abi::RopeParams;
-use std::f32::consts::PI;
-
-/// The YaRN correction dimension for `n_rot` rotations over the original context.
-fn corr_dim(n_dims: usize, n_ctx_orig: u32, n_rot: f32, base: f32) -> f32 {
-    n_dims as f32 * (n_ctx_orig as f32 / (n_rot * 2.0 * PI)).ln() / (2.0 * base.ln())
-}
-
-/// `[low, high]` dims between which YaRN ramps from extrapolation to interpolation.
-fn corr_dims(n_dims: usize, p: &RopeParams<'_>) -> [f32; 2] {
-    let start = corr_dim(n_dims, p.n_ctx_orig, p.beta_fast, p.freq_base).floor();
-    let end = corr_dim(n_dims, p.n_ctx_orig, p.beta_slow, p.freq_base).ceil();
-    [start.max(0.0), end.min(n_dims as f32 - 1.0)]
-}
-
-fn yarn_ramp(low: f32, high: f32, pair: usize) -> f32 {
-    let y = (pair as f32 - low) / (high - low).max(0.001);
-    1.0 - y.clamp(0.0, 1.0)
-}
-
-/// Fills `cache` with the (cos, sin) of every pair for position `pos`.
-fn fill_cache(cache: &mut [f32], pos: u32, p: &RopeParams<'_>, n_rot: usize, corr: [f32; 2]) {
-    let theta_scale = p.freq_base.powf(-2.0 / n_rot as f32);
-    let factors = p.freq_factors.as_ref().map(|f| f.as_slice()).into_option();
-    let mut theta = pos as f32;
-    for (i, cs) in cache.chunks_exact_mut(2).enumerate() {
-        let ff = factors.map_or(1.0, |f| f[i]);
-        let theta_extrap = theta / ff;
-        let theta_interp = p.freq_scale * theta_extrap;
-        let (mut angle, mut mscale) = (theta_interp, p.attn_factor);
-        if p.ext_factor != 0.0 {
-            let mix = yarn_ramp(corr[0], corr[1], i) * p.ext_factor;
-            angle = theta_interp * (1.0 - mix) + theta_extrap * mix;
-            mscale *= 1.0 + 0.1 * (1.0 / p.freq_scale).ln();
-        }
-        cs[0] = angle.cos() * mscale;
-        cs[1] = angle.sin() * mscale;
-        theta *= theta_scale;
-    }
-}
 
 /// Rotates `x` (`positions.len()` rows of `n_head × head_dim`) in place; `cache` is scratch.
 pub fn rope(
@@ -83,11 +44,11 @@ pub fn rope(
     if n_rot == 0 || row == 0 {
         return Ok(());
     }
-    let corr = corr_dims(n_rot, p);
+    let corr = p.yarn_corr_dims(n_rot);
     let cache = sized(cache, n_rot);
     let half = n_rot / 2;
     for (&pos, xr) in positions.iter().zip(x.chunks_exact_mut(row)) {
-        fill_cache(cache, pos, p, n_rot, corr);
+        p.fill_cos_sin(cache, pos, n_rot, corr);
         for head in xr.chunks_exact_mut(head_dim) {
             for (i, cs) in cache.chunks_exact(2).enumerate() {
                 let (a, b) = if p.neox {
