@@ -14,7 +14,7 @@ mod transport_loader;
 
 pub use loader::{discover, load_backend, plugin_dirs, LoadedBackend, PluginError, PluginInfo};
 pub use loader::{discover_in, load_solver, load_solver_from, LoadedSolver};
-pub use transport_loader::{load_transport, LoadedTransport};
+pub use transport_loader::{load_relay, load_transport, LoadedTransport};
 
 /// What a plugin library provides.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

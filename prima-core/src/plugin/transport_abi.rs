@@ -6,6 +6,10 @@
 //! is sent or received or the timeout passes. Connections may be used from two threads at
 //! once, one sending and one receiving.
 //!
+//! Addresses are `host:port`. A transport that can go through a relay (`vpn-proxy`) also
+//! takes `TARGET via RELAY` ([`relayed`]): connect to the relay at `RELAY`, which
+//! forwards the connection to `TARGET` on another network; others refuse that form.
+//!
 //! [`TRANSPORT_ABI_VERSION`] is checked before `abi_stable` checks the layouts and must be
 //! bumped whenever anything in this file changes meaning.
 
@@ -84,6 +88,39 @@ pub trait Transport: Send + Sync {
 
 pub type TransportBox = Transport_TO<'static, RBox<()>>;
 
+/// A relay (`prima relay`): listens on two or more networks and forwards connections
+/// from one to another, without reading what they carry.
+#[sabi_trait]
+pub trait Relay: Send + Sync {
+    /// Each leg as bound, with the network it accepts targets on, e.g.
+    /// `10.1.0.2:9100 (10.1.0.0/24)`.
+    fn legs(&self) -> RVec<RString>;
+
+    /// Forwards connections until [`Relay::stop`]; blocks the calling thread.
+    fn serve(&self) -> TransportResult<()>;
+
+    /// Ends `serve` (connections being forwarded are cut).
+    fn stop(&self);
+}
+
+pub type RelayBox = Relay_TO<'static, RBox<()>>;
+
+/// The separator of a relayed address, `TARGET via RELAY`.
+pub const VIA: &str = " via ";
+
+/// The address that reaches `target` through the relay leg at `relay`.
+pub fn relayed(target: &str, relay: &str) -> String {
+    format!("{target}{VIA}{relay}")
+}
+
+/// An address's target and, for a relayed one, the relay it goes through.
+pub fn split_via(addr: &str) -> (&str, Option<&str>) {
+    match addr.split_once(VIA) {
+        Some((target, relay)) => (target.trim(), Some(relay.trim())),
+        None => (addr.trim(), None),
+    }
+}
+
 /// The root module a transport plugin exports.
 #[repr(C)]
 #[derive(StableAbi)]
@@ -94,6 +131,11 @@ pub struct TransportPlugin {
     pub plugin_version: extern "C" fn() -> RString,
     #[sabi(last_prefix_field)]
     pub create: extern "C" fn(TransportConfig) -> TransportResult<TransportBox>,
+    /// Starts a relay on these legs (`host:port`, optionally `/prefix`: the network the
+    /// leg accepts targets on), or says why this transport cannot relay. Appended after
+    /// the prefix, so plugins built before it still load (and cannot relay).
+    #[sabi(missing_field(option))]
+    pub relay: extern "C" fn(RVec<RString>) -> TransportResult<RelayBox>,
 }
 
 impl RootModule for TransportPluginRef {
@@ -108,9 +150,27 @@ impl RootModule for TransportPluginRef {
 /// ```ignore
 /// prima_core::export_transport_plugin!(name = "tcp", create = my_create_fn);
 /// ```
+/// A transport that can relay also names `relay = my_relay_fn` (see
+/// [`TransportPlugin::relay`]); without it `prima relay` is refused with the reason.
 #[macro_export]
 macro_rules! export_transport_plugin {
     (name = $name:expr, create = $create:path) => {
+        extern "C" fn __prima_plugin_cannot_relay(
+            _legs: ::abi_stable::std_types::RVec<::abi_stable::std_types::RString>,
+        ) -> $crate::plugin::transport_abi::TransportResult<
+            $crate::plugin::transport_abi::RelayBox,
+        > {
+            ::abi_stable::std_types::RResult::RErr(::abi_stable::std_types::RString::from(
+                concat!("the ", $name, " transport cannot relay (use --transport vpn-proxy)"),
+            ))
+        }
+        $crate::export_transport_plugin!(
+            name = $name,
+            create = $create,
+            relay = __prima_plugin_cannot_relay
+        );
+    };
+    (name = $name:expr, create = $create:path, relay = $relay:path) => {
         /// Read by the loader with plain `libloading` before any `abi_stable` check.
         #[no_mangle]
         pub extern "C" fn prima_plugin_abi_version() -> u32 {
@@ -138,6 +198,7 @@ macro_rules! export_transport_plugin {
                 name: __prima_plugin_name,
                 plugin_version: __prima_plugin_version,
                 create: $create,
+                relay: $relay,
             }
             .leak_into_prefix()
         }

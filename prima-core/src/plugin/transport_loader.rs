@@ -6,8 +6,10 @@ use abi_stable::library::RootModule;
 use abi_stable::std_types::RResult;
 
 use super::loader::{find_plugin, open_root};
+use abi_stable::std_types::{RString, RVec};
+
 use super::transport_abi::{
-    TransportBox, TransportConfig, TransportPluginRef, TRANSPORT_ABI_VERSION,
+    RelayBox, TransportBox, TransportConfig, TransportPluginRef, TRANSPORT_ABI_VERSION,
 };
 use super::{plugin_dirs, PluginError, PluginKind};
 
@@ -45,6 +47,27 @@ pub fn load_transport(
             plugin_name: info.name.unwrap_or_default(),
             path: info.path,
         }),
+        RResult::RErr(e) => Err(PluginError::Create {
+            path: info.path,
+            reason: e.into_string(),
+        }),
+    }
+}
+
+/// Starts a relay on `legs` with the transport plugin named `name`; a plugin built
+/// before relays existed, or one that cannot relay, is refused with the reason.
+pub fn load_relay(name: &str, legs: &[String]) -> Result<(RelayBox, PathBuf), PluginError> {
+    let (info, root) =
+        find_plugin::<TransportPluginRef>(&plugin_dirs(), PluginKind::Transport, Some(name))?;
+    let Some(relay) = root.relay() else {
+        return Err(PluginError::Create {
+            path: info.path,
+            reason: format!("the {name} transport was built without relay support"),
+        });
+    };
+    let legs: RVec<RString> = legs.iter().map(|l| RString::from(l.as_str())).collect();
+    match relay(legs) {
+        RResult::ROk(relay) => Ok((relay, info.path)),
         RResult::RErr(e) => Err(PluginError::Create {
             path: info.path,
             reason: e.into_string(),
