@@ -13,6 +13,7 @@ pub mod model;
 pub mod plugin;
 pub mod profile;
 pub mod prp;
+pub mod routes;
 pub mod sampler;
 pub mod server;
 pub mod tokenizer;

@@ -77,6 +77,12 @@ pub struct Device {
     pub threads: Option<u32>,
     /// Backend plugin name (default: the first one found).
     pub backend: Option<String>,
+    /// The network this device is on (default: the head's); devices on different
+    /// networks reach each other through a relay (`routes.rs`).
+    pub network: Option<String>,
+    /// This device is a relay (`prima relay`), not a node: its address on each network
+    /// it joins, by network name.
+    pub relay: Option<BTreeMap<String, String>>,
 }
 
 /// A byte count, written as a number or a string with a unit ("512M", "2G").
@@ -198,6 +204,9 @@ pub struct Policy {
     /// Plan with these device profiles (a `prima plan --devices` file, matched by device
     /// name) instead of measuring the devices: for testbeds and `--dry-run`.
     pub profiles: Option<PathBuf>,
+    /// Transport plugin of the head and the local nodes (default: `vpn-proxy` when a
+    /// route goes through a relay, else the first found, `tcp`).
+    pub transport: Option<String>,
 }
 
 fn yes() -> bool {
@@ -223,6 +232,7 @@ impl Default for Policy {
             ctx: default_ctx(),
             batch: default_batch(),
             profiles: None,
+            transport: None,
         }
     }
 }
@@ -304,7 +314,14 @@ impl LoadedManifest {
             if !seen.insert(d.name.as_str()) {
                 return Err(self.invalid(field, "another device has the same name"));
             }
+            if d.relay.is_some() {
+                crate::routes::check_relay(d).map_err(|m| self.invalid(field, m))?;
+                continue;
+            }
             match (&d.address, d.local || d.head) {
+                // The head's address: where it listens for the ring's last device, which
+                // a ring across networks needs.
+                (Some(_), true) if d.head && !d.local => {}
                 (Some(_), true) => {
                     return Err(self.invalid(
                         field,
@@ -329,6 +346,10 @@ impl LoadedManifest {
         let heads = m.devices.iter().filter(|d| d.head).count();
         if heads > 1 {
             return Err(self.invalid("device.head", "only one device can be the head"));
+        }
+        if let Ok(head) = self.head_index() {
+            crate::routes::check_networks(m, head)
+                .map_err(|(field, message)| self.invalid(field, message))?;
         }
         for name in m.model.paths.keys() {
             if !m.devices.iter().any(|d| &d.name == name) {
@@ -371,7 +392,7 @@ impl LoadedManifest {
         if let Some(i) = m.devices.iter().position(|d| d.head) {
             return Ok(i);
         }
-        m.devices.iter().position(|d| d.local).ok_or_else(|| {
+        m.devices.iter().position(|d| d.local && d.relay.is_none()).ok_or_else(|| {
             self.invalid(
                 "device.head",
                 "no device is local, so none can be the head; mark this machine's device `head = true`",

@@ -57,6 +57,9 @@ pub struct ApplyArgs {
     /// those whose configuration is unchanged.
     #[arg(long)]
     keep_nodes: bool,
+    /// After --prompt, write every device's per-pass statistics to this file as JSON.
+    #[arg(long, requires = "prompt")]
+    stats_json: Option<PathBuf>,
 }
 
 /// Renames a ring error's device index to its manifest name.
@@ -110,6 +113,10 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
         let _ = ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst));
     }
 
+    // A ring across networks needs a transport that goes through relays.
+    let transport_name = m.policy.transport.clone().or_else(|| {
+        prima_core::routes::crosses_networks(m, head).then(|| "vpn-proxy".to_string())
+    });
     let model = Model::load(&head_model)?;
     let specs: Vec<NodeSpec> = m
         .devices
@@ -121,6 +128,7 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
             threads: d.threads,
             mem_budget: d.mem_budget.map(|s| s.0),
             backend: d.backend.clone(),
+            transport: transport_name.clone(),
         })
         .collect();
     let bar = spinner(format!("starting {} local nodes", specs.len()));
@@ -154,7 +162,7 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
         None
     } else {
         Some(load_transport(
-            None,
+            transport_name.as_deref(),
             TransportConfig {
                 max_frame_bytes: MAX_FRAME_BYTES,
             },
@@ -197,7 +205,12 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
         mem_budget: head_device
             .mem_budget
             .map_or(MemBudget::Auto, |s| MemBudget::Bytes(s.0)),
-        ..RingOptions::default()
+        // Across networks the last device reaches the head at its given address.
+        listen: head_device
+            .address
+            .clone()
+            .unwrap_or_else(|| RingOptions::default().listen),
+        next_routes: plan.ring().skip(1).map(|d| d.next_route.clone()).collect(),
     };
     let bar = spinner(format!("launching the ring ({} devices)", windows.len()));
     let head_ring = if nodes.is_empty() {
@@ -280,8 +293,15 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
                     ring.rounds()
                 ),
             );
-            if args.verbose {
-                print_device_table(&ring.collect_stats()?);
+            if args.verbose || args.stats_json.is_some() {
+                let stats = ring.collect_stats()?;
+                if args.verbose {
+                    print_device_table(&stats);
+                }
+                if let Some(path) = &args.stats_json {
+                    std::fs::write(path, serde_json::to_vec_pretty(&stats)?)
+                        .with_context(|| format!("cannot write {}", path.display()))?;
+                }
             }
             // Kept nodes go back to waiting for a head; the others are stopped anyway.
             ring.shutdown(false);

@@ -19,6 +19,8 @@ pub struct NodeSpec {
     pub threads: Option<u32>,
     pub mem_budget: Option<u64>,
     pub backend: Option<String>,
+    /// Transport plugin (default: the node's choice, the first found).
+    pub transport: Option<String>,
 }
 
 impl NodeSpec {
@@ -181,6 +183,9 @@ fn spawn(spec: &NodeSpec, keep: bool) -> anyhow::Result<(RunningNode, std::proce
     }
     if let Some(b) = &spec.backend {
         cmd.args(["--backend", b]);
+    }
+    if let Some(t) = &spec.transport {
+        cmd.args(["--transport", t]);
     }
     cmd.stdin(Stdio::null())
         .stdout(Stdio::null())

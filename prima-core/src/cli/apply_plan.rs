@@ -12,7 +12,8 @@ use prima_core::plugin::transport_abi::TransportBox;
 use prima_core::plugin::{load_solver, LoadedBackend};
 use prima_core::profile::{profile_device, DeviceProfile, DeviceProfiles, ProfileOptions};
 use prima_core::prp::head::request_profile;
-use prima_core::prp::layer_counts;
+use prima_core::prp::{layer_counts, NextRoute};
+use prima_core::routes;
 
 use super::node::with_budget;
 
@@ -33,6 +34,11 @@ pub struct DevicePlan {
     pub mem_budget: Option<u64>,
     /// Halda's set (M1–M4) for the device, when Halda planned.
     pub set: Option<&'static str>,
+    /// A relay device: the networks it joins (`lan-a<->lan-b`). Not a ring device.
+    pub forwards: Option<String>,
+    /// How this node reaches the next ring device, where not as the head reaches it.
+    #[serde(skip)]
+    pub next_route: NextRoute,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -49,7 +55,9 @@ pub struct Plan {
 impl Plan {
     /// The devices in the ring, head first.
     pub fn ring(&self) -> impl Iterator<Item = &DevicePlan> {
-        self.devices.iter().filter(|d| d.pruned.is_none())
+        self.devices
+            .iter()
+            .filter(|d| d.pruned.is_none() && d.forwards.is_none())
     }
 
     pub fn to_json(&self) -> serde_json::Value {
@@ -67,6 +75,7 @@ impl Plan {
                 "pruned": d.pruned.is_some(),
                 "pruned_reason": d.pruned,
                 "relay": d.relay,
+                "forwards": d.forwards,
                 "set": d.set,
             })).collect::<Vec<_>>(),
         })
@@ -89,6 +98,9 @@ impl Plan {
         for d in &self.devices {
             let note = match (&d.pruned, d.relay) {
                 (Some(why), _) => format!("pruned: {why}"),
+                (None, _) if d.forwards.is_some() => {
+                    format!("relay {}", d.forwards.as_deref().unwrap_or_default())
+                }
                 (None, true) => "relay only".to_string(),
                 _ => String::new(),
             };
@@ -135,6 +147,7 @@ pub fn spinner(msg: String) -> ProgressBar {
 fn collect_profiles(
     inputs: &PlanInputs<'_>,
     order: &[usize],
+    reach: &[Option<String>],
 ) -> anyhow::Result<Vec<DeviceProfile>> {
     let m = &inputs.manifest.manifest;
     if let Some(file) = &m.policy.profiles {
@@ -182,10 +195,8 @@ fn collect_profiles(
             .with_context(|| format!("device '{}': profiling", d.name))?;
             with_budget(report.profile, d.mem_budget.map(|s| s.0))
         } else {
-            let addr = d
-                .address
+            let addr = reach[pos]
                 .clone()
-                .or_else(|| (inputs.addr_of)(&d.name))
                 .with_context(|| format!("device '{}': no address", d.name))?;
             let value = request_profile(transport, &addr, 120_000)
                 .map_err(|e| anyhow::anyhow!("device '{}' ({addr}): {e}", d.name))?;
@@ -206,10 +217,24 @@ pub fn plan(inputs: &PlanInputs<'_>) -> anyhow::Result<Plan> {
     let started = Instant::now();
     let manifest = inputs.manifest;
     let m = &manifest.manifest;
-    let n_devices = m.devices.len();
-    // Ring order: the head, then the manifest's order after it, wrapping round.
-    let order: Vec<usize> = (0..n_devices)
-        .map(|i| (inputs.head + i) % n_devices)
+    // Ring order: the head, then the manifest's order after it, wrapping round; across
+    // networks, the head's network first (`routes.rs`). Relays are no ring devices.
+    let order = routes::ring_order(m, inputs.head);
+    let n_devices = order.len();
+    let net = |i: usize| routes::network_of(m, inputs.head, &m.devices[i]);
+    let home = net(inputs.head);
+    // Each device's own address, and how the head reaches it.
+    let own: Vec<Option<String>> = order
+        .iter()
+        .map(|&i| {
+            let d = &m.devices[i];
+            d.address.clone().or_else(|| (inputs.addr_of)(&d.name))
+        })
+        .collect();
+    let reach: Vec<Option<String>> = order
+        .iter()
+        .zip(&own)
+        .map(|(&i, a)| a.as_ref().map(|a| routes::reach(m, home, net(i), a).0))
         .collect();
     let n_layers = inputs.model.hparams().n_layers;
     let mut sets: Vec<Option<&'static str>> = vec![None; n_devices];
@@ -226,7 +251,15 @@ pub fn plan(inputs: &PlanInputs<'_>) -> anyhow::Result<Plan> {
                 .collect()
         }
         scheduler => {
-            let profiles = collect_profiles(inputs, &order)?;
+            let mut profiles = collect_profiles(inputs, &order, &reach)?;
+            // A link through a relay is two hops: twice the latency, half the rate.
+            for (pos, p) in profiles.iter_mut().enumerate() {
+                let next = order[(pos + 1) % n_devices];
+                if let (Some(link), true) = (&mut p.link, net(order[pos]) != net(next)) {
+                    link.rtt_ms *= 2.0;
+                    link.bytes_per_s /= 2.0;
+                }
+            }
             let model_profile = ModelProfile::from_gguf(inputs.model.gguf())?;
             let which = match scheduler {
                 Scheduler::Mem => halda::Scheduler::Mem,
@@ -279,7 +312,7 @@ pub fn plan(inputs: &PlanInputs<'_>) -> anyhow::Result<Plan> {
     let capped: Vec<usize> = gpu.iter().zip(&w).map(|(&g, &x)| g.min(x)).collect();
     let counts = layer_counts(n_layers, &w, &capped)?;
     let k = n_layers.div_ceil(w.iter().sum::<usize>());
-    let devices = order
+    let mut devices: Vec<DevicePlan> = order
         .iter()
         .enumerate()
         .map(|(pos, &i)| {
@@ -287,10 +320,7 @@ pub fn plan(inputs: &PlanInputs<'_>) -> anyhow::Result<Plan> {
             let addr = if pos == 0 {
                 "head".to_string()
             } else {
-                d.address
-                    .clone()
-                    .or_else(|| (inputs.addr_of)(&d.name))
-                    .unwrap_or_default()
+                reach[pos].clone().unwrap_or_default()
             };
             let pruned = (counts[pos].0 == 0 && !relays[pos] && pos != 0).then(|| {
                 reasons[pos]
@@ -307,9 +337,28 @@ pub fn plan(inputs: &PlanInputs<'_>) -> anyhow::Result<Plan> {
                 pruned,
                 mem_budget: d.mem_budget.map(|s| s.0),
                 set: sets[pos],
+                forwards: None,
+                next_route: NextRoute::AsHead,
             }
         })
         .collect();
+    let needed = route_ring(m, inputs.head, &order, &own, &mut devices);
+    for (i, d) in m.devices.iter().enumerate().filter(|(_, d)| d.relay.is_some()) {
+        let legs: Vec<&str> = d.relay.iter().flatten().map(|(_, a)| a.as_str()).collect();
+        devices.push(DevicePlan {
+            name: d.name.clone(),
+            addr: legs.join(", "),
+            w: 0,
+            n: 0,
+            layers: 0,
+            relay: true,
+            pruned: (!needed.contains(&i)).then(|| "no route of the ring needs it".to_string()),
+            mem_budget: None,
+            set: None,
+            forwards: Some(routes::legs_label(d)),
+            next_route: NextRoute::AsHead,
+        });
+    }
     Ok(Plan {
         scheduler: match m.policy.scheduler {
             Scheduler::Halda => "halda",
@@ -322,6 +371,49 @@ pub fn plan(inputs: &PlanInputs<'_>) -> anyhow::Result<Plan> {
         solve_ms: started.elapsed().as_secs_f64() * 1e3,
         devices,
     })
+}
+
+/// Routes the ring's devices (the plan's first `order.len()` rows, pruned ones skipped):
+/// each node's next hop where it is not how the head reaches that device, and the relays
+/// the crossings use — ring links and the head's control channels. The relays needed.
+fn route_ring(
+    m: &prima_core::manifest::Manifest,
+    head: usize,
+    order: &[usize],
+    own: &[Option<String>],
+    devices: &mut [DevicePlan],
+) -> Vec<usize> {
+    let net = |i: usize| routes::network_of(m, head, &m.devices[i]);
+    let home = net(head);
+    let ring: Vec<usize> = (0..order.len())
+        .filter(|&pos| devices[pos].pruned.is_none())
+        .collect();
+    let mut needed = Vec::new();
+    for (j, &pos) in ring.iter().enumerate() {
+        let (from, to_pos) = (order[pos], ring[(j + 1) % ring.len()]);
+        let to = order[to_pos];
+        for crossing in [(home, net(from)), (net(from), net(to))] {
+            if let Some((relay, _)) = routes::relay_between(m, crossing.0, crossing.1)
+                .filter(|_| crossing.0 != crossing.1)
+            {
+                if !needed.contains(&relay) {
+                    needed.push(relay);
+                }
+            }
+        }
+        if pos == 0 || net(from) == net(to) {
+            continue;
+        }
+        devices[pos].next_route = match (to_pos, &own[to_pos]) {
+            (0, _) => match routes::relay_between(m, net(from), home) {
+                Some((_, leg)) => NextRoute::HeadVia(leg.to_string()),
+                None => NextRoute::AsHead,
+            },
+            (_, Some(addr)) => NextRoute::Addr(routes::reach(m, net(from), net(to), addr).0),
+            (_, None) => NextRoute::AsHead,
+        };
+    }
+    needed
 }
 
 /// Applies a fixed k from the manifest to windows planned for `planned_k` rounds: each

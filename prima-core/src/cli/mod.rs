@@ -11,6 +11,7 @@ mod node;
 mod plan;
 mod plugins;
 mod profile;
+mod relay;
 mod run;
 mod serve;
 mod tokenize;
@@ -44,6 +45,8 @@ enum Command {
     Node(node::NodeArgs),
     /// Start the cluster a manifest declares: profile, plan, launch the ring, serve.
     Apply(apply::ApplyArgs),
+    /// Forward ring connections between two networks (a relay device's only job).
+    Relay(relay::RelayArgs),
     /// Assign layers to devices (Halda, or the MemSched/PerfSched baselines).
     Plan(plan::PlanArgs),
     /// Measure this device for planning (cached per device and model).
@@ -67,6 +70,7 @@ pub fn main() -> ExitCode {
         Command::Bench(args) => bench::run(args),
         Command::Node(args) => node::run(args),
         Command::Apply(args) => apply::run(args),
+        Command::Relay(args) => relay::run(args),
         Command::Plan(args) => plan::run(args),
         Command::Profile(args) => profile::run(args),
         Command::Serve(args) => serve::run(args),

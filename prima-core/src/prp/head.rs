@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use crate::generate::Forward;
 use crate::model::{Model, Session};
 use crate::plugin::backend_abi::BackendBox;
-use crate::plugin::transport_abi::{ConnectionBox, TransportBox, NO_TIMEOUT};
+use crate::plugin::transport_abi::{relayed, ConnectionBox, TransportBox, NO_TIMEOUT};
 
 use super::budget::{report_budget, ring_device_budget, MemBudget};
 use super::counters::PassMeter;
@@ -49,6 +49,22 @@ pub struct RingOptions {
     pub mem_budget: MemBudget,
     /// Where the head accepts the last device's data connection.
     pub listen: String,
+    /// How each node (in ring order) reaches the device after it, where that is not how
+    /// the head reaches it (a ring across networks); empty: as the head does.
+    pub next_routes: Vec<NextRoute>,
+}
+
+/// How a node reaches the device after it in the ring.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NextRoute {
+    /// At the address the head reaches that node at; the last node reaches the head at
+    /// the address its control connection came from.
+    AsHead,
+    /// At this address (e.g. `TARGET via RELAY`).
+    Addr(String),
+    /// The head's data listener through the relay leg at this address; the head must
+    /// then listen on its own address in its network, not on 0.0.0.0.
+    HeadVia(String),
 }
 
 impl Default for RingOptions {
@@ -62,6 +78,7 @@ impl Default for RingOptions {
             wire: WireType::F32,
             mem_budget: MemBudget::Auto,
             listen: "0.0.0.0:0".into(),
+            next_routes: Vec::new(),
         }
     }
 }
@@ -261,10 +278,34 @@ impl<'m> RingHead<'m> {
             });
         }
         let fingerprint = ModelFingerprint::of(model.gguf());
+        if !options.next_routes.is_empty() && options.next_routes.len() != nodes.len() {
+            return Err(RingError::Plan(format!(
+                "{} next-hop routes for {} nodes",
+                options.next_routes.len(),
+                nodes.len()
+            )));
+        }
         for link in &links {
-            let next = match nodes.get(link.device) {
-                Some(addr) => NextHop::Node { addr: addr.clone() },
-                None => NextHop::Head { port },
+            let route = options
+                .next_routes
+                .get(link.device - 1)
+                .unwrap_or(&NextRoute::AsHead);
+            let next = match (route, nodes.get(link.device)) {
+                (NextRoute::Addr(addr), _) => NextHop::Node { addr: addr.clone() },
+                (NextRoute::HeadVia(relay), _) => {
+                    let me = listener.local_addr().into_string();
+                    if me.starts_with("0.0.0.0:") || me.starts_with("[::]:") {
+                        return Err(RingError::Setup(format!(
+                            "device {} reaches the head through relay {relay}, so the head must listen on its address in its network, not {me}",
+                            link.device
+                        )));
+                    }
+                    NextHop::Node {
+                        addr: relayed(&me, relay),
+                    }
+                }
+                (NextRoute::AsHead, Some(addr)) => NextHop::Node { addr: addr.clone() },
+                (NextRoute::AsHead, None) => NextHop::Head { port },
             };
             let setup = Setup {
                 protocol: PROTOCOL_VERSION,

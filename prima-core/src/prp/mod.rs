@@ -24,5 +24,5 @@ pub mod residency;
 mod windows;
 
 pub use error::RingError;
-pub use head::{DeviceStats, RingHead, RingOptions};
+pub use head::{DeviceStats, NextRoute, RingHead, RingOptions};
 pub use windows::{assign_windows, layer_counts, LayerWindow, WindowError};
