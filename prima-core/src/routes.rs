@@ -205,12 +205,7 @@ pub fn reach(m: &Manifest, from: &str, to: &str, addr: &str) -> (String, Option<
 
 /// The networks a relay joins, as `lan-a<->lan-b`.
 pub fn legs_label(d: &Device) -> String {
-    let nets: BTreeSet<&str> = d
-        .relay
-        .iter()
-        .flatten()
-        .map(|(n, _)| n.as_str())
-        .collect();
+    let nets: BTreeSet<&str> = d.relay.iter().flatten().map(|(n, _)| n.as_str()).collect();
     nets.into_iter().collect::<Vec<_>>().join("<->")
 }
 
@@ -262,29 +257,36 @@ relay = { lan-a = "10.1.0.2:9100", lan-b = "10.2.0.2:9100" }
             reach(mm, "lan-b", "lan-a", "10.1.0.1:0").0,
             "10.1.0.1:0 via 10.2.0.2:9100"
         );
-        assert_eq!(reach(mm, "lan-a", "lan-a", "x:1"), ("x:1".to_string(), None));
+        assert_eq!(
+            reach(mm, "lan-a", "lan-a", "x:1"),
+            ("x:1".to_string(), None)
+        );
         assert_eq!(legs_label(&mm.devices[3]), "lan-a<->lan-b");
     }
 
     #[test]
     fn network_mistakes_name_the_device_and_field() {
         let err = parse(&TWO_LANS.replace("lan-b = \"10.2.0.2:9100\"", "")).unwrap_err();
-        assert!(err.contains("router") && err.contains("at least two networks"), "{err}");
+        assert!(
+            err.contains("router") && err.contains("at least two networks"),
+            "{err}"
+        );
 
-        let err = parse(&TWO_LANS.replace("network = \"lan-b\"", "network = \"lan-c\"")).unwrap_err();
+        let err =
+            parse(&TWO_LANS.replace("network = \"lan-b\"", "network = \"lan-c\"")).unwrap_err();
         assert!(
             err.contains("device[1] (attic).network: no relay joins network 'lan-c'"),
             "{err}"
         );
 
         let err = parse(&TWO_LANS.replace("address = \"10.1.0.1:0\"", "")).unwrap_err();
-        assert!(err.contains("device[0] (desk).address") && err.contains("crosses networks"), "{err}");
+        assert!(
+            err.contains("device[0] (desk).address") && err.contains("crosses networks"),
+            "{err}"
+        );
 
-        let err = parse(&TWO_LANS.replace(
-            "name = \"router\"",
-            "name = \"router\"\nthreads = 2",
-        ))
-        .unwrap_err();
+        let err = parse(&TWO_LANS.replace("name = \"router\"", "name = \"router\"\nthreads = 2"))
+            .unwrap_err();
         assert!(err.contains("not a node: it takes no `threads`"), "{err}");
 
         let err = parse(&TWO_LANS.replace("\"10.2.0.2:9100\"", "\"nowhere\"")).unwrap_err();
@@ -298,7 +300,9 @@ relay = { lan-a = "10.1.0.2:9100", lan-b = "10.2.0.2:9100" }
     fn devices_without_a_network_are_on_the_heads() {
         let m = parse(&TWO_LANS.replace("network = \"lan-b\"", "")).unwrap();
         let mm = &m.manifest;
-        assert!(mm.devices[..3].iter().all(|d| network_of(mm, 0, d) == "lan-a"));
+        assert!(mm.devices[..3]
+            .iter()
+            .all(|d| network_of(mm, 0, d) == "lan-a"));
         assert_eq!(ring_order(mm, 0), vec![0, 1, 2]);
     }
 }

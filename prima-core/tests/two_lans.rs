@@ -26,7 +26,10 @@ fn model() -> PathBuf {
 }
 
 fn ip(args: &[&str]) {
-    let out = Command::new("ip").args(args).output().expect("cannot run ip");
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .expect("cannot run ip");
     assert!(
         out.status.success(),
         "ip {}: {}",
@@ -114,8 +117,15 @@ impl Bed {
             ns,
             name,
             &[
-                "node", "--listen", listen, "-m", m.to_str().unwrap(), "-t", "1",
-                "--transport", "vpn-proxy",
+                "node",
+                "--listen",
+                listen,
+                "-m",
+                m.to_str().unwrap(),
+                "-t",
+                "1",
+                "--transport",
+                "vpn-proxy",
             ],
             "node: listening",
         );
@@ -252,7 +262,11 @@ fn hop_ms(stats: &Path) -> f64 {
 #[test]
 #[ignore = "needs root and iproute2: cargo xtask test runs it where it can"]
 fn a_ring_spans_two_networks_through_a_relay() {
-    assert!(model().exists(), "{} missing: cargo xtask fetch-models", model().display());
+    assert!(
+        model().exists(),
+        "{} missing: cargo xtask fetch-models",
+        model().display()
+    );
     let mut bed = Bed::up();
     // A cannot reach B: no route, so even B's open port cannot be connected to.
     let route = bed
@@ -264,7 +278,13 @@ fn a_ring_spans_two_networks_through_a_relay() {
     let relay = bed.start(
         "r",
         "relay",
-        &["relay", "--listen", "10.91.1.2:9100", "--listen", "10.91.2.2:9100"],
+        &[
+            "relay",
+            "--listen",
+            "10.91.1.2:9100",
+            "--listen",
+            "10.91.2.2:9100",
+        ],
         "relay: vpn-proxy",
     );
     bed.node("b", "attic", "10.91.2.1:9000");
@@ -274,10 +294,21 @@ fn a_ring_spans_two_networks_through_a_relay() {
         .exec("a", &["bash", "-c", "exec 3<>/dev/tcp/10.91.2.1/9000"])
         .output()
         .unwrap();
-    assert!(!reach.status.success(), "A reached B's node without the relay");
+    assert!(
+        !reach.status.success(),
+        "A reached B's node without the relay"
+    );
 
     let single = Command::new(prima())
-        .args(["run", "-m", model().to_str().unwrap(), "-p", PROMPT, "-n", "48"])
+        .args([
+            "run",
+            "-m",
+            model().to_str().unwrap(),
+            "-p",
+            PROMPT,
+            "-n",
+            "48",
+        ])
         .args(["--temp", "0", "-t", "1", "-c", "256"])
         .output()
         .unwrap();

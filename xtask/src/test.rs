@@ -3,10 +3,12 @@
 //! release mode (every test binary runs even when an earlier one fails).
 //! Model-level tests are told that their models must exist
 //! (`PRIMA_REQUIRE_MODELS=1`), so a missing model fails instead of skipping.
-//! Then two steps that need more than a build machine, each run where the machine
+//! Then three steps that need more than a build machine, each run where the machine
 //! can and otherwise reported as skipped, never passed, in the closing summary:
 //! the home-lab smoke bed (`xtask/tests/homelab.rs`, `#[ignore]`d in a plain
-//! `cargo test`: it needs root, cgroup v1, iproute2 and no bed up), and the CPU
+//! `cargo test`: it needs root, cgroup v1, iproute2 and no bed up), the ring across two
+//! network namespaces joined by a relay (`prima-core/tests/two_lans.rs`: root and
+//! iproute2), and the CPU
 //! backend's kernel tests built for aarch64 under qemu-user, so the NEON kernels
 //! are checked against the scalar ones on an x86-64 machine (`.ci/run` installs
 //! the target, the cross linker and qemu).
@@ -56,6 +58,10 @@ pub fn run(layout: &Layout) -> Result<i32> {
     // Both run even when the first fails, as the test binaries do.
     let optional = [
         ("homelab smoke bed", homelab_smoke_bed(layout, &cargo)?),
+        (
+            "ring across two networks (relay)",
+            relay_two_lans(layout, &cargo)?,
+        ),
         (
             "aarch64 (NEON) kernel tests",
             aarch64_kernels(layout, &cargo)?,
@@ -113,6 +119,39 @@ fn homelab_smoke_bed(layout: &Layout, cargo: &std::ffi::OsStr) -> Result<Optiona
         .env("PRIMA_REQUIRE_MODELS", "1")
         .status()
         .context("cannot start the home-lab smoke test")?;
+    Ok(Optional::Ran(exit_code(status)))
+}
+
+/// The ring across two network namespaces joined by a relay
+/// (`prima-core/tests/two_lans.rs`, `#[ignore]`d: it needs root and `ip`).
+fn relay_two_lans(layout: &Layout, cargo: &std::ffi::OsStr) -> Result<Optional> {
+    // SAFETY: geteuid has no arguments and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return Ok(Optional::Skipped("needs root (network namespaces)".into()));
+    }
+    let have_ip = Command::new("ip")
+        .arg("-V")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !have_ip {
+        return Ok(Optional::Skipped(
+            "`ip` is not on PATH (install iproute2)".into(),
+        ));
+    }
+    let status = Command::new(cargo)
+        .args([
+            "test",
+            "--release",
+            "-p",
+            "prima-core",
+            "--test",
+            "two_lans",
+        ])
+        .args(["--", "--ignored", "--nocapture"])
+        .current_dir(&layout.workspace)
+        .env("PRIMA_REQUIRE_MODELS", "1")
+        .status()
+        .context("cannot start the two-network relay test")?;
     Ok(Optional::Ran(exit_code(status)))
 }
 

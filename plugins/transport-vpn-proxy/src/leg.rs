@@ -14,11 +14,15 @@ impl Network {
     pub fn contains(&self, ip: IpAddr) -> bool {
         match (self.addr, ip) {
             (IpAddr::V4(net), IpAddr::V4(ip)) => {
-                let mask = u32::MAX.checked_shl(32 - u32::from(self.prefix)).unwrap_or(0);
+                let mask = u32::MAX
+                    .checked_shl(32 - u32::from(self.prefix))
+                    .unwrap_or(0);
                 u32::from(net) & mask == u32::from(ip) & mask
             }
             (IpAddr::V6(net), IpAddr::V6(ip)) => {
-                let mask = u128::MAX.checked_shl(128 - u32::from(self.prefix)).unwrap_or(0);
+                let mask = u128::MAX
+                    .checked_shl(128 - u32::from(self.prefix))
+                    .unwrap_or(0);
                 u128::from(net) & mask == u128::from(ip) & mask
             }
             _ => false,
@@ -30,11 +34,15 @@ impl std::fmt::Display for Network {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let base = match self.addr {
             IpAddr::V4(a) => {
-                let mask = u32::MAX.checked_shl(32 - u32::from(self.prefix)).unwrap_or(0);
+                let mask = u32::MAX
+                    .checked_shl(32 - u32::from(self.prefix))
+                    .unwrap_or(0);
                 IpAddr::from(std::net::Ipv4Addr::from(u32::from(a) & mask))
             }
             IpAddr::V6(a) => {
-                let mask = u128::MAX.checked_shl(128 - u32::from(self.prefix)).unwrap_or(0);
+                let mask = u128::MAX
+                    .checked_shl(128 - u32::from(self.prefix))
+                    .unwrap_or(0);
                 IpAddr::from(std::net::Ipv6Addr::from(u128::from(a) & mask))
             }
         };
@@ -111,10 +119,18 @@ mod tests {
         assert_eq!(l.listen, "10.1.0.2:9100".parse().unwrap());
         assert_eq!(l.prefix, Some(24));
         assert_eq!(parse_leg("[fd00::2]:9100").unwrap().prefix, None);
-        assert!(parse_leg("0.0.0.0:9100").unwrap_err().contains("not 0.0.0.0"));
-        assert!(parse_leg("10.1.0.2:9100/40").unwrap_err().contains("at most /32"));
-        assert!(parse_leg("router:9100").unwrap_err().contains("IP address and port"));
-        assert!(parse_leg("10.1.0.2:9100/x").unwrap_err().contains("prefix length"));
+        assert!(parse_leg("0.0.0.0:9100")
+            .unwrap_err()
+            .contains("not 0.0.0.0"));
+        assert!(parse_leg("10.1.0.2:9100/40")
+            .unwrap_err()
+            .contains("at most /32"));
+        assert!(parse_leg("router:9100")
+            .unwrap_err()
+            .contains("IP address and port"));
+        assert!(parse_leg("10.1.0.2:9100/x")
+            .unwrap_err()
+            .contains("prefix length"));
     }
 
     #[test]

@@ -26,7 +26,11 @@ use prima_tcp_wire::{connect_over, TcpTransport};
 
 use relay::RelayServer;
 
-prima_core::export_transport_plugin!(name = "vpn-proxy", create = create_transport, relay = start_relay);
+prima_core::export_transport_plugin!(
+    name = "vpn-proxy",
+    create = create_transport,
+    relay = start_relay
+);
 
 extern "C" fn create_transport(config: TransportConfig) -> TransportResult<TransportBox> {
     match VpnProxyTransport::new(config) {
@@ -85,7 +89,9 @@ impl VpnProxyTransport {
     ) -> Result<ConnectionBox, String> {
         let fail = |why: String| format!("connecting to {addr}: {why}");
         if relay.contains(VIA) {
-            return Err(fail("one relay per address (a relay does not chain)".into()));
+            return Err(fail(
+                "one relay per address (a relay does not chain)".into(),
+            ));
         }
         let deadline = (timeout_ms != NO_TIMEOUT)
             .then(|| Instant::now() + Duration::from_millis(timeout_ms.max(1)));
@@ -94,7 +100,9 @@ impl VpnProxyTransport {
                 None => Ok(None),
                 Some(d) => match d.checked_duration_since(Instant::now()) {
                     Some(left) if !left.is_zero() => Ok(Some(left)),
-                    _ => Err(fail(format!("relay {relay}: no answer within {timeout_ms} ms"))),
+                    _ => Err(fail(format!(
+                        "relay {relay}: no answer within {timeout_ms} ms"
+                    ))),
                 },
             }
         };
@@ -116,8 +124,8 @@ impl VpnProxyTransport {
         stream
             .set_read_timeout(left()?)
             .map_err(|e| fail(e.to_string()))?;
-        let answer = preamble::read_line(&stream)
-            .map_err(|e| fail(format!("relay {relay} {e}")))?;
+        let answer =
+            preamble::read_line(&stream).map_err(|e| fail(format!("relay {relay} {e}")))?;
         preamble::parse_answer(&answer)
             .map_err(|why| fail(format!("relay {relay} refused: {why}")))?;
         stream

@@ -114,6 +114,8 @@ mod tests {
     fn answers_parse() {
         assert_eq!(parse_answer("OK"), Ok(()));
         assert_eq!(parse_answer("ERR no"), Err("no".into()));
-        assert!(parse_answer("HTTP/1.1 400").unwrap_err().contains("not a Prima relay"));
+        assert!(parse_answer("HTTP/1.1 400")
+            .unwrap_err()
+            .contains("not a Prima relay"));
     }
 }

@@ -281,7 +281,9 @@ mod tests {
             elsewhere.contains("none of this relay's other networks (10.1.0.0/24)"),
             "{elsewhere}"
         );
-        assert!(route("nonsense", 0, &nets()).unwrap_err().contains("nonsense"));
+        assert!(route("nonsense", 0, &nets())
+            .unwrap_err()
+            .contains("nonsense"));
     }
 
     #[test]

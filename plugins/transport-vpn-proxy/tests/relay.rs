@@ -19,9 +19,8 @@ const CONFIG: TransportConfig = TransportConfig {
 
 /// A relay serving on two loopback "networks", and its legs' addresses.
 fn relay() -> (Arc<RelayServer>, String, String) {
-    let relay = Arc::new(
-        RelayServer::bind(&["127.0.0.1:0/32".into(), "127.0.0.2:0/32".into()]).unwrap(),
-    );
+    let relay =
+        Arc::new(RelayServer::bind(&["127.0.0.1:0/32".into(), "127.0.0.2:0/32".into()]).unwrap());
     let legs = relay.legs();
     let serving = relay.clone();
     std::thread::spawn(move || serving.serve());
@@ -56,12 +55,20 @@ fn frames_cross_the_relay_intact_both_ways() {
         let sending = std::thread::spawn(move || a2.send(RSlice::from_slice(&frame2)).unwrap());
         let got = b.recv(20_000).unwrap().unwrap().into_vec();
         sending.join().unwrap();
-        assert!(got == frame, "a frame of {} bytes changed on the way", frame.len());
+        assert!(
+            got == frame,
+            "a frame of {} bytes changed on the way",
+            frame.len()
+        );
         let (b2, got2) = (b.clone(), got);
         let sending = std::thread::spawn(move || b2.send(RSlice::from_slice(&got2)).unwrap());
         let back = a.recv(20_000).unwrap().unwrap().into_vec();
         sending.join().unwrap();
-        assert!(back == frame, "a frame of {} bytes changed on the way back", frame.len());
+        assert!(
+            back == frame,
+            "a frame of {} bytes changed on the way back",
+            frame.len()
+        );
     }
     // One end closing reaches the other through the relay.
     a.close();
@@ -73,7 +80,10 @@ fn frames_cross_the_relay_intact_both_ways() {
 fn a_target_on_the_clients_own_network_is_refused() {
     let (relay, leg_a, _) = relay();
     let err = connect_err(relayed("127.0.0.1:9", &leg_a));
-    assert!(err.contains("refused") && err.contains("connect to it directly"), "{err}");
+    assert!(
+        err.contains("refused") && err.contains("connect to it directly"),
+        "{err}"
+    );
     relay.stop();
 }
 
@@ -81,7 +91,10 @@ fn a_target_on_the_clients_own_network_is_refused() {
 fn a_target_on_no_network_of_the_relay_is_refused() {
     let (relay, leg_a, _) = relay();
     let err = connect_err(relayed("10.255.0.1:9000", &leg_a));
-    assert!(err.contains("none of this relay's other networks (127.0.0.2/32)"), "{err}");
+    assert!(
+        err.contains("none of this relay's other networks (127.0.0.2/32)"),
+        "{err}"
+    );
     relay.stop();
 }
 
@@ -106,7 +119,10 @@ fn a_request_that_is_not_one_gets_an_error_line() {
     s.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
     let mut answer = String::new();
     s.read_to_string(&mut answer).unwrap();
-    assert!(answer.starts_with("ERR not a Prima relay request"), "{answer}");
+    assert!(
+        answer.starts_with("ERR not a Prima relay request"),
+        "{answer}"
+    );
     relay.stop();
 }
 
@@ -123,7 +139,10 @@ fn a_silent_client_is_answered_and_dropped() {
 #[test]
 fn the_tcp_transport_refuses_relayed_addresses() {
     let tcp = TcpTransport::new(CONFIG).unwrap();
-    let err = match tcp.connect("10.2.0.1:9000 via 10.1.0.2:9100".into(), 1_000).into_result() {
+    let err = match tcp
+        .connect("10.2.0.1:9000 via 10.1.0.2:9100".into(), 1_000)
+        .into_result()
+    {
         Ok(_) => panic!("connected"),
         Err(e) => e.into_string(),
     };
@@ -136,5 +155,8 @@ fn a_dead_relay_is_an_error_naming_it() {
     let relay_addr = dead.local_addr().unwrap().to_string();
     drop(dead);
     let err = connect_err(relayed("127.0.0.2:9000", &relay_addr));
-    assert!(err.contains(&format!("cannot reach relay {relay_addr}")), "{err}");
+    assert!(
+        err.contains(&format!("cannot reach relay {relay_addr}")),
+        "{err}"
+    );
 }

@@ -114,9 +114,10 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
     }
 
     // A ring across networks needs a transport that goes through relays.
-    let transport_name = m.policy.transport.clone().or_else(|| {
-        prima_core::routes::crosses_networks(m, head).then(|| "vpn-proxy".to_string())
-    });
+    let transport_name =
+        m.policy.transport.clone().or_else(|| {
+            prima_core::routes::crosses_networks(m, head).then(|| "vpn-proxy".to_string())
+        });
     let model = Model::load(&head_model)?;
     let specs: Vec<NodeSpec> = m
         .devices

@@ -343,7 +343,12 @@ pub fn plan(inputs: &PlanInputs<'_>) -> anyhow::Result<Plan> {
         })
         .collect();
     let needed = route_ring(m, inputs.head, &order, &own, &mut devices);
-    for (i, d) in m.devices.iter().enumerate().filter(|(_, d)| d.relay.is_some()) {
+    for (i, d) in m
+        .devices
+        .iter()
+        .enumerate()
+        .filter(|(_, d)| d.relay.is_some())
+    {
         let legs: Vec<&str> = d.relay.iter().flatten().map(|(_, a)| a.as_str()).collect();
         devices.push(DevicePlan {
             name: d.name.clone(),

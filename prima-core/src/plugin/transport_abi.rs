@@ -157,12 +157,13 @@ macro_rules! export_transport_plugin {
     (name = $name:expr, create = $create:path) => {
         extern "C" fn __prima_plugin_cannot_relay(
             _legs: ::abi_stable::std_types::RVec<::abi_stable::std_types::RString>,
-        ) -> $crate::plugin::transport_abi::TransportResult<
-            $crate::plugin::transport_abi::RelayBox,
-        > {
-            ::abi_stable::std_types::RResult::RErr(::abi_stable::std_types::RString::from(
-                concat!("the ", $name, " transport cannot relay (use --transport vpn-proxy)"),
-            ))
+        ) -> $crate::plugin::transport_abi::TransportResult<$crate::plugin::transport_abi::RelayBox>
+        {
+            ::abi_stable::std_types::RResult::RErr(::abi_stable::std_types::RString::from(concat!(
+                "the ",
+                $name,
+                " transport cannot relay (use --transport vpn-proxy)"
+            )))
         }
         $crate::export_transport_plugin!(
             name = $name,
