@@ -266,7 +266,7 @@ relay = { lan-a = "10.1.0.2:9100", lan-b = "10.2.0.2:9100" }
 
     #[test]
     fn network_mistakes_name_the_device_and_field() {
-        let err = parse(&TWO_LANS.replace("lan-b = \"10.2.0.2:9100\"", "")).unwrap_err();
+        let err = parse(&TWO_LANS.replace(", lan-b = \"10.2.0.2:9100\"", "")).unwrap_err();
         assert!(
             err.contains("router") && err.contains("at least two networks"),
             "{err}"
