@@ -372,6 +372,17 @@ impl LoadedManifest {
             (Scheduler::Manual, Some(w)) if w.iter().all(|&x| x == 0) => {
                 return Err(self.invalid("policy.windows", "all window sizes are zero"))
             }
+            (Scheduler::Manual, Some(w))
+                if m.devices
+                    .iter()
+                    .zip(w)
+                    .any(|(d, &x)| d.relay.is_some() && x > 0) =>
+            {
+                return Err(self.invalid(
+                    "policy.windows",
+                    "a relay device runs no layers: give it a window of 0",
+                ))
+            }
             (s, Some(_)) if s != Scheduler::Manual => {
                 return Err(self.invalid(
                     "policy.windows",

@@ -91,8 +91,16 @@ impl Plan {
                 .map(|t| format!(", predicted TPOT {t:.1} ms"))
                 .unwrap_or_default()
         );
+        // Relayed addresses (`TARGET via RELAY`) are long: the column fits the longest.
+        let width = self
+            .devices
+            .iter()
+            .map(|d| d.addr.len())
+            .max()
+            .unwrap_or(0)
+            .max(22);
         eprintln!(
-            "  {:<12} {:<22} {:>4} {:>4} {:>4} {:>7} {:>7}  note",
+            "  {:<12} {:<width$} {:>4} {:>4} {:>4} {:>7} {:>7}  note",
             "device", "address", "set", "w", "n", "layers", "share"
         );
         for d in &self.devices {
@@ -105,7 +113,7 @@ impl Plan {
                 _ => String::new(),
             };
             eprintln!(
-                "  {:<12} {:<22} {:>4} {:>4} {:>4} {:>7} {:>6.0}%  {}",
+                "  {:<12} {:<width$} {:>4} {:>4} {:>4} {:>7} {:>6.0}%  {}",
                 d.name,
                 d.addr,
                 d.set.unwrap_or("-"),
