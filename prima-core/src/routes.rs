@@ -292,6 +292,13 @@ relay = { lan-a = "10.1.0.2:9100", lan-b = "10.2.0.2:9100" }
         let err = parse(&TWO_LANS.replace("\"10.2.0.2:9100\"", "\"nowhere\"")).unwrap_err();
         assert!(err.contains("relay.lan-b = \"nowhere\""), "{err}");
 
+        let manual = "\n[policy]\nscheduler = \"manual\"\nwindows = [10, 10, 10, 2]\n";
+        let err = parse(&format!("{TWO_LANS}{manual}")).unwrap_err();
+        assert!(
+            err.contains("policy.windows: a relay device runs no layers"),
+            "{err}"
+        );
+
         let err = parse(&TWO_LANS.replace("relay = {", "relays = {")).unwrap_err();
         assert!(err.contains("unknown field `relays`"), "{err}");
     }
