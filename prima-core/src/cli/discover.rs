@@ -48,6 +48,12 @@ fn print_table(seen: &Discovery) {
         seen.cluster,
         seen.ignored.len()
     );
+    if seen.found.is_empty() && seen.ignored.is_empty() {
+        println!(
+            "nothing answered: no node advertises here, or multicast does not reach this \
+             network (VPN, VLAN, one-way Wi-Fi); give the devices' addresses in the manifest"
+        );
+    }
     if !seen.found.is_empty() {
         println!(
             "{:<16} {:<24} {:<12} {:>8} {:>8}",
