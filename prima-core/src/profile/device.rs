@@ -493,6 +493,27 @@ disk_rand_gb_s = 0.5
     }
 
     #[test]
+    fn any_lower_case_os_name_parses_and_round_trips() {
+        let p = DeviceProfiles::parse(
+            Path::new("x.toml"),
+            &ONE.replace("os = \"linux\"", "os = \"windows\""),
+        )
+        .unwrap();
+        assert_eq!(p.device[0].os, Os::named("windows"));
+        assert_eq!(p.device[0].os.name(), "windows");
+        assert_eq!(Os::named("linux"), Os::Linux);
+        let text = toml::to_string(&p.device[0]).unwrap();
+        assert!(text.contains("os = \"windows\""), "{text}");
+        let e = DeviceProfiles::parse(
+            Path::new("x.toml"),
+            &ONE.replace("os = \"linux\"", "os = \"Windows 11\""),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("x.toml") && e.contains("Windows 11"), "{e}");
+    }
+
+    #[test]
     fn every_gguf_type_has_a_class() {
         for t in GgmlType::ALL {
             let q = QuantClass::of(t);
