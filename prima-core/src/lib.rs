@@ -5,6 +5,7 @@
 //! one token through them.
 
 pub mod chat;
+pub mod discovery;
 pub mod generate;
 pub mod gguf;
 pub mod halda;

@@ -42,6 +42,8 @@ pub struct Manifest {
     pub policy: Policy,
     #[serde(default)]
     pub server: Server,
+    /// Opt-in: find devices that have no `address` on the LAN (mDNS).
+    pub discovery: Option<DiscoverySection>,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -256,6 +258,64 @@ impl Default for Server {
     }
 }
 
+/// `[discovery]`: `prima apply` looks for the devices declared with no `address` among
+/// the nodes that announce themselves (`prima node --advertise`) in this cluster.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DiscoverySection {
+    /// Present means on, unless this says otherwise.
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// Only nodes announcing this cluster are used (`prima node --cluster`).
+    #[serde(default = "default_cluster")]
+    pub cluster: String,
+    /// How long to listen for announcements ("3s", "500ms", or seconds as a number).
+    #[serde(default = "default_discovery_timeout")]
+    pub timeout: Timeout,
+}
+
+fn default_cluster() -> String {
+    crate::discovery::DEFAULT_CLUSTER.into()
+}
+
+fn default_discovery_timeout() -> Timeout {
+    Timeout(std::time::Duration::from_secs(3))
+}
+
+/// A duration written as seconds ("3s", 2.5) or milliseconds ("500ms").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "TimeoutText")]
+pub struct Timeout(pub std::time::Duration);
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum TimeoutText {
+    Seconds(f64),
+    Text(String),
+}
+
+impl TryFrom<TimeoutText> for Timeout {
+    type Error = String;
+
+    fn try_from(v: TimeoutText) -> Result<Timeout, String> {
+        let bad = |t: &str| format!("'{t}' is not a duration (try \"3s\" or \"500ms\")");
+        let seconds = match v {
+            TimeoutText::Seconds(s) => s,
+            TimeoutText::Text(t) => match (t.strip_suffix("ms"), t.strip_suffix('s')) {
+                (Some(ms), _) => ms.trim().parse::<f64>().map_err(|_| bad(&t))? / 1000.0,
+                (None, Some(s)) => s.trim().parse::<f64>().map_err(|_| bad(&t))?,
+                (None, None) => t.trim().parse::<f64>().map_err(|_| bad(&t))?,
+            },
+        };
+        if !(seconds > 0.0 && seconds <= 600.0) {
+            return Err(format!(
+                "{seconds} s: a timeout must be above 0 and at most 600 s"
+            ));
+        }
+        Ok(Timeout(std::time::Duration::from_secs_f64(seconds)))
+    }
+}
+
 /// A manifest with its origin, checked as a whole.
 #[derive(Debug, Clone)]
 pub struct LoadedManifest {
@@ -328,10 +388,10 @@ impl LoadedManifest {
                         "has both `address` and `local`/`head`; a device is either a running node (address) or started here (local)",
                     ))
                 }
-                (None, false) => {
+                (None, false) if !m.discovery.as_ref().is_some_and(|d| d.enabled) => {
                     return Err(self.invalid(
                         field,
-                        "needs `address = \"host:port\"` of a running `prima node`, or `local = true`",
+                        "needs `address = \"host:port\"` of a running `prima node`, or `local = true` (or a [discovery] section to find it on the LAN)",
                     ))
                 }
                 _ => {}
@@ -390,6 +450,12 @@ impl LoadedManifest {
                 ))
             }
             _ => {}
+        }
+        if m.discovery
+            .as_ref()
+            .is_some_and(|d| d.cluster.trim().is_empty())
+        {
+            return Err(self.invalid("discovery.cluster", "must not be empty"));
         }
         if m.policy.ctx == 0 || m.policy.batch == 0 {
             return Err(self.invalid("policy.ctx", "ctx and batch must be positive"));
@@ -515,5 +581,40 @@ k = 2
 
         let err = parse(&GOOD.replace("k = 2", "k = \"many\"")).unwrap_err();
         assert!(err.to_string().contains("\"auto\" or a number"), "{err}");
+    }
+
+    #[test]
+    fn discovery_is_opt_in_and_its_fields_are_checked() {
+        let without = GOOD.replace("address = \"10.0.0.2:9000\"", "");
+        let m = parse(&format!("{without}\n[discovery]\ncluster = \"home\"\n")).unwrap();
+        let d = m.manifest.discovery.unwrap();
+        assert!(d.enabled);
+        assert_eq!(d.timeout.0, std::time::Duration::from_secs(3));
+
+        let off = format!("{without}\n[discovery]\nenabled = false\n");
+        let err = parse(&off).unwrap_err().to_string();
+        assert!(err.contains("device[1] (laptop): needs `address"), "{err}");
+
+        for (line, wanted) in [
+            ("colour = 1", "unknown field `colour`"),
+            ("timeout = \"3 weeks\"", "'3 weeks' is not a duration"),
+            ("timeout = \"0ms\"", "above 0"),
+            ("timeout = 0.25", ""),
+        ] {
+            let text = format!("{without}\n[discovery]\n{line}\n");
+            match parse(&text) {
+                Ok(m) if wanted.is_empty() => assert_eq!(
+                    m.manifest.discovery.unwrap().timeout.0,
+                    std::time::Duration::from_millis(250)
+                ),
+                Ok(_) => panic!("{line} was accepted"),
+                Err(e) => assert!(e.to_string().contains(wanted), "{line}: {e}"),
+            }
+        }
+        let err = parse(&format!("{without}\n[discovery]\ncluster = \"\"\n")).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "/m/home.toml: discovery.cluster: must not be empty"
+        );
     }
 }

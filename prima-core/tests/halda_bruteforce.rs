@@ -4,7 +4,7 @@
 
 mod halda_support;
 
-use halda_support::solver;
+use halda_support::{os_models, solver};
 use prima_core::halda::iteration;
 use prima_core::halda::{Lda, LdaSet, ModelProfile, PlanOptions};
 use prima_core::profile::{DeviceProfile, GpuKind, LinkProfile, Os, QuantRates};
@@ -158,6 +158,7 @@ fn brute_force(lda: &Lda, region: Option<&[LdaSet]>) -> Option<(f64, Vec<u32>, V
 #[test]
 fn halda_reaches_the_exhaustive_optimum_on_small_instances() {
     let s = solver();
+    let os = os_models();
     let paper = PlanOptions {
         n_kv: 512.0,
         ..PlanOptions::default()
@@ -177,7 +178,7 @@ fn halda_reaches_the_exhaustive_optimum_on_small_instances() {
             .map(|i| random_device(&mut rng, i, model.total_bytes))
             .collect();
         let refs: Vec<&DeviceProfile> = devs.iter().collect();
-        let lda = Lda::new(&model, &refs, &[], &paper);
+        let lda = Lda::new(&model, &refs, &[], &os, &paper).unwrap();
         let lookup = lda.devices[0].lookup_bytes / lda.devices[0].s_disk;
         let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * a.abs().max(b.abs()) + lookup + 1e-12;
         let global = brute_force(&lda, None);

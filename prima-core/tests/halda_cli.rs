@@ -284,8 +284,11 @@ fn plugins_lists_the_solver() {
 
 #[test]
 fn halda_without_a_solver_plugin_says_so() {
-    let empty = scratch("no-plugins");
+    // Only the OS memory plugin, which every scheduler's latency model needs.
+    let empty = scratch("no-solver");
     std::fs::create_dir_all(&empty).unwrap();
+    let os_memory = halda_support::lib_name("prima_os_memory");
+    std::fs::copy(plugin_dir().join(&os_memory), empty.join(&os_memory)).unwrap();
     let model = model_path("llama3-8b-q4_k");
     let devices = testbed_path("d1-d6");
     let out = Command::new(env!("CARGO_BIN_EXE_prima"))

@@ -4,7 +4,7 @@
 
 mod halda_support;
 
-use halda_support::{model, solver, testbed};
+use halda_support::{model, os_models, solver, testbed};
 use std::cell::Cell;
 use std::time::Instant;
 
@@ -45,6 +45,7 @@ fn pool(count: usize) -> Vec<DeviceProfile> {
 #[test]
 fn solve_time_for_4_to_32_devices() {
     let s = solver();
+    let os = os_models();
     let modes = [
         ("paper", PlanOptions::default()),
         (
@@ -75,7 +76,8 @@ fn solve_time_for_4_to_32_devices() {
                     seconds: Cell::new(0.0),
                 };
                 for _ in 0..9 {
-                    let p = halda::plan(&m, &devs, Scheduler::Halda, Some(&timed), &opts).unwrap();
+                    let p =
+                        halda::plan(&m, &devs, Scheduler::Halda, Some(&timed), &os, &opts).unwrap();
                     times.push(p.solve_ms);
                     last = Some(p);
                 }

@@ -3,14 +3,21 @@
 
 mod halda_support;
 
-use halda_support::{devices, model, solver, testbed};
+use halda_support::{devices, model, os_models, solver, testbed};
 use prima_core::halda::{self, LdaSet, ModelProfile, Plan, PlanOptions, Scheduler};
 use prima_core::profile::DeviceProfile;
 
 fn plan(model: &ModelProfile, devs: &[DeviceProfile], scheduler: Scheduler) -> Plan {
     let s = solver();
-    halda::plan(model, devs, scheduler, Some(&s), &PlanOptions::default())
-        .unwrap_or_else(|e| panic!("{scheduler:?} on {}: {e}", model.name))
+    halda::plan(
+        model,
+        devs,
+        scheduler,
+        Some(&s),
+        &os_models(),
+        &PlanOptions::default(),
+    )
+    .unwrap_or_else(|e| panic!("{scheduler:?} on {}: {e}", model.name))
 }
 
 fn describe(p: &Plan) -> String {
@@ -225,6 +232,7 @@ fn every_paper_model_plans_on_every_testbed() {
 #[test]
 fn every_k_and_the_exact_program_give_valid_plans() {
     let s = solver();
+    let os = os_models();
     let every_k = PlanOptions {
         every_k: true,
         ..PlanOptions::default()
@@ -238,8 +246,8 @@ fn every_k_and_the_exact_program_give_valid_plans() {
         for tag in ["llama3-8b-q4_k", "llama3-70b-q4_k", "qwen2.5-72b-q4_k"] {
             let m = model(tag);
             let p = plan(&m, &devs, Scheduler::Halda);
-            let all = halda::plan(&m, &devs, Scheduler::Halda, Some(&s), &every_k).unwrap();
-            let ex = halda::plan(&m, &devs, Scheduler::Halda, Some(&s), &exact).unwrap();
+            let all = halda::plan(&m, &devs, Scheduler::Halda, Some(&s), &os, &every_k).unwrap();
+            let ex = halda::plan(&m, &devs, Scheduler::Halda, Some(&s), &os, &exact).unwrap();
             check_plan(&ex);
             eprintln!(
                 "{tag:<17} {bed:<14} paper {:>9.1} ms  every k {:>9.1} ms (k={})  exact {:>9.1} ms | {}",

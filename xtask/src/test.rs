@@ -3,15 +3,16 @@
 //! release mode (every test binary runs even when an earlier one fails).
 //! Model-level tests are told that their models must exist
 //! (`PRIMA_REQUIRE_MODELS=1`), so a missing model fails instead of skipping.
-//! Then three steps that need more than a build machine, each run where the machine
+//! Then steps that need more than a build machine, each run where the machine
 //! can and otherwise reported as skipped, never passed, in the closing summary:
 //! the home-lab smoke bed (`xtask/tests/homelab.rs`, `#[ignore]`d in a plain
-//! `cargo test`: it needs root, cgroup v1, iproute2 and no bed up), the ring across two
-//! network namespaces joined by a relay (`prima-core/tests/two_lans.rs`: root and
-//! iproute2), and the CPU
+//! `cargo test`: it needs root, cgroup v1, iproute2 and no bed up), and the CPU
 //! backend's kernel tests built for aarch64 under qemu-user, so the NEON kernels
 //! are checked against the scalar ones on an x86-64 machine (`.ci/run` installs
-//! the target, the cross linker and qemu).
+//! the target, the cross linker and qemu). Likewise mDNS discovery between network
+//! namespaces on a bridge (`prima-core/tests/discovery_netns.rs`) and the ring across
+//! two namespaces joined by a relay (`prima-core/tests/two_lans.rs`), where root can
+//! make namespaces.
 
 use std::env;
 use std::process::Command;
@@ -58,6 +59,10 @@ pub fn run(layout: &Layout) -> Result<i32> {
     // Both run even when the first fails, as the test binaries do.
     let optional = [
         ("homelab smoke bed", homelab_smoke_bed(layout, &cargo)?),
+        (
+            "discovery across network namespaces",
+            discovery_netns(layout, &cargo)?,
+        ),
         (
             "ring across two networks (relay)",
             relay_two_lans(layout, &cargo)?,
@@ -122,21 +127,57 @@ fn homelab_smoke_bed(layout: &Layout, cargo: &std::ffi::OsStr) -> Result<Optiona
     Ok(Optional::Ran(exit_code(status)))
 }
 
-/// The ring across two network namespaces joined by a relay
-/// (`prima-core/tests/two_lans.rs`, `#[ignore]`d: it needs root and `ip`).
-fn relay_two_lans(layout: &Layout, cargo: &std::ffi::OsStr) -> Result<Optional> {
-    // SAFETY: geteuid has no arguments and cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
-        return Ok(Optional::Skipped("needs root (network namespaces)".into()));
+/// `prima node --advertise` in namespaces on one bridge, found by `prima discover` and
+/// `prima apply` (`prima-core/tests/discovery_netns.rs`, `#[ignore]`d like the smoke
+/// bed), where this machine can make network namespaces.
+fn discovery_netns(layout: &Layout, cargo: &std::ffi::OsStr) -> Result<Optional> {
+    if let Err(why) = can_make_namespaces() {
+        return Ok(Optional::Skipped(why));
     }
-    let have_ip = Command::new("ip")
-        .arg("-V")
+    let status = Command::new(cargo)
+        .args([
+            "test",
+            "--release",
+            "-p",
+            "prima-core",
+            "--test",
+            "discovery_netns",
+        ])
+        .args(["--", "--ignored"])
+        .current_dir(&layout.workspace)
+        .env("PRIMA_REQUIRE_MODELS", "1")
+        .status()
+        .context("cannot start the discovery test")?;
+    Ok(Optional::Ran(exit_code(status)))
+}
+
+/// Whether `ip netns add` works here (root, iproute2, a kernel that allows it).
+fn can_make_namespaces() -> std::result::Result<(), String> {
+    // SAFETY: geteuid only reads the process's effective user id.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err("network namespaces need root".into());
+    }
+    let probe = "prima-dc-probe";
+    let added = Command::new("ip")
+        .args(["netns", "add", probe])
         .output()
-        .is_ok_and(|o| o.status.success());
-    if !have_ip {
-        return Ok(Optional::Skipped(
-            "`ip` is not on PATH (install iproute2)".into(),
+        .map_err(|e| format!("`ip` cannot run ({e}): install iproute2"))?;
+    if !added.status.success() {
+        return Err(format!(
+            "`ip netns add` fails: {}",
+            String::from_utf8_lossy(&added.stderr).trim()
         ));
+    }
+    let _ = Command::new("ip").args(["netns", "delete", probe]).status();
+    Ok(())
+}
+
+/// The ring across two network namespaces joined by a relay
+/// (`prima-core/tests/two_lans.rs`, `#[ignore]`d like the smoke bed), where this machine
+/// can make network namespaces.
+fn relay_two_lans(layout: &Layout, cargo: &std::ffi::OsStr) -> Result<Optional> {
+    if let Err(why) = can_make_namespaces() {
+        return Ok(Optional::Skipped(why));
     }
     let status = Command::new(cargo)
         .args([

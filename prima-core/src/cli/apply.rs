@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use prima_core::chat::{render_chat, ChatMessage};
+use prima_core::discovery::fill_addresses;
 use prima_core::generate::GenerateOptions;
 use prima_core::manifest::{LoadedManifest, Release};
 use prima_core::model::{Model, Session};
@@ -85,10 +86,14 @@ fn name_devices(e: RingError, plan: &Plan) -> anyhow::Error {
 }
 
 pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
-    let manifest = match &args.manifest {
+    let mut manifest = match &args.manifest {
         Some(path) => LoadedManifest::load(path)?,
         None => LoadedManifest::embedded_default()?,
     };
+    // [discovery]: devices given no address are looked for on the LAN; given ones win.
+    for (name, addr) in fill_addresses(&mut manifest.manifest)? {
+        eprintln!("found     {name} at {addr} (discovery)");
+    }
     let m = &manifest.manifest;
     let head = manifest.head_index()?;
     let head_name = m.devices[head].name.clone();

@@ -9,7 +9,7 @@ use prima_core::halda::{self, ModelProfile, PlanOptions};
 use prima_core::manifest::{LoadedManifest, Rounds, Scheduler};
 use prima_core::model::Model;
 use prima_core::plugin::transport_abi::TransportBox;
-use prima_core::plugin::{load_solver, LoadedBackend};
+use prima_core::plugin::{load_os_models, load_solver, LoadedBackend};
 use prima_core::profile::{profile_device, DeviceProfile, DeviceProfiles, ProfileOptions};
 use prima_core::prp::head::request_profile;
 use prima_core::prp::{layer_counts, NextRoute};
@@ -287,6 +287,7 @@ pub fn plan(inputs: &PlanInputs<'_>) -> anyhow::Result<Plan> {
                 &profiles,
                 which,
                 solver.as_ref().map(|s| s as &dyn halda::MilpSolver),
+                &load_os_models(),
                 &options,
             )?;
             predicted = Some(planned.predicted_tpot_ms);

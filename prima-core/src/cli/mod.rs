@@ -6,6 +6,7 @@ mod apply_nodes;
 mod apply_plan;
 mod bench;
 mod chat;
+mod discover;
 mod engine;
 mod node;
 mod plan;
@@ -55,6 +56,8 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Chat in the terminal with a running server.
     Chat(chat::ChatArgs),
+    /// List the nodes announcing themselves on the LAN (`prima node --advertise`).
+    Discover(discover::DiscoverArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -75,6 +78,7 @@ pub fn main() -> ExitCode {
         Command::Profile(args) => profile::run(args),
         Command::Serve(args) => serve::run(args),
         Command::Chat(args) => chat::run(args),
+        Command::Discover(args) => discover::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,11 +1,16 @@
 //! `prima node`: the daemon a ring device runs. It maps its own copy of the model, waits
 //! for a head, and runs the layer windows the head assigns it.
 
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use prima_core::discovery::{Advertiser, NodeRecord, DEFAULT_CLUSTER};
 use prima_core::plugin::load_transport;
 use prima_core::plugin::transport_abi::TransportConfig;
 use prima_core::profile::{hostname, profile_device, DeviceProfile, ProfileOptions, GIB};
 use prima_core::prp::budget::MemBudget;
 use prima_core::prp::node::{serve, NodeConfig};
+use prima_core::prp::protocol::PROTOCOL_VERSION;
 
 use super::engine::{Engine, EngineArgs};
 
@@ -28,6 +33,16 @@ pub struct NodeArgs {
     /// Transport plugin to use (default: the first one found).
     #[arg(long)]
     transport: Option<String>,
+    /// Announce this node on the LAN (mDNS) for `prima discover` and manifests with
+    /// [discovery]; the announcement is withdrawn when the node exits.
+    #[arg(long)]
+    advertise: bool,
+    /// The cluster to announce this node in (with --advertise).
+    #[arg(long, requires = "advertise", default_value = DEFAULT_CLUSTER)]
+    cluster: String,
+    /// The device name to announce, as manifests call it (default: the host name).
+    #[arg(long, requires = "advertise")]
+    name: Option<String>,
 }
 
 pub fn run(args: NodeArgs) -> anyhow::Result<()> {
@@ -50,6 +65,11 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
         args.engine.model.display(),
         backend_desc
     );
+    let _advertiser = if args.advertise {
+        Some(advertise(&args, &listener.local_addr())?)
+    } else {
+        None
+    };
     let profiler = || -> Result<serde_json::Value, String> {
         let options = ProfileOptions::default();
         let report = profile_device(
@@ -80,6 +100,47 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
         &config,
     )?;
     Ok(())
+}
+
+/// Starts announcing this node, and withdraws the announcement on Ctrl-C or SIGTERM
+/// before exiting (the node has nothing else to clean up); it is also withdrawn when the
+/// returned handle is dropped.
+fn advertise(args: &NodeArgs, listen: &str) -> anyhow::Result<Arc<Mutex<Advertiser>>> {
+    let addr: SocketAddr = listen.parse().map_err(|_| {
+        anyhow::anyhow!(
+            "--advertise: the transport listens on {listen:?}, not an IP address and port"
+        )
+    })?;
+    let record = NodeRecord {
+        name: args.name.clone().unwrap_or_else(hostname),
+        cluster: args.cluster.clone(),
+        protocol: PROTOCOL_VERSION,
+        prima_version: env!("CARGO_PKG_VERSION").to_string(),
+        listen: listen.to_string(),
+    };
+    anyhow::ensure!(!record.name.trim().is_empty(), "--name must not be empty");
+    anyhow::ensure!(
+        !record.cluster.trim().is_empty(),
+        "--cluster must not be empty"
+    );
+    let advertiser = Arc::new(Mutex::new(Advertiser::start(&record, addr)?));
+    let on_signal = advertiser.clone();
+    ctrlc::set_handler(move || {
+        if let Ok(mut a) = on_signal.lock() {
+            a.stop();
+        }
+        std::process::exit(0);
+    })?;
+    eprintln!(
+        "node: advertising '{}' in cluster '{}' ({})",
+        record.name,
+        record.cluster,
+        advertiser
+            .lock()
+            .map(|a| a.instance().to_string())
+            .unwrap_or_default()
+    );
+    Ok(advertiser)
 }
 
 /// The profile of a device that may use only `budget` bytes of memory for weights: its

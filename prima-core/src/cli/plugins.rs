@@ -25,6 +25,11 @@ pub fn run() -> anyhow::Result<()> {
         let name = p.name.as_deref().unwrap_or("?");
         let version = p.version.as_deref().unwrap_or("?");
         match (&p.refused, &p.unavailable) {
+            (None, None) if !p.covers.is_empty() => println!(
+                "{kind:<9} {name:<8} {version:<8} {abi:<7} {} — covers {}",
+                p.path.display(),
+                p.covers.join(", ")
+            ),
             (None, None) => println!(
                 "{kind:<9} {name:<8} {version:<8} {abi:<7} {}",
                 p.path.display()

@@ -6,7 +6,7 @@
 use serde::Serialize;
 
 use super::model_profile::ModelProfile;
-use super::os::{behaviour_for, LdaSet, MemoryBehaviour, MemoryTerms};
+use super::os::{LdaSet, MemoryBehaviour, MemoryModels, MemoryTerms, NoMemoryModel};
 use crate::profile::{DeviceProfile, GpuKind, QuantClass, GB, GIB};
 
 /// Planning options.
@@ -44,7 +44,7 @@ impl Default for PlanOptions {
 #[derive(Clone)]
 pub struct DeviceTerms {
     pub name: String,
-    pub behaviour: &'static dyn MemoryBehaviour,
+    pub behaviour: MemoryBehaviour,
     pub has_gpu: bool,
     pub head: bool,
     /// Σ_q f^q / s^{cpu,q}: compute time of one layer on the CPU.
@@ -152,13 +152,15 @@ pub struct Objective {
 }
 
 impl Lda {
-    /// Derives every device's constants. `relays` are pruned devices kept as ring hops.
+    /// Derives every device's constants, its memory behaviour from `os` (the OS memory
+    /// plugins). `relays` are pruned devices kept as ring hops.
     pub fn new(
         model: &ModelProfile,
         devices: &[&DeviceProfile],
         relays: &[&DeviceProfile],
+        os: &dyn MemoryModels,
         opts: &PlanOptions,
-    ) -> Lda {
+    ) -> Result<Lda, NoMemoryModel> {
         let n_kv = opts.n_kv;
         let b = model.layer_bytes;
         let b_prime = model.layer_bytes_with_kv(n_kv);
@@ -175,7 +177,10 @@ impl Lda {
             .enumerate()
             .map(|(m, d)| {
                 let head = m == 0;
-                let behaviour = behaviour_for(d);
+                let behaviour = os.behaviour_for(d).map_err(|reason| NoMemoryModel {
+                    device: d.name.clone(),
+                    reason,
+                })?;
                 let time = |rates: &crate::profile::QuantRates, flops: &[f64; 6]| -> f64 {
                     QuantClass::ALL
                         .iter()
@@ -226,6 +231,7 @@ impl Lda {
                     c_gpu: model.c_gpu,
                 };
                 let s_disk = behaviour.disk_bytes_per_s(d);
+                let budget = behaviour.budget_bytes(d);
                 let gpu_layer_bytes = match d.gpu {
                     GpuKind::None => 0.0,
                     GpuKind::Cuda => d.gpu_available_gib * GIB - model.c_gpu,
@@ -247,7 +253,7 @@ impl Lda {
                 } else {
                     0.0
                 };
-                DeviceTerms {
+                Ok(DeviceTerms {
                     name: d.name.clone(),
                     behaviour,
                     has_gpu: d.has_gpu(),
@@ -264,22 +270,22 @@ impl Lda {
                     beta,
                     xi,
                     s_disk,
-                    budget: behaviour.budget_bytes(d),
+                    budget,
                     slow_disk: s_disk < opts.disk_threshold,
                     mem,
                     gpu_layer_bytes: gpu_layer_bytes.max(0.0),
                     out_compute_s,
                     out_load_s,
                     lookup_bytes: if head { lookup } else { 0.0 },
-                }
+                })
             })
-            .collect();
-        Lda {
+            .collect::<Result<Vec<_>, NoMemoryModel>>()?;
+        Ok(Lda {
             n_layers: model.n_layers,
             devices: terms,
             b_prime,
             relay_hop_s: relays.iter().map(|d| comm(d)).sum(),
-        }
+        })
     }
 
     pub fn len(&self) -> usize {

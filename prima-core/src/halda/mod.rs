@@ -3,14 +3,15 @@
 //! take part at all — from the devices' profiles and the model's profile.
 //!
 //! - [`model_profile`]: the model profiler (per-layer FLOPs and bytes from GGUF metadata).
-//! - [`os`]: per-platform memory behaviour, one file per OS, behind one trait.
+//! - [`os`]: per-platform memory behaviour, from the OS memory plugins (one model per OS).
 //! - [`lda`]: the LDA model of the paper's appendix (α, β, ξ, κ, a, b, c, z, z^{gpu}) and
 //!   the latency prediction every plan is scored with.
 //! - [`ilp`]: the ILP for one k; [`iteration`]: the set iteration with calibration.
 //! - [`baselines`]: MemSched and PerfSched, for the paper's ablations.
 //!
 //! This module does no I/O and knows no solver: it builds [`MilpProblem`]s and hands
-//! them to a [`MilpSolver`] (in the binary, the `solver-highs` plugin).
+//! them to a [`MilpSolver`] (in the binary, the `solver-highs` plugin), and it asks
+//! [`MemoryModels`] (in the binary, the OS memory plugins) how each device's OS behaves.
 
 pub mod baselines;
 pub mod ilp;
@@ -27,7 +28,7 @@ use serde::Serialize;
 pub use iteration::{HaldaError, HaldaSolution};
 pub use lda::{Cost, Lda, PlanOptions, Prediction};
 pub use model_profile::ModelProfile;
-pub use os::LdaSet;
+pub use os::{LdaSet, MemoryModels, NoMemoryModel};
 
 use crate::plugin::solver_abi::{MilpProblem, MilpSolution};
 use crate::plugin::LoadedSolver;
@@ -119,14 +120,18 @@ pub enum PlanError {
     NoSolver,
     #[error(transparent)]
     Halda(#[from] HaldaError),
+    #[error(transparent)]
+    NoMemoryModel(#[from] NoMemoryModel),
 }
 
-/// Plans `model` on `devices` (ring order, the first is the head) with `scheduler`.
+/// Plans `model` on `devices` (ring order, the first is the head) with `scheduler`, each
+/// device's memory behaviour from `os`.
 pub fn plan(
     model: &ModelProfile,
     devices: &[DeviceProfile],
     scheduler: Scheduler,
     solver: Option<&dyn MilpSolver>,
+    os: &dyn MemoryModels,
     opts: &PlanOptions,
 ) -> Result<Plan, PlanError> {
     if (model.n_layers as usize) < devices.len() {
@@ -141,10 +146,10 @@ pub fn plan(
     match scheduler {
         Scheduler::Halda => {
             let solver = solver.ok_or(PlanError::NoSolver)?;
-            let (active, solution, reasons) = halda_with_pruning(model, &all, solver, opts)?;
+            let (active, solution, reasons) = halda_with_pruning(model, &all, solver, os, opts)?;
             let relays: Vec<&DeviceProfile> = pruned_relays(&all, &active);
             let act: Vec<&DeviceProfile> = active.iter().map(|&i| all[i]).collect();
-            let lda = Lda::new(model, &act, &relays, opts);
+            let lda = Lda::new(model, &act, &relays, os, opts)?;
             let prediction = lda.predict(&solution.w, &solution.n);
             let solve_ms = start.elapsed().as_secs_f64() * 1e3;
             Ok(assemble(
@@ -163,7 +168,7 @@ pub fn plan(
             ))
         }
         Scheduler::Mem | Scheduler::Perf => {
-            let lda = Lda::new(model, &all, &[], opts);
+            let lda = Lda::new(model, &all, &[], os, opts)?;
             let placement = if scheduler == Scheduler::Mem {
                 baselines::mem_sched(&lda, &baselines::memory_weights(&all))
             } else {
@@ -212,13 +217,14 @@ fn halda_with_pruning(
     model: &ModelProfile,
     all: &[&DeviceProfile],
     solver: &dyn MilpSolver,
+    os: &dyn MemoryModels,
     opts: &PlanOptions,
 ) -> Result<Selection, PlanError> {
-    let solve_on = |active: &[usize]| -> Result<HaldaSolution, HaldaError> {
+    let solve_on = |active: &[usize]| -> Result<HaldaSolution, PlanError> {
         let act: Vec<&DeviceProfile> = active.iter().map(|&i| all[i]).collect();
         let relays = pruned_relays(all, active);
-        let lda = Lda::new(model, &act, &relays, opts);
-        iteration::solve_with_overlap(&lda, solver, opts)
+        let lda = Lda::new(model, &act, &relays, os, opts)?;
+        Ok(iteration::solve_with_overlap(&lda, solver, opts)?)
     };
     let mut active: Vec<usize> = (0..all.len()).collect();
     let mut solution = solve_on(&active)?;
@@ -248,8 +254,8 @@ fn halda_with_pruning(
                     accepted = Some((removed, keep, c));
                     break;
                 }
-                Ok(_) | Err(HaldaError::Infeasible) => continue,
-                Err(e) => return Err(e.into()),
+                Ok(_) | Err(PlanError::Halda(HaldaError::Infeasible)) => continue,
+                Err(e) => return Err(e),
             }
         }
         let Some((removed, keep, candidate)) = accepted else {

@@ -1,5 +1,6 @@
 //! Finds plugin libraries, checks what they declare, and loads backends and solvers
-//! from them (transports: `transport_loader.rs`, over the same `find_plugin`).
+//! from them (transports: `transport_loader.rs`, over the same `find_plugin`; OS memory
+//! models: `os_loader.rs`).
 
 use std::path::{Path, PathBuf};
 
@@ -40,6 +41,8 @@ pub struct PluginInfo {
     /// A loadable backend that cannot run on this machine (no driver, no device): why.
     /// Filled by [`discover`]/[`discover_in`], which ask each backend; `None` otherwise.
     pub unavailable: Option<String>,
+    /// The OS names an OS memory plugin covers (empty for other kinds).
+    pub covers: Vec<String>,
 }
 
 /// A backend loaded from a plugin, with where it came from.
@@ -116,6 +119,7 @@ fn inspect(path: &Path) -> PluginInfo {
         version: None,
         refused: None,
         unavailable: None,
+        covers: Vec::new(),
     };
     match read_c_header(path) {
         Err(reason) => info.refused = Some(reason),
@@ -158,6 +162,16 @@ fn inspect(path: &Path) -> PluginInfo {
                     }
                     Err(reason) => info.refused = Some(reason),
                 },
+                Some(PluginKind::OsMemory) => {
+                    match super::os_loader::inspect_os_memory(path, abi) {
+                        Ok((name, version, covers)) => {
+                            info.name = Some(name);
+                            info.version = Some(version);
+                            info.covers = covers;
+                        }
+                        Err(reason) => info.refused = Some(reason),
+                    }
+                }
             }
         }
     }

@@ -1,6 +1,6 @@
 //! Plugins: the stable ABI the core defines, and the loader that finds plugins at run time.
 //!
-//! Backends, transports and solvers are `cdylib`s loaded from a plugin
+//! Backends, transports, solvers and OS memory models are `cdylib`s loaded from a plugin
 //! directory, so a user swaps or adds one without rebuilding `prima`. Each plugin exports
 //! two plain C symbols, read with `libloading` before anything else:
 //! `prima_plugin_kind() -> u32` and `prima_plugin_abi_version() -> u32`. Only when both
@@ -8,12 +8,15 @@
 
 pub mod backend_abi;
 mod loader;
+pub mod os_abi;
+mod os_loader;
 pub mod solver_abi;
 pub mod transport_abi;
 mod transport_loader;
 
 pub use loader::{discover, load_backend, plugin_dirs, LoadedBackend, PluginError, PluginInfo};
 pub use loader::{discover_in, load_solver, load_solver_from, LoadedSolver};
+pub use os_loader::{load_os_models, load_os_models_from, LoadedOsModels};
 pub use transport_loader::{load_relay, load_transport, LoadedTransport};
 
 /// What a plugin library provides.
@@ -23,6 +26,7 @@ pub enum PluginKind {
     Backend = 1,
     Transport = 2,
     Solver = 3,
+    OsMemory = 4,
 }
 
 impl PluginKind {
@@ -31,6 +35,7 @@ impl PluginKind {
             1 => Some(PluginKind::Backend),
             2 => Some(PluginKind::Transport),
             3 => Some(PluginKind::Solver),
+            4 => Some(PluginKind::OsMemory),
             _ => None,
         }
     }
@@ -40,6 +45,7 @@ impl PluginKind {
             PluginKind::Backend => "backend",
             PluginKind::Transport => "transport",
             PluginKind::Solver => "solver",
+            PluginKind::OsMemory => "os-memory",
         }
     }
 }

@@ -13,34 +13,78 @@ use crate::gguf::GgmlType;
 pub const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 pub const GB: f64 = 1e9;
 
-/// The operating system, which decides how mmapped weights are reclaimed and reloaded
-/// (the paper's sets M1–M3; see `crate::halda::os`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Os {
-    Linux,
-    Macos,
-    Android,
-}
+/// The operating system by name (`linux`, `macos`, `android`, `windows`, …), which decides
+/// how mmapped weights are reclaimed and reloaded (the paper's sets M1–M3): an OS memory
+/// plugin covering the name says how (see `crate::halda::os`), so any name a plugin covers
+/// is a valid OS without rebuilding `prima`. Names are interned, so an `Os` stays `Copy`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Os(&'static str);
 
+#[allow(non_upper_case_globals)]
 impl Os {
-    /// The OS this binary was built for.
-    pub fn current() -> Os {
-        if cfg!(target_os = "android") {
-            Os::Android
-        } else if cfg!(target_os = "macos") {
-            Os::Macos
-        } else {
-            Os::Linux
+    pub const Linux: Os = Os("linux");
+    pub const Macos: Os = Os("macos");
+    pub const Android: Os = Os("android");
+
+    /// The OS called `name`.
+    pub fn named(name: &str) -> Os {
+        use std::collections::HashSet;
+        use std::sync::{Mutex, OnceLock};
+        for known in [Os::Linux, Os::Macos, Os::Android] {
+            if known.0 == name {
+                return known;
+            }
         }
+        // Each distinct name is leaked once: a handful per process.
+        static NAMES: OnceLock<Mutex<HashSet<&'static str>>> = OnceLock::new();
+        let mut names = NAMES
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(&interned) = names.get(name) {
+            return Os(interned);
+        }
+        let interned: &'static str = Box::leak(name.to_owned().into_boxed_str());
+        names.insert(interned);
+        Os(interned)
+    }
+
+    /// The OS this binary was built for, named as Rust names it (`std::env::consts::OS`).
+    pub fn current() -> Os {
+        Os::named(std::env::consts::OS)
     }
 
     pub fn name(self) -> &'static str {
-        match self {
-            Os::Linux => "linux",
-            Os::Macos => "macos",
-            Os::Android => "android",
+        self.0
+    }
+}
+
+impl std::fmt::Debug for Os {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
+impl Serialize for Os {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for Os {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Os, D::Error> {
+        let name = String::deserialize(d)?;
+        let valid = !name.is_empty()
+            && name.len() <= 32
+            && name
+                .bytes()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || b"-_.".contains(&c));
+        if !valid {
+            return Err(serde::de::Error::custom(format!(
+                "os = {name:?}: expected an OS name in lower case (linux, macos, android, or one an OS memory plugin covers)"
+            )));
         }
+        Ok(Os::named(&name))
     }
 }
 
@@ -446,6 +490,27 @@ disk_rand_gb_s = 0.5
             .unwrap_err()
             .to_string();
         assert!(e.contains("duplicate"), "{e}");
+    }
+
+    #[test]
+    fn any_lower_case_os_name_parses_and_round_trips() {
+        let p = DeviceProfiles::parse(
+            Path::new("x.toml"),
+            &ONE.replace("os = \"linux\"", "os = \"windows\""),
+        )
+        .unwrap();
+        assert_eq!(p.device[0].os, Os::named("windows"));
+        assert_eq!(p.device[0].os.name(), "windows");
+        assert_eq!(Os::named("linux"), Os::Linux);
+        let text = toml::to_string(&p.device[0]).unwrap();
+        assert!(text.contains("os = \"windows\""), "{text}");
+        let e = DeviceProfiles::parse(
+            Path::new("x.toml"),
+            &ONE.replace("os = \"linux\"", "os = \"Windows 11\""),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("x.toml") && e.contains("Windows 11"), "{e}");
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! Shared by the `halda_*` tests: the solver and backend plugins found (or built) the way
-//! the binary finds them, the paper's models as sparse synthetic files, the testbeds.
+//! Shared by the `halda_*` tests: the solver, OS memory and backend plugins found (or
+//! built) the way the binary finds them, the paper's models as sparse synthetic files, the
+//! testbeds.
 
 #![allow(dead_code)]
 
@@ -9,7 +10,7 @@ use std::sync::OnceLock;
 
 use prima_core::halda::synth::{spec, PAPER_MODELS};
 use prima_core::halda::ModelProfile;
-use prima_core::plugin::{load_solver_from, LoadedSolver};
+use prima_core::plugin::{load_os_models_from, load_solver_from, LoadedOsModels, LoadedSolver};
 use prima_core::profile::{DeviceProfile, DeviceProfiles};
 
 pub fn workspace_root() -> PathBuf {
@@ -25,7 +26,7 @@ fn profile_dir() -> PathBuf {
     exe.ancestors().nth(2).unwrap().to_path_buf()
 }
 
-fn lib_name(stem: &str) -> String {
+pub fn lib_name(stem: &str) -> String {
     if cfg!(target_os = "macos") {
         format!("lib{stem}.dylib")
     } else if cfg!(windows) {
@@ -35,7 +36,7 @@ fn lib_name(stem: &str) -> String {
     }
 }
 
-/// A directory holding the solver and CPU backend plugins. They are taken from beside
+/// A directory holding the solver, OS memory and CPU backend plugins. They are taken from beside
 /// this test binary when a workspace build put them there; otherwise built once, in a
 /// target directory of their own (a separate build, as a user's plugin would be).
 pub fn plugin_dir() -> &'static Path {
@@ -43,6 +44,7 @@ pub fn plugin_dir() -> &'static Path {
     DIR.get_or_init(|| {
         let wanted = [
             ("prima-solver-highs", "prima_solver_highs"),
+            ("prima-os-memory", "prima_os_memory"),
             ("prima-backend-cpu", "prima_backend_cpu"),
         ];
         let here = profile_dir();
@@ -70,8 +72,49 @@ pub fn plugin_dir() -> &'static Path {
     })
 }
 
+/// A plugin built from one of prima-core's `examples/` (test fixtures built apart from
+/// `prima`): from beside this test binary when `cargo test` built the examples, else
+/// built once in a target directory of its own.
+pub fn example_plugin(stem: &str) -> PathBuf {
+    let here = profile_dir().join("examples").join(lib_name(stem));
+    if here.exists() {
+        return here;
+    }
+    let target = profile_dir().parent().unwrap().join("halda-plugins");
+    let status = Command::new(env!("CARGO"))
+        .current_dir(workspace_root())
+        .args([
+            "build",
+            "--quiet",
+            "--release",
+            "-p",
+            "prima-core",
+            "--example",
+            stem,
+        ])
+        .env("CARGO_TARGET_DIR", &target)
+        .status()
+        .expect("cargo runs");
+    assert!(status.success(), "building the example {stem} failed");
+    let built = target.join("release/examples").join(lib_name(stem));
+    assert!(built.exists(), "{} was not built", built.display());
+    built
+}
+
 pub fn solver() -> LoadedSolver {
     load_solver_from(&[plugin_dir().to_path_buf()], Some("highs")).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The OS memory models (Linux, macOS ± Metal, Android) from the plugin directory.
+pub fn os_models() -> LoadedOsModels {
+    let models = load_os_models_from(&[plugin_dir().to_path_buf()]);
+    for os in ["linux", "macos", "android"] {
+        assert!(
+            models.covered().contains(&os),
+            "no model for {os}: {models:?}"
+        );
+    }
+    models
 }
 
 /// The paper's models as sparse files in a per-process temporary directory.

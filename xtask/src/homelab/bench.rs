@@ -27,7 +27,8 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use prima_core::halda::ModelProfile;
+use prima_core::halda::{ModelProfile, NoMemoryModel};
+use prima_core::plugin::{load_os_models_from, LoadedOsModels};
 use prima_core::profile::{DeviceProfile, DeviceProfiles};
 
 use self::report::{DeviceMemory, RingDevice, RowResult, Status, Table};
@@ -196,6 +197,7 @@ pub fn run(layout: &Layout, args: &BenchArgs) -> Result<()> {
                     halda_plan: None,
                     profiles: None,
                     model_profile: ModelProfile::open(model).ok(),
+                    os_models: load_os_models_from(std::slice::from_ref(&bin)),
                 };
                 bench.prepare(&mut table.notes);
                 for row in &pass.rows {
@@ -348,6 +350,8 @@ struct Bench<'a> {
     /// what [`predict`] evaluates Halda's model on.
     profiles: Option<Vec<DeviceProfile>>,
     model_profile: Option<ModelProfile>,
+    /// The OS memory plugins beside `prima`, which Halda's model scores devices with.
+    os_models: LoadedOsModels,
 }
 
 /// How one row ended, before its figures are read.
@@ -528,7 +532,13 @@ impl<'a> Bench<'a> {
         let profiles = self.profiles.as_ref()?;
         let ctx = self.bed.ctx;
         if !ring {
-            return Some(predict::halda_tpot_ms(model, profiles, windows, ctx));
+            return self.no_model_is_said(predict::halda_tpot_ms(
+                model,
+                profiles,
+                windows,
+                ctx,
+                &self.os_models,
+            ));
         }
         let order = self.ring_order();
         let latency: Vec<f64> = order.iter().map(|d| d.latency_ms).collect();
@@ -537,13 +547,21 @@ impl<'a> Bench<'a> {
             latency_ms: &latency,
             link_mbit: &mbit,
         };
-        Some(predict::ring_tpot_ms(
+        self.no_model_is_said(predict::ring_tpot_ms(
             model,
             profiles,
             windows,
             ctx,
             Some(&links),
+            &self.os_models,
         ))
+    }
+
+    /// A figure of Halda's model, or the reason there is none on stderr.
+    fn no_model_is_said(&self, figure: Result<f64, NoMemoryModel>) -> Option<f64> {
+        figure
+            .map_err(|e| eprintln!("homelab bench: Halda's model: {e}"))
+            .ok()
     }
 
     fn row(&mut self, row: &Row) -> RowResult {

@@ -3,7 +3,7 @@
 //! bed's links, which live profiles do not measure. Labelled as the model's figure in
 //! every table; nothing here is a measurement, and nothing here runs anything.
 
-use prima_core::halda::{Lda, ModelProfile, PlanOptions};
+use prima_core::halda::{Lda, MemoryModels, ModelProfile, NoMemoryModel, PlanOptions};
 use prima_core::profile::{DeviceProfile, LinkProfile};
 
 /// Halda's own figure for `windows` (w_m per device, ring order, CPU only) on devices
@@ -16,10 +16,11 @@ pub fn halda_tpot_ms(
     profiles: &[DeviceProfile],
     windows: &[usize],
     n_kv: usize,
-) -> f64 {
+    os: &dyn MemoryModels,
+) -> Result<f64, NoMemoryModel> {
     let active: Vec<usize> = (0..windows.len()).filter(|&m| windows[m] > 0).collect();
     let chosen: Vec<DeviceProfile> = active.iter().map(|&m| profiles[m].clone()).collect();
-    score(model, &chosen, &active, windows, n_kv)
+    score(model, &chosen, &active, windows, n_kv, os)
 }
 
 /// The bed's links, per device in ring order: one-way latency and upload rate.
@@ -39,7 +40,8 @@ pub fn ring_tpot_ms(
     windows: &[usize],
     n_kv: usize,
     links: Option<&Links<'_>>,
-) -> f64 {
+    os: &dyn MemoryModels,
+) -> Result<f64, NoMemoryModel> {
     let ring: Vec<usize> = (0..windows.len())
         .filter(|&m| m == 0 || windows[m] > 0)
         .collect();
@@ -59,7 +61,7 @@ pub fn ring_tpot_ms(
             p
         })
         .collect();
-    score(model, &chosen, &ring, windows, n_kv)
+    score(model, &chosen, &ring, windows, n_kv, os)
 }
 
 /// `Lda::predict` for the devices `chosen` (the profiles of `at`), their windows.
@@ -69,22 +71,30 @@ fn score(
     at: &[usize],
     windows: &[usize],
     n_kv: usize,
-) -> f64 {
+    os: &dyn MemoryModels,
+) -> Result<f64, NoMemoryModel> {
     let refs: Vec<&DeviceProfile> = chosen.iter().collect();
     let w: Vec<u32> = at.iter().map(|&m| windows[m] as u32).collect();
     let opts = PlanOptions {
         n_kv: n_kv as f64,
         ..PlanOptions::default()
     };
-    let lda = Lda::new(model, &refs, &[], &opts);
-    lda.predict(&w, &vec![0; w.len()]).total_s * 1e3
+    let lda = Lda::new(model, &refs, &[], os, &opts)?;
+    Ok(lda.predict(&w, &vec![0; w.len()]).total_s * 1e3)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use prima_core::halda::{plan, Scheduler};
+    use prima_core::plugin::{load_os_models_from, LoadedOsModels};
     use prima_core::profile::{DeviceProfiles, GpuKind};
+
+    /// The OS memory plugin, from beside this test binary (a workspace build puts it there).
+    fn os() -> LoadedOsModels {
+        let exe = std::env::current_exe().unwrap();
+        load_os_models_from(&[exe.ancestors().nth(2).unwrap().to_path_buf()])
+    }
 
     /// The paper's 8B as a sparse file (in a directory of the test's own: tests run in
     /// parallel) and the homogeneous bed's profiles without their GPUs.
@@ -119,6 +129,7 @@ mod tests {
             &profiles,
             Scheduler::Mem,
             None,
+            &os(),
             &PlanOptions {
                 n_kv: 1024.0,
                 ..PlanOptions::default()
@@ -127,7 +138,7 @@ mod tests {
         .unwrap();
         let w: Vec<usize> = planned.devices.iter().map(|d| d.w as usize).collect();
         assert!(planned.devices.iter().all(|d| d.n == 0));
-        let ours = halda_tpot_ms(&model, &profiles, &w, 1024);
+        let ours = halda_tpot_ms(&model, &profiles, &w, 1024, &os()).unwrap();
         assert!(
             (ours - planned.predicted_tpot_ms).abs() < 1e-6 * ours,
             "{ours} vs {}",
@@ -135,10 +146,13 @@ mod tests {
         );
         // With every device in the ring and the profiles' own links, the ring's figure is
         // Halda's.
-        assert_eq!(ring_tpot_ms(&model, &profiles, &w, 1024, None), ours);
+        assert_eq!(
+            ring_tpot_ms(&model, &profiles, &w, 1024, None, &os()).unwrap(),
+            ours
+        );
         // More rounds never help in this model (each costs the devices' ξ once more).
-        let k1 = halda_tpot_ms(&model, &profiles, &[8, 8, 8, 8], 1024);
-        let k4 = halda_tpot_ms(&model, &profiles, &[2, 2, 2, 2], 1024);
+        let k1 = halda_tpot_ms(&model, &profiles, &[8, 8, 8, 8], 1024, &os()).unwrap();
+        let k4 = halda_tpot_ms(&model, &profiles, &[2, 2, 2, 2], 1024, &os()).unwrap();
         assert!(k4 >= k1, "{k4} < {k1}");
     }
 
@@ -159,29 +173,29 @@ mod tests {
             link_mbit: &mbit,
         };
         let w = [8, 8, 8, 8];
-        let base = ring_tpot_ms(&model, &none, &w, 1024, None);
-        let with = ring_tpot_ms(&model, &none, &w, 1024, Some(&links));
+        let base = ring_tpot_ms(&model, &none, &w, 1024, None, &os()).unwrap();
+        let with = ring_tpot_ms(&model, &none, &w, 1024, Some(&links), &os()).unwrap();
         // Four hops of 10 ms one way, plus 16 KiB of hidden state at 300 Mbit/s each.
         assert!((40.0..42.0).contains(&(with - base)), "{base} → {with}");
         // At k = 2 every hop is paid twice.
-        let k2 = ring_tpot_ms(&model, &none, &[4; 4], 1024, Some(&links))
-            - ring_tpot_ms(&model, &none, &[4; 4], 1024, None);
+        let k2 = ring_tpot_ms(&model, &none, &[4; 4], 1024, Some(&links), &os()).unwrap()
+            - ring_tpot_ms(&model, &none, &[4; 4], 1024, None, &os()).unwrap();
         assert!((80.0..84.0).contains(&k2), "{k2}");
         // A head without layers stays in the ring: two hops (to the device and back);
         // Halda's own score leaves it out, so neither hop nor its output layer is there.
         let one = [0, 32, 0, 0];
-        let hops = ring_tpot_ms(&model, &none, &one, 1024, Some(&links))
-            - ring_tpot_ms(&model, &none, &one, 1024, None);
+        let hops = ring_tpot_ms(&model, &none, &one, 1024, Some(&links), &os()).unwrap()
+            - ring_tpot_ms(&model, &none, &one, 1024, None, &os()).unwrap();
         assert!((20.0..21.0).contains(&hops), "{hops}");
         // The head alone: no hop at all.
         let alone = [32, 0, 0, 0];
         assert_eq!(
-            ring_tpot_ms(&model, &none, &alone, 1024, Some(&links)),
-            ring_tpot_ms(&model, &none, &alone, 1024, None)
+            ring_tpot_ms(&model, &none, &alone, 1024, Some(&links), &os()).unwrap(),
+            ring_tpot_ms(&model, &none, &alone, 1024, None, &os()).unwrap()
         );
         assert_eq!(
-            halda_tpot_ms(&model, &none, &alone, 1024),
-            ring_tpot_ms(&model, &none, &alone, 1024, None)
+            halda_tpot_ms(&model, &none, &alone, 1024, &os()).unwrap(),
+            ring_tpot_ms(&model, &none, &alone, 1024, None, &os()).unwrap()
         );
     }
 }

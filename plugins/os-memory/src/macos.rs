@@ -6,29 +6,32 @@
 //! until memory is exhausted; past that it drops them wholesale, so an overloaded device
 //! reloads all of its weights, l_m·b (+ b_i/V + b_o on the head), every token.
 
-use super::{
-    incremental_coefficients, incremental_reload, LdaSet, MemoryBehaviour, MemoryTerms, RamForm,
+use abi_stable::std_types::RString;
+use prima_core::plugin::os_abi::{
+    DeviceMemory, MemoryTerms, OsMemoryModel, OverloadSet, OverloadedCoefficients, RamForm,
 };
-use crate::profile::{DeviceProfile, GB, GIB};
+use prima_core::profile::{GB, GIB};
+
+use crate::{incremental_coefficients, incremental_reload};
 
 pub struct MacosNoMetal;
 
 pub struct MacosMetal;
 
-impl MemoryBehaviour for MacosNoMetal {
-    fn name(&self) -> &'static str {
-        "macos"
+impl OsMemoryModel for MacosNoMetal {
+    fn name(&self) -> RString {
+        RString::from("macos")
     }
 
-    fn overload_set(&self) -> LdaSet {
-        LdaSet::M1
+    fn overload_set(&self) -> OverloadSet {
+        OverloadSet::M1
     }
 
-    fn disk_bytes_per_s(&self, d: &DeviceProfile) -> f64 {
+    fn disk_bytes_per_s(&self, d: &DeviceMemory) -> f64 {
         d.disk_rand_gb_s * GB
     }
 
-    fn budget_bytes(&self, d: &DeviceProfile) -> f64 {
+    fn budget_bytes(&self, d: &DeviceMemory) -> f64 {
         d.ram_available_gib * GIB
     }
 
@@ -42,7 +45,7 @@ impl MemoryBehaviour for MacosNoMetal {
     }
 
     fn reload_bytes(&self, l: f64, l_gpu: f64, t: &MemoryTerms, budget: f64) -> f64 {
-        incremental_reload(self.ram_bytes(l, l_gpu, t), budget)
+        incremental_reload(self.ram_form(t).ram_bytes(l, l_gpu, t), budget)
     }
 
     fn overloaded_coefficients(
@@ -52,28 +55,27 @@ impl MemoryBehaviour for MacosNoMetal {
         t: &MemoryTerms,
         s_disk: f64,
         budget: f64,
-    ) -> (f64, f64, f64) {
+    ) -> OverloadedCoefficients {
         // a = α + b'/s, b = 0 (M1)
-        let (a, _, kappa) =
-            incremental_coefficients(self.ram_form(t), alpha, beta, t, s_disk, budget);
-        (a, 0.0, kappa)
+        let c = incremental_coefficients(self.ram_form(t), alpha, beta, t, s_disk, budget);
+        OverloadedCoefficients { b: 0.0, ..c }
     }
 }
 
-impl MemoryBehaviour for MacosMetal {
-    fn name(&self) -> &'static str {
-        "macos+metal"
+impl OsMemoryModel for MacosMetal {
+    fn name(&self) -> RString {
+        RString::from("macos+metal")
     }
 
-    fn overload_set(&self) -> LdaSet {
-        LdaSet::M2
+    fn overload_set(&self) -> OverloadSet {
+        OverloadSet::M2
     }
 
-    fn disk_bytes_per_s(&self, d: &DeviceProfile) -> f64 {
+    fn disk_bytes_per_s(&self, d: &DeviceMemory) -> f64 {
         d.disk_rand_gb_s * GB
     }
 
-    fn budget_bytes(&self, d: &DeviceProfile) -> f64 {
+    fn budget_bytes(&self, d: &DeviceMemory) -> f64 {
         // d_{m,metal}^{avail}: Metal's recommended working set (bounded by free memory).
         d.gpu_available_gib * GIB
     }
@@ -88,7 +90,7 @@ impl MemoryBehaviour for MacosMetal {
     }
 
     fn reload_bytes(&self, l: f64, l_gpu: f64, t: &MemoryTerms, budget: f64) -> f64 {
-        if self.ram_bytes(l, l_gpu, t) > budget {
+        if self.ram_form(t).ram_bytes(l, l_gpu, t) > budget {
             l * t.b + t.io
         } else {
             0.0
@@ -102,8 +104,12 @@ impl MemoryBehaviour for MacosMetal {
         t: &MemoryTerms,
         s_disk: f64,
         _budget: f64,
-    ) -> (f64, f64, f64) {
+    ) -> OverloadedCoefficients {
         // a = α + b/s, b = β (M2); the head's b_i/V + b_o reload is in κ's head term.
-        (alpha + t.b / s_disk, beta, 0.0)
+        OverloadedCoefficients {
+            a: alpha + t.b / s_disk,
+            b: beta,
+            kappa: 0.0,
+        }
     }
 }

@@ -1,109 +1,46 @@
-//! How each operating system treats mmapped weights under memory pressure — the part of
-//! the LDA model that differs per platform (the paper's Cases 1–4).
+//! Prima's OS memory plugin: how Linux, macOS (with and without Metal) and Android treat a
+//! model's mmapped weights under memory pressure — the paper's Cases 1–3, the part of
+//! Halda's LDA model that differs per platform (`prima_core::plugin::os_abi`).
 //!
-//! Each OS is one implementation of [`MemoryBehaviour`] in its own file; adding an OS is
-//! one new file and one arm in [`behaviour_for`]. The planner never matches on the OS
-//! itself.
+//! One file per OS, each an [`OsMemoryModel`]; [`model`] picks one for an OS and GPU. A
+//! further OS ships as a plugin of its own, beside this one.
 
 mod android;
 mod linux;
 mod macos;
 
-use serde::Serialize;
-
-use crate::profile::{DeviceProfile, GpuKind, Os};
+use abi_stable::sabi_trait::TD_Opaque;
+use abi_stable::std_types::{RResult, RStr, RString, RVec};
+use prima_core::plugin::os_abi::{
+    MemoryTerms, OsGpu, OsMemoryModelBox, OsMemoryModel_TO, OverloadedCoefficients, RamForm,
+};
 
 pub use android::Android;
 pub use linux::Linux;
 pub use macos::{MacosMetal, MacosNoMetal};
 
-/// The paper's device sets: M1 (macOS without Metal, overloaded), M2 (macOS with Metal,
-/// overloaded), M3 (Linux and Android, overloaded), M4 (enough RAM, or a slow disk).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-pub enum LdaSet {
-    M1,
-    M2,
-    M3,
-    M4,
+prima_core::export_os_memory_plugin!(name = "standard", covers = covers, model = model);
+
+/// The OS names this plugin has models for.
+pub const COVERS: [&str; 3] = ["linux", "macos", "android"];
+
+extern "C" fn covers() -> RVec<RString> {
+    COVERS.iter().map(|&os| RString::from(os)).collect()
 }
 
-impl LdaSet {
-    pub fn name(self) -> &'static str {
-        match self {
-            LdaSet::M1 => "M1",
-            LdaSet::M2 => "M2",
-            LdaSet::M3 => "M3",
-            LdaSet::M4 => "M4",
-        }
-    }
-}
-
-/// Model-side bytes one device's memory behaviour depends on.
-#[derive(Debug, Clone, Copy)]
-pub struct MemoryTerms {
-    /// b: weight bytes of one layer.
-    pub b: f64,
-    /// b' = b + 2(h_k·e_k + h_v·e_v)·n_kv.
-    pub b_prime: f64,
-    /// (b_i/V + b_o)·𝕀_{m=1}: the input row and output layer, on the head only.
-    pub io: f64,
-    /// c^{cpu}.
-    pub c_cpu: f64,
-    /// c^{gpu}.
-    pub c_gpu: f64,
-}
-
-impl MemoryTerms {
-    /// b_m^{cio} = (b_i/V + b_o)·𝕀_{m=1} + c^{cpu}.
-    pub fn b_cio(&self) -> f64 {
-        self.io + self.c_cpu
-    }
-}
-
-/// The linear form of a device's RAM use: `k·b'·(w·w_m + n·n_m) + b_cio + extra`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct RamForm {
-    pub w: f64,
-    pub n: f64,
-    pub extra: f64,
-}
-
-/// One platform's reclamation and reload behaviour.
-pub trait MemoryBehaviour: Sync {
-    fn name(&self) -> &'static str;
-
-    /// The set a device of this platform is in when its RAM is overloaded.
-    fn overload_set(&self) -> LdaSet;
-
-    /// s_m^{disk}: the read throughput mmap reloads see on this platform.
-    fn disk_bytes_per_s(&self, d: &DeviceProfile) -> f64;
-
-    /// Memory the model may use before the OS evicts weight pages: d_m^{avail},
-    /// d_{m,metal}^{avail}, or d_m^{avail} + d_m^{swapout}.
-    fn budget_bytes(&self, d: &DeviceProfile) -> f64;
-
-    /// How RAM use grows with w_m and n_m.
-    fn ram_form(&self, t: &MemoryTerms) -> RamForm;
-
-    /// Bytes reloaded from disk per token when `l` layers (`l_gpu` of them on the GPU) run
-    /// here with `budget` bytes of memory; 0 when everything stays resident.
-    fn reload_bytes(&self, l: f64, l_gpu: f64, t: &MemoryTerms, budget: f64) -> f64;
-
-    /// For an overloaded device: the objective coefficients (a_m, b_m) from α_m and β_m,
-    /// and this device's share of κ.
-    fn overloaded_coefficients(
-        &self,
-        alpha: f64,
-        beta: f64,
-        t: &MemoryTerms,
-        s_disk: f64,
-        budget: f64,
-    ) -> (f64, f64, f64);
-
-    /// RAM use of a placement, by [`MemoryBehaviour::ram_form`].
-    fn ram_bytes(&self, l: f64, l_gpu: f64, t: &MemoryTerms) -> f64 {
-        let f = self.ram_form(t);
-        t.b_prime * (f.w * l + f.n * l_gpu) + t.b_cio() + f.extra
+/// The model of a device running `os` with `gpu`: macOS with Metal is Case 2, without it
+/// Case 1; Linux and Android are Case 3 whatever their GPU.
+pub extern "C" fn model(os: RStr<'_>, gpu: OsGpu) -> RResult<OsMemoryModelBox, RString> {
+    let boxed = |m| RResult::ROk(m);
+    match (os.as_str(), gpu) {
+        ("macos", OsGpu::Metal) => boxed(OsMemoryModel_TO::from_value(MacosMetal, TD_Opaque)),
+        ("macos", _) => boxed(OsMemoryModel_TO::from_value(MacosNoMetal, TD_Opaque)),
+        ("linux", _) => boxed(OsMemoryModel_TO::from_value(Linux, TD_Opaque)),
+        ("android", _) => boxed(OsMemoryModel_TO::from_value(Android, TD_Opaque)),
+        (other, _) => RResult::RErr(RString::from(format!(
+            "this plugin covers {}, not '{other}'",
+            COVERS.join(", ")
+        ))),
     }
 }
 
@@ -122,28 +59,28 @@ fn incremental_coefficients(
     t: &MemoryTerms,
     s_disk: f64,
     budget: f64,
-) -> (f64, f64, f64) {
-    (
-        alpha + f.w * t.b_prime / s_disk,
-        beta + f.n * t.b_prime / s_disk,
-        (t.c_cpu + f.extra - budget) / s_disk,
-    )
-}
-
-/// The behaviour of a device's platform.
-pub fn behaviour_for(d: &DeviceProfile) -> &'static dyn MemoryBehaviour {
-    match (d.os, d.gpu) {
-        (Os::Macos, GpuKind::Metal) => &MacosMetal,
-        (Os::Macos, _) => &MacosNoMetal,
-        (Os::Linux, _) => &Linux,
-        (Os::Android, _) => &Android,
+) -> OverloadedCoefficients {
+    OverloadedCoefficients {
+        a: alpha + f.w * t.b_prime / s_disk,
+        b: beta + f.n * t.b_prime / s_disk,
+        kappa: (t.c_cpu + f.extra - budget) / s_disk,
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::profile::{QuantRates, GB, GIB};
+    use abi_stable::std_types::RStr;
+    use prima_core::halda::os::{device_memory, LdaSet, MemoryBehaviour};
+    use prima_core::profile::{DeviceProfile, GpuKind, Os, QuantRates, GB, GIB};
+
+    /// The behaviour Halda gets for `d`: this plugin's model behind the engine's adapter.
+    fn behaviour_for(d: &DeviceProfile) -> MemoryBehaviour {
+        match model(RStr::from_str(d.os.name()), device_memory(d).gpu) {
+            RResult::ROk(m) => MemoryBehaviour::from_plugin(m),
+            RResult::RErr(e) => panic!("{e}"),
+        }
+    }
 
     fn device(os: Os, gpu: GpuKind) -> DeviceProfile {
         DeviceProfile {
@@ -248,5 +185,22 @@ mod tests {
                 b.name()
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod covering {
+    use super::*;
+
+    #[test]
+    fn covers_three_oses_and_refuses_others_by_name() {
+        let names: Vec<String> = covers().into_iter().map(RString::into_string).collect();
+        assert_eq!(names, ["linux", "macos", "android"]);
+        match model(RStr::from_str("windows"), OsGpu::None) {
+            RResult::RErr(e) => assert!(e.contains("'windows'"), "{e}"),
+            RResult::ROk(_) => panic!("windows is not covered here"),
+        }
+        let metal = model(RStr::from_str("macos"), OsGpu::Metal).unwrap();
+        assert_eq!(metal.name().as_str(), "macos+metal");
     }
 }

@@ -5,27 +5,30 @@
 //! use its upper bound min(d^{bytes_can_swap}, d^{swap_avail}), which gives the same
 //! reload volume: below it nothing is reloaded either way.
 
-use super::{
-    incremental_coefficients, incremental_reload, LdaSet, MemoryBehaviour, MemoryTerms, RamForm,
+use abi_stable::std_types::RString;
+use prima_core::plugin::os_abi::{
+    DeviceMemory, MemoryTerms, OsMemoryModel, OverloadSet, OverloadedCoefficients, RamForm,
 };
-use crate::profile::{DeviceProfile, GB, GIB};
+use prima_core::profile::{GB, GIB};
+
+use crate::{incremental_coefficients, incremental_reload};
 
 pub struct Android;
 
-impl MemoryBehaviour for Android {
-    fn name(&self) -> &'static str {
-        "android"
+impl OsMemoryModel for Android {
+    fn name(&self) -> RString {
+        RString::from("android")
     }
 
-    fn overload_set(&self) -> LdaSet {
-        LdaSet::M3
+    fn overload_set(&self) -> OverloadSet {
+        OverloadSet::M3
     }
 
-    fn disk_bytes_per_s(&self, d: &DeviceProfile) -> f64 {
+    fn disk_bytes_per_s(&self, d: &DeviceMemory) -> f64 {
         d.disk_seq_gb_s * GB
     }
 
-    fn budget_bytes(&self, d: &DeviceProfile) -> f64 {
+    fn budget_bytes(&self, d: &DeviceMemory) -> f64 {
         // d_m^{avail} + d_m^{swapout}
         let swapout = d.swappable_gib.min(d.swap_available_gib);
         (d.ram_available_gib + swapout) * GIB
@@ -40,7 +43,7 @@ impl MemoryBehaviour for Android {
     }
 
     fn reload_bytes(&self, l: f64, l_gpu: f64, t: &MemoryTerms, budget: f64) -> f64 {
-        incremental_reload(self.ram_bytes(l, l_gpu, t), budget)
+        incremental_reload(self.ram_form(t).ram_bytes(l, l_gpu, t), budget)
     }
 
     fn overloaded_coefficients(
@@ -50,7 +53,7 @@ impl MemoryBehaviour for Android {
         t: &MemoryTerms,
         s_disk: f64,
         budget: f64,
-    ) -> (f64, f64, f64) {
+    ) -> OverloadedCoefficients {
         incremental_coefficients(self.ram_form(t), alpha, beta, t, s_disk, budget)
     }
 }

@@ -2,27 +2,30 @@
 //! sequential access, so reloads run at the disk's sequential read rate. CUDA locks the
 //! weights it holds in VRAM, so only CPU layers occupy RAM.
 
-use super::{
-    incremental_coefficients, incremental_reload, LdaSet, MemoryBehaviour, MemoryTerms, RamForm,
+use abi_stable::std_types::RString;
+use prima_core::plugin::os_abi::{
+    DeviceMemory, MemoryTerms, OsMemoryModel, OverloadSet, OverloadedCoefficients, RamForm,
 };
-use crate::profile::{DeviceProfile, GB, GIB};
+use prima_core::profile::{GB, GIB};
+
+use crate::{incremental_coefficients, incremental_reload};
 
 pub struct Linux;
 
-impl MemoryBehaviour for Linux {
-    fn name(&self) -> &'static str {
-        "linux"
+impl OsMemoryModel for Linux {
+    fn name(&self) -> RString {
+        RString::from("linux")
     }
 
-    fn overload_set(&self) -> LdaSet {
-        LdaSet::M3
+    fn overload_set(&self) -> OverloadSet {
+        OverloadSet::M3
     }
 
-    fn disk_bytes_per_s(&self, d: &DeviceProfile) -> f64 {
+    fn disk_bytes_per_s(&self, d: &DeviceMemory) -> f64 {
         d.disk_seq_gb_s * GB
     }
 
-    fn budget_bytes(&self, d: &DeviceProfile) -> f64 {
+    fn budget_bytes(&self, d: &DeviceMemory) -> f64 {
         // d_m^{avail}
         d.ram_available_gib * GIB
     }
@@ -37,7 +40,7 @@ impl MemoryBehaviour for Linux {
     }
 
     fn reload_bytes(&self, l: f64, l_gpu: f64, t: &MemoryTerms, budget: f64) -> f64 {
-        incremental_reload(self.ram_bytes(l, l_gpu, t), budget)
+        incremental_reload(self.ram_form(t).ram_bytes(l, l_gpu, t), budget)
     }
 
     fn overloaded_coefficients(
@@ -47,7 +50,7 @@ impl MemoryBehaviour for Linux {
         t: &MemoryTerms,
         s_disk: f64,
         budget: f64,
-    ) -> (f64, f64, f64) {
+    ) -> OverloadedCoefficients {
         // a = α + b'/s, b = β − b'/s (M3 column of the paper's a, b vectors)
         incremental_coefficients(self.ram_form(t), alpha, beta, t, s_disk, budget)
     }
