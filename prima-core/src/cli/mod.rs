@@ -8,6 +8,7 @@ mod bench;
 mod chat;
 mod engine;
 mod node;
+mod node_process;
 mod plan;
 mod plugins;
 mod profile;

@@ -1,0 +1,424 @@
+//! `cargo xtask cross-check`: which parts of Prima build for the platforms this machine
+//! cannot run — macOS on Apple silicon, Windows (GNU toolchain) and Android on ARM64.
+//! Each workspace crate (xtask aside: a Linux developer tool) is type-checked on its own
+//! with `cargo check --release --target T --lib --bins`, so the table names the crate that
+//! fails and where; `--release` shares the build scripts and proc macros with the release
+//! build. A crate that cannot build for a platform on this machine, for a reason stated
+//! here (a C++ library its build script compiles, with no cross compiler for it), is
+//! listed as skipped, never as passed.
+//!
+//! With `--build`, platforms whose linker is installed (Windows: Debian's mingw-w64) are
+//! also built in full — `prima.exe` and the plugin DLLs — and with `--run`, `prima
+//! plugins` runs under wine where it is installed.
+//!
+//! Type-checking shows that the code compiles for a platform, not that it works there:
+//! README's "Platforms" table says what was ever run where.
+
+use std::env;
+use std::ffi::OsString;
+use std::path::Path;
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+
+use crate::layout::Layout;
+
+/// A platform checked here.
+pub struct Platform {
+    pub triple: &'static str,
+    pub name: &'static str,
+    /// The C linker `cargo build` needs for it, when one can be installed here.
+    linker: Option<&'static str>,
+}
+
+pub const PLATFORMS: [Platform; 3] = [
+    Platform {
+        triple: "aarch64-apple-darwin",
+        name: "macOS (Apple silicon)",
+        linker: None,
+    },
+    Platform {
+        triple: "x86_64-pc-windows-gnu",
+        name: "Windows (x86-64, GNU)",
+        linker: Some(MINGW_GCC),
+    },
+    Platform {
+        triple: "aarch64-linux-android",
+        name: "Android (ARM64)",
+        linker: None,
+    },
+];
+
+const MINGW_GCC: &str = "x86_64-w64-mingw32-gcc";
+const MINGW_GXX: &str = "x86_64-w64-mingw32-g++";
+/// The crate whose build script compiles a C++ library (HiGHS, with cmake).
+const HIGHS_PLUGIN: &str = "prima-solver-highs";
+
+#[derive(clap::Args, Default)]
+pub struct CrossCheckArgs {
+    /// Also build in full (release) where the platform's linker is installed.
+    #[arg(long)]
+    pub build: bool,
+    /// With --build: run `prima plugins` from the Windows build under wine, if installed.
+    #[arg(long, requires = "build")]
+    pub run: bool,
+    /// Only the platforms whose target triple contains this text.
+    #[arg(long, value_name = "TEXT")]
+    pub only: Option<String>,
+}
+
+/// How one crate fared on one platform.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    Passed,
+    /// The first lines of cargo's errors.
+    Failed(String),
+    /// Not checked, for this reason.
+    Skipped(String),
+}
+
+/// Why `krate` cannot be checked for `triple` on this machine, if it cannot. `has` says
+/// whether a program is installed.
+pub fn skip_reason(krate: &str, triple: &str, has: &dyn Fn(&str) -> bool) -> Option<String> {
+    if krate != HIGHS_PLUGIN {
+        return None;
+    }
+    // Even `cargo check` runs build scripts, and highs-sys's compiles HiGHS for the target.
+    let lacks = match triple {
+        "x86_64-pc-windows-gnu" if has(MINGW_GXX) => return None,
+        "x86_64-pc-windows-gnu" => {
+            format!("{MINGW_GXX} is not installed (Debian: g++-mingw-w64-x86-64)")
+        }
+        "aarch64-apple-darwin" => "there is no macOS SDK or Apple C++ cross compiler here".into(),
+        "aarch64-linux-android" => "there is no Android NDK (its C++ compiler) here".into(),
+        _ => "there is no C++ cross compiler for it here".into(),
+    };
+    Some(format!(
+        "its build script compiles HiGHS (C++) for the target, and {lacks}"
+    ))
+}
+
+/// Whether `program --version` runs.
+fn installed(program: &str) -> bool {
+    Command::new(program)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// The Rust targets rustup has installed.
+fn installed_targets() -> Result<String> {
+    let out = Command::new("rustup")
+        .args(["target", "list", "--installed"])
+        .output()
+        .context("cannot run rustup (the cross checks add Rust targets with it)")?;
+    if !out.status.success() {
+        bail!("`rustup target list --installed` failed ({})", out.status);
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Adds the platforms' Rust targets that are missing (`rustup target add`): `Err` says
+/// why the checks cannot run here (no rustup, or the targets cannot be downloaded).
+pub fn ensure_targets() -> Result<()> {
+    let have = installed_targets()?;
+    let missing: Vec<&str> = PLATFORMS
+        .iter()
+        .map(|p| p.triple)
+        .filter(|t| !have.lines().any(|l| l.trim() == *t))
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    eprintln!("cross-check: rustup target add {}", missing.join(" "));
+    let status = Command::new("rustup")
+        .args(["target", "add"])
+        .args(&missing)
+        .status()
+        .context("cannot run rustup")?;
+    if !status.success() {
+        bail!(
+            "`rustup target add {}` failed ({status}): offline?",
+            missing.join(" ")
+        );
+    }
+    Ok(())
+}
+
+/// The workspace's crates, xtask aside, from `cargo metadata`.
+fn workspace_crates(layout: &Layout, cargo: &OsString) -> Result<Vec<String>> {
+    let out = Command::new(cargo)
+        .args(["metadata", "--no-deps", "--format-version", "1"])
+        .current_dir(&layout.workspace)
+        .output()
+        .context("cannot run cargo metadata")?;
+    if !out.status.success() {
+        bail!(
+            "cargo metadata failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let meta: serde_json::Value =
+        serde_json::from_slice(&out.stdout).context("cargo metadata printed no JSON")?;
+    let mut names: Vec<String> = meta["packages"]
+        .as_array()
+        .context("cargo metadata lists no packages")?
+        .iter()
+        .filter_map(|p| p["name"].as_str())
+        .filter(|n| *n != "xtask")
+        .map(str::to_string)
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
+/// The first error lines of a failed cargo run, enough to see what broke.
+fn error_excerpt(stderr: &str) -> String {
+    let lines: Vec<&str> = stderr
+        .lines()
+        .skip_while(|l| !l.starts_with("error"))
+        .take(24)
+        .collect();
+    if lines.is_empty() {
+        stderr.lines().rev().take(12).collect::<Vec<_>>().join("\n")
+    } else {
+        lines.join("\n")
+    }
+}
+
+/// `cargo check` of one crate for one target.
+fn check(layout: &Layout, cargo: &OsString, krate: &str, triple: &str) -> Result<Outcome> {
+    let out = Command::new(cargo)
+        .args(["check", "--release", "--quiet", "--lib", "--bins"])
+        .args(["--target", triple, "-p", krate])
+        .current_dir(&layout.workspace)
+        .output()
+        .with_context(|| format!("cannot run cargo check for {krate} on {triple}"))?;
+    Ok(if out.status.success() {
+        Outcome::Passed
+    } else {
+        Outcome::Failed(error_excerpt(&String::from_utf8_lossy(&out.stderr)))
+    })
+}
+
+/// The table: one row per crate, one column per platform, then the reasons and errors.
+pub fn render(crates: &[String], platforms: &[&Platform], cells: &[Vec<Outcome>]) -> String {
+    let width = crates.iter().map(String::len).max().unwrap_or(5).max(5);
+    let col = platforms.iter().map(|p| p.triple.len()).max().unwrap_or(8);
+    let mut text = format!("{:width$}", "crate");
+    for p in platforms {
+        text += &format!("  {:col$}", p.triple);
+    }
+    text += "\n";
+    let mut notes = Vec::new();
+    for (krate, row) in crates.iter().zip(cells) {
+        text += &format!("{krate:width$}");
+        for (p, outcome) in platforms.iter().zip(row) {
+            let cell = match outcome {
+                Outcome::Passed => "ok".to_string(),
+                Outcome::Failed(errors) => {
+                    notes.push(format!("FAILED  {krate} on {}:\n{errors}", p.triple));
+                    "FAILED".to_string()
+                }
+                Outcome::Skipped(why) => {
+                    notes.push(format!("skipped {krate} on {}: {why}", p.triple));
+                    "skipped".to_string()
+                }
+            };
+            text += &format!("  {cell:col$}");
+        }
+        text = text.trim_end().to_string() + "\n";
+    }
+    for note in notes {
+        text += &format!("{note}\n");
+    }
+    text
+}
+
+/// Adds the targets, checks every crate for every platform (or those `only` names),
+/// prints the table; with `build`, builds in full where a linker is installed. Returns
+/// 1 when a crate expected to build failed, else 0.
+pub fn run(layout: &Layout, args: &CrossCheckArgs) -> Result<i32> {
+    ensure_targets()?;
+    let cargo = env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let crates = workspace_crates(layout, &cargo)?;
+    let platforms: Vec<&Platform> = PLATFORMS
+        .iter()
+        .filter(|p| args.only.as_deref().is_none_or(|o| p.triple.contains(o)))
+        .collect();
+    if platforms.is_empty() {
+        bail!("no platform's triple contains {:?}", args.only);
+    }
+    let start = Instant::now();
+    let mut cells = vec![Vec::new(); crates.len()];
+    for p in &platforms {
+        eprintln!("cross-check: {} ({})", p.triple, p.name);
+        for (krate, row) in crates.iter().zip(&mut cells) {
+            let outcome = match skip_reason(krate, p.triple, &installed) {
+                Some(why) => Outcome::Skipped(why),
+                None => check(layout, &cargo, krate, p.triple)?,
+            };
+            row.push(outcome);
+        }
+    }
+    println!("{}", render(&crates, &platforms, &cells));
+    let mut failed = cells
+        .iter()
+        .flatten()
+        .any(|o| matches!(o, Outcome::Failed(_)));
+    eprintln!(
+        "cross-check: checked in {:.0} s",
+        start.elapsed().as_secs_f64()
+    );
+    if args.build {
+        for (i, p) in platforms.iter().enumerate() {
+            let passed: Vec<&str> = crates
+                .iter()
+                .zip(&cells)
+                .filter(|(_, row)| row[i] == Outcome::Passed)
+                .map(|(k, _)| k.as_str())
+                .collect();
+            failed |= !build(layout, &cargo, p, &passed, args.run)?;
+        }
+    }
+    Ok(i32::from(failed))
+}
+
+/// The full release build of `crates` for `p`, where its linker is installed; then, for
+/// Windows with `run`, `prima plugins` under wine. False when the build (or the run)
+/// failed.
+fn build(
+    layout: &Layout,
+    cargo: &OsString,
+    p: &Platform,
+    crates: &[&str],
+    run: bool,
+) -> Result<bool> {
+    // rustc's default linker for the target, so nothing to configure when it is there.
+    if !p.linker.is_some_and(installed) {
+        eprintln!(
+            "cross-check: no full build for {}: {}",
+            p.triple,
+            p.linker
+                .map_or("no cross linker to be had here".to_string(), |l| format!(
+                    "{l} is not installed"
+                ))
+        );
+        return Ok(true);
+    }
+    let start = Instant::now();
+    let mut cmd = Command::new(cargo);
+    cmd.args(["build", "--release", "--target", p.triple])
+        .current_dir(&layout.workspace);
+    for krate in crates {
+        cmd.args(["-p", krate]);
+    }
+    let status = cmd
+        .status()
+        .with_context(|| format!("cannot run cargo build for {}", p.triple))?;
+    if !status.success() {
+        eprintln!("cross-check: FAILED the full build for {}", p.triple);
+        return Ok(false);
+    }
+    let dir = target_dir(layout).join(p.triple).join("release");
+    eprintln!(
+        "cross-check: built for {} in {:.0} s: {}",
+        p.triple,
+        start.elapsed().as_secs_f64(),
+        artifacts(&dir).join(", ")
+    );
+    if run && p.triple.contains("windows") {
+        return run_under_wine(&dir);
+    }
+    Ok(true)
+}
+
+fn target_dir(layout: &Layout) -> std::path::PathBuf {
+    env::var_os("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| layout.workspace.join("target"))
+}
+
+/// The executables and plugin libraries a build left in `dir`, with their sizes.
+fn artifacts(dir: &Path) -> Vec<String> {
+    let mut found: Vec<String> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let shipped = name.starts_with("prima")
+                && [".exe", ".dll", ".so", ".dylib"]
+                    .iter()
+                    .any(|x| name.ends_with(x));
+            let size = e.metadata().ok()?.len();
+            shipped.then(|| format!("{name} ({} MiB)", size >> 20))
+        })
+        .collect();
+    found.sort();
+    found
+}
+
+/// `prima.exe plugins` under wine, the plugin DLLs beside it: shows that the Windows build
+/// starts and loads its plugins. Skipped (true) without wine.
+fn run_under_wine(dir: &Path) -> Result<bool> {
+    let Some(wine) = ["wine64", "wine"].into_iter().find(|w| installed(w)) else {
+        eprintln!("cross-check: prima.exe not run: wine is not installed");
+        return Ok(true);
+    };
+    let out = Command::new(wine)
+        .arg(dir.join("prima.exe"))
+        .arg("plugins")
+        .env("WINEDEBUG", "-all")
+        .output()
+        .with_context(|| format!("cannot run {wine}"))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    eprintln!("cross-check: {wine} prima.exe plugins:\n{stdout}");
+    if !out.status.success() {
+        eprintln!("{}", String::from_utf8_lossy(&out.stderr));
+        return Ok(false);
+    }
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_cxx_plugin_is_skipped_and_windows_checks_it_given_mingw() {
+        let none = |_: &str| false;
+        let mingw = |p: &str| p == MINGW_GXX;
+        for p in &PLATFORMS {
+            assert_eq!(skip_reason("prima-core", p.triple, &none), None);
+            assert!(skip_reason(HIGHS_PLUGIN, p.triple, &none).is_some());
+        }
+        assert_eq!(
+            skip_reason(HIGHS_PLUGIN, "x86_64-pc-windows-gnu", &mingw),
+            None
+        );
+        let why = skip_reason(HIGHS_PLUGIN, "aarch64-apple-darwin", &mingw).unwrap();
+        assert!(why.contains("HiGHS") && why.contains("macOS"), "{why}");
+    }
+
+    #[test]
+    fn the_table_marks_each_cell_and_explains_skips_and_failures() {
+        let crates = vec!["prima-core".to_string(), HIGHS_PLUGIN.to_string()];
+        let platforms: Vec<&Platform> = PLATFORMS.iter().take(2).collect();
+        let cells = vec![
+            vec![Outcome::Passed, Outcome::Failed("error[E0425]: x".into())],
+            vec![Outcome::Skipped("no SDK".into()), Outcome::Passed],
+        ];
+        let text = render(&crates, &platforms, &cells);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[0].starts_with("crate") && lines[0].contains("aarch64-apple-darwin"));
+        assert!(lines[1].starts_with("prima-core") && lines[1].contains("ok"));
+        assert!(lines[1].ends_with("FAILED"), "{}", lines[1]);
+        assert!(lines[2].contains("skipped") && lines[2].ends_with("ok"));
+        assert!(text.contains("FAILED  prima-core on x86_64-pc-windows-gnu:\nerror[E0425]: x"));
+        assert!(text.contains(&format!(
+            "skipped {HIGHS_PLUGIN} on aarch64-apple-darwin: no SDK"
+        )));
+    }
+}
