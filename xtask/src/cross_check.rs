@@ -1,11 +1,12 @@
 //! `cargo xtask cross-check`: which parts of Prima build for the platforms this machine
 //! cannot run — macOS on Apple silicon, Windows (GNU toolchain) and Android on ARM64.
-//! Each workspace crate (xtask aside: a Linux developer tool) is type-checked on its own
-//! with `cargo check --release --target T --lib --bins`, so the table names the crate that
-//! fails and where; `--release` shares the build scripts and proc macros with the release
-//! build. A crate that cannot build for a platform on this machine, for a reason stated
-//! here (a C++ library its build script compiles, with no cross compiler for it), is
-//! listed as skipped, never as passed.
+//! The workspace's crates (xtask aside: a Linux developer tool) are type-checked with one
+//! `cargo check --release --target T --keep-going --lib --bins` per platform, and cargo's
+//! JSON messages say which crate failed; a warning fails a crate too, as clippy's `-D
+//! warnings` does on Linux. `--release` shares the build scripts and proc macros with the
+//! release build. A crate that cannot build for a platform on this machine, for a reason
+//! stated here (a C++ library its build script compiles, with no cross compiler for it),
+//! is listed as skipped, never as passed.
 //!
 //! With `--build`, platforms whose linker is installed (Windows: Debian's mingw-w64) are
 //! also built in full — `prima.exe` and the plugin DLLs — and with `--run`, `prima
@@ -28,32 +29,65 @@ use crate::layout::Layout;
 pub struct Platform {
     pub triple: &'static str,
     pub name: &'static str,
-    /// The C linker `cargo build` needs for it, when one can be installed here.
-    linker: Option<&'static str>,
+    /// The C and C++ cross compilers its build scripts need, and the linker for a full
+    /// build, when they can be installed here.
+    toolchain: Option<Toolchain>,
+}
+
+struct Toolchain {
+    cc: &'static str,
+    cxx: &'static str,
+    linker: &'static str,
 }
 
 pub const PLATFORMS: [Platform; 3] = [
     Platform {
         triple: "aarch64-apple-darwin",
         name: "macOS (Apple silicon)",
-        linker: None,
+        toolchain: None,
     },
     Platform {
         triple: "x86_64-pc-windows-gnu",
         name: "Windows (x86-64, GNU)",
-        linker: Some(MINGW_GCC),
+        toolchain: Some(MINGW),
     },
     Platform {
         triple: "aarch64-linux-android",
         name: "Android (ARM64)",
-        linker: None,
+        toolchain: None,
     },
 ];
 
-const MINGW_GCC: &str = "x86_64-w64-mingw32-gcc";
-const MINGW_GXX: &str = "x86_64-w64-mingw32-g++";
+/// Debian's mingw-w64 (gcc-/g++-mingw-w64-x86-64), its POSIX-threads variant: the
+/// default, win32-threads one has no `std::thread` or `std::mutex`, which HiGHS uses, and
+/// the linker must be the same variant as the C++ compiler.
+const MINGW: Toolchain = Toolchain {
+    cc: "x86_64-w64-mingw32-gcc-posix",
+    cxx: "x86_64-w64-mingw32-g++-posix",
+    linker: "x86_64-w64-mingw32-gcc-posix",
+};
+
 /// The crate whose build script compiles a C++ library (HiGHS, with cmake).
 const HIGHS_PLUGIN: &str = "prima-solver-highs";
+
+impl Platform {
+    /// Cargo's and the `cc` crate's variables naming this platform's toolchain, where
+    /// it is installed (else none: the build scripts that need it are skipped).
+    fn toolchain_env(&self) -> Vec<(String, &'static str)> {
+        let Some(t) = self.toolchain.as_ref().filter(|t| installed(t.cxx)) else {
+            return Vec::new();
+        };
+        let under = self.triple.replace('-', "_");
+        vec![
+            (format!("CC_{under}"), t.cc),
+            (format!("CXX_{under}"), t.cxx),
+            (
+                format!("CARGO_TARGET_{}_LINKER", under.to_uppercase()),
+                t.linker,
+            ),
+        ]
+    }
+}
 
 #[derive(clap::Args, Default)]
 pub struct CrossCheckArgs {
@@ -86,9 +120,12 @@ pub fn skip_reason(krate: &str, triple: &str, has: &dyn Fn(&str) -> bool) -> Opt
     }
     // Even `cargo check` runs build scripts, and highs-sys's compiles HiGHS for the target.
     let lacks = match triple {
-        "x86_64-pc-windows-gnu" if has(MINGW_GXX) => return None,
+        "x86_64-pc-windows-gnu" if has(MINGW.cxx) => return None,
         "x86_64-pc-windows-gnu" => {
-            format!("{MINGW_GXX} is not installed (Debian: g++-mingw-w64-x86-64)")
+            format!(
+                "{} is not installed (Debian: g++-mingw-w64-x86-64)",
+                MINGW.cxx
+            )
         }
         "aarch64-apple-darwin" => "there is no macOS SDK or Apple C++ cross compiler here".into(),
         "aarch64-linux-android" => "there is no Android NDK (its C++ compiler) here".into(),
@@ -146,8 +183,14 @@ pub fn ensure_targets() -> Result<()> {
     Ok(())
 }
 
+/// A workspace crate: its name and cargo's package id (which JSON messages carry).
+pub struct Crate {
+    pub name: String,
+    id: String,
+}
+
 /// The workspace's crates, xtask aside, from `cargo metadata`.
-fn workspace_crates(layout: &Layout, cargo: &OsString) -> Result<Vec<String>> {
+fn workspace_crates(layout: &Layout, cargo: &OsString) -> Result<Vec<Crate>> {
     let out = Command::new(cargo)
         .args(["metadata", "--no-deps", "--format-version", "1"])
         .current_dir(&layout.workspace)
@@ -161,16 +204,78 @@ fn workspace_crates(layout: &Layout, cargo: &OsString) -> Result<Vec<String>> {
     }
     let meta: serde_json::Value =
         serde_json::from_slice(&out.stdout).context("cargo metadata printed no JSON")?;
-    let mut names: Vec<String> = meta["packages"]
+    let mut crates: Vec<Crate> = meta["packages"]
         .as_array()
         .context("cargo metadata lists no packages")?
         .iter()
-        .filter_map(|p| p["name"].as_str())
-        .filter(|n| *n != "xtask")
-        .map(str::to_string)
+        .filter_map(|p| {
+            Some(Crate {
+                name: p["name"].as_str()?.to_string(),
+                id: p["id"].as_str()?.to_string(),
+            })
+        })
+        .filter(|c| c.name != "xtask")
         .collect();
-    names.sort();
-    Ok(names)
+    crates.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(crates)
+}
+
+/// What cargo's JSON messages said about the workspace crates of one run.
+#[derive(Default)]
+pub struct Messages {
+    /// Package ids with a checked library or binary.
+    checked: Vec<String>,
+    /// Package id → rendered errors and warnings.
+    diagnostics: Vec<(String, String)>,
+}
+
+impl Messages {
+    /// Reads `cargo --message-format=json` output.
+    pub fn parse(stdout: &str) -> Messages {
+        let mut m = Messages::default();
+        for line in stdout.lines() {
+            let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+                continue;
+            };
+            let Some(id) = v["package_id"].as_str() else {
+                continue;
+            };
+            match v["reason"].as_str() {
+                Some("compiler-artifact") => m.checked.push(id.to_string()),
+                Some("compiler-message") => {
+                    let level = v["message"]["level"].as_str().unwrap_or("");
+                    if level == "error" || level == "warning" {
+                        let text = v["message"]["rendered"].as_str().unwrap_or(level);
+                        m.diagnostics
+                            .push((id.to_string(), text.trim_end().to_string()));
+                    }
+                }
+                _ => {}
+            }
+        }
+        m
+    }
+
+    /// The outcome of crate `id`; `stderr` explains a crate that was never reached.
+    pub fn outcome(&self, id: &str, stderr: &str) -> Outcome {
+        let said: Vec<&str> = self
+            .diagnostics
+            .iter()
+            .filter(|(p, _)| p == id)
+            .map(|(_, text)| text.as_str())
+            .collect();
+        if !said.is_empty() {
+            let text = said.join("\n");
+            return Outcome::Failed(text.lines().take(40).collect::<Vec<_>>().join("\n"));
+        }
+        if self.checked.iter().any(|p| p == id) {
+            return Outcome::Passed;
+        }
+        Outcome::Failed(format!(
+            "not checked: something it depends on failed to build\n{}",
+            error_excerpt(stderr)
+        ))
+    }
 }
 
 /// The first error lines of a failed cargo run, enough to see what broke.
@@ -187,43 +292,57 @@ fn error_excerpt(stderr: &str) -> String {
     }
 }
 
-/// `cargo check` of one crate for one target.
-fn check(layout: &Layout, cargo: &OsString, krate: &str, triple: &str) -> Result<Outcome> {
-    let out = Command::new(cargo)
-        .args(["check", "--release", "--quiet", "--lib", "--bins"])
-        .args(["--target", triple, "-p", krate])
-        .current_dir(&layout.workspace)
+/// `cargo check` of `crates` for one platform, one outcome per crate.
+fn check(
+    layout: &Layout,
+    cargo: &OsString,
+    crates: &[&Crate],
+    p: &Platform,
+) -> Result<Vec<Outcome>> {
+    if crates.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut cmd = Command::new(cargo);
+    cmd.args(["check", "--release", "--keep-going", "--lib", "--bins"])
+        .args(["--message-format", "json", "--target", p.triple])
+        .current_dir(&layout.workspace);
+    for c in crates {
+        cmd.args(["-p", &c.name]);
+    }
+    cmd.envs(p.toolchain_env());
+    let out = cmd
         .output()
-        .with_context(|| format!("cannot run cargo check for {krate} on {triple}"))?;
-    Ok(if out.status.success() {
-        Outcome::Passed
-    } else {
-        Outcome::Failed(error_excerpt(&String::from_utf8_lossy(&out.stderr)))
-    })
+        .with_context(|| format!("cannot run cargo check for {}", p.triple))?;
+    let messages = Messages::parse(&String::from_utf8_lossy(&out.stdout));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    Ok(crates
+        .iter()
+        .map(|c| messages.outcome(&c.id, &stderr))
+        .collect())
 }
 
 /// The table: one row per crate, one column per platform, then the reasons and errors.
-pub fn render(crates: &[String], platforms: &[&Platform], cells: &[Vec<Outcome>]) -> String {
-    let width = crates.iter().map(String::len).max().unwrap_or(5).max(5);
+pub fn render(crates: &[&str], platforms: &[&Platform], cells: &[Vec<Outcome>]) -> String {
+    let width = crates.iter().map(|c| c.len()).max().unwrap_or(5).max(5);
     let col = platforms.iter().map(|p| p.triple.len()).max().unwrap_or(8);
     let mut text = format!("{:width$}", "crate");
     for p in platforms {
         text += &format!("  {:col$}", p.triple);
     }
-    text += "\n";
+    text = text.trim_end().to_string() + "\n";
     let mut notes = Vec::new();
     for (krate, row) in crates.iter().zip(cells) {
         text += &format!("{krate:width$}");
         for (p, outcome) in platforms.iter().zip(row) {
             let cell = match outcome {
-                Outcome::Passed => "ok".to_string(),
+                Outcome::Passed => "ok",
                 Outcome::Failed(errors) => {
                     notes.push(format!("FAILED  {krate} on {}:\n{errors}", p.triple));
-                    "FAILED".to_string()
+                    "FAILED"
                 }
                 Outcome::Skipped(why) => {
                     notes.push(format!("skipped {krate} on {}: {why}", p.triple));
-                    "skipped".to_string()
+                    "skipped"
                 }
             };
             text += &format!("  {cell:col$}");
@@ -250,34 +369,52 @@ pub fn run(layout: &Layout, args: &CrossCheckArgs) -> Result<i32> {
     if platforms.is_empty() {
         bail!("no platform's triple contains {:?}", args.only);
     }
-    let start = Instant::now();
-    let mut cells = vec![Vec::new(); crates.len()];
+    // cells[platform][crate]
+    let mut cells = Vec::new();
     for p in &platforms {
-        eprintln!("cross-check: {} ({})", p.triple, p.name);
-        for (krate, row) in crates.iter().zip(&mut cells) {
-            let outcome = match skip_reason(krate, p.triple, &installed) {
+        let start = Instant::now();
+        let skips: Vec<Option<String>> = crates
+            .iter()
+            .map(|c| skip_reason(&c.name, p.triple, &installed))
+            .collect();
+        let wanted: Vec<&Crate> = crates
+            .iter()
+            .zip(&skips)
+            .filter(|(_, skip)| skip.is_none())
+            .map(|(c, _)| c)
+            .collect();
+        let mut checked = check(layout, &cargo, &wanted, p)?.into_iter();
+        let row: Vec<Outcome> = skips
+            .into_iter()
+            .map(|skip| match skip {
                 Some(why) => Outcome::Skipped(why),
-                None => check(layout, &cargo, krate, p.triple)?,
-            };
-            row.push(outcome);
-        }
+                None => checked.next().unwrap_or(Outcome::Passed),
+            })
+            .collect();
+        eprintln!(
+            "cross-check: {} ({}) checked in {:.0} s",
+            p.triple,
+            p.name,
+            start.elapsed().as_secs_f64()
+        );
+        cells.push(row);
     }
-    println!("{}", render(&crates, &platforms, &cells));
+    let names: Vec<&str> = crates.iter().map(|c| c.name.as_str()).collect();
+    let by_crate: Vec<Vec<Outcome>> = (0..crates.len())
+        .map(|i| cells.iter().map(|row| row[i].clone()).collect())
+        .collect();
+    println!("{}", render(&names, &platforms, &by_crate));
     let mut failed = cells
         .iter()
         .flatten()
         .any(|o| matches!(o, Outcome::Failed(_)));
-    eprintln!(
-        "cross-check: checked in {:.0} s",
-        start.elapsed().as_secs_f64()
-    );
     if args.build {
-        for (i, p) in platforms.iter().enumerate() {
-            let passed: Vec<&str> = crates
+        for (p, row) in platforms.iter().zip(&cells) {
+            let passed: Vec<&str> = names
                 .iter()
-                .zip(&cells)
-                .filter(|(_, row)| row[i] == Outcome::Passed)
-                .map(|(k, _)| k.as_str())
+                .zip(row)
+                .filter(|(_, o)| **o == Outcome::Passed)
+                .map(|(name, _)| *name)
                 .collect();
             failed |= !build(layout, &cargo, p, &passed, args.run)?;
         }
@@ -285,9 +422,9 @@ pub fn run(layout: &Layout, args: &CrossCheckArgs) -> Result<i32> {
     Ok(i32::from(failed))
 }
 
-/// The full release build of `crates` for `p`, where its linker is installed; then, for
-/// Windows with `run`, `prima plugins` under wine. False when the build (or the run)
-/// failed.
+/// The full release build of `crates` for `p`, where its toolchain is installed; then,
+/// for Windows with `run`, `prima plugins` under wine. False when the build (or the
+/// run) failed.
 fn build(
     layout: &Layout,
     cargo: &OsString,
@@ -295,21 +432,19 @@ fn build(
     crates: &[&str],
     run: bool,
 ) -> Result<bool> {
-    // rustc's default linker for the target, so nothing to configure when it is there.
-    if !p.linker.is_some_and(installed) {
-        eprintln!(
-            "cross-check: no full build for {}: {}",
-            p.triple,
-            p.linker
-                .map_or("no cross linker to be had here".to_string(), |l| format!(
-                    "{l} is not installed"
-                ))
-        );
+    let toolchain = p.toolchain_env();
+    if toolchain.is_empty() {
+        let why = match &p.toolchain {
+            Some(t) => format!("{} is not installed", t.linker),
+            None => "no cross linker (SDK, NDK) to be had here".to_string(),
+        };
+        eprintln!("cross-check: no full build for {}: {why}", p.triple);
         return Ok(true);
     }
     let start = Instant::now();
     let mut cmd = Command::new(cargo);
     cmd.args(["build", "--release", "--target", p.triple])
+        .envs(toolchain)
         .current_dir(&layout.workspace);
     for krate in crates {
         cmd.args(["-p", krate]);
@@ -389,7 +524,7 @@ mod tests {
     #[test]
     fn only_the_cxx_plugin_is_skipped_and_windows_checks_it_given_mingw() {
         let none = |_: &str| false;
-        let mingw = |p: &str| p == MINGW_GXX;
+        let mingw = |p: &str| p == MINGW.cxx;
         for p in &PLATFORMS {
             assert_eq!(skip_reason("prima-core", p.triple, &none), None);
             assert!(skip_reason(HIGHS_PLUGIN, p.triple, &none).is_some());
@@ -404,7 +539,7 @@ mod tests {
 
     #[test]
     fn the_table_marks_each_cell_and_explains_skips_and_failures() {
-        let crates = vec!["prima-core".to_string(), HIGHS_PLUGIN.to_string()];
+        let crates = ["prima-core", HIGHS_PLUGIN];
         let platforms: Vec<&Platform> = PLATFORMS.iter().take(2).collect();
         let cells = vec![
             vec![Outcome::Passed, Outcome::Failed("error[E0425]: x".into())],
@@ -420,5 +555,39 @@ mod tests {
         assert!(text.contains(&format!(
             "skipped {HIGHS_PLUGIN} on aarch64-apple-darwin: no SDK"
         )));
+    }
+
+    #[test]
+    fn cargo_messages_decide_each_crates_outcome() {
+        let stdout = [
+            r#"{"reason":"compiler-artifact","package_id":"a#0.1.0","target":{"kind":["lib"]}}"#,
+            r#"{"reason":"compiler-artifact","package_id":"b#0.1.0","target":{"kind":["lib"]}}"#,
+            r#"{"reason":"compiler-message","package_id":"b#0.1.0","message":{"level":"warning","rendered":"warning: unused\n"}}"#,
+            r#"{"reason":"compiler-message","package_id":"c#0.1.0","message":{"level":"error","rendered":"error[E0425]: libc::madvise\n"}}"#,
+            "not json: cargo's own line",
+        ]
+        .join("\n");
+        let m = Messages::parse(&stdout);
+        assert_eq!(m.outcome("a#0.1.0", ""), Outcome::Passed);
+        // A warning fails a crate, as `-D warnings` does on Linux.
+        assert_eq!(
+            m.outcome("b#0.1.0", ""),
+            Outcome::Failed("warning: unused".into())
+        );
+        assert_eq!(
+            m.outcome("c#0.1.0", ""),
+            Outcome::Failed("error[E0425]: libc::madvise".into())
+        );
+        // Never reached: a dependency's build script failed; cargo's stderr says why.
+        let stderr = "   Compiling x\nerror: failed to run custom build command for `highs-sys`\n";
+        match m.outcome("d#0.1.0", stderr) {
+            Outcome::Failed(why) => {
+                assert!(
+                    why.starts_with("not checked") && why.contains("highs-sys"),
+                    "{why}"
+                )
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }
