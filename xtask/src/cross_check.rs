@@ -498,7 +498,9 @@ fn artifacts(dir: &Path) -> Vec<String> {
 /// `prima.exe plugins` under wine, the plugin DLLs beside it: shows that the Windows build
 /// starts and loads its plugins. Skipped (true) without wine.
 fn run_under_wine(dir: &Path) -> Result<bool> {
-    let Some(wine) = ["wine64", "wine"].into_iter().find(|w| installed(w)) else {
+    // Debian's wine64 package alone puts its loader outside PATH.
+    let candidates = ["wine64", "wine", "/usr/lib/wine/wine64"];
+    let Some(wine) = candidates.into_iter().find(|w| installed(w)) else {
         eprintln!("cross-check: prima.exe not run: wine is not installed");
         return Ok(true);
     };
