@@ -487,7 +487,7 @@ impl LoadedManifest {
     /// the manifest's directory.
     pub fn resolve(&self, p: &Path) -> PathBuf {
         if let Ok(rest) = p.strip_prefix("~") {
-            return PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(rest);
+            return PathBuf::from(crate::profile::home_dir()).join(rest);
         }
         if p.is_absolute() {
             p.to_path_buf()

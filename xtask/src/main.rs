@@ -10,6 +10,7 @@ mod bench_models;
 mod build_tools;
 mod catalogue;
 mod cpu_features;
+mod cross_check;
 mod digest;
 mod fetch_models;
 mod fixture_cases;
@@ -71,6 +72,9 @@ enum Task {
     /// down, status, check, exec (root, cgroup v1, iproute2).
     #[command(subcommand)]
     Homelab(homelab::HomelabCommand),
+    /// Type-check every crate for macOS, Windows and Android (`cargo check --target`),
+    /// adding the Rust targets if missing; a table of what builds where.
+    CrossCheck(cross_check::CrossCheckArgs),
     /// Write sparse GGUF files with the paper's model shapes (for `prima plan`).
     SynthModel {
         /// Only the models whose tag contains this text.
@@ -106,6 +110,10 @@ fn run(cli: Cli) -> Result<u8> {
         Task::RingBench(args) => ring_bench::run(&layout, &args)?,
         Task::BenchModels(args) => bench_models::make(&layout, &args)?,
         Task::Homelab(command) => return homelab::run(&layout, command),
+        Task::CrossCheck(args) => {
+            let code = cross_check::run(&layout, &args)?;
+            return Ok(u8::try_from(code).unwrap_or(1));
+        }
         Task::SynthModel { only } => synth_model::run(&layout, only.as_deref())?,
         Task::Test => {
             let code = test::run(&layout)?;

@@ -12,7 +12,8 @@
 //! the target, the cross linker and qemu). Likewise mDNS discovery between network
 //! namespaces on a bridge (`prima-core/tests/discovery_netns.rs`) and the ring across
 //! two namespaces joined by a relay (`prima-core/tests/two_lans.rs`), where root can
-//! make namespaces.
+//! make namespaces. Last, the workspace type-checked for macOS, Windows and Android
+//! (`cross_check.rs`), skipped where the Rust targets cannot be added.
 
 use std::env;
 use std::process::Command;
@@ -20,6 +21,7 @@ use std::process::Command;
 use anyhow::{Context, Result};
 
 use crate::build_tools;
+use crate::cross_check;
 use crate::homelab;
 use crate::layout::Layout;
 use crate::test_models;
@@ -70,6 +72,10 @@ pub fn run(layout: &Layout) -> Result<i32> {
         (
             "aarch64 (NEON) kernel tests",
             aarch64_kernels(layout, &cargo)?,
+        ),
+        (
+            "macOS, Windows and Android type checks",
+            cross_platform_checks(layout)?,
         ),
     ];
     let (lines, code) = summary(&optional);
@@ -231,6 +237,16 @@ fn aarch64_kernels(layout: &Layout, cargo: &std::ffi::OsStr) -> Result<Optional>
         .status()
         .context("cannot start the aarch64 kernel tests")?;
     Ok(Optional::Ran(exit_code(status)))
+}
+
+/// `cargo xtask cross-check`: every crate type-checked for the other platforms; a crate
+/// expected to build that fails is a failure. Skipped where the targets cannot be added.
+fn cross_platform_checks(layout: &Layout) -> Result<Optional> {
+    if let Err(why) = cross_check::ensure_targets() {
+        return Ok(Optional::Skipped(format!("{why:#}")));
+    }
+    let args = cross_check::CrossCheckArgs::default();
+    Ok(Optional::Ran(cross_check::run(layout, &args)?))
 }
 
 /// 0 for success, else the process's code (1 when a signal ended it).

@@ -43,29 +43,13 @@ pub struct RunningNode {
 
 impl RunningNode {
     /// Whether the process is still the node we started (pid reuse is checked through its
-    /// command line).
+    /// command line where the OS shows it: `node_process`).
     fn alive(&self) -> bool {
-        match std::fs::read(format!("/proc/{}/cmdline", self.pid)) {
-            Ok(cmd) => {
-                let cmd = String::from_utf8_lossy(&cmd);
-                cmd.contains("node") && cmd.contains("--listen")
-            }
-            Err(_) => false,
-        }
+        super::node_process::is_node(self.pid)
     }
 
     fn stop(&self) {
-        if self.alive() {
-            // SAFETY: kill only sends a signal to a process id; the id is our node's,
-            // checked just above through /proc.
-            unsafe {
-                libc::kill(self.pid as libc::pid_t, libc::SIGTERM);
-            }
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while self.alive() && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
+        super::node_process::stop(self.pid);
     }
 }
 
@@ -78,7 +62,7 @@ pub struct LocalNodes {
 }
 
 fn cache_dir() -> PathBuf {
-    PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/prima/apply")
+    PathBuf::from(prima_core::profile::home_dir()).join(".cache/prima/apply")
 }
 
 /// Where the nodes of the manifest at `path` are recorded.
@@ -190,7 +174,10 @@ fn spawn(spec: &NodeSpec, keep: bool) -> anyhow::Result<(RunningNode, std::proce
     cmd.stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::from(log_file));
-    #[cfg(target_os = "linux")]
+    // Elsewhere no signal follows the parent's death: only `LocalNodes`' drop stops them.
+    #[cfg(not(any(target_os = "linux", target_os = "android")))]
+    let _ = keep;
+    #[cfg(any(target_os = "linux", target_os = "android"))]
     if !keep {
         use std::os::unix::process::CommandExt;
         // SAFETY: the closure runs in the forked child before exec and only calls prctl,

@@ -9,6 +9,7 @@ mod chat;
 mod discover;
 mod engine;
 mod node;
+mod node_process;
 mod plan;
 mod plugins;
 mod profile;

@@ -35,6 +35,7 @@ impl PageHint {
     }
 }
 
+#[cfg(unix)]
 fn page_size() -> u64 {
     // SAFETY: sysconf has no preconditions; it returns -1 on error, handled below.
     let v = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
@@ -43,6 +44,12 @@ fn page_size() -> u64 {
     } else {
         4096
     }
+}
+
+/// Windows maps and pages in 4 KiB pages on x86-64 and ARM64 alike.
+#[cfg(windows)]
+fn page_size() -> u64 {
+    4096
 }
 
 impl GgufFile {
@@ -79,50 +86,130 @@ impl GgufFile {
         if start >= end {
             return Ok(());
         }
-        let ptr = map.as_ptr().wrapping_add(start as usize) as *mut libc::c_void;
+        let ptr = map.as_ptr().wrapping_add(start as usize);
         let n = (end - start) as usize;
-        let madvise = |advice: libc::c_int| {
-            // SAFETY: [ptr, ptr + n) lies within our read-only, file-backed, shared mapping
-            // (start and end are clamped to it and page aligned). None of these advices
-            // changes what the mapping reads: for a shared file mapping, dropped pages are
-            // read back from the file on the next access.
-            if unsafe { libc::madvise(ptr, n, advice) } == 0 {
+        // SAFETY: [ptr, ptr + n) lies within our read-only, file-backed, shared mapping
+        // (start and end are clamped to it and page aligned), whose file offset is 0.
+        unsafe { os_hint(ptr, n, file, start, hint) }
+    }
+}
+
+/// The hint as this OS has it, on `n` bytes at `ptr` (page aligned, inside the mapping),
+/// which are the file's bytes from `offset`. Linux and Android: the advice of the same
+/// name, and `POSIX_FADV_DONTNEED` after `MADV_DONTNEED`. macOS has no cold list and no
+/// fadvise: its `MADV_DONTNEED` lowers the pages' priority, which is all three releases.
+///
+/// # Safety
+/// `[ptr, ptr + n)` lies within a read-only, shared mapping of `file`, page aligned, and
+/// holds the file's bytes from `offset`.
+#[cfg(unix)]
+unsafe fn os_hint(
+    ptr: *const u8,
+    n: usize,
+    file: &std::fs::File,
+    offset: u64,
+    hint: PageHint,
+) -> io::Result<()> {
+    let ptr = ptr as *mut libc::c_void;
+    let madvise = |advice: libc::c_int| {
+        // SAFETY: [ptr, ptr + n) lies within a read-only, file-backed, shared mapping
+        // (the caller's contract). None of these advices changes what the mapping reads:
+        // for a shared file mapping, dropped pages are read back from the file on the
+        // next access.
+        if unsafe { libc::madvise(ptr, n, advice) } == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    };
+    match hint {
+        PageHint::WillNeed => madvise(libc::MADV_WILLNEED),
+        #[cfg(any(target_os = "linux", target_os = "android"))]
+        PageHint::Cold => madvise_or_dontneed(madvise, libc::MADV_COLD),
+        #[cfg(any(target_os = "linux", target_os = "android"))]
+        PageHint::PageOut => madvise_or_dontneed(madvise, libc::MADV_PAGEOUT),
+        #[cfg(not(any(target_os = "linux", target_os = "android")))]
+        PageHint::Cold | PageHint::PageOut => madvise(libc::MADV_DONTNEED),
+        PageHint::DontNeed => {
+            madvise(libc::MADV_DONTNEED)?;
+            #[cfg(not(any(target_os = "linux", target_os = "android")))]
+            let _ = (file, offset);
+            #[cfg(any(target_os = "linux", target_os = "android"))]
+            {
+                use std::os::fd::AsRawFd;
+                // SAFETY: the descriptor is our open file; fadvise only hints the kernel.
+                let rc = unsafe {
+                    libc::posix_fadvise(
+                        file.as_raw_fd(),
+                        offset as libc::off_t,
+                        n as libc::off_t,
+                        libc::POSIX_FADV_DONTNEED,
+                    )
+                };
+                if rc != 0 {
+                    return Err(io::Error::from_raw_os_error(rc));
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+/// `MADV_COLD` and `MADV_PAGEOUT` came with Linux 5.4. Many phones run older kernels,
+/// which refuse them (EINVAL): there, Android drops the pages from the process instead.
+#[cfg(any(target_os = "linux", target_os = "android"))]
+fn madvise_or_dontneed(
+    madvise: impl Fn(libc::c_int) -> io::Result<()>,
+    advice: libc::c_int,
+) -> io::Result<()> {
+    let result = madvise(advice);
+    #[cfg(target_os = "android")]
+    if matches!(&result, Err(e) if e.raw_os_error() == Some(libc::EINVAL)) {
+        return madvise(libc::MADV_DONTNEED);
+    }
+    result
+}
+
+/// Windows: `PrefetchVirtualMemory` reads a range ahead (Windows 8 and later), and
+/// `VirtualUnlock` on pages that are not locked takes them out of the working set, to the
+/// standby list: the nearest thing to a cold list, and all three releases. The file's
+/// cache is the system's to manage; nothing drops it.
+///
+/// # Safety
+/// As the Unix version: `[ptr, ptr + n)` lies within a read-only view of the file.
+#[cfg(windows)]
+unsafe fn os_hint(
+    ptr: *const u8,
+    n: usize,
+    _file: &std::fs::File,
+    _offset: u64,
+    hint: PageHint,
+) -> io::Result<()> {
+    use windows_sys::Win32::System::Memory::{
+        PrefetchVirtualMemory, VirtualUnlock, WIN32_MEMORY_RANGE_ENTRY,
+    };
+    use windows_sys::Win32::System::Threading::GetCurrentProcess;
+    match hint {
+        PageHint::WillNeed => {
+            let range = WIN32_MEMORY_RANGE_ENTRY {
+                VirtualAddress: ptr as *mut _,
+                NumberOfBytes: n,
+            };
+            // SAFETY: one range entry, inside our mapping (the caller's contract), for our
+            // own process; prefetching only reads the file's pages into memory.
+            if unsafe { PrefetchVirtualMemory(GetCurrentProcess(), 1, &range, 0) } != 0 {
                 Ok(())
             } else {
                 Err(io::Error::last_os_error())
             }
-        };
-        match hint {
-            PageHint::WillNeed => madvise(libc::MADV_WILLNEED),
-            #[cfg(target_os = "linux")]
-            PageHint::Cold => madvise(libc::MADV_COLD),
-            #[cfg(target_os = "linux")]
-            PageHint::PageOut => madvise(libc::MADV_PAGEOUT),
-            // Elsewhere there is no cold list to move pages to: only drop them.
-            #[cfg(not(target_os = "linux"))]
-            PageHint::Cold | PageHint::PageOut => madvise(libc::MADV_DONTNEED),
-            PageHint::DontNeed => {
-                madvise(libc::MADV_DONTNEED)?;
-                #[cfg(not(target_os = "linux"))]
-                let _ = file;
-                #[cfg(target_os = "linux")]
-                {
-                    use std::os::fd::AsRawFd;
-                    // SAFETY: the descriptor is our open file; fadvise only hints the kernel.
-                    let rc = unsafe {
-                        libc::posix_fadvise(
-                            file.as_raw_fd(),
-                            start as libc::off_t,
-                            n as libc::off_t,
-                            libc::POSIX_FADV_DONTNEED,
-                        )
-                    };
-                    if rc != 0 {
-                        return Err(io::Error::from_raw_os_error(rc));
-                    }
-                }
-                Ok(())
-            }
+        }
+        PageHint::Cold | PageHint::PageOut | PageHint::DontNeed => {
+            // SAFETY: the range lies inside our mapping (the caller's contract) and was
+            // never locked; unlocking it only trims it from the working set, and a trimmed
+            // page of a file view is read back on its next access.
+            unsafe { VirtualUnlock(ptr as *const _, n) };
+            // It "fails" with ERROR_NOT_LOCKED by design: the pages left the set anyway.
+            Ok(())
         }
     }
 }

@@ -18,7 +18,6 @@ use std::collections::VecDeque;
 use std::fs::File;
 use std::io;
 use std::ops::Range;
-use std::os::unix::fs::FileExt;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
@@ -212,7 +211,7 @@ fn read_loop(file: &File, shared: &Shared) {
             if n == 0 {
                 break;
             }
-            match file.read_at(&mut scratch[..n], range.start) {
+            match read_at(file, &mut scratch[..n], range.start) {
                 // End of file, or an error: a read ahead costs speed, never correctness;
                 // the compute thread reads the same pages itself and reports what fails.
                 Ok(0) | Err(_) => break,
@@ -232,6 +231,18 @@ fn read_loop(file: &File, shared: &Shared) {
         }
         shared.lock().current = None;
     }
+}
+
+/// `pread`: a read at an offset. Windows' `seek_read` also moves the file's cursor, which
+/// nothing relies on: the model file is only ever mapped and read at offsets.
+#[cfg(unix)]
+fn read_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    std::os::unix::fs::FileExt::read_at(file, buf, offset)
+}
+
+#[cfg(windows)]
+fn read_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    std::os::windows::fs::FileExt::seek_read(file, buf, offset)
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! Disk read throughput of the filesystem holding the model, measured by reading the model
 //! file itself with the page cache bypassed (O_DIRECT on Linux and Android, F_NOCACHE on
-//! macOS). Nothing is written, and the user's page cache is left as it is.
+//! macOS, FILE_FLAG_NO_BUFFERING on Windows). Nothing is written, and the user's page cache
+//! is left as it is.
 
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom};
@@ -111,7 +112,27 @@ fn open_uncached(path: &Path) -> io::Result<(File, bool)> {
     Ok((f, rc == 0))
 }
 
-#[cfg(not(any(target_os = "linux", target_os = "android", target_os = "macos")))]
+#[cfg(windows)]
+fn open_uncached(path: &Path) -> io::Result<(File, bool)> {
+    use std::os::windows::fs::OpenOptionsExt;
+    // winbase.h's value; its reads must be sector aligned, as O_DIRECT's are here.
+    const FILE_FLAG_NO_BUFFERING: u32 = 0x2000_0000;
+    match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(FILE_FLAG_NO_BUFFERING)
+        .open(path)
+    {
+        Ok(f) => Ok((f, true)),
+        Err(_) => Ok((File::open(path)?, false)),
+    }
+}
+
+#[cfg(not(any(
+    target_os = "linux",
+    target_os = "android",
+    target_os = "macos",
+    windows
+)))]
 fn open_uncached(path: &Path) -> io::Result<(File, bool)> {
     Ok((File::open(path)?, false))
 }

@@ -100,8 +100,7 @@ pub enum ProfileError {
 pub fn cache_dir() -> PathBuf {
     match std::env::var_os(PROFILE_DIR_ENV) {
         Some(d) => PathBuf::from(d),
-        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-            .join(".cache/prima/profiles"),
+        None => PathBuf::from(crate::profile::home_dir()).join(".cache/prima/profiles"),
     }
 }
 

@@ -34,4 +34,4 @@ pub use measure::{
     cache_dir, profile_device, ProfileError, ProfileOptions, ProfileReport, PROFILE_DIR_ENV,
 };
 pub use memory::{memory_read_bandwidth, MemoryBandwidth};
-pub use system::{hostname, meminfo, parse_meminfo, MemInfo};
+pub use system::{home_dir, hostname, meminfo, parse_meminfo, MemInfo};

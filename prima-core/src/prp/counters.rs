@@ -54,6 +54,13 @@ impl PassMeter {
     }
 }
 
+/// Windows counts hard and soft faults together, so it has no figure to give: 0.
+#[cfg(not(unix))]
+fn major_faults() -> u64 {
+    0
+}
+
+#[cfg(unix)]
 fn major_faults() -> u64 {
     let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
     // SAFETY: getrusage writes a whole rusage into the pointer we pass, which points to
@@ -67,7 +74,13 @@ fn major_faults() -> u64 {
     usage.ru_majflt.max(0) as u64
 }
 
-/// `read_bytes` of /proc/self/io (0 where there is none, as off Linux).
+/// `read_bytes` of /proc/self/io (0 where there is none, as off Linux and Android).
+#[cfg(not(unix))]
+fn disk_read_bytes(_io: Option<&std::fs::File>) -> u64 {
+    0
+}
+
+#[cfg(unix)]
 fn disk_read_bytes(io: Option<&std::fs::File>) -> u64 {
     use std::os::unix::fs::FileExt;
     let mut buf = [0u8; 512];
