@@ -379,6 +379,18 @@ impl LoadedManifest {
         })
     }
 
+    /// Replaces `[model]` (its `path` and every per-device `paths` entry) by one file,
+    /// given relative to the working directory (`prima apply --model`).
+    pub fn override_model(&mut self, path: &Path) -> Result<(), ManifestError> {
+        let absolute = std::path::absolute(path).map_err(|e| ManifestError::Read {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+        self.manifest.model.path = absolute;
+        self.manifest.model.paths.clear();
+        Ok(())
+    }
+
     /// The model file of device `name`: its override, else `model.path`.
     pub fn model_path(&self, name: &str) -> PathBuf {
         let m = &self.manifest.model;

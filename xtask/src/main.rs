@@ -11,6 +11,7 @@ mod build_tools;
 mod catalogue;
 mod cpu_features;
 mod digest;
+mod dist;
 mod fetch_models;
 mod fixture_cases;
 mod homelab;
@@ -71,6 +72,9 @@ enum Task {
     /// down, status, check, exec (root, cgroup v1, iproute2).
     #[command(subcommand)]
     Homelab(homelab::HomelabCommand),
+    /// Release archives with cargo-dist: `prima`, every plugin, README, licences and
+    /// manifests/home.toml per target, in target/distrib/prima-<version>-<target>.tar.xz.
+    Dist(dist::DistArgs),
     /// Write sparse GGUF files with the paper's model shapes (for `prima plan`).
     SynthModel {
         /// Only the models whose tag contains this text.
@@ -107,6 +111,7 @@ fn run(cli: Cli) -> Result<u8> {
         Task::BenchModels(args) => bench_models::make(&layout, &args)?,
         Task::Homelab(command) => return homelab::run(&layout, command),
         Task::SynthModel { only } => synth_model::run(&layout, only.as_deref())?,
+        Task::Dist(args) => dist::run(&layout, &args)?,
         Task::Test => {
             let code = test::run(&layout)?;
             return Ok(u8::try_from(code).unwrap_or(1));
