@@ -454,6 +454,21 @@ k = 2
     }
 
     #[test]
+    fn a_model_given_on_the_command_line_replaces_every_path() {
+        let mut m = LoadedManifest::embedded_default().unwrap();
+        m.manifest
+            .model
+            .paths
+            .insert("laptop".into(), PathBuf::from("/elsewhere/y.gguf"));
+        m.override_model(Path::new("/models/z.gguf")).unwrap();
+        for name in ["desktop", "laptop"] {
+            assert_eq!(m.model_path(name), PathBuf::from("/models/z.gguf"));
+        }
+        m.override_model(Path::new("rel.gguf")).unwrap();
+        assert!(m.model_path("laptop").is_absolute());
+    }
+
+    #[test]
     fn the_embedded_default_is_valid() {
         let m = LoadedManifest::embedded_default().unwrap();
         assert!(m.manifest.devices.len() >= 3);
