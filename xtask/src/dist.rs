@@ -106,7 +106,8 @@ pub fn build(layout: &Layout, host: &str, target: &str) -> Result<Release> {
     let printed = shell::output(&mut cmd)?;
     let manifest: DistManifest = serde_json::from_str(&printed)
         .with_context(|| format!("`{}` printed no dist manifest", shell::describe(&cmd)))?;
-    let distrib = workspace.target_dir.join("distrib");
+    // cargo-dist writes to `<workspace>/target/distrib` whatever CARGO_TARGET_DIR says.
+    let distrib = layout.workspace.join("target").join("distrib");
     merge(layout, &workspace, &manifest, &distrib, target)
 }
 
@@ -119,7 +120,7 @@ fn merge(
     target: &str,
 ) -> Result<Release> {
     let (_, binary_archive) = manifest.archive_of(&workspace.binary_package, target)?;
-    let mut entries = archive::read(&distrib.join(binary_archive))?;
+    let mut entries = archive::read(&manifest.path_of(binary_archive, distrib))?;
     if !entries
         .iter()
         .any(|e| e.path == BINARY || e.path == format!("{BINARY}.exe"))
@@ -138,7 +139,7 @@ fn merge(
         if libraries.is_empty() {
             bail!("cargo-dist's {name} holds no cdylib of {package}");
         }
-        for entry in archive::read(&distrib.join(name))? {
+        for entry in archive::read(&manifest.path_of(name, distrib))? {
             if libraries.contains(&entry.path.as_str()) {
                 plugins.push(PluginFile {
                     package: package.clone(),
@@ -281,6 +282,9 @@ struct MetadataTarget {
 struct DistManifest {
     releases: Vec<DistRelease>,
     artifacts: BTreeMap<String, DistArtifact>,
+    /// Where the artifacts it built are, as absolute paths.
+    #[serde(default)]
+    upload_files: Vec<PathBuf>,
 }
 
 #[derive(Deserialize)]
@@ -305,6 +309,15 @@ struct DistAsset {
 }
 
 impl DistManifest {
+    /// The path of the artifact `name`: where the manifest says, else in `distrib`.
+    fn path_of(&self, name: &str, distrib: &Path) -> PathBuf {
+        self.upload_files
+            .iter()
+            .find(|p| p.file_name().is_some_and(|f| f == name))
+            .cloned()
+            .unwrap_or_else(|| distrib.join(name))
+    }
+
     /// The archive cargo-dist made of `package` for `target`, and its file name.
     fn archive_of(&self, package: &str, target: &str) -> Result<(&DistArtifact, &str)> {
         let release = self
