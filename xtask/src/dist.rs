@@ -293,7 +293,7 @@ struct DistRelease {
     artifacts: Vec<String>,
 }
 
-#[derive(Deserialize)]
+#[derive(Debug, Deserialize)]
 struct DistArtifact {
     kind: String,
     #[serde(default)]
@@ -302,7 +302,7 @@ struct DistArtifact {
     assets: Vec<DistAsset>,
 }
 
-#[derive(Deserialize)]
+#[derive(Debug, Deserialize)]
 struct DistAsset {
     kind: String,
     path: Option<String>,
