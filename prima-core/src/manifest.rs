@@ -477,6 +477,18 @@ impl LoadedManifest {
         })
     }
 
+    /// Replaces `[model]` (its `path` and every per-device `paths` entry) by one file,
+    /// given relative to the working directory (`prima apply --model`).
+    pub fn override_model(&mut self, path: &Path) -> Result<(), ManifestError> {
+        let absolute = std::path::absolute(path).map_err(|e| ManifestError::Read {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+        self.manifest.model.path = absolute;
+        self.manifest.model.paths.clear();
+        Ok(())
+    }
+
     /// The model file of device `name`: its override, else `model.path`.
     pub fn model_path(&self, name: &str) -> PathBuf {
         let m = &self.manifest.model;
@@ -537,6 +549,21 @@ k = 2
         assert!(m.manifest.policy.prefetch);
         assert_eq!(m.manifest.server.listen, "127.0.0.1:8080");
         assert_eq!(m.model_path("desk"), PathBuf::from("/m/../models/x.gguf"));
+    }
+
+    #[test]
+    fn a_model_given_on_the_command_line_replaces_every_path() {
+        let mut m = LoadedManifest::embedded_default().unwrap();
+        m.manifest
+            .model
+            .paths
+            .insert("laptop".into(), PathBuf::from("/elsewhere/y.gguf"));
+        m.override_model(Path::new("/models/z.gguf")).unwrap();
+        for name in ["desktop", "laptop"] {
+            assert_eq!(m.model_path(name), PathBuf::from("/models/z.gguf"));
+        }
+        m.override_model(Path::new("rel.gguf")).unwrap();
+        assert!(m.model_path("laptop").is_absolute());
     }
 
     #[test]

@@ -25,9 +25,9 @@ use crate::layout::Layout;
 use crate::shell;
 
 /// PyPI requirement and where its wheel keeps what we need, relative to the install dir.
-struct Wheel {
-    requirement: &'static str,
-    dir_name: &'static str,
+pub struct Wheel {
+    pub requirement: &'static str,
+    pub dir_name: &'static str,
 }
 
 const CMAKE: Wheel = Wheel {
@@ -127,7 +127,7 @@ fn install_libclang(cache: &Path) -> Result<PathBuf> {
 
 /// `pip install --target ~/.cache/prima/tools/<name>` unless a finished install is there
 /// (a marker written last, so an interrupted install is redone).
-fn pip_install(cache: &Path, wheel: &Wheel) -> Result<PathBuf> {
+pub fn pip_install(cache: &Path, wheel: &Wheel) -> Result<PathBuf> {
     let dir = cache.join("tools").join(wheel.dir_name);
     let marker = dir.join(".prima-installed");
     if fs::read_to_string(&marker).is_ok_and(|m| m == wheel.requirement) {

@@ -12,6 +12,7 @@ mod catalogue;
 mod cpu_features;
 mod cross_check;
 mod digest;
+mod dist;
 mod fetch_models;
 mod fixture_cases;
 mod homelab;
@@ -75,6 +76,9 @@ enum Task {
     /// Type-check every crate for macOS, Windows and Android (`cargo check --target`),
     /// adding the Rust targets if missing; a table of what builds where.
     CrossCheck(cross_check::CrossCheckArgs),
+    /// Release archives with cargo-dist: `prima`, every plugin, README, licences and
+    /// manifests/home.toml per target, in target/distrib/prima-<version>-<target>.tar.xz.
+    Dist(dist::DistArgs),
     /// Write sparse GGUF files with the paper's model shapes (for `prima plan`).
     SynthModel {
         /// Only the models whose tag contains this text.
@@ -115,6 +119,7 @@ fn run(cli: Cli) -> Result<u8> {
             return Ok(u8::try_from(code).unwrap_or(1));
         }
         Task::SynthModel { only } => synth_model::run(&layout, only.as_deref())?,
+        Task::Dist(args) => dist::run(&layout, &args)?,
         Task::Test => {
             let code = test::run(&layout)?;
             return Ok(u8::try_from(code).unwrap_or(1));

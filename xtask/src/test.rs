@@ -22,6 +22,7 @@ use anyhow::{Context, Result};
 
 use crate::build_tools;
 use crate::cross_check;
+use crate::dist;
 use crate::homelab;
 use crate::layout::Layout;
 use crate::test_models;
@@ -58,7 +59,8 @@ pub fn run(layout: &Layout) -> Result<i32> {
             return Ok(exit_code(status));
         }
     }
-    // Both run even when the first fails, as the test binaries do.
+    // Each runs even when an earlier one fails, as the test binaries do.
+    let [archive, arm_archive, arm_archive_qemu] = release_archives(layout)?;
     let optional = [
         ("homelab smoke bed", homelab_smoke_bed(layout, &cargo)?),
         (
@@ -77,6 +79,9 @@ pub fn run(layout: &Layout) -> Result<i32> {
             "macOS, Windows and Android type checks",
             cross_platform_checks(layout)?,
         ),
+        ("release archive, unpacked and run (dist)", archive),
+        ("aarch64 release archive (dist)", arm_archive),
+        ("aarch64 release archive under qemu", arm_archive_qemu),
     ];
     let (lines, code) = summary(&optional);
     for line in lines {
@@ -247,6 +252,70 @@ fn cross_platform_checks(layout: &Layout) -> Result<Optional> {
     }
     let args = cross_check::CrossCheckArgs::default();
     Ok(Optional::Ran(cross_check::run(layout, &args)?))
+}
+
+/// `cargo xtask dist --check` for this machine (unpacked in an empty directory and run)
+/// and for aarch64 Linux (built with cargo-zigbuild, listed, its headers read, and
+/// `prima plugins` run under qemu-aarch64 where it is installed).
+fn release_archives(layout: &Layout) -> Result<[Optional; 3]> {
+    let host = dist::host_target()?;
+    let ran = |result: Result<()>| match result {
+        Ok(()) => Optional::Ran(0),
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            Optional::Ran(1)
+        }
+    };
+    let native = ran(dist::build(layout, &host, &host).and_then(|r| dist::check_host(layout, &r)));
+    if host == ARM_TARGET {
+        let why = || Optional::Skipped("this machine is aarch64: its archive was run above".into());
+        return Ok([native, why(), why()]);
+    }
+    // A second whole build, cross-compiled with zig (HiGHS's C++ included): too long for
+    // every test run on a 2-core machine, so it runs when asked.
+    if env::var_os("PRIMA_TEST_ARM_ARCHIVE").is_none_or(|v| v != "1") {
+        let why = || {
+            Optional::Skipped(
+                "a second whole build; set PRIMA_TEST_ARM_ARCHIVE=1 or run \
+                 `cargo xtask dist --target aarch64-unknown-linux-gnu --check`"
+                    .into(),
+            )
+        };
+        return Ok([native, why(), why()]);
+    }
+    if !rust_target_installed(ARM_TARGET) {
+        let why = || {
+            Optional::Skipped(format!(
+                "needs the {ARM_TARGET} Rust target (`.ci/run` adds it)"
+            ))
+        };
+        return Ok([native, why(), why()]);
+    }
+    let (arm, qemu) =
+        match dist::build(layout, &host, ARM_TARGET).and_then(|r| dist::check_cross(&r)) {
+            Ok(dist::CrossCheck::RanUnderQemu) => (Optional::Ran(0), Optional::Ran(0)),
+            Ok(dist::CrossCheck::NotRun(why)) => (Optional::Ran(0), Optional::Skipped(why)),
+            Err(err) => {
+                eprintln!("error: {err:#}");
+                (
+                    Optional::Ran(1),
+                    Optional::Skipped("the aarch64 archive did not build".into()),
+                )
+            }
+        };
+    Ok([native, arm, qemu])
+}
+
+fn rust_target_installed(target: &str) -> bool {
+    Command::new("rustup")
+        .args(["target", "list", "--installed"])
+        .output()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .any(|l| l.trim() == target)
+        })
+        .unwrap_or(false)
 }
 
 /// 0 for success, else the process's code (1 when a signal ended it).

@@ -31,6 +31,10 @@ use super::run::{print_device_table, print_summary, stream};
 pub struct ApplyArgs {
     /// The cluster manifest (default: the embedded manifests/home.toml).
     manifest: Option<PathBuf>,
+    /// Run this GGUF file on every local device, instead of the manifest's `[model]`
+    /// (e.g. from an unpacked release, whose home.toml expects `models/` beside it).
+    #[arg(short = 'm', long, value_name = "PATH")]
+    model: Option<PathBuf>,
     /// Stop after printing the plan.
     #[arg(long)]
     dry_run: bool,
@@ -94,15 +98,21 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
     for (name, addr) in fill_addresses(&mut manifest.manifest)? {
         eprintln!("found     {name} at {addr} (discovery)");
     }
+    if let Some(model) = &args.model {
+        manifest.override_model(model)?;
+    }
     let m = &manifest.manifest;
     let head = manifest.head_index()?;
     let head_name = m.devices[head].name.clone();
     let head_model = manifest.model_path(&head_name);
     for d in m.devices.iter().filter(|d| d.local || d.head) {
         let path = manifest.model_path(&d.name);
+        if !path.exists() && args.model.is_some() {
+            bail!("--model: model file {} not found", path.display());
+        }
         if !path.exists() {
             bail!(
-                "device '{}': model file {} not found (run `cargo xtask fetch-models`, or fix [model] path in {})",
+                "device '{}': model file {} not found (run `cargo xtask fetch-models`, fix [model] path in {}, or give --model PATH)",
                 d.name,
                 path.display(),
                 manifest.path.display()
