@@ -17,20 +17,6 @@ fn prima(args: &[&str], env: &[(&str, &Path)]) -> Output {
     cmd.output().unwrap()
 }
 
-fn ok(out: &Output) -> String {
-    assert!(
-        out.status.success(),
-        "failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout.clone()).unwrap()
-}
-
-fn err(out: &Output) -> String {
-    assert!(!out.status.success(), "unexpectedly succeeded");
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("prima-halda-cli-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -55,7 +41,7 @@ fn plan_json_has_the_documented_fields() {
             ],
             &[],
         );
-        let v: serde_json::Value = serde_json::from_str(&ok(&out)).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&halda_support::ok(&out)).unwrap();
         assert!(v["k"].as_u64().unwrap() >= 1);
         assert!(v["predicted_tpot_ms"].as_f64().unwrap() > 0.0);
         assert!(v["solve_ms"].as_f64().unwrap() >= 0.0);
@@ -88,7 +74,7 @@ fn plan_table_names_pruned_devices_and_the_breakdown() {
         ],
         &[],
     );
-    let text = ok(&out);
+    let text = halda_support::ok(&out);
     assert!(text.contains("pruned"), "{text}");
     assert!(text.contains("predicted TPOT"), "{text}");
     for part in ["compute", "memory", "disk", "network"] {
@@ -115,7 +101,7 @@ fn a_relay_device_stays_in_the_ring_without_layers() {
         ],
         &[],
     );
-    let v: serde_json::Value = serde_json::from_str(&ok(&out)).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&halda_support::ok(&out)).unwrap();
     let d4 = v["devices"]
         .as_array()
         .unwrap()
@@ -171,7 +157,7 @@ fn bad_profiles_are_errors_naming_file_and_field() {
             ],
             &[],
         );
-        let e = err(&out);
+        let e = halda_support::err(&out);
         assert!(e.contains(name), "{name}: {e}");
         assert!(e.contains(needle), "{name}: {e}");
         assert!(!e.contains("panicked"), "{e}");
@@ -191,7 +177,7 @@ fn missing_model_and_profiles_files_are_named() {
         ],
         &[],
     );
-    assert!(err(&out).contains("/nonexistent/model.gguf"));
+    assert!(halda_support::err(&out).contains("/nonexistent/model.gguf"));
     let model = model_path("llama3-8b-q4_k");
     let out = prima(
         &[
@@ -203,9 +189,9 @@ fn missing_model_and_profiles_files_are_named() {
         ],
         &[],
     );
-    assert!(err(&out).contains("/nonexistent/devices.toml"));
+    assert!(halda_support::err(&out).contains("/nonexistent/devices.toml"));
     let out = prima(&["profile", "-m", "/nonexistent/model.gguf"], &[]);
-    assert!(err(&out).contains("/nonexistent/model.gguf"));
+    assert!(halda_support::err(&out).contains("/nonexistent/model.gguf"));
 }
 
 #[test]
@@ -220,10 +206,16 @@ fn profile_measures_then_answers_from_cache() {
         "--name",
         "here",
     ];
-    let first: serde_json::Value =
-        serde_json::from_str(&ok(&prima(&args, &[("PRIMA_PROFILE_DIR", &cache)]))).unwrap();
-    let second: serde_json::Value =
-        serde_json::from_str(&ok(&prima(&args, &[("PRIMA_PROFILE_DIR", &cache)]))).unwrap();
+    let first: serde_json::Value = serde_json::from_str(&halda_support::ok(&prima(
+        &args,
+        &[("PRIMA_PROFILE_DIR", &cache)],
+    )))
+    .unwrap();
+    let second: serde_json::Value = serde_json::from_str(&halda_support::ok(&prima(
+        &args,
+        &[("PRIMA_PROFILE_DIR", &cache)],
+    )))
+    .unwrap();
     assert_eq!(first["cached"], false);
     assert_eq!(second["cached"], true);
     eprintln!(
@@ -253,13 +245,13 @@ fn profile_measures_then_answers_from_cache() {
         second["profile"]["cpu_gflops"]
     );
     // A profile written as TOML is a valid profiles file for `prima plan`.
-    let toml_out = ok(&prima(
+    let toml_out = halda_support::ok(&prima(
         &["profile", "-m", model.to_str().unwrap(), "--toml"],
         &[("PRIMA_PROFILE_DIR", &cache)],
     ));
     let devices = scratch("me.toml");
     std::fs::write(&devices, toml_out).unwrap();
-    ok(&prima(
+    halda_support::ok(&prima(
         &[
             "plan",
             "-m",
@@ -274,7 +266,7 @@ fn profile_measures_then_answers_from_cache() {
 
 #[test]
 fn plugins_lists_the_solver() {
-    let text = ok(&prima(&["plugins"], &[]));
+    let text = halda_support::ok(&prima(&["plugins"], &[]));
     let line = text
         .lines()
         .find(|l| l.starts_with("solver"))
@@ -302,7 +294,7 @@ fn halda_without_a_solver_plugin_says_so() {
         .env("PRIMA_PLUGIN_DIR", &empty)
         .output()
         .unwrap();
-    let e = err(&out);
+    let e = halda_support::err(&out);
     assert!(e.contains("no solver plugin"), "{e}");
     // The baselines need no solver.
     let out = Command::new(env!("CARGO_BIN_EXE_prima"))
@@ -318,5 +310,5 @@ fn halda_without_a_solver_plugin_says_so() {
         .env("PRIMA_PLUGIN_DIR", &empty)
         .output()
         .unwrap();
-    ok(&out);
+    halda_support::ok(&out);
 }

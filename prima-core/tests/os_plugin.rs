@@ -19,20 +19,6 @@ fn prima(args: &[&str], plugins: &Path) -> Output {
         .unwrap()
 }
 
-fn stdout(out: &Output) -> String {
-    assert!(
-        out.status.success(),
-        "failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout.clone()).unwrap()
-}
-
-fn stderr(out: &Output) -> String {
-    assert!(!out.status.success(), "unexpectedly succeeded");
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir()
         .join(format!("prima-os-plugin-{}", std::process::id()))
@@ -69,9 +55,9 @@ fn plan(devices: &Path, plugins: &Path) -> Result<serde_json::Value, String> {
         plugins,
     );
     if !out.status.success() {
-        return Err(stderr(&out));
+        return Err(halda_support::err(&out));
     }
-    let mut v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(&halda_support::ok(&out)).unwrap();
     v.as_object_mut().unwrap().remove("solve_ms");
     Ok(v)
 }
@@ -96,7 +82,7 @@ fn a_new_os_ships_as_a_plugin_without_rebuilding_prima() {
         "installed",
         &[standard("prima_solver_highs"), standard("prima_os_memory")],
     );
-    let listing = stdout(&prima(&["plugins"], &installed));
+    let listing = halda_support::ok(&prima(&["plugins"], &installed));
     assert!(
         listing.lines().any(|l| l.starts_with("os-memory")
             && l.contains("standard")
@@ -121,7 +107,7 @@ fn a_new_os_ships_as_a_plugin_without_rebuilding_prima() {
         installed.join(lib_name("prima_os_windows")),
     )
     .unwrap();
-    let listing = stdout(&prima(&["plugins"], &installed));
+    let listing = halda_support::ok(&prima(&["plugins"], &installed));
     assert!(
         listing
             .lines()
@@ -145,7 +131,7 @@ fn an_os_plugin_for_another_abi_is_refused_by_name() {
             example_plugin("prima_os_future_abi"),
         ],
     );
-    let listing = stdout(&prima(&["plugins"], &dir));
+    let listing = halda_support::ok(&prima(&["plugins"], &dir));
     assert!(
         listing.contains("refused")
             && listing.contains("built for os-memory ABI v999, this prima speaks v1"),

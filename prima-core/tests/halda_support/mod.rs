@@ -5,7 +5,7 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output};
 use std::sync::OnceLock;
 
 use prima_core::halda::synth::{spec, PAPER_MODELS};
@@ -153,4 +153,20 @@ pub fn devices(name: &str, names: &[&str]) -> Vec<DeviceProfile> {
         .into_iter()
         .filter(|d| names.contains(&d.name.as_str()))
         .collect()
+}
+
+/// The stdout of a `prima` run that must succeed (its stderr in the failure message).
+pub fn ok(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout.clone()).unwrap()
+}
+
+/// The stderr of a `prima` run that must fail.
+pub fn err(out: &Output) -> String {
+    assert!(!out.status.success(), "unexpectedly succeeded");
+    String::from_utf8_lossy(&out.stderr).into_owned()
 }
