@@ -185,9 +185,7 @@ fn backend_unavailable(root: BackendPluginRef) -> Option<String> {
 }
 
 fn read_c_header(path: &Path) -> Result<(u32, u32), String> {
-    // SAFETY: opening a library runs its initialisers. We only open files named like Prima
-    // plugins found in the configured plugin directories, which the user controls.
-    let lib = unsafe { libloading::Library::new(path) }.map_err(|e| format!("cannot open: {e}"))?;
+    let lib = open_for_good(path).map_err(|e| format!("cannot open: {e}"))?;
     // SAFETY: both symbols are declared by `export_*_plugin!` as `extern "C" fn() -> u32`.
     let kind = unsafe { lib.get::<extern "C" fn() -> u32>(b"prima_plugin_kind\0") }
         .map_err(|_| "not a Prima plugin (no prima_plugin_kind symbol)".to_string())?;
@@ -195,6 +193,27 @@ fn read_c_header(path: &Path) -> Result<(u32, u32), String> {
     let abi = unsafe { lib.get::<extern "C" fn() -> u32>(b"prima_plugin_abi_version\0") }
         .map_err(|_| "not a Prima plugin (no prima_plugin_abi_version symbol)".to_string())?;
     Ok((kind(), abi()))
+}
+
+/// Opens a plugin library that stays mapped until the process ends, even after `lib` is
+/// dropped. The header is read here and the root module loaded again by `abi_stable`
+/// (which keeps it); unloading in between would run the library's termination routines
+/// early, and a C++ runtime that registers its destructors with plain `atexit` (the HiGHS
+/// plugin cross-built with `zig c++`) then jumps into unmapped code at exit (SIGSEGV).
+fn open_for_good(path: &Path) -> Result<libloading::Library, libloading::Error> {
+    #[cfg(unix)]
+    {
+        let flags = libc::RTLD_NOW | libc::RTLD_LOCAL | libc::RTLD_NODELETE;
+        // SAFETY: opening a library runs its initialisers. We only open files named like
+        // Prima plugins found in the configured plugin directories, which the user controls.
+        unsafe { libloading::os::unix::Library::open(Some(path), flags) }.map(Into::into)
+    }
+    #[cfg(not(unix))]
+    {
+        // SAFETY: as above. (Windows keeps a library loaded while a handle to it is open;
+        // abi_stable holds one from the root module's load on.)
+        unsafe { libloading::Library::new(path) }
+    }
 }
 
 /// Loads a plugin's `abi_stable` root module of type `M`, checking every layout.
