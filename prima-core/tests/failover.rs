@@ -171,19 +171,21 @@ impl Drop for Cluster {
 const PROMPT: &str = "Once upon a time, in a small village by the sea,";
 const TOKENS: usize = 96;
 
-fn body(stream: bool) -> Value {
+/// The request: greedy at temperature 0, else sampled with a fixed seed.
+fn body(stream: bool, temperature: f64) -> Value {
     json!({
         "prompt": PROMPT,
         "max_tokens": TOKENS,
-        "temperature": 0,
+        "temperature": temperature,
+        "seed": 7,
         "ignore_eos": true,
         "stream": stream,
     })
 }
 
-/// The whole completion of `body(false)`.
-fn complete(server: &Server) -> String {
-    let (status, v) = server.post_json("/v1/completions", &body(false));
+/// The whole completion of `body(false, temperature)`.
+fn complete(server: &Server, temperature: f64) -> String {
+    let (status, v) = server.post_json("/v1/completions", &body(false, temperature));
     assert_eq!(status, 200, "{v}");
     assert_eq!(v["usage"]["completion_tokens"], TOKENS, "{v}");
     v["choices"][0]["text"].as_str().unwrap().to_string()
@@ -201,11 +203,17 @@ struct Disturbed {
     pieces_after: usize,
 }
 
-/// Streams `body(true)` and calls `disturb` once `after` pieces of text have arrived.
-fn stream_and_disturb(server: &Server, after: usize, disturb: impl FnOnce()) -> Disturbed {
+/// Streams `body(true, temperature)` and calls `disturb` once `after` pieces of text
+/// have arrived.
+fn stream_and_disturb(
+    server: &Server,
+    temperature: f64,
+    after: usize,
+    disturb: impl FnOnce(),
+) -> Disturbed {
     let r = server_support::post(
         &format!("{}/v1/completions", server.url),
-        &body(true).to_string(),
+        &body(true, temperature).to_string(),
     )
     .unwrap();
     let mut lines = BufReader::new(server_support::reader(r)).lines();
@@ -294,8 +302,9 @@ fn settled(server: &Server, series: &str, want: f64) -> f64 {
 const LOST: &str = "prima_ring_replans_total{cause=\"device_lost\"}";
 const BACK: &str = "prima_ring_replans_total{cause=\"device_back\"}";
 
-/// Runs the three-device scenario, disturbing `victim` (0 or 1) with `how`.
-fn survive(tag: &str, victim: usize, how: &str) {
+/// Runs the three-device scenario at `temperature`, disturbing `victim` (0 or 1) with
+/// `how`.
+fn survive(tag: &str, victim: usize, how: &str, temperature: f64) {
     let Some(model) = smollm2() else { return };
     let mut nodes = [Node::start(&model), Node::start(&model)];
     let cluster = Cluster::new(
@@ -309,14 +318,14 @@ fn survive(tag: &str, victim: usize, how: &str) {
     );
     let server = cluster.apply();
     let startup = server.stderr_lines();
-    let want = complete(&server);
+    let want = complete(&server, temperature);
     assert_eq!(
         settled(&server, "prima_ring_devices", 3.0),
         3.0,
         "{startup:?}"
     );
 
-    let got = stream_and_disturb(&server, 8, || match how {
+    let got = stream_and_disturb(&server, temperature, 8, || match how {
         "kill" => nodes[victim].kill(),
         sig => nodes[victim].signal(sig),
     });
@@ -349,13 +358,13 @@ fn survive(tag: &str, victim: usize, how: &str) {
     );
 
     // The next request, on the ring of two.
-    assert_eq!(complete(&server), want);
+    assert_eq!(complete(&server, temperature), want);
 
     // The node comes back at its address: planned in again between requests.
     nodes[victim].restart();
     assert_eq!(wait_for_readmission(&server, BACK), 1.0);
     assert_eq!(settled(&server, "prima_ring_devices", 3.0), 3.0);
-    assert_eq!(complete(&server), want);
+    assert_eq!(complete(&server, temperature), want);
     if std::env::var_os("DEBUG_FAILOVER").is_some() {
         eprintln!("{}\n{}", log.join("\n"), server.stderr_lines().join("\n"));
     }
@@ -363,12 +372,19 @@ fn survive(tag: &str, victim: usize, how: &str) {
 
 #[test]
 fn a_node_killed_mid_generation_costs_no_token() {
-    survive("kill", 1, "kill");
+    survive("kill", 1, "kill", 0.0);
+}
+
+/// The sampler lives outside the ring: a sampled generation goes on from the same RNG
+/// state, so a seeded request is the undisturbed one too.
+#[test]
+fn a_sampled_generation_survives_a_killed_node_with_the_same_text() {
+    survive("sampled", 0, "kill", 0.9);
 }
 
 #[test]
 fn a_node_frozen_mid_generation_costs_no_token() {
-    survive("stop", 0, "-STOP");
+    survive("stop", 0, "-STOP", 0.0);
 }
 
 #[test]
@@ -381,9 +397,9 @@ fn when_the_devices_left_cannot_hold_the_model_the_request_fails_and_the_server_
         &[("desktop", None, 0.05), ("laptop", Some(&node.addr), 0.2)],
     );
     let server = cluster.apply();
-    let want = complete(&server);
+    let want = complete(&server, 0.0);
 
-    let got = stream_and_disturb(&server, 4, || node.kill());
+    let got = stream_and_disturb(&server, 0.0, 4, || node.kill());
     let error = got.error.expect("the stream reports the failure");
     let message = error["error"]["message"].as_str().unwrap_or_default();
     assert!(
@@ -393,7 +409,7 @@ fn when_the_devices_left_cannot_hold_the_model_the_request_fails_and_the_server_
     );
     // Up, and saying the same to the next request.
     assert_eq!(server.get("/v1/models").0, 200);
-    let (status, v) = server.post_json("/v1/completions", &body(false));
+    let (status, v) = server.post_json("/v1/completions", &body(false, 0.0));
     assert_eq!(status, 500, "{v}");
     assert!(
         v["error"]["message"]
@@ -407,7 +423,7 @@ fn when_the_devices_left_cannot_hold_the_model_the_request_fails_and_the_server_
     // The node comes back: the ring is planned again and answers as before.
     node.restart();
     assert_eq!(wait_for_readmission(&server, BACK), 1.0);
-    assert_eq!(complete(&server), want);
+    assert_eq!(complete(&server, 0.0), want);
 }
 
 /// The failover replays a context in one call (batches of n_batch). That is exact only

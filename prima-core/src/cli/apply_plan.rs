@@ -141,7 +141,8 @@ pub struct PlanInputs<'a> {
     pub backend: Option<&'a LoadedBackend>,
     pub transport: Option<&'a TransportBox>,
     pub addr_of: &'a dyn Fn(&str) -> Option<String>,
-    /// Profiles already collected (by device name): not asked for again.
+    /// Profiles already collected (by device name); when every device has one, none is
+    /// measured again.
     pub known: &'a [DeviceProfile],
 }
 
@@ -198,10 +199,6 @@ fn collect_profiles(
     let mut profiles = Vec::with_capacity(order.len());
     for (pos, &i) in order.iter().enumerate() {
         let d = &m.devices[i];
-        if let Some(p) = known(i) {
-            profiles.push(p.clone());
-            continue;
-        }
         let bar = spinner(format!("profiling '{}'", d.name));
         let profile = if pos == 0 {
             let options = ProfileOptions {

@@ -102,9 +102,9 @@ struct Lost {
 enum Inner<'m> {
     /// Nothing: the ring broke and no new one is connected yet.
     Down,
-    Ring(RingHead<'m>),
+    Ring(Box<RingHead<'m>>),
     /// The plan left the head alone.
-    Alone(Session<'m>),
+    Alone(Box<Session<'m>>),
 }
 
 /// A [`Forward`] over a ring that plans itself again when a device is lost.
@@ -146,7 +146,7 @@ impl<'m> ResilientRing<'m> {
             options,
             replan,
             layout,
-            inner: Inner::Ring(head),
+            inner: Inner::Ring(Box::new(head)),
             context: Vec::new(),
             replay: Vec::new(),
             logits: Vec::new(),
@@ -193,7 +193,7 @@ impl<'m> ResilientRing<'m> {
     /// Ends the session on every node, as [`RingHead::shutdown`].
     pub fn shutdown(self, exit: bool) {
         if let Inner::Ring(head) = self.inner {
-            head.shutdown(exit);
+            (*head).shutdown(exit);
         }
     }
 
@@ -273,7 +273,13 @@ impl<'m> ResilientRing<'m> {
                         "failover: device '{}' ({addr}) did not join the new ring: {reason}",
                         lost.name
                     );
-                    self.mark_lost(lost);
+                    if !self.mark_lost(lost) {
+                        return Err(RingError::DeviceLost {
+                            device,
+                            addr,
+                            reason,
+                        });
+                    }
                 }
                 Err(e) => return Err(e),
             }
@@ -288,7 +294,7 @@ impl<'m> ResilientRing<'m> {
                 self.options.n_ctx,
                 self.options.n_batch,
             )?;
-            return Ok(Inner::Alone(session));
+            return Ok(Inner::Alone(Box::new(session)));
         }
         let nodes: Vec<String> = layout.devices[1..].iter().map(|d| d.addr.clone()).collect();
         let options = RingOptions {
@@ -303,17 +309,21 @@ impl<'m> ResilientRing<'m> {
             &layout.windows,
             &options,
         )?;
-        Ok(Inner::Ring(head))
+        Ok(Inner::Ring(Box::new(head)))
     }
 
-    fn mark_lost(&mut self, device: RingDevice) {
-        if !self.lost.iter().any(|l| l.device.name == device.name) {
-            self.lost.push(Lost {
-                device,
-                probed: Instant::now(),
-                every: PROBE_EVERY,
-            });
+    /// Records `device` as lost; false when it already was (a plan that still holds it,
+    /// which trying again would not change).
+    fn mark_lost(&mut self, device: RingDevice) -> bool {
+        if self.lost.iter().any(|l| l.device.name == device.name) {
+            return false;
         }
+        self.lost.push(Lost {
+            device,
+            probed: Instant::now(),
+            every: PROBE_EVERY,
+        });
+        true
     }
 
     /// Evaluates `tokens` on the ring as it is; on a lost device, `Err` with that device.
@@ -330,11 +340,11 @@ impl<'m> ResilientRing<'m> {
         let out = match inner {
             Inner::Down => return Err(RingError::Setup("the ring is down".into())),
             Inner::Ring(head) => {
-                let input = catch_up(head, context, replay, tokens)?;
+                let input = catch_up(head.as_mut(), context, replay, tokens)?;
                 head.eval(input)?
             }
             Inner::Alone(session) => {
-                let input = catch_up(session, context, replay, tokens)?;
+                let input = catch_up(session.as_mut(), context, replay, tokens)?;
                 session.eval(input)?
             }
         };
@@ -414,8 +424,14 @@ impl Forward for ResilientRing<'_> {
                         "failover: device '{}' ({addr}) lost mid-request: {reason}; planning the ring without it",
                         lost.name
                     );
-                    self.mark_lost(lost);
                     self.inner = Inner::Down;
+                    if !self.mark_lost(lost) {
+                        return Err(RingError::DeviceLost {
+                            device,
+                            addr,
+                            reason,
+                        });
+                    }
                 }
                 Err(e) => return Err(e),
             }
