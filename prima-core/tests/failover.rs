@@ -365,9 +365,9 @@ fn survive(tag: &str, victim: usize, how: &str, temperature: f64) {
     assert_eq!(wait_for_readmission(&server, BACK), 1.0);
     assert_eq!(settled(&server, "prima_ring_devices", 3.0), 3.0);
     assert_eq!(complete(&server, temperature), want);
-    if std::env::var_os("DEBUG_FAILOVER").is_some() {
-        eprintln!("{}\n{}", log.join("\n"), server.stderr_lines().join("\n"));
-    }
+    // What the head said (seen with --nocapture).
+    let said: Vec<String> = log.into_iter().chain(server.stderr_lines()).collect();
+    eprintln!("{}", said.join("\n"));
 }
 
 #[test]
