@@ -2,9 +2,10 @@
 //! (the head and two `prima node` processes at fixed addresses), one node killed (or
 //! frozen) in the middle of a greedy generation. The request must finish with exactly
 //! the text of an undisturbed run, the server must answer the next request, and a node
-//! that restarts at its address is planned back in between requests. Where the devices
-//! left cannot hold the model, the request fails with a clear error and the server stays
-//! up. Also: replaying a context in one batch gives the bits its token-by-token
+//! that restarts at its address is planned back in between requests. A sampled request
+//! goes on from the same RNG state; a head left alone goes on alone where it holds the
+//! model. Where the devices left cannot hold the model, the request fails with a clear
+//! error and the server stays up. Also: replaying a context in one batch gives the bits its token-by-token
 //! evaluation gave, which is what lets the failover replay in one call.
 
 mod common;
@@ -66,8 +67,10 @@ impl Node {
 
 impl Drop for Node {
     fn drop(&mut self) {
+        // A frozen node dies only once continued; a gone one makes `kill` complain.
         let _ = Command::new("kill")
             .args(["-CONT", &self.child.id().to_string()])
+            .stderr(Stdio::null())
             .status();
         self.kill();
     }
@@ -97,16 +100,16 @@ fn spawn_node(model: &Path, addr: &str) -> Child {
     child
 }
 
-/// One profile line per device: equal devices, each with too little memory to hold
-/// SmolLM2 (about 100 MiB of weights) alone, so the plan is a ring.
-fn profile(name: &str, ram_gib: f64) -> String {
+/// A device's pinned profile: `ram_gib` of memory (SmolLM2 has 94 MiB of weights) and
+/// `gflops` for the quantized weights.
+fn profile(name: &str, ram_gib: f64, gflops: f64) -> String {
     format!(
         r#"
 [[device]]
 name = "{name}"
 os = "linux"
 cpu_cores = 1
-cpu_gflops = {{ q4_k = 20, q5_k = 20, q6_k = 20, q8_0 = 20, f16 = 10, f32 = 5 }}
+cpu_gflops = {{ q4_k = {gflops}, q5_k = {gflops}, q6_k = {gflops}, q8_0 = {gflops}, f16 = 10, f32 = 5 }}
 cpu_read_gb_s = 10
 memcpy_gb_s = 5
 ram_total_gib = {ram_gib}
@@ -126,13 +129,14 @@ struct Cluster {
 }
 
 impl Cluster {
-    fn new(tag: &str, model: &Path, devices: &[(&str, Option<&str>, f64)]) -> Cluster {
+    /// `devices`: name, address (none: the head), memory in GiB, GFLOP/s.
+    fn new(tag: &str, model: &Path, devices: &[(&str, Option<&str>, f64, f64)]) -> Cluster {
         let dir = std::env::temp_dir().join(format!("prima-failover-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let mut manifest = format!("[model]\npath = {:?}\n", model.display().to_string());
         let mut profiles = String::new();
-        for (i, (name, addr, ram)) in devices.iter().enumerate() {
+        for (i, (name, addr, ram, gflops)) in devices.iter().enumerate() {
             manifest.push_str(&format!("\n[[device]]\nname = \"{name}\"\nthreads = 1\n"));
             match addr {
                 Some(a) => manifest.push_str(&format!("address = \"{a}\"\n")),
@@ -141,7 +145,7 @@ impl Cluster {
                     manifest.push_str("head = true\nlocal = true\n");
                 }
             }
-            profiles.push_str(&profile(name, *ram));
+            profiles.push_str(&profile(name, *ram, *gflops));
         }
         manifest.push_str(
             "\n[policy]\nscheduler = \"halda\"\nprofiles = \"profiles.toml\"\nctx = 512\nbatch = 64\n\n[server]\nlisten = \"127.0.0.1:0\"\n",
@@ -311,9 +315,10 @@ fn survive(tag: &str, victim: usize, how: &str, temperature: f64) {
         tag,
         &model,
         &[
-            ("desktop", None, 0.045),
-            ("laptop", Some(&nodes[0].addr), 0.045),
-            ("tablet", Some(&nodes[1].addr), 0.045),
+            // Equal devices, none of which holds the model alone: a ring of three.
+            ("desktop", None, 0.045, 20.0),
+            ("laptop", Some(&nodes[0].addr), 0.045, 20.0),
+            ("tablet", Some(&nodes[1].addr), 0.045, 20.0),
         ],
     );
     let server = cluster.apply();
@@ -394,7 +399,10 @@ fn when_the_devices_left_cannot_hold_the_model_the_request_fails_and_the_server_
     let cluster = Cluster::new(
         "nohold",
         &model,
-        &[("desktop", None, 0.05), ("laptop", Some(&node.addr), 0.2)],
+        &[
+            ("desktop", None, 0.05, 20.0),
+            ("laptop", Some(&node.addr), 0.2, 20.0),
+        ],
     );
     let server = cluster.apply();
     let want = complete(&server, 0.0);
@@ -423,6 +431,33 @@ fn when_the_devices_left_cannot_hold_the_model_the_request_fails_and_the_server_
     // The node comes back: the ring is planned again and answers as before.
     node.restart();
     assert_eq!(wait_for_readmission(&server, BACK), 1.0);
+    assert_eq!(complete(&server, 0.0), want);
+}
+
+#[test]
+fn a_head_left_alone_that_holds_the_model_goes_on_alone() {
+    let Some(model) = smollm2() else { return };
+    let mut node = Node::start(&model);
+    let cluster = Cluster::new(
+        "alone",
+        &model,
+        // The head holds the model, but the laptop computes faster: a ring of two.
+        &[
+            ("desktop", None, 0.2, 5.0),
+            ("laptop", Some(&node.addr), 0.2, 40.0),
+        ],
+    );
+    let server = cluster.apply();
+    let want = complete(&server, 0.0);
+    assert_eq!(settled(&server, "prima_ring_devices", 2.0), 2.0);
+
+    let got = stream_and_disturb(&server, 0.0, 4, || node.kill());
+    let replans = settled(&server, LOST, 1.0);
+    let log = server.stderr_lines();
+    assert!(got.error.is_none(), "{:?}\n{}", got.error, log.join("\n"));
+    assert_eq!(got.text, want, "{}", log.join("\n"));
+    assert_eq!(replans, 1.0, "{}", log.join("\n"));
+    assert_eq!(settled(&server, "prima_ring_devices", 1.0), 1.0);
     assert_eq!(complete(&server, 0.0), want);
 }
 
