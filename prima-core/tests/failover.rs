@@ -67,11 +67,7 @@ impl Node {
 
 impl Drop for Node {
     fn drop(&mut self) {
-        // A frozen node dies only once continued; a gone one makes `kill` complain.
-        let _ = Command::new("kill")
-            .args(["-CONT", &self.child.id().to_string()])
-            .stderr(Stdio::null())
-            .status();
+        // SIGKILL ends a frozen node too.
         self.kill();
     }
 }
