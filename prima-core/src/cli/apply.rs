@@ -15,12 +15,14 @@ use prima_core::model::{Model, Session};
 use prima_core::plugin::load_transport;
 use prima_core::plugin::transport_abi::TransportConfig;
 use prima_core::prp::budget::MemBudget;
+use prima_core::prp::failover::ResilientRing;
 use prima_core::prp::protocol::{ReleaseMethod, ReleasePolicy, WireType};
 use prima_core::prp::{RingError, RingHead, RingOptions};
 use prima_core::sampler::{Sampler, SamplerConfig};
 use prima_core::server::metrics as server_metrics;
 use prima_core::server::{serve_blocking, shutdown_when_set};
 
+use super::apply_failover::{layout_of, replanner};
 use super::apply_nodes::{LocalNodes, NodeSpec};
 use super::apply_plan::{plan, spinner, DevicePlan, Plan, PlanInputs};
 use super::engine::{Engine, EngineArgs};
@@ -191,6 +193,7 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
         backend: engine.as_ref().map(|e| &e.backend),
         transport: transport.as_ref().map(|t| &t.transport),
         addr_of: &addr_of,
+        known: &[],
     })?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&plan.to_json())?);
@@ -245,6 +248,19 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
         )
     };
     bar.finish_and_clear();
+    // A lost device is planned out (and back in when it answers again) without losing
+    // the request: `apply_failover.rs`, `prp/failover.rs`.
+    let head_ring = head_ring.map(|head| {
+        ResilientRing::new(
+            head,
+            &engine.model,
+            &engine.backend.backend,
+            &transport.transport,
+            layout_of(&plan),
+            options.clone(),
+            replanner(&manifest, &model, &addr_of, plan.profiles.clone()),
+        )
+    });
 
     let Some(prompt_text) = &args.prompt else {
         return serve_until_interrupted(
@@ -339,7 +355,7 @@ fn serve_until_interrupted(
     manifest: &LoadedManifest,
     plan: &Plan,
     engine: &Engine,
-    head_ring: Option<RingHead<'_>>,
+    head_ring: Option<ResilientRing<'_>>,
     n_ctx: usize,
     n_batch: usize,
     interrupted: Arc<AtomicBool>,
@@ -361,11 +377,16 @@ fn serve_until_interrupted(
     let tok = &engine.tokenizer;
     match head_ring {
         Some(mut ring) => {
-            let names: Vec<String> = plan.ring().map(|d| d.name.clone()).collect();
             serve_blocking(&mut ring, tok, &name, listener, shutdown, |h| {
+                let names: Vec<String> = h.devices().iter().map(|d| d.name.clone()).collect();
                 if let Ok(stats) = h.collect_stats() {
                     server_metrics::record_ring_stats(&stats, &names);
                 }
+                // Between requests: a lost device that answers again is planned back in.
+                if let Err(e) = h.readmit() {
+                    eprintln!("failover: {e}");
+                }
+                server_metrics::record_failover(&h.take_events(), h.devices().len());
             })?;
             ring.shutdown(false);
         }

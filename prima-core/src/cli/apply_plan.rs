@@ -50,6 +50,10 @@ pub struct Plan {
     /// Every device, in ring order from the head; pruned ones included (and skipped by
     /// [`Plan::ring`]).
     pub devices: Vec<DevicePlan>,
+    /// The profiles planned with (none for the manual scheduler), so the ring can be
+    /// planned again without asking the devices (`apply_failover.rs`).
+    #[serde(skip)]
+    pub profiles: Vec<DeviceProfile>,
 }
 
 impl Plan {
@@ -137,6 +141,9 @@ pub struct PlanInputs<'a> {
     pub backend: Option<&'a LoadedBackend>,
     pub transport: Option<&'a TransportBox>,
     pub addr_of: &'a dyn Fn(&str) -> Option<String>,
+    /// Profiles already collected (by device name); when every device has one, none is
+    /// measured again.
+    pub known: &'a [DeviceProfile],
 }
 
 pub fn spinner(msg: String) -> ProgressBar {
@@ -181,6 +188,10 @@ fn collect_profiles(
                 Ok(p)
             })
             .collect();
+    }
+    let known = |i: usize| inputs.known.iter().find(|p| p.name == m.devices[i].name);
+    if let Some(all) = order.iter().map(|&i| known(i).cloned()).collect() {
+        return Ok(all);
     }
     let (Some(backend), Some(transport)) = (inputs.backend, inputs.transport) else {
         bail!("profiling the devices needs the head's backend and a transport");
@@ -250,6 +261,7 @@ pub fn plan(inputs: &PlanInputs<'_>) -> anyhow::Result<Plan> {
     let mut relays: Vec<bool> = order.iter().map(|&i| m.devices[i].relay_only).collect();
     let mut predicted = None;
     let mut gpu = vec![0usize; n_devices];
+    let mut planned_with = Vec::new();
     let mut w: Vec<usize> = match m.policy.scheduler {
         Scheduler::Manual => {
             let given = m.policy.windows.as_deref().unwrap_or(&[]);
@@ -260,6 +272,7 @@ pub fn plan(inputs: &PlanInputs<'_>) -> anyhow::Result<Plan> {
         }
         scheduler => {
             let mut profiles = collect_profiles(inputs, &order, &reach)?;
+            planned_with = profiles.clone();
             // A link through a relay is two hops: twice the latency, half the rate.
             for (pos, p) in profiles.iter_mut().enumerate() {
                 let next = order[(pos + 1) % n_devices];
@@ -384,6 +397,7 @@ pub fn plan(inputs: &PlanInputs<'_>) -> anyhow::Result<Plan> {
         predicted_tpot_ms: predicted,
         solve_ms: started.elapsed().as_secs_f64() * 1e3,
         devices,
+        profiles: planned_with,
     })
 }
 

@@ -2,6 +2,7 @@
 //! one-line messages with a non-zero exit code.
 
 mod apply;
+mod apply_failover;
 mod apply_nodes;
 mod apply_plan;
 mod bench;

@@ -36,4 +36,7 @@ pub enum RingError {
     Setup(String),
     #[error("bad ring plan: {0}")]
     Plan(String),
+    /// After a loss: no ring can be planned over the devices left (`failover.rs`).
+    #[error("{lost} lost, and the devices left cannot hold the model: {reason}")]
+    NoPlan { lost: String, reason: String },
 }

@@ -8,6 +8,8 @@
 //!   the ring; [`node`]: the daemon every other device runs.
 //! - [`residency`]: which windows stay in memory, prefetch and release of the others.
 //! - [`budget`]: how many bytes of weights a device keeps in memory (`--mem-budget`).
+//! - [`failover`]: a ring head that plans the ring again when a device is lost, replays
+//!   the context and goes on.
 //! - [`alone`]: a device running the whole model alone, a ring of one, with the same
 //!   residency when its weights do not fit its memory.
 //! - [`counters`]: page faults and disk reads, for the per-device timing.
@@ -16,6 +18,7 @@ pub mod alone;
 pub mod budget;
 pub mod counters;
 mod error;
+pub mod failover;
 pub mod head;
 mod link;
 pub mod node;

@@ -11,6 +11,7 @@ use metrics::{counter, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 use super::worker::{Completion, WorkerError};
+use crate::prp::failover::FailoverEvent;
 use crate::prp::DeviceStats;
 
 pub const REQUESTS: &str = "prima_requests_total";
@@ -29,6 +30,10 @@ pub const DEVICE_DISK: &str = "prima_device_disk_microseconds_total";
 pub const DEVICE_DISK_READ: &str = "prima_device_disk_read_bytes_total";
 pub const DEVICE_MAJOR_FAULTS: &str = "prima_device_major_faults_total";
 pub const DEVICE_MEMORY_PRESSURE: &str = "prima_device_memory_pressure";
+pub const RING_REPLANS: &str = "prima_ring_replans_total";
+pub const RING_NO_PLAN: &str = "prima_ring_no_plan_total";
+pub const RING_RECOVERY: &str = "prima_ring_recovery_seconds";
+pub const RING_DEVICES: &str = "prima_ring_devices";
 
 /// Seconds: from 5 ms to a minute (a long prompt on a slow ring).
 const TTFT_BUCKETS: &[f64] = &[
@@ -47,7 +52,10 @@ pub fn install() -> Option<PrometheusHandle> {
         .get_or_init(|| {
             let builder = PrometheusBuilder::new()
                 .set_buckets_for_metric(Matcher::Full(TTFT.into()), TTFT_BUCKETS)
-                .and_then(|b| b.set_buckets_for_metric(Matcher::Full(TPOT.into()), TPOT_BUCKETS));
+                .and_then(|b| b.set_buckets_for_metric(Matcher::Full(TPOT.into()), TPOT_BUCKETS))
+                .and_then(|b| {
+                    b.set_buckets_for_metric(Matcher::Full(RING_RECOVERY.into()), TTFT_BUCKETS)
+                });
             match builder.and_then(|b| b.install_recorder()) {
                 Ok(handle) => {
                     describe();
@@ -129,6 +137,20 @@ fn describe() {
         DEVICE_MEMORY_PRESSURE,
         "Peak memory pressure of each device, (baseline - MemAvailable) / MemTotal, within its cgroup limit where it has one"
     );
+    describe_counter!(
+        RING_REPLANS,
+        "Times the ring was planned and connected again, by cause (device_lost, device_back)"
+    );
+    describe_counter!(
+        RING_NO_PLAN,
+        "Times no ring could be planned over the devices left"
+    );
+    describe_histogram!(
+        RING_RECOVERY,
+        Unit::Seconds,
+        "From a lost device to the first logits of the new ring (replay included)"
+    );
+    describe_gauge!(RING_DEVICES, "Devices in the ring now, the head included");
 }
 
 /// One HTTP request to `endpoint` (e.g. "/v1/chat/completions").
@@ -166,6 +188,22 @@ pub(crate) fn record_generation_error(e: &WorkerError) {
         "server_error"
     };
     counter!(GENERATION_ERRORS, "type" => kind).increment(1);
+}
+
+/// Records what a resilient ring reported since the last call, and its size now.
+pub fn record_failover(events: &[FailoverEvent], devices: usize) {
+    for e in events {
+        match e {
+            FailoverEvent::Replanned { cause, .. } => {
+                counter!(RING_REPLANS, "cause" => cause.as_str()).increment(1)
+            }
+            FailoverEvent::NoPlan => counter!(RING_NO_PLAN).increment(1),
+            FailoverEvent::Recovered { after } => {
+                histogram!(RING_RECOVERY).record(after.as_secs_f64())
+            }
+        }
+    }
+    gauge!(RING_DEVICES).set(devices as f64);
 }
 
 /// What one device spent since the last sample; times and counts are added to counters.

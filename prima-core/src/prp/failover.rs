@@ -1,0 +1,471 @@
+//! A ring that outlives its devices. [`ResilientRing`] is a [`Forward`] over a
+//! [`RingHead`]: when the head's health verdict names a lost device
+//! ([`RingError::DeviceLost`]), it plans the ring again without that device (the caller's
+//! [`Replan`], e.g. Halda over the profiles `prima apply` collected), connects the new
+//! ring, rebuilds the KV cache by evaluating the context's tokens again, and retries the
+//! evaluation that failed. The caller sees one slow `eval` and the same logits; a sampler
+//! outside (its RNG state) never notices, so a greedy generation ends with the tokens an
+//! undisturbed run gives and a sampled one goes on from the same state.
+//!
+//! The context is replayed in one evaluation (batches of `n_batch`), not call by call:
+//! a batch computes every row as the same row evaluated alone would (`tests/failover.rs`
+//! checks the logits bit for bit), so the cheapest replay is also an exact one.
+//!
+//! Between requests, [`ResilientRing::readmit`] asks each lost device whether it answers
+//! again (its node restarted at the same address) and, if one does, plans it back in.
+//!
+//! Not here: how a ring is planned (the [`Replan`] callback), or keeping the caches of
+//! layers that did not move: every device gets a new setup, so every cache is rebuilt.
+
+use std::time::{Duration, Instant};
+
+use crate::generate::Forward;
+use crate::model::{Model, Session};
+use crate::plugin::backend_abi::BackendBox;
+use crate::plugin::transport_abi::TransportBox;
+
+use super::head::{request_profile, DeviceStats, NextRoute, RingHead, RingOptions};
+use super::RingError;
+
+/// How long a lost device has to answer a probe: a profile request, which a node that
+/// is up and free answers from its cache (the first one measures; the probe after that
+/// gets the answer). A frozen node accepts the connection and never answers.
+const PROBE_TIMEOUT_MS: u64 = 5_000;
+/// A lost device is probed at most this often; after a probe that waited out its
+/// timeout (a frozen node) the interval doubles, up to [`PROBE_EVERY_MAX`], so a device
+/// that stays frozen costs the requests little.
+const PROBE_EVERY: Duration = Duration::from_secs(5);
+const PROBE_EVERY_MAX: Duration = Duration::from_secs(80);
+
+/// One device of a ring layout.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RingDevice {
+    /// Its name, as the manifest calls it.
+    pub name: String,
+    /// Where the head reaches it (unused for the head itself).
+    pub addr: String,
+}
+
+/// A ring to connect: what [`RingHead::connect`] takes, with the devices' names.
+#[derive(Debug, Clone)]
+pub struct RingLayout {
+    /// The ring's devices in ring order, the head first.
+    pub devices: Vec<RingDevice>,
+    /// Each device's window size w_m, the head's first.
+    pub windows: Vec<usize>,
+    /// How each node reaches the device after it ([`RingOptions::next_routes`]).
+    pub next_routes: Vec<NextRoute>,
+}
+
+/// Plans the ring over every device but those named; `Err`: why the devices left cannot
+/// hold the model. It may print the plan.
+pub type Replan<'a> = Box<dyn FnMut(&[String]) -> Result<RingLayout, String> + 'a>;
+
+/// Why the ring was planned again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplanCause {
+    /// A device was lost.
+    DeviceLost,
+    /// A lost device answers again.
+    DeviceBack,
+}
+
+impl ReplanCause {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReplanCause::DeviceLost => "device_lost",
+            ReplanCause::DeviceBack => "device_back",
+        }
+    }
+}
+
+/// What happened to the ring since it was last asked ([`ResilientRing::take_events`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum FailoverEvent {
+    /// The ring was planned and connected again, now of `devices` devices.
+    Replanned { cause: ReplanCause, devices: usize },
+    /// No ring could be planned over the devices left.
+    NoPlan,
+    /// The first logits after a loss came this long after the loss was reported.
+    Recovered { after: Duration },
+}
+
+/// A lost device, when it was last asked whether it is back, and when to ask again.
+#[derive(Debug, Clone)]
+struct Lost {
+    device: RingDevice,
+    probed: Instant,
+    every: Duration,
+}
+
+/// What runs the layers now.
+enum Inner<'m> {
+    /// Nothing: the ring broke and no new one is connected yet.
+    Down,
+    Ring(Box<RingHead<'m>>),
+    /// The plan left the head alone.
+    Alone(Box<Session<'m>>),
+}
+
+/// A [`Forward`] over a ring that plans itself again when a device is lost.
+pub struct ResilientRing<'m> {
+    model: &'m Model,
+    backend: &'m BackendBox,
+    transport: &'m TransportBox,
+    options: RingOptions,
+    replan: Replan<'m>,
+    layout: RingLayout,
+    inner: Inner<'m>,
+    /// The tokens of the context, in order: what the inner cache holds, or (after a new
+    /// ring was connected) must hold again before the next evaluation.
+    context: Vec<u32>,
+    /// The context's missing tail and the tokens to evaluate, when a new ring catches up.
+    replay: Vec<u32>,
+    /// The last logits (the inner `Forward`'s are gone once it is replaced).
+    logits: Vec<f32>,
+    lost: Vec<Lost>,
+    events: Vec<FailoverEvent>,
+}
+
+impl<'m> ResilientRing<'m> {
+    /// Takes over `head`, connected as `layout` with `options`; `replan` plans the ring
+    /// again when a device is lost or comes back.
+    pub fn new(
+        head: RingHead<'m>,
+        model: &'m Model,
+        backend: &'m BackendBox,
+        transport: &'m TransportBox,
+        layout: RingLayout,
+        options: RingOptions,
+        replan: Replan<'m>,
+    ) -> ResilientRing<'m> {
+        ResilientRing {
+            model,
+            backend,
+            transport,
+            options,
+            replan,
+            layout,
+            inner: Inner::Ring(Box::new(head)),
+            context: Vec::new(),
+            replay: Vec::new(),
+            logits: Vec::new(),
+            lost: Vec::new(),
+            events: Vec::new(),
+        }
+    }
+
+    /// The ring's devices now, the head first (none when it is down).
+    pub fn devices(&self) -> &[RingDevice] {
+        match self.inner {
+            Inner::Down => &[],
+            _ => &self.layout.devices,
+        }
+    }
+
+    /// The devices lost and not back.
+    pub fn lost(&self) -> impl Iterator<Item = &RingDevice> {
+        self.lost.iter().map(|l| &l.device)
+    }
+
+    /// Rounds per token (k) of the ring now.
+    pub fn rounds(&self) -> usize {
+        match &self.inner {
+            Inner::Ring(head) => head.rounds(),
+            _ => 1,
+        }
+    }
+
+    /// Collects (and clears) every device's per-pass statistics, as
+    /// [`RingHead::collect_stats`]; none when the ring is down or the head alone.
+    pub fn collect_stats(&mut self) -> Result<Vec<DeviceStats>, RingError> {
+        match &mut self.inner {
+            Inner::Ring(head) => head.collect_stats(),
+            _ => Ok(Vec::new()),
+        }
+    }
+
+    /// What happened since the last call.
+    pub fn take_events(&mut self) -> Vec<FailoverEvent> {
+        std::mem::take(&mut self.events)
+    }
+
+    /// Ends the session on every node, as [`RingHead::shutdown`].
+    pub fn shutdown(self, exit: bool) {
+        if let Inner::Ring(head) = self.inner {
+            (*head).shutdown(exit);
+        }
+    }
+
+    /// Asks every lost device not asked within [`PROBE_EVERY`] whether it answers again;
+    /// if one does, plans the ring again with it and connects that ring (the context is
+    /// replayed at the next evaluation). True when the ring was planned again.
+    pub fn readmit(&mut self) -> Result<bool, RingError> {
+        let now = Instant::now();
+        let mut back = Vec::new();
+        for lost in &mut self.lost {
+            if now - lost.probed < lost.every {
+                continue;
+            }
+            let asked = Instant::now();
+            if request_profile(self.transport, &lost.device.addr, PROBE_TIMEOUT_MS).is_ok() {
+                back.push(lost.device.name.clone());
+            } else if asked.elapsed() >= Duration::from_millis(PROBE_TIMEOUT_MS) {
+                lost.every = (lost.every * 2).min(PROBE_EVERY_MAX);
+            }
+            lost.probed = Instant::now();
+        }
+        if back.is_empty() {
+            return Ok(false);
+        }
+        for name in &back {
+            eprintln!("failover: device '{name}' answers again; planning the ring with it");
+        }
+        self.lost.retain(|l| !back.contains(&l.device.name));
+        self.reconnect(ReplanCause::DeviceBack)?;
+        Ok(true)
+    }
+
+    /// Plans and connects a new ring over the devices not lost, marking lost any that
+    /// fails to join. The new ring's cache is empty.
+    fn reconnect(&mut self, cause: ReplanCause) -> Result<(), RingError> {
+        // The old ring first: its nodes end their sessions and wait for a head again.
+        self.inner = Inner::Down;
+        loop {
+            let excluded: Vec<String> = self.lost.iter().map(|l| l.device.name.clone()).collect();
+            let layout = match (self.replan)(&excluded) {
+                Ok(layout) => layout,
+                Err(reason) => {
+                    self.events.push(FailoverEvent::NoPlan);
+                    return Err(RingError::NoPlan {
+                        lost: name_list(&excluded),
+                        reason,
+                    });
+                }
+            };
+            match self.connect(&layout) {
+                Ok(inner) => {
+                    eprintln!(
+                        "failover: ring of {} connected ({})",
+                        layout.devices.len(),
+                        describe(&layout)
+                    );
+                    self.events.push(FailoverEvent::Replanned {
+                        cause,
+                        devices: layout.devices.len(),
+                    });
+                    self.inner = inner;
+                    self.layout = layout;
+                    return Ok(());
+                }
+                Err(RingError::DeviceLost {
+                    device,
+                    addr,
+                    reason,
+                })
+                | Err(RingError::Refused {
+                    device,
+                    addr,
+                    reason,
+                }) if device > 0 && device < layout.devices.len() => {
+                    let lost = layout.devices[device].clone();
+                    eprintln!(
+                        "failover: device '{}' ({addr}) did not join the new ring: {reason}",
+                        lost.name
+                    );
+                    if !self.mark_lost(lost) {
+                        return Err(RingError::DeviceLost {
+                            device,
+                            addr,
+                            reason,
+                        });
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    fn connect(&self, layout: &RingLayout) -> Result<Inner<'m>, RingError> {
+        if layout.devices.len() <= 1 {
+            let session = Session::new(
+                self.model,
+                self.backend,
+                self.options.n_ctx,
+                self.options.n_batch,
+            )?;
+            return Ok(Inner::Alone(Box::new(session)));
+        }
+        let nodes: Vec<String> = layout.devices[1..].iter().map(|d| d.addr.clone()).collect();
+        let options = RingOptions {
+            next_routes: layout.next_routes.clone(),
+            ..self.options.clone()
+        };
+        let head = RingHead::connect(
+            self.model,
+            self.backend,
+            self.transport,
+            &nodes,
+            &layout.windows,
+            &options,
+        )?;
+        Ok(Inner::Ring(Box::new(head)))
+    }
+
+    /// Records `device` as lost; false when it already was (a plan that still holds it,
+    /// which trying again would not change).
+    fn mark_lost(&mut self, device: RingDevice) -> bool {
+        if self.lost.iter().any(|l| l.device.name == device.name) {
+            return false;
+        }
+        self.lost.push(Lost {
+            device,
+            probed: Instant::now(),
+            every: PROBE_EVERY,
+        });
+        true
+    }
+
+    /// Evaluates `tokens` on the ring as it is; on a lost device, `Err` with that device.
+    /// A ring that lacks part of the context (a new one) evaluates it first, in the same
+    /// call.
+    fn try_eval(&mut self, tokens: &[u32]) -> Result<(), RingError> {
+        let ResilientRing {
+            inner,
+            context,
+            replay,
+            logits,
+            ..
+        } = self;
+        let out = match inner {
+            Inner::Down => return Err(RingError::Setup("the ring is down".into())),
+            Inner::Ring(head) => {
+                let input = catch_up(head.as_mut(), context, replay, tokens)?;
+                head.eval(input)?
+            }
+            Inner::Alone(session) => {
+                let input = catch_up(session.as_mut(), context, replay, tokens)?;
+                session.eval(input)?
+            }
+        };
+        logits.clear();
+        logits.extend_from_slice(out);
+        Ok(())
+    }
+}
+
+/// What `forward` must evaluate to hold `context` and then `tokens`: `tokens` when it
+/// holds the context, else the part it lacks followed by `tokens` (gathered in `replay`).
+/// A cache that holds more than the context (an evaluation that failed half way) is cut.
+fn catch_up<'a, F: Forward>(
+    forward: &mut F,
+    context: &'a [u32],
+    replay: &'a mut Vec<u32>,
+    tokens: &'a [u32],
+) -> Result<&'a [u32], RingError>
+where
+    RingError: From<F::Error>,
+{
+    let cached = forward.n_past();
+    if cached > context.len() {
+        forward.truncate(context.len())?;
+    }
+    let cached = forward.n_past();
+    if cached == context.len() {
+        return Ok(tokens);
+    }
+    replay.clear();
+    replay.extend_from_slice(&context[cached..]);
+    replay.extend_from_slice(tokens);
+    let replay: &'a Vec<u32> = replay;
+    Ok(replay)
+}
+
+/// "device 'a'" or "devices 'a', 'b'".
+fn name_list(names: &[String]) -> String {
+    let quoted: Vec<String> = names.iter().map(|n| format!("'{n}'")).collect();
+    match quoted.len() {
+        0 => "no device".into(),
+        1 => format!("device {}", quoted[0]),
+        _ => format!("devices {}", quoted.join(", ")),
+    }
+}
+
+/// `name w=… ` for every device of `layout`.
+fn describe(layout: &RingLayout) -> String {
+    layout
+        .devices
+        .iter()
+        .zip(&layout.windows)
+        .map(|(d, w)| format!("{} w={w}", d.name))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+impl Forward for ResilientRing<'_> {
+    type Error = RingError;
+
+    fn eval(&mut self, tokens: &[u32]) -> Result<&[f32], RingError> {
+        let mut loss: Option<Instant> = None;
+        loop {
+            if matches!(self.inner, Inner::Down) {
+                self.reconnect(ReplanCause::DeviceLost)?;
+            }
+            match self.try_eval(tokens) {
+                Ok(()) => break,
+                Err(RingError::DeviceLost {
+                    device,
+                    addr,
+                    reason,
+                }) if device > 0 && device < self.layout.devices.len() => {
+                    loss.get_or_insert_with(Instant::now);
+                    let lost = self.layout.devices[device].clone();
+                    eprintln!(
+                        "failover: device '{}' ({addr}) lost mid-request: {reason}; planning the ring without it",
+                        lost.name
+                    );
+                    self.inner = Inner::Down;
+                    if !self.mark_lost(lost) {
+                        return Err(RingError::DeviceLost {
+                            device,
+                            addr,
+                            reason,
+                        });
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        self.context.extend_from_slice(tokens);
+        if let Some(t) = loss {
+            let after = t.elapsed();
+            eprintln!(
+                "failover: first logits {:.0} ms after the loss ({} context tokens replayed)",
+                after.as_secs_f64() * 1e3,
+                self.context.len() - tokens.len()
+            );
+            self.events.push(FailoverEvent::Recovered { after });
+        }
+        Ok(&self.logits)
+    }
+
+    fn n_past(&self) -> usize {
+        self.context.len()
+    }
+
+    fn n_ctx(&self) -> usize {
+        self.options.n_ctx
+    }
+
+    /// Cuts the context; a ring that holds more forgets it too (a new ring, still
+    /// catching up, replays only what is kept).
+    fn truncate(&mut self, n: usize) -> Result<(), RingError> {
+        self.context.truncate(n);
+        match &mut self.inner {
+            Inner::Down => Ok(()),
+            Inner::Ring(head) if head.n_past() > n => head.truncate(n),
+            Inner::Alone(session) if session.n_past() > n => Ok(session.truncate(n)?),
+            _ => Ok(()),
+        }
+    }
+}
