@@ -44,6 +44,22 @@ pub struct Manifest {
     pub server: Server,
     /// Opt-in: find devices that have no `address` on the LAN (mDNS).
     pub discovery: Option<DiscoverySection>,
+    /// How the ring's links are protected (default: the cluster key file in
+    /// `~/.cache/prima`, made on first use).
+    #[serde(default)]
+    pub security: Security,
+}
+
+/// `[security]`: the key that authenticates and encrypts every link of the ring.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Security {
+    /// The cluster key file (`prima keygen` writes one), relative to the manifest's
+    /// directory unless absolute; every node must hold the same key.
+    pub key_file: Option<PathBuf>,
+    /// Plain, unauthenticated links: only for a network where every machine is trusted.
+    #[serde(default)]
+    pub insecure: bool,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -456,6 +472,12 @@ impl LoadedManifest {
             .is_some_and(|d| d.cluster.trim().is_empty())
         {
             return Err(self.invalid("discovery.cluster", "must not be empty"));
+        }
+        if m.security.insecure && m.security.key_file.is_some() {
+            return Err(self.invalid(
+                "security",
+                "`insecure = true` and `key_file` contradict each other; keep one",
+            ));
         }
         if m.policy.ctx == 0 || m.policy.batch == 0 {
             return Err(self.invalid("policy.ctx", "ctx and batch must be positive"));

@@ -15,6 +15,7 @@ use prima_core::model::{Model, Session};
 use prima_core::plugin::load_transport;
 use prima_core::plugin::transport_abi::TransportConfig;
 use prima_core::prp::budget::MemBudget;
+use prima_core::prp::key::LinkSecurity;
 use prima_core::prp::protocol::{ReleaseMethod, ReleasePolicy, WireType};
 use prima_core::prp::{RingError, RingHead, RingOptions};
 use prima_core::sampler::{Sampler, SamplerConfig};
@@ -24,6 +25,7 @@ use prima_core::server::{serve_blocking, shutdown_when_set};
 use super::apply_nodes::{LocalNodes, NodeSpec};
 use super::apply_plan::{plan, spinner, DevicePlan, Plan, PlanInputs};
 use super::engine::{Engine, EngineArgs};
+use super::keygen::manifest_security;
 use super::node::MAX_FRAME_BYTES;
 use super::run::{print_device_table, print_summary, stream};
 
@@ -134,6 +136,11 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
             prima_core::routes::crosses_networks(m, head).then(|| "vpn-proxy".to_string())
         });
     let model = Model::load(&head_model)?;
+    let (security, key_file) = manifest_security(&manifest)?;
+    let key_fingerprint = match &security {
+        LinkSecurity::Key(key) => Some(key.fingerprint()),
+        LinkSecurity::Insecure => None,
+    };
     let specs: Vec<NodeSpec> = m
         .devices
         .iter()
@@ -145,6 +152,8 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
             mem_budget: d.mem_budget.map(|s| s.0),
             backend: d.backend.clone(),
             transport: transport_name.clone(),
+            key_file: key_file.clone(),
+            key_fingerprint: key_fingerprint.clone(),
         })
         .collect();
     let bar = spinner(format!("starting {} local nodes", specs.len()));
@@ -191,6 +200,7 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
         backend: engine.as_ref().map(|e| &e.backend),
         transport: transport.as_ref().map(|t| &t.transport),
         addr_of: &addr_of,
+        security: &security,
     })?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&plan.to_json())?);
@@ -227,6 +237,7 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
             .clone()
             .unwrap_or_else(|| RingOptions::default().listen),
         next_routes: plan.ring().skip(1).map(|d| d.next_route.clone()).collect(),
+        security,
     };
     let bar = spinner(format!("launching the ring ({} devices)", windows.len()));
     let head_ring = if nodes.is_empty() {

@@ -13,6 +13,7 @@ use prima_core::prp::node::{serve, NodeConfig};
 use prima_core::prp::protocol::PROTOCOL_VERSION;
 
 use super::engine::{Engine, EngineArgs};
+use super::keygen::{describe, KeyArgs};
 
 /// Largest frame a node accepts: a full prompt batch of activations of a large model.
 pub const MAX_FRAME_BYTES: u64 = 1 << 30;
@@ -25,6 +26,8 @@ pub struct NodeArgs {
     listen: String,
     #[command(flatten)]
     engine: EngineArgs,
+    #[command(flatten)]
+    key: KeyArgs,
     /// Bytes of weights to keep resident (e.g. 2G); layers beyond it are streamed from
     /// disk each token. `auto` (the default): what this device has available, inside its
     /// cgroup limits, less its KV cache and buffers; `none`: no limit.
@@ -46,6 +49,8 @@ pub struct NodeArgs {
 }
 
 pub fn run(args: NodeArgs) -> anyhow::Result<()> {
+    // Before the model is mapped: a node without a key has nothing to do.
+    let security = args.key.security()?;
     let engine = Engine::open(&args.engine)?;
     let transport = load_transport(
         args.transport.as_deref(),
@@ -60,10 +65,11 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     let backend_desc = engine.backend.backend.describe().into_string();
     eprintln!(
-        "node: listening on {} | {} | {}",
+        "node: listening on {} | {} | {} | {}",
         listener.local_addr(),
         args.engine.model.display(),
-        backend_desc
+        backend_desc,
+        describe(&security)
     );
     let _advertiser = if args.advertise {
         Some(advertise(&args, &listener.local_addr())?)
@@ -91,6 +97,7 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
         host: hostname(),
         backend_desc,
         profiler: &profiler,
+        security,
     };
     serve(
         &engine.model,

@@ -13,6 +13,8 @@ use crate::model::{Model, Session};
 use crate::plugin::backend_abi::BackendBox;
 use crate::plugin::transport_abi::{ConnectionBox, ListenerBox, TransportBox, NO_TIMEOUT};
 
+use super::key::LinkSecurity;
+
 use super::budget::{report_budget, ring_device_budget, MemBudget};
 use super::counters::PassMeter;
 use super::link::{
@@ -23,6 +25,7 @@ use super::protocol::{
     PassStats, Ready, Role, Setup, PROTOCOL_VERSION,
 };
 use super::residency::Residency;
+use super::secure::Link;
 use super::RingError;
 
 /// How long setup steps wait for the other side.
@@ -45,6 +48,9 @@ pub struct NodeConfig<'a> {
     pub backend_desc: String,
     /// Answers profile requests.
     pub profiler: Profiler<'a>,
+    /// How links to and from this node are protected: a peer that cannot complete the
+    /// handshake is refused before any ring message is read.
+    pub security: LinkSecurity,
 }
 
 const RUNNING: u8 = 0;
@@ -64,6 +70,13 @@ pub fn serve(
     loop {
         let Some(conn) = accept_one(listener, NO_TIMEOUT) else {
             continue;
+        };
+        let conn = match Link::accept(conn, 5_000, &config.security) {
+            Ok(link) => link,
+            Err(e) => {
+                eprintln!("node: {e}");
+                continue;
+            }
         };
         match recv_control(&conn, 5_000) {
             Ok(Some(Control::Hello {
@@ -175,7 +188,7 @@ struct Node<'a> {
     fingerprint: &'a ModelFingerprint,
 }
 
-fn session(node: &Node<'_>, setup: Setup, control: &ConnectionBox) -> Result<bool, RingError> {
+fn session(node: &Node<'_>, setup: Setup, control: &Link) -> Result<bool, RingError> {
     let Node {
         model,
         backend,
@@ -228,10 +241,7 @@ fn session(node: &Node<'_>, setup: Setup, control: &ConnectionBox) -> Result<boo
             }
         }
     };
-    let data_out = transport
-        .connect(next_addr.as_str().into(), SETUP_TIMEOUT_MS)
-        .into_result()
-        .map_err(|e| RingError::Transport(e.into_string()))?;
+    let data_out = Link::connect(transport, &next_addr, SETUP_TIMEOUT_MS, &config.security)?;
     send_control(
         &data_out,
         &Control::Hello {
@@ -239,7 +249,7 @@ fn session(node: &Node<'_>, setup: Setup, control: &ConnectionBox) -> Result<boo
             role: Role::Data,
         },
     )?;
-    let data_in = accept_data(listener)?;
+    let data_in = accept_data(listener, &config.security)?;
     send_control(
         control,
         &Control::Ready(Ready {
@@ -285,7 +295,7 @@ fn session(node: &Node<'_>, setup: Setup, control: &ConnectionBox) -> Result<boo
 }
 
 /// Waits for the previous device's data connection.
-fn accept_data(listener: &ListenerBox) -> Result<ConnectionBox, RingError> {
+fn accept_data(listener: &ListenerBox, security: &LinkSecurity) -> Result<Link, RingError> {
     let deadline = Instant::now() + std::time::Duration::from_millis(SETUP_TIMEOUT_MS);
     loop {
         let left = deadline
@@ -298,6 +308,13 @@ fn accept_data(listener: &ListenerBox) -> Result<ConnectionBox, RingError> {
         }
         let Some(conn) = accept_one(listener, left) else {
             continue;
+        };
+        let conn = match Link::accept(conn, 5_000, security) {
+            Ok(link) => link,
+            Err(e) => {
+                eprintln!("node: {e}");
+                continue;
+            }
         };
         match recv_control(&conn, 5_000) {
             Ok(Some(Control::Hello {
@@ -328,9 +345,9 @@ fn accept_data(listener: &ListenerBox) -> Result<ConnectionBox, RingError> {
 /// its neighbour from the neighbour that died.
 #[allow(clippy::too_many_arguments)]
 fn control_loop(
-    control: &ConnectionBox,
-    data_in: &ConnectionBox,
-    data_out: &ConnectionBox,
+    control: &Link,
+    data_in: &Link,
+    data_out: &Link,
     state: &AtomicU8,
     failure: &Mutex<Option<String>>,
     passes: &Mutex<Vec<PassStats>>,
@@ -380,8 +397,8 @@ fn compute_loop(
     session: &mut Session<'_>,
     residency: &Residency,
     setup: &Setup,
-    data_in: &ConnectionBox,
-    data_out: &ConnectionBox,
+    data_in: &Link,
+    data_out: &Link,
     state: &AtomicU8,
     passes: &Mutex<Vec<PassStats>>,
 ) -> Result<(), RingError> {
