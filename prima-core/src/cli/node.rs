@@ -103,7 +103,7 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
         &engine.model,
         &engine.backend.backend,
         &transport.transport,
-        &listener,
+        listener,
         &config,
     )?;
     Ok(())

@@ -28,7 +28,7 @@ use super::protocol::{
 };
 use super::key::LinkSecurity;
 use super::residency::Residency;
-use super::secure::Link;
+use super::secure::{Link, LinkListener};
 use super::{assign_windows, RingError};
 
 /// Setup steps (connecting, nodes warming their windows) wait this long at most.
@@ -257,6 +257,7 @@ impl<'m> RingHead<'m> {
             .listen(options.listen.as_str().into())
             .into_result()
             .map_err(transport_err)?;
+        let listener = LinkListener::start(listener, options.security.clone(), "head")?;
         let port = listener
             .local_addr()
             .rsplit(':')
@@ -303,7 +304,7 @@ impl<'m> RingHead<'m> {
             let next = match (route, nodes.get(link.device)) {
                 (NextRoute::Addr(addr), _) => NextHop::Node { addr: addr.clone() },
                 (NextRoute::HeadVia(relay), _) => {
-                    let me = listener.local_addr().into_string();
+                    let me = listener.local_addr().to_string();
                     if me.starts_with("0.0.0.0:") || me.starts_with("[::]:") {
                         return Err(RingError::Setup(format!(
                             "device {} reaches the head through relay {relay}, so the head must listen on its address in its network, not {me}",
@@ -400,21 +401,9 @@ impl<'m> RingHead<'m> {
             }
         }
         let data_in = loop {
-            let conn = listener
-                .accept(SETUP_TIMEOUT_MS)
-                .into_result()
-                .map_err(transport_err)?
-                .into_option()
-                .ok_or_else(|| {
-                    RingError::Setup("the last device did not connect back to the head".into())
-                })?;
-            let conn = match Link::accept(conn, 5_000, &options.security) {
-                Ok(link) => link,
-                Err(e) => {
-                    eprintln!("head: {e}");
-                    continue;
-                }
-            };
+            let conn = listener.accept(SETUP_TIMEOUT_MS).ok_or_else(|| {
+                RingError::Setup("the last device did not connect back to the head".into())
+            })?;
             match recv_control(&conn, 5_000) {
                 Ok(Some(Control::Hello {
                     role: Role::Data, ..

@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use crate::model::{Model, Session};
 use crate::plugin::backend_abi::BackendBox;
-use crate::plugin::transport_abi::{ConnectionBox, ListenerBox, TransportBox, NO_TIMEOUT};
+use crate::plugin::transport_abi::{ListenerBox, TransportBox, NO_TIMEOUT};
 
 use super::key::LinkSecurity;
 
@@ -25,7 +25,7 @@ use super::protocol::{
     PassStats, Ready, Role, Setup, PROTOCOL_VERSION,
 };
 use super::residency::Residency;
-use super::secure::Link;
+use super::secure::{Link, LinkListener};
 use super::RingError;
 
 /// How long setup steps wait for the other side.
@@ -63,20 +63,14 @@ pub fn serve(
     model: &Model,
     backend: &BackendBox,
     transport: &TransportBox,
-    listener: &ListenerBox,
+    listener: ListenerBox,
     config: &NodeConfig,
 ) -> Result<(), RingError> {
     let fingerprint = ModelFingerprint::of(model.gguf());
+    let listener = &LinkListener::start(listener, config.security.clone(), "node")?;
     loop {
-        let Some(conn) = accept_one(listener, NO_TIMEOUT) else {
+        let Some(conn) = listener.accept(NO_TIMEOUT) else {
             continue;
-        };
-        let conn = match Link::accept(conn, 5_000, &config.security) {
-            Ok(link) => link,
-            Err(e) => {
-                eprintln!("node: {e}");
-                continue;
-            }
         };
         match recv_control(&conn, 5_000) {
             Ok(Some(Control::Hello {
@@ -183,7 +177,7 @@ struct Node<'a> {
     model: &'a Model,
     backend: &'a BackendBox,
     transport: &'a TransportBox,
-    listener: &'a ListenerBox,
+    listener: &'a LinkListener,
     config: &'a NodeConfig<'a>,
     fingerprint: &'a ModelFingerprint,
 }
@@ -249,7 +243,7 @@ fn session(node: &Node<'_>, setup: Setup, control: &Link) -> Result<bool, RingEr
             role: Role::Data,
         },
     )?;
-    let data_in = accept_data(listener, &config.security)?;
+    let data_in = accept_data(listener)?;
     send_control(
         control,
         &Control::Ready(Ready {
@@ -295,7 +289,7 @@ fn session(node: &Node<'_>, setup: Setup, control: &Link) -> Result<bool, RingEr
 }
 
 /// Waits for the previous device's data connection.
-fn accept_data(listener: &ListenerBox, security: &LinkSecurity) -> Result<Link, RingError> {
+fn accept_data(listener: &LinkListener) -> Result<Link, RingError> {
     let deadline = Instant::now() + std::time::Duration::from_millis(SETUP_TIMEOUT_MS);
     loop {
         let left = deadline
@@ -306,15 +300,8 @@ fn accept_data(listener: &ListenerBox, security: &LinkSecurity) -> Result<Link, 
                 "the previous device in the ring did not connect within 30 s".into(),
             ));
         }
-        let Some(conn) = accept_one(listener, left) else {
+        let Some(conn) = listener.accept(left) else {
             continue;
-        };
-        let conn = match Link::accept(conn, 5_000, security) {
-            Ok(link) => link,
-            Err(e) => {
-                eprintln!("node: {e}");
-                continue;
-            }
         };
         match recv_control(&conn, 5_000) {
             Ok(Some(Control::Hello {
@@ -456,18 +443,6 @@ fn compute_loop(
                 disk_read_bytes,
                 mem_available,
             });
-        }
-    }
-}
-
-/// The next connection within `timeout_ms`; `None` on a timeout, or after logging one the
-/// transport refused (a stray client, a bad hello), so the caller just listens on.
-fn accept_one(listener: &ListenerBox, timeout_ms: u64) -> Option<ConnectionBox> {
-    match listener.accept(timeout_ms).into_result() {
-        Ok(c) => c.into_option(),
-        Err(e) => {
-            tracing::warn!("refused a connection: {e}");
-            None
         }
     }
 }

@@ -25,12 +25,14 @@
 //! fail. Sealing and opening reuse per-direction buffers: the per-token path allocates
 //! nothing more than a plain link does.
 
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Duration;
 
 use abi_stable::std_types::{RResult, RSlice, RString};
 use snow::{HandshakeState, StatelessTransportState};
 
-use crate::plugin::transport_abi::{ConnectionBox, TransportBox};
+use crate::plugin::transport_abi::{ConnectionBox, ListenerBox, TransportBox, NO_TIMEOUT};
 
 use super::key::LinkSecurity;
 use super::protocol::{decode, encode_control, Control, Frame};
@@ -49,6 +51,101 @@ const TAG: usize = 16;
 const MAX_SEALED: usize = 65_535;
 const MAX_PIECE: usize = MAX_SEALED - TAG;
 const LEN_PREFIX: usize = 8;
+
+/// How long an accepted peer has to open the handshake.
+const HANDSHAKE_TIMEOUT_MS: u64 = 5_000;
+/// How often the accepting thread looks whether its listener was dropped.
+const ACCEPT_POLL_MS: u64 = 500;
+
+/// A listener whose connections run the responder's handshake as soon as they arrive, on
+/// threads of their own, like a kernel completing TCP handshakes in its backlog: a peer's
+/// [`Link::connect`] then never waits for this device to reach its next `accept` (ring
+/// setup connects devices to each other in an order that would otherwise deadlock).
+/// Refused peers are logged with the listener's `who` ("node", "head") and the reason.
+pub struct LinkListener {
+    local_addr: String,
+    ready: Mutex<mpsc::Receiver<Link>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl LinkListener {
+    pub fn start(
+        listener: ListenerBox,
+        security: LinkSecurity,
+        who: &'static str,
+    ) -> Result<LinkListener, RingError> {
+        let local_addr = listener.local_addr().into_string();
+        let stop = Arc::new(AtomicBool::new(false));
+        let (tx, rx) = mpsc::channel();
+        let stopped = stop.clone();
+        std::thread::Builder::new()
+            .name("prima-link-accept".into())
+            .spawn(move || accept_loop(&listener, &security, who, &tx, &stopped))
+            .map_err(|e| RingError::Setup(format!("cannot start the accepting thread: {e}")))?;
+        Ok(LinkListener {
+            local_addr,
+            ready: Mutex::new(rx),
+            stop,
+        })
+    }
+
+    pub fn local_addr(&self) -> &str {
+        &self.local_addr
+    }
+
+    /// The next peer that completed the handshake; `None` after `timeout_ms`.
+    pub fn accept(&self, timeout_ms: u64) -> Option<Link> {
+        let ready = self.ready.lock().unwrap_or_else(|e| e.into_inner());
+        if timeout_ms == NO_TIMEOUT {
+            ready.recv().ok()
+        } else {
+            ready.recv_timeout(Duration::from_millis(timeout_ms)).ok()
+        }
+    }
+}
+
+impl Drop for LinkListener {
+    /// The accepting thread stops within [`ACCEPT_POLL_MS`] and closes the listener.
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+    }
+}
+
+fn accept_loop(
+    listener: &ListenerBox,
+    security: &LinkSecurity,
+    who: &'static str,
+    ready: &mpsc::Sender<Link>,
+    stop: &AtomicBool,
+) {
+    while !stop.load(Ordering::Acquire) {
+        match listener.accept(ACCEPT_POLL_MS).into_result() {
+            Ok(conn) => {
+                let Some(conn) = conn.into_option() else {
+                    continue;
+                };
+                let (ready, security) = (ready.clone(), security.clone());
+                let spawned = std::thread::Builder::new()
+                    .name("prima-link-handshake".into())
+                    .spawn(move || {
+                        match Link::accept(conn, HANDSHAKE_TIMEOUT_MS, &security) {
+                            // Nobody waits any more when the listener was dropped.
+                            Ok(link) => drop(ready.send(link)),
+                            Err(e) => eprintln!("{who}: {e}"),
+                        }
+                    });
+                if let Err(e) = spawned {
+                    eprintln!("{who}: cannot start a handshake thread: {e}");
+                }
+            }
+            // A stray client or a bad transport hello: the transport says why.
+            Err(e) => {
+                tracing::warn!("refused a connection: {e}");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
 
 /// A connection of the ring: sends and receives whole frames, sealed when the cluster has
 /// a key. Safe to share between threads: one may close it while another is blocked in a
