@@ -344,6 +344,8 @@ fn prima(args: &[&str], model: &Path) -> std::process::Output {
             "run", "-t", "1", "--temp", "0", "-n", "12", "-c", "256", "-m",
         ])
         .arg(model)
+        .arg("--key-file")
+        .arg(&common::test_key().0)
         .args(args)
         .output()
         .expect("run prima")
