@@ -421,11 +421,11 @@ fn prima_run_names_an_unreachable_device_and_a_missing_windows_list() {
 
 #[test]
 fn a_head_speaking_another_protocol_is_refused() {
-    use prima_core::prp::secure::Link;
     use prima_core::prp::protocol::{
         decode, encode_control, Control, Frame, ModelFingerprint, NextHop, ReleaseMethod,
         ReleasePolicy, Role, RoundWindow, Setup, WireType,
     };
+    use prima_core::prp::secure::Link;
     let Some(path) = smollm2() else { return };
     let model = Model::load(&path).unwrap();
     let node = NodeProcess::start(&path);
@@ -474,13 +474,13 @@ fn a_node_answers_profile_requests_between_sessions() {
     let backend = cpu_backend(1);
     let transport = transport();
     let node = NodeProcess::start(&path);
-    let profile =
-        prima_core::prp::head::request_profile(
+    let profile = prima_core::prp::head::request_profile(
         &transport.transport,
         &node.addr,
         30_000,
         &common::test_security(),
-    ).unwrap();
+    )
+    .unwrap();
     assert!(
         profile["ram_total_gib"].as_f64().unwrap_or(0.0) > 0.0,
         "{profile}"

@@ -168,7 +168,11 @@ fn forward_frames(
             break;
         }
         record(streams, i, true, &frame);
-        let times = if replay.is_some_and(|r| r.frame == n) { 2 } else { 1 };
+        let times = if replay.is_some_and(|r| r.frame == n) {
+            2
+        } else {
+            1
+        };
         for _ in 0..times {
             if to.write_all(&frame).is_err() {
                 return;
@@ -321,7 +325,10 @@ fn with_the_key_the_ring_matches_one_device_and_its_wire_shows_no_plaintext() {
     assert!(sealed_bytes > activations.iter().map(Vec::len).sum::<usize>());
     let token_bytes: Vec<u8> = prompt.iter().flat_map(|t| t.to_le_bytes()).collect();
     for (conn, _, bytes) in sealed {
-        assert!(!contains(bytes, setup), "connection {conn}: a control message");
+        assert!(
+            !contains(bytes, setup),
+            "connection {conn}: a control message"
+        );
         assert!(!contains(bytes, b"\"type\""), "connection {conn}: JSON");
         assert!(!contains(bytes, PROMPT[..12].as_bytes()));
         assert!(!contains(bytes, &token_bytes[..8]));

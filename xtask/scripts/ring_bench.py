@@ -122,8 +122,9 @@ def overhead(args):
 
 
 def hop_ms(stats_path):
-    """Median per token of the head's wait for its activations to come back round the ring
-    less the nodes' compute: the time the hops themselves take (send, receive, wake-up)."""
+    """Median per token of the time the activations spend between devices, per hop: the
+    head's send and wait (its send returns after device 1 may have started) less every
+    node's compute — sealing, sending, waking up and opening."""
     stats = json.loads(stats_path.read_text())
     per_seq = {}
     for dev in stats["devices"]:
@@ -132,7 +133,7 @@ def hop_ms(stats_path):
                 continue
             t = per_seq.setdefault(p["seq"], [0.0, 0.0])
             if dev["device"] == 0:
-                t[0] += p["wait_ms"]
+                t[0] += p["send_ms"] + p["wait_ms"]
             else:
                 t[1] += p["compute_ms"]
     hops = len(stats["devices"])

@@ -97,7 +97,8 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
         None => LoadedManifest::embedded_default()?,
     };
     // [discovery]: devices given no address are looked for on the LAN; given ones win.
-    for (name, addr) in fill_addresses(&mut manifest.manifest)? {
+    let (security, key_file) = manifest_security(&manifest)?;
+    for (name, addr) in fill_addresses(&mut manifest.manifest, &security)? {
         eprintln!("found     {name} at {addr} (discovery)");
     }
     if let Some(model) = &args.model {
@@ -136,7 +137,6 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
             prima_core::routes::crosses_networks(m, head).then(|| "vpn-proxy".to_string())
         });
     let model = Model::load(&head_model)?;
-    let (security, key_file) = manifest_security(&manifest)?;
     let key_fingerprint = match &security {
         LinkSecurity::Key(key) => Some(key.fingerprint()),
         LinkSecurity::Insecure => None,

@@ -9,6 +9,7 @@ use prima_core::plugin::load_transport;
 use prima_core::plugin::transport_abi::TransportConfig;
 use prima_core::profile::{hostname, profile_device, DeviceProfile, ProfileOptions, GIB};
 use prima_core::prp::budget::MemBudget;
+use prima_core::prp::key::LinkSecurity;
 use prima_core::prp::node::{serve, NodeConfig};
 use prima_core::prp::protocol::PROTOCOL_VERSION;
 
@@ -72,7 +73,7 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
         describe(&security)
     );
     let _advertiser = if args.advertise {
-        Some(advertise(&args, &listener.local_addr())?)
+        Some(advertise(&args, &listener.local_addr(), &security)?)
     } else {
         None
     };
@@ -112,7 +113,11 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
 /// Starts announcing this node, and withdraws the announcement on Ctrl-C or SIGTERM
 /// before exiting (the node has nothing else to clean up); it is also withdrawn when the
 /// returned handle is dropped.
-fn advertise(args: &NodeArgs, listen: &str) -> anyhow::Result<Arc<Mutex<Advertiser>>> {
+fn advertise(
+    args: &NodeArgs,
+    listen: &str,
+    security: &LinkSecurity,
+) -> anyhow::Result<Arc<Mutex<Advertiser>>> {
     let addr: SocketAddr = listen.parse().map_err(|_| {
         anyhow::anyhow!(
             "--advertise: the transport listens on {listen:?}, not an IP address and port"
@@ -124,6 +129,11 @@ fn advertise(args: &NodeArgs, listen: &str) -> anyhow::Result<Arc<Mutex<Advertis
         protocol: PROTOCOL_VERSION,
         prima_version: env!("CARGO_PKG_VERSION").to_string(),
         listen: listen.to_string(),
+        // The key's fingerprint, so a head of another cluster leaves this node out.
+        key: match security {
+            LinkSecurity::Key(key) => Some(key.fingerprint()),
+            LinkSecurity::Insecure => None,
+        },
     };
     anyhow::ensure!(!record.name.trim().is_empty(), "--name must not be empty");
     anyhow::ensure!(

@@ -18,6 +18,7 @@ use crate::plugin::transport_abi::{relayed, TransportBox, NO_TIMEOUT};
 
 use super::budget::{report_budget, ring_device_budget, MemBudget};
 use super::counters::PassMeter;
+use super::key::LinkSecurity;
 use super::link::{
     decode_activations, expect_control, recv_control, recv_frame, send_control, send_frame,
 };
@@ -26,7 +27,6 @@ use super::protocol::{
     NextHop, PassStats, Ready, ReleaseMethod, ReleasePolicy, Role, RoundWindow, Setup, WireType,
     PROTOCOL_VERSION,
 };
-use super::key::LinkSecurity;
 use super::residency::Residency;
 use super::secure::{Link, LinkListener};
 use super::{assign_windows, RingError};

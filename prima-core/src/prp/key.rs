@@ -178,7 +178,10 @@ mod tests {
 
         std::fs::write(&path, "abc\n").unwrap();
         let err = ClusterKey::read(&path).unwrap_err().to_string();
-        assert!(err.contains("cluster.key") && err.contains("3 characters"), "{err}");
+        assert!(
+            err.contains("cluster.key") && err.contains("3 characters"),
+            "{err}"
+        );
         std::fs::write(&path, "zz".repeat(KEY_BYTES)).unwrap();
         let err = ClusterKey::read(&path).unwrap_err().to_string();
         assert!(err.contains("64 hex digits"), "{err}");

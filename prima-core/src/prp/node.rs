@@ -420,29 +420,46 @@ fn compute_loop(
         // Counters before the send, as on the head (`RingHead::pass`): after it, this
         // thread should only hint pages and go back to sleep.
         let (disk_read_bytes, mem_available) = meter.end_pass();
+        // The pass is logged before its frame leaves: once the frame is on its way the
+        // head may finish the token and ask for the statistics before this thread runs
+        // again. Its send time is filled in after the send.
+        let pass = PassStats {
+            seq: header.seq,
+            round,
+            n_tokens: n,
+            wait_ms,
+            compute_ms: run.compute_ms,
+            send_ms: 0.0,
+            major_faults: run.major_faults,
+            disk_read_bytes,
+            mem_available,
+        };
+        let logged = {
+            let mut log = passes.lock().unwrap_or_else(|e| e.into_inner());
+            (log.len() < MAX_PASSES).then(|| {
+                log.push(pass);
+                log.len() - 1
+            })
+        };
         let sending = Instant::now();
         encode_activations(&mut out, &header, session.hidden());
         send_frame(data_out, &out)?;
         let send_ms = sending.elapsed().as_secs_f64() * 1e3;
+        if let Some(at) = logged {
+            let mut log = passes.lock().unwrap_or_else(|e| e.into_inner());
+            // Unless the head took the log in between.
+            if let Some(p) = log
+                .get_mut(at)
+                .filter(|p| p.seq == header.seq && p.round == round)
+            {
+                p.send_ms = send_ms;
+            }
+        }
         if let Some(i) = run.index {
             residency.after_window(model, i);
         }
         if round + 1 == setup.rounds {
             session.finish_batch();
-        }
-        let mut log = passes.lock().unwrap_or_else(|e| e.into_inner());
-        if log.len() < MAX_PASSES {
-            log.push(PassStats {
-                seq: header.seq,
-                round,
-                n_tokens: n,
-                wait_ms,
-                compute_ms: run.compute_ms,
-                send_ms,
-                major_faults: run.major_faults,
-                disk_read_bytes,
-                mem_available,
-            });
         }
     }
 }
