@@ -446,3 +446,51 @@ fn a_replayed_frame_is_refused_on_both_sides() {
         "{err}"
     );
 }
+
+#[test]
+fn keygen_writes_a_key_and_a_node_without_one_refuses_to_start() {
+    let home = std::env::temp_dir().join(format!("prima-keygen-home-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&home);
+    let prima = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_prima"))
+            .args(args)
+            .env("HOME", &home)
+            .output()
+            .unwrap()
+    };
+    let stderr = |out: &std::process::Output| String::from_utf8_lossy(&out.stderr).into_owned();
+
+    // No key anywhere: the node says what to do instead of starting.
+    let out = prima(&["node", "--listen", "127.0.0.1:0", "-m", "absent.gguf"]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("no cluster key: give --key-file FILE"),
+        "{}",
+        stderr(&out)
+    );
+    let out = prima(&[
+        "node",
+        "--listen",
+        "127.0.0.1:0",
+        "-m",
+        "absent.gguf",
+        "--key-file",
+        "absent.key",
+    ]);
+    assert!(stderr(&out).contains("absent.key"), "{}", stderr(&out));
+
+    // keygen writes the default key once, and never over an existing one.
+    let out = prima(&["keygen"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let path = home.join(".cache/prima/cluster.key");
+    let key = ClusterKey::read(&path).unwrap();
+    assert!(
+        stderr(&out).contains(&key.fingerprint()),
+        "{}",
+        stderr(&out)
+    );
+    let out = prima(&["keygen"]);
+    assert!(!out.status.success());
+    assert_eq!(ClusterKey::read(&path).unwrap(), key);
+    let _ = std::fs::remove_dir_all(&home);
+}
