@@ -94,9 +94,11 @@ impl Drop for NodeProcess {
 /// direction apart, and can send one frame of the tcp transport twice.
 struct Proxy {
     addr: String,
-    /// (connection index, from the head?, the bytes).
-    streams: Arc<Mutex<Vec<(usize, bool, Vec<u8>)>>>,
+    streams: Arc<Streams>,
 }
+
+/// (connection index, from the head?, the bytes) of every connection and direction.
+type Streams = Mutex<Vec<(usize, bool, Vec<u8>)>>;
 
 /// Send frame `frame` (counted from 0 after the transport's hello) of connection `conn`
 /// twice.
@@ -136,7 +138,7 @@ impl Proxy {
 }
 
 /// Appends `bytes` to the record of connection `i` in one direction.
-fn record(streams: &Mutex<Vec<(usize, bool, Vec<u8>)>>, i: usize, up: bool, bytes: &[u8]) {
+fn record(streams: &Streams, i: usize, up: bool, bytes: &[u8]) {
     let mut all = streams.lock().unwrap();
     match all.iter_mut().find(|(c, u, _)| *c == i && *u == up) {
         Some((_, _, b)) => b.extend_from_slice(bytes),
@@ -151,7 +153,7 @@ fn forward_frames(
     mut to: TcpStream,
     i: usize,
     replay: Option<Replay>,
-    streams: &Mutex<Vec<(usize, bool, Vec<u8>)>>,
+    streams: &Streams,
 ) {
     let mut hello = [0u8; 8];
     if from.read_exact(&mut hello).is_err() || to.write_all(&hello).is_err() {
@@ -182,12 +184,7 @@ fn forward_frames(
     let _ = to.shutdown(std::net::Shutdown::Both);
 }
 
-fn copy_bytes(
-    mut from: TcpStream,
-    mut to: TcpStream,
-    i: usize,
-    streams: &Mutex<Vec<(usize, bool, Vec<u8>)>>,
-) {
+fn copy_bytes(mut from: TcpStream, mut to: TcpStream, i: usize, streams: &Streams) {
     let mut buf = vec![0u8; 1 << 16];
     while let Ok(n) = from.read(&mut buf) {
         if n == 0 || to.write_all(&buf[..n]).is_err() {
@@ -330,7 +327,7 @@ fn with_the_key_the_ring_matches_one_device_and_its_wire_shows_no_plaintext() {
             "connection {conn}: a control message"
         );
         assert!(!contains(bytes, b"\"type\""), "connection {conn}: JSON");
-        assert!(!contains(bytes, PROMPT[..12].as_bytes()));
+        assert!(!contains(bytes, &PROMPT.as_bytes()[..12]));
         assert!(!contains(bytes, &token_bytes[..8]));
         for payload in &activations {
             // 16 bytes (four f32s) from several places of every activation frame.
@@ -435,8 +432,7 @@ fn a_replayed_frame_is_refused_on_both_sides() {
     .unwrap();
     let tok = Tokenizer::from_gguf(model.gguf()).unwrap();
     let err = greedy(&mut head, &tok.encode(PROMPT, true, true), 8)
-        .err()
-        .expect("the ring breaks after the replay");
+        .expect_err("the ring breaks after the replay");
     let line = nodes[0].log_line("failed to authenticate");
     assert!(line.contains("replayed"), "{line}");
     // The head names device 1 and why; device 2 merely lost its neighbour, and the

@@ -121,6 +121,7 @@ impl Bed {
 
     fn node(&mut self, ns: &str, name: &str, listen: &str) {
         let m = model();
+        let key = self.key.clone();
         self.start(
             ns,
             name,
@@ -135,7 +136,7 @@ impl Bed {
                 "--transport",
                 "vpn-proxy",
                 "--key-file",
-                self.key.to_str().unwrap(),
+                key.to_str().unwrap(),
             ],
             "node: listening",
         );

@@ -595,17 +595,16 @@ mod tests {
         LinkSecurity::Key(ClusterKey::from_bytes([byte; 32]))
     }
 
-    /// Both sides of a handshake: the client's and the server's outcome.
-    fn handshake(
-        pair: Pair,
-        client: &LinkSecurity,
-        server: &LinkSecurity,
-    ) -> (
+    /// The client's and the server's outcome of a handshake, what the client sent, and
+    /// the wire to the server.
+    type Handshake = (
         Result<Link, RingError>,
         Result<Link, RingError>,
         Arc<Mutex<Vec<Vec<u8>>>>,
         mpsc::Sender<Vec<u8>>,
-    ) {
+    );
+
+    fn handshake(pair: Pair, client: &LinkSecurity, server: &LinkSecurity) -> Handshake {
         let Pair {
             client: c,
             server: s,
