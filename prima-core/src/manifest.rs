@@ -666,4 +666,28 @@ k = 2
             "/m/home.toml: discovery.cluster: must not be empty"
         );
     }
+
+    #[test]
+    fn security_takes_a_key_file_or_insecure_but_not_both() {
+        let m = parse(GOOD).unwrap();
+        assert_eq!(m.manifest.security, Security::default());
+        let m = parse(&format!(
+            "{GOOD}\n[security]\nkey_file = \"keys/home.key\"\n"
+        ))
+        .unwrap();
+        let file = m.manifest.security.key_file.as_deref().unwrap();
+        assert_eq!(m.resolve(file), PathBuf::from("/m/keys/home.key"));
+        let m = parse(&format!("{GOOD}\n[security]\ninsecure = true\n")).unwrap();
+        assert!(m.manifest.security.insecure);
+        let err = parse(&format!(
+            "{GOOD}\n[security]\ninsecure = true\nkey_file = \"k\"\n"
+        ))
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "/m/home.toml: security: `insecure = true` and `key_file` contradict each other; keep one"
+        );
+        let err = parse(&format!("{GOOD}\n[security]\nkey = \"00\"\n")).unwrap_err();
+        assert!(err.to_string().contains("unknown field `key`"), "{err}");
+    }
 }
