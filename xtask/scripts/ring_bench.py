@@ -140,6 +140,12 @@ def hop_ms(stats_path):
     return statistics.median((w - c) / hops for w, c in list(per_seq.values())[1:])
 
 
+def cpu_ms(pid):
+    """User + system CPU time a process has used, in ms."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")
+
+
 def secure(args):
     """TPOT and per-hop time of a 3-device loopback ring with sealed links against the same
     ring with plain ones (--insecure), alternating in the same run."""
@@ -152,14 +158,19 @@ def secure(args):
             rings[sealed] = (nodes, ",".join(n.addr for n in nodes))
         samples = {True: [], False: []}
         hops = {True: [], False: []}
+        # The nodes' CPU time per run: unlike TPOT, hardly swayed by other jobs on the host.
+        node_cpu = {True: [], False: []}
         try:
-            for _ in range(args.reps):
-                for sealed in (False, True):
+            for rep in range(args.reps):
+                # Each first in turn, so neither always follows the other's exit.
+                for sealed in (False, True) if rep % 2 == 0 else (True, False):
+                    before = sum(cpu_ms(n.proc.pid) for n in rings[sealed][0])
                     tpot, _ = run_prima(args.prima, model, args.threads, args.n,
                                         ["--ring", rings[sealed][1], "--windows", args.windows,
                                          "--stats-json", str(stats_path)] + key_args(sealed))
                     samples[sealed].append(tpot)
                     hops[sealed].append(hop_ms(stats_path))
+                    node_cpu[sealed].append(sum(cpu_ms(n.proc.pid) for n in rings[sealed][0]) - before)
         finally:
             for nodes, _ in rings.values():
                 for n in nodes:
@@ -175,13 +186,17 @@ def secure(args):
                 s / p for s, p in zip(samples[True], samples[False])),
             "plain_hop_ms": statistics.median(hops[False]),
             "sealed_hop_ms": statistics.median(hops[True]),
+            "plain_nodes_cpu_ms_per_run": statistics.median(node_cpu[False]),
+            "sealed_nodes_cpu_ms_per_run": statistics.median(node_cpu[True]),
             "plain_samples": samples[False],
             "sealed_samples": samples[True],
         }
         results.append(row)
         print(f"{row['model']:<40} -t {args.threads}: TPOT plain {plain:.2f} ms, sealed {sealed:.2f} ms, "
               f"sealed/plain {row['sealed_over_plain']:.3f} (paired median {row['sealed_over_plain_paired_median']:.3f}); "
-              f"per hop plain {row['plain_hop_ms']:.3f} ms, sealed {row['sealed_hop_ms']:.3f} ms")
+              f"per hop plain {row['plain_hop_ms']:.3f} ms, sealed {row['sealed_hop_ms']:.3f} ms; "
+              f"both nodes' CPU per run (prompt + {args.n} tokens) plain {row['plain_nodes_cpu_ms_per_run']:.0f} ms, "
+              f"sealed {row['sealed_nodes_cpu_ms_per_run']:.0f} ms")
     return results
 
 
