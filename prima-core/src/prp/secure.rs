@@ -58,9 +58,12 @@ const HANDSHAKE_TIMEOUT_MS: u64 = 5_000;
 const ACCEPT_POLL_MS: u64 = 500;
 
 /// A listener whose connections run the responder's handshake as soon as they arrive, on
-/// threads of their own, like a kernel completing TCP handshakes in its backlog: a peer's
+/// a thread of its own, like a kernel completing TCP handshakes in its backlog: a peer's
 /// [`Link::connect`] then never waits for this device to reach its next `accept` (ring
 /// setup connects devices to each other in an order that would otherwise deadlock).
+/// Handshakes run one after another, so links come out in the order their handshakes
+/// finished for the peers: a head's control link, answered before the head sends any
+/// setup, always comes out before the data link its setup makes the previous device open.
 /// Refused peers are logged with the listener's `who` ("node", "head") and the reason.
 pub struct LinkListener {
     local_addr: String,
@@ -124,18 +127,10 @@ fn accept_loop(
                 let Some(conn) = conn.into_option() else {
                     continue;
                 };
-                let (ready, security) = (ready.clone(), security.clone());
-                let spawned = std::thread::Builder::new()
-                    .name("prima-link-handshake".into())
-                    .spawn(move || {
-                        match Link::accept(conn, HANDSHAKE_TIMEOUT_MS, &security) {
-                            // Nobody waits any more when the listener was dropped.
-                            Ok(link) => drop(ready.send(link)),
-                            Err(e) => eprintln!("{who}: {e}"),
-                        }
-                    });
-                if let Err(e) = spawned {
-                    eprintln!("{who}: cannot start a handshake thread: {e}");
+                match Link::accept(conn, HANDSHAKE_TIMEOUT_MS, security) {
+                    // Nobody waits any more when the listener was dropped.
+                    Ok(link) => drop(ready.send(link)),
+                    Err(e) => eprintln!("{who}: {e}"),
                 }
             }
             // A stray client or a bad transport hello: the transport says why.
