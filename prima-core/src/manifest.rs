@@ -44,6 +44,22 @@ pub struct Manifest {
     pub server: Server,
     /// Opt-in: find devices that have no `address` on the LAN (mDNS).
     pub discovery: Option<DiscoverySection>,
+    /// How the ring's links are protected (default: the cluster key file in
+    /// `~/.cache/prima`, made on first use).
+    #[serde(default)]
+    pub security: Security,
+}
+
+/// `[security]`: the key that authenticates and encrypts every link of the ring.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Security {
+    /// The cluster key file (`prima keygen` writes one), relative to the manifest's
+    /// directory unless absolute; every node must hold the same key.
+    pub key_file: Option<PathBuf>,
+    /// Plain, unauthenticated links: only for a network where every machine is trusted.
+    #[serde(default)]
+    pub insecure: bool,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -457,6 +473,12 @@ impl LoadedManifest {
         {
             return Err(self.invalid("discovery.cluster", "must not be empty"));
         }
+        if m.security.insecure && m.security.key_file.is_some() {
+            return Err(self.invalid(
+                "security",
+                "`insecure = true` and `key_file` contradict each other; keep one",
+            ));
+        }
         if m.policy.ctx == 0 || m.policy.batch == 0 {
             return Err(self.invalid("policy.ctx", "ctx and batch must be positive"));
         }
@@ -643,5 +665,29 @@ k = 2
             err.to_string(),
             "/m/home.toml: discovery.cluster: must not be empty"
         );
+    }
+
+    #[test]
+    fn security_takes_a_key_file_or_insecure_but_not_both() {
+        let m = parse(GOOD).unwrap();
+        assert_eq!(m.manifest.security, Security::default());
+        let m = parse(&format!(
+            "{GOOD}\n[security]\nkey_file = \"keys/home.key\"\n"
+        ))
+        .unwrap();
+        let file = m.manifest.security.key_file.as_deref().unwrap();
+        assert_eq!(m.resolve(file), PathBuf::from("/m/keys/home.key"));
+        let m = parse(&format!("{GOOD}\n[security]\ninsecure = true\n")).unwrap();
+        assert!(m.manifest.security.insecure);
+        let err = parse(&format!(
+            "{GOOD}\n[security]\ninsecure = true\nkey_file = \"k\"\n"
+        ))
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "/m/home.toml: security: `insecure = true` and `key_file` contradict each other; keep one"
+        );
+        let err = parse(&format!("{GOOD}\n[security]\nkey = \"00\"\n")).unwrap_err();
+        assert!(err.to_string().contains("unknown field `key`"), "{err}");
     }
 }

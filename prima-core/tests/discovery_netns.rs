@@ -51,6 +51,12 @@ impl Lan {
         remove_leftovers();
         let logs = std::env::temp_dir().join("prima-dc-logs");
         std::fs::create_dir_all(&logs).unwrap();
+        // The cluster key every device of the test's ring holds.
+        let key = logs.join("cluster.key");
+        let _ = std::fs::remove_file(&key);
+        prima_core::prp::key::ClusterKey::generate()
+            .write_new(&key)
+            .unwrap();
         let lan = Lan {
             devices: devices.iter().map(|d| format!("{PREFIX}{d}")).collect(),
             nodes: Vec::new(),
@@ -114,6 +120,8 @@ impl Lan {
                 "1",
             ])
             .args(["--advertise", "--cluster", cluster, "--name", device])
+            .arg("--key-file")
+            .arg(self.logs.join("cluster.key"))
             .current_dir(workspace())
             .stdout(Stdio::null())
             .stderr(File::create(&log).unwrap())
@@ -302,6 +310,9 @@ ctx = 256
 [discovery]
 cluster = "home"
 timeout = "3s"
+
+[security]
+key_file = "cluster.key"
 "#,
             workspace().join(MODEL).display()
         ),

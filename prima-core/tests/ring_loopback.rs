@@ -29,6 +29,8 @@ impl NodeProcess {
         let mut child = Command::new(env!("CARGO_BIN_EXE_prima"))
             .args(["node", "--listen", "127.0.0.1:0", "-t", "1", "-m"])
             .arg(model)
+            .arg("--key-file")
+            .arg(&common::test_key().0)
             .stderr(Stdio::piped())
             .stdout(Stdio::null())
             .spawn()
@@ -129,6 +131,7 @@ fn options() -> RingOptions {
         n_ctx: 256,
         n_batch: 64,
         listen: "127.0.0.1:0".into(),
+        security: common::test_security(),
         ..RingOptions::default()
     }
 }
@@ -341,6 +344,8 @@ fn prima(args: &[&str], model: &Path) -> std::process::Output {
             "run", "-t", "1", "--temp", "0", "-n", "12", "-c", "256", "-m",
         ])
         .arg(model)
+        .arg("--key-file")
+        .arg(&common::test_key().0)
         .args(args)
         .output()
         .expect("run prima")
@@ -416,20 +421,23 @@ fn prima_run_names_an_unreachable_device_and_a_missing_windows_list() {
 
 #[test]
 fn a_head_speaking_another_protocol_is_refused() {
-    use abi_stable::std_types::{RSlice, RString};
     use prima_core::prp::protocol::{
         decode, encode_control, Control, Frame, ModelFingerprint, NextHop, ReleaseMethod,
         ReleasePolicy, Role, RoundWindow, Setup, WireType,
     };
+    use prima_core::prp::secure::Link;
     let Some(path) = smollm2() else { return };
     let model = Model::load(&path).unwrap();
     let node = NodeProcess::start(&path);
     let transport = transport();
-    let conn = transport
-        .transport
-        .connect(RString::from(node.addr.as_str()), 5_000)
-        .unwrap();
-    let send = |msg: &Control| conn.send(RSlice::from_slice(&encode_control(msg))).unwrap();
+    let conn = Link::connect(
+        &transport.transport,
+        &node.addr,
+        5_000,
+        &common::test_security(),
+    )
+    .unwrap();
+    let send = |msg: &Control| conn.send(&encode_control(msg)).unwrap();
     send(&Control::Hello {
         protocol: 999,
         role: Role::Control,
@@ -466,8 +474,13 @@ fn a_node_answers_profile_requests_between_sessions() {
     let backend = cpu_backend(1);
     let transport = transport();
     let node = NodeProcess::start(&path);
-    let profile =
-        prima_core::prp::head::request_profile(&transport.transport, &node.addr, 30_000).unwrap();
+    let profile = prima_core::prp::head::request_profile(
+        &transport.transport,
+        &node.addr,
+        30_000,
+        &common::test_security(),
+    )
+    .unwrap();
     assert!(
         profile["ram_total_gib"].as_f64().unwrap_or(0.0) > 0.0,
         "{profile}"

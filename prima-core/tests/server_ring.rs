@@ -33,6 +33,8 @@ impl Node {
         let mut child = Command::new(env!("CARGO_BIN_EXE_prima"))
             .args(["node", "--listen", "127.0.0.1:0", "-t", "1", "-m"])
             .arg(model)
+            .arg("--key-file")
+            .arg(&common::test_key().0)
             .stderr(Stdio::piped())
             .stdout(Stdio::null())
             .spawn()
@@ -160,6 +162,7 @@ fn a_ring_head_serves_what_one_device_serves() {
         n_ctx: 512,
         n_batch: 64,
         listen: "127.0.0.1:0".into(),
+        security: common::test_security(),
         ..RingOptions::default()
     };
     let mut head = RingHead::connect(

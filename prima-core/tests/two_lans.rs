@@ -43,6 +43,8 @@ struct Bed {
     tag: String,
     children: Vec<Child>,
     dir: PathBuf,
+    /// The cluster key of the ring: its links are sealed end to end, through the relay.
+    key: PathBuf,
 }
 
 impl Bed {
@@ -55,10 +57,16 @@ impl Bed {
         let tag = std::process::id().to_string();
         let dir = std::env::temp_dir().join(format!("prima-two-lans-{tag}"));
         std::fs::create_dir_all(&dir).unwrap();
+        let key = dir.join("cluster.key");
+        let _ = std::fs::remove_file(&key);
+        prima_core::prp::key::ClusterKey::generate()
+            .write_new(&key)
+            .unwrap();
         let bed = Bed {
             tag,
             children: Vec::new(),
             dir,
+            key,
         };
         for n in ["a", "b", "r", "c"] {
             ip(&["netns", "add", &bed.ns(n)]);
@@ -113,6 +121,7 @@ impl Bed {
 
     fn node(&mut self, ns: &str, name: &str, listen: &str) {
         let m = model();
+        let key = self.key.clone();
         self.start(
             ns,
             name,
@@ -126,6 +135,8 @@ impl Bed {
                 "1",
                 "--transport",
                 "vpn-proxy",
+                "--key-file",
+                key.to_str().unwrap(),
             ],
             "node: listening",
         );
@@ -152,7 +163,11 @@ relay = {{ lan-a = "10.91.1.2:9100", lan-b = "10.91.2.2:9100" }}
 scheduler = "manual"
 windows = {windows}
 ctx = 256
+
+[security]
+key_file = "{key}"
 "#,
+            key = self.key.display(),
             model = model().display(),
             // Where the last device reaches the head through the relay; a ring on one
             // network has the head listen everywhere (C reaches it on another address).

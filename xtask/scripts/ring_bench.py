@@ -1,7 +1,7 @@
-"""Ring experiments on one machine: loopback overhead per hop, idle nodes, and the
-prefetch-release conflict under a cgroup-v1 memory limit.
+"""Ring experiments on one machine: loopback overhead per hop, idle nodes, the
+prefetch-release conflict under a cgroup-v1 memory limit, and the cost of sealed links.
 
-Run through `cargo xtask ring-bench [overhead|residency]`. Prints tables and writes one
+Run through `cargo xtask ring-bench [overhead|residency|secure]`. Prints tables and writes one
 JSON report; every figure is a median over alternating repetitions in the same run.
 """
 
@@ -18,13 +18,20 @@ from pathlib import Path
 TPOT = re.compile(r"TPOT ([0-9.]+) ms")
 TTFT = re.compile(r"TTFT ([0-9.]+) ms")
 CGROUP = Path("/sys/fs/cgroup/memory/prima-ring-bench")
+# The cluster key of every ring here (links are sealed unless a run says --insecure).
+KEY = Path(f"/tmp/prima-ring-bench-{os.getpid()}.key")
+
+
+def key_args(sealed=True):
+    return ["--key-file", str(KEY)] if sealed else ["--insecure"]
 
 
 class Node:
     """A `prima node` on loopback, optionally inside the memory cgroup."""
 
-    def __init__(self, prima, model, threads, mem_budget=None, cgroup_limit=None):
+    def __init__(self, prima, model, threads, mem_budget=None, cgroup_limit=None, sealed=True):
         cmd = [prima, "node", "--listen", "127.0.0.1:0", "-m", str(model), "-t", str(threads)]
+        cmd += key_args(sealed)
         if mem_budget:
             cmd += ["--mem-budget", str(mem_budget)]
         if cgroup_limit:
@@ -88,7 +95,7 @@ def overhead(args):
             for _ in range(args.reps):
                 single.append(run_prima(args.prima, model, args.threads, args.n, [])[0])
                 ringed.append(run_prima(args.prima, model, args.threads, args.n,
-                                        ["--ring", ring, "--windows", windows])[0])
+                                        ["--ring", ring, "--windows", windows] + key_args())[0])
         finally:
             for n in nodes:
                 n.stop()
@@ -114,6 +121,85 @@ def overhead(args):
     return results
 
 
+def hop_ms(stats_path):
+    """Median per token of the time the activations spend between devices, per hop: the
+    head's send and wait (its send returns after device 1 may have started) less every
+    node's compute — sealing, sending, waking up and opening."""
+    stats = json.loads(stats_path.read_text())
+    per_seq = {}
+    for dev in stats["devices"]:
+        for p in dev["passes"]:
+            if p["n_tokens"] != 1:
+                continue
+            t = per_seq.setdefault(p["seq"], [0.0, 0.0])
+            if dev["device"] == 0:
+                t[0] += p["send_ms"] + p["wait_ms"]
+            else:
+                t[1] += p["compute_ms"]
+    hops = len(stats["devices"])
+    return statistics.median((w - c) / hops for w, c in list(per_seq.values())[1:])
+
+
+def cpu_ms(pid):
+    """User + system CPU time a process has used, in ms."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")
+
+
+def secure(args):
+    """TPOT and per-hop time of a 3-device loopback ring with sealed links against the same
+    ring with plain ones (--insecure), alternating in the same run."""
+    results = []
+    stats_path = Path("/tmp/prima-ring-bench-secure.json")
+    for model in args.models[:1]:
+        rings = {}
+        for sealed in (True, False):
+            nodes = [Node(args.prima, model, args.threads, sealed=sealed) for _ in range(2)]
+            rings[sealed] = (nodes, ",".join(n.addr for n in nodes))
+        samples = {True: [], False: []}
+        hops = {True: [], False: []}
+        # The nodes' CPU time per run: unlike TPOT, hardly swayed by other jobs on the host.
+        node_cpu = {True: [], False: []}
+        try:
+            for rep in range(args.reps):
+                # Each first in turn, so neither always follows the other's exit.
+                for sealed in (False, True) if rep % 2 == 0 else (True, False):
+                    before = sum(cpu_ms(n.proc.pid) for n in rings[sealed][0])
+                    tpot, _ = run_prima(args.prima, model, args.threads, args.n,
+                                        ["--ring", rings[sealed][1], "--windows", args.windows,
+                                         "--stats-json", str(stats_path)] + key_args(sealed))
+                    samples[sealed].append(tpot)
+                    hops[sealed].append(hop_ms(stats_path))
+                    node_cpu[sealed].append(sum(cpu_ms(n.proc.pid) for n in rings[sealed][0]) - before)
+        finally:
+            for nodes, _ in rings.values():
+                for n in nodes:
+                    n.stop()
+        plain, sealed = statistics.median(samples[False]), statistics.median(samples[True])
+        row = {
+            "model": Path(model).name,
+            "threads": args.threads,
+            "plain_tpot_ms": plain,
+            "sealed_tpot_ms": sealed,
+            "sealed_over_plain": sealed / plain,
+            "sealed_over_plain_paired_median": statistics.median(
+                s / p for s, p in zip(samples[True], samples[False])),
+            "plain_hop_ms": statistics.median(hops[False]),
+            "sealed_hop_ms": statistics.median(hops[True]),
+            "plain_nodes_cpu_ms_per_run": statistics.median(node_cpu[False]),
+            "sealed_nodes_cpu_ms_per_run": statistics.median(node_cpu[True]),
+            "plain_samples": samples[False],
+            "sealed_samples": samples[True],
+        }
+        results.append(row)
+        print(f"{row['model']:<40} -t {args.threads}: TPOT plain {plain:.2f} ms, sealed {sealed:.2f} ms, "
+              f"sealed/plain {row['sealed_over_plain']:.3f} (paired median {row['sealed_over_plain_paired_median']:.3f}); "
+              f"per hop plain {row['plain_hop_ms']:.3f} ms, sealed {row['sealed_hop_ms']:.3f} ms; "
+              f"both nodes' CPU per run (prompt + {args.n} tokens) plain {row['plain_nodes_cpu_ms_per_run']:.0f} ms, "
+              f"sealed {row['sealed_nodes_cpu_ms_per_run']:.0f} ms")
+    return results
+
+
 def residency(args):
     model = args.big_model
     results = []
@@ -136,7 +222,7 @@ def residency(args):
                 tpot, _ = run_prima(args.prima, model, args.threads, args.n,
                                     ["--ring", node.addr, "--windows", windows, "--prefetch", prefetch,
                                      "--release", release, "--release-method", args.release_method,
-                                     "--stats-json", str(stats_path)])
+                                     "--stats-json", str(stats_path)] + key_args())
             finally:
                 node.stop()
             stats = json.loads(stats_path.read_text())
@@ -169,7 +255,7 @@ def residency(args):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("what", choices=["overhead", "residency", "all"])
+    p.add_argument("what", choices=["overhead", "residency", "secure", "all"])
     p.add_argument("--prima", required=True)
     p.add_argument("--models", nargs="+", default=[])
     p.add_argument("--windows", default="10,10,10")
@@ -184,11 +270,16 @@ def main():
     p.add_argument("--release-method", default="pageout")
     p.add_argument("--json", type=Path)
     args = p.parse_args()
+    KEY.unlink(missing_ok=True)
+    subprocess.run([args.prima, "keygen", "--out", str(KEY)], check=True, capture_output=True)
     report = {}
     if args.what in ("overhead", "all"):
         report["overhead"] = overhead(args)
     if args.what in ("residency", "all"):
         report["residency"] = residency(args)
+    if args.what in ("secure", "all"):
+        report["secure"] = secure(args)
+    KEY.unlink(missing_ok=True)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
 

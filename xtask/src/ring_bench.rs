@@ -7,6 +7,8 @@
 //! - residency: one node in a cgroup-v1 memory limit well below its layers, with and
 //!   without prefetch, k = 1, 2, 4, and MRU release: TPOT, major faults and disk bytes read
 //!   per token on that node.
+//! - secure: TPOT and per-hop time of the 3-device loopback ring with sealed links
+//!   (the cluster key) against plain ones (`--insecure`), alternating.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -19,7 +21,7 @@ use crate::shell;
 
 #[derive(clap::Args, Debug)]
 pub struct RingBenchArgs {
-    /// overhead, residency or all.
+    /// overhead, residency, secure or all.
     #[arg(default_value = "all")]
     what: String,
     /// Repetitions per configuration (medians are reported).

@@ -16,6 +16,7 @@ use prima_core::plugin::load_transport;
 use prima_core::plugin::transport_abi::TransportConfig;
 use prima_core::prp::budget::MemBudget;
 use prima_core::prp::failover::ResilientRing;
+use prima_core::prp::key::LinkSecurity;
 use prima_core::prp::protocol::{ReleaseMethod, ReleasePolicy, WireType};
 use prima_core::prp::{RingError, RingHead, RingOptions};
 use prima_core::sampler::{Sampler, SamplerConfig};
@@ -26,6 +27,7 @@ use super::apply_failover::{layout_of, replanner};
 use super::apply_nodes::{LocalNodes, NodeSpec};
 use super::apply_plan::{plan, spinner, DevicePlan, Plan, PlanInputs};
 use super::engine::{Engine, EngineArgs};
+use super::keygen::manifest_security;
 use super::node::MAX_FRAME_BYTES;
 use super::run::{print_device_table, print_summary, stream};
 
@@ -97,7 +99,8 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
         None => LoadedManifest::embedded_default()?,
     };
     // [discovery]: devices given no address are looked for on the LAN; given ones win.
-    for (name, addr) in fill_addresses(&mut manifest.manifest)? {
+    let (security, key_file) = manifest_security(&manifest)?;
+    for (name, addr) in fill_addresses(&mut manifest.manifest, &security)? {
         eprintln!("found     {name} at {addr} (discovery)");
     }
     if let Some(model) = &args.model {
@@ -136,6 +139,10 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
             prima_core::routes::crosses_networks(m, head).then(|| "vpn-proxy".to_string())
         });
     let model = Model::load(&head_model)?;
+    let key_fingerprint = match &security {
+        LinkSecurity::Key(key) => Some(key.fingerprint()),
+        LinkSecurity::Insecure => None,
+    };
     let specs: Vec<NodeSpec> = m
         .devices
         .iter()
@@ -147,6 +154,8 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
             mem_budget: d.mem_budget.map(|s| s.0),
             backend: d.backend.clone(),
             transport: transport_name.clone(),
+            key_file: key_file.clone(),
+            key_fingerprint: key_fingerprint.clone(),
         })
         .collect();
     let bar = spinner(format!("starting {} local nodes", specs.len()));
@@ -194,6 +203,7 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
         transport: transport.as_ref().map(|t| &t.transport),
         addr_of: &addr_of,
         known: &[],
+        security: &security,
     })?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&plan.to_json())?);
@@ -230,6 +240,7 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
             .clone()
             .unwrap_or_else(|| RingOptions::default().listen),
         next_routes: plan.ring().skip(1).map(|d| d.next_route.clone()).collect(),
+        security,
     };
     let bar = spinner(format!("launching the ring ({} devices)", windows.len()));
     let head_ring = if nodes.is_empty() {
@@ -258,7 +269,13 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
             &transport.transport,
             layout_of(&plan),
             options.clone(),
-            replanner(&manifest, &model, &addr_of, plan.profiles.clone()),
+            replanner(
+                &manifest,
+                &model,
+                &addr_of,
+                plan.profiles.clone(),
+                &options.security,
+            ),
         )
     });
 

@@ -8,6 +8,7 @@ use prima_core::model::Model;
 use prima_core::profile::{DeviceProfile, GIB};
 use prima_core::prp::failover::{Replan, RingDevice, RingLayout};
 use prima_core::prp::head::NextRoute;
+use prima_core::prp::key::LinkSecurity;
 
 use super::apply_plan::{plan, Plan, PlanInputs};
 
@@ -39,6 +40,7 @@ pub fn replanner<'a>(
     model: &'a Model,
     addr_of: &'a dyn Fn(&str) -> Option<String>,
     profiles: Vec<DeviceProfile>,
+    security: &'a LinkSecurity,
 ) -> Replan<'a> {
     Box::new(move |lost: &[String]| {
         let mut left = manifest.clone();
@@ -63,6 +65,7 @@ pub fn replanner<'a>(
             transport: None,
             addr_of,
             known: &profiles,
+            security,
         })
         .map_err(|e| format!("{e:#}"))?;
         if planned.ring().count() == 1 {

@@ -21,6 +21,12 @@ pub struct NodeSpec {
     pub backend: Option<String>,
     /// Transport plugin (default: the node's choice, the first found).
     pub transport: Option<String>,
+    /// The cluster key file, passed by path so the key never shows in `ps`; `None`:
+    /// `--insecure`.
+    pub key_file: Option<PathBuf>,
+    /// The key's fingerprint: a node started with another key at the same path is not
+    /// reused.
+    pub key_fingerprint: Option<String>,
 }
 
 impl NodeSpec {
@@ -171,6 +177,10 @@ fn spawn(spec: &NodeSpec, keep: bool) -> anyhow::Result<(RunningNode, std::proce
     if let Some(t) = &spec.transport {
         cmd.args(["--transport", t]);
     }
+    match &spec.key_file {
+        Some(key) => cmd.arg("--key-file").arg(key),
+        None => cmd.arg("--insecure"),
+    };
     cmd.stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::from(log_file));

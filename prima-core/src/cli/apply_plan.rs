@@ -12,6 +12,7 @@ use prima_core::plugin::transport_abi::TransportBox;
 use prima_core::plugin::{load_os_models, load_solver, LoadedBackend};
 use prima_core::profile::{profile_device, DeviceProfile, DeviceProfiles, ProfileOptions};
 use prima_core::prp::head::request_profile;
+use prima_core::prp::key::LinkSecurity;
 use prima_core::prp::{layer_counts, NextRoute};
 use prima_core::routes;
 
@@ -144,6 +145,8 @@ pub struct PlanInputs<'a> {
     /// Profiles already collected (by device name); when every device has one, none is
     /// measured again.
     pub known: &'a [DeviceProfile],
+    /// How the links to the nodes are protected (profiling connects to them too).
+    pub security: &'a LinkSecurity,
 }
 
 pub fn spinner(msg: String) -> ProgressBar {
@@ -217,7 +220,7 @@ fn collect_profiles(
             let addr = reach[pos]
                 .clone()
                 .with_context(|| format!("device '{}': no address", d.name))?;
-            let value = request_profile(transport, &addr, 120_000)
+            let value = request_profile(transport, &addr, 120_000, inputs.security)
                 .map_err(|e| anyhow::anyhow!("device '{}' ({addr}): {e}", d.name))?;
             serde_json::from_value::<DeviceProfile>(value)
                 .with_context(|| format!("device '{}' ({addr}): unreadable profile", d.name))?

@@ -9,6 +9,7 @@ mod bench;
 mod chat;
 mod discover;
 mod engine;
+mod keygen;
 mod node;
 mod node_process;
 mod plan;
@@ -60,6 +61,8 @@ enum Command {
     Chat(chat::ChatArgs),
     /// List the nodes announcing themselves on the LAN (`prima node --advertise`).
     Discover(discover::DiscoverArgs),
+    /// Write a new cluster key: the secret that admits a device to the ring.
+    Keygen(keygen::KeygenArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -81,6 +84,7 @@ pub fn main() -> ExitCode {
         Command::Serve(args) => serve::run(args),
         Command::Chat(args) => chat::run(args),
         Command::Discover(args) => discover::run(args),
+        Command::Keygen(args) => keygen::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

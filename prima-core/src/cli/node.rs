@@ -9,10 +9,12 @@ use prima_core::plugin::load_transport;
 use prima_core::plugin::transport_abi::TransportConfig;
 use prima_core::profile::{hostname, profile_device, DeviceProfile, ProfileOptions, GIB};
 use prima_core::prp::budget::MemBudget;
+use prima_core::prp::key::LinkSecurity;
 use prima_core::prp::node::{serve, NodeConfig};
 use prima_core::prp::protocol::PROTOCOL_VERSION;
 
 use super::engine::{Engine, EngineArgs};
+use super::keygen::{describe, KeyArgs};
 
 /// Largest frame a node accepts: a full prompt batch of activations of a large model.
 pub const MAX_FRAME_BYTES: u64 = 1 << 30;
@@ -25,6 +27,8 @@ pub struct NodeArgs {
     listen: String,
     #[command(flatten)]
     engine: EngineArgs,
+    #[command(flatten)]
+    key: KeyArgs,
     /// Bytes of weights to keep resident (e.g. 2G); layers beyond it are streamed from
     /// disk each token. `auto` (the default): what this device has available, inside its
     /// cgroup limits, less its KV cache and buffers; `none`: no limit.
@@ -46,6 +50,8 @@ pub struct NodeArgs {
 }
 
 pub fn run(args: NodeArgs) -> anyhow::Result<()> {
+    // Before the model is mapped: a node without a key has nothing to do.
+    let security = args.key.security()?;
     let engine = Engine::open(&args.engine)?;
     let transport = load_transport(
         args.transport.as_deref(),
@@ -60,13 +66,14 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     let backend_desc = engine.backend.backend.describe().into_string();
     eprintln!(
-        "node: listening on {} | {} | {}",
+        "node: listening on {} | {} | {} | {}",
         listener.local_addr(),
         args.engine.model.display(),
-        backend_desc
+        backend_desc,
+        describe(&security)
     );
     let _advertiser = if args.advertise {
-        Some(advertise(&args, &listener.local_addr())?)
+        Some(advertise(&args, &listener.local_addr(), &security)?)
     } else {
         None
     };
@@ -91,12 +98,13 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
         host: hostname(),
         backend_desc,
         profiler: &profiler,
+        security,
     };
     serve(
         &engine.model,
         &engine.backend.backend,
         &transport.transport,
-        &listener,
+        listener,
         &config,
     )?;
     Ok(())
@@ -105,7 +113,11 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
 /// Starts announcing this node, and withdraws the announcement on Ctrl-C or SIGTERM
 /// before exiting (the node has nothing else to clean up); it is also withdrawn when the
 /// returned handle is dropped.
-fn advertise(args: &NodeArgs, listen: &str) -> anyhow::Result<Arc<Mutex<Advertiser>>> {
+fn advertise(
+    args: &NodeArgs,
+    listen: &str,
+    security: &LinkSecurity,
+) -> anyhow::Result<Arc<Mutex<Advertiser>>> {
     let addr: SocketAddr = listen.parse().map_err(|_| {
         anyhow::anyhow!(
             "--advertise: the transport listens on {listen:?}, not an IP address and port"
@@ -117,6 +129,11 @@ fn advertise(args: &NodeArgs, listen: &str) -> anyhow::Result<Arc<Mutex<Advertis
         protocol: PROTOCOL_VERSION,
         prima_version: env!("CARGO_PKG_VERSION").to_string(),
         listen: listen.to_string(),
+        // The key's fingerprint, so a head of another cluster leaves this node out.
+        key: match security {
+            LinkSecurity::Key(key) => Some(key.fingerprint()),
+            LinkSecurity::Insecure => None,
+        },
     };
     anyhow::ensure!(!record.name.trim().is_empty(), "--name must not be empty");
     anyhow::ensure!(

@@ -16,6 +16,7 @@ use prima_core::sampler::{Sampler, SamplerConfig};
 use prima_core::tokenizer::Tokenizer;
 
 use super::engine::{Engine, EngineArgs, Streaming};
+use super::keygen::KeyArgs;
 use super::node::MAX_FRAME_BYTES;
 use prima_core::prp::budget::MemBudget;
 
@@ -28,6 +29,9 @@ pub struct RingArgs {
     /// Window size w_m of every device, the head's first (e.g. 10,10,10).
     #[arg(long, value_delimiter = ',', requires = "ring")]
     windows: Vec<usize>,
+    /// How the links to the ring devices are protected.
+    #[command(flatten)]
+    key: KeyArgs,
     /// Read each device's next streamed window ahead while others compute (alone: the
     /// streamed chunk after next while this one is computed).
     #[arg(long, value_enum, default_value = "on")]
@@ -240,6 +244,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             WireArg::F16 => WireType::F16,
         },
         mem_budget: ring.mem_budget,
+        security: ring.key.security()?,
         ..RingOptions::default()
     };
     let mut head = RingHead::connect(

@@ -5,21 +5,31 @@
 use std::time::Duration;
 
 use crate::manifest::{Device, Manifest};
+use crate::prp::key::LinkSecurity;
 
 use super::browse::{browse, Discovery};
 use super::membership::ClusterFilter;
 use super::DiscoveryError;
 
 /// Fills in the missing addresses of `manifest`'s remote devices when its `[discovery]`
-/// is enabled; returns (device, address) for each one filled.
-pub fn fill_addresses(manifest: &mut Manifest) -> Result<Vec<(String, String)>, DiscoveryError> {
+/// is enabled; returns (device, address) for each one filled. Only nodes announcing the
+/// fingerprint of `security`'s key (none, for plain links) are taken.
+pub fn fill_addresses(
+    manifest: &mut Manifest,
+    security: &LinkSecurity,
+) -> Result<Vec<(String, String)>, DiscoveryError> {
     let Some(section) = manifest.discovery.clone().filter(|d| d.enabled) else {
         return Ok(Vec::new());
     };
     if !manifest.devices.iter().any(needs_address) {
         return Ok(Vec::new());
     }
-    let seen = browse(&ClusterFilter::new(&section.cluster), section.timeout.0)?;
+    let key = match security {
+        LinkSecurity::Key(key) => Some(key.fingerprint()),
+        LinkSecurity::Insecure => None,
+    };
+    let filter = ClusterFilter::new(&section.cluster).with_key(key);
+    let seen = browse(&filter, section.timeout.0)?;
     assign(&mut manifest.devices, &seen, section.timeout.0)
 }
 

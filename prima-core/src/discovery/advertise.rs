@@ -121,6 +121,7 @@ mod tests {
             protocol: 1,
             prima_version: "0.1.0".into(),
             listen: "127.0.0.1:9000".into(),
+            key: None,
         };
         let err = Advertiser::start(&record, "127.0.0.1:9000".parse().unwrap())
             .err()

@@ -206,6 +206,7 @@ mod tests {
             protocol: PROTOCOL_VERSION,
             prima_version: "0.1.0".into(),
             listen: "0.0.0.0:9000".into(),
+            key: None,
         };
         Sighting {
             instance: format!("{name}@{cluster}.{SERVICE_TYPE}"),

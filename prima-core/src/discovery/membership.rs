@@ -1,9 +1,9 @@
 //! Which announced nodes belong to the cluster being looked for, and why the others are
 //! left out.
 //!
-//! Membership is decided here and nowhere else: today by cluster name, since clusters
-//! have no keys yet; when they do, `ClusterFilter` holds the cluster key's fingerprint
-//! and `admits` compares it with the one a node announces, and no caller changes.
+//! Membership is decided here and nowhere else: by cluster name, ring protocol and, where
+//! the searcher knows its cluster key, the key's fingerprint a node announces (a node
+//! holding another key could not join the ring anyway: its links would be refused).
 
 use crate::prp::protocol::PROTOCOL_VERSION;
 
@@ -13,6 +13,9 @@ use super::record::NodeRecord;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClusterFilter {
     cluster: String,
+    /// `None`: any key; `Some(None)`: plain (`--insecure`) nodes only; `Some(Some(f))`:
+    /// nodes announcing the key fingerprint `f`.
+    key: Option<Option<String>>,
 }
 
 /// Why an announced node was left out.
@@ -27,6 +30,11 @@ pub enum IgnoreReason {
     Protocol {
         theirs: u32,
         ours: u32,
+    },
+    /// Another cluster key (fingerprints; `None`: plain links).
+    OtherKey {
+        theirs: Option<String>,
+        ours: Option<String>,
     },
     /// It announced no address another device can connect to.
     NoAddress,
@@ -48,6 +56,18 @@ impl std::fmt::Display for IgnoreReason {
                 f,
                 "incompatible ring protocol {theirs} (this prima speaks {ours})"
             ),
+            IgnoreReason::OtherKey { theirs, ours } => {
+                let name = |k: &Option<String>| match k {
+                    Some(fingerprint) => format!("key {fingerprint}"),
+                    None => "no key (--insecure)".to_string(),
+                };
+                write!(
+                    f,
+                    "another cluster key: {} (looking for {})",
+                    name(theirs),
+                    name(ours)
+                )
+            }
             IgnoreReason::NoAddress => write!(f, "no reachable address announced"),
             IgnoreReason::Duplicate { name, kept } => {
                 write!(f, "duplicate name '{name}' (kept the one at {kept})")
@@ -60,7 +80,14 @@ impl ClusterFilter {
     pub fn new(cluster: impl Into<String>) -> ClusterFilter {
         ClusterFilter {
             cluster: cluster.into(),
+            key: None,
         }
+    }
+
+    /// Admits only nodes announcing this key fingerprint (`None`: plain nodes only).
+    pub fn with_key(mut self, fingerprint: Option<String>) -> ClusterFilter {
+        self.key = Some(fingerprint);
+        self
     }
 
     pub fn cluster(&self) -> &str {
@@ -81,7 +108,13 @@ impl ClusterFilter {
                 ours: PROTOCOL_VERSION,
             });
         }
-        Ok(())
+        match &self.key {
+            Some(ours) if record.key != *ours => Err(IgnoreReason::OtherKey {
+                theirs: record.key.clone(),
+                ours: ours.clone(),
+            }),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -98,8 +131,25 @@ mod tests {
             protocol: PROTOCOL_VERSION,
             prima_version: "0.1.0".into(),
             listen: "0.0.0.0:9000".into(),
+            key: Some("aa".into()),
         };
         assert_eq!(filter.admits(&r), Ok(()));
+        let keyed = filter.clone().with_key(Some("aa".into()));
+        assert_eq!(keyed.admits(&r), Ok(()));
+        assert_eq!(
+            keyed
+                .clone()
+                .with_key(None)
+                .admits(&r)
+                .unwrap_err()
+                .to_string(),
+            "another cluster key: key aa (looking for no key (--insecure))"
+        );
+        r.key = Some("bb".into());
+        assert_eq!(
+            keyed.admits(&r).unwrap_err().to_string(),
+            "another cluster key: key bb (looking for key aa)"
+        );
         r.protocol += 1;
         assert_eq!(
             filter.admits(&r).unwrap_err().to_string(),

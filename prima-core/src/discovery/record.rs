@@ -18,6 +18,9 @@ pub struct NodeRecord {
     pub prima_version: String,
     /// The address its transport listens on, as it printed it (e.g. 0.0.0.0:9000).
     pub listen: String,
+    /// The fingerprint of its cluster key ([`crate::prp::key::ClusterKey::fingerprint`],
+    /// which reveals nothing of the key); `None`: plain links (`--insecure`).
+    pub key: Option<String>,
 }
 
 impl NodeRecord {
@@ -31,6 +34,9 @@ impl NodeRecord {
             ("version", self.prima_version.clone()),
             ("listen", self.listen.clone()),
         ]
+        .into_iter()
+        .chain(self.key.clone().map(|k| ("key", k)))
+        .collect()
     }
 
     /// Reads a record from TXT pairs; the error names the key that is missing or wrong.
@@ -58,6 +64,7 @@ impl NodeRecord {
             protocol,
             prima_version: get("version")?,
             listen: get("listen")?,
+            key: get("key").ok(),
         })
     }
 }
@@ -73,6 +80,7 @@ mod tests {
             protocol: 1,
             prima_version: "0.1.0".into(),
             listen: "0.0.0.0:9000".into(),
+            key: Some("0123456789abcdef".into()),
         }
     }
 

@@ -14,6 +14,10 @@ pub enum RingError {
     Protocol { peer: String, source: ProtocolError },
     #[error("{0}")]
     Transport(String),
+    /// A link that could not be set up or was broken: another cluster key, a plain peer,
+    /// a frame that failed to authenticate.
+    #[error("{peer}: {reason}")]
+    Link { peer: String, reason: String },
     #[error("device {device} ({addr}) refused the setup: {reason}")]
     Refused {
         device: usize,

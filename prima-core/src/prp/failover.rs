@@ -208,7 +208,14 @@ impl<'m> ResilientRing<'m> {
                 continue;
             }
             let asked = Instant::now();
-            if request_profile(self.transport, &lost.device.addr, PROBE_TIMEOUT_MS).is_ok() {
+            if request_profile(
+                self.transport,
+                &lost.device.addr,
+                PROBE_TIMEOUT_MS,
+                &self.options.security,
+            )
+            .is_ok()
+            {
                 back.push(lost.device.name.clone());
             } else if asked.elapsed() >= Duration::from_millis(PROBE_TIMEOUT_MS) {
                 lost.every = (lost.every * 2).min(PROBE_EVERY_MAX);

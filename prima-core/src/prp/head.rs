@@ -14,10 +14,11 @@ use std::time::{Duration, Instant};
 use crate::generate::Forward;
 use crate::model::{Model, Session};
 use crate::plugin::backend_abi::BackendBox;
-use crate::plugin::transport_abi::{relayed, ConnectionBox, TransportBox, NO_TIMEOUT};
+use crate::plugin::transport_abi::{relayed, TransportBox, NO_TIMEOUT};
 
 use super::budget::{report_budget, ring_device_budget, MemBudget};
 use super::counters::PassMeter;
+use super::key::LinkSecurity;
 use super::link::{
     decode_activations, expect_control, recv_control, recv_frame, send_control, send_frame,
 };
@@ -27,6 +28,7 @@ use super::protocol::{
     PROTOCOL_VERSION,
 };
 use super::residency::Residency;
+use super::secure::{Link, LinkListener};
 use super::{assign_windows, RingError};
 
 /// Setup steps (connecting, nodes warming their windows) wait this long at most.
@@ -52,6 +54,8 @@ pub struct RingOptions {
     /// How each node (in ring order) reaches the device after it, where that is not how
     /// the head reaches it (a ring across networks); empty: as the head does.
     pub next_routes: Vec<NextRoute>,
+    /// How the links to the nodes are protected (the nodes must hold the same key).
+    pub security: LinkSecurity,
 }
 
 /// How a node reaches the device after it in the ring.
@@ -79,6 +83,7 @@ impl Default for RingOptions {
             mem_budget: MemBudget::Auto,
             listen: "0.0.0.0:0".into(),
             next_routes: Vec::new(),
+            security: LinkSecurity::Insecure,
         }
     }
 }
@@ -87,7 +92,7 @@ impl Default for RingOptions {
 struct NodeLink {
     device: usize,
     addr: String,
-    control: ConnectionBox,
+    control: Link,
     /// Held for one request–answer exchange on `control`.
     exchange: Mutex<()>,
 }
@@ -114,8 +119,8 @@ struct Shared {
     /// the health thread can close them once it has a verdict, which ends a send or
     /// receive the head is blocked in (a frame bigger than the socket buffers, sent to a
     /// frozen node, would otherwise never finish).
-    data_out: ConnectionBox,
-    data_in: ConnectionBox,
+    data_out: Link,
+    data_in: Link,
     verdict: Mutex<Option<Verdict>>,
     stop: AtomicBool,
 }
@@ -159,11 +164,9 @@ pub fn request_profile(
     transport: &TransportBox,
     addr: &str,
     timeout_ms: u64,
+    security: &LinkSecurity,
 ) -> Result<serde_json::Value, RingError> {
-    let conn = transport
-        .connect(addr.into(), 10_000)
-        .into_result()
-        .map_err(|e| RingError::Transport(e.into_string()))?;
+    let conn = Link::connect(transport, addr, 10_000, security)?;
     send_control(
         &conn,
         &Control::Hello {
@@ -184,6 +187,19 @@ pub fn request_profile(
             expected: "a profile",
             got: format!("{other:?}"),
         }),
+    }
+}
+
+/// A connection to a node that failed: the device is gone, unless it answered and refused
+/// the link (another key, a plain link), which says so itself.
+fn lost_at_connect(e: RingError, device: usize, addr: &str) -> RingError {
+    match e {
+        RingError::Transport(reason) => RingError::DeviceLost {
+            device,
+            addr: addr.to_string(),
+            reason,
+        },
+        other => other,
     }
 }
 
@@ -241,6 +257,7 @@ impl<'m> RingHead<'m> {
             .listen(options.listen.as_str().into())
             .into_result()
             .map_err(transport_err)?;
+        let listener = LinkListener::start(listener, options.security.clone(), "head")?;
         let port = listener
             .local_addr()
             .rsplit(':')
@@ -255,14 +272,8 @@ impl<'m> RingHead<'m> {
         let mut links = Vec::with_capacity(nodes.len());
         for (i, addr) in nodes.iter().enumerate() {
             let device = i + 1;
-            let control = transport
-                .connect(addr.as_str().into(), 10_000)
-                .into_result()
-                .map_err(|e| RingError::DeviceLost {
-                    device,
-                    addr: addr.clone(),
-                    reason: e.into_string(),
-                })?;
+            let control = Link::connect(transport, addr, 10_000, &options.security)
+                .map_err(|e| lost_at_connect(e, device, addr))?;
             send_control(
                 &control,
                 &Control::Hello {
@@ -293,7 +304,7 @@ impl<'m> RingHead<'m> {
             let next = match (route, nodes.get(link.device)) {
                 (NextRoute::Addr(addr), _) => NextHop::Node { addr: addr.clone() },
                 (NextRoute::HeadVia(relay), _) => {
-                    let me = listener.local_addr().into_string();
+                    let me = listener.local_addr().to_string();
                     if me.starts_with("0.0.0.0:") || me.starts_with("[::]:") {
                         return Err(RingError::Setup(format!(
                             "device {} reaches the head through relay {relay}, so the head must listen on its address in its network, not {me}",
@@ -348,14 +359,8 @@ impl<'m> RingHead<'m> {
         report_budget("head", budget.as_ref(), &residency);
         residency.warm(model);
 
-        let data_out = transport
-            .connect(nodes[0].as_str().into(), 10_000)
-            .into_result()
-            .map_err(|e| RingError::DeviceLost {
-                device: 1,
-                addr: nodes[0].clone(),
-                reason: e.into_string(),
-            })?;
+        let data_out = Link::connect(transport, &nodes[0], 10_000, &options.security)
+            .map_err(|e| lost_at_connect(e, 1, &nodes[0]))?;
         send_control(
             &data_out,
             &Control::Hello {
@@ -396,14 +401,9 @@ impl<'m> RingHead<'m> {
             }
         }
         let data_in = loop {
-            let conn = listener
-                .accept(SETUP_TIMEOUT_MS)
-                .into_result()
-                .map_err(transport_err)?
-                .into_option()
-                .ok_or_else(|| {
-                    RingError::Setup("the last device did not connect back to the head".into())
-                })?;
+            let conn = listener.accept(SETUP_TIMEOUT_MS).ok_or_else(|| {
+                RingError::Setup("the last device did not connect back to the head".into())
+            })?;
             match recv_control(&conn, 5_000) {
                 Ok(Some(Control::Hello {
                     role: Role::Data, ..

@@ -1,33 +1,25 @@
-//! Sending and receiving protocol messages over a transport connection.
-
-use abi_stable::std_types::{RResult, RSlice};
-
-use crate::plugin::transport_abi::ConnectionBox;
+//! Sending and receiving protocol messages over a link (a transport connection, sealed
+//! by [`super::secure`] when the cluster has a key).
 
 use super::protocol::{decode, encode_control, Activations, Control, Frame};
+use super::secure::Link;
 use super::RingError;
 
-pub fn send_frame(conn: &ConnectionBox, frame: &[u8]) -> Result<(), RingError> {
-    match conn.send(RSlice::from_slice(frame)) {
-        RResult::ROk(()) => Ok(()),
-        RResult::RErr(e) => Err(RingError::Transport(e.into_string())),
-    }
+pub fn send_frame(conn: &Link, frame: &[u8]) -> Result<(), RingError> {
+    conn.send(frame)
 }
 
-pub fn send_control(conn: &ConnectionBox, msg: &Control) -> Result<(), RingError> {
+pub fn send_control(conn: &Link, msg: &Control) -> Result<(), RingError> {
     send_frame(conn, &encode_control(msg))
 }
 
 /// The next raw frame, or `None` after `timeout_ms`.
-pub fn recv_frame(conn: &ConnectionBox, timeout_ms: u64) -> Result<Option<Vec<u8>>, RingError> {
-    match conn.recv(timeout_ms) {
-        RResult::ROk(frame) => Ok(frame.into_option().map(|f| f.into_vec())),
-        RResult::RErr(e) => Err(RingError::Transport(e.into_string())),
-    }
+pub fn recv_frame(conn: &Link, timeout_ms: u64) -> Result<Option<Vec<u8>>, RingError> {
+    conn.recv(timeout_ms)
 }
 
 /// The next control message, or `None` after `timeout_ms`.
-pub fn recv_control(conn: &ConnectionBox, timeout_ms: u64) -> Result<Option<Control>, RingError> {
+pub fn recv_control(conn: &Link, timeout_ms: u64) -> Result<Option<Control>, RingError> {
     let Some(frame) = recv_frame(conn, timeout_ms)? else {
         return Ok(None);
     };
@@ -67,7 +59,7 @@ pub fn decode_activations<'f>(
 
 /// Like [`recv_control`], but a timeout is an error naming what was awaited.
 pub fn expect_control(
-    conn: &ConnectionBox,
+    conn: &Link,
     timeout_ms: u64,
     what: &'static str,
 ) -> Result<Control, RingError> {

@@ -4,6 +4,7 @@
 //! - [`windows`]: the striped assignment of layers to devices (a pure function).
 //! - [`protocol`]: the messages of the ring; [`link`] sends and receives them over a
 //!   transport plugin's connections (the core never touches a socket).
+//! - [`secure`]: every link authenticated and encrypted (Noise, the cluster [`key`]).
 //! - [`head`]: device 0, a [`Forward`](crate::generate::Forward) whose layers run round
 //!   the ring; [`node`]: the daemon every other device runs.
 //! - [`residency`]: which windows stay in memory, prefetch and release of the others.
@@ -20,10 +21,12 @@ pub mod counters;
 mod error;
 pub mod failover;
 pub mod head;
+pub mod key;
 mod link;
 pub mod node;
 pub mod protocol;
 pub mod residency;
+pub mod secure;
 mod windows;
 
 pub use error::RingError;

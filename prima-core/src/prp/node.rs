@@ -11,7 +11,9 @@ use std::time::Instant;
 
 use crate::model::{Model, Session};
 use crate::plugin::backend_abi::BackendBox;
-use crate::plugin::transport_abi::{ConnectionBox, ListenerBox, TransportBox, NO_TIMEOUT};
+use crate::plugin::transport_abi::{ListenerBox, TransportBox, NO_TIMEOUT};
+
+use super::key::LinkSecurity;
 
 use super::budget::{report_budget, ring_device_budget, MemBudget};
 use super::counters::PassMeter;
@@ -23,6 +25,7 @@ use super::protocol::{
     PassStats, Ready, Role, Setup, PROTOCOL_VERSION,
 };
 use super::residency::Residency;
+use super::secure::{Link, LinkListener};
 use super::RingError;
 
 /// How long setup steps wait for the other side.
@@ -45,6 +48,9 @@ pub struct NodeConfig<'a> {
     pub backend_desc: String,
     /// Answers profile requests.
     pub profiler: Profiler<'a>,
+    /// How links to and from this node are protected: a peer that cannot complete the
+    /// handshake is refused before any ring message is read.
+    pub security: LinkSecurity,
 }
 
 const RUNNING: u8 = 0;
@@ -57,12 +63,13 @@ pub fn serve(
     model: &Model,
     backend: &BackendBox,
     transport: &TransportBox,
-    listener: &ListenerBox,
+    listener: ListenerBox,
     config: &NodeConfig,
 ) -> Result<(), RingError> {
     let fingerprint = ModelFingerprint::of(model.gguf());
+    let listener = &LinkListener::start(listener, config.security.clone(), "node")?;
     loop {
-        let Some(conn) = accept_one(listener, NO_TIMEOUT) else {
+        let Some(conn) = listener.accept(NO_TIMEOUT) else {
             continue;
         };
         match recv_control(&conn, 5_000) {
@@ -170,12 +177,12 @@ struct Node<'a> {
     model: &'a Model,
     backend: &'a BackendBox,
     transport: &'a TransportBox,
-    listener: &'a ListenerBox,
+    listener: &'a LinkListener,
     config: &'a NodeConfig<'a>,
     fingerprint: &'a ModelFingerprint,
 }
 
-fn session(node: &Node<'_>, setup: Setup, control: &ConnectionBox) -> Result<bool, RingError> {
+fn session(node: &Node<'_>, setup: Setup, control: &Link) -> Result<bool, RingError> {
     let Node {
         model,
         backend,
@@ -228,10 +235,7 @@ fn session(node: &Node<'_>, setup: Setup, control: &ConnectionBox) -> Result<boo
             }
         }
     };
-    let data_out = transport
-        .connect(next_addr.as_str().into(), SETUP_TIMEOUT_MS)
-        .into_result()
-        .map_err(|e| RingError::Transport(e.into_string()))?;
+    let data_out = Link::connect(transport, &next_addr, SETUP_TIMEOUT_MS, &config.security)?;
     send_control(
         &data_out,
         &Control::Hello {
@@ -285,7 +289,7 @@ fn session(node: &Node<'_>, setup: Setup, control: &ConnectionBox) -> Result<boo
 }
 
 /// Waits for the previous device's data connection.
-fn accept_data(listener: &ListenerBox) -> Result<ConnectionBox, RingError> {
+fn accept_data(listener: &LinkListener) -> Result<Link, RingError> {
     let deadline = Instant::now() + std::time::Duration::from_millis(SETUP_TIMEOUT_MS);
     loop {
         let left = deadline
@@ -296,7 +300,7 @@ fn accept_data(listener: &ListenerBox) -> Result<ConnectionBox, RingError> {
                 "the previous device in the ring did not connect within 30 s".into(),
             ));
         }
-        let Some(conn) = accept_one(listener, left) else {
+        let Some(conn) = listener.accept(left) else {
             continue;
         };
         match recv_control(&conn, 5_000) {
@@ -328,9 +332,9 @@ fn accept_data(listener: &ListenerBox) -> Result<ConnectionBox, RingError> {
 /// its neighbour from the neighbour that died.
 #[allow(clippy::too_many_arguments)]
 fn control_loop(
-    control: &ConnectionBox,
-    data_in: &ConnectionBox,
-    data_out: &ConnectionBox,
+    control: &Link,
+    data_in: &Link,
+    data_out: &Link,
     state: &AtomicU8,
     failure: &Mutex<Option<String>>,
     passes: &Mutex<Vec<PassStats>>,
@@ -380,8 +384,8 @@ fn compute_loop(
     session: &mut Session<'_>,
     residency: &Residency,
     setup: &Setup,
-    data_in: &ConnectionBox,
-    data_out: &ConnectionBox,
+    data_in: &Link,
+    data_out: &Link,
     state: &AtomicU8,
     passes: &Mutex<Vec<PassStats>>,
 ) -> Result<(), RingError> {
@@ -416,41 +420,46 @@ fn compute_loop(
         // Counters before the send, as on the head (`RingHead::pass`): after it, this
         // thread should only hint pages and go back to sleep.
         let (disk_read_bytes, mem_available) = meter.end_pass();
+        // The pass is logged before its frame leaves: once the frame is on its way the
+        // head may finish the token and ask for the statistics before this thread runs
+        // again. Its send time is filled in after the send.
+        let pass = PassStats {
+            seq: header.seq,
+            round,
+            n_tokens: n,
+            wait_ms,
+            compute_ms: run.compute_ms,
+            send_ms: 0.0,
+            major_faults: run.major_faults,
+            disk_read_bytes,
+            mem_available,
+        };
+        let logged = {
+            let mut log = passes.lock().unwrap_or_else(|e| e.into_inner());
+            (log.len() < MAX_PASSES).then(|| {
+                log.push(pass);
+                log.len() - 1
+            })
+        };
         let sending = Instant::now();
         encode_activations(&mut out, &header, session.hidden());
         send_frame(data_out, &out)?;
         let send_ms = sending.elapsed().as_secs_f64() * 1e3;
+        if let Some(at) = logged {
+            let mut log = passes.lock().unwrap_or_else(|e| e.into_inner());
+            // Unless the head took the log in between.
+            if let Some(p) = log
+                .get_mut(at)
+                .filter(|p| p.seq == header.seq && p.round == round)
+            {
+                p.send_ms = send_ms;
+            }
+        }
         if let Some(i) = run.index {
             residency.after_window(model, i);
         }
         if round + 1 == setup.rounds {
             session.finish_batch();
-        }
-        let mut log = passes.lock().unwrap_or_else(|e| e.into_inner());
-        if log.len() < MAX_PASSES {
-            log.push(PassStats {
-                seq: header.seq,
-                round,
-                n_tokens: n,
-                wait_ms,
-                compute_ms: run.compute_ms,
-                send_ms,
-                major_faults: run.major_faults,
-                disk_read_bytes,
-                mem_available,
-            });
-        }
-    }
-}
-
-/// The next connection within `timeout_ms`; `None` on a timeout, or after logging one the
-/// transport refused (a stray client, a bad hello), so the caller just listens on.
-fn accept_one(listener: &ListenerBox, timeout_ms: u64) -> Option<ConnectionBox> {
-    match listener.accept(timeout_ms).into_result() {
-        Ok(c) => c.into_option(),
-        Err(e) => {
-            tracing::warn!("refused a connection: {e}");
-            None
         }
     }
 }

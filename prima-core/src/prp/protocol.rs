@@ -13,7 +13,8 @@ use sha2::{Digest, Sha256};
 use crate::gguf::GgufFile;
 
 /// Version of this protocol; a peer speaking another one is refused at setup.
-pub const PROTOCOL_VERSION: u32 = 1;
+/// 2: every connection opens with the link handshake of [`super::secure`].
+pub const PROTOCOL_VERSION: u32 = 2;
 
 const KIND_CONTROL: u8 = b'C';
 const KIND_ACTIVATIONS: u8 = b'A';

@@ -57,3 +57,22 @@ pub fn cpu_backend(threads: u32) -> LoadedBackend {
     load_backend(Some("cpu"), BackendConfig { threads })
         .unwrap_or_else(|e| panic!("{e} (build it with `cargo build --release --workspace`)"))
 }
+
+/// A cluster key for this test process's rings, and the file its `prima node`s are given
+/// (`--key-file`): made once per process.
+pub fn test_key() -> &'static (PathBuf, prima_core::prp::key::ClusterKey) {
+    static KEY: std::sync::OnceLock<(PathBuf, prima_core::prp::key::ClusterKey)> =
+        std::sync::OnceLock::new();
+    KEY.get_or_init(|| {
+        let path = std::env::temp_dir().join(format!("prima-test-{}.key", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let key = prima_core::prp::key::ClusterKey::generate();
+        key.write_new(&path).expect("write the test cluster key");
+        (path, key)
+    })
+}
+
+/// Ring options' security for [`test_key`].
+pub fn test_security() -> prima_core::prp::key::LinkSecurity {
+    prima_core::prp::key::LinkSecurity::Key(test_key().1.clone())
+}

@@ -328,6 +328,10 @@ fn build(hierarchies: &Hierarchies, bed: &Testbed, arg: &str, bin: &Path) -> Res
     }
 
     let prima = bin.join("prima").display().to_string();
+    // The bed's cluster key: every device's links are sealed with it.
+    let key = key_file(&st);
+    let _ = std::fs::remove_file(&key);
+    prima_core::prp::key::ClusterKey::generate().write_new(&key)?;
     for i in 0..bed.devices.len() {
         let d = &bed.devices[i];
         if d.head {
@@ -341,6 +345,8 @@ fn build(hierarchies: &Hierarchies, bed: &Testbed, arg: &str, bin: &Path) -> Res
             ds.node.clone().expect("a node has an address"),
             "-m".into(),
             ds.model_copy.display().to_string(),
+            "--key-file".into(),
+            key.display().to_string(),
         ];
         if let Some(t) = d.threads {
             argv.extend(["-t".into(), t.to_string()]);
@@ -395,6 +401,11 @@ fn device_command(
     )
 }
 
+/// The bed's cluster key file.
+fn key_file(st: &BedState) -> PathBuf {
+    st.dir.join("cluster.key")
+}
+
 /// `prima run --ring …` for the head: windows in proportion to the devices' memory limits.
 fn run_command(bed: &Testbed, st: &BedState, prima: &str) -> Result<Vec<String>> {
     let head = st.devices.iter().find(|d| d.head).expect("one head");
@@ -431,6 +442,8 @@ fn run_command(bed: &Testbed, st: &BedState, prima: &str) -> Result<Vec<String>>
                 .map(|w| w.to_string())
                 .collect::<Vec<_>>()
                 .join(","),
+            "--key-file".into(),
+            key_file(st).display().to_string(),
         ]);
     }
     argv.extend([
@@ -514,9 +527,10 @@ fn write_manifest(bed: &Testbed, st: &BedState) -> Result<()> {
         }
     }
     text += &format!(
-        "\n[policy]\nscheduler = \"halda\"\nctx = {}\n\n[server]\nlisten = {}\n",
+        "\n[policy]\nscheduler = \"halda\"\nctx = {}\n\n[server]\nlisten = {}\n\n[security]\nkey_file = {}\n",
         bed.ctx,
         q(&format!("{}:8080", head.address)),
+        q(&key_file(st).display().to_string()),
     );
     std::fs::write(&st.manifest, text).with_context(|| format!("writing {}", st.manifest.display()))
 }
