@@ -10,6 +10,7 @@ mod discover;
 mod engine;
 mod node;
 mod node_process;
+mod perplexity;
 mod plan;
 mod plugins;
 mod profile;
@@ -43,6 +44,8 @@ enum Command {
     Plugins,
     /// Measure prompt-processing and generation throughput (like llama-bench).
     Bench(bench::BenchArgs),
+    /// Perplexity of a text, or KL divergence from saved logits (like llama-perplexity).
+    Perplexity(perplexity::PerplexityArgs),
     /// Run as a ring device: serve layer windows to a head.
     Node(node::NodeArgs),
     /// Start the cluster a manifest declares: profile, plan, launch the ring, serve.
@@ -72,6 +75,7 @@ pub fn main() -> ExitCode {
         Command::Tokenize(args) => tokenize::run(args),
         Command::Plugins => plugins::run(),
         Command::Bench(args) => bench::run(args),
+        Command::Perplexity(args) => perplexity::run(args),
         Command::Node(args) => node::run(args),
         Command::Apply(args) => apply::run(args),
         Command::Relay(args) => relay::run(args),
