@@ -49,6 +49,35 @@ impl Forward for Session<'_> {
     }
 }
 
+/// A [`Forward`] that hands out the logits of any row of its last batch, not only the
+/// last one: what scoring a text (perplexity) or checking drafted tokens needs.
+pub trait RowLogits: Forward {
+    /// Largest number of tokens one [`Forward::eval`] call runs as a single batch.
+    fn n_batch(&self) -> usize;
+
+    /// Logits of rows `rows` of the last batch, row after row, into `out`
+    /// (`rows.len() × n_vocab` floats). One output-head product for all of them.
+    fn row_logits(
+        &mut self,
+        rows: std::ops::Range<usize>,
+        out: &mut [f32],
+    ) -> Result<(), Self::Error>;
+}
+
+impl RowLogits for Session<'_> {
+    fn n_batch(&self) -> usize {
+        Session::n_batch(self)
+    }
+
+    fn row_logits(
+        &mut self,
+        rows: std::ops::Range<usize>,
+        out: &mut [f32],
+    ) -> Result<(), ModelError> {
+        self.logits_rows(rows, out)
+    }
+}
+
 /// What one generation did and how long it took.
 #[derive(Debug, Clone, Default)]
 pub struct GenerationStats {

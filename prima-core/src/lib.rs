@@ -11,6 +11,7 @@ pub mod gguf;
 pub mod halda;
 pub mod manifest;
 pub mod model;
+pub mod perplexity;
 pub mod plugin;
 pub mod profile;
 pub mod prp;

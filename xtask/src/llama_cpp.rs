@@ -43,11 +43,14 @@ pub fn cmake_flags(cpu: &CpuFeatures) -> Vec<String> {
         .collect()
 }
 
+/// The stamp lists these, so adding one re-runs the build, which (incremental) compiles
+/// only the new target.
 const TARGETS: &[&str] = &[
     "llama-tokenize",
     "llama-quantize",
     "llama-bench",
     "llama-completion",
+    "llama-perplexity",
     "llama",
 ];
 const BINARIES: &[&str] = &[
@@ -55,6 +58,7 @@ const BINARIES: &[&str] = &[
     "llama-quantize",
     "llama-bench",
     "llama-completion",
+    "llama-perplexity",
 ];
 /// Static libraries the dump tool links, in link order.
 const LIBRARIES: &[&str] = &[

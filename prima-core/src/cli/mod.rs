@@ -12,6 +12,7 @@ mod engine;
 mod keygen;
 mod node;
 mod node_process;
+mod perplexity;
 mod plan;
 mod plugins;
 mod profile;
@@ -45,6 +46,8 @@ enum Command {
     Plugins,
     /// Measure prompt-processing and generation throughput (like llama-bench).
     Bench(bench::BenchArgs),
+    /// Perplexity of a text, or KL divergence from saved logits (like llama-perplexity).
+    Perplexity(perplexity::PerplexityArgs),
     /// Run as a ring device: serve layer windows to a head.
     Node(node::NodeArgs),
     /// Start the cluster a manifest declares: profile, plan, launch the ring, serve.
@@ -76,6 +79,7 @@ pub fn main() -> ExitCode {
         Command::Tokenize(args) => tokenize::run(args),
         Command::Plugins => plugins::run(),
         Command::Bench(args) => bench::run(args),
+        Command::Perplexity(args) => perplexity::run(args),
         Command::Node(args) => node::run(args),
         Command::Apply(args) => apply::run(args),
         Command::Relay(args) => relay::run(args),

@@ -8,8 +8,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use anyhow::Context;
 use prima_core::chat::{render_chat, ChatMessage};
 use prima_core::generate::{generate, Forward, GenerateOptions, GenerationStats};
-use prima_core::plugin::load_transport;
 use prima_core::plugin::transport_abi::TransportConfig;
+use prima_core::plugin::{load_transport, LoadedTransport};
+use prima_core::prp::alone::LocalSession;
 use prima_core::prp::protocol::{ReleaseMethod, ReleasePolicy, WireType};
 use prima_core::prp::{DeviceStats, RingHead, RingOptions};
 use prima_core::sampler::{Sampler, SamplerConfig};
@@ -62,6 +63,92 @@ pub struct RingArgs {
     /// Write the timing of every device and pass as JSON to this file.
     #[arg(long)]
     stats_json: Option<std::path::PathBuf>,
+}
+
+impl RingArgs {
+    /// Whether the layers run round a ring (`--ring`) rather than on this device alone.
+    pub(super) fn is_ring(&self) -> bool {
+        !self.ring.is_empty()
+    }
+
+    fn streaming(&self) -> Streaming {
+        Streaming {
+            prefetch: matches!(self.prefetch, OnOff::On),
+            release: self.release_policy(),
+            method: self.release_method(),
+        }
+    }
+
+    fn release_policy(&self) -> ReleasePolicy {
+        match self.release {
+            ReleaseArg::Mru => ReleasePolicy::Mru,
+            ReleaseArg::None => ReleasePolicy::None,
+        }
+    }
+
+    fn release_method(&self) -> ReleaseMethod {
+        match self.release_method {
+            ReleaseMethodArg::Pageout => ReleaseMethod::Pageout,
+            ReleaseMethodArg::Cold => ReleaseMethod::Cold,
+            ReleaseMethodArg::Dontneed => ReleaseMethod::Dontneed,
+        }
+    }
+
+    /// This device alone, streaming what does not fit its memory budget.
+    pub(super) fn local_session<'e>(
+        &self,
+        engine: &'e Engine,
+        n_ctx: usize,
+        n_batch: usize,
+    ) -> anyhow::Result<LocalSession<'e>> {
+        engine.local_session(self.mem_budget, n_ctx, n_batch, self.streaming())
+    }
+
+    /// The transport plugin the ring runs over (kept alive while the ring is).
+    pub(super) fn transport(&self) -> anyhow::Result<LoadedTransport> {
+        Ok(load_transport(
+            self.transport.as_deref(),
+            TransportConfig {
+                max_frame_bytes: MAX_FRAME_BYTES,
+            },
+        )?)
+    }
+
+    /// Connects the ring this device heads.
+    pub(super) fn connect<'e>(
+        &self,
+        engine: &'e Engine,
+        transport: &LoadedTransport,
+        n_ctx: usize,
+        n_batch: usize,
+    ) -> anyhow::Result<RingHead<'e>> {
+        anyhow::ensure!(
+            !self.windows.is_empty(),
+            "--ring needs --windows: one window size per device, the head's first"
+        );
+        let options = RingOptions {
+            n_ctx,
+            n_batch,
+            prefetch: matches!(self.prefetch, OnOff::On),
+            release: self.release_policy(),
+            release_method: self.release_method(),
+            wire: match self.wire {
+                WireArg::F32 => WireType::F32,
+                WireArg::F16 => WireType::F16,
+            },
+            mem_budget: self.mem_budget,
+            security: self.key.security()?,
+            ..RingOptions::default()
+        };
+        Ok(RingHead::connect(
+            &engine.model,
+            &engine.backend.backend,
+            &transport.transport,
+            &self.ring,
+            &self.windows,
+            &options,
+        )?)
+    }
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
@@ -139,7 +226,7 @@ pub struct RunArgs {
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
-    let distributed = !args.ring.ring.is_empty();
+    let distributed = args.ring.is_ring();
     let engine = Engine::open(&args.engine)?;
     let tok = &engine.tokenizer;
 
@@ -193,24 +280,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     };
     let backend = engine.backend.backend.describe();
     let ring = &args.ring;
-    let prefetch = matches!(ring.prefetch, OnOff::On);
-    let release = match ring.release {
-        ReleaseArg::Mru => ReleasePolicy::Mru,
-        ReleaseArg::None => ReleasePolicy::None,
-    };
-    let release_method = match ring.release_method {
-        ReleaseMethodArg::Pageout => ReleaseMethod::Pageout,
-        ReleaseMethodArg::Cold => ReleaseMethod::Cold,
-        ReleaseMethodArg::Dontneed => ReleaseMethod::Dontneed,
-    };
     if !distributed {
-        let streaming = Streaming {
-            prefetch,
-            release,
-            method: release_method,
-        };
-        let mut session =
-            engine.local_session(ring.mem_budget, n_ctx, args.batch_size, streaming)?;
+        let mut session = ring.local_session(&engine, n_ctx, args.batch_size)?;
         let stats = stream(
             &mut session,
             tok,
@@ -223,38 +294,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         return Ok(());
     }
 
-    anyhow::ensure!(
-        !ring.windows.is_empty(),
-        "--ring needs --windows: one window size per device, the head's first"
-    );
-    let transport = load_transport(
-        ring.transport.as_deref(),
-        TransportConfig {
-            max_frame_bytes: MAX_FRAME_BYTES,
-        },
-    )?;
-    let ring_options = RingOptions {
-        n_ctx,
-        n_batch: args.batch_size,
-        prefetch,
-        release,
-        release_method,
-        wire: match ring.wire {
-            WireArg::F32 => WireType::F32,
-            WireArg::F16 => WireType::F16,
-        },
-        mem_budget: ring.mem_budget,
-        security: ring.key.security()?,
-        ..RingOptions::default()
-    };
-    let mut head = RingHead::connect(
-        &engine.model,
-        &engine.backend.backend,
-        &transport.transport,
-        &ring.ring,
-        &ring.windows,
-        &ring_options,
-    )?;
+    let transport = ring.transport()?;
+    let mut head = ring.connect(&engine, &transport, n_ctx, args.batch_size)?;
     let stats = stream(
         &mut head,
         tok,

@@ -32,6 +32,14 @@ pub enum ModelError {
     BatchTooLarge { n: usize, n_batch: usize },
     #[error("batch starts at position {start}, but only {n_past} positions are cached")]
     PositionGap { start: usize, n_past: usize },
+    #[error("logits of rows {rows} asked, but the last batch has {batch} rows (at most {n_batch} at once)")]
+    RowsOutOfBatch {
+        rows: String,
+        batch: usize,
+        n_batch: usize,
+    },
+    #[error("an output of {len} floats given for {needed} logits")]
+    OutputSize { len: usize, needed: usize },
     #[error("token id {id} is outside the vocabulary (size {vocab})")]
     TokenOutOfRange { id: u32, vocab: usize },
 }

@@ -315,6 +315,47 @@ impl<'m> Session<'m> {
         Ok(&self.buf.logits)
     }
 
+    /// Logits of rows `rows` of the last batch, one row of `n_vocab` after another into
+    /// `out`, with the output head applied to all of them in one product (its weights are
+    /// read once, not once per row). The caller owns `out`, so the per-token path still
+    /// allocates nothing.
+    pub fn logits_rows(
+        &mut self,
+        rows: std::ops::Range<usize>,
+        out: &mut [f32],
+    ) -> Result<(), ModelError> {
+        let hp = self.model.hparams();
+        let (d, n) = (hp.n_embd, rows.len());
+        // The last batch began at `batch_start` and ended at `n_past`.
+        let last_len = self.n_past.saturating_sub(self.batch_start);
+        if rows.end > last_len || n > self.n_batch {
+            return Err(ModelError::RowsOutOfBatch {
+                rows: format!("{}..{}", rows.start, rows.end),
+                batch: last_len,
+                n_batch: self.n_batch,
+            });
+        }
+        if out.len() != n * hp.n_vocab {
+            return Err(ModelError::OutputSize {
+                len: out.len(),
+                needed: n * hp.n_vocab,
+            });
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let (model, be, b) = (self.model, self.backend, &mut self.buf);
+        let (x, h) = (&b.x[rows.start * d..rows.end * d], &mut b.h[..n * d]);
+        op(
+            be.rms_norm(rs(x), model.view(&model.output_norm), hp.rms_eps, rm(h)),
+            "rms_norm",
+        )?;
+        op(
+            be.matmul(model.view(&model.output), rs(h), n as u32, rm(out)),
+            "matmul output",
+        )
+    }
+
     /// Looks up the embeddings of the batch's `tokens` into the residual stream.
     pub fn embed(&mut self, tokens: &[u32]) -> Result<(), ModelError> {
         let d = self.model.hparams().n_embd;

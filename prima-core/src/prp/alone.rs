@@ -6,7 +6,7 @@
 //!
 //! When everything fits, [`LocalSession`] is a plain [`Session`]: no hint, no extra work.
 
-use crate::generate::Forward;
+use crate::generate::{Forward, RowLogits};
 use crate::model::{Model, ModelError, Session};
 
 use super::budget::mib;
@@ -94,5 +94,19 @@ impl Forward for LocalSession<'_> {
 
     fn truncate(&mut self, n: usize) -> Result<(), ModelError> {
         self.session.truncate(n)
+    }
+}
+
+impl RowLogits for LocalSession<'_> {
+    fn n_batch(&self) -> usize {
+        self.session.n_batch()
+    }
+
+    fn row_logits(
+        &mut self,
+        rows: std::ops::Range<usize>,
+        out: &mut [f32],
+    ) -> Result<(), ModelError> {
+        self.session.logits_rows(rows, out)
     }
 }

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::generate::Forward;
+use crate::generate::{Forward, RowLogits};
 use crate::model::{Model, Session};
 use crate::plugin::backend_abi::BackendBox;
 use crate::plugin::transport_abi::{relayed, TransportBox, NO_TIMEOUT};
@@ -619,6 +619,22 @@ impl Forward for RingHead<'_> {
     /// and every node forgets its positions from there.
     fn truncate(&mut self, n: usize) -> Result<(), RingError> {
         Ok(self.session.truncate(n)?)
+    }
+}
+
+/// The last pass brings every row's hidden state back to the head, so any row's logits
+/// are computed here, as the last one's are.
+impl RowLogits for RingHead<'_> {
+    fn n_batch(&self) -> usize {
+        self.session.n_batch()
+    }
+
+    fn row_logits(
+        &mut self,
+        rows: std::ops::Range<usize>,
+        out: &mut [f32],
+    ) -> Result<(), RingError> {
+        Ok(self.session.logits_rows(rows, out)?)
     }
 }
 
