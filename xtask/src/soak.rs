@@ -98,7 +98,8 @@ pub fn run(layout: &Layout, args: &SoakArgs) -> Result<u8> {
     let report = soak(&mut cluster, args);
     // Stop the processes before reading the verdict, so nothing outlives the soak.
     drop(cluster);
-    let report = report?;
+    let mut report = report?;
+    report.failures.extend(panics_in_logs(&dir));
     print_report(&report);
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&report.json)?)
@@ -115,6 +116,25 @@ pub fn run(layout: &Layout, args: &SoakArgs) -> Result<u8> {
         }
         Ok(1)
     }
+}
+
+/// A panic any process printed (one caught in a server task leaves no other trace).
+fn panics_in_logs(dir: &std::path::Path) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return vec![format!("cannot read the logs in {}", dir.display())];
+    };
+    let mut found = Vec::new();
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.extension().is_none_or(|e| e != "log") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        if let Some(line) = text.lines().find(|l| l.contains("panicked at")) {
+            found.push(format!("{}: {line}", path.display()));
+        }
+    }
+    found
 }
 
 /// `cargo build --release` of prima and the plugins it loads; the built binary.
@@ -498,11 +518,15 @@ fn metric_in(text: &str, series: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
-/// The ring's counters and the error counters from `/metrics` (no histogram buckets).
+/// The ring's counters, the generations by finish reason (dropped streams count as
+/// cancelled) and the error counters from `/metrics` (no histogram buckets).
 fn ring_metrics(text: &str) -> BTreeMap<String, f64> {
     text.lines()
         .filter(|l| {
-            (l.starts_with("prima_ring_") || l.contains("errors_total")) && !l.contains("_bucket")
+            (l.starts_with("prima_ring_")
+                || l.starts_with("prima_generations_total")
+                || l.contains("errors_total"))
+                && !l.contains("_bucket")
         })
         .filter_map(|l| {
             let (name, value) = l.rsplit_once(' ')?;
