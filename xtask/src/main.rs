@@ -21,6 +21,7 @@ mod llama_cpp;
 mod reference;
 mod ring_bench;
 mod shell;
+mod soak;
 mod synth_model;
 mod test;
 mod test_models;
@@ -79,6 +80,10 @@ enum Task {
     /// Release archives with cargo-dist: `prima`, every plugin, README, licences and
     /// manifests/home.toml per target, in target/distrib/prima-<version>-<target>.tar.xz.
     Dist(dist::DistArgs),
+    /// The server under a long mixed load on a loopback ring of three, a node killed and
+    /// restarted in the middle: every answer judged, memory, threads and descriptors
+    /// compared (non-zero exit on anything unexpected).
+    Soak(soak::SoakArgs),
     /// Write sparse GGUF files with the paper's model shapes (for `prima plan`).
     SynthModel {
         /// Only the models whose tag contains this text.
@@ -120,6 +125,7 @@ fn run(cli: Cli) -> Result<u8> {
         }
         Task::SynthModel { only } => synth_model::run(&layout, only.as_deref())?,
         Task::Dist(args) => dist::run(&layout, &args)?,
+        Task::Soak(args) => return soak::run(&layout, &args),
         Task::Test => {
             let code = test::run(&layout)?;
             return Ok(u8::try_from(code).unwrap_or(1));
