@@ -224,8 +224,8 @@ fn smollm2_header(layout: &Layout) -> Result<Option<Vec<u8>>> {
 /// A `stat::NAME: VALUE` line of libFuzzer's final statistics.
 fn final_stat(log: &str, name: &str) -> Option<u64> {
     log.lines()
-        .filter_map(|l| l.trim().strip_prefix(name)?.strip_prefix(':'))
-        .last()?
+        .rev()
+        .find_map(|l| l.trim().strip_prefix(name)?.strip_prefix(':'))?
         .trim()
         .parse()
         .ok()
