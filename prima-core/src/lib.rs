@@ -6,6 +6,7 @@
 
 pub mod chat;
 pub mod discovery;
+pub mod fuzzing;
 pub mod generate;
 pub mod gguf;
 pub mod halda;

@@ -77,6 +77,8 @@ fn spawn_node(model: &Path, addr: &str) -> Child {
     let mut child = Command::new(env!("CARGO_BIN_EXE_prima"))
         .args(["node", "--listen", addr, "-t", "1", "-m"])
         .arg(model)
+        .arg("--key-file")
+        .arg(&common::test_key().0)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -146,6 +148,10 @@ impl Cluster {
         manifest.push_str(
             "\n[policy]\nscheduler = \"halda\"\nprofiles = \"profiles.toml\"\nctx = 512\nbatch = 64\n\n[server]\nlisten = \"127.0.0.1:0\"\n",
         );
+        manifest.push_str(&format!(
+            "\n[security]\nkey_file = {:?}\n",
+            common::test_key().0.display().to_string()
+        ));
         std::fs::write(dir.join("profiles.toml"), profiles).unwrap();
         let path = dir.join("cluster.toml");
         std::fs::write(&path, manifest).unwrap();

@@ -267,6 +267,8 @@ impl Node {
         let mut child = Command::new(env!("CARGO_BIN_EXE_prima"))
             .args(["node", "--listen", "127.0.0.1:0", "-t", "1", "-m"])
             .arg(model)
+            .arg("--key-file")
+            .arg(&common::test_key().0)
             .stderr(Stdio::piped())
             .stdout(Stdio::null())
             .spawn()
@@ -321,6 +323,8 @@ fn a_ring_scores_as_one_device() {
             .arg("-m")
             .arg(&model)
             .args(["--ring", &ring, "--windows", "10,10,10"])
+            .arg("--key-file")
+            .arg(&common::test_key().0)
             .args(args)
             .arg(corpus()),
     );

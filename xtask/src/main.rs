@@ -15,6 +15,7 @@ mod digest;
 mod dist;
 mod fetch_models;
 mod fixture_cases;
+mod fuzz;
 mod homelab;
 mod layout;
 mod llama_cpp;
@@ -84,6 +85,9 @@ enum Task {
     /// restarted in the middle: every answer judged, memory, threads and descriptors
     /// compared (non-zero exit on anything unexpected).
     Soak(soak::SoakArgs),
+    /// Run every cargo-fuzz target in fuzz/ for a while (nightly; installs cargo-fuzz
+    /// when missing), seeded from the real inputs; a crash fails.
+    Fuzz(fuzz::FuzzArgs),
     /// Write sparse GGUF files with the paper's model shapes (for `prima plan`).
     SynthModel {
         /// Only the models whose tag contains this text.
@@ -126,6 +130,7 @@ fn run(cli: Cli) -> Result<u8> {
         Task::SynthModel { only } => synth_model::run(&layout, only.as_deref())?,
         Task::Dist(args) => dist::run(&layout, &args)?,
         Task::Soak(args) => return soak::run(&layout, &args),
+        Task::Fuzz(args) => fuzz::run(&layout, &args)?,
         Task::Test => {
             let code = test::run(&layout)?;
             return Ok(u8::try_from(code).unwrap_or(1));

@@ -13,7 +13,8 @@
 //! namespaces on a bridge (`prima-core/tests/discovery_netns.rs`) and the ring across
 //! two namespaces joined by a relay (`prima-core/tests/two_lans.rs`), where root can
 //! make namespaces. Last, the workspace type-checked for macOS, Windows and Android
-//! (`cross_check.rs`), skipped where the Rust targets cannot be added.
+//! (`cross_check.rs`), skipped where the Rust targets cannot be added, and every fuzz
+//! target for 20 s (`fuzz.rs`), skipped without a nightly toolchain.
 
 use std::env;
 use std::process::Command;
@@ -23,6 +24,7 @@ use anyhow::{Context, Result};
 use crate::build_tools;
 use crate::cross_check;
 use crate::dist;
+use crate::fuzz;
 use crate::homelab;
 use crate::layout::Layout;
 use crate::test_models;
@@ -79,6 +81,7 @@ pub fn run(layout: &Layout) -> Result<i32> {
             "macOS, Windows and Android type checks",
             cross_platform_checks(layout)?,
         ),
+        ("fuzz targets, 20 s each", fuzz_briefly(layout)),
         ("release archive, unpacked and run (dist)", archive),
         ("aarch64 release archive (dist)", arm_archive),
         ("aarch64 release archive under qemu", arm_archive_qemu),
@@ -116,6 +119,24 @@ fn summary(steps: &[(&str, Optional)]) -> (Vec<String>, i32) {
         });
     }
     (lines, code)
+}
+
+/// Every fuzz target for 20 s (`cargo xtask fuzz`), where nightly Rust is installed.
+fn fuzz_briefly(layout: &Layout) -> Optional {
+    if let Some(why) = fuzz::unavailable() {
+        return Optional::Skipped(why);
+    }
+    let args = fuzz::FuzzArgs {
+        seconds: 20,
+        targets: Vec::new(),
+    };
+    match fuzz::run(layout, &args) {
+        Ok(()) => Optional::Ran(0),
+        Err(e) => {
+            eprintln!("fuzz: {e:#}");
+            Optional::Ran(1)
+        }
+    }
 }
 
 /// The smoke test's name in `xtask/tests/homelab.rs`.

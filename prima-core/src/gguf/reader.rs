@@ -147,7 +147,8 @@ impl GgufFile {
         self.alignment
     }
 
-    /// Absolute file offset where the data section starts.
+    /// Absolute file offset where the data section starts (past the end of a file
+    /// without tensors whose header is not padded to the alignment).
     pub fn data_offset(&self) -> u64 {
         self.data_offset
     }

@@ -75,6 +75,36 @@ impl HyperParams {
         }
         let head_dim_k = opt("attention.key_length")?.unwrap_or(n_embd / n_head);
         let head_dim_v = opt("attention.value_length")?.unwrap_or(n_embd / n_head);
+        if head_dim_k == 0 || head_dim_v == 0 {
+            return Err(bad(format!(
+                "the head size is 0 (key {head_dim_k}, value {head_dim_v}): {} and {} must \
+                 be positive, or {} = {n_embd} at least {} = {n_head}",
+                key("attention.key_length"),
+                key("attention.value_length"),
+                key("embedding_length"),
+                key("attention.head_count"),
+            )));
+        }
+        // The widths of the concatenated heads (`q_dim` …) must be sizes: a file cannot
+        // hold tensors that wide anyway.
+        let width =
+            |heads: usize, dim: usize| heads.checked_mul(dim).filter(|&w| w <= u32::MAX as usize);
+        if width(n_head, head_dim_k.max(head_dim_v)).is_none() {
+            return Err(bad(format!(
+                "{} = {n_head} heads of size {} is too wide",
+                key("attention.head_count"),
+                head_dim_k.max(head_dim_v)
+            )));
+        }
+        // Each layer has at least its norm and attention tensors: a block count beyond the
+        // tensor count is corrupt (and would be allocated for before any tensor is looked up).
+        if n_layers > g.tensors().len() {
+            return Err(bad(format!(
+                "{} = {n_layers}, but the file has only {} tensors",
+                key("block_count"),
+                g.tensors().len()
+            )));
+        }
         let n_rot = opt("rope.dimension_count")?.unwrap_or(head_dim_k);
         if n_rot > head_dim_k || n_rot % 2 != 0 {
             return Err(bad(format!(

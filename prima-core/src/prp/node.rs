@@ -139,7 +139,11 @@ pub fn serve(
 }
 
 /// Checks a setup against this node; the reason it cannot be served otherwise.
-fn check_setup(setup: &Setup, model: &Model, fingerprint: &ModelFingerprint) -> Result<(), String> {
+pub(crate) fn check_setup(
+    setup: &Setup,
+    model: &Model,
+    fingerprint: &ModelFingerprint,
+) -> Result<(), String> {
     if setup.protocol != PROTOCOL_VERSION {
         return Err(format!(
             "the head speaks ring protocol v{}, this node speaks v{PROTOCOL_VERSION}",

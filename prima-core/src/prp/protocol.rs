@@ -63,7 +63,9 @@ pub struct ModelFingerprint {
 
 impl ModelFingerprint {
     pub fn of(gguf: &GgufFile) -> ModelFingerprint {
-        let header = &gguf.bytes()[..gguf.data_offset() as usize];
+        // A file without tensors may end before its (aligned) data offset.
+        let bytes = gguf.bytes();
+        let header = &bytes[..(gguf.data_offset().min(bytes.len() as u64)) as usize];
         ModelFingerprint {
             file_bytes: gguf.file_size(),
             header_sha256: hex::encode(Sha256::digest(header)),

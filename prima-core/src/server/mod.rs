@@ -17,9 +17,9 @@
 
 mod http;
 pub mod metrics;
-mod openai;
+pub(crate) mod openai;
 mod stop;
-mod worker;
+pub(crate) mod worker;
 
 use std::future::Future;
 use std::pin::Pin;

@@ -392,7 +392,7 @@ fn run_job<F: Forward>(
     })
 }
 
-fn tokenize(tokenizer: &Tokenizer, prompt: &Prompt) -> Result<Vec<u32>, WorkerError> {
+pub(crate) fn tokenize(tokenizer: &Tokenizer, prompt: &Prompt) -> Result<Vec<u32>, WorkerError> {
     let ids = match prompt {
         Prompt::Chat(messages) => {
             let template = tokenizer

@@ -28,7 +28,9 @@ use thiserror::Error;
 
 use crate::gguf::{GgufError, GgufFile};
 
+pub use byte_level::byte_to_char;
 use pretokenize::PreTokenizer;
+pub use spm::SPACE as SPM_SPACE;
 pub use stream::StreamDecoder;
 
 /// Why a tokenizer could not be built; each message names the GGUF key at fault.

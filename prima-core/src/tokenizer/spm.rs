@@ -15,7 +15,7 @@ use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap};
 
 /// SentencePiece's visible space.
-pub(super) const SPACE: &str = "\u{2581}";
+pub const SPACE: &str = "\u{2581}";
 
 /// Scores and byte-fallback ids of a SentencePiece vocabulary.
 pub(super) struct Spm {

@@ -103,6 +103,15 @@ impl Cluster {
             head: None,
             url: String::new(),
         };
+        // The ring's links are sealed with a key of the soak's own (`prima keygen`).
+        if !cluster.key_file().exists() {
+            let status = Command::new(&cluster.prima)
+                .args(["keygen", "--out"])
+                .arg(cluster.key_file())
+                .stdout(std::process::Stdio::null())
+                .status()?;
+            anyhow::ensure!(status.success(), "prima keygen failed: {status}");
+        }
         for name in ["laptop", "tablet"] {
             // A free port now; the node binds it a moment later (and again on restart).
             let port = std::net::TcpListener::bind("127.0.0.1:0")?
@@ -128,7 +137,9 @@ impl Cluster {
     fn spawn_node(&self, name: &str, addr: &str, restarts: usize) -> Result<Process> {
         let mut cmd = Command::new(&self.prima);
         cmd.args(["node", "--listen", addr, "-t", "1", "-m"])
-            .arg(&self.model);
+            .arg(&self.model)
+            .arg("--key-file")
+            .arg(self.key_file());
         let log = self.dir.join(format!("{name}.{restarts}.log"));
         let (child, _) = spawn(cmd, &log, "node: listening on ")?;
         Ok(Process {
@@ -159,6 +170,11 @@ impl Cluster {
         all
     }
 
+    /// The cluster key's file, in the soak's directory.
+    fn key_file(&self) -> PathBuf {
+        self.dir.join("cluster.key")
+    }
+
     /// A manifest with the head here and the nodes at their addresses. The profiles are
     /// pinned: three equal devices, none of which holds SmolLM2's 94 MiB alone, so the
     /// plan is a ring of three whatever this machine's load (and a ring of two while a
@@ -179,6 +195,10 @@ impl Cluster {
             "\n[policy]\nscheduler = \"halda\"\nprofiles = \"profiles.toml\"\nctx = 512\nbatch = 64\n\n\
              [server]\nlisten = \"127.0.0.1:0\"\n",
         );
+        manifest.push_str(&format!(
+            "\n[security]\nkey_file = {:?}\n",
+            self.key_file().display().to_string()
+        ));
         std::fs::write(self.dir.join("profiles.toml"), profiles)?;
         let path = self.dir.join("cluster.toml");
         std::fs::write(&path, manifest)?;
