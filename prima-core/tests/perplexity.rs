@@ -10,11 +10,10 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
-use std::time::Duration;
+use std::process::Command;
+
+use common::Node;
 
 /// |PPL(prima) / PPL(llama.cpp) − 1| allowed on the test's 126 scored tokens. The issue
 /// asks 0.5%; on so few tokens the two tools' rounding differences weigh more than that
@@ -254,46 +253,6 @@ fn kl_divergence_files_are_llama_perplexitys() {
         assert!(t > 90.0, "{name}: same top token {t}%");
     }
     let _ = std::fs::remove_dir_all(dir);
-}
-
-/// A `prima node` on loopback, killed when dropped.
-struct Node {
-    child: Child,
-    addr: String,
-}
-
-impl Node {
-    fn start(model: &Path) -> Node {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_prima"))
-            .args(["node", "--listen", "127.0.0.1:0", "-t", "1", "-m"])
-            .arg(model)
-            .arg("--key-file")
-            .arg(&common::test_key().0)
-            .stderr(Stdio::piped())
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("start prima node");
-        let stderr = child.stderr.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Some(rest) = line.strip_prefix("node: listening on ") {
-                    let _ = tx.send(rest.split(' ').next().unwrap_or_default().to_string());
-                }
-            }
-        });
-        let addr = rx
-            .recv_timeout(Duration::from_secs(30))
-            .expect("the node prints its address");
-        Node { child, addr }
-    }
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// A ring of three scores exactly what one device scores: the head computes every

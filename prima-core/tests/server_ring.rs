@@ -5,13 +5,8 @@
 mod common;
 mod server_support;
 
-use std::io::{BufRead, BufReader};
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
-use std::time::Duration;
-
 use common::cpu_backend;
+use common::Node;
 use prima_core::generate::Forward;
 use prima_core::model::{Model, Session};
 use prima_core::plugin::load_transport;
@@ -21,46 +16,6 @@ use prima_core::server::{metrics, serve_blocking};
 use prima_core::tokenizer::Tokenizer;
 use serde_json::{json, Value};
 use server_support::smollm2;
-
-/// A `prima node` process, killed when dropped.
-struct Node {
-    child: Child,
-    addr: String,
-}
-
-impl Node {
-    fn start(model: &Path) -> Node {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_prima"))
-            .args(["node", "--listen", "127.0.0.1:0", "-t", "1", "-m"])
-            .arg(model)
-            .arg("--key-file")
-            .arg(&common::test_key().0)
-            .stderr(Stdio::piped())
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("start prima node");
-        let stderr = child.stderr.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Some(rest) = line.strip_prefix("node: listening on ") {
-                    let _ = tx.send(rest.split(' ').next().unwrap_or_default().to_string());
-                }
-            }
-        });
-        let addr = rx
-            .recv_timeout(Duration::from_secs(30))
-            .expect("the node prints its address");
-        Node { child, addr }
-    }
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// A conversation sent twice (the second time from the cache), then a raw completion.
 fn requests() -> Vec<(&'static str, Value)> {

@@ -5,6 +5,7 @@
 
 pub mod tokens;
 
+use std::io::BufRead;
 use std::path::{Path, PathBuf};
 
 use prima_core::plugin::backend_abi::BackendConfig;
@@ -75,4 +76,48 @@ pub fn test_key() -> &'static (PathBuf, prima_core::prp::key::ClusterKey) {
 /// Ring options' security for [`test_key`].
 pub fn test_security() -> prima_core::prp::key::LinkSecurity {
     prima_core::prp::key::LinkSecurity::Key(test_key().1.clone())
+}
+
+/// A `prima node` process, killed when dropped.
+pub struct Node {
+    pub child: std::process::Child,
+    pub addr: String,
+}
+
+impl Node {
+    /// Starts one on a free loopback port with the test key and waits for its address.
+    pub fn start(model: &Path) -> Node {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_prima"))
+            .args(["node", "--listen", "127.0.0.1:0", "-t", "1", "-m"])
+            .arg(model)
+            .arg("--key-file")
+            .arg(&test_key().0)
+            .stderr(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("start prima node");
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stderr)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if let Some(rest) = line.strip_prefix("node: listening on ") {
+                    let _ = tx.send(rest.split(' ').next().unwrap_or_default().to_string());
+                }
+            }
+        });
+        let addr = rx
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .expect("the node prints its address");
+        Node { child, addr }
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
