@@ -4,6 +4,7 @@
 //! See ARCHITECTURE.md at the repository root for the map of the crates and the path of
 //! one token through them.
 
+pub mod batch;
 pub mod chat;
 pub mod discovery;
 pub mod fuzzing;
