@@ -75,6 +75,17 @@ pub fn serve(
         match recv_control(&conn, 5_000) {
             Ok(Some(Control::Hello {
                 role: Role::Control,
+                protocol,
+            })) if protocol != PROTOCOL_VERSION => {
+                // Said now: a newer head's setup may hold fields this node cannot parse.
+                let reason = protocol_mismatch(protocol);
+                tracing::warn!(peer = %conn.peer(), "{reason}; closing");
+                let _ = send_control(&conn, &Control::Refused { reason });
+                conn.close();
+                continue;
+            }
+            Ok(Some(Control::Hello {
+                role: Role::Control,
                 ..
             })) => {}
             Ok(other) => {
@@ -145,10 +156,7 @@ pub(crate) fn check_setup(
     fingerprint: &ModelFingerprint,
 ) -> Result<(), String> {
     if setup.protocol != PROTOCOL_VERSION {
-        return Err(format!(
-            "the head speaks ring protocol v{}, this node speaks v{PROTOCOL_VERSION}",
-            setup.protocol
-        ));
+        return Err(protocol_mismatch(setup.protocol));
     }
     if setup.model != *fingerprint {
         return Err(format!(
@@ -169,10 +177,14 @@ pub(crate) fn check_setup(
             ));
         }
     }
-    if setup.n_batch == 0 || setup.n_ctx == 0 {
-        return Err("n_ctx and n_batch must be positive".into());
+    if setup.n_batch == 0 || setup.n_ctx == 0 || setup.n_slots == 0 {
+        return Err("n_ctx, n_batch and n_slots must be positive".into());
     }
     Ok(())
+}
+
+fn protocol_mismatch(head: u32) -> String {
+    format!("the head speaks ring protocol v{head}, this node speaks v{PROTOCOL_VERSION}")
 }
 
 /// One head's session. `Ok(true)` when the head asked the node to exit.
@@ -203,7 +215,14 @@ fn session(node: &Node<'_>, setup: Setup, control: &Link) -> Result<bool, RingEr
         .iter()
         .flat_map(|w| w.layers.clone())
         .collect();
-    let mut session = Session::with_layers(model, backend, setup.n_ctx, setup.n_batch, &held)?;
+    let mut session = Session::with_layers_slots(
+        model,
+        backend,
+        setup.n_ctx,
+        setup.n_batch,
+        setup.n_slots,
+        &held,
+    )?;
     let budget = ring_device_budget(
         config.mem_budget,
         model,
@@ -211,7 +230,7 @@ fn session(node: &Node<'_>, setup: Setup, control: &Link) -> Result<bool, RingEr
         false,
         setup.n_ctx,
         setup.n_batch,
-        1,
+        setup.n_slots,
     );
     let residency = Residency::plan(
         model,
@@ -397,6 +416,7 @@ fn compute_loop(
     let n_embd = model.hparams().n_embd;
     let peer = data_in.peer().into_string();
     let mut out = Vec::new();
+    let mut spans = Vec::new();
     let mut meter = PassMeter::new();
     loop {
         let waiting = Instant::now();
@@ -407,11 +427,19 @@ fn compute_loop(
             Err(e) => return Err(e),
         };
         let wait_ms = waiting.elapsed().as_secs_f64() * 1e3;
-        let (header, payload) = decode_activations(&frame, &peer)?;
+        let (header, table, payload) = decode_activations(&frame, &peer)?;
         let round = header.round as usize;
         let n = header.n_tokens as usize;
+        table.read_into(&mut spans);
         if round == 0 {
-            session.begin_batch(header.start_pos as usize, n)?;
+            // Each slot forgets its positions from its span's start on.
+            session.begin_spans(&spans)?;
+        } else if spans != session.batch_spans() {
+            return Err(RingError::Unexpected {
+                peer: peer.clone(),
+                expected: "the spans of the batch in flight",
+                got: format!("{spans:?} in round {round}"),
+            });
         }
         read_payload(&header, payload, n_embd, session.hidden_mut()).map_err(|source| {
             RingError::Protocol {
@@ -447,7 +475,7 @@ fn compute_loop(
             })
         };
         let sending = Instant::now();
-        encode_activations(&mut out, &header, session.hidden());
+        encode_activations(&mut out, &header, session.batch_spans(), session.hidden());
         send_frame(data_out, &out)?;
         let send_ms = sending.elapsed().as_secs_f64() * 1e3;
         if let Some(at) = logged {
