@@ -508,16 +508,19 @@ fn a_resilient_ring_replays_every_slot_after_a_lost_device() {
     ring.shutdown(false);
 }
 
-/// Median seconds of one decode step with `n` slots each decoding one token, after a
-/// 16-token prompt per slot: `steps` steps timed.
-fn decode_step_s<F: BatchForward>(f: &mut F, n: usize, steps: usize) -> f64
+/// Median seconds of one decode step with `n` slots each decoding one token, for each
+/// `n` of `slots`, after a 16-token prompt per slot. The sizes take turns, a few steps
+/// each, `reps` times, so that what else runs on the machine weighs on all of them alike.
+fn decode_step_s<F: BatchForward>(f: &mut F, slots: &[usize], reps: usize) -> Vec<f64>
 where
     F::Error: std::fmt::Debug,
 {
+    const STEPS_PER_TURN: usize = 4;
     let v = f.n_vocab();
     let prompts = prompts(v);
+    let most = slots.iter().copied().max().unwrap_or(1);
     let mut next = Vec::new();
-    for slot in 0..n {
+    for slot in 0..most {
         BatchForward::truncate(f, slot, 0).unwrap();
         let prompt: Vec<u32> = prompts[slot % prompts.len()]
             .0
@@ -534,22 +537,31 @@ where
             .unwrap();
         next.push([argmax(logits)]);
     }
-    let mut times = Vec::with_capacity(steps);
-    for _ in 0..steps {
-        let seqs: Vec<SeqTokens> = next
-            .iter()
-            .enumerate()
-            .map(|(slot, t)| SeqTokens { slot, tokens: t })
-            .collect();
-        let start = std::time::Instant::now();
-        let logits = f.eval_batch(&seqs).unwrap().to_vec();
-        times.push(start.elapsed().as_secs_f64());
-        for (e, t) in next.iter_mut().enumerate() {
-            t[0] = argmax(&logits[e * v..(e + 1) * v]);
+    let mut times = vec![Vec::new(); slots.len()];
+    for _ in 0..reps {
+        for (i, &n) in slots.iter().enumerate() {
+            for _ in 0..STEPS_PER_TURN {
+                let seqs: Vec<SeqTokens> = next[..n]
+                    .iter()
+                    .enumerate()
+                    .map(|(slot, t)| SeqTokens { slot, tokens: t })
+                    .collect();
+                let start = std::time::Instant::now();
+                let logits = f.eval_batch(&seqs).unwrap().to_vec();
+                times[i].push(start.elapsed().as_secs_f64());
+                for (e, t) in next[..n].iter_mut().enumerate() {
+                    t[0] = argmax(&logits[e * v..(e + 1) * v]);
+                }
+            }
         }
     }
-    times.sort_by(f64::total_cmp);
-    times[times.len() / 2]
+    times
+        .iter_mut()
+        .map(|t| {
+            t.sort_by(f64::total_cmp);
+            t[t.len() / 2]
+        })
+        .collect()
 }
 
 /// The engine's ceiling for continuous batching: aggregate decode tokens/s with 1, 2, 4
@@ -561,16 +573,15 @@ where
 fn decode_throughput_by_slots() {
     let Some(path) = smollm2() else { return };
     let model = Model::load(&path).unwrap();
-    const STEPS: usize = 40;
+    const REPS: usize = 12;
     let slots = [1, 2, 4, 8];
     let mut rows = Vec::new();
     {
         let backend = cpu_backend(2);
         let mut s = Session::with_slots(&model, &backend.backend, 256, 64, 8).unwrap();
-        decode_step_s(&mut s, 1, 5); // warm-up
-        for &n in &slots {
-            rows.push(("one device, -t 2", n, decode_step_s(&mut s, n, STEPS)));
-        }
+        decode_step_s(&mut s, &[1], 2); // warm-up
+        let steps = decode_step_s(&mut s, &slots, REPS);
+        rows.push(("one device, -t 2", steps));
     }
     {
         let backend = cpu_backend(1);
@@ -591,25 +602,21 @@ fn decode_throughput_by_slots() {
             &options,
         )
         .unwrap();
-        decode_step_s(&mut head, 1, 5);
-        for &n in &slots {
-            rows.push((
-                "3-device loopback ring, -t 1 each",
-                n,
-                decode_step_s(&mut head, n, STEPS),
-            ));
-        }
+        decode_step_s(&mut head, &[1], 2);
+        let steps = decode_step_s(&mut head, &slots, REPS);
+        rows.push(("3-device loopback ring, -t 1 each", steps));
         head.shutdown(false);
     }
     println!("| where | slots | median step ms | aggregate tok/s | × 1 slot |");
     println!("|---|---|---|---|---|");
-    for &(where_, n, step) in &rows {
-        let one = rows.iter().find(|r| r.0 == where_ && r.1 == 1).unwrap().2;
-        println!(
-            "| {where_} | {n} | {:.1} | {:.1} | {:.2} |",
-            step * 1e3,
-            n as f64 / step,
-            (n as f64 / step) / (1.0 / one)
-        );
+    for (where_, steps) in &rows {
+        for (&n, &step) in slots.iter().zip(steps) {
+            println!(
+                "| {where_} | {n} | {:.1} | {:.1} | {:.2} |",
+                step * 1e3,
+                n as f64 / step,
+                n as f64 * steps[0] / step
+            );
+        }
     }
 }

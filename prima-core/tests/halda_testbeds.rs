@@ -109,7 +109,6 @@ fn more_slots_ask_for_more_memory() {
     // Continuous batching's slots each keep a KV cache: the plan's memory grows with them.
     let devs = devices("d1-d6", &["D1", "D2", "D3", "D4"]);
     let m = model("llama3-70b-q4_k");
-    let s = solver();
     let lda = |n_slots: usize| {
         let opts = PlanOptions {
             n_slots,

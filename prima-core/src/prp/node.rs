@@ -30,6 +30,9 @@ use super::RingError;
 
 /// How long setup steps wait for the other side.
 const SETUP_TIMEOUT_MS: u64 = 30_000;
+/// Slots a setup may ask for: far above any useful degree of batching, far below what
+/// would make creating the caches a hang.
+const MAX_SLOTS: usize = 1024;
 /// Statistics kept between two requests (older passes are dropped).
 const MAX_PASSES: usize = 1 << 16;
 
@@ -179,6 +182,12 @@ pub(crate) fn check_setup(
     }
     if setup.n_batch == 0 || setup.n_ctx == 0 || setup.n_slots == 0 {
         return Err("n_ctx, n_batch and n_slots must be positive".into());
+    }
+    if setup.n_slots > MAX_SLOTS {
+        return Err(format!(
+            "{} slots asked, this node keeps at most {MAX_SLOTS}",
+            setup.n_slots
+        ));
     }
     Ok(())
 }
