@@ -10,7 +10,7 @@ mod common;
 use std::path::PathBuf;
 
 use common::{cpu_backend, derived_models, model_or_skip, workspace_models, Node};
-use prima_core::batch::{BatchForward, SeqTokens};
+use prima_core::batch::{BatchForward, SeqSpan, SeqTokens};
 use prima_core::generate::Forward;
 use prima_core::model::{Model, ModelError, Session};
 use prima_core::plugin::load_transport;
@@ -358,6 +358,18 @@ fn bad_entries_are_errors_that_change_nothing() {
         Session::with_slots(&model, &backend.backend, 8, 4, 0),
         Err(ModelError::NoSlots)
     ));
+    // Spans as a ring node receives them (round 0 of a frame).
+    let span = |slot, start, len| SeqSpan { slot, start, len };
+    for (spans, what) in [
+        (vec![span(7, 0, 1)], "slot 7 does not exist"),
+        (vec![span(0, 1, 1)], "only 0 positions are cached"),
+        (vec![span(1, 0, 1), span(1, 1, 1)], "slot 1 appears twice"),
+        (vec![span(0, 0, 1), span(1, 3, 0)], "holds no tokens"),
+        (vec![span(0, 0, 3), span(1, 3, 2)], "batch size 4"),
+    ] {
+        let e = s.begin_spans(&spans).unwrap_err();
+        assert!(e.to_string().contains(what), "{spans:?}: {e}");
+    }
     // Nothing ran: the slots hold what they held.
     assert_eq!(
         (BatchForward::n_past(&s, 0), BatchForward::n_past(&s, 1)),
