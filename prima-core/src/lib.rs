@@ -20,4 +20,5 @@ pub mod prp;
 pub mod routes;
 pub mod sampler;
 pub mod server;
+pub mod speculative;
 pub mod tokenizer;

@@ -112,6 +112,60 @@ impl Sampler {
 
     /// Picks the next token. Does not [`accept`](Sampler::accept) it.
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
+        if let Some(id) = self.filter(logits) {
+            return id;
+        }
+        let r: f32 = self.rng.gen();
+        draw(self.candidates.iter().map(|c| (c.id, c.p)), r)
+    }
+
+    /// Whether [`sample`](Sampler::sample) takes the highest logit (`temperature <= 0`).
+    pub fn is_greedy(&self) -> bool {
+        self.cfg.temperature <= 0.0
+    }
+
+    /// The distribution [`sample`](Sampler::sample) would draw from, into `out`: every
+    /// token that survives the penalties and filters with its probability (they sum to
+    /// 1), the most likely first. Greedy: the one token it would pick, with probability 1.
+    /// Uses no randomness.
+    pub fn distribution(&mut self, logits: &[f32], out: &mut Vec<TokenProb>) {
+        out.clear();
+        match self.filter(logits) {
+            Some(id) => out.push(TokenProb { id, p: 1.0 }),
+            None => out.extend(
+                self.candidates
+                    .iter()
+                    .map(|c| TokenProb { id: c.id, p: c.p }),
+            ),
+        }
+    }
+
+    /// A uniform draw in [0, 1) from this sampler's seeded RNG.
+    pub fn uniform(&mut self) -> f32 {
+        self.rng.gen()
+    }
+
+    /// Draws one token from `weights` (not necessarily normalized: a draw in
+    /// [0, total)), with this sampler's RNG. The last token when rounding leaves the
+    /// draw past the end. `None` when `weights` is empty.
+    pub fn draw_from(&mut self, weights: &[TokenProb]) -> Option<u32> {
+        let total: f32 = weights.iter().map(|t| t.p).sum();
+        weights.last()?;
+        let r = self.uniform() * total;
+        Some(draw(weights.iter().map(|t| (t.id, t.p)), r))
+    }
+
+    /// Takes the penalties' history (the recent tokens) from `other`, keeping this
+    /// sampler's configuration and RNG: a draft model's sampler follows the text the
+    /// target's has accepted.
+    pub fn copy_history_from(&mut self, other: &Sampler) {
+        self.history.clone_from(&other.history);
+        self.counts.clone_from(&other.counts);
+    }
+
+    /// Applies the penalties and filters to `logits`: `Some(id)` when greedy, else the
+    /// survivors are left in `candidates` with their probabilities.
+    fn filter(&mut self, logits: &[f32]) -> Option<u32> {
         assert!(!logits.is_empty(), "sample() needs at least one logit");
         let cfg = &self.cfg;
         let cands = &mut self.candidates;
@@ -141,7 +195,7 @@ impl Sampler {
         }
 
         if cfg.temperature <= 0.0 {
-            return argmax(cands);
+            return Some(argmax(cands));
         }
 
         // Top-k: a partial sort puts the k best first, then those k are sorted.
@@ -181,16 +235,30 @@ impl Sampler {
         }
 
         softmax(cands, cfg.temperature);
-        let r: f32 = self.rng.gen();
-        let mut cum = 0.0f32;
-        for c in cands.iter() {
-            cum += c.p;
-            if r < cum {
-                return c.id;
-            }
-        }
-        cands.last().expect("at least one candidate").id
+        None
     }
+}
+
+/// One token of a sampling distribution.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TokenProb {
+    pub id: u32,
+    pub p: f32,
+}
+
+/// The token where the running sum of `weights` first passes `r`; the last one when it
+/// never does (rounding).
+fn draw(weights: impl Iterator<Item = (u32, f32)>, r: f32) -> u32 {
+    let mut cum = 0.0f32;
+    let mut last = 0;
+    for (id, p) in weights {
+        cum += p;
+        if r < cum {
+            return id;
+        }
+        last = id;
+    }
+    last
 }
 
 /// Highest logit, ties going to the lowest id.
