@@ -70,6 +70,11 @@ pub struct ModelSection {
     /// Per-device paths, by device name, where a device keeps its copy elsewhere.
     #[serde(default)]
     pub paths: BTreeMap<String, PathBuf>,
+    /// A draft model with the same vocabulary, run on the head for speculative
+    /// decoding; relative to the manifest's directory unless absolute.
+    pub draft: Option<PathBuf>,
+    /// Tokens the draft proposes per round at most (default: `prima run`'s).
+    pub draft_max: Option<usize>,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -509,6 +514,11 @@ impl LoadedManifest {
         self.manifest.model.path = absolute;
         self.manifest.model.paths.clear();
         Ok(())
+    }
+
+    /// The draft model's file (`model.draft`), resolved.
+    pub fn draft_path(&self) -> Option<PathBuf> {
+        self.manifest.model.draft.as_deref().map(|p| self.resolve(p))
     }
 
     /// The model file of device `name`: its override, else `model.path`.

@@ -29,7 +29,9 @@ use super::apply_plan::{plan, spinner, DevicePlan, Plan, PlanInputs};
 use super::engine::{Engine, EngineArgs};
 use super::keygen::manifest_security;
 use super::node::MAX_FRAME_BYTES;
-use super::run::{print_device_table, print_summary, stream};
+use super::run::{
+    print_device_table, print_draft_summary, print_summary, stream_maybe_draft, DraftModel,
+};
 
 #[derive(clap::Args, Debug)]
 pub struct ApplyArgs {
@@ -69,6 +71,13 @@ pub struct ApplyArgs {
     /// After --prompt, write every device's per-pass statistics to this file as JSON.
     #[arg(long, requires = "prompt")]
     stats_json: Option<PathBuf>,
+    /// A draft model for --prompt (speculative decoding on the head), instead of the
+    /// manifest's `model.draft`.
+    #[arg(long, value_name = "MODEL")]
+    draft: Option<PathBuf>,
+    /// Tokens the draft proposes per round at most (default: `model.draft_max`, else 8).
+    #[arg(long)]
+    draft_max: Option<usize>,
 }
 
 /// Renames a ring error's device index to its manifest name.
@@ -219,6 +228,18 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
 
     let policy = &m.policy;
     let n_ctx = policy.ctx.min(engine.model.hparams().n_ctx_train.max(1));
+    // Speculative decoding: the draft is checked before the ring is launched.
+    let draft = match args.draft.clone().or_else(|| manifest.draft_path()) {
+        Some(path) => {
+            let defaults = prima_core::speculative::DraftOptions::default();
+            let options = prima_core::speculative::DraftOptions {
+                max: args.draft_max.or(m.model.draft_max).unwrap_or(defaults.max),
+                ..defaults
+            };
+            Some(DraftModel::open(&path, options, &engine)?)
+        }
+        None => None,
+    };
     let nodes: Vec<String> = plan.ring().skip(1).map(|d| d.addr.clone()).collect();
     let windows: Vec<usize> = plan.ring().map(|d| d.w).collect();
     let options = RingOptions {
@@ -281,6 +302,9 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
     });
 
     let Some(prompt_text) = &args.prompt else {
+        if draft.is_some() {
+            eprintln!("note: the server does not use the draft model yet (only --prompt does)");
+        }
         return serve_until_interrupted(
             &manifest,
             &plan,
@@ -325,15 +349,26 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
         ignore_eos: false,
     };
     let backend = engine.backend.backend.describe();
-    match head_ring {
+    let mut draft_session = match &draft {
+        Some(d) => Some((d.session(&engine, n_ctx, policy.batch)?, d.options)),
+        None => None,
+    };
+    let draft_session = draft_session.as_mut().map(|(s, o)| (s, *o));
+    let (stats, draft_stats) = match head_ring {
         Some(mut ring) => {
-            let stats =
-                stream(&mut ring, tok, &mut sampler, &prompt, gen, &interrupted).map_err(|e| {
-                    match e.downcast::<RingError>() {
-                        Ok(r) => name_devices(r, &plan),
-                        Err(e) => e,
-                    }
-                })?;
+            let (stats, draft_stats) = stream_maybe_draft(
+                &mut ring,
+                draft_session,
+                tok,
+                &mut sampler,
+                &prompt,
+                gen,
+                &interrupted,
+            )
+            .map_err(|e| match e.downcast::<RingError>() {
+                Ok(r) => name_devices(r, &plan),
+                Err(e) => e,
+            })?;
             print_summary(
                 &stats,
                 args.seed,
@@ -355,13 +390,26 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
             }
             // Kept nodes go back to waiting for a head; the others are stopped anyway.
             ring.shutdown(false);
+            (stats, draft_stats)
         }
         None => {
             let mut session =
                 Session::new(&engine.model, &engine.backend.backend, n_ctx, policy.batch)?;
-            let stats = stream(&mut session, tok, &mut sampler, &prompt, gen, &interrupted)?;
+            let (stats, draft_stats) = stream_maybe_draft(
+                &mut session,
+                draft_session,
+                tok,
+                &mut sampler,
+                &prompt,
+                gen,
+                &interrupted,
+            )?;
             print_summary(&stats, args.seed, &format!("{backend} | the head alone"));
+            (stats, draft_stats)
         }
+    };
+    if let Some(d) = &draft_stats {
+        print_draft_summary(d, &stats);
     }
     Ok(())
 }

@@ -7,13 +7,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::Context;
 use prima_core::chat::{render_chat, ChatMessage};
-use prima_core::generate::{generate, Forward, GenerateOptions, GenerationStats};
+use prima_core::generate::{generate, Forward, GenerateOptions, GenerationStats, RowLogits};
+use prima_core::model::{Model, Session};
 use prima_core::plugin::transport_abi::TransportConfig;
 use prima_core::plugin::{load_transport, LoadedTransport};
 use prima_core::prp::alone::LocalSession;
 use prima_core::prp::protocol::{ReleaseMethod, ReleasePolicy, WireType};
 use prima_core::prp::{DeviceStats, RingHead, RingOptions};
 use prima_core::sampler::{Sampler, SamplerConfig};
+use prima_core::speculative::{
+    check_vocabularies, generate_speculative, DraftOptions, DraftStats, SpeculativeError,
+};
 use prima_core::tokenizer::Tokenizer;
 
 use super::engine::{Engine, EngineArgs, Streaming};
@@ -222,7 +226,84 @@ pub struct RunArgs {
     #[arg(long)]
     ignore_eos: bool,
     #[command(flatten)]
+    draft: DraftArgs,
+    #[command(flatten)]
     ring: RingArgs,
+}
+
+/// Speculative decoding: a small model with the target's vocabulary drafts on this device.
+#[derive(clap::Args, Debug, Clone)]
+pub struct DraftArgs {
+    /// A draft model (GGUF) with the same vocabulary: it proposes tokens on this device
+    /// and the model (or the ring) checks them all in one evaluation.
+    #[arg(long, value_name = "MODEL")]
+    pub draft: Option<std::path::PathBuf>,
+    /// Tokens the draft proposes per round at most.
+    #[arg(long, default_value_t = DraftOptions::default().max, requires = "draft")]
+    pub draft_max: usize,
+    /// Stop drafting when the draft's most likely token is less likely than this (0:
+    /// always draft --draft-max).
+    #[arg(long, default_value_t = DraftOptions::default().p_min, requires = "draft")]
+    pub draft_p_min: f32,
+}
+
+impl DraftArgs {
+    pub fn options(&self) -> DraftOptions {
+        DraftOptions {
+            max: self.draft_max,
+            p_min: self.draft_p_min,
+        }
+    }
+}
+
+/// A draft model opened for a target, its vocabulary checked.
+pub struct DraftModel {
+    pub path: std::path::PathBuf,
+    pub model: Model,
+    pub options: DraftOptions,
+}
+
+impl DraftModel {
+    /// Opens `path` and refuses it unless its vocabulary is `engine`'s.
+    pub fn open(
+        path: &std::path::Path,
+        options: DraftOptions,
+        engine: &Engine,
+    ) -> anyhow::Result<DraftModel> {
+        let model = Model::load(path)?;
+        let tokenizer = Tokenizer::from_gguf(model.gguf())
+            .with_context(|| format!("{}: reading the tokenizer", path.display()))?;
+        check_vocabularies(
+            &engine.tokenizer,
+            engine.model.hparams().n_vocab,
+            &tokenizer,
+            model.hparams().n_vocab,
+        )
+        .with_context(|| {
+            format!(
+                "--draft {} cannot draft for {}",
+                path.display(),
+                engine.path.display()
+            )
+        })?;
+        Ok(DraftModel {
+            path: path.to_path_buf(),
+            model,
+            options,
+        })
+    }
+
+    /// A session of the draft on `engine`'s backend.
+    pub fn session<'d>(
+        &'d self,
+        engine: &'d Engine,
+        n_ctx: usize,
+        n_batch: usize,
+    ) -> anyhow::Result<Session<'d>> {
+        let n_ctx = n_ctx.min(self.model.hparams().n_ctx_train.max(1));
+        Session::new(&self.model, &engine.backend.backend, n_ctx, n_batch)
+            .with_context(|| format!("{}: the draft model's session", self.path.display()))
+    }
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
@@ -280,29 +361,43 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     };
     let backend = engine.backend.backend.describe();
     let ring = &args.ring;
+    let draft = match &args.draft.draft {
+        Some(path) => Some(DraftModel::open(path, args.draft.options(), &engine)?),
+        None => None,
+    };
+    let mut draft_session = match &draft {
+        Some(d) => Some(d.session(&engine, n_ctx, args.batch_size)?),
+        None => None,
+    };
+    let cancel = AtomicBool::new(false);
     if !distributed {
         let mut session = ring.local_session(&engine, n_ctx, args.batch_size)?;
-        let stats = stream(
+        let (stats, draft_stats) = stream_maybe_draft(
             &mut session,
+            draft_session.as_mut().zip(draft.as_ref().map(|d| d.options)),
             tok,
             &mut sampler,
             &prompt,
             options,
-            &AtomicBool::new(false),
+            &cancel,
         )?;
         print_summary(&stats, seed, &backend);
+        if let Some(d) = &draft_stats {
+            print_draft_summary(d, &stats);
+        }
         return Ok(());
     }
 
     let transport = ring.transport()?;
     let mut head = ring.connect(&engine, &transport, n_ctx, args.batch_size)?;
-    let stats = stream(
+    let (stats, draft_stats) = stream_maybe_draft(
         &mut head,
+        draft_session.as_mut().zip(draft.as_ref().map(|d| d.options)),
         tok,
         &mut sampler,
         &prompt,
         options,
-        &AtomicBool::new(false),
+        &cancel,
     )?;
     print_summary(
         &stats,
@@ -313,6 +408,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             head.rounds()
         ),
     );
+    if let Some(d) = &draft_stats {
+        print_draft_summary(d, &stats);
+    }
     if ring.verbose || ring.stats_json.is_some() {
         let devices = head.collect_stats()?;
         if ring.verbose {
@@ -325,6 +423,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
                 "ttft_ms": stats.time_to_first_token.as_secs_f64() * 1e3,
                 "tpot_ms": stats.tpot_ms(),
                 "rounds": head.rounds(),
+                "draft": draft_stats.map(|d| serde_json::json!({
+                    "drafted": d.drafted,
+                    "accepted": d.accepted,
+                    "target_evals": d.target_evals,
+                })),
                 "devices": devices,
             });
             std::fs::write(path, serde_json::to_vec_pretty(&json)?)
@@ -344,26 +447,90 @@ pub(super) fn stream<F: Forward>(
     options: GenerateOptions,
     cancel: &AtomicBool,
 ) -> anyhow::Result<GenerationStats> {
-    let stdout = std::io::stdout();
-    let mut out = stdout.lock();
-    let mut write_error = None;
+    let mut out = StdoutText::new(cancel);
     let (_, stats) = generate(forward, tok, sampler, prompt, options, |piece| {
-        if cancel.load(Ordering::Relaxed) {
+        out.push(piece)
+    })?;
+    out.finish();
+    Ok(stats)
+}
+
+/// [`stream`], with a draft model and its options when given (speculative decoding).
+pub(super) fn stream_maybe_draft<F: RowLogits>(
+    forward: &mut F,
+    draft: Option<(&mut Session<'_>, DraftOptions)>,
+    tok: &Tokenizer,
+    sampler: &mut Sampler,
+    prompt: &[u32],
+    options: GenerateOptions,
+    cancel: &AtomicBool,
+) -> anyhow::Result<(GenerationStats, Option<DraftStats>)>
+where
+    anyhow::Error: From<F::Error>,
+{
+    let Some((draft, draft_options)) = draft else {
+        return Ok((stream(forward, tok, sampler, prompt, options, cancel)?, None));
+    };
+    let mut out = StdoutText::new(cancel);
+    let result = generate_speculative(
+        forward,
+        draft,
+        tok,
+        sampler,
+        prompt,
+        options,
+        draft_options,
+        |piece| out.push(piece),
+    );
+    let (_, stats, draft_stats) = match result {
+        Ok(r) => r,
+        // The target's errors as they are (apply names a lost ring device from them).
+        Err(SpeculativeError::Target(e)) => return Err(e.into()),
+        Err(e @ SpeculativeError::Draft(_)) => return Err(anyhow::anyhow!("{e}")),
+    };
+    out.finish();
+    Ok((stats, Some(draft_stats)))
+}
+
+/// Generated text on stdout as it comes; a closed pipe or `cancel` ends generation.
+struct StdoutText<'c> {
+    out: std::io::StdoutLock<'static>,
+    write_error: Option<std::io::Error>,
+    cancel: &'c AtomicBool,
+}
+
+impl<'c> StdoutText<'c> {
+    fn new(cancel: &'c AtomicBool) -> StdoutText<'c> {
+        StdoutText {
+            out: std::io::stdout().lock(),
+            write_error: None,
+            cancel,
+        }
+    }
+
+    fn push(&mut self, piece: &str) -> ControlFlow<()> {
+        if self.cancel.load(Ordering::Relaxed) {
             return ControlFlow::Break(());
         }
-        match out.write_all(piece.as_bytes()).and_then(|_| out.flush()) {
+        match self
+            .out
+            .write_all(piece.as_bytes())
+            .and_then(|_| self.out.flush())
+        {
             Ok(()) => ControlFlow::Continue(()),
             Err(e) => {
                 // A closed pipe (e.g. `| head`) ends generation quietly.
-                write_error = Some(e);
+                self.write_error = Some(e);
                 ControlFlow::Break(())
             }
         }
-    })?;
-    if write_error.is_none() {
-        let _ = writeln!(out);
     }
-    Ok(stats)
+
+    fn finish(mut self) {
+        if self.write_error.is_none() {
+            let _ = writeln!(self.out);
+        }
+    }
 }
 
 pub(super) fn print_summary(stats: &GenerationStats, seed: u64, backend: &str) {
@@ -374,6 +541,21 @@ pub(super) fn print_summary(stats: &GenerationStats, seed: u64, backend: &str) {
         stats.time_to_first_token.as_secs_f64() * 1e3,
         stats.generated_tokens,
         stats.tpot_ms(),
+        if stats.tpot_ms() > 0.0 { 1e3 / stats.tpot_ms() } else { 0.0 },
+    );
+}
+
+/// The draft's acceptance and what it saved: tokens per trip of the target (round the ring).
+pub(super) fn print_draft_summary(draft: &DraftStats, stats: &GenerationStats) {
+    let after_first = stats.generated_tokens.saturating_sub(1);
+    eprintln!(
+        "draft: accepted {}/{} drafted tokens ({:.1}%) | {} target evaluations for {} tokens after the first ({:.2} tokens each) | effective {:.1} tok/s",
+        draft.accepted,
+        draft.drafted,
+        draft.acceptance() * 100.0,
+        draft.target_evals,
+        after_first,
+        after_first as f64 / draft.target_evals.max(1) as f64,
         if stats.tpot_ms() > 0.0 { 1e3 / stats.tpot_ms() } else { 0.0 },
     );
 }

@@ -22,7 +22,7 @@
 use std::time::{Duration, Instant};
 
 use crate::batch::{check_entries, BatchForward, SeqTokens};
-use crate::generate::Forward;
+use crate::generate::{Forward, RowLogits};
 use crate::model::{Model, ModelError, Session};
 use crate::plugin::backend_abi::BackendBox;
 use crate::plugin::transport_abi::TransportBox;
@@ -128,6 +128,9 @@ pub struct ResilientRing<'m> {
     replay: Vec<Vec<u32>>,
     /// The last logits (the inner `Forward`'s are gone once it is replaced).
     logits: Vec<f32>,
+    /// Row r of the last evaluation's tokens is row r + this of the inner's last batch
+    /// (a replay went before them; negative: they began in an earlier batch).
+    row_shift: isize,
     lost: Vec<Lost>,
     events: Vec<FailoverEvent>,
 }
@@ -156,6 +159,7 @@ impl<'m> ResilientRing<'m> {
             contexts: vec![Vec::new(); n_slots],
             replay: vec![Vec::new(); n_slots],
             logits: Vec::new(),
+            row_shift: 0,
             lost: Vec::new(),
             events: Vec::new(),
         }
@@ -349,17 +353,26 @@ impl<'m> ResilientRing<'m> {
             contexts,
             replay,
             logits,
+            row_shift,
+            options,
             ..
         } = self;
         let (context, replay) = (&contexts[0], &mut replay[0]);
+        let shift = |input: &[u32]| {
+            let last_batch_start =
+                input.len().saturating_sub(1) / options.n_batch.max(1) * options.n_batch;
+            (input.len() - tokens.len()) as isize - last_batch_start as isize
+        };
         let out = match inner {
             Inner::Down => return Err(RingError::Setup("the ring is down".into())),
             Inner::Ring(head) => {
                 let input = catch_up(head.as_mut(), context, replay, tokens)?;
+                *row_shift = shift(input);
                 head.eval(input)?
             }
             Inner::Alone(session) => {
                 let input = catch_up(session.as_mut(), context, replay, tokens)?;
+                *row_shift = shift(input);
                 session.eval(input)?
             }
         };
@@ -644,5 +657,35 @@ impl BatchForward for ResilientRing<'_> {
         }
         self.recovered(loss, before);
         Ok(&self.logits)
+    }
+}
+
+/// Rows of the last evaluation's tokens, wherever the inner ring or session holds them
+/// (after a replay, further down its last batch).
+impl RowLogits for ResilientRing<'_> {
+    fn n_batch(&self) -> usize {
+        self.options.n_batch
+    }
+
+    fn row_logits(
+        &mut self,
+        rows: std::ops::Range<usize>,
+        out: &mut [f32],
+    ) -> Result<(), RingError> {
+        let start = rows.start as isize + self.row_shift;
+        if start < 0 {
+            return Err(ModelError::RowsOutOfBatch {
+                rows: format!("{}..{}", rows.start, rows.end),
+                batch: rows.end,
+                n_batch: self.options.n_batch,
+            }
+            .into());
+        }
+        let inner_rows = start as usize..start as usize + rows.len();
+        match &mut self.inner {
+            Inner::Down => Err(RingError::Setup("the ring is down".into())),
+            Inner::Ring(head) => head.row_logits(inner_rows, out),
+            Inner::Alone(session) => Ok(session.logits_rows(inner_rows, out)?),
+        }
     }
 }
