@@ -1,0 +1,280 @@
+//! Speculative decoding with real models: SmolLM2-135M Q4_1 (and Q2_K) drafting for its
+//! F16 conversion. Greedy text with a draft is the text without one, on one device and on
+//! a 3-device loopback ring; a seed gives one sampled text; a draft with another
+//! vocabulary is refused, by the library and by `prima run`.
+
+mod common;
+
+use std::ops::ControlFlow;
+use std::path::PathBuf;
+use std::process::Command;
+
+use common::{cpu_backend, derived_models, model_or_skip, workspace_models, Node};
+use prima_core::generate::{generate, GenerateOptions, RowLogits};
+use prima_core::model::{Model, Session};
+use prima_core::plugin::load_transport;
+use prima_core::plugin::transport_abi::TransportConfig;
+use prima_core::prp::{RingHead, RingOptions};
+use prima_core::sampler::{Sampler, SamplerConfig};
+use prima_core::speculative::{
+    check_vocabularies, generate_speculative, DraftOptions, DraftStats, VocabularyMismatch,
+};
+use prima_core::tokenizer::Tokenizer;
+
+fn target_path() -> Option<PathBuf> {
+    model_or_skip(derived_models().join("smollm2-135m-f16.gguf"))
+}
+
+fn draft_path() -> Option<PathBuf> {
+    model_or_skip(workspace_models().join("SmolLM2-135M-Instruct.Q4_1.gguf"))
+}
+
+const N_CTX: usize = 256;
+const N_BATCH: usize = 64;
+
+fn prompts(tok: &Tokenizer) -> Vec<Vec<u32>> {
+    [
+        "The capital of France is",
+        "Here is a short story about a robot who learns to paint. Once upon a time,",
+        "def fibonacci(n):",
+    ]
+    .iter()
+    .map(|p| tok.encode(p, true, true))
+    .collect()
+}
+
+fn greedy() -> Sampler {
+    Sampler::new(SamplerConfig {
+        temperature: 0.0,
+        ..SamplerConfig::default()
+    })
+}
+
+fn options(max_tokens: usize) -> GenerateOptions {
+    GenerateOptions {
+        max_tokens,
+        ignore_eos: true,
+    }
+}
+
+fn with_draft<F: RowLogits>(
+    target: &mut F,
+    draft: &mut Session<'_>,
+    tok: &Tokenizer,
+    sampler: &mut Sampler,
+    prompt: &[u32],
+    max_tokens: usize,
+    draft_options: DraftOptions,
+) -> (Vec<u32>, DraftStats)
+where
+    F::Error: std::fmt::Debug,
+{
+    target.truncate(0).unwrap();
+    draft.truncate(0).unwrap();
+    let (tokens, _, stats) = generate_speculative(
+        target,
+        draft,
+        tok,
+        sampler,
+        prompt,
+        options(max_tokens),
+        draft_options,
+        |_| ControlFlow::Continue(()),
+    )
+    .unwrap();
+    (tokens, stats)
+}
+
+#[test]
+fn greedy_text_with_a_draft_is_the_text_without_one() {
+    let (Some(target_path), Some(draft_path)) = (target_path(), draft_path()) else {
+        return;
+    };
+    let q2k = model_or_skip(derived_models().join("smollm2-135m-q2_k.gguf"));
+    let backend = cpu_backend(2);
+    let be = &backend.backend;
+    let target_model = Model::load(&target_path).unwrap();
+    let tok = Tokenizer::from_gguf(target_model.gguf()).unwrap();
+    let mut target = Session::new(&target_model, be, N_CTX, N_BATCH).unwrap();
+    let mut drafts = vec![Model::load(&draft_path).unwrap()];
+    drafts.extend(q2k.map(|p| Model::load(&p).unwrap()));
+    for prompt in prompts(&tok) {
+        target.truncate(0).unwrap();
+        let (want, _) = generate(
+            &mut target,
+            &tok,
+            &mut greedy(),
+            &prompt,
+            options(40),
+            |_| ControlFlow::Continue(()),
+        )
+        .unwrap();
+        for draft_model in &drafts {
+            let mut draft = Session::new(draft_model, be, N_CTX, N_BATCH).unwrap();
+            for draft_options in [
+                DraftOptions::default(),
+                DraftOptions { max: 3, p_min: 0.0 },
+            ] {
+                let (got, stats) = with_draft(
+                    &mut target,
+                    &mut draft,
+                    &tok,
+                    &mut greedy(),
+                    &prompt,
+                    40,
+                    draft_options,
+                );
+                eprintln!(
+                    "draft {:?} {draft_options:?}: accepted {}/{} ({:.0}%), {} target evaluations",
+                    draft_model.gguf().path().file_name().unwrap_or_default(),
+                    stats.accepted,
+                    stats.drafted,
+                    stats.acceptance() * 100.0,
+                    stats.target_evals
+                );
+                assert_eq!(
+                    tok.decode(&got),
+                    tok.decode(&want),
+                    "{draft_options:?}, prompt {prompt:?}"
+                );
+                assert_eq!(got, want);
+                assert!(stats.drafted > 0 && stats.target_evals < 39, "{stats:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_ring_with_a_draft_generates_what_one_device_does() {
+    let (Some(target_path), Some(draft_path)) = (target_path(), draft_path()) else {
+        return;
+    };
+    let backend = cpu_backend(1);
+    let be = &backend.backend;
+    let target_model = Model::load(&target_path).unwrap();
+    let draft_model = Model::load(&draft_path).unwrap();
+    let tok = Tokenizer::from_gguf(target_model.gguf()).unwrap();
+    let prompt = &prompts(&tok)[1];
+    let mut single = Session::new(&target_model, be, N_CTX, N_BATCH).unwrap();
+    let (want, _) = generate(
+        &mut single,
+        &tok,
+        &mut greedy(),
+        prompt,
+        options(32),
+        |_| ControlFlow::Continue(()),
+    )
+    .unwrap();
+    drop(single);
+
+    let transport = load_transport(
+        Some("tcp"),
+        TransportConfig {
+            max_frame_bytes: 1 << 30,
+        },
+    )
+    .expect("the tcp transport plugin (cargo build --workspace)");
+    let nodes = [Node::start(&target_path), Node::start(&target_path)];
+    let addrs: Vec<String> = nodes.iter().map(|n| n.addr.clone()).collect();
+    let mut head = RingHead::connect(
+        &target_model,
+        be,
+        &transport.transport,
+        &addrs,
+        &[10, 10, 10],
+        &RingOptions {
+            n_ctx: N_CTX,
+            n_batch: N_BATCH,
+            listen: "127.0.0.1:0".into(),
+            security: common::test_security(),
+            ..RingOptions::default()
+        },
+    )
+    .unwrap();
+    let mut draft = Session::new(&draft_model, be, N_CTX, N_BATCH).unwrap();
+    let (got, stats) = with_draft(
+        &mut head,
+        &mut draft,
+        &tok,
+        &mut greedy(),
+        prompt,
+        32,
+        DraftOptions::default(),
+    );
+    eprintln!("ring: {stats:?}");
+    assert_eq!(got, want);
+    assert!(stats.target_evals < 31, "{stats:?}");
+    head.shutdown(false);
+}
+
+#[test]
+fn a_seed_gives_one_sampled_text() {
+    let (Some(target_path), Some(draft_path)) = (target_path(), draft_path()) else {
+        return;
+    };
+    let backend = cpu_backend(2);
+    let be = &backend.backend;
+    let target_model = Model::load(&target_path).unwrap();
+    let draft_model = Model::load(&draft_path).unwrap();
+    let tok = Tokenizer::from_gguf(target_model.gguf()).unwrap();
+    let mut target = Session::new(&target_model, be, N_CTX, N_BATCH).unwrap();
+    let mut draft = Session::new(&draft_model, be, N_CTX, N_BATCH).unwrap();
+    let prompt = &prompts(&tok)[1];
+    let mut run = |seed| {
+        let mut sampler = Sampler::new(SamplerConfig {
+            temperature: 1.0,
+            seed,
+            repeat_penalty: 1.1,
+            ..SamplerConfig::default()
+        });
+        with_draft(
+            &mut target,
+            &mut draft,
+            &tok,
+            &mut sampler,
+            prompt,
+            32,
+            DraftOptions { max: 4, p_min: 0.0 },
+        )
+    };
+    let (a, stats) = run(1);
+    eprintln!("sampled: {stats:?}");
+    assert_eq!(run(1).0, a);
+    assert_ne!(run(2).0, a);
+    assert!(stats.accepted > 0);
+}
+
+#[test]
+fn a_draft_with_another_vocabulary_is_refused() {
+    let (Some(target_path), Some(gemma)) = (
+        draft_path(),
+        model_or_skip(workspace_models().join("gemma-3-270m-q4_k_m.gguf")),
+    ) else {
+        return;
+    };
+    let target = Model::load(&target_path).unwrap();
+    let draft = Model::load(&gemma).unwrap();
+    let err = check_vocabularies(
+        &Tokenizer::from_gguf(target.gguf()).unwrap(),
+        target.hparams().n_vocab,
+        &Tokenizer::from_gguf(draft.gguf()).unwrap(),
+        draft.hparams().n_vocab,
+    )
+    .unwrap_err();
+    assert!(matches!(err, VocabularyMismatch::Size { .. }), "{err}");
+
+    let out = Command::new(env!("CARGO_BIN_EXE_prima"))
+        .args(["run", "-p", "hi", "-n", "4", "-m"])
+        .arg(&target_path)
+        .arg("--draft")
+        .arg(&gemma)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("cannot draft for") && stderr.contains("vocabulary"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
