@@ -518,7 +518,11 @@ impl LoadedManifest {
 
     /// The draft model's file (`model.draft`), resolved.
     pub fn draft_path(&self) -> Option<PathBuf> {
-        self.manifest.model.draft.as_deref().map(|p| self.resolve(p))
+        self.manifest
+            .model
+            .draft
+            .as_deref()
+            .map(|p| self.resolve(p))
     }
 
     /// The model file of device `name`: its override, else `model.path`.

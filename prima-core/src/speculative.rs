@@ -76,6 +76,10 @@ impl DraftStats {
     }
 }
 
+/// What [`generate_speculative`] returns: the generated tokens, the timings as
+/// [`generate`](crate::generate::generate)'s, and what the draft did.
+pub type Speculated = (Vec<u32>, GenerationStats, DraftStats);
+
 /// An error of the target or of the draft model.
 #[derive(Debug, thiserror::Error)]
 pub enum SpeculativeError<T, D> {
@@ -145,7 +149,7 @@ pub fn generate_speculative<T: RowLogits, D: Forward>(
     options: GenerateOptions,
     draft_options: DraftOptions,
     on_text: impl FnMut(&str) -> ControlFlow<()>,
-) -> Result<(Vec<u32>, GenerationStats, DraftStats), SpeculativeError<T::Error, D::Error>> {
+) -> Result<Speculated, SpeculativeError<T::Error, D::Error>> {
     let mut out = Output {
         tokenizer,
         options,

@@ -111,10 +111,7 @@ fn greedy_text_with_a_draft_is_the_text_without_one() {
         .unwrap();
         for draft_model in &drafts {
             let mut draft = Session::new(draft_model, be, N_CTX, N_BATCH).unwrap();
-            for draft_options in [
-                DraftOptions::default(),
-                DraftOptions { max: 3, p_min: 0.0 },
-            ] {
+            for draft_options in [DraftOptions::default(), DraftOptions { max: 3, p_min: 0.0 }] {
                 let (got, stats) = with_draft(
                     &mut target,
                     &mut draft,

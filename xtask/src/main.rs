@@ -23,6 +23,7 @@ mod reference;
 mod ring_bench;
 mod shell;
 mod soak;
+mod spec_bench;
 mod synth_model;
 mod test;
 mod test_models;
@@ -71,6 +72,9 @@ enum Task {
     /// Ring experiments on loopback: overhead per hop, idle nodes, prefetch and release
     /// under a cgroup memory limit (needs root for the cgroup).
     RingBench(ring_bench::RingBenchArgs),
+    /// Speculative decoding on a 3-device loopback ring with added link latency and on
+    /// one device: TPOT with and without a draft, acceptance, identical greedy text.
+    SpecBench(spec_bench::SpecBenchArgs),
     /// Emulated home devices on this machine (cgroups, namespaces, link latency): up,
     /// down, status, check, exec (root, cgroup v1, iproute2).
     #[command(subcommand)]
@@ -121,6 +125,7 @@ fn run(cli: Cli) -> Result<u8> {
         Task::TestModels => test_models::run(&layout)?,
         Task::Bench(args) => bench::run(&layout, &args)?,
         Task::RingBench(args) => ring_bench::run(&layout, &args)?,
+        Task::SpecBench(args) => spec_bench::run(&layout, &args)?,
         Task::BenchModels(args) => bench_models::make(&layout, &args)?,
         Task::Homelab(command) => return homelab::run(&layout, command),
         Task::CrossCheck(args) => {

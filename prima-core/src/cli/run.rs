@@ -13,7 +13,7 @@ use prima_core::plugin::transport_abi::TransportConfig;
 use prima_core::plugin::{load_transport, LoadedTransport};
 use prima_core::prp::alone::LocalSession;
 use prima_core::prp::protocol::{ReleaseMethod, ReleasePolicy, WireType};
-use prima_core::prp::{DeviceStats, RingHead, RingOptions};
+use prima_core::prp::{DeviceStats, NextRoute, RingHead, RingOptions};
 use prima_core::sampler::{Sampler, SamplerConfig};
 use prima_core::speculative::{
     check_vocabularies, generate_speculative, DraftOptions, DraftStats, SpeculativeError,
@@ -34,6 +34,15 @@ pub struct RingArgs {
     /// Window size w_m of every device, the head's first (e.g. 10,10,10).
     #[arg(long, value_delimiter = ',', requires = "ring")]
     windows: Vec<usize>,
+    /// Where the head accepts the last device's data connection (default: every
+    /// address, a free port).
+    #[arg(long, value_name = "ADDR", requires = "ring")]
+    listen: Option<String>,
+    /// How each node reaches the device after it (the last node: the head), one per
+    /// node in ring order, where that is not its --ring address (a forwarded port, the
+    /// head's --listen seen from elsewhere); `-` keeps it.
+    #[arg(long, value_delimiter = ',', value_name = "ADDR", requires = "ring")]
+    next_hop: Vec<String>,
     /// How the links to the ring devices are protected.
     #[command(flatten)]
     key: KeyArgs,
@@ -130,7 +139,7 @@ impl RingArgs {
             !self.windows.is_empty(),
             "--ring needs --windows: one window size per device, the head's first"
         );
-        let options = RingOptions {
+        let mut options = RingOptions {
             n_ctx,
             n_batch,
             prefetch: matches!(self.prefetch, OnOff::On),
@@ -144,6 +153,17 @@ impl RingArgs {
             security: self.key.security()?,
             ..RingOptions::default()
         };
+        if let Some(listen) = &self.listen {
+            options.listen = listen.clone();
+        }
+        options.next_routes = self
+            .next_hop
+            .iter()
+            .map(|a| match a.as_str() {
+                "-" => NextRoute::AsHead,
+                _ => NextRoute::Addr(a.clone()),
+            })
+            .collect();
         Ok(RingHead::connect(
             &engine.model,
             &engine.backend.backend,
@@ -374,7 +394,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         let mut session = ring.local_session(&engine, n_ctx, args.batch_size)?;
         let (stats, draft_stats) = stream_maybe_draft(
             &mut session,
-            draft_session.as_mut().zip(draft.as_ref().map(|d| d.options)),
+            draft_session
+                .as_mut()
+                .zip(draft.as_ref().map(|d| d.options)),
             tok,
             &mut sampler,
             &prompt,
@@ -392,7 +414,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let mut head = ring.connect(&engine, &transport, n_ctx, args.batch_size)?;
     let (stats, draft_stats) = stream_maybe_draft(
         &mut head,
-        draft_session.as_mut().zip(draft.as_ref().map(|d| d.options)),
+        draft_session
+            .as_mut()
+            .zip(draft.as_ref().map(|d| d.options)),
         tok,
         &mut sampler,
         &prompt,
@@ -469,7 +493,10 @@ where
     anyhow::Error: From<F::Error>,
 {
     let Some((draft, draft_options)) = draft else {
-        return Ok((stream(forward, tok, sampler, prompt, options, cancel)?, None));
+        return Ok((
+            stream(forward, tok, sampler, prompt, options, cancel)?,
+            None,
+        ));
     };
     let mut out = StdoutText::new(cancel);
     let result = generate_speculative(

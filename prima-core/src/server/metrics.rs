@@ -34,6 +34,8 @@ pub const RING_REPLANS: &str = "prima_ring_replans_total";
 pub const RING_NO_PLAN: &str = "prima_ring_no_plan_total";
 pub const RING_RECOVERY: &str = "prima_ring_recovery_seconds";
 pub const RING_DEVICES: &str = "prima_ring_devices";
+pub const DRAFT_TOKENS: &str = "prima_draft_tokens_total";
+pub const DRAFT_ACCEPTED: &str = "prima_draft_accepted_total";
 
 /// Seconds: from 5 ms to a minute (a long prompt on a slow ring).
 const TTFT_BUCKETS: &[f64] = &[
@@ -151,6 +153,22 @@ fn describe() {
         "From a lost device to the first logits of the new ring (replay included)"
     );
     describe_gauge!(RING_DEVICES, "Devices in the ring now, the head included");
+    describe_counter!(
+        DRAFT_TOKENS,
+        Unit::Count,
+        "Tokens the draft model proposed (speculative decoding)"
+    );
+    describe_counter!(
+        DRAFT_ACCEPTED,
+        Unit::Count,
+        "Drafted tokens the target accepted (acceptance = this / prima_draft_tokens_total)"
+    );
+}
+
+/// One generation's drafting (speculative decoding).
+pub fn record_draft(stats: &crate::speculative::DraftStats) {
+    counter!(DRAFT_TOKENS).increment(stats.drafted as u64);
+    counter!(DRAFT_ACCEPTED).increment(stats.accepted as u64);
 }
 
 /// One HTTP request to `endpoint` (e.g. "/v1/chat/completions").

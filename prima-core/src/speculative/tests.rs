@@ -354,7 +354,7 @@ fn emitted_frequencies(p: &[TokenProb], q: &[TokenProb], trials: usize) -> (Vec<
         ..SamplerConfig::default()
     });
     let mut residual = Vec::new();
-    let mut counts = vec![0usize; 8];
+    let mut counts = [0usize; 8];
     let mut accepted = 0;
     for _ in 0..trials {
         let r: f32 = draw_q.gen();
