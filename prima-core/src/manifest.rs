@@ -588,6 +588,20 @@ k = 2
     }
 
     #[test]
+    fn a_draft_model_is_optional_and_resolved_like_the_model() {
+        let m = parse(GOOD).unwrap();
+        assert_eq!(m.draft_path(), None);
+        assert_eq!(m.manifest.model.draft_max, None);
+        let with = GOOD.replace(
+            "path = \"../models/x.gguf\"",
+            "path = \"../models/x.gguf\"\ndraft = \"small.gguf\"\ndraft_max = 4",
+        );
+        let m = parse(&with).unwrap();
+        assert_eq!(m.draft_path(), Some(PathBuf::from("/m/small.gguf")));
+        assert_eq!(m.manifest.model.draft_max, Some(4));
+    }
+
+    #[test]
     fn a_model_given_on_the_command_line_replaces_every_path() {
         let mut m = LoadedManifest::embedded_default().unwrap();
         m.manifest

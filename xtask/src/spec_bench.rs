@@ -37,7 +37,7 @@ pub struct SpecBenchArgs {
     #[arg(long, default_value_t = 8)]
     draft_max: usize,
     /// `prima run --draft-p-min`.
-    #[arg(long, default_value_t = 0.5)]
+    #[arg(long, default_value_t = 0.2)]
     draft_p_min: f32,
     /// Threads of every process.
     #[arg(short = 't', long, default_value_t = 1)]
