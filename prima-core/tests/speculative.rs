@@ -275,3 +275,70 @@ fn a_draft_with_another_vocabulary_is_refused() {
     );
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
+
+#[test]
+fn apply_drafts_with_the_manifests_draft_model() {
+    let (Some(target_path), Some(draft_path)) = (target_path(), draft_path()) else {
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("prima-spec-apply-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let manifest = dir.join("cluster.toml");
+    let local = |name: &str, head: bool| {
+        format!("[[device]]\nname = \"{name}\"\nhead = {head}\nlocal = true\nthreads = 1\n\n")
+    };
+    std::fs::write(
+        &manifest,
+        format!(
+            "[model]\npath = {:?}\ndraft = {:?}\ndraft_max = 4\n\n{}{}{}[policy]\nscheduler = \"manual\"\nwindows = [10, 10, 10]\nctx = 256\n",
+            target_path,
+            draft_path,
+            local("desktop", true),
+            local("laptop", false),
+            local("tablet", false),
+        ),
+    )
+    .unwrap();
+    let prompt = "The three primary colours are";
+    let prima = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_prima"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let drafted = prima(&[
+        "apply",
+        manifest.to_str().unwrap(),
+        "--prompt",
+        prompt,
+        "-n",
+        "16",
+    ]);
+    let stderr = String::from_utf8_lossy(&drafted.stderr);
+    assert!(drafted.status.success(), "{stderr}");
+    assert!(stderr.contains("ring of 3 devices"), "{stderr}");
+    assert!(stderr.contains("draft: accepted"), "{stderr}");
+    let single = prima(&[
+        "run",
+        "-m",
+        target_path.to_str().unwrap(),
+        "-p",
+        prompt,
+        "-n",
+        "16",
+        "--temp",
+        "0",
+        "-t",
+        "1",
+        "-c",
+        "256",
+    ]);
+    assert!(single.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&drafted.stdout),
+        String::from_utf8_lossy(&single.stdout),
+        "the ring with a draft generates what one device generates"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
