@@ -342,3 +342,112 @@ fn apply_drafts_with_the_manifests_draft_model() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A node killed mid-generation: the `ResilientRing` plans the ring without it, replays the
+/// context and the batch being verified in one evaluation, and hands out the verified
+/// rows from further down that batch; the greedy text is still one device's.
+#[test]
+fn a_resilient_ring_loses_a_node_mid_speculation_and_keeps_the_text() {
+    use prima_core::prp::failover::{ResilientRing, RingDevice, RingLayout};
+
+    let (Some(target_path), Some(draft_path)) = (target_path(), draft_path()) else {
+        return;
+    };
+    let backend = cpu_backend(1);
+    let be = &backend.backend;
+    let target_model = Model::load(&target_path).unwrap();
+    let draft_model = Model::load(&draft_path).unwrap();
+    let tok = Tokenizer::from_gguf(target_model.gguf()).unwrap();
+    let prompt = &prompts(&tok)[0];
+    let mut single = Session::new(&target_model, be, N_CTX, N_BATCH).unwrap();
+    let (want, _) = generate(
+        &mut single,
+        &tok,
+        &mut greedy(),
+        prompt,
+        options(40),
+        |_| ControlFlow::Continue(()),
+    )
+    .unwrap();
+    drop(single);
+
+    let transport = load_transport(
+        Some("tcp"),
+        TransportConfig {
+            max_frame_bytes: 1 << 30,
+        },
+    )
+    .expect("the tcp transport plugin (cargo build --workspace)");
+    let mut nodes = [Node::start(&target_path), Node::start(&target_path)];
+    let device = |name: &str, addr: &str| RingDevice {
+        name: name.into(),
+        addr: addr.into(),
+    };
+    let layout = RingLayout {
+        devices: vec![
+            device("head", ""),
+            device("a", &nodes[0].addr),
+            device("b", &nodes[1].addr),
+        ],
+        windows: vec![10, 10, 10],
+        next_routes: Vec::new(),
+    };
+    let ring_options = RingOptions {
+        n_ctx: N_CTX,
+        n_batch: N_BATCH,
+        listen: "127.0.0.1:0".into(),
+        security: common::test_security(),
+        ..RingOptions::default()
+    };
+    let addrs: Vec<String> = nodes.iter().map(|n| n.addr.clone()).collect();
+    let head = RingHead::connect(
+        &target_model,
+        be,
+        &transport.transport,
+        &addrs,
+        &layout.windows,
+        &ring_options,
+    )
+    .unwrap();
+    let survivor = nodes[0].addr.clone();
+    let mut ring = ResilientRing::new(
+        head,
+        &target_model,
+        be,
+        &transport.transport,
+        layout,
+        ring_options,
+        Box::new(move |lost: &[String]| {
+            assert_eq!(lost, ["b".to_string()]);
+            Ok(RingLayout {
+                devices: vec![device("head", ""), device("a", &survivor)],
+                windows: vec![15, 15],
+                next_routes: Vec::new(),
+            })
+        }),
+    );
+    let mut draft = Session::new(&draft_model, be, N_CTX, N_BATCH).unwrap();
+    let mut pieces = 0;
+    let (got, _, stats) = generate_speculative(
+        &mut ring,
+        &mut draft,
+        &tok,
+        &mut greedy(),
+        prompt,
+        options(40),
+        DraftOptions { max: 4, p_min: 0.0 },
+        |_| {
+            pieces += 1;
+            if pieces == 6 {
+                // Between two verifications: the next one finds the ring broken.
+                let _ = nodes[1].child.kill();
+            }
+            ControlFlow::Continue(())
+        },
+    )
+    .unwrap();
+    eprintln!("failover: {stats:?}, events {:?}", ring.take_events());
+    assert_eq!(ring.devices().len(), 2, "planned without the killed node");
+    assert_eq!(got, want);
+    ring.shutdown(false);
+}
