@@ -42,3 +42,151 @@ pub trait BatchForward {
     /// least one token.
     fn eval_batch(&mut self, seqs: &[SeqTokens<'_>]) -> Result<&[f32], Self::Error>;
 }
+
+use crate::model::{ModelError, Session};
+
+/// A session's slots on one device: every layer here.
+impl BatchForward for Session<'_> {
+    type Error = ModelError;
+
+    fn n_slots(&self) -> usize {
+        Session::n_slots(self)
+    }
+
+    fn n_ctx(&self) -> usize {
+        Session::n_ctx(self)
+    }
+
+    fn n_batch(&self) -> usize {
+        Session::n_batch(self)
+    }
+
+    fn n_vocab(&self) -> usize {
+        self.model().hparams().n_vocab
+    }
+
+    fn n_past(&self, slot: usize) -> usize {
+        self.slot_n_past(slot)
+    }
+
+    fn truncate(&mut self, slot: usize, n: usize) -> Result<(), ModelError> {
+        self.truncate_slot(slot, n)
+    }
+
+    fn eval_batch(&mut self, seqs: &[SeqTokens<'_>]) -> Result<&[f32], ModelError> {
+        let n_layers = self.model().hparams().n_layers;
+        self.eval_batch_with(seqs, |s| s.run_layers(0..n_layers))
+    }
+}
+
+/// The rows one sequence contributes to one batch: `len` tokens of slot `slot` at
+/// positions `start..start + len`. A batch is a list of these, their rows one after
+/// another in the residual stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SeqSpan {
+    pub slot: usize,
+    pub start: usize,
+    pub len: usize,
+}
+
+/// One piece of one entry of [`BatchForward::eval_batch`] in one batch: tokens
+/// `tokens` of entry `entry`, as the span `span` of the batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Piece {
+    pub entry: usize,
+    pub tokens: std::ops::Range<usize>,
+    pub span: SeqSpan,
+}
+
+impl Piece {
+    /// Whether this piece holds its entry's last token (so its last row gives the
+    /// entry's logits).
+    pub fn ends(&self, seqs: &[SeqTokens<'_>]) -> bool {
+        self.tokens.end == seqs[self.entry].tokens.len()
+    }
+}
+
+/// Cuts `seqs` into batches of at most `n_batch` rows, entries in order: an entry that
+/// does not fit the room left in a batch continues at the start of the next one. Slot
+/// `s` holds `n_past(s)` positions before. No checks: the caller has checked the
+/// entries (see `Session::check_batch`).
+pub fn plan_batches(
+    seqs: &[SeqTokens<'_>],
+    n_past: impl Fn(usize) -> usize,
+    n_batch: usize,
+) -> Vec<Vec<Piece>> {
+    let n_batch = n_batch.max(1);
+    let mut batches = Vec::new();
+    let mut batch = Vec::new();
+    let mut room = n_batch;
+    for (entry, seq) in seqs.iter().enumerate() {
+        let mut done = 0;
+        while done < seq.tokens.len() {
+            let len = (seq.tokens.len() - done).min(room);
+            batch.push(Piece {
+                entry,
+                tokens: done..done + len,
+                span: SeqSpan {
+                    slot: seq.slot,
+                    start: n_past(seq.slot) + done,
+                    len,
+                },
+            });
+            done += len;
+            room -= len;
+            if room == 0 {
+                batches.push(std::mem::take(&mut batch));
+                room = n_batch;
+            }
+        }
+    }
+    if !batch.is_empty() {
+        batches.push(batch);
+    }
+    batches
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_are_cut_where_a_batch_is_full() {
+        let (a, b, c) = ([1u32; 5], [2u32; 1], [3u32; 3]);
+        let seqs = [
+            SeqTokens {
+                slot: 2,
+                tokens: &a,
+            },
+            SeqTokens {
+                slot: 0,
+                tokens: &b,
+            },
+            SeqTokens {
+                slot: 1,
+                tokens: &c,
+            },
+        ];
+        let past = |slot: usize| [10, 0, 7][slot];
+        let batches = plan_batches(&seqs, past, 4);
+        let shape: Vec<Vec<(usize, usize, usize, usize)>> = batches
+            .iter()
+            .map(|b| {
+                b.iter()
+                    .map(|p| (p.entry, p.span.slot, p.span.start, p.span.len))
+                    .collect()
+            })
+            .collect();
+        assert_eq!(
+            shape,
+            vec![
+                vec![(0, 2, 7, 4)],
+                vec![(0, 2, 11, 1), (1, 0, 10, 1), (2, 1, 0, 2)],
+                vec![(2, 1, 2, 1)],
+            ]
+        );
+        let ends: Vec<bool> = batches.iter().flatten().map(|p| p.ends(&seqs)).collect();
+        assert_eq!(ends, [false, true, true, false, true]);
+        assert!(plan_batches(&[], past, 4).is_empty());
+    }
+}

@@ -101,6 +101,20 @@ impl Engine {
         n_batch: usize,
         streaming: Streaming,
     ) -> anyhow::Result<LocalSession<'_>> {
+        self.local_slots(budget, n_ctx, n_batch, 1, streaming)
+    }
+
+    /// [`Engine::local_session`] with `n_slots` independent contexts of `n_ctx`
+    /// positions each (continuous batching): the budget leaves room for every slot's KV
+    /// cache.
+    pub fn local_slots(
+        &self,
+        budget: MemBudget,
+        n_ctx: usize,
+        n_batch: usize,
+        n_slots: usize,
+        streaming: Streaming,
+    ) -> anyhow::Result<LocalSession<'_>> {
         let model = &self.model;
         let memory = match budget {
             MemBudget::Auto => match prima_core::profile::device_memory() {
@@ -112,7 +126,7 @@ impl Engine {
             },
             _ => None,
         };
-        let margin = memory_margin(model.hparams(), n_ctx, n_batch);
+        let margin = memory_margin(model.hparams(), n_ctx, n_batch, n_slots);
         let plan = resolve_budget(budget, memory.as_ref(), margin).and_then(|b| {
             // Below the output head, which every token reads whole, there
             // is nothing to plan: streaming all layers measured slower than the LRU
@@ -145,7 +159,7 @@ impl Engine {
             Some(plan) => plan.warm(model),
             None => warm_pages(model, &self.path),
         }
-        let session = Session::new(model, &self.backend.backend, n_ctx, n_batch)?;
+        let session = Session::with_slots(model, &self.backend.backend, n_ctx, n_batch, n_slots)?;
         Ok(LocalSession::new(session, plan))
     }
 }

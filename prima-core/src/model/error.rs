@@ -40,6 +40,20 @@ pub enum ModelError {
     },
     #[error("an output of {len} floats given for {needed} logits")]
     OutputSize { len: usize, needed: usize },
+    #[error("a session needs at least one slot")]
+    NoSlots,
+    #[error("slot {slot} does not exist (the session holds {n_slots} slots: 0..{n_slots})")]
+    UnknownSlot { slot: usize, n_slots: usize },
+    #[error("slot {slot} appears twice in one batch")]
+    SlotTwice { slot: usize },
+    #[error("the entry of slot {slot} holds no tokens")]
+    EmptyEntry { slot: usize },
+    #[error("slot {slot}: context full: {needed} positions needed, each slot holds {n_ctx}")]
+    SlotContextFull {
+        slot: usize,
+        needed: usize,
+        n_ctx: usize,
+    },
     #[error("token id {id} is outside the vocabulary (size {vocab})")]
     TokenOutOfRange { id: u32, vocab: usize },
 }

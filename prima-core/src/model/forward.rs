@@ -5,6 +5,7 @@ use abi_stable::std_types::{RNone, RResult, RSlice, RSliceMut, RSome, RString};
 
 use super::arch::{AttentionScale, FfnActivation};
 use super::{HyperParams, Model, ModelError, RopeScaling};
+use crate::batch::{plan_batches, Piece, SeqSpan, SeqTokens};
 use crate::plugin::backend_abi::{AttentionParams, BackendBox, KvSpec, RopeParams};
 
 /// Turns a backend result into a model error that names the operation.
@@ -69,41 +70,68 @@ impl Scratch {
     }
 }
 
-/// One conversation's state on one backend: the KV cache of the layers this session holds
-/// and the position in it.
+/// The conversations on one backend: a KV cache per slot for the layers this session
+/// holds, and the positions each slot has cached.
 ///
-/// A single-device session holds every layer and is driven by [`Session::eval`]. A ring
-/// device holds only its windows' layers and is driven step by step: [`Session::begin_batch`],
-/// then [`Session::embed`] (head) or [`Session::hidden_mut`] (received activations), then
+/// A session holds `n_slots` independent contexts (slots) of `n_ctx` positions each, so
+/// its KV memory is `n_slots × n_ctx` positions of its layers. One batch may hold rows of
+/// several slots ([`SeqSpan`]s): the matrix products run over all rows at once (each
+/// weight read once), RoPE and attention run per span, against that slot's cache at that
+/// slot's positions. The single-sequence API ([`Session::eval`], [`Session::n_past`],
+/// [`Session::truncate`], [`Session::begin_batch`]) is slot 0's.
+///
+/// A single-device session holds every layer and is driven by [`Session::eval`] or
+/// [`Session::eval_batch_with`]. A ring device holds only its windows' layers and is
+/// driven step by step: [`Session::begin_spans`] (or [`Session::begin_batch`]), then
+/// [`Session::embed`] (head) or [`Session::hidden_mut`] (received activations), then
 /// [`Session::run_layers`] per window, then [`Session::finish_batch`].
 pub struct Session<'m> {
     model: &'m Model,
     backend: &'m BackendBox,
-    /// The backend's KV cache; none when the session holds no layer (a ring head whose
-    /// plan gives it only the embedding and the output head).
-    kv: Option<u64>,
-    /// KV-cache slot of each model layer, `None` for layers held elsewhere.
-    kv_slots: Vec<Option<u32>>,
+    /// The backend's KV cache of each slot; empty when the session holds no layer (a ring
+    /// head whose plan gives it only the embedding and the output head).
+    kv: Vec<u64>,
+    /// Index in the KV caches of each model layer, `None` for layers held elsewhere.
+    kv_layers: Vec<Option<u32>>,
     n_ctx: usize,
     n_batch: usize,
-    n_past: usize,
-    /// The batch in flight: its first position and token count.
-    batch_start: usize,
+    /// Positions cached, per slot.
+    n_past: Vec<usize>,
+    /// The batch in flight: each sequence's rows, in row order.
+    batch: Vec<SeqSpan>,
     batch_len: usize,
+    /// The spans of the last finished batch (what [`Session::logits_rows`] reads).
+    last: Vec<SeqSpan>,
     buf: Scratch,
+    /// The token ids of a batch of [`Session::eval_batch_with`].
+    batch_tokens: Vec<u32>,
+    /// Rows gathered for the output head, and each entry's logits.
+    out_rows: Vec<f32>,
+    entry_logits: Vec<f32>,
 }
 
 impl<'m> Session<'m> {
     /// Allocates a KV cache of `n_ctx` positions for every layer and buffers for batches of
-    /// `n_batch` tokens.
+    /// `n_batch` tokens: one slot.
     pub fn new(
         model: &'m Model,
         backend: &'m BackendBox,
         n_ctx: usize,
         n_batch: usize,
     ) -> Result<Session<'m>, ModelError> {
+        Session::with_slots(model, backend, n_ctx, n_batch, 1)
+    }
+
+    /// Like [`Session::new`], with `n_slots` slots of `n_ctx` positions each.
+    pub fn with_slots(
+        model: &'m Model,
+        backend: &'m BackendBox,
+        n_ctx: usize,
+        n_batch: usize,
+        n_slots: usize,
+    ) -> Result<Session<'m>, ModelError> {
         let all: Vec<usize> = (0..model.hparams().n_layers).collect();
-        Session::with_layers(model, backend, n_ctx, n_batch, &all)
+        Session::with_layers_slots(model, backend, n_ctx, n_batch, n_slots, &all)
     }
 
     /// Like [`Session::new`], but with a KV cache for `layers` only (a ring device's share).
@@ -114,19 +142,34 @@ impl<'m> Session<'m> {
         n_batch: usize,
         layers: &[usize],
     ) -> Result<Session<'m>, ModelError> {
+        Session::with_layers_slots(model, backend, n_ctx, n_batch, 1, layers)
+    }
+
+    /// `n_slots` slots of `n_ctx` positions, each with a KV cache for `layers`.
+    pub fn with_layers_slots(
+        model: &'m Model,
+        backend: &'m BackendBox,
+        n_ctx: usize,
+        n_batch: usize,
+        n_slots: usize,
+        layers: &[usize],
+    ) -> Result<Session<'m>, ModelError> {
         model.check_backend(backend)?;
+        if n_slots == 0 {
+            return Err(ModelError::NoSlots);
+        }
         let hp = model.hparams();
-        let mut kv_slots = vec![None; hp.n_layers];
+        let mut kv_layers = vec![None; hp.n_layers];
         let mut held = 0u32;
         for &l in layers {
-            let Some(slot) = kv_slots.get_mut(l) else {
+            let Some(index) = kv_layers.get_mut(l) else {
                 return Err(ModelError::LayerNotHeld {
                     layer: l,
                     held: format!("the model has {} layers", hp.n_layers),
                 });
             };
-            if slot.is_none() {
-                *slot = Some(held);
+            if index.is_none() {
+                *index = Some(held);
                 held += 1;
             }
         }
@@ -137,44 +180,61 @@ impl<'m> Session<'m> {
             head_dim_k: hp.head_dim_k as u32,
             head_dim_v: hp.head_dim_v as u32,
         };
-        let kv = if held == 0 {
-            None
-        } else {
-            match backend.kv_create(spec) {
-                RResult::ROk(kv) => Some(kv),
-                RResult::RErr(message) => {
-                    return Err(ModelError::Backend {
-                        op: "kv_create",
-                        message: message.into_string(),
-                    })
-                }
-            }
-        };
         let n_batch = n_batch.clamp(1, n_ctx.max(1));
-        Ok(Session {
+        let mut session = Session {
             model,
             backend,
-            kv,
-            kv_slots,
+            kv: Vec::with_capacity(n_slots),
+            kv_layers,
             n_ctx,
             n_batch,
-            n_past: 0,
-            batch_start: 0,
+            n_past: vec![0; n_slots],
+            batch: Vec::with_capacity(n_slots),
             batch_len: 0,
+            last: Vec::with_capacity(n_slots),
             buf: Scratch::new(hp, n_batch),
-        })
+            batch_tokens: Vec::new(),
+            out_rows: Vec::new(),
+            entry_logits: Vec::new(),
+        };
+        if held > 0 {
+            for _ in 0..n_slots {
+                match backend.kv_create(spec) {
+                    // Pushed at once, so that a later failure drops it with the session.
+                    RResult::ROk(kv) => session.kv.push(kv),
+                    RResult::RErr(message) => {
+                        return Err(ModelError::Backend {
+                            op: "kv_create",
+                            message: message.into_string(),
+                        })
+                    }
+                }
+            }
+        }
+        Ok(session)
     }
 
-    /// Positions already in the KV cache.
+    /// Positions slot 0 has cached.
     pub fn n_past(&self) -> usize {
-        self.n_past
+        self.n_past[0]
     }
 
+    /// Positions slot `slot` has cached (0 for a slot the session does not hold).
+    pub fn slot_n_past(&self, slot: usize) -> usize {
+        self.n_past.get(slot).copied().unwrap_or(0)
+    }
+
+    /// Independent contexts held.
+    pub fn n_slots(&self) -> usize {
+        self.n_past.len()
+    }
+
+    /// Positions each slot holds.
     pub fn n_ctx(&self) -> usize {
         self.n_ctx
     }
 
-    /// Largest number of tokens one batch may hold.
+    /// Largest number of tokens one batch may hold, all slots together.
     pub fn n_batch(&self) -> usize {
         self.n_batch
     }
@@ -183,18 +243,34 @@ impl<'m> Session<'m> {
         self.model
     }
 
-    /// Forgets every position from `n` on, so generation can resume from there.
+    /// Forgets every position of slot 0 from `n` on, so generation can resume from there.
     pub fn truncate(&mut self, n: usize) -> Result<(), ModelError> {
-        let n = n.min(self.n_past);
-        if let Some(kv) = self.kv {
+        self.truncate_slot(0, n)
+    }
+
+    /// Forgets every position of slot `slot` from `n` on.
+    pub fn truncate_slot(&mut self, slot: usize, n: usize) -> Result<(), ModelError> {
+        let n = n.min(self.known_slot(slot)?);
+        if let Some(&kv) = self.kv.get(slot) {
             op(self.backend.kv_truncate(kv, n as u32), "kv_truncate")?;
         }
-        self.n_past = n;
+        self.n_past[slot] = n;
         Ok(())
     }
 
-    /// Runs `tokens` through the model after the positions already cached and returns the
-    /// logits of the last one. Long inputs are processed in batches of `n_batch`.
+    /// The positions slot `slot` holds, or an error naming a slot that does not exist.
+    fn known_slot(&self, slot: usize) -> Result<usize, ModelError> {
+        self.n_past
+            .get(slot)
+            .copied()
+            .ok_or(ModelError::UnknownSlot {
+                slot,
+                n_slots: self.n_past.len(),
+            })
+    }
+
+    /// Runs `tokens` through the model after the positions slot 0 has cached and returns
+    /// the logits of the last one. Long inputs are processed in batches of `n_batch`.
     pub fn eval(&mut self, tokens: &[u32]) -> Result<&[f32], ModelError> {
         let n_layers = self.model.hparams().n_layers;
         self.check_fits(tokens)?;
@@ -202,7 +278,7 @@ impl<'m> Session<'m> {
             return Ok(&self.buf.logits);
         };
         for chunk in tokens.chunks(self.n_batch) {
-            self.begin_batch(self.n_past, chunk.len())?;
+            self.begin_batch(self.n_past(), chunk.len())?;
             self.embed(chunk)?;
             self.run_layers(0..n_layers)?;
             self.finish_batch();
@@ -210,54 +286,195 @@ impl<'m> Session<'m> {
         self.logits(last_chunk_len - 1)
     }
 
-    /// Fails when `tokens` would overflow the context or hold an id outside the vocabulary.
+    /// Fails when `tokens` would overflow slot 0's context or hold an id outside the
+    /// vocabulary.
     pub fn check_fits(&self, tokens: &[u32]) -> Result<(), ModelError> {
-        let hp = self.model.hparams();
-        if self.n_past + tokens.len() > self.n_ctx {
+        if self.n_past() + tokens.len() > self.n_ctx {
             return Err(ModelError::ContextFull {
-                needed: self.n_past + tokens.len(),
+                needed: self.n_past() + tokens.len(),
                 n_ctx: self.n_ctx,
             });
         }
-        if let Some(&id) = tokens.iter().find(|&&id| id as usize >= hp.n_vocab) {
-            return Err(ModelError::TokenOutOfRange {
-                id,
-                vocab: hp.n_vocab,
-            });
+        self.check_vocab(tokens)
+    }
+
+    fn check_vocab(&self, tokens: &[u32]) -> Result<(), ModelError> {
+        let vocab = self.model.hparams().n_vocab;
+        match tokens.iter().find(|&&id| id as usize >= vocab) {
+            Some(&id) => Err(ModelError::TokenOutOfRange { id, vocab }),
+            None => Ok(()),
+        }
+    }
+
+    /// Fails, naming the entry, unless every entry of `seqs` names a slot of this
+    /// session, no slot appears twice, every entry has a token, every token is in the
+    /// vocabulary and every slot's context holds its tokens.
+    pub fn check_batch(&self, seqs: &[SeqTokens<'_>]) -> Result<(), ModelError> {
+        for (i, seq) in seqs.iter().enumerate() {
+            let n_past = self.known_slot(seq.slot)?;
+            if seqs[..i].iter().any(|s| s.slot == seq.slot) {
+                return Err(ModelError::SlotTwice { slot: seq.slot });
+            }
+            if seq.tokens.is_empty() {
+                return Err(ModelError::EmptyEntry { slot: seq.slot });
+            }
+            if n_past + seq.tokens.len() > self.n_ctx {
+                return Err(ModelError::SlotContextFull {
+                    slot: seq.slot,
+                    needed: n_past + seq.tokens.len(),
+                    n_ctx: self.n_ctx,
+                });
+            }
+            self.check_vocab(seq.tokens)?;
         }
         Ok(())
     }
 
-    /// Starts a batch of `n` tokens at position `start`. Cached positions from `start` on
-    /// are forgotten first (a new request that shares only a prefix with the old one).
+    /// Evaluates every entry of `seqs` after its slot's cached positions, all entries in
+    /// one batch (several when they hold more than `n_batch` tokens, cut by
+    /// [`plan_batches`]), and returns the logits of each entry's last token, entry after
+    /// entry. `run` runs the layers over each batch once it is embedded (all of them on
+    /// one device; the windows, streamed or round the ring, elsewhere).
+    ///
+    /// Each row is computed exactly as the same token evaluated alone: the products and
+    /// norms are row by row (the kernels are batch-size invariant), RoPE and attention
+    /// per slot.
+    pub fn eval_batch_with<E: From<ModelError>>(
+        &mut self,
+        seqs: &[SeqTokens<'_>],
+        mut run: impl FnMut(&mut Session<'m>) -> Result<(), E>,
+    ) -> Result<&[f32], E> {
+        self.check_batch(seqs)?;
+        let n_vocab = self.model.hparams().n_vocab;
+        let batches = plan_batches(seqs, |slot| self.n_past[slot], self.n_batch);
+        self.entry_logits.resize(seqs.len() * n_vocab, 0.0);
+        let mut spans = Vec::with_capacity(seqs.len());
+        for pieces in &batches {
+            spans.clear();
+            spans.extend(pieces.iter().map(|p| p.span));
+            self.begin_spans(&spans)?;
+            self.batch_tokens.clear();
+            for p in pieces {
+                self.batch_tokens
+                    .extend_from_slice(&seqs[p.entry].tokens[p.tokens.clone()]);
+            }
+            let tokens = std::mem::take(&mut self.batch_tokens);
+            let embedded = self.embed(&tokens);
+            self.batch_tokens = tokens;
+            embedded?;
+            run(self)?;
+            self.finish_batch();
+            self.entries_logits(pieces, seqs)?;
+        }
+        Ok(&self.entry_logits)
+    }
+
+    /// The logits of the entries that end in the last batch (`pieces`), into their
+    /// places in `entry_logits`: their last rows gathered, one output-head product.
+    fn entries_logits(
+        &mut self,
+        pieces: &[Piece],
+        seqs: &[SeqTokens<'_>],
+    ) -> Result<(), ModelError> {
+        let hp = self.model.hparams();
+        let (d, n_vocab) = (hp.n_embd, hp.n_vocab);
+        self.out_rows.clear();
+        let (mut first, mut n) = (None, 0);
+        let mut row = 0;
+        for p in pieces {
+            row += p.span.len;
+            if p.ends(seqs) {
+                // Pieces of entries that end here are consecutive entries.
+                first.get_or_insert(p.entry);
+                n += 1;
+                self.out_rows
+                    .extend_from_slice(&self.buf.x[(row - 1) * d..row * d]);
+            }
+        }
+        let Some(first) = first else {
+            return Ok(());
+        };
+        let (model, be, b) = (self.model, self.backend, &mut self.buf);
+        let h = &mut b.h[..n * d];
+        op(
+            be.rms_norm(
+                rs(&self.out_rows),
+                model.view(&model.output_norm),
+                hp.rms_eps,
+                rm(h),
+            ),
+            "rms_norm",
+        )?;
+        let out = &mut self.entry_logits[first * n_vocab..(first + n) * n_vocab];
+        op(
+            be.matmul(model.view(&model.output), rs(h), n as u32, rm(out)),
+            "matmul output",
+        )
+    }
+
+    /// Starts a batch of `n` tokens of slot 0 at position `start`. Cached positions from
+    /// `start` on are forgotten first (a new request that shares only a prefix with the
+    /// old one).
     pub fn begin_batch(&mut self, start: usize, n: usize) -> Result<(), ModelError> {
+        self.begin_spans(&[SeqSpan {
+            slot: 0,
+            start,
+            len: n,
+        }])
+    }
+
+    /// Starts a batch of `spans`, their rows one after another. Each slot's cached
+    /// positions from its span's start on are forgotten first. A span of no rows (only
+    /// a whole batch of one may be empty), a slot twice, a gap after a slot's cached
+    /// positions or a batch over `n_batch` rows is an error, before anything changes.
+    pub fn begin_spans(&mut self, spans: &[SeqSpan]) -> Result<(), ModelError> {
+        let n: usize = spans.iter().map(|s| s.len).sum();
         if n > self.n_batch {
             return Err(ModelError::BatchTooLarge {
                 n,
                 n_batch: self.n_batch,
             });
         }
-        if start > self.n_past {
-            return Err(ModelError::PositionGap {
-                start,
-                n_past: self.n_past,
-            });
+        for (i, s) in spans.iter().enumerate() {
+            let n_past = self.known_slot(s.slot)?;
+            if spans[..i].iter().any(|o| o.slot == s.slot) {
+                return Err(ModelError::SlotTwice { slot: s.slot });
+            }
+            if s.len == 0 && spans.len() > 1 {
+                return Err(ModelError::EmptyEntry { slot: s.slot });
+            }
+            if s.start > n_past {
+                return Err(ModelError::PositionGap {
+                    start: s.start,
+                    n_past,
+                });
+            }
+            if s.start + s.len > self.n_ctx {
+                return Err(ModelError::ContextFull {
+                    needed: s.start + s.len,
+                    n_ctx: self.n_ctx,
+                });
+            }
         }
-        if start + n > self.n_ctx {
-            return Err(ModelError::ContextFull {
-                needed: start + n,
-                n_ctx: self.n_ctx,
-            });
+        let mut row = 0;
+        for s in spans {
+            if s.start < self.n_past[s.slot] {
+                self.truncate_slot(s.slot, s.start)?;
+            }
+            for (i, p) in self.buf.positions[row..row + s.len].iter_mut().enumerate() {
+                *p = (s.start + i) as u32;
+            }
+            row += s.len;
         }
-        if start < self.n_past {
-            self.truncate(start)?;
-        }
-        for (i, p) in self.buf.positions[..n].iter_mut().enumerate() {
-            *p = (start + i) as u32;
-        }
-        self.batch_start = start;
+        self.batch.clear();
+        self.batch.extend_from_slice(spans);
         self.batch_len = n;
         Ok(())
+    }
+
+    /// The spans of the batch in flight, in row order.
+    pub fn batch_spans(&self) -> &[SeqSpan] {
+        &self.batch
     }
 
     /// The residual stream of the batch in flight, `n × n_embd`.
@@ -280,26 +497,30 @@ impl<'m> Session<'m> {
     /// Runs the layers `layers` over the batch in flight (all must be held).
     pub fn run_layers(&mut self, layers: std::ops::Range<usize>) -> Result<(), ModelError> {
         for il in layers {
-            let Some(slot) = self.kv_slots.get(il).copied().flatten() else {
+            let Some(index) = self.kv_layers.get(il).copied().flatten() else {
                 return Err(ModelError::LayerNotHeld {
                     layer: il,
                     held: self.held_layers(),
                 });
             };
-            self.layer(il, slot)?;
+            self.layer(il, index)?;
         }
         Ok(())
     }
 
     /// Marks the batch in flight as cached.
     pub fn finish_batch(&mut self) {
-        self.n_past = self.batch_start + self.batch_len;
+        for s in &self.batch {
+            self.n_past[s.slot] = s.start + s.len;
+        }
+        std::mem::swap(&mut self.last, &mut self.batch);
+        self.batch.clear();
         self.batch_len = 0;
     }
 
     fn held_layers(&self) -> String {
-        let held: Vec<String> = (0..self.kv_slots.len())
-            .filter(|&l| self.kv_slots[l].is_some())
+        let held: Vec<String> = (0..self.kv_layers.len())
+            .filter(|&l| self.kv_layers[l].is_some())
             .map(|l| l.to_string())
             .collect();
         if held.is_empty() {
@@ -315,6 +536,20 @@ impl<'m> Session<'m> {
         Ok(&self.buf.logits)
     }
 
+    /// Rows of the last batch still cached: up to the first span whose slot has since
+    /// been cut before the span's end.
+    fn last_rows(&self) -> usize {
+        let mut rows = 0;
+        for s in &self.last {
+            let kept = self.n_past[s.slot].saturating_sub(s.start).min(s.len);
+            rows += kept;
+            if kept < s.len {
+                break;
+            }
+        }
+        rows
+    }
+
     /// Logits of rows `rows` of the last batch, one row of `n_vocab` after another into
     /// `out`, with the output head applied to all of them in one product (its weights are
     /// read once, not once per row). The caller owns `out`, so the per-token path still
@@ -326,8 +561,7 @@ impl<'m> Session<'m> {
     ) -> Result<(), ModelError> {
         let hp = self.model.hparams();
         let (d, n) = (hp.n_embd, rows.len());
-        // The last batch began at `batch_start` and ended at `n_past`.
-        let last_len = self.n_past.saturating_sub(self.batch_start);
+        let last_len = self.last_rows();
         if rows.end > last_len || n > self.n_batch {
             return Err(ModelError::RowsOutOfBatch {
                 rows: format!("{}..{}", rows.start, rows.end),
@@ -422,15 +656,13 @@ impl<'m> Session<'m> {
     }
 
     /// One decoder layer over the batch in the residual stream; its keys and values go to
-    /// KV-cache slot `slot`.
-    fn layer(&mut self, il: usize, slot: u32) -> Result<(), ModelError> {
+    /// layer `index` of each span's slot's KV cache.
+    fn layer(&mut self, il: usize, index: u32) -> Result<(), ModelError> {
         let model = self.model;
         let hp = model.hparams();
         let w = &model.layers[il];
         let be = self.backend;
-        // A layer is only run when it has a slot, so the cache exists.
-        let kv = self.kv.unwrap_or_default();
-        let (start_pos, n) = (self.batch_start as u32, self.batch_len);
+        let n = self.batch_len;
         let spec = hp.arch.spec();
         let rope = self.rope_params(il);
         let b = &mut self.buf;
@@ -490,9 +722,9 @@ impl<'m> Session<'m> {
             }
         };
         let params = AttentionParams {
-            layer: slot,
-            n_tokens: nt,
-            start_pos,
+            layer: index,
+            n_tokens: 0,
+            start_pos: 0,
             n_head: hp.n_head as u32,
             n_head_kv: hp.n_head_kv as u32,
             head_dim_k: hp.head_dim_k as u32,
@@ -505,11 +737,32 @@ impl<'m> Session<'m> {
             },
             softcap: 0.0,
         };
+        // Attention per span: each slot's rows against its own cache and positions.
+        let mut row = 0;
+        for s in &self.batch {
+            // A layer is only run when it is held, so every slot has its cache.
+            let kv = self.kv.get(s.slot).copied().unwrap_or_default();
+            let rows = row..row + s.len;
+            row += s.len;
+            let params = AttentionParams {
+                n_tokens: s.len as u32,
+                start_pos: s.start as u32,
+                ..params
+            };
+            let out = &mut b.attn[rows.start * attn_dim..rows.end * attn_dim];
+            op(
+                be.attention(
+                    kv,
+                    rs(rows_of(q, &rows, qd)),
+                    rs(rows_of(k, &rows, kd)),
+                    rs(rows_of(v, &rows, vd)),
+                    params,
+                    rm(out),
+                ),
+                "attention",
+            )?;
+        }
         let attn = &mut b.attn[..n * attn_dim];
-        op(
-            be.attention(kv, rs(q), rs(k), rs(v), params, rm(attn)),
-            "attention",
-        )?;
         op(
             be.matmul(model.view(&w.wo), rs(attn), nt, rm(h)),
             "matmul attn_output",
@@ -559,6 +812,11 @@ impl<'m> Session<'m> {
     }
 }
 
+/// Rows `rows` of `x`, rows of `dim` floats.
+fn rows_of<'a>(x: &'a [f32], rows: &std::ops::Range<usize>, dim: usize) -> &'a [f32] {
+    &x[rows.start * dim..rows.end * dim]
+}
+
 /// `x += post_norm(h)`, or `x += h` without a post-norm.
 fn add_residual(
     be: &BackendBox,
@@ -584,7 +842,7 @@ fn add_residual(
 
 impl Drop for Session<'_> {
     fn drop(&mut self) {
-        if let Some(kv) = self.kv {
+        for &kv in &self.kv {
             self.backend.kv_drop(kv);
         }
     }

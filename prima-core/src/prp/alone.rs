@@ -6,6 +6,7 @@
 //!
 //! When everything fits, [`LocalSession`] is a plain [`Session`]: no hint, no extra work.
 
+use crate::batch::{BatchForward, SeqTokens};
 use crate::generate::{Forward, RowLogits};
 use crate::model::{Model, ModelError, Session};
 
@@ -94,6 +95,51 @@ impl Forward for LocalSession<'_> {
 
     fn truncate(&mut self, n: usize) -> Result<(), ModelError> {
         self.session.truncate(n)
+    }
+}
+
+/// Every slot's rows of a batch go through each streamed chunk together: a chunk is read
+/// once per batch, whatever the number of sequences in it.
+impl BatchForward for LocalSession<'_> {
+    type Error = ModelError;
+
+    fn n_slots(&self) -> usize {
+        self.session.n_slots()
+    }
+
+    fn n_ctx(&self) -> usize {
+        self.session.n_ctx()
+    }
+
+    fn n_batch(&self) -> usize {
+        self.session.n_batch()
+    }
+
+    fn n_vocab(&self) -> usize {
+        self.session.model().hparams().n_vocab
+    }
+
+    fn n_past(&self, slot: usize) -> usize {
+        self.session.slot_n_past(slot)
+    }
+
+    fn truncate(&mut self, slot: usize, n: usize) -> Result<(), ModelError> {
+        self.session.truncate_slot(slot, n)
+    }
+
+    fn eval_batch(&mut self, seqs: &[SeqTokens<'_>]) -> Result<&[f32], ModelError> {
+        let LocalSession { session, residency } = self;
+        let Some(residency) = residency else {
+            return session.eval_batch(seqs);
+        };
+        let model = session.model();
+        session.eval_batch_with(seqs, |s| {
+            for (i, w) in residency.windows().iter().enumerate() {
+                s.run_layers(w.layers.clone())?;
+                residency.after_window(model, i);
+            }
+            Ok::<(), ModelError>(())
+        })
     }
 }
 

@@ -70,22 +70,25 @@ pub struct WeightBudget {
 }
 
 /// Memory a session needs besides weights: its KV cache for `n_ctx` positions of every
-/// layer (F16, as the CPU backend keeps it), its activation buffers for `n_batch` tokens,
+/// layer in each of its `n_slots` slots (F16, as the CPU backend keeps it), its activation buffers for `n_batch` tokens,
 /// the backend's quantized copy of the widest activation, and [`PROCESS_OVERHEAD`]. The KV
 /// cache is counted for the whole context although its pages are touched only as it
 /// fills: a long conversation must not push weights out later.
-pub fn memory_margin(hp: &HyperParams, n_ctx: usize, n_batch: usize) -> u64 {
-    memory_margin_for_layers(hp, hp.n_layers, n_ctx, n_batch)
+pub fn memory_margin(hp: &HyperParams, n_ctx: usize, n_batch: usize, n_slots: usize) -> u64 {
+    memory_margin_for_layers(hp, hp.n_layers, n_ctx, n_batch, n_slots)
 }
 
-/// [`memory_margin`] of a ring device whose KV cache holds `n_layers` layers.
+/// [`memory_margin`] of a ring device whose KV caches hold `n_layers` layers.
 pub fn memory_margin_for_layers(
     hp: &HyperParams,
     n_layers: usize,
     n_ctx: usize,
     n_batch: usize,
+    n_slots: usize,
 ) -> u64 {
-    let kv = n_layers * n_ctx * hp.n_head_kv * (hp.head_dim_k + hp.head_dim_v) * 2;
+    // One cache per slot (continuous batching), each of the whole context. The activation
+    // buffers below do not grow with slots: a batch holds `n_batch` rows, all slots together.
+    let kv = n_slots * n_layers * n_ctx * hp.n_head_kv * (hp.head_dim_k + hp.head_dim_v) * 2;
     // Activation buffers are allocated for a whole batch but their pages are committed only
     // as rows are used: a decode step touches one row, a prompt batch its length. Counting
     // all `n_batch` rows (512 of an 8B model: 115 MiB) would stream weights every token on
@@ -137,7 +140,7 @@ pub fn resolve_budget(
 
 /// The budget of a ring device for the weights of its own windows: `arg` resolved against
 /// this device's memory (read now, for `auto`) less the margin of the `held` layers' KV
-/// cache and buffers, and on the head also less the output head (and final norm), which it
+/// caches (`n_slots` of them) and buffers, and on the head also less the output head (and final norm), which it
 /// reads every token outside any window. `None`: no budget, everything stays resident.
 pub fn ring_device_budget(
     arg: MemBudget,
@@ -146,6 +149,7 @@ pub fn ring_device_budget(
     head: bool,
     n_ctx: usize,
     n_batch: usize,
+    n_slots: usize,
 ) -> Option<WeightBudget> {
     let memory = match arg {
         MemBudget::Auto => match crate::profile::device_memory() {
@@ -157,7 +161,7 @@ pub fn ring_device_budget(
         },
         _ => None,
     };
-    let mut margin = memory_margin_for_layers(model.hparams(), held, n_ctx, n_batch);
+    let mut margin = memory_margin_for_layers(model.hparams(), held, n_ctx, n_batch, n_slots);
     if head {
         margin += model.read_whole_bytes();
     }
@@ -278,14 +282,18 @@ mod tests {
             local_layers: Vec::new(),
             rope_freq_base_local: 10000.0,
         };
-        let short = memory_margin(&hp, 256, 1);
-        let long = memory_margin(&hp, 4096, 1);
+        let short = memory_margin(&hp, 256, 1, 1);
+        let long = memory_margin(&hp, 4096, 1, 1);
         // 22 layers × 3840 positions × 4 heads × 128 dims × 2 bytes.
         assert_eq!(long - short, 22 * 3840 * 4 * 128 * 2);
         assert!(short > PROCESS_OVERHEAD);
         // Batches count up to MARGIN_BATCH_ROWS rows of activations, no more.
-        let rows = |n| memory_margin(&hp, 256, n);
+        let rows = |n| memory_margin(&hp, 256, n, 1);
         assert!(rows(64) > rows(1));
         assert_eq!(rows(512), rows(64));
+        // Each slot has a KV cache of the whole context; the buffers are shared.
+        let slots = |n| memory_margin(&hp, 4096, 1, n);
+        assert_eq!(slots(4) - slots(1), 3 * 22 * 4096 * 4 * 128 * 2);
+        assert_eq!(slots(4) - long, slots(4) - slots(1));
     }
 }

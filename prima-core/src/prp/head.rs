@@ -347,6 +347,7 @@ impl<'m> RingHead<'m> {
             true,
             options.n_ctx,
             options.n_batch,
+            1,
         );
         let residency = Residency::plan(
             model,

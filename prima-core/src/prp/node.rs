@@ -211,6 +211,7 @@ fn session(node: &Node<'_>, setup: Setup, control: &Link) -> Result<bool, RingEr
         false,
         setup.n_ctx,
         setup.n_batch,
+        1,
     );
     let residency = Residency::plan(
         model,

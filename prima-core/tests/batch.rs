@@ -1,0 +1,349 @@
+//! Continuous batching's engine: several sequences in one forward pass compute, each, the
+//! logits the same sequence gets alone, bit for bit — prefill chunks beside single decode
+//! tokens, slots at different positions, entries cut across batches, one slot truncated
+//! and evaluated again. The kernels are batch-size invariant (each row of a product is
+//! the same dot products in the same order whatever the other rows), and RoPE and
+//! attention run per slot, so nothing but the row order differs.
+
+mod common;
+
+use std::path::PathBuf;
+
+use common::{cpu_backend, derived_models, model_or_skip, workspace_models};
+use prima_core::batch::{BatchForward, SeqTokens};
+use prima_core::generate::Forward;
+use prima_core::model::{Model, ModelError, Session};
+use prima_core::prp::alone::LocalSession;
+use prima_core::prp::protocol::{ReleaseMethod, ReleasePolicy};
+use prima_core::prp::residency::Residency;
+
+const N_CTX: usize = 64;
+/// Greedy steps each sequence decodes after its prompt.
+const STEPS: usize = 5;
+/// A prompt is fed this many tokens per step (chunked prefill).
+const CHUNK: usize = 4;
+
+fn smollm2() -> Option<PathBuf> {
+    model_or_skip(workspace_models().join("SmolLM2-135M-Instruct.Q4_1.gguf"))
+}
+
+fn argmax(l: &[f32]) -> u32 {
+    (0..l.len())
+        .max_by(|&a, &b| l[a].total_cmp(&l[b]).then(b.cmp(&a)))
+        .unwrap() as u32
+}
+
+/// Prompts of different lengths (token ids spread over the vocabulary), and the step at
+/// which each joins: the last joins while the others decode.
+fn prompts(n_vocab: usize) -> Vec<(Vec<u32>, usize)> {
+    let mut state = 0x2545_f491_u64;
+    let mut next = || {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((state >> 33) % n_vocab as u64) as u32
+    };
+    [(11, 0), (5, 0), (17, 1), (2, 4)]
+        .iter()
+        .map(|&(len, join)| ((0..len).map(|_| next()).collect(), join))
+        .collect()
+}
+
+/// The logits a sequence gets alone: after its prompt, then after each greedy token.
+fn alone(
+    model: &Model,
+    be: &prima_core::plugin::backend_abi::BackendBox,
+    prompt: &[u32],
+) -> Vec<Vec<f32>> {
+    let mut s = Session::new(model, be, N_CTX, 64).unwrap();
+    let mut all = vec![s.eval(prompt).unwrap().to_vec()];
+    for _ in 0..STEPS {
+        let t = argmax(all.last().unwrap());
+        all.push(s.eval(&[t]).unwrap().to_vec());
+    }
+    all
+}
+
+/// Runs every prompt on its own slot of `f` (prompt `i` on slot `slots[i]`), all active
+/// sequences in one `eval_batch` per step: prompts fed in chunks of [`CHUNK`] beside the
+/// others' decode tokens. Returns each sequence's logits after its prompt and after
+/// each greedy token, as [`alone`] does.
+fn batched<F: BatchForward>(
+    f: &mut F,
+    prompts: &[(Vec<u32>, usize)],
+    slots: &[usize],
+) -> Vec<Vec<Vec<f32>>>
+where
+    F::Error: std::fmt::Debug,
+{
+    let n = prompts.len();
+    let mut fed = vec![0; n];
+    let mut next = vec![0u32; n];
+    let mut got: Vec<Vec<Vec<f32>>> = vec![Vec::new(); n];
+    let mut step = 0;
+    while got.iter().any(|g| g.len() < STEPS + 1) {
+        let mut active = Vec::new();
+        let mut inputs: Vec<Vec<u32>> = Vec::new();
+        for i in 0..n {
+            let (prompt, join) = &prompts[i];
+            if step < *join || got[i].len() == STEPS + 1 {
+                continue;
+            }
+            let input = if fed[i] < prompt.len() {
+                let end = (fed[i] + CHUNK).min(prompt.len());
+                let chunk = prompt[fed[i]..end].to_vec();
+                fed[i] = end;
+                chunk
+            } else {
+                vec![next[i]]
+            };
+            active.push(i);
+            inputs.push(input);
+        }
+        // Entries in a different order than the slots, every other step reversed.
+        if step % 2 == 1 {
+            active.reverse();
+            inputs.reverse();
+        }
+        let seqs: Vec<SeqTokens> = active
+            .iter()
+            .zip(&inputs)
+            .map(|(&i, t)| SeqTokens {
+                slot: slots[i],
+                tokens: t,
+            })
+            .collect();
+        let logits = f.eval_batch(&seqs).unwrap().to_vec();
+        let v = f.n_vocab();
+        assert_eq!(logits.len(), seqs.len() * v);
+        for (e, &i) in active.iter().enumerate() {
+            if fed[i] < prompts[i].0.len() {
+                continue; // a prompt chunk before its last
+            }
+            let l = logits[e * v..(e + 1) * v].to_vec();
+            next[i] = argmax(&l);
+            got[i].push(l);
+        }
+        step += 1;
+    }
+    got
+}
+
+fn check_model(path: &std::path::Path) {
+    let model = Model::load(path).unwrap();
+    let backend = cpu_backend(2);
+    let be = &backend.backend;
+    let prompts = prompts(model.hparams().n_vocab);
+    let expected: Vec<_> = prompts.iter().map(|(p, _)| alone(&model, be, p)).collect();
+    let slots = [0, 2, 1, 3];
+    // One batch per step, and batches of 3 rows that cut entries across batches.
+    for n_batch in [64, 3] {
+        let mut session = Session::with_slots(&model, be, N_CTX, n_batch, 4).unwrap();
+        assert_eq!(BatchForward::n_slots(&session), 4);
+        let got = batched(&mut session, &prompts, &slots);
+        for (i, (g, e)) in got.iter().zip(&expected).enumerate() {
+            assert!(
+                g == e,
+                "{}: n_batch {n_batch}: sequence {i} differs from the same sequence alone",
+                path.display()
+            );
+        }
+        // Slot 1 forgets all but its prompt's first 3 positions and is fed the rest
+        // again, beside a decode token of slot 0: its logits are the prompt's again.
+        let p = &prompts[2].0;
+        BatchForward::truncate(&mut session, 1, 3).unwrap();
+        assert_eq!(BatchForward::n_past(&session, 1), 3);
+        let t0 = argmax(&got[0][STEPS]);
+        let logits = session
+            .eval_batch(&[
+                SeqTokens {
+                    slot: 1,
+                    tokens: &p[3..],
+                },
+                SeqTokens {
+                    slot: 0,
+                    tokens: &[t0],
+                },
+            ])
+            .unwrap();
+        let v = model.hparams().n_vocab;
+        assert!(
+            logits[..v] == expected[2][0][..],
+            "slot 1 after its truncation"
+        );
+    }
+}
+
+#[test]
+fn each_sequence_of_a_mixed_batch_gets_the_logits_it_gets_alone() {
+    let Some(path) = smollm2() else { return };
+    check_model(&path);
+}
+
+#[test]
+fn mixed_batches_are_exact_on_every_architecture() {
+    // Gemma 3's local layers (sliding window), Qwen's biases and Q/K norms, F16 weights.
+    for name in [
+        "tiny-llama-f32.gguf",
+        "tiny-llama-q4_k.gguf",
+        "tiny-qwen2-f16.gguf",
+        "tiny-qwen3-f32.gguf",
+        "tiny-gemma3-f32.gguf",
+    ] {
+        let Some(path) = model_or_skip(derived_models().join(name)) else {
+            continue;
+        };
+        check_model(&path);
+    }
+}
+
+#[test]
+fn a_streaming_device_alone_batches_exactly_too() {
+    let Some(path) = smollm2() else { return };
+    let model = Model::load(&path).unwrap();
+    let backend = cpu_backend(2);
+    let be = &backend.backend;
+    let prompts = prompts(model.hparams().n_vocab);
+    let expected: Vec<_> = prompts.iter().map(|(p, _)| alone(&model, be, p)).collect();
+    // Nothing resident but the embedding and the output head: every chunk streamed.
+    let residency =
+        Residency::plan_alone(&model, 1, true, ReleasePolicy::Mru, ReleaseMethod::Pageout);
+    assert!(residency.streams());
+    let session = Session::with_slots(&model, be, N_CTX, 64, 4).unwrap();
+    let mut local = LocalSession::new(session, Some(residency));
+    let got = batched(&mut local, &prompts, &[3, 1, 0, 2]);
+    assert!(
+        got == expected,
+        "the streamed batches differ from each sequence alone"
+    );
+}
+
+#[test]
+fn one_slot_keeps_the_single_sequence_api() {
+    let Some(path) = smollm2() else { return };
+    let model = Model::load(&path).unwrap();
+    let backend = cpu_backend(2);
+    let be = &backend.backend;
+    let prompt = &prompts(model.hparams().n_vocab)[0].0;
+    let expected = alone(&model, be, prompt);
+    // `Forward` (slot 0) and `BatchForward` on the same session agree.
+    let mut s = Session::new(&model, be, N_CTX, 64).unwrap();
+    let l = s
+        .eval_batch(&[SeqTokens {
+            slot: 0,
+            tokens: prompt,
+        }])
+        .unwrap();
+    assert!(l == expected[0]);
+    assert_eq!(Forward::n_past(&s), prompt.len());
+    let t = argmax(&expected[0]);
+    assert!(Forward::eval(&mut s, &[t]).unwrap() == expected[1]);
+}
+
+#[test]
+fn bad_entries_are_errors_that_change_nothing() {
+    let Some(path) = model_or_skip(derived_models().join("tiny-llama-f32.gguf")) else {
+        return;
+    };
+    let model = Model::load(&path).unwrap();
+    let backend = cpu_backend(1);
+    let mut s = Session::with_slots(&model, &backend.backend, 8, 4, 2).unwrap();
+    s.eval_batch(&[SeqTokens {
+        slot: 1,
+        tokens: &[1, 2, 3],
+    }])
+    .unwrap();
+    let vocab = model.hparams().n_vocab as u32;
+    let err = |s: &mut Session, seqs: &[SeqTokens]| s.eval_batch(seqs).map(|_| ()).unwrap_err();
+
+    let e = err(
+        &mut s,
+        &[SeqTokens {
+            slot: 2,
+            tokens: &[1],
+        }],
+    );
+    assert!(
+        matches!(
+            e,
+            ModelError::UnknownSlot {
+                slot: 2,
+                n_slots: 2
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("slot 2"), "{e}");
+    let e = err(
+        &mut s,
+        &[
+            SeqTokens {
+                slot: 0,
+                tokens: &[1],
+            },
+            SeqTokens {
+                slot: 0,
+                tokens: &[2],
+            },
+        ],
+    );
+    assert!(matches!(e, ModelError::SlotTwice { slot: 0 }), "{e}");
+    let e = err(
+        &mut s,
+        &[
+            SeqTokens {
+                slot: 0,
+                tokens: &[1],
+            },
+            SeqTokens {
+                slot: 1,
+                tokens: &[],
+            },
+        ],
+    );
+    assert!(matches!(e, ModelError::EmptyEntry { slot: 1 }), "{e}");
+    // Slot 1 holds 3 of its 8 positions: 6 more overflow it, not slot 0.
+    let e = err(
+        &mut s,
+        &[
+            SeqTokens {
+                slot: 0,
+                tokens: &[1; 6],
+            },
+            SeqTokens {
+                slot: 1,
+                tokens: &[1; 6],
+            },
+        ],
+    );
+    assert!(
+        matches!(
+            e,
+            ModelError::SlotContextFull {
+                slot: 1,
+                needed: 9,
+                n_ctx: 8
+            }
+        ),
+        "{e}"
+    );
+    let e = err(
+        &mut s,
+        &[SeqTokens {
+            slot: 0,
+            tokens: &[vocab],
+        }],
+    );
+    assert!(matches!(e, ModelError::TokenOutOfRange { .. }), "{e}");
+    assert!(BatchForward::truncate(&mut s, 5, 0).is_err());
+    assert!(matches!(
+        Session::with_slots(&model, &backend.backend, 8, 4, 0),
+        Err(ModelError::NoSlots)
+    ));
+    // Nothing ran: the slots hold what they held.
+    assert_eq!(
+        (BatchForward::n_past(&s, 0), BatchForward::n_past(&s, 1)),
+        (0, 3)
+    );
+    assert!(s.eval_batch(&[]).unwrap().is_empty());
+}
