@@ -21,7 +21,9 @@ use prima_core::prp::protocol::{ReleaseMethod, ReleasePolicy, WireType};
 use prima_core::prp::{RingError, RingHead, RingOptions};
 use prima_core::sampler::{Sampler, SamplerConfig};
 use prima_core::server::metrics as server_metrics;
-use prima_core::server::{serve_blocking, shutdown_when_set};
+use prima_core::server::{
+    serve_blocking, serve_blocking_batch, shutdown_when_set, SchedulerOptions,
+};
 
 use super::apply_failover::{layout_of, replanner};
 use super::apply_nodes::{LocalNodes, NodeSpec};
@@ -69,6 +71,10 @@ pub struct ApplyArgs {
     /// After --prompt, write every device's per-pass statistics to this file as JSON.
     #[arg(long, requires = "prompt")]
     stats_json: Option<PathBuf>,
+    /// Requests served at once, each with its own KV cache of policy.ctx positions
+    /// (default: the manifest's [server] parallel, else 1).
+    #[arg(long, value_parser = super::serve::parse_parallel)]
+    parallel: Option<usize>,
 }
 
 /// Renames a ring error's device index to its manifest name.
@@ -220,6 +226,14 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
     let policy = &m.policy;
     let n_ctx = policy.ctx.min(engine.model.hparams().n_ctx_train.max(1));
     let nodes: Vec<String> = plan.ring().skip(1).map(|d| d.addr.clone()).collect();
+    let parallel = args.parallel.unwrap_or(m.server.parallel);
+    if parallel > 1 && !nodes.is_empty() && args.prompt.is_none() {
+        bail!(
+            "parallel = {parallel}: a ring serves one request at a time for now (its head \
+             evaluates one sequence per pass); use --parallel 1, or serve from one device \
+             with `prima serve --parallel {parallel}`"
+        );
+    }
     let windows: Vec<usize> = plan.ring().map(|d| d.w).collect();
     let options = RingOptions {
         n_ctx,
@@ -287,6 +301,7 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
             head_ring,
             n_ctx,
             policy.batch,
+            parallel,
             interrupted,
         );
     };
@@ -375,6 +390,7 @@ fn serve_until_interrupted(
     head_ring: Option<ResilientRing<'_>>,
     n_ctx: usize,
     n_batch: usize,
+    parallel: usize,
     interrupted: Arc<AtomicBool>,
 ) -> anyhow::Result<()> {
     let addr = &manifest.manifest.server.listen;
@@ -406,6 +422,25 @@ fn serve_until_interrupted(
                 server_metrics::record_failover(&h.take_events(), h.devices().len());
             })?;
             ring.shutdown(false);
+        }
+        None if parallel > 1 => {
+            let mut session = Session::with_slots(
+                &engine.model,
+                &engine.backend.backend,
+                n_ctx,
+                n_batch,
+                parallel,
+            )?;
+            let options = SchedulerOptions::default();
+            serve_blocking_batch(
+                &mut session,
+                tok,
+                &name,
+                listener,
+                shutdown,
+                options,
+                |_| {},
+            )?;
         }
         None => {
             let mut session = Session::new(&engine.model, &engine.backend.backend, n_ctx, n_batch)?;
