@@ -18,7 +18,6 @@
 
 use std::collections::VecDeque;
 use std::ops::ControlFlow;
-use std::sync::mpsc::TryRecvError;
 
 use super::metrics;
 use super::slot::Running;
@@ -81,11 +80,8 @@ pub fn run_scheduler<B: BatchForward>(
                 Err(_) => break,
             }
         }
-        loop {
-            match jobs.rx.try_recv() {
-                Ok(job) => waiting.push_back(job),
-                Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
-            }
+        while let Ok(job) = jobs.rx.try_recv() {
+            waiting.push_back(job);
         }
         step += 1;
         admit(
