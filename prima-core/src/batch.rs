@@ -45,6 +45,40 @@ pub trait BatchForward {
 
 use crate::model::{ModelError, Session};
 
+/// Fails, naming the entry, unless every entry of `seqs` names one of `n_slots` slots,
+/// no slot appears twice, every entry has a token and every slot's context of `n_ctx`
+/// positions, of which it holds `n_past(slot)`, has room for its tokens.
+pub fn check_entries(
+    seqs: &[SeqTokens<'_>],
+    n_slots: usize,
+    n_ctx: usize,
+    n_past: impl Fn(usize) -> usize,
+) -> Result<(), ModelError> {
+    for (i, seq) in seqs.iter().enumerate() {
+        if seq.slot >= n_slots {
+            return Err(ModelError::UnknownSlot {
+                slot: seq.slot,
+                n_slots,
+            });
+        }
+        if seqs[..i].iter().any(|s| s.slot == seq.slot) {
+            return Err(ModelError::SlotTwice { slot: seq.slot });
+        }
+        if seq.tokens.is_empty() {
+            return Err(ModelError::EmptyEntry { slot: seq.slot });
+        }
+        let needed = n_past(seq.slot) + seq.tokens.len();
+        if needed > n_ctx {
+            return Err(ModelError::SlotContextFull {
+                slot: seq.slot,
+                needed,
+                n_ctx,
+            });
+        }
+    }
+    Ok(())
+}
+
 /// A session's slots on one device: every layer here.
 impl BatchForward for Session<'_> {
     type Error = ModelError;

@@ -14,6 +14,7 @@
 use std::path::Path;
 use std::sync::OnceLock;
 
+use crate::batch::SeqSpan;
 use crate::gguf::{GgmlType, GgufFile, GgufWriter, Value};
 use crate::manifest::LoadedManifest;
 use crate::model::Model;
@@ -121,16 +122,18 @@ pub fn ring_frame(data: &[u8]) {
                 }
             }
         }
-        Frame::Activations(header, payload) => {
-            // The node's session holds at most n_batch rows (`Session::begin_batch`).
+        Frame::Activations(header, spans, payload) => {
+            // The node's session holds at most n_batch rows (`Session::begin_spans`).
             let n = header.n_tokens as usize;
             if n > TINY_N_BATCH {
                 return;
             }
             let mut hidden = vec![0.0f32; n * TINY_N_EMBD];
             if read_payload(&header, payload, TINY_N_EMBD, &mut hidden).is_ok() {
+                let mut table = Vec::new();
+                spans.read_into(&mut table);
                 let mut out = Vec::new();
-                encode_activations(&mut out, &header, &hidden);
+                encode_activations(&mut out, &header, &table, &hidden);
             }
         }
     }
@@ -237,6 +240,7 @@ fn ring_seeds() -> Vec<Vec<u8>> {
         ],
         n_ctx: 64,
         n_batch: TINY_N_BATCH,
+        n_slots: 2,
         next: NextHop::Head { port: 9000 },
         prefetch: true,
         release: Default::default(),
@@ -296,13 +300,24 @@ fn ring_seeds() -> Vec<Vec<u8>> {
     for wire in [WireType::F32, WireType::F16] {
         let header = Activations {
             seq: 3,
-            start_pos: 5,
             n_tokens: 2,
             round: 1,
             wire,
         };
+        let spans = [
+            SeqSpan {
+                slot: 0,
+                start: 5,
+                len: 1,
+            },
+            SeqSpan {
+                slot: 1,
+                start: 0,
+                len: 1,
+            },
+        ];
         let mut frame = Vec::new();
-        encode_activations(&mut frame, &header, &x);
+        encode_activations(&mut frame, &header, &spans, &x);
         seeds.push(frame);
     }
     seeds

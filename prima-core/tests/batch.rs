@@ -9,13 +9,17 @@ mod common;
 
 use std::path::PathBuf;
 
-use common::{cpu_backend, derived_models, model_or_skip, workspace_models};
-use prima_core::batch::{BatchForward, SeqTokens};
+use common::{cpu_backend, derived_models, model_or_skip, workspace_models, Node};
+use prima_core::batch::{BatchForward, SeqSpan, SeqTokens};
 use prima_core::generate::Forward;
 use prima_core::model::{Model, ModelError, Session};
+use prima_core::plugin::load_transport;
+use prima_core::plugin::transport_abi::TransportConfig;
 use prima_core::prp::alone::LocalSession;
+use prima_core::prp::failover::{ResilientRing, RingDevice, RingLayout};
 use prima_core::prp::protocol::{ReleaseMethod, ReleasePolicy};
 use prima_core::prp::residency::Residency;
+use prima_core::prp::{RingHead, RingOptions};
 
 const N_CTX: usize = 64;
 /// Greedy steps each sequence decodes after its prompt.
@@ -76,6 +80,19 @@ fn batched<F: BatchForward>(
 where
     F::Error: std::fmt::Debug,
 {
+    batched_with(f, prompts, slots, |_| {})
+}
+
+/// [`batched`], calling `before_step` with the step's number before each step.
+fn batched_with<F: BatchForward>(
+    f: &mut F,
+    prompts: &[(Vec<u32>, usize)],
+    slots: &[usize],
+    mut before_step: impl FnMut(usize),
+) -> Vec<Vec<Vec<f32>>>
+where
+    F::Error: std::fmt::Debug,
+{
     let n = prompts.len();
     let mut fed = vec![0; n];
     let mut next = vec![0u32; n];
@@ -113,6 +130,7 @@ where
                 tokens: t,
             })
             .collect();
+        before_step(step);
         let logits = f.eval_batch(&seqs).unwrap().to_vec();
         let v = f.n_vocab();
         assert_eq!(logits.len(), seqs.len() * v);
@@ -340,10 +358,277 @@ fn bad_entries_are_errors_that_change_nothing() {
         Session::with_slots(&model, &backend.backend, 8, 4, 0),
         Err(ModelError::NoSlots)
     ));
+    // Spans as a ring node receives them (round 0 of a frame).
+    let span = |slot, start, len| SeqSpan { slot, start, len };
+    for (spans, what) in [
+        (vec![span(7, 0, 1)], "slot 7 does not exist"),
+        (vec![span(0, 1, 1)], "only 0 positions are cached"),
+        (vec![span(1, 0, 1), span(1, 1, 1)], "slot 1 appears twice"),
+        (vec![span(0, 0, 1), span(1, 3, 0)], "holds no tokens"),
+        (vec![span(0, 0, 3), span(1, 3, 2)], "batch size 4"),
+    ] {
+        let e = s.begin_spans(&spans).unwrap_err();
+        assert!(e.to_string().contains(what), "{spans:?}: {e}");
+    }
     // Nothing ran: the slots hold what they held.
     assert_eq!(
         (BatchForward::n_past(&s, 0), BatchForward::n_past(&s, 1)),
         (0, 3)
     );
     assert!(s.eval_batch(&[]).unwrap().is_empty());
+}
+
+fn ring_options(n_batch: usize) -> RingOptions {
+    RingOptions {
+        n_ctx: N_CTX,
+        n_batch,
+        n_slots: 4,
+        listen: "127.0.0.1:0".into(),
+        security: common::test_security(),
+        ..RingOptions::default()
+    }
+}
+
+fn tcp() -> prima_core::plugin::LoadedTransport {
+    load_transport(
+        Some("tcp"),
+        TransportConfig {
+            max_frame_bytes: 1 << 30,
+        },
+    )
+    .expect("the tcp transport plugin (cargo build --workspace)")
+}
+
+#[test]
+fn a_ring_of_three_batches_exactly_what_each_sequence_gets_alone() {
+    let Some(path) = smollm2() else { return };
+    let model = Model::load(&path).unwrap();
+    let backend = cpu_backend(1);
+    let be = &backend.backend;
+    let transport = tcp();
+    let nodes = [Node::start(&path), Node::start(&path)];
+    let addrs: Vec<String> = nodes.iter().map(|n| n.addr.clone()).collect();
+    let prompts = prompts(model.hparams().n_vocab);
+    let expected: Vec<_> = prompts.iter().map(|(p, _)| alone(&model, be, p)).collect();
+    // One round, and three rounds (k = 3) with entries cut across batches.
+    for (windows, n_batch) in [([10, 10, 10], 64), ([4, 3, 3], 3)] {
+        let options = ring_options(n_batch);
+        let mut head =
+            RingHead::connect(&model, be, &transport.transport, &addrs, &windows, &options)
+                .unwrap_or_else(|e| panic!("windows {windows:?}: {e}"));
+        let got = batched(&mut head, &prompts, &[1, 3, 0, 2]);
+        for (i, (g, e)) in got.iter().zip(&expected).enumerate() {
+            assert!(
+                g == e,
+                "windows {windows:?}: sequence {i} differs from alone"
+            );
+        }
+        // A slot truncated on the head: the nodes forget its positions with its next
+        // span.
+        let p = &prompts[2].0;
+        BatchForward::truncate(&mut head, 0, 5).unwrap();
+        let logits = head
+            .eval_batch(&[SeqTokens {
+                slot: 0,
+                tokens: &p[5..],
+            }])
+            .unwrap();
+        assert!(
+            logits == expected[2][0],
+            "windows {windows:?}: after truncation"
+        );
+        head.shutdown(false);
+    }
+}
+
+#[test]
+fn a_resilient_ring_replays_every_slot_after_a_lost_device() {
+    let Some(path) = smollm2() else { return };
+    let model = Model::load(&path).unwrap();
+    let backend = cpu_backend(1);
+    let be = &backend.backend;
+    let transport = tcp();
+    let mut nodes = vec![Node::start(&path), Node::start(&path)];
+    let addrs: Vec<String> = nodes.iter().map(|n| n.addr.clone()).collect();
+    let prompts = prompts(model.hparams().n_vocab);
+    let expected: Vec<_> = prompts.iter().map(|(p, _)| alone(&model, be, p)).collect();
+
+    let device = |name: &str, addr: &str| RingDevice {
+        name: name.into(),
+        addr: addr.into(),
+    };
+    let all = vec![
+        device("head", ""),
+        device("a", &addrs[0]),
+        device("b", &addrs[1]),
+    ];
+    let layout = RingLayout {
+        devices: all.clone(),
+        windows: vec![10, 10, 10],
+        next_routes: Vec::new(),
+    };
+    let options = ring_options(64);
+    let head = RingHead::connect(
+        &model,
+        be,
+        &transport.transport,
+        &addrs,
+        &layout.windows,
+        &options,
+    )
+    .unwrap();
+    // The devices left share the layers evenly.
+    let replan = Box::new(move |lost: &[String]| {
+        let devices: Vec<RingDevice> = all
+            .iter()
+            .filter(|d| !lost.contains(&d.name))
+            .cloned()
+            .collect();
+        let windows = match devices.len() {
+            3 => vec![10, 10, 10],
+            2 => vec![15, 15],
+            _ => vec![30],
+        };
+        Ok(RingLayout {
+            devices,
+            windows,
+            next_routes: Vec::new(),
+        })
+    });
+    let mut ring = ResilientRing::new(
+        head,
+        &model,
+        be,
+        &transport.transport,
+        layout,
+        options,
+        replan,
+    );
+    // Device b dies after a few steps, when every slot holds a context.
+    let got = batched_with(&mut ring, &prompts, &[0, 1, 2, 3], |step| {
+        if step == 6 {
+            nodes.pop();
+        }
+    });
+    for (i, (g, e)) in got.iter().zip(&expected).enumerate() {
+        assert!(
+            g == e,
+            "sequence {i} differs from alone across the failover"
+        );
+    }
+    assert_eq!(ring.devices().len(), 2, "the ring goes on without b");
+    ring.shutdown(false);
+}
+
+/// Median seconds of one decode step with `n` slots each decoding one token, for each
+/// `n` of `slots`, after a 16-token prompt per slot. The sizes take turns, a few steps
+/// each, `reps` times, so that what else runs on the machine weighs on all of them alike.
+fn decode_step_s<F: BatchForward>(f: &mut F, slots: &[usize], reps: usize) -> Vec<f64>
+where
+    F::Error: std::fmt::Debug,
+{
+    const STEPS_PER_TURN: usize = 4;
+    let v = f.n_vocab();
+    let prompts = prompts(v);
+    let most = slots.iter().copied().max().unwrap_or(1);
+    let mut next = Vec::new();
+    for slot in 0..most {
+        BatchForward::truncate(f, slot, 0).unwrap();
+        let prompt: Vec<u32> = prompts[slot % prompts.len()]
+            .0
+            .iter()
+            .cycle()
+            .take(16)
+            .copied()
+            .collect();
+        let logits = f
+            .eval_batch(&[SeqTokens {
+                slot,
+                tokens: &prompt,
+            }])
+            .unwrap();
+        next.push([argmax(logits)]);
+    }
+    let mut times = vec![Vec::new(); slots.len()];
+    for _ in 0..reps {
+        for (i, &n) in slots.iter().enumerate() {
+            for _ in 0..STEPS_PER_TURN {
+                let seqs: Vec<SeqTokens> = next[..n]
+                    .iter()
+                    .enumerate()
+                    .map(|(slot, t)| SeqTokens { slot, tokens: t })
+                    .collect();
+                let start = std::time::Instant::now();
+                let logits = f.eval_batch(&seqs).unwrap().to_vec();
+                times[i].push(start.elapsed().as_secs_f64());
+                for (e, t) in next[..n].iter_mut().enumerate() {
+                    t[0] = argmax(&logits[e * v..(e + 1) * v]);
+                }
+            }
+        }
+    }
+    times
+        .iter_mut()
+        .map(|t| {
+            t.sort_by(f64::total_cmp);
+            t[t.len() / 2]
+        })
+        .collect()
+}
+
+/// The engine's ceiling for continuous batching: aggregate decode tokens/s with 1, 2, 4
+/// and 8 slots each decoding one token per step, SmolLM2 Q4_1, on one device (2
+/// threads) and on a 3-device loopback ring (a thread each). Measures, asserts nothing:
+/// `cargo test --release -p prima-core --test batch -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn decode_throughput_by_slots() {
+    let Some(path) = smollm2() else { return };
+    let model = Model::load(&path).unwrap();
+    const REPS: usize = 12;
+    let slots = [1, 2, 4, 8];
+    let mut rows = Vec::new();
+    {
+        let backend = cpu_backend(2);
+        let mut s = Session::with_slots(&model, &backend.backend, 256, 64, 8).unwrap();
+        decode_step_s(&mut s, &[1], 2); // warm-up
+        let steps = decode_step_s(&mut s, &slots, REPS);
+        rows.push(("one device, -t 2", steps));
+    }
+    {
+        let backend = cpu_backend(1);
+        let transport = tcp();
+        let nodes = [Node::start(&path), Node::start(&path)];
+        let addrs: Vec<String> = nodes.iter().map(|n| n.addr.clone()).collect();
+        let options = RingOptions {
+            n_ctx: 256,
+            n_slots: 8,
+            ..ring_options(64)
+        };
+        let mut head = RingHead::connect(
+            &model,
+            &backend.backend,
+            &transport.transport,
+            &addrs,
+            &[10, 10, 10],
+            &options,
+        )
+        .unwrap();
+        decode_step_s(&mut head, &[1], 2);
+        let steps = decode_step_s(&mut head, &slots, REPS);
+        rows.push(("3-device loopback ring, -t 1 each", steps));
+        head.shutdown(false);
+    }
+    println!("| where | slots | median step ms | aggregate tok/s | × 1 slot |");
+    println!("|---|---|---|---|---|");
+    for (where_, steps) in &rows {
+        for (&n, &step) in slots.iter().zip(steps) {
+            println!(
+                "| {where_} | {n} | {:.1} | {:.1} | {:.2} |",
+                step * 1e3,
+                n as f64 / step,
+                n as f64 * steps[0] / step
+            );
+        }
+    }
 }

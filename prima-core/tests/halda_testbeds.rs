@@ -105,6 +105,52 @@ fn llama3_8b_on_d1_d4_runs_entirely_on_d3_gpu() {
 }
 
 #[test]
+fn more_slots_ask_for_more_memory() {
+    // Continuous batching's slots each keep a KV cache: the plan's memory grows with them.
+    let devs = devices("d1-d6", &["D1", "D2", "D3", "D4"]);
+    let m = model("llama3-70b-q4_k");
+    let lda = |n_slots: usize| {
+        let opts = PlanOptions {
+            n_slots,
+            ..PlanOptions::default()
+        };
+        let refs: Vec<&DeviceProfile> = devs.iter().collect();
+        halda::Lda::new(&m, &refs, &[], &os_models(), &opts).unwrap()
+    };
+    let (one, four) = (lda(1), lda(4));
+    let kv = m.kv_bytes_per_token * PlanOptions::default().n_kv;
+    assert!(
+        (four.b_prime - one.b_prime - 3.0 * kv).abs() < 1.0,
+        "b' grows by a KV cache per slot"
+    );
+    // The same placement needs more RAM with more slots, and the planner sees it.
+    let p = plan(&m, &devs, Scheduler::Halda);
+    let w: Vec<u32> = p.devices.iter().map(|d| d.w).collect();
+    let n: Vec<u32> = p.devices.iter().map(|d| d.n).collect();
+    let ram = |lda: &halda::Lda| -> f64 {
+        lda.predict(&w, &n)
+            .devices
+            .iter()
+            .map(|d| d.ram_bytes)
+            .sum()
+    };
+    assert!(
+        ram(&four) > ram(&one) + kv,
+        "{} vs {}",
+        ram(&four),
+        ram(&one)
+    );
+    let s = solver();
+    let opts = PlanOptions {
+        n_slots: 4,
+        ..PlanOptions::default()
+    };
+    let p4 = halda::plan(&m, &devs, Scheduler::Halda, Some(&s), &os_models(), &opts).unwrap();
+    check_plan(&p4);
+    eprintln!("1 slot: {}\n4 slots: {}", describe(&p), describe(&p4));
+}
+
+#[test]
 fn llama3_70b_on_d1_d4_respects_memory_and_beats_the_baselines() {
     let devs = devices("d1-d6", &["D1", "D2", "D3", "D4"]);
     let m = model("llama3-70b-q4_k");

@@ -454,6 +454,7 @@ fn a_head_speaking_another_protocol_is_refused() {
         }],
         n_ctx: 64,
         n_batch: 8,
+        n_slots: 1,
         next: NextHop::Head { port: 1 },
         prefetch: true,
         release: ReleasePolicy::Mru,

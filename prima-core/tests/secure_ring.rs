@@ -204,7 +204,7 @@ fn plain_activations(streams: &[(usize, bool, Vec<u8>)]) -> Vec<Vec<u8>> {
         while at + 4 <= bytes.len() {
             let len = u32::from_be_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
             let frame = &bytes[at + 4..at + 4 + len];
-            if let Ok(Frame::Activations(_, payload)) = decode(frame) {
+            if let Ok(Frame::Activations(_, _, payload)) = decode(frame) {
                 found.push(payload.to_vec());
             }
             at += 4 + len;

@@ -238,6 +238,7 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
     let options = RingOptions {
         n_ctx,
         n_batch: policy.batch,
+        n_slots: 1,
         prefetch: policy.prefetch,
         release: match policy.release {
             Release::Mru => ReleasePolicy::Mru,

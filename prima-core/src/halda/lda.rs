@@ -12,8 +12,12 @@ use crate::profile::{DeviceProfile, GpuKind, QuantClass, GB, GIB};
 /// Planning options.
 #[derive(Debug, Clone, Copy)]
 pub struct PlanOptions {
-    /// n_{kv}: tokens of KV cache the plan provisions for.
+    /// n_{kv}: tokens of KV cache the plan provisions for, per slot.
     pub n_kv: f64,
+    /// Slots (continuous batching's independent contexts): every device keeps a KV cache
+    /// of n_{kv} tokens per slot for each of its layers, so a layer with its KV cache is
+    /// b' = b + 2(h_k·e_k + h_v·e_v)·n_{kv}·slots. Compute stays one sequence's.
+    pub n_slots: usize,
     /// s^{disk}_{threshold}: a disk slower than this (bytes/s) never takes reloads (M4).
     pub disk_threshold: f64,
     /// Time limit of one ILP solve, seconds.
@@ -28,6 +32,7 @@ impl Default for PlanOptions {
     fn default() -> Self {
         PlanOptions {
             n_kv: 4096.0,
+            n_slots: 1,
             // The paper names the threshold but not its value. With the read-ahead thread a
             // disk streams behind the other devices' turns, so only a disk too slow to
             // keep up with a ring (an SD card, a spinning disk) is "slow"; the d1-d4 bed's
@@ -163,10 +168,12 @@ impl Lda {
     ) -> Result<Lda, NoMemoryModel> {
         let n_kv = opts.n_kv;
         let b = model.layer_bytes;
-        let b_prime = model.layer_bytes_with_kv(n_kv);
+        let slots = opts.n_slots.max(1) as f64;
+        let b_prime = model.layer_bytes_with_kv(n_kv * slots);
         let f = model.layer_flops(n_kv);
         let hidden_bytes = 4.0 * model.n_embd as f64;
-        let kv_token = model.kv_bytes_per_token;
+        // t^{kv_cpy}: each slot's new token is written to its cache every step.
+        let kv_token = model.kv_bytes_per_token * slots;
         let lookup = model.input_row_bytes();
         let comm = |d: &DeviceProfile| match &d.link {
             Some(link) => link.rtt_ms / 2000.0 + hidden_bytes / link.bytes_per_s,

@@ -5,7 +5,7 @@ use abi_stable::std_types::{RNone, RResult, RSlice, RSliceMut, RSome, RString};
 
 use super::arch::{AttentionScale, FfnActivation};
 use super::{HyperParams, Model, ModelError, RopeScaling};
-use crate::batch::{plan_batches, Piece, SeqSpan, SeqTokens};
+use crate::batch::{check_entries, plan_batches, Piece, SeqSpan, SeqTokens};
 use crate::plugin::backend_abi::{AttentionParams, BackendBox, KvSpec, RopeParams};
 
 /// Turns a backend result into a model error that names the operation.
@@ -310,24 +310,8 @@ impl<'m> Session<'m> {
     /// session, no slot appears twice, every entry has a token, every token is in the
     /// vocabulary and every slot's context holds its tokens.
     pub fn check_batch(&self, seqs: &[SeqTokens<'_>]) -> Result<(), ModelError> {
-        for (i, seq) in seqs.iter().enumerate() {
-            let n_past = self.known_slot(seq.slot)?;
-            if seqs[..i].iter().any(|s| s.slot == seq.slot) {
-                return Err(ModelError::SlotTwice { slot: seq.slot });
-            }
-            if seq.tokens.is_empty() {
-                return Err(ModelError::EmptyEntry { slot: seq.slot });
-            }
-            if n_past + seq.tokens.len() > self.n_ctx {
-                return Err(ModelError::SlotContextFull {
-                    slot: seq.slot,
-                    needed: n_past + seq.tokens.len(),
-                    n_ctx: self.n_ctx,
-                });
-            }
-            self.check_vocab(seq.tokens)?;
-        }
-        Ok(())
+        check_entries(seqs, self.n_slots(), self.n_ctx, |slot| self.n_past[slot])?;
+        seqs.iter().try_for_each(|seq| self.check_vocab(seq.tokens))
     }
 
     /// Evaluates every entry of `seqs` after its slot's cached positions, all entries in

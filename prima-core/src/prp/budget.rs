@@ -88,7 +88,17 @@ pub fn memory_margin_for_layers(
 ) -> u64 {
     // One cache per slot (continuous batching), each of the whole context. The activation
     // buffers below do not grow with slots: a batch holds `n_batch` rows, all slots together.
-    let kv = n_slots * n_layers * n_ctx * hp.n_head_kv * (hp.head_dim_k + hp.head_dim_v) * 2;
+    // Saturating: a setup's n_ctx and n_slots come from the wire.
+    let kv = [
+        n_slots,
+        n_layers,
+        n_ctx,
+        hp.n_head_kv,
+        hp.head_dim_k + hp.head_dim_v,
+        2,
+    ]
+    .iter()
+    .fold(1u64, |acc, &x| acc.saturating_mul(x as u64));
     // Activation buffers are allocated for a whole batch but their pages are committed only
     // as rows are used: a decode step touches one row, a prompt batch its length. Counting
     // all `n_batch` rows (512 of an 8B model: 115 MiB) would stream weights every token on
@@ -104,7 +114,7 @@ pub fn memory_margin_for_layers(
             + 2 * hp.n_ff)
         + hp.n_vocab;
     let quantized = n_batch * hp.n_ff.max(hp.n_embd);
-    (kv + 4 * floats + quantized) as u64 + PROCESS_OVERHEAD
+    kv.saturating_add((4 * floats + quantized) as u64 + PROCESS_OVERHEAD)
 }
 
 /// The budget `--mem-budget` asks for; `None` means no budget. `Auto` takes the

@@ -9,7 +9,9 @@
 //!
 //! The context is replayed in one evaluation (batches of `n_batch`), not call by call:
 //! a batch computes every row as the same row evaluated alone would (`tests/failover.rs`
-//! checks the logits bit for bit), so the cheapest replay is also an exact one.
+//! checks the logits bit for bit), so the cheapest replay is also an exact one. With
+//! several slots ([`BatchForward`]) every slot's context is replayed in that one
+//! evaluation, beside the entries that were asked for.
 //!
 //! Between requests, [`ResilientRing::readmit`] asks each lost device whether it answers
 //! again (its node restarted at the same address) and, if one does, plans it back in.
@@ -19,8 +21,9 @@
 
 use std::time::{Duration, Instant};
 
+use crate::batch::{check_entries, BatchForward, SeqTokens};
 use crate::generate::Forward;
-use crate::model::{Model, Session};
+use crate::model::{Model, ModelError, Session};
 use crate::plugin::backend_abi::BackendBox;
 use crate::plugin::transport_abi::TransportBox;
 
@@ -116,11 +119,13 @@ pub struct ResilientRing<'m> {
     replan: Replan<'m>,
     layout: RingLayout,
     inner: Inner<'m>,
-    /// The tokens of the context, in order: what the inner cache holds, or (after a new
-    /// ring was connected) must hold again before the next evaluation.
-    context: Vec<u32>,
-    /// The context's missing tail and the tokens to evaluate, when a new ring catches up.
-    replay: Vec<u32>,
+    /// The tokens of each slot's context, in order: what the inner cache holds, or
+    /// (after a new ring was connected) must hold again before the next evaluation.
+    /// Slot 0's is the context of [`Forward`].
+    contexts: Vec<Vec<u32>>,
+    /// Per slot, the context's missing tail and the tokens to evaluate, when a new ring
+    /// catches up.
+    replay: Vec<Vec<u32>>,
     /// The last logits (the inner `Forward`'s are gone once it is replaced).
     logits: Vec<f32>,
     lost: Vec<Lost>,
@@ -139,6 +144,7 @@ impl<'m> ResilientRing<'m> {
         options: RingOptions,
         replan: Replan<'m>,
     ) -> ResilientRing<'m> {
+        let n_slots = options.n_slots.max(1);
         ResilientRing {
             model,
             backend,
@@ -147,8 +153,8 @@ impl<'m> ResilientRing<'m> {
             replan,
             layout,
             inner: Inner::Ring(Box::new(head)),
-            context: Vec::new(),
-            replay: Vec::new(),
+            contexts: vec![Vec::new(); n_slots],
+            replay: vec![Vec::new(); n_slots],
             logits: Vec::new(),
             lost: Vec::new(),
             events: Vec::new(),
@@ -295,11 +301,12 @@ impl<'m> ResilientRing<'m> {
 
     fn connect(&self, layout: &RingLayout) -> Result<Inner<'m>, RingError> {
         if layout.devices.len() <= 1 {
-            let session = Session::new(
+            let session = Session::with_slots(
                 self.model,
                 self.backend,
                 self.options.n_ctx,
                 self.options.n_batch,
+                self.options.n_slots,
             )?;
             return Ok(Inner::Alone(Box::new(session)));
         }
@@ -339,11 +346,12 @@ impl<'m> ResilientRing<'m> {
     fn try_eval(&mut self, tokens: &[u32]) -> Result<(), RingError> {
         let ResilientRing {
             inner,
-            context,
+            contexts,
             replay,
             logits,
             ..
         } = self;
+        let (context, replay) = (&contexts[0], &mut replay[0]);
         let out = match inner {
             Inner::Down => return Err(RingError::Setup("the ring is down".into())),
             Inner::Ring(head) => {
@@ -359,6 +367,117 @@ impl<'m> ResilientRing<'m> {
         logits.extend_from_slice(out);
         Ok(())
     }
+
+    /// [`ResilientRing::try_eval`] for several slots: every slot the ring lacks part of
+    /// is caught up in the same evaluation.
+    fn try_eval_batch(&mut self, seqs: &[SeqTokens<'_>]) -> Result<(), RingError> {
+        let ResilientRing {
+            inner,
+            contexts,
+            replay,
+            logits,
+            ..
+        } = self;
+        match inner {
+            Inner::Down => Err(RingError::Setup("the ring is down".into())),
+            Inner::Ring(head) => batch_catch_up(head.as_mut(), contexts, replay, seqs, logits),
+            Inner::Alone(session) => {
+                batch_catch_up(session.as_mut(), contexts, replay, seqs, logits)
+            }
+        }
+    }
+
+    /// A lost device: marks it and takes the ring down (the next evaluation plans and
+    /// connects another); `Err` when that device was already lost.
+    fn lose(
+        &mut self,
+        device: usize,
+        addr: String,
+        reason: String,
+        loss: &mut Option<Instant>,
+    ) -> Result<(), RingError> {
+        loss.get_or_insert_with(Instant::now);
+        let lost = self.layout.devices[device].clone();
+        eprintln!(
+            "failover: device '{}' ({addr}) lost mid-request: {reason}; planning the ring without it",
+            lost.name
+        );
+        self.inner = Inner::Down;
+        if !self.mark_lost(lost) {
+            return Err(RingError::DeviceLost {
+                device,
+                addr,
+                reason,
+            });
+        }
+        Ok(())
+    }
+
+    /// Reports the recovery after a loss, `replayed` context tokens later.
+    fn recovered(&mut self, loss: Option<Instant>, replayed: usize) {
+        if let Some(t) = loss {
+            let after = t.elapsed();
+            eprintln!(
+                "failover: first logits {:.0} ms after the loss ({replayed} context tokens replayed)",
+                after.as_secs_f64() * 1e3,
+            );
+            self.events.push(FailoverEvent::Recovered { after });
+        }
+    }
+}
+
+/// Evaluates `seqs` on `forward` after catching up every slot whose cache lacks part of
+/// its context: an entry of a slot that lags is its missing tail followed by its tokens,
+/// and each other slot that lags gets an entry of its missing tail, after those asked
+/// for. The logits of `seqs` go to `logits`. A cache that holds more than its context (an
+/// evaluation that failed half way) is cut first.
+fn batch_catch_up<F: BatchForward>(
+    forward: &mut F,
+    contexts: &[Vec<u32>],
+    replay: &mut [Vec<u32>],
+    seqs: &[SeqTokens<'_>],
+    logits: &mut Vec<f32>,
+) -> Result<(), RingError>
+where
+    RingError: From<F::Error>,
+{
+    let mut lagging = vec![false; contexts.len()];
+    for (slot, context) in contexts.iter().enumerate() {
+        if forward.n_past(slot) > context.len() {
+            forward.truncate(slot, context.len())?;
+        }
+        let cached = forward.n_past(slot);
+        if cached < context.len() {
+            lagging[slot] = true;
+            replay[slot].clear();
+            replay[slot].extend_from_slice(&context[cached..]);
+        }
+    }
+    for seq in seqs {
+        if lagging[seq.slot] {
+            replay[seq.slot].extend_from_slice(seq.tokens);
+        }
+    }
+    let mut entries: Vec<SeqTokens<'_>> = seqs
+        .iter()
+        .map(|seq| match lagging[seq.slot] {
+            true => SeqTokens {
+                slot: seq.slot,
+                tokens: &replay[seq.slot],
+            },
+            false => *seq,
+        })
+        .collect();
+    for (slot, tail) in replay.iter().enumerate() {
+        if lagging[slot] && !seqs.iter().any(|s| s.slot == slot) {
+            entries.push(SeqTokens { slot, tokens: tail });
+        }
+    }
+    let n_vocab = forward.n_vocab();
+    let out = forward.eval_batch(&entries)?;
+    logits.clear();
+    logits.extend_from_slice(&out[..seqs.len() * n_vocab]);
+    Ok(())
 }
 
 /// What `forward` must evaluate to hold `context` and then `tokens`: `tokens` when it
@@ -425,39 +544,18 @@ impl Forward for ResilientRing<'_> {
                     addr,
                     reason,
                 }) if device > 0 && device < self.layout.devices.len() => {
-                    loss.get_or_insert_with(Instant::now);
-                    let lost = self.layout.devices[device].clone();
-                    eprintln!(
-                        "failover: device '{}' ({addr}) lost mid-request: {reason}; planning the ring without it",
-                        lost.name
-                    );
-                    self.inner = Inner::Down;
-                    if !self.mark_lost(lost) {
-                        return Err(RingError::DeviceLost {
-                            device,
-                            addr,
-                            reason,
-                        });
-                    }
+                    self.lose(device, addr, reason, &mut loss)?
                 }
                 Err(e) => return Err(e),
             }
         }
-        self.context.extend_from_slice(tokens);
-        if let Some(t) = loss {
-            let after = t.elapsed();
-            eprintln!(
-                "failover: first logits {:.0} ms after the loss ({} context tokens replayed)",
-                after.as_secs_f64() * 1e3,
-                self.context.len() - tokens.len()
-            );
-            self.events.push(FailoverEvent::Recovered { after });
-        }
+        self.contexts[0].extend_from_slice(tokens);
+        self.recovered(loss, self.contexts[0].len() - tokens.len());
         Ok(&self.logits)
     }
 
     fn n_past(&self) -> usize {
-        self.context.len()
+        self.contexts[0].len()
     }
 
     fn n_ctx(&self) -> usize {
@@ -467,12 +565,84 @@ impl Forward for ResilientRing<'_> {
     /// Cuts the context; a ring that holds more forgets it too (a new ring, still
     /// catching up, replays only what is kept).
     fn truncate(&mut self, n: usize) -> Result<(), RingError> {
-        self.context.truncate(n);
+        BatchForward::truncate(self, 0, n)
+    }
+}
+
+/// Every slot's context is kept here, so a new ring (after a loss or a device's return)
+/// replays all of them in the first evaluation after it is connected.
+impl BatchForward for ResilientRing<'_> {
+    type Error = RingError;
+
+    fn n_slots(&self) -> usize {
+        self.contexts.len()
+    }
+
+    fn n_ctx(&self) -> usize {
+        self.options.n_ctx
+    }
+
+    fn n_batch(&self) -> usize {
+        // As `Session` clamps it.
+        self.options.n_batch.clamp(1, self.options.n_ctx.max(1))
+    }
+
+    fn n_vocab(&self) -> usize {
+        self.model.hparams().n_vocab
+    }
+
+    fn n_past(&self, slot: usize) -> usize {
+        self.contexts.get(slot).map_or(0, Vec::len)
+    }
+
+    /// Cuts the slot's context; a ring that holds more forgets it too (a new ring, still
+    /// catching up, replays only what is kept).
+    fn truncate(&mut self, slot: usize, n: usize) -> Result<(), RingError> {
+        let n_slots = self.contexts.len();
+        let context = self
+            .contexts
+            .get_mut(slot)
+            .ok_or(ModelError::UnknownSlot { slot, n_slots })?;
+        context.truncate(n);
         match &mut self.inner {
             Inner::Down => Ok(()),
-            Inner::Ring(head) if head.n_past() > n => head.truncate(n),
-            Inner::Alone(session) if session.n_past() > n => Ok(session.truncate(n)?),
+            Inner::Ring(head) if BatchForward::n_past(head.as_ref(), slot) > n => {
+                BatchForward::truncate(head.as_mut(), slot, n)
+            }
+            Inner::Alone(session) if session.slot_n_past(slot) > n => {
+                Ok(session.truncate_slot(slot, n)?)
+            }
             _ => Ok(()),
         }
+    }
+
+    fn eval_batch(&mut self, seqs: &[SeqTokens<'_>]) -> Result<&[f32], RingError> {
+        let contexts = &self.contexts;
+        check_entries(seqs, contexts.len(), self.options.n_ctx, |slot| {
+            contexts[slot].len()
+        })?;
+        let mut loss: Option<Instant> = None;
+        loop {
+            if matches!(self.inner, Inner::Down) {
+                self.reconnect(ReplanCause::DeviceLost)?;
+            }
+            match self.try_eval_batch(seqs) {
+                Ok(()) => break,
+                Err(RingError::DeviceLost {
+                    device,
+                    addr,
+                    reason,
+                }) if device > 0 && device < self.layout.devices.len() => {
+                    self.lose(device, addr, reason, &mut loss)?
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let before: usize = self.contexts.iter().map(Vec::len).sum();
+        for seq in seqs {
+            self.contexts[seq.slot].extend_from_slice(seq.tokens);
+        }
+        self.recovered(loss, before);
+        Ok(&self.logits)
     }
 }

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::batch::{BatchForward, SeqTokens};
 use crate::generate::{Forward, RowLogits};
 use crate::model::{Model, Session};
 use crate::plugin::backend_abi::BackendBox;
@@ -40,8 +41,13 @@ const PONG_TIMEOUT_MS: u64 = 5_000;
 /// How the ring runs.
 #[derive(Debug, Clone)]
 pub struct RingOptions {
+    /// Positions of each slot.
     pub n_ctx: usize,
+    /// Rows of one batch, all slots together.
     pub n_batch: usize,
+    /// Independent contexts every device keeps (a KV cache each, so `n_slots × n_ctx`
+    /// positions of its layers): continuous batching's slots.
+    pub n_slots: usize,
     pub prefetch: bool,
     pub release: ReleasePolicy,
     pub release_method: ReleaseMethod,
@@ -76,6 +82,7 @@ impl Default for RingOptions {
         RingOptions {
             n_ctx: 4096,
             n_batch: 512,
+            n_slots: 1,
             prefetch: true,
             release: ReleasePolicy::Mru,
             release_method: ReleaseMethod::Pageout,
@@ -203,20 +210,27 @@ fn lost_at_connect(e: RingError, device: usize, addr: &str) -> RingError {
     }
 }
 
-/// The head: a [`Forward`] whose layers run round the ring.
+/// The head: a [`Forward`] (slot 0) and a [`BatchForward`] whose layers run round the
+/// ring.
 pub struct RingHead<'m> {
     session: Session<'m>,
+    ring: Passes,
+    health: Option<JoinHandle<()>>,
+    memory: MemoryBaseline,
+    nodes: Vec<NodeInfo>,
+}
+
+/// What sends a batch round the ring: the head's windows, the data connections, the
+/// pass counter and the statistics of every pass.
+struct Passes {
     residency: Residency,
     rounds: usize,
     wire: WireType,
     shared: Arc<Shared>,
-    health: Option<JoinHandle<()>>,
     seq: u64,
     frame: Vec<u8>,
     passes: Vec<PassStats>,
     meter: PassMeter,
-    memory: MemoryBaseline,
-    nodes: Vec<NodeInfo>,
 }
 
 impl<'m> RingHead<'m> {
@@ -327,6 +341,7 @@ impl<'m> RingHead<'m> {
                 windows: of_device(link.device),
                 n_ctx: options.n_ctx,
                 n_batch: options.n_batch,
+                n_slots: options.n_slots,
                 next,
                 prefetch: options.prefetch,
                 release: options.release,
@@ -339,7 +354,14 @@ impl<'m> RingHead<'m> {
         let memory = MemoryBaseline::now();
         let head_windows = of_device(0);
         let held: Vec<usize> = head_windows.iter().flat_map(|w| w.layers.clone()).collect();
-        let session = Session::with_layers(model, backend, options.n_ctx, options.n_batch, &held)?;
+        let session = Session::with_layers_slots(
+            model,
+            backend,
+            options.n_ctx,
+            options.n_batch,
+            options.n_slots,
+            &held,
+        )?;
         let budget = ring_device_budget(
             options.mem_budget,
             model,
@@ -347,7 +369,7 @@ impl<'m> RingHead<'m> {
             true,
             options.n_ctx,
             options.n_batch,
-            1,
+            options.n_slots,
         );
         let residency = Residency::plan(
             model,
@@ -429,15 +451,17 @@ impl<'m> RingHead<'m> {
         };
         Ok(RingHead {
             session,
-            residency,
-            rounds,
-            wire: options.wire,
-            shared,
+            ring: Passes {
+                residency,
+                rounds,
+                wire: options.wire,
+                shared,
+                seq: 0,
+                frame: Vec::new(),
+                passes: Vec::new(),
+                meter: PassMeter::new(),
+            },
             health: Some(health),
-            seq: 0,
-            frame: Vec::new(),
-            passes: Vec::new(),
-            meter: PassMeter::new(),
             memory,
             nodes: infos,
         })
@@ -445,7 +469,7 @@ impl<'m> RingHead<'m> {
 
     /// Rounds per token (k).
     pub fn rounds(&self) -> usize {
-        self.rounds
+        self.ring.rounds
     }
 
     /// The nodes, as they reported when they joined.
@@ -455,7 +479,7 @@ impl<'m> RingHead<'m> {
 
     /// Collects (and clears) the per-pass statistics of every device, the head first.
     pub fn collect_stats(&mut self) -> Result<Vec<DeviceStats>, RingError> {
-        let passes = std::mem::take(&mut self.passes);
+        let passes = std::mem::take(&mut self.ring.passes);
         let mut all = vec![DeviceStats {
             device: 0,
             addr: "head".into(),
@@ -463,7 +487,7 @@ impl<'m> RingHead<'m> {
             peak_memory_pressure: self.memory.peak_pressure(&passes),
             passes,
         }];
-        for link in &self.shared.nodes {
+        for link in &self.ring.shared.nodes {
             match link.ask(&Control::StatsRequest, PONG_TIMEOUT_MS)? {
                 Some(Control::Stats { passes, memory }) => all.push(DeviceStats {
                     device: link.device,
@@ -490,17 +514,20 @@ impl<'m> RingHead<'m> {
     }
 
     fn stop(&mut self, exit: bool) {
-        self.shared.stop.store(true, Ordering::Release);
+        let shared = &self.ring.shared;
+        shared.stop.store(true, Ordering::Release);
         if let Some(h) = self.health.take() {
             let _ = h.join();
         }
-        for link in &self.shared.nodes {
+        for link in &shared.nodes {
             let _ = send_control(&link.control, &Control::Shutdown { exit });
             link.control.close();
         }
-        self.shared.close_data();
+        shared.close_data();
     }
+}
 
+impl Passes {
     /// Turns a transport failure into the health thread's verdict on who broke the ring,
     /// waiting a little for it.
     fn broken(&self, cause: RingError) -> RingError {
@@ -518,18 +545,26 @@ impl<'m> RingHead<'m> {
         cause
     }
 
+    /// Every round of the batch in flight in `session` round the ring.
+    fn batch(&mut self, session: &mut Session<'_>) -> Result<(), RingError> {
+        for round in 0..self.rounds {
+            self.pass(session, round)?;
+        }
+        self.seq += 1;
+        Ok(())
+    }
+
     /// One pass of the batch in flight round the ring for `round`.
-    fn pass(&mut self, round: usize, start_pos: usize) -> Result<(), RingError> {
-        let model = self.session.model();
+    fn pass(&mut self, session: &mut Session<'_>, round: usize) -> Result<(), RingError> {
+        let model = session.model();
         let n_embd = model.hparams().n_embd;
-        let n_tokens = self.session.hidden().len() / n_embd;
+        let n_tokens = session.hidden().len() / n_embd;
         let run = self
             .residency
-            .run_round(model, &mut self.session, &self.meter, round)?;
+            .run_round(model, session, &self.meter, round)?;
 
         let header = Activations {
             seq: self.seq,
-            start_pos: start_pos as u32,
             n_tokens: n_tokens as u32,
             round: round as u16,
             wire: self.wire,
@@ -540,7 +575,12 @@ impl<'m> RingHead<'m> {
         // point is to overlap others' compute; their reads count in the next pass).
         let (disk_read_bytes, mem_available) = self.meter.end_pass();
         let sending = Instant::now();
-        encode_activations(&mut self.frame, &header, self.session.hidden());
+        encode_activations(
+            &mut self.frame,
+            &header,
+            session.batch_spans(),
+            session.hidden(),
+        );
         if let Err(e) = send_frame(&self.shared.data_out, &self.frame) {
             return Err(self.broken(e));
         }
@@ -561,7 +601,7 @@ impl<'m> RingHead<'m> {
         };
         let wait_ms = waiting.elapsed().as_secs_f64() * 1e3;
         let peer = self.shared.data_in.peer().into_string();
-        let (h, payload) = decode_activations(&frame, &peer)?;
+        let (h, _, payload) = decode_activations(&frame, &peer)?;
         if h.seq != header.seq || h.round != header.round {
             return Err(RingError::Unexpected {
                 peer,
@@ -569,7 +609,7 @@ impl<'m> RingHead<'m> {
                 got: format!("seq {} round {}", h.seq, h.round),
             });
         }
-        read_payload(&h, payload, n_embd, self.session.hidden_mut())
+        read_payload(&h, payload, n_embd, session.hidden_mut())
             .map_err(|source| RingError::Protocol { peer, source })?;
         self.passes.push(PassStats {
             seq: header.seq,
@@ -599,11 +639,8 @@ impl Forward for RingHead<'_> {
             let start = self.session.n_past();
             self.session.begin_batch(start, chunk.len())?;
             self.session.embed(chunk)?;
-            for round in 0..self.rounds {
-                self.pass(round, start)?;
-            }
+            self.ring.batch(&mut self.session)?;
             self.session.finish_batch();
-            self.seq += 1;
         }
         Ok(self.session.logits(last_len - 1)?)
     }
@@ -620,6 +657,43 @@ impl Forward for RingHead<'_> {
     /// and every node forgets its positions from there.
     fn truncate(&mut self, n: usize) -> Result<(), RingError> {
         Ok(self.session.truncate(n)?)
+    }
+}
+
+/// Every slot's rows go round the ring together, one frame per round whose spans tell
+/// each node which slot's cache and positions its rows attend to.
+impl BatchForward for RingHead<'_> {
+    type Error = RingError;
+
+    fn n_slots(&self) -> usize {
+        self.session.n_slots()
+    }
+
+    fn n_ctx(&self) -> usize {
+        self.session.n_ctx()
+    }
+
+    fn n_batch(&self) -> usize {
+        self.session.n_batch()
+    }
+
+    fn n_vocab(&self) -> usize {
+        self.session.model().hparams().n_vocab
+    }
+
+    fn n_past(&self, slot: usize) -> usize {
+        self.session.slot_n_past(slot)
+    }
+
+    /// As [`Forward::truncate`]: the nodes forget the slot's positions when its next
+    /// span starts before them.
+    fn truncate(&mut self, slot: usize, n: usize) -> Result<(), RingError> {
+        Ok(self.session.truncate_slot(slot, n)?)
+    }
+
+    fn eval_batch(&mut self, seqs: &[SeqTokens<'_>]) -> Result<&[f32], RingError> {
+        let ring = &mut self.ring;
+        self.session.eval_batch_with(seqs, |s| ring.batch(s))
     }
 }
 

@@ -1,7 +1,7 @@
 //! Sending and receiving protocol messages over a link (a transport connection, sealed
 //! by [`super::secure`] when the cluster has a key).
 
-use super::protocol::{decode, encode_control, Activations, Control, Frame};
+use super::protocol::{decode, encode_control, Activations, Control, Frame, SpanTable};
 use super::secure::Link;
 use super::RingError;
 
@@ -37,14 +37,14 @@ pub fn recv_control(conn: &Link, timeout_ms: u64) -> Result<Option<Control>, Rin
     }
 }
 
-/// An activation frame's header and payload; a control message or a malformed frame is an
-/// error naming `peer`.
+/// An activation frame's header, spans and payload; a control message or a malformed
+/// frame is an error naming `peer`.
 pub fn decode_activations<'f>(
     frame: &'f [u8],
     peer: &str,
-) -> Result<(Activations, &'f [u8]), RingError> {
+) -> Result<(Activations, SpanTable<'f>, &'f [u8]), RingError> {
     match decode(frame) {
-        Ok(Frame::Activations(header, payload)) => Ok((header, payload)),
+        Ok(Frame::Activations(header, spans, payload)) => Ok((header, spans, payload)),
         Ok(Frame::Control(c)) => Err(RingError::Unexpected {
             peer: peer.to_string(),
             expected: "activations",

@@ -30,6 +30,9 @@ use super::RingError;
 
 /// How long setup steps wait for the other side.
 const SETUP_TIMEOUT_MS: u64 = 30_000;
+/// Slots a setup may ask for: far above any useful degree of batching, far below what
+/// would make creating the caches a hang.
+const MAX_SLOTS: usize = 1024;
 /// Statistics kept between two requests (older passes are dropped).
 const MAX_PASSES: usize = 1 << 16;
 
@@ -73,6 +76,17 @@ pub fn serve(
             continue;
         };
         match recv_control(&conn, 5_000) {
+            Ok(Some(Control::Hello {
+                role: Role::Control,
+                protocol,
+            })) if protocol != PROTOCOL_VERSION => {
+                // Said now: a newer head's setup may hold fields this node cannot parse.
+                let reason = protocol_mismatch(protocol);
+                tracing::warn!(peer = %conn.peer(), "{reason}; closing");
+                let _ = send_control(&conn, &Control::Refused { reason });
+                conn.close();
+                continue;
+            }
             Ok(Some(Control::Hello {
                 role: Role::Control,
                 ..
@@ -145,10 +159,7 @@ pub(crate) fn check_setup(
     fingerprint: &ModelFingerprint,
 ) -> Result<(), String> {
     if setup.protocol != PROTOCOL_VERSION {
-        return Err(format!(
-            "the head speaks ring protocol v{}, this node speaks v{PROTOCOL_VERSION}",
-            setup.protocol
-        ));
+        return Err(protocol_mismatch(setup.protocol));
     }
     if setup.model != *fingerprint {
         return Err(format!(
@@ -169,10 +180,20 @@ pub(crate) fn check_setup(
             ));
         }
     }
-    if setup.n_batch == 0 || setup.n_ctx == 0 {
-        return Err("n_ctx and n_batch must be positive".into());
+    if setup.n_batch == 0 || setup.n_ctx == 0 || setup.n_slots == 0 {
+        return Err("n_ctx, n_batch and n_slots must be positive".into());
+    }
+    if setup.n_slots > MAX_SLOTS {
+        return Err(format!(
+            "{} slots asked, this node keeps at most {MAX_SLOTS}",
+            setup.n_slots
+        ));
     }
     Ok(())
+}
+
+fn protocol_mismatch(head: u32) -> String {
+    format!("the head speaks ring protocol v{head}, this node speaks v{PROTOCOL_VERSION}")
 }
 
 /// One head's session. `Ok(true)` when the head asked the node to exit.
@@ -203,7 +224,14 @@ fn session(node: &Node<'_>, setup: Setup, control: &Link) -> Result<bool, RingEr
         .iter()
         .flat_map(|w| w.layers.clone())
         .collect();
-    let mut session = Session::with_layers(model, backend, setup.n_ctx, setup.n_batch, &held)?;
+    let mut session = Session::with_layers_slots(
+        model,
+        backend,
+        setup.n_ctx,
+        setup.n_batch,
+        setup.n_slots,
+        &held,
+    )?;
     let budget = ring_device_budget(
         config.mem_budget,
         model,
@@ -211,7 +239,7 @@ fn session(node: &Node<'_>, setup: Setup, control: &Link) -> Result<bool, RingEr
         false,
         setup.n_ctx,
         setup.n_batch,
-        1,
+        setup.n_slots,
     );
     let residency = Residency::plan(
         model,
@@ -397,6 +425,7 @@ fn compute_loop(
     let n_embd = model.hparams().n_embd;
     let peer = data_in.peer().into_string();
     let mut out = Vec::new();
+    let mut spans = Vec::new();
     let mut meter = PassMeter::new();
     loop {
         let waiting = Instant::now();
@@ -407,11 +436,19 @@ fn compute_loop(
             Err(e) => return Err(e),
         };
         let wait_ms = waiting.elapsed().as_secs_f64() * 1e3;
-        let (header, payload) = decode_activations(&frame, &peer)?;
+        let (header, table, payload) = decode_activations(&frame, &peer)?;
         let round = header.round as usize;
         let n = header.n_tokens as usize;
+        table.read_into(&mut spans);
         if round == 0 {
-            session.begin_batch(header.start_pos as usize, n)?;
+            // Each slot forgets its positions from its span's start on.
+            session.begin_spans(&spans)?;
+        } else if spans != session.batch_spans() {
+            return Err(RingError::Unexpected {
+                peer: peer.clone(),
+                expected: "the spans of the batch in flight",
+                got: format!("{spans:?} in round {round}"),
+            });
         }
         read_payload(&header, payload, n_embd, session.hidden_mut()).map_err(|source| {
             RingError::Protocol {
@@ -447,7 +484,7 @@ fn compute_loop(
             })
         };
         let sending = Instant::now();
-        encode_activations(&mut out, &header, session.hidden());
+        encode_activations(&mut out, &header, session.batch_spans(), session.hidden());
         send_frame(data_out, &out)?;
         let send_ms = sending.elapsed().as_secs_f64() * 1e3;
         if let Some(at) = logged {

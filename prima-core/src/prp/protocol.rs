@@ -3,22 +3,28 @@
 //! Every frame starts with one kind byte. Control frames (`C`) carry a JSON
 //! [`Control`] message: setup, readiness, health, statistics, shutdown — rare and small,
 //! so readable beats compact. Activation frames (`A`) are the data path: a fixed 24-byte
-//! little-endian header and the hidden states as raw f32 or f16, nothing else.
+//! little-endian header, the batch's spans (which slot's rows at which positions, 12
+//! bytes each) and the hidden states as raw f32 or f16, nothing else.
 
 use std::ops::Range;
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::batch::SeqSpan;
 use crate::gguf::GgufFile;
 
 /// Version of this protocol; a peer speaking another one is refused at setup.
 /// 2: every connection opens with the link handshake of [`super::secure`].
-pub const PROTOCOL_VERSION: u32 = 2;
+/// 3: activation frames carry the batch's spans (several slots per batch), the setup
+///    the number of slots.
+pub const PROTOCOL_VERSION: u32 = 3;
 
 const KIND_CONTROL: u8 = b'C';
 const KIND_ACTIVATIONS: u8 = b'A';
 const HEADER_BYTES: usize = 24;
+/// Bytes of one span in an activation frame: slot, start, rows (u32 each).
+const SPAN_BYTES: usize = 12;
 
 /// Why a frame could not be understood.
 #[derive(Debug, thiserror::Error)]
@@ -33,6 +39,8 @@ pub enum ProtocolError {
     ShortHeader { len: usize },
     #[error("activation frame: unknown wire type {0}")]
     BadWireType(u8),
+    #[error("activation frame: {0}")]
+    BadSpans(String),
     #[error("activation frame holds {found} bytes of data, {expected} expected for {n_tokens} tokens × {n_embd}")]
     BadLength {
         found: usize,
@@ -153,13 +161,27 @@ pub struct Setup {
     pub rounds: usize,
     /// The layers this node runs in each round it takes part in.
     pub windows: Vec<RoundWindow>,
+    /// Positions of each slot.
     pub n_ctx: usize,
     pub n_batch: usize,
+    /// Independent contexts (a KV cache each) this node keeps: continuous batching's
+    /// slots. Left out when 1, so that an older node refuses a one-slot setup by its
+    /// protocol version rather than by an unknown field.
+    #[serde(default = "one_slot", skip_serializing_if = "is_one_slot")]
+    pub n_slots: usize,
     pub next: NextHop,
     pub prefetch: bool,
     pub release: ReleasePolicy,
     pub release_method: ReleaseMethod,
     pub wire: WireType,
+}
+
+fn one_slot() -> usize {
+    1
+}
+
+fn is_one_slot(n: &usize) -> bool {
+    *n == 1
 }
 
 /// One window of one round.
@@ -281,19 +303,51 @@ pub enum Control {
 pub struct Activations {
     /// Ring pass number, counted by the head (one per batch per round).
     pub seq: u64,
-    /// First position of the batch.
-    pub start_pos: u32,
+    /// Rows of the batch, all spans together.
     pub n_tokens: u32,
     pub round: u16,
     pub wire: WireType,
+}
+
+/// The spans of an activation frame (which slot's rows, at which positions), still in
+/// wire format; checked when decoded: at least one, none empty, their rows adding up to
+/// the frame's.
+#[derive(Debug, Clone, Copy)]
+pub struct SpanTable<'a>(&'a [u8]);
+
+impl SpanTable<'_> {
+    pub fn len(&self) -> usize {
+        self.0.len() / SPAN_BYTES
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = SeqSpan> + '_ {
+        self.0.chunks_exact(SPAN_BYTES).map(|b| {
+            let at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]) as usize;
+            SeqSpan {
+                slot: at(0),
+                start: at(4),
+                len: at(8),
+            }
+        })
+    }
+
+    /// The spans into `out`, replacing its content (a buffer reused frame after frame).
+    pub fn read_into(&self, out: &mut Vec<SeqSpan>) {
+        out.clear();
+        out.extend(self.iter());
+    }
 }
 
 /// A decoded frame.
 #[derive(Debug)]
 pub enum Frame<'a> {
     Control(Control),
-    /// The header and the raw payload, still in wire format.
-    Activations(Activations, &'a [u8]),
+    /// The header, the spans and the raw payload, still in wire format.
+    Activations(Activations, SpanTable<'a>, &'a [u8]),
 }
 
 pub fn encode_control(msg: &Control) -> Vec<u8> {
@@ -303,17 +357,23 @@ pub fn encode_control(msg: &Control) -> Vec<u8> {
     out
 }
 
-/// Writes an activation frame for `x` (`n_tokens` rows) into `out`, replacing its content.
-pub fn encode_activations(out: &mut Vec<u8>, header: &Activations, x: &[f32]) {
+/// Writes an activation frame for `x` (`n_tokens` rows, the rows of `spans` one after
+/// another) into `out`, replacing its content.
+pub fn encode_activations(out: &mut Vec<u8>, header: &Activations, spans: &[SeqSpan], x: &[f32]) {
     out.clear();
-    out.reserve(HEADER_BYTES + x.len() * header.wire.bytes());
+    out.reserve(HEADER_BYTES + spans.len() * SPAN_BYTES + x.len() * header.wire.bytes());
     out.push(KIND_ACTIVATIONS);
     out.push(header.wire.id());
     out.extend_from_slice(&header.round.to_le_bytes());
-    out.extend_from_slice(&[0; 4]);
+    out.extend_from_slice(&(spans.len() as u32).to_le_bytes());
     out.extend_from_slice(&header.seq.to_le_bytes());
-    out.extend_from_slice(&header.start_pos.to_le_bytes());
+    out.extend_from_slice(&[0; 4]);
     out.extend_from_slice(&header.n_tokens.to_le_bytes());
+    for s in spans {
+        for v in [s.slot, s.start, s.len] {
+            out.extend_from_slice(&(v as u32).to_le_bytes());
+        }
+    }
     match header.wire {
         WireType::F32 => {
             for v in x {
@@ -344,13 +404,48 @@ pub fn decode(frame: &[u8]) -> Result<Frame<'_>, ProtocolError> {
                 wire: WireType::from_id(frame[1])?,
                 round: u16::from_le_bytes([frame[2], frame[3]]),
                 seq: u64::from_le_bytes(seq),
-                start_pos: u32_at(16),
                 n_tokens: u32_at(20),
             };
-            Ok(Frame::Activations(header, &frame[HEADER_BYTES..]))
+            let rest = &frame[HEADER_BYTES..];
+            let n_spans = u32_at(4) as usize;
+            let table = n_spans
+                .checked_mul(SPAN_BYTES)
+                .filter(|&b| b <= rest.len())
+                .ok_or_else(|| {
+                    ProtocolError::BadSpans(format!(
+                        "{n_spans} spans do not fit in {} bytes",
+                        rest.len()
+                    ))
+                })?;
+            let spans = SpanTable(&rest[..table]);
+            check_spans(&spans, header.n_tokens)?;
+            Ok(Frame::Activations(header, spans, &rest[table..]))
         }
         Some(&other) => Err(ProtocolError::UnknownKind(other)),
     }
+}
+
+/// At least one span, none empty, rows adding up to `n_tokens`.
+fn check_spans(spans: &SpanTable<'_>, n_tokens: u32) -> Result<(), ProtocolError> {
+    if spans.is_empty() {
+        return Err(ProtocolError::BadSpans("no span".into()));
+    }
+    let mut rows = 0u64;
+    for s in spans.iter() {
+        if s.len == 0 {
+            return Err(ProtocolError::BadSpans(format!(
+                "slot {}: an empty span",
+                s.slot
+            )));
+        }
+        rows += s.len as u64;
+    }
+    if rows != u64::from(n_tokens) {
+        return Err(ProtocolError::BadSpans(format!(
+            "spans of {rows} rows in a frame of {n_tokens}"
+        )));
+    }
+    Ok(())
 }
 
 /// Converts an activation payload into `out` (`n_tokens × n_embd` floats).
@@ -392,26 +487,91 @@ mod tests {
     #[test]
     fn activations_round_trip_in_both_wire_types() {
         let x: Vec<f32> = (0..12).map(|i| i as f32 * 0.25 - 1.0).collect();
+        let spans = [
+            SeqSpan {
+                slot: 2,
+                start: 40,
+                len: 2,
+            },
+            SeqSpan {
+                slot: 0,
+                start: 7,
+                len: 1,
+            },
+        ];
         for wire in [WireType::F32, WireType::F16] {
             let header = Activations {
                 seq: 7,
-                start_pos: 40,
                 n_tokens: 3,
                 round: 2,
                 wire,
             };
             let mut buf = Vec::new();
-            encode_activations(&mut buf, &header, &x);
-            let Frame::Activations(h, payload) = decode(&buf).unwrap() else {
+            encode_activations(&mut buf, &header, &spans, &x);
+            let Frame::Activations(h, table, payload) = decode(&buf).unwrap() else {
                 panic!("not an activation frame");
             };
             assert_eq!(h, header);
+            assert_eq!(table.iter().collect::<Vec<_>>(), spans);
             let mut out = vec![0.0; 12];
             read_payload(&h, payload, 4, &mut out).unwrap();
             assert_eq!(out, x, "these values are exact in f16 too");
             let err = read_payload(&h, &payload[1..], 4, &mut out).unwrap_err();
             assert!(err.to_string().contains("3 tokens × 4"), "{err}");
         }
+    }
+
+    #[test]
+    fn spans_that_do_not_describe_the_rows_are_refused() {
+        let span = |slot, len| SeqSpan {
+            slot,
+            start: 0,
+            len,
+        };
+        let header = Activations {
+            seq: 1,
+            n_tokens: 2,
+            round: 0,
+            wire: WireType::F32,
+        };
+        let x = [0.0f32; 2];
+        let mut buf = Vec::new();
+        for (spans, what) in [
+            (vec![], "no span"),
+            (vec![span(0, 1), span(1, 0)], "empty span"),
+            (vec![span(0, 1)], "spans of 1 rows"),
+        ] {
+            encode_activations(&mut buf, &header, &spans, &x);
+            let err = decode(&buf).unwrap_err();
+            assert!(err.to_string().contains(what), "{err}");
+        }
+        // A span count past the frame's end.
+        encode_activations(&mut buf, &header, &[span(0, 2)], &x);
+        buf[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
+        let err = decode(&buf).unwrap_err();
+        assert!(err.to_string().contains("do not fit"), "{err}");
+    }
+
+    #[test]
+    fn a_one_slot_setup_reads_as_before_and_more_slots_are_said() {
+        let mut setup: serde_json::Value = serde_json::json!({
+            "protocol": PROTOCOL_VERSION,
+            "model": {"file_bytes": 1, "header_sha256": "ab"},
+            "device": 1, "n_devices": 2, "rounds": 1,
+            "windows": [{"round": 0, "layers": {"start": 0, "end": 1}}],
+            "n_ctx": 8, "n_batch": 4,
+            "next": {"head": {"port": 1}},
+            "prefetch": false, "release": "mru", "release_method": "pageout", "wire": "f32"
+        });
+        let parsed: Setup = serde_json::from_value(setup.clone()).unwrap();
+        assert_eq!(parsed.n_slots, 1);
+        assert!(!serde_json::to_string(&parsed).unwrap().contains("n_slots"));
+        setup["n_slots"] = 4.into();
+        let parsed: Setup = serde_json::from_value(setup).unwrap();
+        assert_eq!(parsed.n_slots, 4);
+        assert!(serde_json::to_string(&parsed)
+            .unwrap()
+            .contains("\"n_slots\":4"));
     }
 
     #[test]
