@@ -226,19 +226,16 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
     let policy = &m.policy;
     let n_ctx = policy.ctx.min(engine.model.hparams().n_ctx_train.max(1));
     let nodes: Vec<String> = plan.ring().skip(1).map(|d| d.addr.clone()).collect();
-    let parallel = args.parallel.unwrap_or(m.server.parallel);
-    if parallel > 1 && !nodes.is_empty() && args.prompt.is_none() {
-        bail!(
-            "parallel = {parallel}: a ring serves one request at a time for now (its head \
-             evaluates one sequence per pass); use --parallel 1, or serve from one device \
-             with `prima serve --parallel {parallel}`"
-        );
-    }
+    // One prompt needs one slot; a server keeps `parallel` on every device.
+    let parallel = match args.prompt {
+        Some(_) => 1,
+        None => args.parallel.unwrap_or(m.server.parallel),
+    };
     let windows: Vec<usize> = plan.ring().map(|d| d.w).collect();
     let options = RingOptions {
         n_ctx,
         n_batch: policy.batch,
-        n_slots: 1,
+        n_slots: parallel,
         prefetch: policy.prefetch,
         release: match policy.release {
             Release::Mru => ReleasePolicy::Mru,
@@ -411,7 +408,7 @@ fn serve_until_interrupted(
     let tok = &engine.tokenizer;
     match head_ring {
         Some(mut ring) => {
-            serve_blocking(&mut ring, tok, &name, listener, shutdown, |h| {
+            let after_job = |h: &mut ResilientRing<'_>| {
                 let names: Vec<String> = h.devices().iter().map(|d| d.name.clone()).collect();
                 if let Ok(stats) = h.collect_stats() {
                     server_metrics::record_ring_stats(&stats, &names);
@@ -421,7 +418,16 @@ fn serve_until_interrupted(
                     eprintln!("failover: {e}");
                 }
                 server_metrics::record_failover(&h.take_events(), h.devices().len());
-            })?;
+            };
+            // One slot keeps the `Forward` path (what a draft model would plug into).
+            if parallel == 1 {
+                serve_blocking(&mut ring, tok, &name, listener, shutdown, after_job)?;
+            } else {
+                let options = SchedulerOptions::default();
+                serve_blocking_batch(
+                    &mut ring, tok, &name, listener, shutdown, options, after_job,
+                )?;
+            }
             ring.shutdown(false);
         }
         None if parallel > 1 => {
