@@ -65,18 +65,18 @@ const PROMPTS: &[&str] = &[
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Server {
+enum Tool {
     Prima,
     Ring,
-    LlamaServer,
+    LlamaCpp,
 }
 
-impl Server {
+impl Tool {
     fn name(self) -> &'static str {
         match self {
-            Server::Prima => "prima serve",
-            Server::Ring => "prima apply (ring of 3)",
-            Server::LlamaServer => "llama-server",
+            Tool::Prima => "prima serve",
+            Tool::Ring => "prima apply (ring of 3)",
+            Tool::LlamaCpp => "llama-server",
         }
     }
 }
@@ -124,9 +124,9 @@ pub fn run(layout: &Layout, args: &BenchServeArgs) -> Result<()> {
     };
     let dir = layout.workspace.join("target/bench-serve");
     std::fs::create_dir_all(&dir)?;
-    let mut servers = vec![Server::Prima, Server::LlamaServer];
+    let mut servers = vec![Tool::Prima, Tool::LlamaCpp];
     if args.ring {
-        servers.push(Server::Ring);
+        servers.push(Tool::Ring);
     }
 
     // results[server][concurrency] = median tok/s, or why there is none.
@@ -215,7 +215,7 @@ fn check_texts(n: usize, m: &Measured, mismatches: &mut Vec<String>) {
 }
 
 fn print_table(
-    servers: &[Server],
+    servers: &[Tool],
     concurrency: &[usize],
     results: &[Vec<Result<f64, String>>],
     args: &BenchServeArgs,
@@ -233,8 +233,8 @@ fn print_table(
     header.push_str(" prima ÷ llama-server |");
     rule.push_str(" ---: |");
     println!("{header}\n{rule}");
-    let prima = servers.iter().position(|&s| s == Server::Prima);
-    let llama = servers.iter().position(|&s| s == Server::LlamaServer);
+    let prima = servers.iter().position(|&s| s == Tool::Prima);
+    let llama = servers.iter().position(|&s| s == Tool::LlamaCpp);
     for (ci, n) in concurrency.iter().enumerate() {
         let mut line = format!("| {n} |");
         for rs in results {
@@ -268,7 +268,7 @@ fn first_line(e: &str) -> String {
 
 /// Starts `server` with `n` slots, warms it up, and runs the rounds.
 fn measure(
-    server: Server,
+    server: Tool,
     n: usize,
     args: &BenchServeArgs,
     model: &Path,
@@ -284,7 +284,7 @@ fn measure(
     ));
     let mut processes: Vec<Running> = Vec::new();
     match server {
-        Server::Prima => {
+        Tool::Prima => {
             let mut cmd = Command::new(prima);
             cmd.args(["serve", "--listen", &format!("127.0.0.1:{port}")])
                 .args(["-t", &args.threads.to_string()])
@@ -294,7 +294,7 @@ fn measure(
                 .arg(model);
             processes.push(Running::spawn(cmd, &log)?);
         }
-        Server::LlamaServer => {
+        Tool::LlamaCpp => {
             let mut cmd = Command::new(llama_server);
             // llama-server's -c is shared by its slots.
             cmd.args(["--host", "127.0.0.1", "--port", &port.to_string()])
@@ -305,7 +305,7 @@ fn measure(
                 .arg(model);
             processes.push(Running::spawn(cmd, &log)?);
         }
-        Server::Ring => processes = ring_processes(prima, model, n, port, args.threads, dir)?,
+        Tool::Ring => processes = ring_processes(prima, model, n, port, args.threads, dir)?,
     }
     wait_healthy(&url, &mut processes, &log)?;
     // Warm-up: pages, caches, the server's first-request costs.
@@ -316,7 +316,7 @@ fn measure(
     }
     // Each prompt alone, on the same server, for the texts batching must not change.
     let mut alone = Vec::new();
-    if server == Server::Prima && n > 1 {
+    if server == Tool::Prima && n > 1 {
         for prompt in &PROMPTS[..n] {
             alone.push(complete(&url, prompt, args.max_tokens)?.0);
         }
