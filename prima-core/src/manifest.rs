@@ -260,21 +260,33 @@ impl Default for Policy {
     }
 }
 
+/// Most parallel slots a server takes (each holds a whole KV cache).
+pub const MAX_PARALLEL: usize = 256;
+
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Server {
     #[serde(default = "default_listen")]
     pub listen: String,
+    /// Requests generated at once, each in its own slot (KV cache) of `policy.ctx`
+    /// positions (`prima apply --parallel`, llama.cpp's `-np`).
+    #[serde(default = "default_parallel")]
+    pub parallel: usize,
 }
 
 fn default_listen() -> String {
     "127.0.0.1:8080".into()
 }
 
+fn default_parallel() -> usize {
+    1
+}
+
 impl Default for Server {
     fn default() -> Self {
         Server {
             listen: default_listen(),
+            parallel: default_parallel(),
         }
     }
 }
@@ -383,6 +395,12 @@ impl LoadedManifest {
 
     fn check(&self) -> Result<(), ManifestError> {
         let m = &self.manifest;
+        if !(1..=MAX_PARALLEL).contains(&m.server.parallel) {
+            return Err(self.invalid(
+                "server.parallel",
+                format!("must be between 1 and {MAX_PARALLEL}"),
+            ));
+        }
         if m.devices.is_empty() {
             return Err(self.invalid("device", "declare at least one [[device]]"));
         }
@@ -584,6 +602,7 @@ k = 2
         assert_eq!(m.manifest.policy.k, Rounds::Fixed(2));
         assert!(m.manifest.policy.prefetch);
         assert_eq!(m.manifest.server.listen, "127.0.0.1:8080");
+        assert_eq!(m.manifest.server.parallel, 1);
         assert_eq!(m.model_path("desk"), PathBuf::from("/m/../models/x.gguf"));
     }
 
@@ -644,6 +663,12 @@ k = 2
         assert_eq!(
             err.to_string(),
             "/m/home.toml: policy.windows: 1 window sizes for 2 devices"
+        );
+
+        let err = parse(&format!("{GOOD}\n[server]\nparallel = 0\n")).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "/m/home.toml: server.parallel: must be between 1 and 256"
         );
 
         let err = parse(&GOOD.replace("address = \"10.0.0.2:9000\"", "")).unwrap_err();

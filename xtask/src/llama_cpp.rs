@@ -30,7 +30,7 @@ const BASE_CMAKE_FLAGS: &[&str] = &[
     "-DLLAMA_OPENSSL=OFF",
     "-DBUILD_SHARED_LIBS=OFF",
     "-DLLAMA_BUILD_TESTS=OFF",
-    "-DLLAMA_BUILD_SERVER=OFF",
+    "-DLLAMA_BUILD_SERVER=ON",
     "-DGGML_OPENMP=ON",
 ];
 
@@ -51,6 +51,7 @@ const TARGETS: &[&str] = &[
     "llama-bench",
     "llama-completion",
     "llama-perplexity",
+    "llama-server",
     "llama",
 ];
 const BINARIES: &[&str] = &[
@@ -59,6 +60,7 @@ const BINARIES: &[&str] = &[
     "llama-bench",
     "llama-completion",
     "llama-perplexity",
+    "llama-server",
 ];
 /// Static libraries the dump tool links, in link order.
 const LIBRARIES: &[&str] = &[

@@ -7,6 +7,7 @@
 
 mod bench;
 mod bench_models;
+mod bench_serve;
 mod build_tools;
 mod catalogue;
 mod cpu_features;
@@ -66,6 +67,9 @@ enum Task {
     Test,
     /// Prima and llama-bench side by side on the bench models, with ratios.
     Bench(bench::BenchArgs),
+    /// The server's aggregate tok/s at 1, 2, 4, 8 concurrent requests: `prima serve
+    /// --parallel N` beside `llama-server -np N` (and a loopback ring with --ring).
+    BenchServe(bench_serve::BenchServeArgs),
     /// Make the generated benchmark models (random weights): Llama-shaped 1B (Q4_K_M,
     /// Q8_0), 3B and 8B (Q4_K_M).
     BenchModels(bench_models::BenchModelsArgs),
@@ -124,6 +128,7 @@ fn run(cli: Cli) -> Result<u8> {
         } => reference::run(&layout, fixtures_only, only.as_deref())?,
         Task::TestModels => test_models::run(&layout)?,
         Task::Bench(args) => bench::run(&layout, &args)?,
+        Task::BenchServe(args) => bench_serve::run(&layout, &args)?,
         Task::RingBench(args) => ring_bench::run(&layout, &args)?,
         Task::SpecBench(args) => spec_bench::run(&layout, &args)?,
         Task::BenchModels(args) => bench_models::make(&layout, &args)?,

@@ -21,7 +21,9 @@ use prima_core::prp::protocol::{ReleaseMethod, ReleasePolicy, WireType};
 use prima_core::prp::{RingError, RingHead, RingOptions};
 use prima_core::sampler::{Sampler, SamplerConfig};
 use prima_core::server::metrics as server_metrics;
-use prima_core::server::{serve_blocking, shutdown_when_set};
+use prima_core::server::{
+    serve_blocking, serve_blocking_batch, shutdown_when_set, SchedulerOptions,
+};
 
 use super::apply_failover::{layout_of, replanner};
 use super::apply_nodes::{LocalNodes, NodeSpec};
@@ -78,6 +80,10 @@ pub struct ApplyArgs {
     /// Tokens the draft proposes per round at most (default: `model.draft_max`, else 8).
     #[arg(long)]
     draft_max: Option<usize>,
+    /// Requests served at once, each with its own KV cache of policy.ctx positions
+    /// (default: the manifest's [server] parallel, else 1).
+    #[arg(long, value_parser = super::serve::parse_parallel)]
+    parallel: Option<usize>,
 }
 
 /// Renames a ring error's device index to its manifest name.
@@ -241,11 +247,16 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
         None => None,
     };
     let nodes: Vec<String> = plan.ring().skip(1).map(|d| d.addr.clone()).collect();
+    // One prompt needs one slot; a server keeps `parallel` on every device.
+    let parallel = match args.prompt {
+        Some(_) => 1,
+        None => args.parallel.unwrap_or(m.server.parallel),
+    };
     let windows: Vec<usize> = plan.ring().map(|d| d.w).collect();
     let options = RingOptions {
         n_ctx,
         n_batch: policy.batch,
-        n_slots: 1,
+        n_slots: parallel,
         prefetch: policy.prefetch,
         release: match policy.release {
             Release::Mru => ReleasePolicy::Mru,
@@ -312,6 +323,7 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
             head_ring,
             n_ctx,
             policy.batch,
+            parallel,
             interrupted,
         );
     };
@@ -424,6 +436,7 @@ fn serve_until_interrupted(
     head_ring: Option<ResilientRing<'_>>,
     n_ctx: usize,
     n_batch: usize,
+    parallel: usize,
     interrupted: Arc<AtomicBool>,
 ) -> anyhow::Result<()> {
     let addr = &manifest.manifest.server.listen;
@@ -443,7 +456,7 @@ fn serve_until_interrupted(
     let tok = &engine.tokenizer;
     match head_ring {
         Some(mut ring) => {
-            serve_blocking(&mut ring, tok, &name, listener, shutdown, |h| {
+            let after_job = |h: &mut ResilientRing<'_>| {
                 let names: Vec<String> = h.devices().iter().map(|d| d.name.clone()).collect();
                 if let Ok(stats) = h.collect_stats() {
                     server_metrics::record_ring_stats(&stats, &names);
@@ -453,8 +466,36 @@ fn serve_until_interrupted(
                     eprintln!("failover: {e}");
                 }
                 server_metrics::record_failover(&h.take_events(), h.devices().len());
-            })?;
+            };
+            // One slot keeps the `Forward` path (what a draft model would plug into).
+            if parallel == 1 {
+                serve_blocking(&mut ring, tok, &name, listener, shutdown, after_job)?;
+            } else {
+                let options = SchedulerOptions::default();
+                serve_blocking_batch(
+                    &mut ring, tok, &name, listener, shutdown, options, after_job,
+                )?;
+            }
             ring.shutdown(false);
+        }
+        None if parallel > 1 => {
+            let mut session = Session::with_slots(
+                &engine.model,
+                &engine.backend.backend,
+                n_ctx,
+                n_batch,
+                parallel,
+            )?;
+            let options = SchedulerOptions::default();
+            serve_blocking_batch(
+                &mut session,
+                tok,
+                &name,
+                listener,
+                shutdown,
+                options,
+                |_| {},
+            )?;
         }
         None => {
             let mut session = Session::new(&engine.model, &engine.backend.backend, n_ctx, n_batch)?;

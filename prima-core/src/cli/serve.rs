@@ -2,8 +2,9 @@
 //! the same API through `prima apply`).
 
 use anyhow::Context;
+use prima_core::manifest::MAX_PARALLEL;
 use prima_core::prp::budget::MemBudget;
-use prima_core::server::serve_blocking;
+use prima_core::server::{serve_blocking, serve_blocking_batch, SchedulerOptions};
 
 use super::engine::{Engine, EngineArgs, Streaming};
 
@@ -14,9 +15,13 @@ pub struct ServeArgs {
     /// Address to listen on (port 0: any free port; the address is printed on stderr).
     #[arg(long, default_value = "127.0.0.1:8080")]
     listen: String,
-    /// Context length in tokens, shared by the conversation and the reply.
+    /// Context length in tokens, shared by the conversation and the reply (per slot).
     #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
     ctx_size: usize,
+    /// Requests generated at once, each in a slot with its own KV cache of --ctx-size
+    /// positions, batched together every step (llama.cpp's -np); the others queue.
+    #[arg(long, default_value_t = 1, value_parser = parse_parallel)]
+    parallel: usize,
     /// Prompt tokens processed per batch.
     #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
     batch_size: usize,
@@ -32,10 +37,11 @@ pub struct ServeArgs {
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let engine = Engine::open(&args.engine)?;
     let n_ctx = args.ctx_size.min(engine.model.hparams().n_ctx_train.max(1));
-    let mut session = engine.local_session(
+    let mut session = engine.local_slots(
         args.mem_budget,
         n_ctx,
         args.batch_size,
+        args.parallel,
         Streaming::default(),
     )?;
     let name = args
@@ -45,18 +51,35 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let listener = std::net::TcpListener::bind(&args.listen)
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     let addr = listener.local_addr()?;
+    let slots = match args.parallel {
+        1 => String::new(),
+        n => format!(" in each of {n} slots"),
+    };
     eprintln!(
-        "serve: listening on http://{addr} (model {name}, context {n_ctx} tokens, {})",
+        "serve: listening on http://{addr} (model {name}, context {n_ctx} tokens{slots}, {})",
         engine.backend.backend.describe()
     );
-    serve_blocking(
-        &mut session,
-        &engine.tokenizer,
-        &name,
-        listener,
-        None,
-        |_| {},
-    )
+    // One slot keeps the `Forward` path (what a draft model would plug into).
+    if args.parallel == 1 {
+        serve_blocking(
+            &mut session,
+            &engine.tokenizer,
+            &name,
+            listener,
+            None,
+            |_| {},
+        )
+    } else {
+        serve_blocking_batch(
+            &mut session,
+            &engine.tokenizer,
+            &name,
+            listener,
+            None,
+            SchedulerOptions::default(),
+            |_| {},
+        )
+    }
     .context("serving")?;
     eprintln!("serve: stopped");
     Ok(())
@@ -69,4 +92,15 @@ pub fn model_name(path: &std::path::Path) -> String {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "model".into());
     file.strip_suffix(".gguf").unwrap_or(&file).to_string()
+}
+
+/// `--parallel`: 1 to [`MAX_PARALLEL`] slots.
+pub fn parse_parallel(s: &str) -> Result<usize, String> {
+    let n: usize = s
+        .parse()
+        .map_err(|_| format!("'{s}' is not a number of slots"))?;
+    if !(1..=MAX_PARALLEL).contains(&n) {
+        return Err(format!("must be between 1 and {MAX_PARALLEL}"));
+    }
+    Ok(n)
 }

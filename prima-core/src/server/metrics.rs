@@ -36,6 +36,11 @@ pub const RING_RECOVERY: &str = "prima_ring_recovery_seconds";
 pub const RING_DEVICES: &str = "prima_ring_devices";
 pub const DRAFT_TOKENS: &str = "prima_draft_tokens_total";
 pub const DRAFT_ACCEPTED: &str = "prima_draft_accepted_total";
+pub const SLOTS: &str = "prima_slots";
+pub const SLOTS_BUSY: &str = "prima_slots_busy";
+pub const QUEUE_LENGTH: &str = "prima_queue_length";
+pub const BATCH_SEQUENCES: &str = "prima_batch_sequences";
+pub const BATCH_TOKENS: &str = "prima_batch_tokens";
 
 /// Seconds: from 5 ms to a minute (a long prompt on a slow ring).
 const TTFT_BUCKETS: &[f64] = &[
@@ -44,6 +49,12 @@ const TTFT_BUCKETS: &[f64] = &[
 /// Seconds per token: from 1 ms to 10 s (weights streamed from disk).
 const TPOT_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
+];
+/// Sequences per batch: 1 to 64 slots.
+const SEQUENCE_BUCKETS: &[f64] = &[1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 32.0, 64.0];
+/// Tokens per batch: one decode row to a full prompt batch.
+const TOKEN_BUCKETS: &[f64] = &[
+    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0,
 ];
 
 /// Installs the process-wide Prometheus recorder once and returns its handle; later calls
@@ -57,6 +68,15 @@ pub fn install() -> Option<PrometheusHandle> {
                 .and_then(|b| b.set_buckets_for_metric(Matcher::Full(TPOT.into()), TPOT_BUCKETS))
                 .and_then(|b| {
                     b.set_buckets_for_metric(Matcher::Full(RING_RECOVERY.into()), TTFT_BUCKETS)
+                })
+                .and_then(|b| {
+                    b.set_buckets_for_metric(
+                        Matcher::Full(BATCH_SEQUENCES.into()),
+                        SEQUENCE_BUCKETS,
+                    )
+                })
+                .and_then(|b| {
+                    b.set_buckets_for_metric(Matcher::Full(BATCH_TOKENS.into()), TOKEN_BUCKETS)
                 });
             match builder.and_then(|b| b.install_recorder()) {
                 Ok(handle) => {
@@ -163,6 +183,22 @@ fn describe() {
         Unit::Count,
         "Drafted tokens the target accepted (acceptance = this / prima_draft_tokens_total)"
     );
+    describe_gauge!(
+        SLOTS,
+        "Parallel slots (--parallel): requests generated at once"
+    );
+    describe_gauge!(SLOTS_BUSY, "Slots with a request in them now");
+    describe_gauge!(QUEUE_LENGTH, "Requests waiting for a free slot");
+    describe_histogram!(
+        BATCH_SEQUENCES,
+        Unit::Count,
+        "Requests (slots) evaluated together in one step"
+    );
+    describe_histogram!(
+        BATCH_TOKENS,
+        Unit::Count,
+        "Tokens evaluated in one step: a decode row per generating slot plus prompt chunks"
+    );
 }
 
 /// One generation's drafting (speculative decoding).
@@ -192,6 +228,23 @@ pub(crate) fn record_generation(c: &Completion) {
     if c.usage.completion_tokens > 1 {
         histogram!(TPOT).record(c.tpot_ms / 1e3);
     }
+}
+
+/// The scheduler's slots, and how many hold a request.
+pub(crate) fn record_slots(slots: usize, busy: usize) {
+    gauge!(SLOTS).set(slots as f64);
+    gauge!(SLOTS_BUSY).set(busy as f64);
+}
+
+/// `delta` requests joined (+) or left (−) the queue.
+pub(crate) fn record_queued(delta: i32) {
+    gauge!(QUEUE_LENGTH).increment(f64::from(delta));
+}
+
+/// One step of the scheduler: `sequences` slots, `tokens` rows in all.
+pub(crate) fn record_batch(sequences: usize, tokens: usize) {
+    histogram!(BATCH_SEQUENCES).record(sequences as f64);
+    histogram!(BATCH_TOKENS).record(tokens as f64);
 }
 
 /// A job whose client left before it started: a generation cancelled with no tokens.

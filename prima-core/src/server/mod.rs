@@ -2,10 +2,12 @@
 //! behind it.
 //!
 //! Two halves joined by a queue:
-//! - [`run_worker`] owns the model — any [`Forward`]: a single-device `Session` or the
-//!   ring head — on the thread that calls it, and serves [`Job`]s one at a time: chat
-//!   template, tokens, sampling, stop strings, cancellation. It never moves the
-//!   `Forward` to another thread (a ring head borrows the model and is not `'static`).
+//! - [`run_scheduler`] owns the model — any [`BatchForward`] of N slots, or any
+//!   [`Forward`] as one slot ([`OneSlot`]): a single-device `Session` or the ring head —
+//!   on the thread that calls it, and serves [`Job`]s, up to N at once in one batch per
+//!   step (continuous batching, `scheduler.rs`): chat template, tokens, sampling, stop
+//!   strings, cancellation per slot (`slot.rs`). It never moves the model to another
+//!   thread (a ring head borrows the model and is not `'static`).
 //! - [`serve`] is the axum front end on a tokio runtime: it parses OpenAI requests into
 //!   [`GenerationRequest`]s, submits them through a [`JobQueue`], and turns the worker's
 //!   [`Event`]s into JSON or server-sent events. It never touches the model.
@@ -13,11 +15,14 @@
 //! [`serve_blocking`] wires both together for a front end that just wants "serve this
 //! `Forward` until Ctrl-C" (`prima serve`, `prima apply`).
 //!
-//! Not here: batching several requests (requests queue), tool calls, logprobs, embeddings.
+//! Not here: tool calls, logprobs, embeddings.
 
 mod http;
 pub mod metrics;
+mod one_slot;
 pub(crate) mod openai;
+mod scheduler;
+mod slot;
 mod stop;
 pub(crate) mod worker;
 
@@ -28,11 +33,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use http::{serve, ServerState};
+pub use one_slot::{OneSlot, OneSlotError};
+pub use scheduler::{run_scheduler, SchedulerOptions};
 pub use worker::{
     job_queue, run_worker, run_worker_with, Completion, Event, FinishReason, GenerationRequest,
     Job, JobQueue, JobReceiver, Prompt, Submitted, Usage, WorkerError,
 };
 
+use crate::batch::BatchForward;
 use crate::generate::Forward;
 use crate::tokenizer::Tokenizer;
 
@@ -59,7 +67,31 @@ pub fn serve_blocking<F: Forward>(
     model_name: &str,
     listener: std::net::TcpListener,
     shutdown: Option<Shutdown>,
-    after_job: impl FnMut(&mut F),
+    mut after_job: impl FnMut(&mut F),
+) -> std::io::Result<()> {
+    let mut one = OneSlot::new(forward);
+    serve_blocking_batch(
+        &mut one,
+        tokenizer,
+        model_name,
+        listener,
+        shutdown,
+        SchedulerOptions::default(),
+        |one| after_job(one.inner()),
+    )
+}
+
+/// [`serve_blocking`] for a model of several slots: up to `model.n_slots()` requests are
+/// generated at once (`--parallel N`). `after_job` runs between requests, when no slot
+/// is busy.
+pub fn serve_blocking_batch<B: BatchForward>(
+    model: &mut B,
+    tokenizer: &Tokenizer,
+    model_name: &str,
+    listener: std::net::TcpListener,
+    shutdown: Option<Shutdown>,
+    options: SchedulerOptions,
+    after_job: impl FnMut(&mut B),
 ) -> std::io::Result<()> {
     let metrics = metrics::install();
     let (queue, jobs) = job_queue();
@@ -78,9 +110,9 @@ pub fn serve_blocking<F: Forward>(
                 serve(listener, state, shutdown).await
             })
             // The state, and with it the last `JobQueue`, is dropped here: the worker's
-            // queue closes and `run_worker_with` returns.
+            // queue closes and `run_scheduler` returns.
         });
-        run_worker_with(forward, tokenizer, jobs, after_job);
+        run_scheduler(model, tokenizer, jobs, options, after_job);
         http.join()
             .unwrap_or_else(|_| Err(std::io::Error::other("the HTTP thread panicked")))
     })

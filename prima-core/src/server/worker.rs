@@ -1,7 +1,7 @@
-//! The generation worker: serves queued requests one at a time on the thread that owns
-//! the model, and reports back over a channel per request.
+//! The queue between the HTTP side and the model's thread: requests, the events each
+//! gets back over its own channel, cancellation, and [`run_worker`] (the scheduler with
+//! one slot, for any [`Forward`]).
 
-use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -10,10 +10,11 @@ use thiserror::Error;
 use tokio::sync::mpsc as tokio_mpsc;
 
 use super::metrics;
-use super::stop::StopMatcher;
+use super::one_slot::OneSlot;
+use super::scheduler::{run_scheduler, SchedulerOptions};
 use crate::chat::{render_chat, ChatError, ChatMessage};
-use crate::generate::{generate, Forward, GenerateOptions, StopReason};
-use crate::sampler::{Sampler, SamplerConfig};
+use crate::generate::Forward;
+use crate::sampler::SamplerConfig;
 use crate::tokenizer::Tokenizer;
 
 /// What to generate from.
@@ -142,41 +143,77 @@ pub struct Job {
     events: tokio_mpsc::UnboundedSender<Event>,
 }
 
+impl Job {
+    pub(crate) fn request(&self) -> &GenerationRequest {
+        &self.request
+    }
+
+    /// Cancelled (`POST /v1/cancel`, shutdown), or its client went away.
+    pub(crate) fn is_cancelled(&self) -> bool {
+        self.cancel.load(Ordering::Acquire) || self.events.is_closed()
+    }
+
+    pub(crate) fn cancel_flag(&self) -> &Arc<AtomicBool> {
+        &self.cancel
+    }
+
+    /// Sends `event` to the client; an error when it went away.
+    pub(crate) fn send(&self, event: Event) -> Result<(), ()> {
+        self.events.send(event).map_err(|_| ())
+    }
+}
+
 /// State the submitting side and the worker share.
 #[derive(Default)]
-struct Shared {
-    /// The cancellation flag of the job being generated, if any.
-    running: Mutex<Option<Arc<AtomicBool>>>,
-    /// Set when the server stops: the running job is cancelled and queued ones refused.
+pub(crate) struct Shared {
+    /// The cancellation flags of the jobs being generated, one per busy slot.
+    running: Mutex<Vec<Arc<AtomicBool>>>,
+    /// Set when the server stops: running jobs are cancelled and queued ones refused.
     closing: AtomicBool,
 }
 
 impl Shared {
-    fn set_running(&self, flag: Option<Arc<AtomicBool>>) {
-        *self.running.lock().unwrap_or_else(PoisonError::into_inner) = flag;
+    pub(crate) fn add_running(&self, flag: Arc<AtomicBool>) {
+        self.running
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(flag);
     }
 
+    pub(crate) fn remove_running(&self, flag: &Arc<AtomicBool>) {
+        self.running
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|f| !Arc::ptr_eq(f, flag));
+    }
+
+    /// Cancels every running job; false when none was running (or all were cancelled).
     fn cancel_running(&self) -> bool {
         let running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
-        match running.as_ref() {
-            Some(flag) => !flag.swap(true, Ordering::AcqRel),
-            None => false,
+        let mut any = false;
+        for flag in running.iter() {
+            any |= !flag.swap(true, Ordering::AcqRel);
         }
+        any
+    }
+
+    pub(crate) fn closing(&self) -> bool {
+        self.closing.load(Ordering::Acquire)
     }
 }
 
 /// The submitting side of the queue; cheap to clone. When every clone is dropped the
-/// worker finishes its current job and returns.
+/// worker finishes its running jobs and returns.
 #[derive(Clone)]
 pub struct JobQueue {
     tx: mpsc::Sender<Job>,
     shared: Arc<Shared>,
 }
 
-/// The worker's side of the queue, for [`run_worker`].
+/// The worker's side of the queue, for [`run_worker`] and [`super::run_scheduler`].
 pub struct JobReceiver {
-    rx: mpsc::Receiver<Job>,
-    shared: Arc<Shared>,
+    pub(crate) rx: mpsc::Receiver<Job>,
+    pub(crate) shared: Arc<Shared>,
 }
 
 /// A new, empty queue.
@@ -214,7 +251,7 @@ impl Drop for Submitted {
 impl JobQueue {
     /// Queues `request` behind the jobs already waiting.
     pub fn submit(&self, request: GenerationRequest) -> Result<Submitted, WorkerError> {
-        if self.shared.closing.load(Ordering::Acquire) {
+        if self.shared.closing() {
             return Err(WorkerError::ShuttingDown);
         }
         let (events, rx) = tokio_mpsc::unbounded_channel();
@@ -225,22 +262,25 @@ impl JobQueue {
             events,
         };
         self.tx.send(job).map_err(|_| WorkerError::ShuttingDown)?;
+        metrics::record_queued(1);
         Ok(Submitted { events: rx, cancel })
     }
 
-    /// Cancels the generation in progress; false when there was none.
+    /// Cancels every generation in progress (`POST /v1/cancel` names no request); false
+    /// when there was none.
     pub fn cancel_running(&self) -> bool {
         self.shared.cancel_running()
     }
 
-    /// Refuses new jobs, cancels the running one, and fails the queued ones.
+    /// Refuses new jobs, cancels the running ones, and fails the queued ones.
     pub fn close(&self) {
         self.shared.closing.store(true, Ordering::Release);
         self.shared.cancel_running();
     }
 }
 
-/// Serves jobs one at a time on this thread until every [`JobQueue`] is dropped.
+/// Serves jobs one at a time on this thread until every [`JobQueue`] is dropped: the
+/// scheduler over a [`OneSlot`] (`--parallel 1`).
 pub fn run_worker<F: Forward>(forward: &mut F, tokenizer: &Tokenizer, jobs: JobReceiver) {
     run_worker_with(forward, tokenizer, jobs, |_| {});
 }
@@ -252,144 +292,14 @@ pub fn run_worker_with<F: Forward>(
     jobs: JobReceiver,
     mut after_job: impl FnMut(&mut F),
 ) {
-    // The tokens in `forward`'s cache, so a request that repeats the conversation so far
-    // evaluates only what is new.
-    let mut cached: Vec<u32> = Vec::new();
-    while let Ok(job) = jobs.rx.recv() {
-        if job.cancel.load(Ordering::Acquire) || job.events.is_closed() {
-            // The client went away (or cancelled) while queued.
-            metrics::record_cancelled_in_queue();
-            continue;
-        }
-        jobs.shared.set_running(Some(job.cancel.clone()));
-        if jobs.shared.closing.load(Ordering::Acquire) {
-            jobs.shared.set_running(None);
-            let _ = job.events.send(Event::Failed(WorkerError::ShuttingDown));
-            continue;
-        }
-        let outcome = run_job(forward, tokenizer, &job, &mut cached);
-        jobs.shared.set_running(None);
-        let event = match outcome {
-            Ok(completion) => {
-                metrics::record_generation(&completion);
-                Event::Done(completion)
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "generation failed");
-                metrics::record_generation_error(&e);
-                Event::Failed(e)
-            }
-        };
-        let _ = job.events.send(event);
-        after_job(forward);
-    }
-}
-
-/// Tokenizes, checks and generates one job, sending `Started` and `Text` events.
-fn run_job<F: Forward>(
-    forward: &mut F,
-    tokenizer: &Tokenizer,
-    job: &Job,
-    cached: &mut Vec<u32>,
-) -> Result<Completion, WorkerError> {
-    let request = &job.request;
-    let prompt = tokenize(tokenizer, &request.prompt)?;
-    let n_ctx = forward.n_ctx();
-    if prompt.len() >= n_ctx {
-        return Err(WorkerError::PromptTooLong {
-            prompt_tokens: prompt.len(),
-            n_ctx,
-        });
-    }
-    let _ = job.events.send(Event::Started {
-        prompt_tokens: prompt.len(),
-    });
-
-    // Reuse the cached prefix, but evaluate at least the last prompt token: its logits
-    // choose the first generated token.
-    let reuse = common_prefix(cached, &prompt)
-        .min(prompt.len() - 1)
-        .min(forward.n_past());
-    cached.clear();
-    forward
-        .truncate(reuse)
-        .map_err(|e| WorkerError::Model(e.to_string()))?;
-
-    let mut sampler = Sampler::new(request.sampler.clone());
-    for &t in &prompt[..reuse] {
-        sampler.accept(t);
-    }
-    let options = GenerateOptions {
-        max_tokens: request
-            .max_tokens
-            .unwrap_or(usize::MAX)
-            .min(n_ctx - prompt.len()),
-        ignore_eos: request.ignore_eos,
-    };
-    let mut stop = StopMatcher::new(&request.stop);
-    let mut stopped = false;
-    let mut cancelled = false;
-    let (out, stats) = generate(
-        forward,
+    let mut one = OneSlot::new(forward);
+    run_scheduler(
+        &mut one,
         tokenizer,
-        &mut sampler,
-        &prompt[reuse..],
-        options,
-        |piece| {
-            if stopped || cancelled {
-                return ControlFlow::Break(());
-            }
-            if job.cancel.load(Ordering::Acquire) {
-                cancelled = true;
-                return ControlFlow::Break(());
-            }
-            let (text, hit) = stop.push(piece);
-            if !text.is_empty() && job.events.send(Event::Text(text)).is_err() {
-                cancelled = true;
-                return ControlFlow::Break(());
-            }
-            if hit {
-                stopped = true;
-                return ControlFlow::Break(());
-            }
-            ControlFlow::Continue(())
-        },
-    )
-    .map_err(|e| WorkerError::Model(e.to_string()))?;
-    if !stopped && !cancelled {
-        let tail = stop.finish();
-        if !tail.is_empty() {
-            let _ = job.events.send(Event::Text(tail));
-        }
-    }
-
-    // Evaluated tokens are the prompt then the output, in order; the last sampled token
-    // was never evaluated.
-    cached.extend_from_slice(&prompt);
-    cached.extend_from_slice(&out);
-    cached.truncate(forward.n_past());
-
-    let finish_reason = if stopped {
-        FinishReason::Stop
-    } else if cancelled {
-        FinishReason::Cancelled
-    } else {
-        match stats.stop {
-            StopReason::EndOfGeneration => FinishReason::Stop,
-            StopReason::MaxTokens | StopReason::ContextFull => FinishReason::Length,
-            StopReason::Cancelled => FinishReason::Cancelled,
-        }
-    };
-    Ok(Completion {
-        usage: Usage {
-            prompt_tokens: prompt.len(),
-            completion_tokens: stats.generated_tokens,
-        },
-        finish_reason,
-        cached_prompt_tokens: reuse,
-        time_to_first_token: stats.time_to_first_token,
-        tpot_ms: stats.tpot_ms(),
-    })
+        jobs,
+        SchedulerOptions::default(),
+        |one| after_job(one.inner()),
+    );
 }
 
 pub(crate) fn tokenize(tokenizer: &Tokenizer, prompt: &Prompt) -> Result<Vec<u32>, WorkerError> {
@@ -413,7 +323,7 @@ pub(crate) fn tokenize(tokenizer: &Tokenizer, prompt: &Prompt) -> Result<Vec<u32
     Ok(ids)
 }
 
-fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+pub(crate) fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 

@@ -121,6 +121,18 @@ impl Server {
         }
     }
 
+    /// Polls `/metrics` until `series` falls to `at_most` (bounded: 120 s).
+    pub fn wait_for_metric_at_most(&self, series: &str, at_most: f64) -> f64 {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let v = self.metric(series);
+            if v <= at_most || Instant::now() > deadline {
+                return v;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Everything printed on stderr since the last call.
     pub fn stderr_lines(&self) -> Vec<String> {
         self.log.try_iter().collect()
