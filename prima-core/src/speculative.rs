@@ -154,6 +154,44 @@ pub fn generate_speculative<T: RowLogits, D: Forward>(
     draft_options: DraftOptions,
     on_text: impl FnMut(&str) -> ControlFlow<()>,
 ) -> Result<Speculated, SpeculativeError<T::Error, D::Error>> {
+    let cached = Cached { tokens: 0 };
+    generate_speculative_after(
+        target,
+        draft,
+        tokenizer,
+        sampler,
+        prompt,
+        cached,
+        options,
+        draft_options,
+        on_text,
+    )
+}
+
+/// Prompt positions the target already holds (a server reusing the previous request's
+/// cache): they are not evaluated again.
+#[derive(Debug, Clone, Copy)]
+pub struct Cached {
+    /// The target's `n_past`: the first `tokens` prompt tokens, fewer than the prompt's.
+    pub tokens: usize,
+}
+
+/// [`generate_speculative`] for a target that already holds the first `cached.tokens`
+/// tokens of `prompt` (and a draft that holds a prefix of `prompt`, any length): only the
+/// rest is evaluated. Penalties still see the whole prompt.
+#[allow(clippy::too_many_arguments)]
+pub fn generate_speculative_after<T: RowLogits, D: Forward>(
+    target: &mut T,
+    draft: &mut D,
+    tokenizer: &Tokenizer,
+    sampler: &mut Sampler,
+    prompt: &[u32],
+    cached: Cached,
+    options: GenerateOptions,
+    draft_options: DraftOptions,
+    on_text: impl FnMut(&str) -> ControlFlow<()>,
+) -> Result<Speculated, SpeculativeError<T::Error, D::Error>> {
+    let reused = cached.tokens.min(prompt.len().saturating_sub(1));
     let mut out = Output {
         tokenizer,
         options,
@@ -177,7 +215,9 @@ pub fn generate_speculative<T: RowLogits, D: Forward>(
     }
 
     let start = Instant::now();
-    let logits = target.eval(prompt).map_err(SpeculativeError::Target)?;
+    let logits = target
+        .eval(&prompt[reused..])
+        .map_err(SpeculativeError::Target)?;
     let n_vocab = logits.len();
     let first = sampler.sample(logits);
     sampler.accept(first);

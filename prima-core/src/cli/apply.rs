@@ -22,7 +22,8 @@ use prima_core::prp::{RingError, RingHead, RingOptions};
 use prima_core::sampler::{Sampler, SamplerConfig};
 use prima_core::server::metrics as server_metrics;
 use prima_core::server::{
-    serve_blocking, serve_blocking_batch, shutdown_when_set, SchedulerOptions,
+    serve_blocking, serve_blocking_batch, serve_blocking_speculative, shutdown_when_set, Drafting,
+    SchedulerOptions,
 };
 
 use super::apply_failover::{layout_of, replanner};
@@ -252,6 +253,12 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
         Some(_) => 1,
         None => args.parallel.unwrap_or(m.server.parallel),
     };
+    anyhow::ensure!(
+        draft.is_none() || parallel == 1,
+        "a draft model serves one request at a time (speculative decoding), but the server \
+         was given {parallel} parallel slots: use --parallel 1 ([server] parallel = 1) or \
+         no draft"
+    );
     let windows: Vec<usize> = plan.ring().map(|d| d.w).collect();
     let options = RingOptions {
         n_ctx,
@@ -313,14 +320,12 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
     });
 
     let Some(prompt_text) = &args.prompt else {
-        if draft.is_some() {
-            eprintln!("note: the server does not use the draft model yet (only --prompt does)");
-        }
         return serve_until_interrupted(
             &manifest,
             &plan,
             &engine,
             head_ring,
+            draft.as_ref(),
             n_ctx,
             policy.batch,
             parallel,
@@ -434,6 +439,7 @@ fn serve_until_interrupted(
     plan: &Plan,
     engine: &Engine,
     head_ring: Option<ResilientRing<'_>>,
+    draft: Option<&DraftModel>,
     n_ctx: usize,
     n_batch: usize,
     parallel: usize,
@@ -454,6 +460,12 @@ fn serve_until_interrupted(
     );
     let shutdown = Some(shutdown_when_set(interrupted));
     let tok = &engine.tokenizer;
+    // With a draft model (one slot: checked before launch), requests are served one at a
+    // time by speculative decoding.
+    let mut draft_session = match draft {
+        Some(d) => Some((d.session(engine, n_ctx, n_batch)?, d.options)),
+        None => None,
+    };
     match head_ring {
         Some(mut ring) => {
             let after_job = |h: &mut ResilientRing<'_>| {
@@ -467,8 +479,14 @@ fn serve_until_interrupted(
                 }
                 server_metrics::record_failover(&h.take_events(), h.devices().len());
             };
-            // One slot keeps the `Forward` path (what a draft model would plug into).
-            if parallel == 1 {
+            if let Some((draft, options)) = draft_session.as_mut() {
+                let model = Drafting {
+                    target: &mut ring,
+                    draft,
+                    options: *options,
+                };
+                serve_blocking_speculative(model, tok, &name, listener, shutdown, after_job)?;
+            } else if parallel == 1 {
                 serve_blocking(&mut ring, tok, &name, listener, shutdown, after_job)?;
             } else {
                 let options = SchedulerOptions::default();
@@ -499,7 +517,16 @@ fn serve_until_interrupted(
         }
         None => {
             let mut session = Session::new(&engine.model, &engine.backend.backend, n_ctx, n_batch)?;
-            serve_blocking(&mut session, tok, &name, listener, shutdown, |_| {})?;
+            if let Some((draft, options)) = draft_session.as_mut() {
+                let model = Drafting {
+                    target: &mut session,
+                    draft,
+                    options: *options,
+                };
+                serve_blocking_speculative(model, tok, &name, listener, shutdown, |_| {})?;
+            } else {
+                serve_blocking(&mut session, tok, &name, listener, shutdown, |_| {})?;
+            }
         }
     }
     eprintln!("serve: stopped");

@@ -4,9 +4,12 @@
 use anyhow::Context;
 use prima_core::manifest::MAX_PARALLEL;
 use prima_core::prp::budget::MemBudget;
-use prima_core::server::{serve_blocking, serve_blocking_batch, SchedulerOptions};
+use prima_core::server::{
+    serve_blocking, serve_blocking_batch, serve_blocking_speculative, Drafting, SchedulerOptions,
+};
 
 use super::engine::{Engine, EngineArgs, Streaming};
+use super::run::{DraftArgs, DraftModel};
 
 #[derive(clap::Args, Debug)]
 pub struct ServeArgs {
@@ -32,10 +35,23 @@ pub struct ServeArgs {
     /// The model's name in `/v1/models` and in responses (default: the file name).
     #[arg(long)]
     alias: Option<String>,
+    /// Speculative decoding (one request at a time: needs --parallel 1).
+    #[command(flatten)]
+    draft: DraftArgs,
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.draft.draft.is_none() || args.parallel == 1,
+        "--draft serves one request at a time (speculative decoding); it cannot be combined \
+         with --parallel {}",
+        args.parallel
+    );
     let engine = Engine::open(&args.engine)?;
+    let draft = match &args.draft.draft {
+        Some(path) => Some(DraftModel::open(path, args.draft.options(), &engine)?),
+        None => None,
+    };
     let n_ctx = args.ctx_size.min(engine.model.hparams().n_ctx_train.max(1));
     let mut session = engine.local_slots(
         args.mem_budget,
@@ -59,8 +75,16 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         "serve: listening on http://{addr} (model {name}, context {n_ctx} tokens{slots}, {})",
         engine.backend.backend.describe()
     );
-    // One slot keeps the `Forward` path (what a draft model would plug into).
-    if args.parallel == 1 {
+    if let Some(draft) = &draft {
+        let mut draft_session = draft.session(&engine, n_ctx, args.batch_size)?;
+        let model = Drafting {
+            target: &mut session,
+            draft: &mut draft_session,
+            options: draft.options,
+        };
+        eprintln!("serve: drafting with {}", draft.path.display());
+        serve_blocking_speculative(model, &engine.tokenizer, &name, listener, None, |_| {})
+    } else if args.parallel == 1 {
         serve_blocking(
             &mut session,
             &engine.tokenizer,

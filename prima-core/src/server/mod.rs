@@ -23,6 +23,7 @@ mod one_slot;
 pub(crate) mod openai;
 mod scheduler;
 mod slot;
+mod speculative;
 mod stop;
 pub(crate) mod worker;
 
@@ -35,13 +36,14 @@ use std::time::Duration;
 pub use http::{serve, ServerState};
 pub use one_slot::{OneSlot, OneSlotError};
 pub use scheduler::{run_scheduler, SchedulerOptions};
+pub use speculative::{run_speculative_worker, Drafting};
 pub use worker::{
     job_queue, run_worker, run_worker_with, Completion, Event, FinishReason, GenerationRequest,
     Job, JobQueue, JobReceiver, Prompt, Submitted, Usage, WorkerError,
 };
 
 use crate::batch::BatchForward;
-use crate::generate::Forward;
+use crate::generate::{Forward, RowLogits};
 use crate::tokenizer::Tokenizer;
 
 /// A future whose completion stops the server.
@@ -93,6 +95,34 @@ pub fn serve_blocking_batch<B: BatchForward>(
     options: SchedulerOptions,
     after_job: impl FnMut(&mut B),
 ) -> std::io::Result<()> {
+    serve_jobs(model_name, listener, shutdown, |jobs| {
+        run_scheduler(model, tokenizer, jobs, options, after_job)
+    })
+}
+
+/// [`serve_blocking`] with a draft model: one request at a time, each by speculative
+/// decoding (`--draft`). `after_job` runs with the target after every request.
+pub fn serve_blocking_speculative<T: RowLogits, D: Forward>(
+    model: Drafting<'_, T, D>,
+    tokenizer: &Tokenizer,
+    model_name: &str,
+    listener: std::net::TcpListener,
+    shutdown: Option<Shutdown>,
+    after_job: impl FnMut(&mut T),
+) -> std::io::Result<()> {
+    serve_jobs(model_name, listener, shutdown, |jobs| {
+        run_speculative_worker(model, tokenizer, jobs, after_job)
+    })
+}
+
+/// The HTTP server on its own thread with its own tokio runtime, `work` (the generation
+/// loop over the queue's jobs) on the calling thread, until `shutdown` completes.
+fn serve_jobs(
+    model_name: &str,
+    listener: std::net::TcpListener,
+    shutdown: Option<Shutdown>,
+    work: impl FnOnce(JobReceiver),
+) -> std::io::Result<()> {
     let metrics = metrics::install();
     let (queue, jobs) = job_queue();
     let state = ServerState::new(model_name, queue, metrics);
@@ -110,9 +140,9 @@ pub fn serve_blocking_batch<B: BatchForward>(
                 serve(listener, state, shutdown).await
             })
             // The state, and with it the last `JobQueue`, is dropped here: the worker's
-            // queue closes and `run_scheduler` returns.
+            // queue closes and `work` returns.
         });
-        run_scheduler(model, tokenizer, jobs, options, after_job);
+        work(jobs);
         http.join()
             .unwrap_or_else(|_| Err(std::io::Error::other("the HTTP thread panicked")))
     })
