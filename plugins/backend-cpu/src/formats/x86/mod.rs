@@ -15,3 +15,4 @@
 
 pub mod avx2;
 pub mod avx512;
+mod panel512;

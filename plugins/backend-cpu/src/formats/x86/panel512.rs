@@ -1,0 +1,670 @@
+//! AVX-512 VNNI row-panel kernels for prefill (see [`crate::formats::PanelKernels`]):
+//! sixteen weight rows per panel, one row per 32-bit lane of a 512-bit vector.
+//!
+//! Packing turns every block of the sixteen rows into unsigned byte quants, four
+//! consecutive columns per lane (`panel[64·g + 4·r ..]` holds columns `4g .. 4g + 4` of row
+//! `r`), followed by the block's per-row scales as lanes. A token then costs one
+//! `vpdpbusd` per four columns for all sixteen rows, with its four activation quants
+//! broadcast to every lane, and the block's integer sums land in the lanes that need
+//! them: no horizontal sums, which is where the two-row tiles spend most of their time.
+//! Signed formats are packed with an offset (Q4_0 `q + 8`, Q5_0 `q + 16`, Q8_0 `q + 128`)
+//! that comes back exactly as `offset · Σa`, the token's block sum, which `prep` computes
+//! once per token. The float terms are the scalar kernel's operations in its order, lane
+//! by lane, so each result equals the scalar `vec_dot` bit for bit.
+//!
+//! The panel is a scratch copy of sixteen rows made once per matmul and used for every
+//! token of the prompt; the model itself is never copied.
+
+use super::avx2::{bits32, f32_at, load, nibbles32};
+use crate::formats::k_quants::{q4_k, q6_k, q8_k, unpack_scale_min_k4, QK_K};
+use crate::formats::{q4_0, q4_1, q5_0, q5_1, q8_0, q8_1, PanelKernels};
+use core::arch::x86_64::*;
+use prima_core::gguf::GgmlType;
+
+/// Weight rows per panel: the lanes of a 512-bit vector of i32.
+const ROWS: usize = 16;
+/// Tokens per register tile: eight accumulators and eight weight vectors live at once.
+const TOKENS: usize = 8;
+
+/// The panel kernels of weight type `t` at this level, if it has them.
+pub(in crate::formats) fn kernels(t: GgmlType) -> Option<PanelKernels> {
+    use GgmlType as T;
+    let legacy = |pack, prep, gemm| PanelKernels {
+        rows: ROWS,
+        panel_bytes: |n| n / 32 * LEGACY_BLOCK,
+        pack,
+        aux_bytes: |n| n / 32 * 8,
+        prep,
+        gemm,
+    };
+    Some(match t {
+        T::Q4_0 => legacy(pack_q4_0, prep_q8_0, gemm_q4_0),
+        T::Q5_0 => legacy(pack_q5_0, prep_q8_0, gemm_q5_0),
+        T::Q8_0 => legacy(pack_q8_0, prep_q8_0, gemm_q8_0),
+        T::Q4_1 => legacy(pack_q4_1, prep_q8_1, gemm_q4_1),
+        T::Q5_1 => legacy(pack_q5_1, prep_q8_1, gemm_q5_1),
+        T::Q4K => PanelKernels {
+            rows: ROWS,
+            panel_bytes: |n| n / QK_K * K4_BLOCK,
+            pack: pack_q4_k,
+            aux_bytes: |n| n / QK_K * K_AUX,
+            prep: prep_q8_k,
+            gemm: gemm_q4_k,
+        },
+        T::Q6K => PanelKernels {
+            rows: ROWS,
+            panel_bytes: |n| n / QK_K * K6_BLOCK,
+            pack: pack_q6_k,
+            aux_bytes: |n| n / QK_K * K_AUX,
+            prep: prep_q8_k,
+            gemm: gemm_q6_k,
+        },
+        _ => return None,
+    })
+}
+
+/// Writes the 32 unsigned quants `q` (column order) of one row's block into the panel's
+/// quant area at `dst`, lane `r`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn put_quants32(dst: *mut u8, r: usize, q: __m256i) {
+    let mut words = [0u32; 8];
+    _mm256_storeu_si256(words.as_mut_ptr() as *mut __m256i, q);
+    for (g, w) in words.into_iter().enumerate() {
+        (dst.add(64 * g + 4 * r) as *mut u32).write_unaligned(w);
+    }
+}
+
+#[inline]
+fn put_f32(dst: &mut [u8], off: usize, v: f32) {
+    dst[off..off + 4].copy_from_slice(&v.to_le_bytes());
+}
+
+#[inline]
+fn put_i32(dst: &mut [u8], off: usize, v: i32) {
+    dst[off..off + 4].copy_from_slice(&v.to_le_bytes());
+}
+
+// ---- 32-element formats: Q4_0, Q5_0, Q8_0 (against Q8_0), Q4_1, Q5_1 (against Q8_1) ----
+
+/// One block of a legacy panel: 8 groups of 4 columns × 16 lanes, then `d` and `m` lanes.
+const LEGACY_BLOCK: usize = 8 * 64 + 2 * 64;
+const LEGACY_D: usize = 8 * 64;
+const LEGACY_M: usize = 9 * 64;
+
+/// Legacy formats, as const parameters of the shared packing and tile code.
+const Q4_0: u8 = 0;
+const Q5_0: u8 = 1;
+const Q8_0: u8 = 2;
+const Q4_1: u8 = 3;
+const Q5_1: u8 = 4;
+
+/// Block bytes of a legacy format.
+const fn legacy_block_bytes(f: u8) -> usize {
+    match f {
+        Q4_0 => q4_0::BLOCK_BYTES,
+        Q5_0 => q5_0::BLOCK_BYTES,
+        Q8_0 => q8_0::BLOCK_BYTES,
+        Q4_1 => q4_1::BLOCK_BYTES,
+        _ => q5_1::BLOCK_BYTES,
+    }
+}
+
+/// The 32 quants of the block at `b` as unsigned bytes in column order: Q4_0 `q + 8`,
+/// Q5_0 `q + 16`, Q8_0 `q + 128`, Q4_1/Q5_1 as stored.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn legacy_quants<const F: u8>(b: *const u8) -> __m256i {
+    let fifth = |p: *const u8| _mm256_and_si256(bits32(p), _mm256_set1_epi8(0x10));
+    match F {
+        Q4_0 => nibbles32(b.add(2)),
+        Q5_0 => _mm256_or_si256(nibbles32(b.add(6)), fifth(b.add(2))),
+        Q8_0 => _mm256_xor_si256(load(b.add(2)), _mm256_set1_epi8(-128)),
+        Q4_1 => nibbles32(b.add(4)),
+        _ => _mm256_or_si256(nibbles32(b.add(8)), fifth(b.add(4))),
+    }
+}
+
+/// Packs 16 rows of a legacy format `F`: per block, the quants, `d` and (`_1` formats) `m`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn pack_legacy<const F: u8>(n: usize, w: &[u8], w_stride: usize, panel: &mut [u8]) {
+    let (nb, wbb) = (n / 32, legacy_block_bytes(F));
+    assert!(
+        panel.len() >= nb * LEGACY_BLOCK && w.len() >= (ROWS - 1) * w_stride + nb * wbb,
+        "panel pack: short buffers"
+    );
+    for r in 0..ROWS {
+        let row = &w[r * w_stride..r * w_stride + nb * wbb];
+        for (b, block) in row.chunks_exact(wbb).enumerate() {
+            let dst = &mut panel[b * LEGACY_BLOCK..(b + 1) * LEGACY_BLOCK];
+            put_quants32(dst.as_mut_ptr(), r, legacy_quants::<F>(block.as_ptr()));
+            put_f32(dst, LEGACY_D + 4 * r, crate::formats::f16_at(block, 0));
+            let m = if F == Q4_1 || F == Q5_1 {
+                crate::formats::f16_at(block, 2)
+            } else {
+                0.0
+            };
+            put_f32(dst, LEGACY_M + 4 * r, m);
+        }
+    }
+}
+
+macro_rules! pack_wrappers {
+    ($($name:ident => $imp:ident $(::<$f:ident>)?;)*) => {
+        $(fn $name(n: usize, w: &[u8], w_stride: usize, panel: &mut [u8]) {
+            // SAFETY: reached only through `kernels`, which `dispatch` hands out after
+            // detecting AVX-512 (AVX2 included); the pack checks its buffers' lengths.
+            unsafe { $imp$(::<$f>)?(n, w, w_stride, panel) }
+        })*
+    };
+}
+
+pack_wrappers! {
+    pack_q4_0 => pack_legacy::<Q4_0>;
+    pack_q5_0 => pack_legacy::<Q5_0>;
+    pack_q8_0 => pack_legacy::<Q8_0>;
+    pack_q4_1 => pack_legacy::<Q4_1>;
+    pack_q5_1 => pack_legacy::<Q5_1>;
+    pack_q4_k => pack_q4_k_imp;
+    pack_q6_k => pack_q6_k_imp;
+}
+
+/// Per Q8_0 block of the token: `d` as f32 and the sum of its quants.
+fn prep_q8_0(n: usize, act: &[u8], aux: &mut [u8]) {
+    for (ab, x) in act
+        .chunks_exact(q8_0::BLOCK_BYTES)
+        .zip(aux.chunks_exact_mut(8))
+        .take(n / 32)
+    {
+        put_f32(x, 0, crate::formats::f16_at(ab, 0));
+        put_i32(x, 4, ab[2..].iter().map(|&q| q as i8 as i32).sum());
+    }
+}
+
+/// Per Q8_1 block of the token: `d` and `s` as f32.
+fn prep_q8_1(n: usize, act: &[u8], aux: &mut [u8]) {
+    for (ab, x) in act
+        .chunks_exact(q8_1::BLOCK_BYTES)
+        .zip(aux.chunks_exact_mut(8))
+        .take(n / 32)
+    {
+        put_f32(x, 0, crate::formats::f16_at(ab, 0));
+        put_f32(x, 4, crate::formats::f16_at(ab, 2));
+    }
+}
+
+/// How a legacy block's integer sum becomes its float term (each the scalar kernel's).
+const SDD: u8 = 0; // Q4_0, Q5_0: (isum · d) · d_a, isum = acc − offset · Σa
+const S_DD: u8 = 1; // Q8_0: isum · (d · d_a), isum = acc − 128 · Σa
+const DDSM: u8 = 2; // Q4_1, Q5_1: (d · d_a) · isum + m · s_a
+
+/// `G` tokens against one legacy panel of `nb` blocks; `out[16k ..]` gets token `k`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn legacy_tile<const G: usize, const KIND: u8>(
+    nb: usize,
+    panel: *const u8,
+    acts: *const u8,
+    (a_stride, a_block, q_off): (usize, usize, usize),
+    aux: *const u8,
+    aux_stride: usize,
+    offset: i32,
+    out: *mut f32,
+) {
+    let zero = _mm512_setzero_si512();
+    let mut sums = [_mm512_setzero_ps(); G];
+    for b in 0..nb {
+        let p = panel.add(b * LEGACY_BLOCK);
+        let wq: [__m512i; 8] =
+            core::array::from_fn(|g| _mm512_loadu_si512(p.add(64 * g) as *const _));
+        let d = _mm512_loadu_ps(p.add(LEGACY_D) as *const f32);
+        for (k, sum) in sums.iter_mut().enumerate() {
+            let a = acts.add(k * a_stride + b * a_block + q_off);
+            let x = |g: usize| _mm512_set1_epi32((a.add(4 * g) as *const i32).read_unaligned());
+            let mut acc0 = _mm512_dpbusd_epi32(zero, wq[0], x(0));
+            let mut acc1 = _mm512_dpbusd_epi32(zero, wq[1], x(1));
+            acc0 = _mm512_dpbusd_epi32(acc0, wq[2], x(2));
+            acc1 = _mm512_dpbusd_epi32(acc1, wq[3], x(3));
+            acc0 = _mm512_dpbusd_epi32(acc0, wq[4], x(4));
+            acc1 = _mm512_dpbusd_epi32(acc1, wq[5], x(5));
+            acc0 = _mm512_dpbusd_epi32(acc0, wq[6], x(6));
+            acc1 = _mm512_dpbusd_epi32(acc1, wq[7], x(7));
+            let acc = _mm512_add_epi32(acc0, acc1);
+            let ax = aux.add(k * aux_stride + 8 * b);
+            let d_a = _mm512_set1_ps(f32_at(ax));
+            let term = match KIND {
+                SDD | S_DD => {
+                    let sa = (ax.add(4) as *const i32).read_unaligned();
+                    let isum =
+                        _mm512_cvtepi32_ps(_mm512_sub_epi32(acc, _mm512_set1_epi32(offset * sa)));
+                    if KIND == SDD {
+                        _mm512_mul_ps(_mm512_mul_ps(isum, d), d_a)
+                    } else {
+                        _mm512_mul_ps(isum, _mm512_mul_ps(d, d_a))
+                    }
+                }
+                _ => {
+                    let m = _mm512_loadu_ps(p.add(LEGACY_M) as *const f32);
+                    let s_a = _mm512_set1_ps(f32_at(ax.add(4)));
+                    _mm512_add_ps(
+                        _mm512_mul_ps(_mm512_mul_ps(d, d_a), _mm512_cvtepi32_ps(acc)),
+                        _mm512_mul_ps(m, s_a),
+                    )
+                }
+            };
+            *sum = _mm512_add_ps(*sum, term);
+        }
+    }
+    for (k, sum) in sums.iter().enumerate() {
+        _mm512_storeu_ps(out.add(ROWS * k), *sum);
+    }
+}
+
+/// Checks a gemm call's buffers: `nb` blocks per row of `panel_block` panel bytes,
+/// `a_block` activation and `aux_block` side bytes; returns the token count.
+#[allow(clippy::too_many_arguments)]
+fn check_gemm(
+    nb: usize,
+    panel: &[u8],
+    panel_block: usize,
+    acts: &[u8],
+    a_stride: usize,
+    a_block: usize,
+    aux: &[u8],
+    aux_stride: usize,
+    aux_block: usize,
+    out: &[f32],
+) -> usize {
+    let nt = out.len() / ROWS;
+    assert!(panel.len() >= nb * panel_block, "panel gemm: short panel");
+    if nt > 0 {
+        assert!(
+            a_stride >= nb * a_block && acts.len() >= (nt - 1) * a_stride + nb * a_block,
+            "panel gemm: short activation rows"
+        );
+        assert!(
+            aux_stride >= nb * aux_block && aux.len() >= (nt - 1) * aux_stride + nb * aux_block,
+            "panel gemm: short side data"
+        );
+    }
+    nt
+}
+
+/// Runs `tile::<TOKENS>` over whole groups of tokens, then `tile::<1>` over the rest.
+macro_rules! over_tokens {
+    ($nt:expr, $a_stride:expr, $aux_stride:expr, $acts:expr, $aux:expr, $out:expr,
+     |$g:ident, $a:ident, $x:ident, $o:ident| $call:expr) => {{
+        let mut t = 0;
+        while t < $nt {
+            let ($a, $x, $o) = (
+                $acts.as_ptr().add(t * $a_stride),
+                $aux.as_ptr().add(t * $aux_stride),
+                $out.as_mut_ptr().add(t * ROWS),
+            );
+            if t + TOKENS <= $nt {
+                let $g = TOKENS;
+                $call;
+                t += TOKENS;
+            } else {
+                let $g = 1;
+                $call;
+                t += 1;
+            }
+        }
+    }};
+}
+
+/// The legacy gemm of one format: `a_block`/`q_off` its activation block size and quant
+/// offset, `offset` what packing added to its quants.
+#[allow(clippy::too_many_arguments)]
+fn legacy_gemm<const KIND: u8>(
+    n: usize,
+    panel: &[u8],
+    acts: &[u8],
+    a_stride: usize,
+    aux: &[u8],
+    aux_stride: usize,
+    out: &mut [f32],
+    (a_block, q_off, offset): (usize, usize, i32),
+) {
+    let nb = n / 32;
+    let nt = check_gemm(
+        nb,
+        panel,
+        LEGACY_BLOCK,
+        acts,
+        a_stride,
+        a_block,
+        aux,
+        aux_stride,
+        8,
+        out,
+    );
+    let shape = (a_stride, a_block, q_off);
+    // SAFETY: reached only through `kernels`, handed out after detecting the AVX-512
+    // features; `check_gemm` checked that every block the tiles read is in bounds and `out`
+    // holds `nt` tokens' 16 lanes.
+    unsafe {
+        over_tokens!(nt, a_stride, aux_stride, acts, aux, out, |g, a, x, o| {
+            if g == TOKENS {
+                legacy_tile::<TOKENS, KIND>(nb, panel.as_ptr(), a, shape, x, aux_stride, offset, o)
+            } else {
+                legacy_tile::<1, KIND>(nb, panel.as_ptr(), a, shape, x, aux_stride, offset, o)
+            }
+        });
+    }
+}
+
+macro_rules! legacy_gemms {
+    ($($name:ident => $kind:expr, $a_block:expr, $q_off:expr, $offset:expr;)*) => {
+        $(fn $name(
+            n: usize, panel: &[u8], acts: &[u8], a_stride: usize, aux: &[u8],
+            aux_stride: usize, out: &mut [f32],
+        ) {
+            legacy_gemm::<{ $kind }>(
+                n, panel, acts, a_stride, aux, aux_stride, out, ($a_block, $q_off, $offset),
+            )
+        })*
+    };
+}
+
+legacy_gemms! {
+    gemm_q4_0 => SDD, q8_0::BLOCK_BYTES, 2, 8;
+    gemm_q5_0 => SDD, q8_0::BLOCK_BYTES, 2, 16;
+    gemm_q8_0 => S_DD, q8_0::BLOCK_BYTES, 2, 128;
+    gemm_q4_1 => DDSM, q8_1::BLOCK_BYTES, 4, 0;
+    gemm_q5_1 => DDSM, q8_1::BLOCK_BYTES, 4, 0;
+}
+
+// ---- K-quants against Q8_K ----
+
+/// Side data of one token's Q8_K super-block: `d`, then four lanes' worth of i16 pairs of
+/// activation sums (Q4_K: per 32-column sub-block; Q6_K uses the 16 `bsums` directly).
+const K_AUX: usize = 4 + 4 * 4 + 12;
+/// Q4_K panel super-block: 64 groups of quants, 8 sub-block scales, 4 min pairs, d, dmin.
+const K4_BLOCK: usize = 64 * 64 + 8 * 64 + 4 * 64 + 2 * 64;
+const K4_SCALES: usize = 64 * 64;
+const K4_MINS: usize = K4_SCALES + 8 * 64;
+const K4_D: usize = K4_MINS + 4 * 64;
+const K4_DMIN: usize = K4_D + 64;
+
+fn prep_q8_k(n: usize, act: &[u8], aux: &mut [u8]) {
+    for (ab, x) in act
+        .chunks_exact(q8_k::BLOCK_BYTES)
+        .zip(aux.chunks_exact_mut(K_AUX))
+        .take(n / QK_K)
+    {
+        put_f32(x, 0, q8_k::d(ab));
+        // Sub-block sums, two per lane as i16 (|Σ| ≤ 32·128 fits).
+        for j in 0..4 {
+            let sb = |s: usize| (q8_k::bsum(ab, 2 * s) + q8_k::bsum(ab, 2 * s + 1)) as i16 as u16;
+            let pair = sb(2 * j) as u32 | (sb(2 * j + 1) as u32) << 16;
+            x[4 + 4 * j..8 + 4 * j].copy_from_slice(&pair.to_le_bytes());
+        }
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn pack_q4_k_imp(n: usize, w: &[u8], w_stride: usize, panel: &mut [u8]) {
+    let (nb, wbb) = (n / QK_K, q4_k::BLOCK_BYTES);
+    assert!(
+        panel.len() >= nb * K4_BLOCK && w.len() >= (ROWS - 1) * w_stride + nb * wbb,
+        "panel pack: short buffers"
+    );
+    for r in 0..ROWS {
+        let row = &w[r * w_stride..r * w_stride + nb * wbb];
+        for (b, wb) in row.chunks_exact(wbb).enumerate() {
+            let dst = &mut panel[b * K4_BLOCK..(b + 1) * K4_BLOCK];
+            let (sc, mn) = unpack_scale_min_k4(&wb[4..16]);
+            for c in 0..4 {
+                // 32 bytes of quants at 16 + 32c of the 144-byte block; `dst` holds the 64
+                // groups lane `r` writes into.
+                let q = load(wb.as_ptr().add(16 + 32 * c));
+                let low = _mm256_set1_epi8(0x0F);
+                let lo = _mm256_and_si256(q, low);
+                let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
+                put_quants32(dst.as_mut_ptr().add(64 * 8 * (2 * c)), r, lo);
+                put_quants32(dst.as_mut_ptr().add(64 * 8 * (2 * c + 1)), r, hi);
+            }
+            for (s, &v) in sc.iter().enumerate() {
+                put_i32(dst, K4_SCALES + 64 * s + 4 * r, v as i32);
+            }
+            for j in 0..4 {
+                let pair = mn[2 * j] as u32 | (mn[2 * j + 1] as u32) << 16;
+                dst[K4_MINS + 64 * j + 4 * r..K4_MINS + 64 * j + 4 * r + 4]
+                    .copy_from_slice(&pair.to_le_bytes());
+            }
+            put_f32(dst, K4_D + 4 * r, crate::formats::f16_at(wb, 0));
+            put_f32(dst, K4_DMIN + 4 * r, crate::formats::f16_at(wb, 2));
+        }
+    }
+}
+
+/// `G` tokens against a Q4_K panel: per sub-block, `Σ q·a` by `vpdpbusd` times the lane's
+/// scale; the mins by `vpdpwssd` of the lane's min pairs and the token's sub-block sums.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q4_k_tile<const G: usize>(
+    nb: usize,
+    panel: *const u8,
+    acts: *const u8,
+    a_stride: usize,
+    aux: *const u8,
+    aux_stride: usize,
+    out: *mut f32,
+) {
+    let zero = _mm512_setzero_si512();
+    let mut sums = [_mm512_setzero_ps(); G];
+    for b in 0..nb {
+        let p = panel.add(b * K4_BLOCK);
+        let mut isums = [zero; G];
+        for s in 0..8 {
+            let wq: [__m512i; 8] =
+                core::array::from_fn(|g| _mm512_loadu_si512(p.add(64 * (8 * s + g)) as *const _));
+            let sc = _mm512_loadu_si512(p.add(K4_SCALES + 64 * s) as *const _);
+            for (k, isum) in isums.iter_mut().enumerate() {
+                let a = acts.add(k * a_stride + b * q8_k::BLOCK_BYTES + q8_k::QS + 32 * s);
+                let x = |g: usize| _mm512_set1_epi32((a.add(4 * g) as *const i32).read_unaligned());
+                let mut acc0 = _mm512_dpbusd_epi32(zero, wq[0], x(0));
+                let mut acc1 = _mm512_dpbusd_epi32(zero, wq[1], x(1));
+                acc0 = _mm512_dpbusd_epi32(acc0, wq[2], x(2));
+                acc1 = _mm512_dpbusd_epi32(acc1, wq[3], x(3));
+                acc0 = _mm512_dpbusd_epi32(acc0, wq[4], x(4));
+                acc1 = _mm512_dpbusd_epi32(acc1, wq[5], x(5));
+                acc0 = _mm512_dpbusd_epi32(acc0, wq[6], x(6));
+                acc1 = _mm512_dpbusd_epi32(acc1, wq[7], x(7));
+                let acc = _mm512_add_epi32(acc0, acc1);
+                *isum = _mm512_add_epi32(*isum, _mm512_mullo_epi32(acc, sc));
+            }
+        }
+        let mins: [__m512i; 4] =
+            core::array::from_fn(|j| _mm512_loadu_si512(p.add(K4_MINS + 64 * j) as *const _));
+        let d = _mm512_loadu_ps(p.add(K4_D) as *const f32);
+        let dmin = _mm512_loadu_ps(p.add(K4_DMIN) as *const f32);
+        for (k, sum) in sums.iter_mut().enumerate() {
+            let ax = aux.add(k * aux_stride + b * K_AUX);
+            let pair =
+                |j: usize| _mm512_set1_epi32((ax.add(4 + 4 * j) as *const i32).read_unaligned());
+            let mut msum = _mm512_dpwssd_epi32(zero, mins[0], pair(0));
+            msum = _mm512_dpwssd_epi32(msum, mins[1], pair(1));
+            msum = _mm512_dpwssd_epi32(msum, mins[2], pair(2));
+            msum = _mm512_dpwssd_epi32(msum, mins[3], pair(3));
+            let d_a = _mm512_set1_ps(f32_at(ax));
+            let term = _mm512_sub_ps(
+                _mm512_mul_ps(_mm512_mul_ps(d_a, d), _mm512_cvtepi32_ps(isums[k])),
+                _mm512_mul_ps(_mm512_mul_ps(d_a, dmin), _mm512_cvtepi32_ps(msum)),
+            );
+            *sum = _mm512_add_ps(*sum, term);
+        }
+    }
+    for (k, sum) in sums.iter().enumerate() {
+        _mm512_storeu_ps(out.add(ROWS * k), *sum);
+    }
+}
+
+fn gemm_q4_k(
+    n: usize,
+    panel: &[u8],
+    acts: &[u8],
+    a_stride: usize,
+    aux: &[u8],
+    aux_stride: usize,
+    out: &mut [f32],
+) {
+    let nb = n / QK_K;
+    let nt = check_gemm(
+        nb,
+        panel,
+        K4_BLOCK,
+        acts,
+        a_stride,
+        q8_k::BLOCK_BYTES,
+        aux,
+        aux_stride,
+        K_AUX,
+        out,
+    );
+    // SAFETY: as in `legacy_gemm`.
+    unsafe {
+        over_tokens!(nt, a_stride, aux_stride, acts, aux, out, |g, a, x, o| {
+            if g == TOKENS {
+                q4_k_tile::<TOKENS>(nb, panel.as_ptr(), a, a_stride, x, aux_stride, o)
+            } else {
+                q4_k_tile::<1>(nb, panel.as_ptr(), a, a_stride, x, aux_stride, o)
+            }
+        });
+    }
+}
+
+/// Q6_K panel super-block: 64 groups of unsigned 6-bit quants, 16 group scales as i32
+/// lanes, 8 scale pairs as i16 lanes (for the −32 offset), d.
+const K6_BLOCK: usize = 64 * 64 + 16 * 64 + 8 * 64 + 64;
+const K6_SCALES: usize = 64 * 64;
+const K6_PAIRS: usize = K6_SCALES + 16 * 64;
+const K6_D: usize = K6_PAIRS + 8 * 64;
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn pack_q6_k_imp(n: usize, w: &[u8], w_stride: usize, panel: &mut [u8]) {
+    let (nb, wbb) = (n / QK_K, q6_k::BLOCK_BYTES);
+    assert!(
+        panel.len() >= nb * K6_BLOCK && w.len() >= (ROWS - 1) * w_stride + nb * wbb,
+        "panel pack: short buffers"
+    );
+    for r in 0..ROWS {
+        let row = &w[r * w_stride..r * w_stride + nb * wbb];
+        for (b, wb) in row.chunks_exact(wbb).enumerate() {
+            let dst = &mut panel[b * K6_BLOCK..(b + 1) * K6_BLOCK];
+            let mut q = [0u8; QK_K];
+            for (i, q) in q.iter_mut().enumerate() {
+                *q = (q6_k::quant(wb, i) + 32) as u8;
+            }
+            for (g, four) in q.chunks_exact(4).enumerate() {
+                dst[64 * g + 4 * r..64 * g + 4 * r + 4].copy_from_slice(four);
+            }
+            for g in 0..16 {
+                put_i32(dst, K6_SCALES + 64 * g + 4 * r, q6_k::scale(wb, g));
+            }
+            for j in 0..8 {
+                let s = |g: usize| q6_k::scale(wb, g) as i16 as u16 as u32;
+                let pair = s(2 * j) | s(2 * j + 1) << 16;
+                dst[K6_PAIRS + 64 * j + 4 * r..K6_PAIRS + 64 * j + 4 * r + 4]
+                    .copy_from_slice(&pair.to_le_bytes());
+            }
+            put_f32(dst, K6_D + 4 * r, crate::formats::f16_at(wb, q6_k::D));
+        }
+    }
+}
+
+/// `G` tokens against a Q6_K panel: per 16-column group, `Σ (q + 32)·a` times the lane's
+/// scale; the offset `32 · Σ scale·bsum` by `vpdpwssd` of scale pairs and bsum pairs.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q6_k_tile<const G: usize>(
+    nb: usize,
+    panel: *const u8,
+    acts: *const u8,
+    a_stride: usize,
+    aux: *const u8,
+    aux_stride: usize,
+    out: *mut f32,
+) {
+    let zero = _mm512_setzero_si512();
+    let mut sums = [_mm512_setzero_ps(); G];
+    for b in 0..nb {
+        let p = panel.add(b * K6_BLOCK);
+        let mut isums = [zero; G];
+        for h in 0..8 {
+            // Two 16-column groups (8 lane groups) per step.
+            let wq: [__m512i; 8] =
+                core::array::from_fn(|g| _mm512_loadu_si512(p.add(64 * (8 * h + g)) as *const _));
+            let sc0 = _mm512_loadu_si512(p.add(K6_SCALES + 64 * (2 * h)) as *const _);
+            let sc1 = _mm512_loadu_si512(p.add(K6_SCALES + 64 * (2 * h + 1)) as *const _);
+            for (k, isum) in isums.iter_mut().enumerate() {
+                let a = acts.add(k * a_stride + b * q8_k::BLOCK_BYTES + q8_k::QS + 32 * h);
+                let x = |g: usize| _mm512_set1_epi32((a.add(4 * g) as *const i32).read_unaligned());
+                let mut acc0 = _mm512_dpbusd_epi32(zero, wq[0], x(0));
+                let mut acc1 = _mm512_dpbusd_epi32(zero, wq[4], x(4));
+                acc0 = _mm512_dpbusd_epi32(acc0, wq[1], x(1));
+                acc1 = _mm512_dpbusd_epi32(acc1, wq[5], x(5));
+                acc0 = _mm512_dpbusd_epi32(acc0, wq[2], x(2));
+                acc1 = _mm512_dpbusd_epi32(acc1, wq[6], x(6));
+                acc0 = _mm512_dpbusd_epi32(acc0, wq[3], x(3));
+                acc1 = _mm512_dpbusd_epi32(acc1, wq[7], x(7));
+                *isum = _mm512_add_epi32(*isum, _mm512_mullo_epi32(acc0, sc0));
+                *isum = _mm512_add_epi32(*isum, _mm512_mullo_epi32(acc1, sc1));
+            }
+        }
+        let pairs: [__m512i; 8] =
+            core::array::from_fn(|j| _mm512_loadu_si512(p.add(K6_PAIRS + 64 * j) as *const _));
+        let d = _mm512_loadu_ps(p.add(K6_D) as *const f32);
+        for (k, sum) in sums.iter_mut().enumerate() {
+            let ab = acts.add(k * a_stride + b * q8_k::BLOCK_BYTES);
+            let bs = |j: usize| {
+                _mm512_set1_epi32((ab.add(q8_k::BSUMS + 4 * j) as *const i32).read_unaligned())
+            };
+            let mut off = _mm512_dpwssd_epi32(zero, pairs[0], bs(0));
+            for j in 1..8 {
+                off = _mm512_dpwssd_epi32(off, pairs[j], bs(j));
+            }
+            let isum = _mm512_sub_epi32(isums[k], _mm512_slli_epi32(off, 5));
+            let d_a = _mm512_set1_ps(f32_at(aux.add(k * aux_stride + b * K_AUX)));
+            let term = _mm512_mul_ps(_mm512_mul_ps(d_a, d), _mm512_cvtepi32_ps(isum));
+            *sum = _mm512_add_ps(*sum, term);
+        }
+    }
+    for (k, sum) in sums.iter().enumerate() {
+        _mm512_storeu_ps(out.add(ROWS * k), *sum);
+    }
+}
+
+fn gemm_q6_k(
+    n: usize,
+    panel: &[u8],
+    acts: &[u8],
+    a_stride: usize,
+    aux: &[u8],
+    aux_stride: usize,
+    out: &mut [f32],
+) {
+    let nb = n / QK_K;
+    let nt = check_gemm(
+        nb,
+        panel,
+        K6_BLOCK,
+        acts,
+        a_stride,
+        q8_k::BLOCK_BYTES,
+        aux,
+        aux_stride,
+        K_AUX,
+        out,
+    );
+    // SAFETY: as in `legacy_gemm`.
+    unsafe {
+        over_tokens!(nt, a_stride, aux_stride, acts, aux, out, |g, a, x, o| {
+            if g == TOKENS {
+                q6_k_tile::<TOKENS>(nb, panel.as_ptr(), a, a_stride, x, aux_stride, o)
+            } else {
+                q6_k_tile::<1>(nb, panel.as_ptr(), a, a_stride, x, aux_stride, o)
+            }
+        });
+    }
+}
