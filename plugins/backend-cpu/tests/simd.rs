@@ -609,7 +609,11 @@ fn panel_matmul_matches_scalar() {
             let k = scalar::kernels(t).unwrap();
             let be = t.block_elems();
             let rows = 35;
-            for cols in [be, 3 * be, 9 * be] {
+            let col_counts = match be {
+                1 => vec![1, 15, 16, 33, 100, 1000],
+                _ => vec![be, 3 * be, 9 * be],
+            };
+            for cols in col_counts {
                 let row_bytes = t.row_bytes(cols).unwrap();
                 let data: Vec<u8> = (0..rows)
                     .flat_map(|r| random_row(&mut rng, t, cols, scale_kinds[r % 4]))

@@ -15,7 +15,7 @@
 //! The panel is a scratch copy of sixteen rows made once per matmul and used for every
 //! token of the prompt; the model itself is never copied.
 
-use super::avx2::{bits32, f32_at, load, nibbles32};
+use super::avx2::{bits32, f32_at, load, nibbles32, reduce16};
 use crate::formats::k_quants::{q4_k, q6_k, q8_k, unpack_scale_min_k4, QK_K};
 use crate::formats::{q4_0, q4_1, q5_0, q5_1, q8_0, q8_1, PanelKernels};
 use core::arch::x86_64::*;
@@ -59,6 +59,9 @@ pub(in crate::formats) fn kernels(t: GgmlType) -> Option<PanelKernels> {
             prep: prep_q8_k,
             gemm: gemm_q6_k,
         },
+        T::F16 => float_kernels(pack_f16, prep_f16, gemm_f16),
+        T::BF16 => float_kernels(pack_bf16, prep_bf16, gemm_bf16),
+        T::F32 => float_kernels(pack_f32, prep_f32, gemm_f32),
         _ => return None,
     })
 }
@@ -667,4 +670,193 @@ fn gemm_q6_k(
             }
         });
     }
+}
+
+// ---- F16, BF16, F32: four rows × four tokens of 16-lane accumulators ----
+//
+// The float dot's lanes are fixed (element `i` in lane `i % 16`, folded by halving, see
+// `formats::float`), so here the lanes stay element lanes and the panel only saves work:
+// its four rows are widened to f32 once (and each token's activations once, in `prep`)
+// for all tokens, and each loaded vector feeds four accumulators. F16 products are exact
+// in f32, so a fused multiply-add rounds like the scalar multiply-then-add; BF16 and F32
+// products are not (underflow, and F32 always), so those keep the separate add.
+
+const FLOAT_ROWS: usize = 4;
+const FLOAT_TOKENS: usize = 4;
+
+/// Element formats, as const parameters.
+const F32: u8 = 0;
+const F16: u8 = 1;
+const BF16: u8 = 2;
+
+fn float_kernels(
+    pack: fn(usize, &[u8], usize, &mut [u8]),
+    prep: fn(usize, &[u8], &mut [u8]),
+    gemm: crate::formats::PanelGemmFn,
+) -> PanelKernels {
+    PanelKernels {
+        rows: FLOAT_ROWS,
+        panel_bytes: |n| FLOAT_ROWS * 4 * n,
+        pack,
+        aux_bytes: |n| 4 * n,
+        prep,
+        gemm,
+    }
+}
+
+/// Element `i` of a row of format `F` at `p`, as f32 (exact).
+#[inline]
+unsafe fn element<const F: u8>(p: *const u8, i: usize) -> f32 {
+    match F {
+        F32 => f32_at(p.add(4 * i)),
+        F16 => half::f16::from_bits((p.add(2 * i) as *const u16).read_unaligned()).to_f32(),
+        _ => f32::from_bits(((p.add(2 * i) as *const u16).read_unaligned() as u32) << 16),
+    }
+}
+
+/// Where element `i` of row `r` goes in a float panel: 16-element chunks of the four rows
+/// interleaved (`[chunk][row][16]`), then each row's `n % 16` tail.
+#[inline]
+fn float_slot(n: usize, r: usize, i: usize) -> usize {
+    let full = n / 16 * 16;
+    if i < full {
+        (i / 16 * FLOAT_ROWS + r) * 16 + i % 16
+    } else {
+        FLOAT_ROWS * full + r * (n - full) + (i - full)
+    }
+}
+
+fn pack_float<const F: u8>(n: usize, w: &[u8], w_stride: usize, panel: &mut [u8]) {
+    let size = if F == F32 { 4 } else { 2 };
+    assert!(
+        panel.len() >= FLOAT_ROWS * 4 * n && w.len() >= (FLOAT_ROWS - 1) * w_stride + n * size,
+        "panel pack: short buffers"
+    );
+    for r in 0..FLOAT_ROWS {
+        let row = &w[r * w_stride..r * w_stride + n * size];
+        for i in 0..n {
+            // SAFETY: element `i` < n of a row of `n · size` bytes.
+            let v = unsafe { element::<F>(row.as_ptr(), i) };
+            put_f32(panel, 4 * float_slot(n, r, i), v);
+        }
+    }
+}
+
+fn prep_float<const F: u8>(n: usize, act: &[u8], aux: &mut [u8]) {
+    let size = if F == F32 { 4 } else { 2 };
+    assert!(
+        act.len() >= n * size && aux.len() >= 4 * n,
+        "panel prep: short rows"
+    );
+    for i in 0..n {
+        // SAFETY: element `i` < n of a row of `n · size` bytes.
+        put_f32(aux, 4 * i, unsafe { element::<F>(act.as_ptr(), i) });
+    }
+}
+
+/// The 16 lanes of `v` folded by halving (`l + l+8`, `+4`, `+2`, `+1`), the scalar order.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn fold16(v: __m512) -> f32 {
+    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+    reduce16(_mm512_castps512_ps256(v), hi)
+}
+
+/// `G` tokens (f32 activations `aux_stride` bytes apart) against a float panel; token `k`'s
+/// four results go to `out[4k ..]`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn float_tile<const G: usize, const FUSED: bool>(
+    n: usize,
+    panel: *const u8,
+    aux: *const u8,
+    aux_stride: usize,
+    out: *mut f32,
+) {
+    let full = n / 16 * 16;
+    let mut acc = [[_mm512_setzero_ps(); G]; FLOAT_ROWS];
+    for c in 0..n / 16 {
+        let w: [__m512; FLOAT_ROWS] = core::array::from_fn(|r| {
+            _mm512_loadu_ps(panel.add(64 * (c * FLOAT_ROWS + r)) as *const f32)
+        });
+        for k in 0..G {
+            let a = _mm512_loadu_ps(aux.add(k * aux_stride + 64 * c) as *const f32);
+            for r in 0..FLOAT_ROWS {
+                acc[r][k] = if FUSED {
+                    _mm512_fmadd_ps(w[r], a, acc[r][k])
+                } else {
+                    _mm512_add_ps(acc[r][k], _mm512_mul_ps(w[r], a))
+                };
+            }
+        }
+    }
+    for k in 0..G {
+        let a = aux.add(k * aux_stride);
+        for r in 0..FLOAT_ROWS {
+            let mut sum = fold16(acc[r][k]);
+            for i in full..n {
+                let w = f32_at(panel.add(4 * float_slot(n, r, i)));
+                sum += w * f32_at(a.add(4 * i));
+            }
+            *out.add(FLOAT_ROWS * k + r) = sum;
+        }
+    }
+}
+
+fn float_gemm<const FUSED: bool>(
+    n: usize,
+    panel: &[u8],
+    aux: &[u8],
+    aux_stride: usize,
+    out: &mut [f32],
+) {
+    let nt = out.len() / FLOAT_ROWS;
+    assert!(panel.len() >= FLOAT_ROWS * 4 * n, "panel gemm: short panel");
+    if nt > 0 {
+        assert!(
+            aux_stride >= 4 * n && aux.len() >= (nt - 1) * aux_stride + 4 * n,
+            "panel gemm: short side data"
+        );
+    }
+    let mut t = 0;
+    while t < nt {
+        let (x, o) = (
+            aux[t * aux_stride..].as_ptr(),
+            out[FLOAT_ROWS * t..].as_mut_ptr(),
+        );
+        // SAFETY: reached only through `kernels`, handed out after detecting the AVX-512
+        // features; the checks above cover every element the tile reads and writes.
+        unsafe {
+            if t + FLOAT_TOKENS <= nt {
+                float_tile::<FLOAT_TOKENS, FUSED>(n, panel.as_ptr(), x, aux_stride, o);
+                t += FLOAT_TOKENS;
+            } else {
+                float_tile::<1, FUSED>(n, panel.as_ptr(), x, aux_stride, o);
+                t += 1;
+            }
+        }
+    }
+}
+
+macro_rules! float_wrappers {
+    ($($pack:ident, $prep:ident, $gemm:ident => $f:ident, $fused:expr;)*) => {
+        $(fn $pack(n: usize, w: &[u8], w_stride: usize, panel: &mut [u8]) {
+            pack_float::<$f>(n, w, w_stride, panel)
+        }
+        fn $prep(n: usize, act: &[u8], aux: &mut [u8]) {
+            prep_float::<$f>(n, act, aux)
+        }
+        // The float tiles read the activations from `aux` (widened by `prep`), not `acts`.
+        fn $gemm(
+            n: usize, panel: &[u8], _acts: &[u8], _a_stride: usize, aux: &[u8],
+            aux_stride: usize, out: &mut [f32],
+        ) {
+            float_gemm::<{ $fused }>(n, panel, aux, aux_stride, out)
+        })*
+    };
+}
+
+float_wrappers! {
+    pack_f16, prep_f16, gemm_f16 => F16, true;
+    pack_bf16, prep_bf16, gemm_bf16 => BF16, false;
+    pack_f32, prep_f32, gemm_f32 => F32, false;
 }
