@@ -726,32 +726,53 @@ fn float_slot(n: usize, r: usize, i: usize) -> usize {
     }
 }
 
-fn pack_float<const F: u8>(n: usize, w: &[u8], w_stride: usize, panel: &mut [u8]) {
+/// Sixteen elements of format `F` at `p`, widened to f32 (exact).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn widen16<const F: u8>(p: *const u8) -> __m512 {
+    match F {
+        F32 => _mm512_loadu_ps(p as *const f32),
+        F16 => _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)),
+        _ => {
+            let bits = _mm512_cvtepu16_epi32(_mm256_loadu_si256(p as *const __m256i));
+            _mm512_castsi512_ps(_mm512_slli_epi32(bits, 16))
+        }
+    }
+}
+
+/// Widens `n` elements of format `F` at `src` to f32s at `dst`, 16 at a time with
+/// `slot(i)` the f32 index of element `i` (16-element runs stay contiguous).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn widen_row<const F: u8>(n: usize, src: *const u8, dst: *mut f32, slot: impl Fn(usize) -> usize) {
+    let size = if F == F32 { 4 } else { 2 };
+    let full = n / 16 * 16;
+    for i in (0..full).step_by(16) {
+        _mm512_storeu_ps(dst.add(slot(i)), widen16::<F>(src.add(size * i)));
+    }
+    for i in full..n {
+        dst.add(slot(i)).write_unaligned(element::<F>(src, i));
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn pack_float<const F: u8>(n: usize, w: &[u8], w_stride: usize, panel: &mut [u8]) {
     let size = if F == F32 { 4 } else { 2 };
     assert!(
         panel.len() >= FLOAT_ROWS * 4 * n && w.len() >= (FLOAT_ROWS - 1) * w_stride + n * size,
         "panel pack: short buffers"
     );
+    let dst = panel.as_mut_ptr() as *mut f32;
     for r in 0..FLOAT_ROWS {
-        let row = &w[r * w_stride..r * w_stride + n * size];
-        for i in 0..n {
-            // SAFETY: element `i` < n of a row of `n · size` bytes.
-            let v = unsafe { element::<F>(row.as_ptr(), i) };
-            put_f32(panel, 4 * float_slot(n, r, i), v);
-        }
+        widen_row::<F>(n, w.as_ptr().add(r * w_stride), dst, |i| float_slot(n, r, i));
     }
 }
 
-fn prep_float<const F: u8>(n: usize, act: &[u8], aux: &mut [u8]) {
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn prep_float<const F: u8>(n: usize, act: &[u8], aux: &mut [u8]) {
     let size = if F == F32 { 4 } else { 2 };
-    assert!(
-        act.len() >= n * size && aux.len() >= 4 * n,
-        "panel prep: short rows"
-    );
-    for i in 0..n {
-        // SAFETY: element `i` < n of a row of `n · size` bytes.
-        put_f32(aux, 4 * i, unsafe { element::<F>(act.as_ptr(), i) });
-    }
+    assert!(act.len() >= n * size && aux.len() >= 4 * n, "panel prep: short rows");
+    widen_row::<F>(n, act.as_ptr(), aux.as_mut_ptr() as *mut f32, |i| i);
 }
 
 /// The 16 lanes of `v` folded by halving (`l + l+8`, `+4`, `+2`, `+1`), the scalar order.
@@ -840,10 +861,13 @@ fn float_gemm<const FUSED: bool>(
 macro_rules! float_wrappers {
     ($($pack:ident, $prep:ident, $gemm:ident => $f:ident, $fused:expr;)*) => {
         $(fn $pack(n: usize, w: &[u8], w_stride: usize, panel: &mut [u8]) {
-            pack_float::<$f>(n, w, w_stride, panel)
+            // SAFETY: reached only through `kernels` (AVX-512 detected); the pack checks
+            // its buffers' lengths.
+            unsafe { pack_float::<$f>(n, w, w_stride, panel) }
         }
         fn $prep(n: usize, act: &[u8], aux: &mut [u8]) {
-            prep_float::<$f>(n, act, aux)
+            // SAFETY: as for the pack.
+            unsafe { prep_float::<$f>(n, act, aux) }
         }
         // The float tiles read the activations from `aux` (widened by `prep`), not `acts`.
         fn $gemm(
