@@ -232,6 +232,11 @@ fn panel_matmul(
                 let first = i * p.rows;
                 let rows = &w.data[first * w.row_bytes..(first + p.rows) * w.row_bytes];
                 (p.pack)(w.cols, rows, w.row_bytes, panel);
+                if i + 1 < ((c + 1) * per_chunk).min(n_panels) {
+                    // The next panel's rows stream in from memory while this one computes.
+                    let next = first + p.rows;
+                    prefetch(&w.data[next * w.row_bytes..(next + p.rows) * w.row_bytes]);
+                }
                 (p.gemm)(w.cols, panel, act, act_row_bytes, aux, aux_bytes, tile);
                 for (t, lanes) in tile.chunks_exact(p.rows).enumerate() {
                     // SAFETY: panel `i` (of chunk `c`) owns columns `first .. first + rows`
@@ -245,6 +250,19 @@ fn panel_matmul(
             }
         })
     });
+}
+
+/// Asks for `bytes` to be brought into the L2 cache ahead of their use.
+#[inline]
+fn prefetch(bytes: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    for line in bytes.chunks(64) {
+        use core::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+        // SAFETY: a prefetch is only a hint and never faults; SSE is part of x86-64.
+        unsafe { _mm_prefetch::<_MM_HINT_T1>(line.as_ptr() as *const i8) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = bytes;
 }
 
 /// Dots weight rows `first_row ..` against every token's activation row; `out` is
