@@ -44,6 +44,7 @@ pub(in crate::formats) fn overlay(mut k: FormatKernels) -> FormatKernels {
         T::F16 => quantize_row_f16,
         _ => k.quantize_activation,
     };
+    k.panel = super::panel256::kernels(k.weight_type).or(k.panel);
     k
 }
 

@@ -66,16 +66,28 @@ pub(in crate::formats) fn kernels(t: GgmlType) -> Option<PanelKernels> {
     })
 }
 
-/// Writes the 32 unsigned quants `q` (column order) of one row's block into the panel's
-/// quant area at `dst`, lane `r`.
+/// Writes the 32 quants `q` (column order) of one row's block into the quant area at `dst`
+/// of a panel of `L` lanes, lane `r`: eight groups of four columns, `4·L` bytes apart.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn put_quants32(dst: *mut u8, r: usize, q: __m256i) {
+pub(super) unsafe fn put_quants32<const L: usize>(dst: *mut u8, r: usize, q: __m256i) {
     let mut words = [0u32; 8];
     _mm256_storeu_si256(words.as_mut_ptr() as *mut __m256i, q);
     for (g, w) in words.into_iter().enumerate() {
-        (dst.add(64 * g + 4 * r) as *mut u32).write_unaligned(w);
+        (dst.add(4 * L * g + 4 * r) as *mut u32).write_unaligned(w);
     }
+}
+
+/// Writes `v` at lane `r` of the `L`-lane vector at `off` of `dst`.
+#[inline]
+pub(super) fn put_lane<const L: usize>(dst: &mut [u8], off: usize, r: usize, v: [u8; 4]) {
+    dst[off + 4 * r..off + 4 * r + 4].copy_from_slice(&v);
+}
+
+/// `(lo, hi)` as the two i16 halves of a 32-bit lane.
+#[inline]
+pub(super) fn i16_pair(lo: i32, hi: i32) -> [u8; 4] {
+    (lo as i16 as u16 as u32 | (hi as i16 as u16 as u32) << 16).to_le_bytes()
 }
 
 #[inline]
@@ -90,24 +102,29 @@ fn put_i32(dst: &mut [u8], off: usize, v: i32) {
 
 // ---- 32-element formats: Q4_0, Q5_0, Q8_0 (against Q8_0), Q4_1, Q5_1 (against Q8_1) ----
 
-/// One block of a legacy panel: 8 groups of 4 columns × 16 lanes, then `d` and `m` lanes.
-const LEGACY_BLOCK: usize = 8 * 64 + 2 * 64;
+/// One block of a legacy panel of `L` lanes: 8 groups of 4 columns, then `d` and `m` lanes.
+pub(super) const fn legacy_block(l: usize) -> usize {
+    10 * 4 * l
+}
+const LEGACY_BLOCK: usize = legacy_block(ROWS);
 const LEGACY_D: usize = 8 * 64;
 const LEGACY_M: usize = 9 * 64;
 
 /// Legacy formats, as const parameters of the shared packing and tile code.
-const Q4_0: u8 = 0;
-const Q5_0: u8 = 1;
-const Q8_0: u8 = 2;
-const Q4_1: u8 = 3;
-const Q5_1: u8 = 4;
+pub(super) const Q4_0: u8 = 0;
+pub(super) const Q5_0: u8 = 1;
+pub(super) const Q8_0: u8 = 2;
+pub(super) const Q4_1: u8 = 3;
+pub(super) const Q5_1: u8 = 4;
+/// Q8_0 packed as stored (signed), for the AVX2 panels' sign trick.
+pub(super) const Q8_0_SIGNED: u8 = 5;
 
 /// Block bytes of a legacy format.
 const fn legacy_block_bytes(f: u8) -> usize {
     match f {
         Q4_0 => q4_0::BLOCK_BYTES,
         Q5_0 => q5_0::BLOCK_BYTES,
-        Q8_0 => q8_0::BLOCK_BYTES,
+        Q8_0 | Q8_0_SIGNED => q8_0::BLOCK_BYTES,
         Q4_1 => q4_1::BLOCK_BYTES,
         _ => q5_1::BLOCK_BYTES,
     }
@@ -123,57 +140,64 @@ unsafe fn legacy_quants<const F: u8>(b: *const u8) -> __m256i {
         Q4_0 => nibbles32(b.add(2)),
         Q5_0 => _mm256_or_si256(nibbles32(b.add(6)), fifth(b.add(2))),
         Q8_0 => _mm256_xor_si256(load(b.add(2)), _mm256_set1_epi8(-128)),
+        Q8_0_SIGNED => load(b.add(2)),
         Q4_1 => nibbles32(b.add(4)),
         _ => _mm256_or_si256(nibbles32(b.add(8)), fifth(b.add(4))),
     }
 }
 
-/// Packs 16 rows of a legacy format `F`: per block, the quants, `d` and (`_1` formats) `m`.
+/// Packs `L` rows of a legacy format `F`: per block, the quants, `d` and (`_1` formats) `m`.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn pack_legacy<const F: u8>(n: usize, w: &[u8], w_stride: usize, panel: &mut [u8]) {
-    let (nb, wbb) = (n / 32, legacy_block_bytes(F));
+pub(super) unsafe fn pack_legacy<const F: u8, const L: usize>(
+    n: usize,
+    w: &[u8],
+    w_stride: usize,
+    panel: &mut [u8],
+) {
+    let (nb, wbb, pb) = (n / 32, legacy_block_bytes(F), legacy_block(L));
     assert!(
-        panel.len() >= nb * LEGACY_BLOCK && w.len() >= (ROWS - 1) * w_stride + nb * wbb,
+        panel.len() >= nb * pb && w.len() >= (L - 1) * w_stride + nb * wbb,
         "panel pack: short buffers"
     );
-    for r in 0..ROWS {
+    for r in 0..L {
         let row = &w[r * w_stride..r * w_stride + nb * wbb];
         for (b, block) in row.chunks_exact(wbb).enumerate() {
-            let dst = &mut panel[b * LEGACY_BLOCK..(b + 1) * LEGACY_BLOCK];
-            put_quants32(dst.as_mut_ptr(), r, legacy_quants::<F>(block.as_ptr()));
-            put_f32(dst, LEGACY_D + 4 * r, crate::formats::f16_at(block, 0));
+            let dst = &mut panel[b * pb..(b + 1) * pb];
+            put_quants32::<L>(dst.as_mut_ptr(), r, legacy_quants::<F>(block.as_ptr()));
+            let d = crate::formats::f16_at(block, 0);
             let m = if F == Q4_1 || F == Q5_1 {
                 crate::formats::f16_at(block, 2)
             } else {
                 0.0
             };
-            put_f32(dst, LEGACY_M + 4 * r, m);
+            put_lane::<L>(dst, 32 * L, r, d.to_le_bytes());
+            put_lane::<L>(dst, 36 * L, r, m.to_le_bytes());
         }
     }
 }
 
 macro_rules! pack_wrappers {
-    ($($name:ident => $imp:ident $(::<$f:ident>)?;)*) => {
+    ($($name:ident => $imp:ident::<$($p:tt),*>;)*) => {
         $(fn $name(n: usize, w: &[u8], w_stride: usize, panel: &mut [u8]) {
             // SAFETY: reached only through `kernels`, which `dispatch` hands out after
             // detecting AVX-512 (AVX2 included); the pack checks its buffers' lengths.
-            unsafe { $imp$(::<$f>)?(n, w, w_stride, panel) }
+            unsafe { $imp::<$($p),*>(n, w, w_stride, panel) }
         })*
     };
 }
 
 pack_wrappers! {
-    pack_q4_0 => pack_legacy::<Q4_0>;
-    pack_q5_0 => pack_legacy::<Q5_0>;
-    pack_q8_0 => pack_legacy::<Q8_0>;
-    pack_q4_1 => pack_legacy::<Q4_1>;
-    pack_q5_1 => pack_legacy::<Q5_1>;
-    pack_q4_k => pack_q4_k_imp;
-    pack_q6_k => pack_q6_k_imp;
+    pack_q4_0 => pack_legacy::<Q4_0, ROWS>;
+    pack_q5_0 => pack_legacy::<Q5_0, ROWS>;
+    pack_q8_0 => pack_legacy::<Q8_0, ROWS>;
+    pack_q4_1 => pack_legacy::<Q4_1, ROWS>;
+    pack_q5_1 => pack_legacy::<Q5_1, ROWS>;
+    pack_q4_k => pack_q4_k_imp::<ROWS, false>;
+    pack_q6_k => pack_q6_k_imp::<ROWS, false>;
 }
 
 /// Per Q8_0 block of the token: `d` as f32 and the sum of its quants.
-fn prep_q8_0(n: usize, act: &[u8], aux: &mut [u8]) {
+pub(super) fn prep_q8_0(n: usize, act: &[u8], aux: &mut [u8]) {
     for (ab, x) in act
         .chunks_exact(q8_0::BLOCK_BYTES)
         .zip(aux.chunks_exact_mut(8))
@@ -185,7 +209,7 @@ fn prep_q8_0(n: usize, act: &[u8], aux: &mut [u8]) {
 }
 
 /// Per Q8_1 block of the token: `d` and `s` as f32.
-fn prep_q8_1(n: usize, act: &[u8], aux: &mut [u8]) {
+pub(super) fn prep_q8_1(n: usize, act: &[u8], aux: &mut [u8]) {
     for (ab, x) in act
         .chunks_exact(q8_1::BLOCK_BYTES)
         .zip(aux.chunks_exact_mut(8))
@@ -197,9 +221,9 @@ fn prep_q8_1(n: usize, act: &[u8], aux: &mut [u8]) {
 }
 
 /// How a legacy block's integer sum becomes its float term (each the scalar kernel's).
-const SDD: u8 = 0; // Q4_0, Q5_0: (isum · d) · d_a, isum = acc − offset · Σa
-const S_DD: u8 = 1; // Q8_0: isum · (d · d_a), isum = acc − 128 · Σa
-const DDSM: u8 = 2; // Q4_1, Q5_1: (d · d_a) · isum + m · s_a
+pub(super) const SDD: u8 = 0; // Q4_0, Q5_0: (isum · d) · d_a, isum = acc − offset · Σa
+pub(super) const S_DD: u8 = 1; // Q8_0: isum · (d · d_a), isum = acc − 128 · Σa
+pub(super) const DDSM: u8 = 2; // Q4_1, Q5_1: (d · d_a) · isum + m · s_a
 
 /// `G` tokens against one legacy panel of `nb` blocks; `out[16k ..]` gets token `k`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -383,15 +407,15 @@ legacy_gemms! {
 
 /// Side data of one token's Q8_K super-block: `d`, then four lanes' worth of i16 pairs of
 /// activation sums (Q4_K: per 32-column sub-block; Q6_K uses the 16 `bsums` directly).
-const K_AUX: usize = 4 + 4 * 4 + 12;
+pub(super) const K_AUX: usize = 4 + 4 * 4 + 12;
 /// Q4_K panel super-block: 64 groups of quants, 8 sub-block scales, 4 min pairs, d, dmin.
-const K4_BLOCK: usize = 64 * 64 + 8 * 64 + 4 * 64 + 2 * 64;
+const K4_BLOCK: usize = k4_block(ROWS);
 const K4_SCALES: usize = 64 * 64;
 const K4_MINS: usize = K4_SCALES + 8 * 64;
 const K4_D: usize = K4_MINS + 4 * 64;
 const K4_DMIN: usize = K4_D + 64;
 
-fn prep_q8_k(n: usize, act: &[u8], aux: &mut [u8]) {
+pub(super) fn prep_q8_k(n: usize, act: &[u8], aux: &mut [u8]) {
     for (ab, x) in act
         .chunks_exact(q8_k::BLOCK_BYTES)
         .zip(aux.chunks_exact_mut(K_AUX))
@@ -407,38 +431,61 @@ fn prep_q8_k(n: usize, act: &[u8], aux: &mut [u8]) {
     }
 }
 
+/// Bytes of a Q4_K panel super-block of `L` lanes: 64 quant groups, 8 scales, 4 min
+/// pairs, d, dmin.
+pub(super) const fn k4_block(l: usize) -> usize {
+    78 * 4 * l
+}
+
+/// Packs `L` Q4_K rows. Sub-block scales are i32 lanes, or with `PAIRS` the i16 pair
+/// `(s, s)` (for `vpmaddwd` against i16 partial sums).
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn pack_q4_k_imp(n: usize, w: &[u8], w_stride: usize, panel: &mut [u8]) {
-    let (nb, wbb) = (n / QK_K, q4_k::BLOCK_BYTES);
+pub(super) unsafe fn pack_q4_k_imp<const L: usize, const PAIRS: bool>(
+    n: usize,
+    w: &[u8],
+    w_stride: usize,
+    panel: &mut [u8],
+) {
+    let (nb, wbb, pb) = (n / QK_K, q4_k::BLOCK_BYTES, k4_block(L));
     assert!(
-        panel.len() >= nb * K4_BLOCK && w.len() >= (ROWS - 1) * w_stride + nb * wbb,
+        panel.len() >= nb * pb && w.len() >= (L - 1) * w_stride + nb * wbb,
         "panel pack: short buffers"
     );
-    for r in 0..ROWS {
+    let (scales, mins, d) = (64 * 4 * L, 72 * 4 * L, 76 * 4 * L);
+    for r in 0..L {
         let row = &w[r * w_stride..r * w_stride + nb * wbb];
         for (b, wb) in row.chunks_exact(wbb).enumerate() {
-            let dst = &mut panel[b * K4_BLOCK..(b + 1) * K4_BLOCK];
+            let dst = &mut panel[b * pb..(b + 1) * pb];
             let (sc, mn) = unpack_scale_min_k4(&wb[4..16]);
             for c in 0..4 {
-                // 32 bytes of quants at 16 + 32c of the 144-byte block; `dst` holds the 64
-                // groups lane `r` writes into.
+                // 32 bytes of quants at 16 + 32c of the 144-byte block: sub-blocks 2c (low
+                // nibbles) and 2c + 1 (high nibbles), eight groups each.
                 let q = load(wb.as_ptr().add(16 + 32 * c));
                 let low = _mm256_set1_epi8(0x0F);
                 let lo = _mm256_and_si256(q, low);
                 let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
-                put_quants32(dst.as_mut_ptr().add(64 * 8 * (2 * c)), r, lo);
-                put_quants32(dst.as_mut_ptr().add(64 * 8 * (2 * c + 1)), r, hi);
+                put_quants32::<L>(dst.as_mut_ptr().add(4 * L * 8 * (2 * c)), r, lo);
+                put_quants32::<L>(dst.as_mut_ptr().add(4 * L * 8 * (2 * c + 1)), r, hi);
             }
             for (s, &v) in sc.iter().enumerate() {
-                put_i32(dst, K4_SCALES + 64 * s + 4 * r, v as i32);
+                let v = if PAIRS {
+                    i16_pair(v as i32, v as i32)
+                } else {
+                    (v as i32).to_le_bytes()
+                };
+                put_lane::<L>(dst, scales + 4 * L * s, r, v);
             }
             for j in 0..4 {
-                let pair = mn[2 * j] as u32 | (mn[2 * j + 1] as u32) << 16;
-                dst[K4_MINS + 64 * j + 4 * r..K4_MINS + 64 * j + 4 * r + 4]
-                    .copy_from_slice(&pair.to_le_bytes());
+                let pair = i16_pair(mn[2 * j] as i32, mn[2 * j + 1] as i32);
+                put_lane::<L>(dst, mins + 4 * L * j, r, pair);
             }
-            put_f32(dst, K4_D + 4 * r, crate::formats::f16_at(wb, 0));
-            put_f32(dst, K4_DMIN + 4 * r, crate::formats::f16_at(wb, 2));
+            put_lane::<L>(dst, d, r, crate::formats::f16_at(wb, 0).to_le_bytes());
+            put_lane::<L>(
+                dst,
+                d + 4 * L,
+                r,
+                crate::formats::f16_at(wb, 2).to_le_bytes(),
+            );
         }
     }
 }
@@ -540,39 +587,57 @@ fn gemm_q4_k(
 
 /// Q6_K panel super-block: 64 groups of unsigned 6-bit quants, 16 group scales as i32
 /// lanes, 8 scale pairs as i16 lanes (for the −32 offset), d.
-const K6_BLOCK: usize = 64 * 64 + 16 * 64 + 8 * 64 + 64;
+const K6_BLOCK: usize = k6_block(ROWS);
 const K6_SCALES: usize = 64 * 64;
 const K6_PAIRS: usize = K6_SCALES + 16 * 64;
 const K6_D: usize = K6_PAIRS + 8 * 64;
 
+/// Bytes of a Q6_K panel super-block of `L` lanes: 64 quant groups, 16 group scales, 8
+/// scale pairs, d.
+pub(super) const fn k6_block(l: usize) -> usize {
+    89 * 4 * l
+}
+
+/// Packs `L` Q6_K rows as unsigned 6-bit quants (`q + 32`). Group scales are i32 lanes, or
+/// with `PAIRS` the i16 pair `(s, s)`.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn pack_q6_k_imp(n: usize, w: &[u8], w_stride: usize, panel: &mut [u8]) {
-    let (nb, wbb) = (n / QK_K, q6_k::BLOCK_BYTES);
+pub(super) unsafe fn pack_q6_k_imp<const L: usize, const PAIRS: bool>(
+    n: usize,
+    w: &[u8],
+    w_stride: usize,
+    panel: &mut [u8],
+) {
+    let (nb, wbb, pb) = (n / QK_K, q6_k::BLOCK_BYTES, k6_block(L));
     assert!(
-        panel.len() >= nb * K6_BLOCK && w.len() >= (ROWS - 1) * w_stride + nb * wbb,
+        panel.len() >= nb * pb && w.len() >= (L - 1) * w_stride + nb * wbb,
         "panel pack: short buffers"
     );
-    for r in 0..ROWS {
+    let (scales, pairs, d) = (64 * 4 * L, 80 * 4 * L, 88 * 4 * L);
+    for r in 0..L {
         let row = &w[r * w_stride..r * w_stride + nb * wbb];
         for (b, wb) in row.chunks_exact(wbb).enumerate() {
-            let dst = &mut panel[b * K6_BLOCK..(b + 1) * K6_BLOCK];
+            let dst = &mut panel[b * pb..(b + 1) * pb];
             let mut q = [0u8; QK_K];
             for (i, q) in q.iter_mut().enumerate() {
                 *q = (q6_k::quant(wb, i) + 32) as u8;
             }
             for (g, four) in q.chunks_exact(4).enumerate() {
-                dst[64 * g + 4 * r..64 * g + 4 * r + 4].copy_from_slice(four);
+                put_lane::<L>(dst, 4 * L * g, r, [four[0], four[1], four[2], four[3]]);
             }
             for g in 0..16 {
-                put_i32(dst, K6_SCALES + 64 * g + 4 * r, q6_k::scale(wb, g));
+                let s = q6_k::scale(wb, g);
+                let v = if PAIRS {
+                    i16_pair(s, s)
+                } else {
+                    s.to_le_bytes()
+                };
+                put_lane::<L>(dst, scales + 4 * L * g, r, v);
             }
             for j in 0..8 {
-                let s = |g: usize| q6_k::scale(wb, g) as i16 as u16 as u32;
-                let pair = s(2 * j) | s(2 * j + 1) << 16;
-                dst[K6_PAIRS + 64 * j + 4 * r..K6_PAIRS + 64 * j + 4 * r + 4]
-                    .copy_from_slice(&pair.to_le_bytes());
+                let pair = i16_pair(q6_k::scale(wb, 2 * j), q6_k::scale(wb, 2 * j + 1));
+                put_lane::<L>(dst, pairs + 4 * L * j, r, pair);
             }
-            put_f32(dst, K6_D + 4 * r, crate::formats::f16_at(wb, q6_k::D));
+            put_lane::<L>(dst, d, r, crate::formats::f16_at(wb, q6_k::D).to_le_bytes());
         }
     }
 }
@@ -744,7 +809,12 @@ unsafe fn widen16<const F: u8>(p: *const u8) -> __m512 {
 /// `slot(i)` the f32 index of element `i` (16-element runs stay contiguous).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-unsafe fn widen_row<const F: u8>(n: usize, src: *const u8, dst: *mut f32, slot: impl Fn(usize) -> usize) {
+unsafe fn widen_row<const F: u8>(
+    n: usize,
+    src: *const u8,
+    dst: *mut f32,
+    slot: impl Fn(usize) -> usize,
+) {
     let size = if F == F32 { 4 } else { 2 };
     let full = n / 16 * 16;
     for i in (0..full).step_by(16) {
@@ -764,14 +834,19 @@ unsafe fn pack_float<const F: u8>(n: usize, w: &[u8], w_stride: usize, panel: &m
     );
     let dst = panel.as_mut_ptr() as *mut f32;
     for r in 0..FLOAT_ROWS {
-        widen_row::<F>(n, w.as_ptr().add(r * w_stride), dst, |i| float_slot(n, r, i));
+        widen_row::<F>(n, w.as_ptr().add(r * w_stride), dst, |i| {
+            float_slot(n, r, i)
+        });
     }
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn prep_float<const F: u8>(n: usize, act: &[u8], aux: &mut [u8]) {
     let size = if F == F32 { 4 } else { 2 };
-    assert!(act.len() >= n * size && aux.len() >= 4 * n, "panel prep: short rows");
+    assert!(
+        act.len() >= n * size && aux.len() >= 4 * n,
+        "panel prep: short rows"
+    );
     widen_row::<F>(n, act.as_ptr(), aux.as_mut_ptr() as *mut f32, |i| i);
 }
 

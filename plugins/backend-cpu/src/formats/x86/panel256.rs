@@ -1,0 +1,418 @@
+//! AVX2 row-panel kernels for prefill: the layout of `panel512` with eight rows per panel,
+//! one per 32-bit lane of a 256-bit vector.
+//!
+//! Without VNNI, four columns of eight rows against a token's broadcast quants are a
+//! `vpmaddubsw` (pairs to i16) and a `vpmaddwd` (to i32). The i16 pairs of several column
+//! groups are added before widening while they provably stay below 2^15 (eight groups of
+//! 4-bit quants, four of 5-bit, two of 6-bit), and the K-quants' widening multiplies by
+//! the lane's scale at once. Q8_0 keeps its signed quants and takes the sign trick
+//! (`|w| · sign(a, w)`), since biased bytes would saturate `vpmaddubsw`. Same numerics
+//! contract as `panel512`: exact integer block sums, the scalar float terms lane by lane.
+
+use super::avx2::f32_at;
+use super::panel512::{
+    k4_block, k6_block, legacy_block, pack_legacy, pack_q4_k_imp, pack_q6_k_imp, prep_q8_0,
+    prep_q8_1, prep_q8_k, DDSM, K_AUX, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0_SIGNED, SDD, S_DD,
+};
+use crate::formats::k_quants::{q8_k, QK_K};
+use crate::formats::{q8_0, q8_1, PanelKernels};
+use core::arch::x86_64::*;
+use prima_core::gguf::GgmlType;
+
+/// Weight rows per panel: the lanes of a 256-bit vector of i32.
+const ROWS: usize = 8;
+/// Tokens per register tile (sixteen registers: partial sums, block sums and totals).
+const TOKENS: usize = 4;
+
+/// The AVX2 panel kernels of weight type `t`, if it has them.
+pub(in crate::formats) fn kernels(t: GgmlType) -> Option<PanelKernels> {
+    use GgmlType as T;
+    let legacy = |pack, prep, gemm| PanelKernels {
+        rows: ROWS,
+        panel_bytes: |n| n / 32 * legacy_block(ROWS),
+        pack,
+        aux_bytes: |n| n / 32 * 8,
+        prep,
+        gemm,
+    };
+    let k = |panel_bytes, pack, gemm| PanelKernels {
+        rows: ROWS,
+        panel_bytes,
+        pack,
+        aux_bytes: |n| n / QK_K * K_AUX,
+        prep: prep_q8_k,
+        gemm,
+    };
+    Some(match t {
+        T::Q4_0 => legacy(pack_q4_0, prep_q8_0, gemm_q4_0),
+        T::Q5_0 => legacy(pack_q5_0, prep_q8_0, gemm_q5_0),
+        T::Q8_0 => legacy(pack_q8_0, prep_q8_0, gemm_q8_0),
+        T::Q4_1 => legacy(pack_q4_1, prep_q8_1, gemm_q4_1),
+        T::Q5_1 => legacy(pack_q5_1, prep_q8_1, gemm_q5_1),
+        T::Q4K => k(|n| n / QK_K * k4_block(ROWS), pack_q4_k, gemm_q4_k),
+        T::Q6K => k(|n| n / QK_K * k6_block(ROWS), pack_q6_k, gemm_q6_k),
+        _ => return None,
+    })
+}
+
+macro_rules! pack_wrappers {
+    ($($name:ident => $imp:ident::<$($p:tt),*>;)*) => {
+        $(fn $name(n: usize, w: &[u8], w_stride: usize, panel: &mut [u8]) {
+            // SAFETY: reached only through `kernels`, which `dispatch` hands out after
+            // detecting AVX2, FMA and F16C; the pack checks its buffers' lengths.
+            unsafe { $imp::<$($p),*>(n, w, w_stride, panel) }
+        })*
+    };
+}
+
+pack_wrappers! {
+    pack_q4_0 => pack_legacy::<Q4_0, ROWS>;
+    pack_q5_0 => pack_legacy::<Q5_0, ROWS>;
+    pack_q8_0 => pack_legacy::<Q8_0_SIGNED, ROWS>;
+    pack_q4_1 => pack_legacy::<Q4_1, ROWS>;
+    pack_q5_1 => pack_legacy::<Q5_1, ROWS>;
+    pack_q4_k => pack_q4_k_imp::<ROWS, true>;
+    pack_q6_k => pack_q6_k_imp::<ROWS, true>;
+}
+
+/// The four activation quants at `p`, in every lane.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn bcast(p: *const u8) -> __m256i {
+    _mm256_set1_epi32((p as *const i32).read_unaligned())
+}
+
+/// `G` tokens against one legacy panel of format `F`; `out[8k ..]` gets token `k`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn legacy_tile<const G: usize, const KIND: u8, const F: u8>(
+    nb: usize,
+    panel: *const u8,
+    acts: *const u8,
+    (a_stride, a_block, q_off): (usize, usize, usize),
+    aux: *const u8,
+    aux_stride: usize,
+    offset: i32,
+    out: *mut f32,
+) {
+    // Column groups whose i16 pair sums are added before widening: 2·15·127 per group for
+    // 4-bit quants (×8 < 2^15), 2·31·127 for 5-bit (×4), 2·128·127 for Q8_0's sign trick.
+    let run = match F {
+        Q4_0 | Q4_1 => 8,
+        Q5_0 | Q5_1 => 4,
+        _ => 1,
+    };
+    let ones = _mm256_set1_epi16(1);
+    let pb = legacy_block(ROWS);
+    let mut sums = [_mm256_setzero_ps(); G];
+    for b in 0..nb {
+        let p = panel.add(b * pb);
+        let mut acc = [_mm256_setzero_si256(); G];
+        let mut part = [_mm256_setzero_si256(); G];
+        for g in 0..8 {
+            let w = _mm256_loadu_si256(p.add(4 * ROWS * g) as *const __m256i);
+            let u = if F == Q8_0_SIGNED {
+                _mm256_sign_epi8(w, w)
+            } else {
+                w
+            };
+            for k in 0..G {
+                let x = bcast(acts.add(k * a_stride + b * a_block + q_off + 4 * g));
+                let x = if F == Q8_0_SIGNED {
+                    _mm256_sign_epi8(x, w)
+                } else {
+                    x
+                };
+                let m = _mm256_maddubs_epi16(u, x);
+                part[k] = if g % run == 0 {
+                    m
+                } else {
+                    _mm256_add_epi16(part[k], m)
+                };
+                if g % run == run - 1 {
+                    acc[k] = _mm256_add_epi32(acc[k], _mm256_madd_epi16(part[k], ones));
+                }
+            }
+        }
+        let d = _mm256_loadu_ps(p.add(32 * ROWS) as *const f32);
+        for (k, sum) in sums.iter_mut().enumerate() {
+            let ax = aux.add(k * aux_stride + 8 * b);
+            let d_a = _mm256_set1_ps(f32_at(ax));
+            let term = match KIND {
+                SDD | S_DD => {
+                    let sa = (ax.add(4) as *const i32).read_unaligned();
+                    let isum = _mm256_cvtepi32_ps(_mm256_sub_epi32(
+                        acc[k],
+                        _mm256_set1_epi32(offset.wrapping_mul(sa)),
+                    ));
+                    if KIND == SDD {
+                        _mm256_mul_ps(_mm256_mul_ps(isum, d), d_a)
+                    } else {
+                        _mm256_mul_ps(isum, _mm256_mul_ps(d, d_a))
+                    }
+                }
+                _ => {
+                    let m = _mm256_loadu_ps(p.add(36 * ROWS) as *const f32);
+                    let s_a = _mm256_set1_ps(f32_at(ax.add(4)));
+                    _mm256_add_ps(
+                        _mm256_mul_ps(_mm256_mul_ps(d, d_a), _mm256_cvtepi32_ps(acc[k])),
+                        _mm256_mul_ps(m, s_a),
+                    )
+                }
+            };
+            *sum = _mm256_add_ps(*sum, term);
+        }
+    }
+    for (k, sum) in sums.iter().enumerate() {
+        _mm256_storeu_ps(out.add(ROWS * k), *sum);
+    }
+}
+
+/// Checks a gemm call's buffers (as `panel512::check_gemm`) and returns the token count.
+#[allow(clippy::too_many_arguments)]
+fn check_gemm(
+    nb: usize,
+    panel: &[u8],
+    panel_block: usize,
+    acts: &[u8],
+    a_stride: usize,
+    a_block: usize,
+    aux: &[u8],
+    aux_stride: usize,
+    aux_block: usize,
+    out: &[f32],
+) -> usize {
+    let nt = out.len() / ROWS;
+    assert!(panel.len() >= nb * panel_block, "panel gemm: short panel");
+    if nt > 0 {
+        assert!(
+            a_stride >= nb * a_block && acts.len() >= (nt - 1) * a_stride + nb * a_block,
+            "panel gemm: short activation rows"
+        );
+        assert!(
+            aux_stride >= nb * aux_block && aux.len() >= (nt - 1) * aux_stride + nb * aux_block,
+            "panel gemm: short side data"
+        );
+    }
+    nt
+}
+
+/// Runs `$tile::<TOKENS>` over whole groups of tokens, then `$tile::<1>` over the rest;
+/// `$call(a, x, o)` gets the group's activation, side data and output pointers.
+macro_rules! over_tokens {
+    ($nt:expr, $a_stride:expr, $aux_stride:expr, $acts:expr, $aux:expr, $out:expr,
+     |$g:ident, $a:ident, $x:ident, $o:ident| $call:expr) => {{
+        let mut t = 0;
+        while t < $nt {
+            let ($a, $x, $o) = (
+                $acts.as_ptr().add(t * $a_stride),
+                $aux.as_ptr().add(t * $aux_stride),
+                $out.as_mut_ptr().add(t * ROWS),
+            );
+            let $g = if t + TOKENS <= $nt { TOKENS } else { 1 };
+            $call;
+            t += $g;
+        }
+    }};
+}
+
+#[allow(clippy::too_many_arguments)]
+fn legacy_gemm<const KIND: u8, const F: u8>(
+    n: usize,
+    panel: &[u8],
+    acts: &[u8],
+    a_stride: usize,
+    aux: &[u8],
+    aux_stride: usize,
+    out: &mut [f32],
+    (a_block, q_off, offset): (usize, usize, i32),
+) {
+    let nb = n / 32;
+    let nt = check_gemm(
+        nb,
+        panel,
+        legacy_block(ROWS),
+        acts,
+        a_stride,
+        a_block,
+        aux,
+        aux_stride,
+        8,
+        out,
+    );
+    let shape = (a_stride, a_block, q_off);
+    // SAFETY: reached only through `kernels`, handed out after detecting AVX2, FMA and
+    // F16C; `check_gemm` checked that every block the tiles read is in bounds and that
+    // `out` holds `nt` tokens' 8 lanes.
+    unsafe {
+        over_tokens!(nt, a_stride, aux_stride, acts, aux, out, |g, a, x, o| {
+            let p = panel.as_ptr();
+            if g == TOKENS {
+                legacy_tile::<TOKENS, KIND, F>(nb, p, a, shape, x, aux_stride, offset, o)
+            } else {
+                legacy_tile::<1, KIND, F>(nb, p, a, shape, x, aux_stride, offset, o)
+            }
+        });
+    }
+}
+
+macro_rules! legacy_gemms {
+    ($($name:ident => $kind:expr, $f:expr, $a_block:expr, $q_off:expr, $offset:expr;)*) => {
+        $(fn $name(
+            n: usize, panel: &[u8], acts: &[u8], a_stride: usize, aux: &[u8],
+            aux_stride: usize, out: &mut [f32],
+        ) {
+            legacy_gemm::<{ $kind }, { $f }>(
+                n, panel, acts, a_stride, aux, aux_stride, out, ($a_block, $q_off, $offset),
+            )
+        })*
+    };
+}
+
+legacy_gemms! {
+    gemm_q4_0 => SDD, Q4_0, q8_0::BLOCK_BYTES, 2, 8;
+    gemm_q5_0 => SDD, Q5_0, q8_0::BLOCK_BYTES, 2, 16;
+    gemm_q8_0 => S_DD, Q8_0_SIGNED, q8_0::BLOCK_BYTES, 2, 0;
+    gemm_q4_1 => DDSM, Q4_1, q8_1::BLOCK_BYTES, 4, 0;
+    gemm_q5_1 => DDSM, Q5_1, q8_1::BLOCK_BYTES, 4, 0;
+}
+
+/// `G` tokens against a Q4_K panel: per sub-block, eight groups' i16 pair sums (< 2^15)
+/// widened by `vpmaddwd` against the lane's `(scale, scale)`; mins as in `panel512`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_k_tile<const G: usize>(
+    nb: usize,
+    panel: *const u8,
+    acts: *const u8,
+    a_stride: usize,
+    aux: *const u8,
+    aux_stride: usize,
+    out: *mut f32,
+) {
+    let (pb, scales, mins, d_off) = (k4_block(ROWS), 64 * 32, 72 * 32, 76 * 32);
+    let mut sums = [_mm256_setzero_ps(); G];
+    for b in 0..nb {
+        let p = panel.add(b * pb);
+        let mut isums = [_mm256_setzero_si256(); G];
+        for s in 0..8 {
+            let mut part = [_mm256_setzero_si256(); G];
+            for g in 0..8 {
+                let w = _mm256_loadu_si256(p.add(32 * (8 * s + g)) as *const __m256i);
+                for (k, part) in part.iter_mut().enumerate() {
+                    let a = acts.add(k * a_stride + b * q8_k::BLOCK_BYTES + q8_k::QS);
+                    let m = _mm256_maddubs_epi16(w, bcast(a.add(32 * s + 4 * g)));
+                    *part = _mm256_add_epi16(*part, m);
+                }
+            }
+            let sc = _mm256_loadu_si256(p.add(scales + 32 * s) as *const __m256i);
+            for (isum, part) in isums.iter_mut().zip(part) {
+                *isum = _mm256_add_epi32(*isum, _mm256_madd_epi16(part, sc));
+            }
+        }
+        let d = _mm256_loadu_ps(p.add(d_off) as *const f32);
+        let dmin = _mm256_loadu_ps(p.add(d_off + 32) as *const f32);
+        for (k, sum) in sums.iter_mut().enumerate() {
+            let ax = aux.add(k * aux_stride + b * K_AUX);
+            let mut msum = _mm256_setzero_si256();
+            for j in 0..4 {
+                let mn = _mm256_loadu_si256(p.add(mins + 32 * j) as *const __m256i);
+                msum = _mm256_add_epi32(msum, _mm256_madd_epi16(mn, bcast(ax.add(4 + 4 * j))));
+            }
+            let d_a = _mm256_set1_ps(f32_at(ax));
+            let term = _mm256_sub_ps(
+                _mm256_mul_ps(_mm256_mul_ps(d_a, d), _mm256_cvtepi32_ps(isums[k])),
+                _mm256_mul_ps(_mm256_mul_ps(d_a, dmin), _mm256_cvtepi32_ps(msum)),
+            );
+            *sum = _mm256_add_ps(*sum, term);
+        }
+    }
+    for (k, sum) in sums.iter().enumerate() {
+        _mm256_storeu_ps(out.add(ROWS * k), *sum);
+    }
+}
+
+/// `G` tokens against a Q6_K panel: per 16-column group, two pairs of groups' i16 sums
+/// (2·2·63·127 < 2^15) widened against the lane's `(scale, scale)`; the −32 offset as in
+/// `panel512`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q6_k_tile<const G: usize>(
+    nb: usize,
+    panel: *const u8,
+    acts: *const u8,
+    a_stride: usize,
+    aux: *const u8,
+    aux_stride: usize,
+    out: *mut f32,
+) {
+    let (pb, scales, pairs, d_off) = (k6_block(ROWS), 64 * 32, 80 * 32, 88 * 32);
+    let mut sums = [_mm256_setzero_ps(); G];
+    for b in 0..nb {
+        let p = panel.add(b * pb);
+        let mut isums = [_mm256_setzero_si256(); G];
+        for h in 0..16 {
+            let sc = _mm256_loadu_si256(p.add(scales + 32 * h) as *const __m256i);
+            for half in 0..2 {
+                let g0 = 4 * h + 2 * half;
+                let w0 = _mm256_loadu_si256(p.add(32 * g0) as *const __m256i);
+                let w1 = _mm256_loadu_si256(p.add(32 * (g0 + 1)) as *const __m256i);
+                for (k, isum) in isums.iter_mut().enumerate() {
+                    let a = acts.add(k * a_stride + b * q8_k::BLOCK_BYTES + q8_k::QS + 4 * g0);
+                    let part = _mm256_add_epi16(
+                        _mm256_maddubs_epi16(w0, bcast(a)),
+                        _mm256_maddubs_epi16(w1, bcast(a.add(4))),
+                    );
+                    *isum = _mm256_add_epi32(*isum, _mm256_madd_epi16(part, sc));
+                }
+            }
+        }
+        let d = _mm256_loadu_ps(p.add(d_off) as *const f32);
+        for (k, sum) in sums.iter_mut().enumerate() {
+            let ab = acts.add(k * a_stride + b * q8_k::BLOCK_BYTES);
+            let mut off = _mm256_setzero_si256();
+            for j in 0..8 {
+                let sp = _mm256_loadu_si256(p.add(pairs + 32 * j) as *const __m256i);
+                off = _mm256_add_epi32(
+                    off,
+                    _mm256_madd_epi16(sp, bcast(ab.add(q8_k::BSUMS + 4 * j))),
+                );
+            }
+            let isum = _mm256_sub_epi32(isums[k], _mm256_slli_epi32(off, 5));
+            let d_a = _mm256_set1_ps(f32_at(aux.add(k * aux_stride + b * K_AUX)));
+            let term = _mm256_mul_ps(_mm256_mul_ps(d_a, d), _mm256_cvtepi32_ps(isum));
+            *sum = _mm256_add_ps(*sum, term);
+        }
+    }
+    for (k, sum) in sums.iter().enumerate() {
+        _mm256_storeu_ps(out.add(ROWS * k), *sum);
+    }
+}
+
+macro_rules! k_gemms {
+    ($($name:ident => $tile:ident, $block:expr;)*) => {
+        $(fn $name(
+            n: usize, panel: &[u8], acts: &[u8], a_stride: usize, aux: &[u8],
+            aux_stride: usize, out: &mut [f32],
+        ) {
+            let nb = n / QK_K;
+            let nt = check_gemm(
+                nb, panel, $block, acts, a_stride, q8_k::BLOCK_BYTES, aux, aux_stride, K_AUX,
+                out,
+            );
+            // SAFETY: as in `legacy_gemm`.
+            unsafe {
+                over_tokens!(nt, a_stride, aux_stride, acts, aux, out, |g, a, x, o| {
+                    if g == TOKENS {
+                        $tile::<TOKENS>(nb, panel.as_ptr(), a, a_stride, x, aux_stride, o)
+                    } else {
+                        $tile::<1>(nb, panel.as_ptr(), a, a_stride, x, aux_stride, o)
+                    }
+                });
+            }
+        })*
+    };
+}
+
+k_gemms! {
+    gemm_q4_k => q4_k_tile, k4_block(ROWS);
+    gemm_q6_k => q6_k_tile, k6_block(ROWS);
+}
