@@ -11,8 +11,9 @@
 
 use super::avx2::f32_at;
 use super::panel512::{
-    k4_block, k6_block, legacy_block, pack_legacy, pack_q4_k_imp, pack_q6_k_imp, prep_q8_0,
-    prep_q8_1, prep_q8_k, DDSM, K_AUX, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0_SIGNED, SDD, S_DD,
+    k4_block, k6_block, legacy_block, pack_k16, pack_legacy, pack_q4_k_imp, prep_q8_0, prep_q8_1,
+    prep_q8_k, DDSM, K_AUX, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0_SIGNED, SDD,
+    S_DD,
 };
 use crate::formats::k_quants::{q8_k, QK_K};
 use crate::formats::{q8_0, q8_1, PanelKernels};
@@ -50,7 +51,10 @@ pub(in crate::formats) fn kernels(t: GgmlType) -> Option<PanelKernels> {
         T::Q4_1 => legacy(pack_q4_1, prep_q8_1, gemm_q4_1),
         T::Q5_1 => legacy(pack_q5_1, prep_q8_1, gemm_q5_1),
         T::Q4K => k(|n| n / QK_K * k4_block(ROWS), pack_q4_k, gemm_q4_k),
+        T::Q5K => k(|n| n / QK_K * k4_block(ROWS), pack_q5_k, gemm_q5_k),
         T::Q6K => k(|n| n / QK_K * k6_block(ROWS), pack_q6_k, gemm_q6_k),
+        T::Q3K => k(|n| n / QK_K * k6_block(ROWS), pack_q3_k, gemm_q3_k),
+        T::Q2K => k(|n| n / QK_K * k6_block(ROWS), pack_q2_k, gemm_q2_k),
         _ => return None,
     })
 }
@@ -71,8 +75,11 @@ pack_wrappers! {
     pack_q8_0 => pack_legacy::<Q8_0_SIGNED, ROWS>;
     pack_q4_1 => pack_legacy::<Q4_1, ROWS>;
     pack_q5_1 => pack_legacy::<Q5_1, ROWS>;
-    pack_q4_k => pack_q4_k_imp::<ROWS, true>;
-    pack_q6_k => pack_q6_k_imp::<ROWS, true>;
+    pack_q4_k => pack_q4_k_imp::<ROWS, true, Q4K>;
+    pack_q5_k => pack_q4_k_imp::<ROWS, true, Q5K>;
+    pack_q6_k => pack_k16::<ROWS, true, Q6K>;
+    pack_q3_k => pack_k16::<ROWS, true, Q3K>;
+    pack_q2_k => pack_k16::<ROWS, true, Q2K>;
 }
 
 /// The four activation quants at `p`, in every lane.
@@ -277,10 +284,11 @@ legacy_gemms! {
     gemm_q5_1 => DDSM, Q5_1, q8_1::BLOCK_BYTES, 4, 0;
 }
 
-/// `G` tokens against a Q4_K panel: per sub-block, eight groups' i16 pair sums (< 2^15)
-/// widened by `vpmaddwd` against the lane's `(scale, scale)`; mins as in `panel512`.
+/// `G` tokens against a Q4_K (Q5_K) panel: per sub-block, the i16 pair sums of eight
+/// (four) groups, below 2^15, widened by `vpmaddwd` against the lane's `(scale, scale)`;
+/// mins as in `panel512`.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_k_tile<const G: usize>(
+unsafe fn q4_k_tile<const G: usize, const F: u8>(
     nb: usize,
     panel: *const u8,
     acts: *const u8,
@@ -294,19 +302,22 @@ unsafe fn q4_k_tile<const G: usize>(
     for b in 0..nb {
         let p = panel.add(b * pb);
         let mut isums = [_mm256_setzero_si256(); G];
+        let run = if F == Q5K { 4 } else { 8 };
         for s in 0..8 {
-            let mut part = [_mm256_setzero_si256(); G];
-            for g in 0..8 {
-                let w = _mm256_loadu_si256(p.add(32 * (8 * s + g)) as *const __m256i);
-                for (k, part) in part.iter_mut().enumerate() {
-                    let a = acts.add(k * a_stride + b * q8_k::BLOCK_BYTES + q8_k::QS);
-                    let m = _mm256_maddubs_epi16(w, bcast(a.add(32 * s + 4 * g)));
-                    *part = _mm256_add_epi16(*part, m);
-                }
-            }
             let sc = _mm256_loadu_si256(p.add(scales + 32 * s) as *const __m256i);
-            for (isum, part) in isums.iter_mut().zip(part) {
-                *isum = _mm256_add_epi32(*isum, _mm256_madd_epi16(part, sc));
+            for g0 in (0..8).step_by(run) {
+                let mut part = [_mm256_setzero_si256(); G];
+                for g in g0..g0 + run {
+                    let w = _mm256_loadu_si256(p.add(32 * (8 * s + g)) as *const __m256i);
+                    for (k, part) in part.iter_mut().enumerate() {
+                        let a = acts.add(k * a_stride + b * q8_k::BLOCK_BYTES + q8_k::QS);
+                        let m = _mm256_maddubs_epi16(w, bcast(a.add(32 * s + 4 * g)));
+                        *part = _mm256_add_epi16(*part, m);
+                    }
+                }
+                for (isum, part) in isums.iter_mut().zip(part) {
+                    *isum = _mm256_add_epi32(*isum, _mm256_madd_epi16(part, sc));
+                }
             }
         }
         let d = _mm256_loadu_ps(p.add(d_off) as *const f32);
@@ -331,11 +342,11 @@ unsafe fn q4_k_tile<const G: usize>(
     }
 }
 
-/// `G` tokens against a Q6_K panel: per 16-column group, two pairs of groups' i16 sums
-/// (2·2·63·127 < 2^15) widened against the lane's `(scale, scale)`; the −32 offset as in
-/// `panel512`.
+/// `G` tokens against a 16-group panel (Q6K, Q3K, Q2K): per 16-column group, two pairs of
+/// groups' i16 sums (2·2·63·127 < 2^15) widened against the lane's `(scale, scale)`; the
+/// offsets and Q2_K's mins as in `panel512`.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q6_k_tile<const G: usize>(
+unsafe fn k16_tile<const G: usize, const F: u8>(
     nb: usize,
     panel: *const u8,
     acts: *const u8,
@@ -376,9 +387,21 @@ unsafe fn q6_k_tile<const G: usize>(
                     _mm256_madd_epi16(sp, bcast(ab.add(q8_k::BSUMS + 4 * j))),
                 );
             }
-            let isum = _mm256_sub_epi32(isums[k], _mm256_slli_epi32(off, 5));
             let d_a = _mm256_set1_ps(f32_at(aux.add(k * aux_stride + b * K_AUX)));
-            let term = _mm256_mul_ps(_mm256_mul_ps(d_a, d), _mm256_cvtepi32_ps(isum));
+            let term = match F {
+                Q2K => {
+                    let dmin = _mm256_loadu_ps(p.add(d_off + 32) as *const f32);
+                    _mm256_sub_ps(
+                        _mm256_mul_ps(_mm256_mul_ps(d_a, d), _mm256_cvtepi32_ps(isums[k])),
+                        _mm256_mul_ps(_mm256_mul_ps(d_a, dmin), _mm256_cvtepi32_ps(off)),
+                    )
+                }
+                _ => {
+                    let shift = _mm_cvtsi32_si128(if F == Q6K { 5 } else { 2 });
+                    let isum = _mm256_sub_epi32(isums[k], _mm256_sll_epi32(off, shift));
+                    _mm256_mul_ps(_mm256_mul_ps(d_a, d), _mm256_cvtepi32_ps(isum))
+                }
+            };
             *sum = _mm256_add_ps(*sum, term);
         }
     }
@@ -388,7 +411,7 @@ unsafe fn q6_k_tile<const G: usize>(
 }
 
 macro_rules! k_gemms {
-    ($($name:ident => $tile:ident, $block:expr;)*) => {
+    ($($name:ident => $tile:ident::<$f:ident>, $block:expr;)*) => {
         $(fn $name(
             n: usize, panel: &[u8], acts: &[u8], a_stride: usize, aux: &[u8],
             aux_stride: usize, out: &mut [f32],
@@ -402,9 +425,9 @@ macro_rules! k_gemms {
             unsafe {
                 over_tokens!(nt, a_stride, aux_stride, acts, aux, out, |g, a, x, o| {
                     if g == TOKENS {
-                        $tile::<TOKENS>(nb, panel.as_ptr(), a, a_stride, x, aux_stride, o)
+                        $tile::<TOKENS, $f>(nb, panel.as_ptr(), a, a_stride, x, aux_stride, o)
                     } else {
-                        $tile::<1>(nb, panel.as_ptr(), a, a_stride, x, aux_stride, o)
+                        $tile::<1, $f>(nb, panel.as_ptr(), a, a_stride, x, aux_stride, o)
                     }
                 });
             }
@@ -413,6 +436,9 @@ macro_rules! k_gemms {
 }
 
 k_gemms! {
-    gemm_q4_k => q4_k_tile, k4_block(ROWS);
-    gemm_q6_k => q6_k_tile, k6_block(ROWS);
+    gemm_q4_k => q4_k_tile::<Q4K>, k4_block(ROWS);
+    gemm_q5_k => q4_k_tile::<Q5K>, k4_block(ROWS);
+    gemm_q6_k => k16_tile::<Q6K>, k6_block(ROWS);
+    gemm_q3_k => k16_tile::<Q3K>, k6_block(ROWS);
+    gemm_q2_k => k16_tile::<Q2K>, k6_block(ROWS);
 }

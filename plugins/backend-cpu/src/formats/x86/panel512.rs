@@ -16,7 +16,7 @@
 //! token of the prompt; the model itself is never copied.
 
 use super::avx2::{bits32, f32_at, load, nibbles32, reduce16};
-use crate::formats::k_quants::{q4_k, q6_k, q8_k, unpack_scale_min_k4, QK_K};
+use crate::formats::k_quants::{q2_k, q3_k, q4_k, q5_k, q6_k, q8_k, unpack_scale_min_k4, QK_K};
 use crate::formats::{q4_0, q4_1, q5_0, q5_1, q8_0, q8_1, PanelKernels};
 use core::arch::x86_64::*;
 use prima_core::gguf::GgmlType;
@@ -37,28 +37,25 @@ pub(in crate::formats) fn kernels(t: GgmlType) -> Option<PanelKernels> {
         prep,
         gemm,
     };
+    let k = |panel_bytes, pack, gemm| PanelKernels {
+        rows: ROWS,
+        panel_bytes,
+        pack,
+        aux_bytes: |n| n / QK_K * K_AUX,
+        prep: prep_q8_k,
+        gemm,
+    };
     Some(match t {
         T::Q4_0 => legacy(pack_q4_0, prep_q8_0, gemm_q4_0),
         T::Q5_0 => legacy(pack_q5_0, prep_q8_0, gemm_q5_0),
         T::Q8_0 => legacy(pack_q8_0, prep_q8_0, gemm_q8_0),
         T::Q4_1 => legacy(pack_q4_1, prep_q8_1, gemm_q4_1),
         T::Q5_1 => legacy(pack_q5_1, prep_q8_1, gemm_q5_1),
-        T::Q4K => PanelKernels {
-            rows: ROWS,
-            panel_bytes: |n| n / QK_K * K4_BLOCK,
-            pack: pack_q4_k,
-            aux_bytes: |n| n / QK_K * K_AUX,
-            prep: prep_q8_k,
-            gemm: gemm_q4_k,
-        },
-        T::Q6K => PanelKernels {
-            rows: ROWS,
-            panel_bytes: |n| n / QK_K * K6_BLOCK,
-            pack: pack_q6_k,
-            aux_bytes: |n| n / QK_K * K_AUX,
-            prep: prep_q8_k,
-            gemm: gemm_q6_k,
-        },
+        T::Q4K => k(|n| n / QK_K * K4_BLOCK, pack_q4_k, gemm_q4_k),
+        T::Q5K => k(|n| n / QK_K * K4_BLOCK, pack_q5_k, gemm_q4_k),
+        T::Q6K => k(|n| n / QK_K * K6_BLOCK, pack_q6_k, gemm_k16::<Q6K>),
+        T::Q3K => k(|n| n / QK_K * K6_BLOCK, pack_q3_k, gemm_k16::<Q3K>),
+        T::Q2K => k(|n| n / QK_K * K6_BLOCK, pack_q2_k, gemm_k16::<Q2K>),
         T::F16 => float_kernels(pack_f16, prep_f16, gemm_f16),
         T::BF16 => float_kernels(pack_bf16, prep_bf16, gemm_bf16),
         T::F32 => float_kernels(pack_f32, prep_f32, gemm_f32),
@@ -192,8 +189,11 @@ pack_wrappers! {
     pack_q8_0 => pack_legacy::<Q8_0, ROWS>;
     pack_q4_1 => pack_legacy::<Q4_1, ROWS>;
     pack_q5_1 => pack_legacy::<Q5_1, ROWS>;
-    pack_q4_k => pack_q4_k_imp::<ROWS, false>;
-    pack_q6_k => pack_q6_k_imp::<ROWS, false>;
+    pack_q4_k => pack_q4_k_imp::<ROWS, false, Q4K>;
+    pack_q5_k => pack_q4_k_imp::<ROWS, false, Q5K>;
+    pack_q6_k => pack_k16::<ROWS, false, Q6K>;
+    pack_q3_k => pack_k16::<ROWS, false, Q3K>;
+    pack_q2_k => pack_k16::<ROWS, false, Q2K>;
 }
 
 /// Per Q8_0 block of the token: `d` as f32 and the sum of its quants.
@@ -437,16 +437,28 @@ pub(super) const fn k4_block(l: usize) -> usize {
     78 * 4 * l
 }
 
-/// Packs `L` Q4_K rows. Sub-block scales are i32 lanes, or with `PAIRS` the i16 pair
-/// `(s, s)` (for `vpmaddwd` against i16 partial sums).
+/// K-quant formats, as const parameters of the shared packing and tile code.
+pub(super) const Q4K: u8 = 0;
+pub(super) const Q5K: u8 = 1;
+pub(super) const Q6K: u8 = 2;
+pub(super) const Q3K: u8 = 3;
+pub(super) const Q2K: u8 = 4;
+
+/// Packs `L` Q4_K (or, `F = Q5K`, Q5_K) rows. Sub-block scales are i32 lanes, or with
+/// `PAIRS` the i16 pair `(s, s)` (for `vpmaddwd` against i16 partial sums).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn pack_q4_k_imp<const L: usize, const PAIRS: bool>(
+pub(super) unsafe fn pack_q4_k_imp<const L: usize, const PAIRS: bool, const F: u8>(
     n: usize,
     w: &[u8],
     w_stride: usize,
     panel: &mut [u8],
 ) {
-    let (nb, wbb, pb) = (n / QK_K, q4_k::BLOCK_BYTES, k4_block(L));
+    let wbb = if F == Q5K {
+        q5_k::BLOCK_BYTES
+    } else {
+        q4_k::BLOCK_BYTES
+    };
+    let (nb, pb) = (n / QK_K, k4_block(L));
     assert!(
         panel.len() >= nb * pb && w.len() >= (L - 1) * w_stride + nb * wbb,
         "panel pack: short buffers"
@@ -457,15 +469,22 @@ pub(super) unsafe fn pack_q4_k_imp<const L: usize, const PAIRS: bool>(
         for (b, wb) in row.chunks_exact(wbb).enumerate() {
             let dst = &mut panel[b * pb..(b + 1) * pb];
             let (sc, mn) = unpack_scale_min_k4(&wb[4..16]);
-            for c in 0..4 {
-                // 32 bytes of quants at 16 + 32c of the 144-byte block: sub-blocks 2c (low
-                // nibbles) and 2c + 1 (high nibbles), eight groups each.
-                let q = load(wb.as_ptr().add(16 + 32 * c));
-                let low = _mm256_set1_epi8(0x0F);
-                let lo = _mm256_and_si256(q, low);
-                let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
-                put_quants32::<L>(dst.as_mut_ptr().add(4 * L * 8 * (2 * c)), r, lo);
-                put_quants32::<L>(dst.as_mut_ptr().add(4 * L * 8 * (2 * c + 1)), r, hi);
+            if F == Q5K {
+                for (g, e) in (0..QK_K).step_by(4).enumerate() {
+                    let q = |i: usize| q5_k::quant(wb, e + i) as u8;
+                    put_lane::<L>(dst, 4 * L * g, r, [q(0), q(1), q(2), q(3)]);
+                }
+            } else {
+                for c in 0..4 {
+                    // 32 bytes of quants at 16 + 32c of the 144-byte block: sub-blocks 2c
+                    // (low nibbles) and 2c + 1 (high nibbles), eight groups each.
+                    let q = load(wb.as_ptr().add(16 + 32 * c));
+                    let low = _mm256_set1_epi8(0x0F);
+                    let lo = _mm256_and_si256(q, low);
+                    let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
+                    put_quants32::<L>(dst.as_mut_ptr().add(4 * L * 8 * (2 * c)), r, lo);
+                    put_quants32::<L>(dst.as_mut_ptr().add(4 * L * 8 * (2 * c + 1)), r, hi);
+                }
             }
             for (s, &v) in sc.iter().enumerate() {
                 let v = if PAIRS {
@@ -592,22 +611,29 @@ const K6_SCALES: usize = 64 * 64;
 const K6_PAIRS: usize = K6_SCALES + 16 * 64;
 const K6_D: usize = K6_PAIRS + 8 * 64;
 
-/// Bytes of a Q6_K panel super-block of `L` lanes: 64 quant groups, 16 group scales, 8
-/// scale pairs, d.
+/// Bytes of a 16-group K-quant panel super-block (Q6_K, Q3_K, Q2_K) of `L` lanes: 64
+/// quant groups, 16 group scales, 8 i16 pairs (Q6_K/Q3_K: the scales, for the offset;
+/// Q2_K: the mins), d, dmin.
 pub(super) const fn k6_block(l: usize) -> usize {
-    89 * 4 * l
+    90 * 4 * l
 }
 
-/// Packs `L` Q6_K rows as unsigned 6-bit quants (`q + 32`). Group scales are i32 lanes, or
-/// with `PAIRS` the i16 pair `(s, s)`.
+/// Packs `L` rows of a 16-group K-quant `F` (Q6K, Q3K, Q2K) as unsigned quants (Q6_K
+/// `q + 32`, Q3_K `q + 4`, Q2_K as stored). Group scales are i32 lanes, or with `PAIRS`
+/// the i16 pair `(s, s)`.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn pack_q6_k_imp<const L: usize, const PAIRS: bool>(
+pub(super) unsafe fn pack_k16<const L: usize, const PAIRS: bool, const F: u8>(
     n: usize,
     w: &[u8],
     w_stride: usize,
     panel: &mut [u8],
 ) {
-    let (nb, wbb, pb) = (n / QK_K, q6_k::BLOCK_BYTES, k6_block(L));
+    let wbb = match F {
+        Q6K => q6_k::BLOCK_BYTES,
+        Q3K => q3_k::BLOCK_BYTES,
+        _ => q2_k::BLOCK_BYTES,
+    };
+    let (nb, pb) = (n / QK_K, k6_block(L));
     assert!(
         panel.len() >= nb * pb && w.len() >= (L - 1) * w_stride + nb * wbb,
         "panel pack: short buffers"
@@ -617,15 +643,27 @@ pub(super) unsafe fn pack_q6_k_imp<const L: usize, const PAIRS: bool>(
         let row = &w[r * w_stride..r * w_stride + nb * wbb];
         for (b, wb) in row.chunks_exact(wbb).enumerate() {
             let dst = &mut panel[b * pb..(b + 1) * pb];
-            let mut q = [0u8; QK_K];
-            for (i, q) in q.iter_mut().enumerate() {
-                *q = (q6_k::quant(wb, i) + 32) as u8;
+            let q = |i: usize| match F {
+                Q6K => (q6_k::quant(wb, i) + 32) as u8,
+                Q3K => (q3_k::quant(wb, i) + 4) as u8,
+                _ => q2_k::quant(wb, i) as u8,
+            };
+            for (g, e) in (0..QK_K).step_by(4).enumerate() {
+                put_lane::<L>(dst, 4 * L * g, r, [q(e), q(e + 1), q(e + 2), q(e + 3)]);
             }
-            for (g, four) in q.chunks_exact(4).enumerate() {
-                put_lane::<L>(dst, 4 * L * g, r, [four[0], four[1], four[2], four[3]]);
-            }
+            let q3 = if F == Q3K { q3_k::scales(wb) } else { [0; 16] };
+            // Group `g`'s scale, and what its pair lane holds (the scale, or Q2_K's min).
+            let sc = |g: usize| match F {
+                Q6K => q6_k::scale(wb, g),
+                Q3K => q3[g],
+                _ => (wb[g] & 0x0F) as i32,
+            };
+            let pair_of = |g: usize| match F {
+                Q2K => (wb[g] >> 4) as i32,
+                _ => sc(g),
+            };
             for g in 0..16 {
-                let s = q6_k::scale(wb, g);
+                let s = sc(g);
                 let v = if PAIRS {
                     i16_pair(s, s)
                 } else {
@@ -634,18 +672,29 @@ pub(super) unsafe fn pack_q6_k_imp<const L: usize, const PAIRS: bool>(
                 put_lane::<L>(dst, scales + 4 * L * g, r, v);
             }
             for j in 0..8 {
-                let pair = i16_pair(q6_k::scale(wb, 2 * j), q6_k::scale(wb, 2 * j + 1));
+                let pair = i16_pair(pair_of(2 * j), pair_of(2 * j + 1));
                 put_lane::<L>(dst, pairs + 4 * L * j, r, pair);
             }
-            put_lane::<L>(dst, d, r, crate::formats::f16_at(wb, q6_k::D).to_le_bytes());
+            let (dv, dmin) = match F {
+                Q6K => (crate::formats::f16_at(wb, q6_k::D), 0.0),
+                Q3K => (crate::formats::f16_at(wb, q3_k::D), 0.0),
+                _ => (
+                    crate::formats::f16_at(wb, q2_k::D),
+                    crate::formats::f16_at(wb, q2_k::D + 2),
+                ),
+            };
+            put_lane::<L>(dst, d, r, dv.to_le_bytes());
+            put_lane::<L>(dst, d + 4 * L, r, dmin.to_le_bytes());
         }
     }
 }
 
-/// `G` tokens against a Q6_K panel: per 16-column group, `Σ (q + 32)·a` times the lane's
-/// scale; the offset `32 · Σ scale·bsum` by `vpdpwssd` of scale pairs and bsum pairs.
+/// `G` tokens against a 16-group panel (`F`: Q6K, Q3K, Q2K): per 16-column group,
+/// `Σ u·a` times the lane's scale; the pairs (scales or mins) against the bsums by
+/// `vpdpwssd`, which give Q6_K's `32 · Σ scale·bsum` and Q3_K's `4 · Σ scale·bsum` offsets
+/// and Q2_K's min sum.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn q6_k_tile<const G: usize>(
+unsafe fn k16_tile<const G: usize, const F: u8>(
     nb: usize,
     panel: *const u8,
     acts: *const u8,
@@ -692,9 +741,22 @@ unsafe fn q6_k_tile<const G: usize>(
             for j in 1..8 {
                 off = _mm512_dpwssd_epi32(off, pairs[j], bs(j));
             }
-            let isum = _mm512_sub_epi32(isums[k], _mm512_slli_epi32(off, 5));
             let d_a = _mm512_set1_ps(f32_at(aux.add(k * aux_stride + b * K_AUX)));
-            let term = _mm512_mul_ps(_mm512_mul_ps(d_a, d), _mm512_cvtepi32_ps(isum));
+            let term = match F {
+                Q2K => {
+                    let dmin = _mm512_loadu_ps(p.add(K6_D + 64) as *const f32);
+                    _mm512_sub_ps(
+                        _mm512_mul_ps(_mm512_mul_ps(d_a, d), _mm512_cvtepi32_ps(isums[k])),
+                        _mm512_mul_ps(_mm512_mul_ps(d_a, dmin), _mm512_cvtepi32_ps(off)),
+                    )
+                }
+                _ => {
+                    let shift = if F == Q6K { 5 } else { 2 };
+                    let offset = _mm512_sllv_epi32(off, _mm512_set1_epi32(shift));
+                    let isum = _mm512_sub_epi32(isums[k], offset);
+                    _mm512_mul_ps(_mm512_mul_ps(d_a, d), _mm512_cvtepi32_ps(isum))
+                }
+            };
             *sum = _mm512_add_ps(*sum, term);
         }
     }
@@ -703,7 +765,7 @@ unsafe fn q6_k_tile<const G: usize>(
     }
 }
 
-fn gemm_q6_k(
+fn gemm_k16<const F: u8>(
     n: usize,
     panel: &[u8],
     acts: &[u8],
@@ -729,9 +791,9 @@ fn gemm_q6_k(
     unsafe {
         over_tokens!(nt, a_stride, aux_stride, acts, aux, out, |g, a, x, o| {
             if g == TOKENS {
-                q6_k_tile::<TOKENS>(nb, panel.as_ptr(), a, a_stride, x, aux_stride, o)
+                k16_tile::<TOKENS, F>(nb, panel.as_ptr(), a, a_stride, x, aux_stride, o)
             } else {
-                q6_k_tile::<1>(nb, panel.as_ptr(), a, a_stride, x, aux_stride, o)
+                k16_tile::<1, F>(nb, panel.as_ptr(), a, a_stride, x, aux_stride, o)
             }
         });
     }
