@@ -643,13 +643,30 @@ pub(super) unsafe fn pack_k16<const L: usize, const PAIRS: bool, const F: u8>(
         let row = &w[r * w_stride..r * w_stride + nb * wbb];
         for (b, wb) in row.chunks_exact(wbb).enumerate() {
             let dst = &mut panel[b * pb..(b + 1) * pb];
-            let q = |i: usize| match F {
-                Q6K => (q6_k::quant(wb, i) + 32) as u8,
-                Q3K => (q3_k::quant(wb, i) + 4) as u8,
-                _ => q2_k::quant(wb, i) as u8,
-            };
-            for (g, e) in (0..QK_K).step_by(4).enumerate() {
-                put_lane::<L>(dst, 4 * L * g, r, [q(e), q(e + 1), q(e + 2), q(e + 3)]);
+            for c in 0..8 {
+                // Elements 32c .. 32c + 32 (eight groups): 128h + 32s + l for Q2_K/Q3_K,
+                // 128h + r for Q6_K.
+                let (h, s) = (c / 4, c % 4);
+                let shift =
+                    |v: __m256i, by: usize| _mm256_srl_epi16(v, _mm_cvtsi32_si128(by as i32));
+                let bits = |v: __m256i, by: usize, mask: i8| {
+                    _mm256_and_si256(shift(v, by), _mm256_set1_epi8(mask))
+                };
+                let p = wb.as_ptr();
+                let q = match F {
+                    Q6K => {
+                        let low = bits(load(p.add(64 * h + 32 * (s % 2))), 4 * (s / 2), 0x0F);
+                        let high = bits(load(p.add(q6_k::QH + 32 * h)), 2 * s, 0x03);
+                        _mm256_or_si256(low, _mm256_slli_epi16(high, 4))
+                    }
+                    Q3K => {
+                        let low = bits(load(p.add(q3_k::QS + 32 * h)), 2 * s, 0x03);
+                        let high = bits(load(p), 4 * h + s, 0x01);
+                        _mm256_or_si256(low, _mm256_slli_epi16(high, 2))
+                    }
+                    _ => bits(load(p.add(q2_k::QS + 32 * h)), 2 * s, 0x03),
+                };
+                put_quants32::<L>(dst.as_mut_ptr().add(4 * L * 8 * c), r, q);
             }
             let q3 = if F == Q3K { q3_k::scales(wb) } else { [0; 16] };
             // Group `g`'s scale, and what its pair lane holds (the scale, or Q2_K's min).
