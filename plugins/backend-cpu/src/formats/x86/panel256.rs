@@ -9,7 +9,10 @@
 //! (`|w| · sign(a, w)`), since biased bytes would saturate `vpmaddubsw`. Same numerics
 //! contract as `panel512`: exact integer block sums, the scalar float terms lane by lane.
 
-use super::avx2::f32_at;
+use super::avx2::{f32_at, reduce16};
+use super::panel512::{
+    element, float_kernels, float_slot, BF16, F16, F32, FLOAT_ROWS,
+};
 use super::panel512::{
     k4_block, k6_block, legacy_block, pack_k16, pack_legacy, pack_q4_k_imp, prep_q8_0, prep_q8_1,
     prep_q8_k, DDSM, K_AUX, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0_SIGNED, SDD,
@@ -55,6 +58,9 @@ pub(in crate::formats) fn kernels(t: GgmlType) -> Option<PanelKernels> {
         T::Q6K => k(|n| n / QK_K * k6_block(ROWS), pack_q6_k, gemm_q6_k),
         T::Q3K => k(|n| n / QK_K * k6_block(ROWS), pack_q3_k, gemm_q3_k),
         T::Q2K => k(|n| n / QK_K * k6_block(ROWS), pack_q2_k, gemm_q2_k),
+        T::F16 => float_kernels(pack_f16, prep_f16, gemm_f16),
+        T::BF16 => float_kernels(pack_bf16, prep_bf16, gemm_bf16),
+        T::F32 => float_kernels(pack_f32, prep_f32, gemm_f32),
         _ => return None,
     })
 }
@@ -441,4 +447,146 @@ k_gemms! {
     gemm_q6_k => k16_tile::<Q6K>, k6_block(ROWS);
     gemm_q3_k => k16_tile::<Q3K>, k6_block(ROWS);
     gemm_q2_k => k16_tile::<Q2K>, k6_block(ROWS);
+}
+
+// ---- F16, BF16, F32: `panel512`'s float panels (four rows widened to f32, 16-element
+// chunks), one token at a time: eight accumulators of four rows' two 8-lane halves.
+
+/// Eight elements of format `F` at `p`, widened to f32 (exact).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn widen8<const F: u8>(p: *const u8) -> __m256 {
+    match F {
+        F32 => _mm256_loadu_ps(p as *const f32),
+        F16 => _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)),
+        _ => {
+            let bits = _mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i));
+            _mm256_castsi256_ps(_mm256_slli_epi32(bits, 16))
+        }
+    }
+}
+
+/// Widens `n` elements of format `F` at `src` to f32s at `dst`, with `slot(i)` the f32
+/// index of element `i` (8-element runs from a multiple of 8 stay contiguous).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn widen_row<const F: u8>(
+    n: usize,
+    src: *const u8,
+    dst: *mut f32,
+    slot: impl Fn(usize) -> usize,
+) {
+    let size = if F == F32 { 4 } else { 2 };
+    let full = n / 16 * 16;
+    for i in (0..full).step_by(8) {
+        _mm256_storeu_ps(dst.add(slot(i)), widen8::<F>(src.add(size * i)));
+    }
+    for i in full..n {
+        dst.add(slot(i)).write_unaligned(element::<F>(src, i));
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn pack_float<const F: u8>(n: usize, w: &[u8], w_stride: usize, panel: &mut [u8]) {
+    let size = if F == F32 { 4 } else { 2 };
+    assert!(
+        panel.len() >= FLOAT_ROWS * 4 * n && w.len() >= (FLOAT_ROWS - 1) * w_stride + n * size,
+        "panel pack: short buffers"
+    );
+    let dst = panel.as_mut_ptr() as *mut f32;
+    for r in 0..FLOAT_ROWS {
+        widen_row::<F>(n, w.as_ptr().add(r * w_stride), dst, |i| float_slot(n, r, i));
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn prep_float<const F: u8>(n: usize, act: &[u8], aux: &mut [u8]) {
+    let size = if F == F32 { 4 } else { 2 };
+    assert!(act.len() >= n * size && aux.len() >= 4 * n, "panel prep: short rows");
+    widen_row::<F>(n, act.as_ptr(), aux.as_mut_ptr() as *mut f32, |i| i);
+}
+
+/// One token (f32 activations at `a`) against a float panel: `out[r]` for the four rows.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn float_tile<const FUSED: bool>(n: usize, panel: *const u8, a: *const u8, out: *mut f32) {
+    let full = n / 16 * 16;
+    let mut acc = [[_mm256_setzero_ps(); 2]; FLOAT_ROWS];
+    for c in 0..n / 16 {
+        let x = [0, 1].map(|h| _mm256_loadu_ps(a.add(64 * c + 32 * h) as *const f32));
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let w = panel.add(64 * (c * FLOAT_ROWS + r));
+            for (h, acc) in acc.iter_mut().enumerate() {
+                let w = _mm256_loadu_ps(w.add(32 * h) as *const f32);
+                *acc = if FUSED {
+                    _mm256_fmadd_ps(w, x[h], *acc)
+                } else {
+                    _mm256_add_ps(*acc, _mm256_mul_ps(w, x[h]))
+                };
+            }
+        }
+    }
+    for (r, acc) in acc.iter().enumerate() {
+        let mut sum = reduce16(acc[0], acc[1]);
+        for i in full..n {
+            sum += f32_at(panel.add(4 * float_slot(n, r, i))) * f32_at(a.add(4 * i));
+        }
+        *out.add(r) = sum;
+    }
+}
+
+fn float_gemm<const FUSED: bool>(
+    n: usize,
+    panel: &[u8],
+    aux: &[u8],
+    aux_stride: usize,
+    out: &mut [f32],
+) {
+    let nt = out.len() / FLOAT_ROWS;
+    assert!(panel.len() >= FLOAT_ROWS * 4 * n, "panel gemm: short panel");
+    if nt > 0 {
+        assert!(
+            aux_stride >= 4 * n && aux.len() >= (nt - 1) * aux_stride + 4 * n,
+            "panel gemm: short side data"
+        );
+    }
+    for t in 0..nt {
+        // SAFETY: reached only through `kernels` (AVX2, FMA, F16C detected); the checks
+        // above cover every element the tile reads, and `out` holds `nt` tokens' 4 rows.
+        unsafe {
+            float_tile::<FUSED>(
+                n,
+                panel.as_ptr(),
+                aux[t * aux_stride..].as_ptr(),
+                out[FLOAT_ROWS * t..].as_mut_ptr(),
+            )
+        };
+    }
+}
+
+macro_rules! float_wrappers {
+    ($($pack:ident, $prep:ident, $gemm:ident => $f:ident, $fused:expr;)*) => {
+        $(fn $pack(n: usize, w: &[u8], w_stride: usize, panel: &mut [u8]) {
+            // SAFETY: reached only through `kernels` (AVX2 detected); the pack checks its
+            // buffers' lengths.
+            unsafe { pack_float::<$f>(n, w, w_stride, panel) }
+        }
+        fn $prep(n: usize, act: &[u8], aux: &mut [u8]) {
+            // SAFETY: as for the pack.
+            unsafe { prep_float::<$f>(n, act, aux) }
+        }
+        // The float tiles read the activations from `aux` (widened by `prep`), not `acts`.
+        fn $gemm(
+            n: usize, panel: &[u8], _acts: &[u8], _a_stride: usize, aux: &[u8],
+            aux_stride: usize, out: &mut [f32],
+        ) {
+            float_gemm::<{ $fused }>(n, panel, aux, aux_stride, out)
+        })*
+    };
+}
+
+// F16 products are exact in f32, so the fused form rounds as the scalar mul-then-add.
+float_wrappers! {
+    pack_f16, prep_f16, gemm_f16 => F16, true;
+    pack_bf16, prep_bf16, gemm_bf16 => BF16, false;
+    pack_f32, prep_f32, gemm_f32 => F32, false;
 }

@@ -825,15 +825,15 @@ fn gemm_k16<const F: u8>(
 // in f32, so a fused multiply-add rounds like the scalar multiply-then-add; BF16 and F32
 // products are not (underflow, and F32 always), so those keep the separate add.
 
-const FLOAT_ROWS: usize = 4;
+pub(super) const FLOAT_ROWS: usize = 4;
 const FLOAT_TOKENS: usize = 4;
 
 /// Element formats, as const parameters.
-const F32: u8 = 0;
-const F16: u8 = 1;
-const BF16: u8 = 2;
+pub(super) const F32: u8 = 0;
+pub(super) const F16: u8 = 1;
+pub(super) const BF16: u8 = 2;
 
-fn float_kernels(
+pub(super) fn float_kernels(
     pack: fn(usize, &[u8], usize, &mut [u8]),
     prep: fn(usize, &[u8], &mut [u8]),
     gemm: crate::formats::PanelGemmFn,
@@ -850,7 +850,7 @@ fn float_kernels(
 
 /// Element `i` of a row of format `F` at `p`, as f32 (exact).
 #[inline]
-unsafe fn element<const F: u8>(p: *const u8, i: usize) -> f32 {
+pub(super) unsafe fn element<const F: u8>(p: *const u8, i: usize) -> f32 {
     match F {
         F32 => f32_at(p.add(4 * i)),
         F16 => half::f16::from_bits((p.add(2 * i) as *const u16).read_unaligned()).to_f32(),
@@ -861,7 +861,7 @@ unsafe fn element<const F: u8>(p: *const u8, i: usize) -> f32 {
 /// Where element `i` of row `r` goes in a float panel: 16-element chunks of the four rows
 /// interleaved (`[chunk][row][16]`), then each row's `n % 16` tail.
 #[inline]
-fn float_slot(n: usize, r: usize, i: usize) -> usize {
+pub(super) fn float_slot(n: usize, r: usize, i: usize) -> usize {
     let full = n / 16 * 16;
     if i < full {
         (i / 16 * FLOAT_ROWS + r) * 16 + i % 16
