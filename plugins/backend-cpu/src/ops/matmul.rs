@@ -30,6 +30,9 @@ const ROW_TILE_BYTES: usize = 32 * 1024;
 /// Activation bytes of one token block, so it stays in L2 across a row tile.
 const TOKEN_TILE_BYTES: usize = 128 * 1024;
 
+/// Packed panel bytes of one chunk (at least one panel), kept in L2 with a token block.
+const CHUNK_PANEL_BYTES: usize = 256 * 1024;
+
 /// Fewest tokens for which repacking a panel pays (below, the tiles of `dot_rows` run).
 pub const PANEL_MIN_TOKENS: usize = 8;
 
@@ -221,31 +224,56 @@ fn panel_matmul(
     });
     let aux: &[u8] = aux;
     let n_panels = w.rows / p.rows;
-    let per_chunk = n_panels.div_ceil(pool.threads() * CHUNKS_PER_THREAD).max(1);
+    let panel_bytes = (p.panel_bytes)(w.cols);
+    // A chunk's panels are all packed first, then walked by each token block, so both
+    // stay in a core's L2 however long the prompt (the float panels' f32 activations
+    // would not fit whole).
+    let per_chunk = n_panels
+        .div_ceil(pool.threads() * CHUNKS_PER_THREAD)
+        .clamp(1, (CHUNK_PANEL_BYTES / panel_bytes.max(1)).max(1));
+    let token_block = match TOKEN_TILE_BYTES / (act_row_bytes + aux_bytes).max(1) {
+        t if t >= 8 => t / 8 * 8,
+        _ => 8,
+    }
+    .min(n_tokens);
     let dst = SharedOut(out.as_mut_ptr());
     pool.run(n_panels.div_ceil(per_chunk), &|c| {
         PANEL.with(|cell| {
             let (panel_buf, tile_buf) = &mut *cell.borrow_mut();
-            let panel = sized(panel_buf, (p.panel_bytes)(w.cols));
-            let tile = sized(tile_buf, n_tokens * p.rows);
-            for i in c * per_chunk..((c + 1) * per_chunk).min(n_panels) {
+            let (i0, i1) = (c * per_chunk, ((c + 1) * per_chunk).min(n_panels));
+            let panels = sized(panel_buf, (i1 - i0) * panel_bytes);
+            for (i, panel) in (i0..i1).zip(panels.chunks_exact_mut(panel_bytes.max(1))) {
                 let first = i * p.rows;
                 let rows = &w.data[first * w.row_bytes..(first + p.rows) * w.row_bytes];
                 (p.pack)(w.cols, rows, w.row_bytes, panel);
-                if i + 1 < ((c + 1) * per_chunk).min(n_panels) {
-                    // The next panel's rows stream in from memory while this one computes.
+                if i + 1 < i1 {
+                    // The next panel's rows stream in from memory while this one packs.
                     let next = first + p.rows;
                     prefetch(&w.data[next * w.row_bytes..(next + p.rows) * w.row_bytes]);
                 }
-                (p.gemm)(w.cols, panel, act, act_row_bytes, aux, aux_bytes, tile);
-                for (t, lanes) in tile.chunks_exact(p.rows).enumerate() {
-                    // SAFETY: panel `i` (of chunk `c`) owns columns `first .. first + rows`
-                    // of every token's row of `out` (`n_tokens × w.rows`), disjoint per
-                    // panel; `out` outlives `run`, which returns when every chunk is done.
-                    let o = unsafe {
-                        std::slice::from_raw_parts_mut(dst.ptr().add(t * w.rows + first), p.rows)
-                    };
-                    o.copy_from_slice(lanes);
+            }
+            let panels: &[u8] = panels;
+            let tile = sized(tile_buf, token_block * p.rows);
+            for t0 in (0..n_tokens).step_by(token_block) {
+                let nt = token_block.min(n_tokens - t0);
+                let (acts, auxs) = (&act[t0 * act_row_bytes..], &aux[t0 * aux_bytes..]);
+                for (i, panel) in (i0..i1).zip(panels.chunks_exact(panel_bytes.max(1))) {
+                    let first = i * p.rows;
+                    let tile = &mut tile[..nt * p.rows];
+                    (p.gemm)(w.cols, panel, acts, act_row_bytes, auxs, aux_bytes, tile);
+                    for (t, lanes) in tile.chunks_exact(p.rows).enumerate() {
+                        // SAFETY: panel `i` (of chunk `c`) owns columns `first .. first +
+                        // rows` of every token's row of `out` (`n_tokens × w.rows`), disjoint
+                        // per panel; `out` outlives `run`, which returns when every chunk is
+                        // done.
+                        let o = unsafe {
+                            std::slice::from_raw_parts_mut(
+                                dst.ptr().add((t0 + t) * w.rows + first),
+                                p.rows,
+                            )
+                        };
+                        o.copy_from_slice(lanes);
+                    }
                 }
             }
         })
