@@ -10,9 +10,7 @@
 //! contract as `panel512`: exact integer block sums, the scalar float terms lane by lane.
 
 use super::avx2::{f32_at, reduce16};
-use super::panel512::{
-    element, float_kernels, float_slot, BF16, F16, F32, FLOAT_ROWS,
-};
+use super::panel512::{element, float_kernels, float_slot, BF16, F16, F32, FLOAT_ROWS};
 use super::panel512::{
     k4_block, k6_block, legacy_block, pack_k16, pack_legacy, pack_q4_k_imp, prep_q8_0, prep_q8_1,
     prep_q8_k, DDSM, K_AUX, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0_SIGNED, SDD,
@@ -495,42 +493,65 @@ unsafe fn pack_float<const F: u8>(n: usize, w: &[u8], w_stride: usize, panel: &m
     );
     let dst = panel.as_mut_ptr() as *mut f32;
     for r in 0..FLOAT_ROWS {
-        widen_row::<F>(n, w.as_ptr().add(r * w_stride), dst, |i| float_slot(n, r, i));
+        widen_row::<F>(n, w.as_ptr().add(r * w_stride), dst, |i| {
+            float_slot(n, r, i)
+        });
     }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn prep_float<const F: u8>(n: usize, act: &[u8], aux: &mut [u8]) {
     let size = if F == F32 { 4 } else { 2 };
-    assert!(act.len() >= n * size && aux.len() >= 4 * n, "panel prep: short rows");
+    assert!(
+        act.len() >= n * size && aux.len() >= 4 * n,
+        "panel prep: short rows"
+    );
     widen_row::<F>(n, act.as_ptr(), aux.as_mut_ptr() as *mut f32, |i| i);
 }
 
-/// One token (f32 activations at `a`) against a float panel: `out[r]` for the four rows.
+/// `T` tokens (f32 activations `st` bytes apart from `a`) against a float panel, two rows
+/// at a time: `out[4k + r]`. Each weight vector loaded feeds `T` accumulators, each
+/// activation vector two.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn float_tile<const FUSED: bool>(n: usize, panel: *const u8, a: *const u8, out: *mut f32) {
+unsafe fn float_tile<const T: usize, const FUSED: bool>(
+    n: usize,
+    panel: *const u8,
+    a: *const u8,
+    st: usize,
+    out: *mut f32,
+) {
     let full = n / 16 * 16;
-    let mut acc = [[_mm256_setzero_ps(); 2]; FLOAT_ROWS];
-    for c in 0..n / 16 {
-        let x = [0, 1].map(|h| _mm256_loadu_ps(a.add(64 * c + 32 * h) as *const f32));
-        for (r, acc) in acc.iter_mut().enumerate() {
-            let w = panel.add(64 * (c * FLOAT_ROWS + r));
-            for (h, acc) in acc.iter_mut().enumerate() {
-                let w = _mm256_loadu_ps(w.add(32 * h) as *const f32);
-                *acc = if FUSED {
-                    _mm256_fmadd_ps(w, x[h], *acc)
-                } else {
-                    _mm256_add_ps(*acc, _mm256_mul_ps(w, x[h]))
-                };
+    for pair in 0..FLOAT_ROWS / 2 {
+        let mut acc = [[[_mm256_setzero_ps(); 2]; T]; 2];
+        for c in 0..n / 16 {
+            let x: [[__m256; 2]; T] = core::array::from_fn(|k| {
+                [0, 1].map(|h| _mm256_loadu_ps(a.add(k * st + 64 * c + 32 * h) as *const f32))
+            });
+            for (rr, acc) in acc.iter_mut().enumerate() {
+                let wp = panel.add(64 * (c * FLOAT_ROWS + 2 * pair + rr));
+                for h in 0..2 {
+                    let w = _mm256_loadu_ps(wp.add(32 * h) as *const f32);
+                    for k in 0..T {
+                        acc[k][h] = if FUSED {
+                            _mm256_fmadd_ps(w, x[k][h], acc[k][h])
+                        } else {
+                            _mm256_add_ps(acc[k][h], _mm256_mul_ps(w, x[k][h]))
+                        };
+                    }
+                }
             }
         }
-    }
-    for (r, acc) in acc.iter().enumerate() {
-        let mut sum = reduce16(acc[0], acc[1]);
-        for i in full..n {
-            sum += f32_at(panel.add(4 * float_slot(n, r, i))) * f32_at(a.add(4 * i));
+        for (rr, acc) in acc.iter().enumerate() {
+            let r = 2 * pair + rr;
+            for (k, acc) in acc.iter().enumerate() {
+                let mut sum = reduce16(acc[0], acc[1]);
+                for i in full..n {
+                    let w = f32_at(panel.add(4 * float_slot(n, r, i)));
+                    sum += w * f32_at(a.add(k * st + 4 * i));
+                }
+                *out.add(FLOAT_ROWS * k + r) = sum;
+            }
         }
-        *out.add(r) = sum;
     }
 }
 
@@ -549,17 +570,23 @@ fn float_gemm<const FUSED: bool>(
             "panel gemm: short side data"
         );
     }
-    for t in 0..nt {
+    let mut t = 0;
+    while t < nt {
+        let (x, o) = (
+            aux[t * aux_stride..].as_ptr(),
+            out[FLOAT_ROWS * t..].as_mut_ptr(),
+        );
         // SAFETY: reached only through `kernels` (AVX2, FMA, F16C detected); the checks
         // above cover every element the tile reads, and `out` holds `nt` tokens' 4 rows.
         unsafe {
-            float_tile::<FUSED>(
-                n,
-                panel.as_ptr(),
-                aux[t * aux_stride..].as_ptr(),
-                out[FLOAT_ROWS * t..].as_mut_ptr(),
-            )
-        };
+            if t + 2 <= nt {
+                float_tile::<2, FUSED>(n, panel.as_ptr(), x, aux_stride, o);
+                t += 2;
+            } else {
+                float_tile::<1, FUSED>(n, panel.as_ptr(), x, aux_stride, o);
+                t += 1;
+            }
+        }
     }
 }
 
