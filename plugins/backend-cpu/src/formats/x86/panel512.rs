@@ -711,6 +711,7 @@ pub(super) unsafe fn pack_k16<const L: usize, const PAIRS: bool, const F: u8>(
 /// `vpdpwssd`, which give Q6_K's `32 · Σ scale·bsum` and Q3_K's `4 · Σ scale·bsum` offsets
 /// and Q2_K's min sum.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[allow(clippy::needless_range_loop)] // j indexes the pairs and the bsum words alike
 unsafe fn k16_tile<const G: usize, const F: u8>(
     nb: usize,
     panel: *const u8,
@@ -940,6 +941,7 @@ unsafe fn fold16(v: __m512) -> f32 {
 /// `G` tokens (f32 activations `aux_stride` bytes apart) against a float panel; token `k`'s
 /// four results go to `out[4k ..]`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[allow(clippy::needless_range_loop)] // r and k index the accumulators, rows and tokens
 unsafe fn float_tile<const G: usize, const FUSED: bool>(
     n: usize,
     panel: *const u8,
