@@ -38,6 +38,10 @@ pub struct BenchArgs {
     /// alternates); the table shows each side's median round.
     #[arg(long, default_value_t = 2)]
     rounds: usize,
+    /// Cap both sides' kernels at this level: Prima through `PRIMA_CPU_KERNELS`, and with
+    /// `avx2` llama.cpp through a second, AVX2-only build (AVX-512 and VNNI off).
+    #[arg(long, value_name = "LEVEL")]
+    kernels: Option<String>,
 }
 
 /// Models measured when none are named: the bench set of the CPU-speed issue.
@@ -67,8 +71,18 @@ pub fn run(layout: &Layout, args: &BenchArgs) -> Result<()> {
 
     let llama = LlamaCpp::new(layout);
     llama.ensure_built()?;
-    let llama_bench = llama.bin("llama-bench");
+    let llama_bench = match args.kernels.as_deref() {
+        None | Some("avx512") => llama.bin("llama-bench"),
+        Some("avx2") => llama.ensure_avx2_bench()?,
+        Some(other) => bail!("--kernels {other}: llama.cpp can be capped at avx2 only"),
+    };
     let prima = build_prima(layout)?;
+    if let Some(level) = &args.kernels {
+        println!(
+            "kernels capped at {level} (PRIMA_CPU_KERNELS; llama-bench: {})",
+            llama_bench.display()
+        );
+    }
 
     println!(
         "| model | threads | llama.cpp pp{p} | Prima pp{p} | pp ratio | llama.cpp tg{n} | Prima tg{n} | tg ratio | BW eff. llama.cpp | BW eff. Prima |",
@@ -259,6 +273,9 @@ fn run_prima_bench(
     mem_bw: bool,
 ) -> Result<(Throughput, Option<f64>, f64)> {
     let mut cmd = Command::new(bin);
+    if let Some(level) = &args.kernels {
+        cmd.env("PRIMA_CPU_KERNELS", level);
+    }
     cmd.arg("bench")
         .arg("-m")
         .arg(model)

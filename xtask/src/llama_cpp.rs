@@ -173,6 +173,55 @@ impl LlamaCpp {
         Ok(())
     }
 
+    /// `llama-bench` of a second build, in `build-avx2`, with every AVX-512 and VNNI switch
+    /// off (the rest as [`cmake_flags`]): llama.cpp at the level of `PRIMA_CPU_KERNELS=avx2`,
+    /// for `cargo xtask bench --kernels avx2` on an AVX-512 machine. Built when missing or
+    /// when its stamp differs.
+    pub fn ensure_avx2_bench(&self) -> Result<PathBuf> {
+        self.ensure_source()?;
+        let flags: Vec<String> = cmake_flags(&CpuFeatures::detect()?)
+            .into_iter()
+            .map(|f| match f.strip_suffix("=ON") {
+                Some(name) if name.contains("AVX512") || name.contains("VNNI") => {
+                    format!("{name}=OFF")
+                }
+                _ => f,
+            })
+            .collect();
+        let dir = self.root.join("build-avx2");
+        let bin = dir.join("bin/llama-bench");
+        let stamp_path = dir.join("prima-build.stamp");
+        let stamp = format!("{SDIST_NAME} {SDIST_VERSION}\nflags: {}\n", flags.join(" "));
+        if bin.exists() && fs::read_to_string(&stamp_path).is_ok_and(|s| s == stamp) {
+            return Ok(bin);
+        }
+        let cmake = build_tools::cmake(&self.cache)?;
+        let log = self.root.join("build-avx2.log");
+        fs::write(&log, "")?;
+        eprintln!("building an AVX2-only llama-bench (log: {})", log.display());
+        let _ = fs::remove_file(&stamp_path);
+        shell::run_logged(
+            Command::new(&cmake)
+                .arg("-S")
+                .arg(self.source())
+                .arg("-B")
+                .arg(&dir)
+                .args(&flags),
+            &log,
+        )?;
+        let jobs = std::thread::available_parallelism().map_or(2, |n| n.get());
+        shell::run_logged(
+            Command::new(&cmake)
+                .arg("--build")
+                .arg(&dir)
+                .arg(format!("-j{jobs}"))
+                .args(["--target", "llama-bench"]),
+            &log,
+        )?;
+        fs::write(&stamp_path, stamp)?;
+        Ok(bin)
+    }
+
     /// The cmake switches the existing build was made with (from its stamp).
     pub fn built_flags(&self) -> Result<String> {
         let stamp_path = self.build_dir().join("prima-build.stamp");

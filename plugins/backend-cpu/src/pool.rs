@@ -377,6 +377,8 @@ pub struct Scratch {
     pub activations: Vec<u8>,
     /// Matmul results in weight-row-major order, before transposing to token-major.
     pub rows_by_token: Vec<f32>,
+    /// Per-token side data of the row-panel kernels (activation block scales and sums).
+    pub panel_aux: Vec<u8>,
     /// Queries rounded to f16, as little-endian f16 bytes (attention).
     pub queries: Vec<u8>,
     /// cos/sin pairs of one position (rope).

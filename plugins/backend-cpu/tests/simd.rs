@@ -15,6 +15,9 @@
 //!   row and token counts (prefill tiles and their remainders), equals the scalar
 //!   `vec_dot` of every element.
 //!   Both on rayon and on `SpinPool`, which must agree.
+//! - `panel_matmul_matches_scalar`: the row-panel prefill kernels (whole 16-row panels and
+//!   the rows after them, 8-token tiles and single-token tails), with every weight scale
+//!   kind and every activation kind above, equal the scalar `vec_dot` bit for bit.
 //! - `axpy_f16_matches_scalar`: each level's F16 `axpy` (attention's V weighting) returns
 //!   the scalar bits, over the float lengths (8-lane tails) and extreme values.
 //! - `gated_activations_match_portable`: each level's SiLU and GELU gates return the
@@ -352,7 +355,8 @@ fn matmul_with(
     let mut spin_out = vec![f32::NAN; out.len()];
     let spin = SpinPool::new(threads).unwrap();
     matmul(&spin, &mut scratch, lookup, &w, x, n_tokens, &mut spin_out).unwrap();
-    assert_eq!(out, spin_out, "rayon vs SpinPool");
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&out), bits(&spin_out), "rayon vs SpinPool");
     out
 }
 
@@ -543,7 +547,16 @@ fn matmul_matches_scalar_at_every_level() {
     for t in WEIGHT_TYPES {
         let k = scalar::kernels(t).unwrap();
         let cols = 2 * 256;
-        for (rows, n_tokens) in [(37usize, 1usize), (5, 3), (37, 7), (64, 9), (3, 17)] {
+        let shapes = [
+            (37usize, 1usize),
+            (5, 3),
+            (37, 7),
+            (64, 9),
+            (3, 17),
+            (48, 8),
+            (35, 19),
+        ];
+        for (rows, n_tokens) in shapes {
             let data = random_row(&mut rng, t, rows * cols, Scales::Normal);
             let w = TensorView {
                 data: RSlice::from_slice(&data),
@@ -573,6 +586,67 @@ fn matmul_matches_scalar_at_every_level() {
                         "{} {t}: {rows} rows × {n_tokens} tokens, {threads} threads",
                         level.name()
                     );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn panel_matmul_matches_scalar() {
+    let scale_kinds = [Scales::Normal, Scales::Max, Scales::Subnormal, Scales::Zero];
+    let mut rng = ChaCha8Rng::seed_from_u64(21);
+    for level in levels() {
+        let lookup: KernelLookup = match level {
+            KernelLevel::Avx2 => |t| KernelLevel::Avx2.kernels(t),
+            KernelLevel::Avx512 => |t| KernelLevel::Avx512.kernels(t),
+            _ => continue,
+        };
+        for t in WEIGHT_TYPES {
+            if lookup(t).and_then(|k| k.panel).is_none() {
+                continue;
+            }
+            let k = scalar::kernels(t).unwrap();
+            let be = t.block_elems();
+            let rows = 35;
+            let col_counts = match be {
+                1 => vec![1, 15, 16, 33, 100, 1000],
+                _ => vec![be, 3 * be, 9 * be],
+            };
+            for cols in col_counts {
+                let row_bytes = t.row_bytes(cols).unwrap();
+                let data: Vec<u8> = (0..rows)
+                    .flat_map(|r| random_row(&mut rng, t, cols, scale_kinds[r % 4]))
+                    .collect();
+                let w = TensorView {
+                    data: RSlice::from_slice(&data),
+                    ggml_type: t.id(),
+                    cols: cols as u64,
+                    rows: rows as u64,
+                };
+                let kinds = activations(&mut rng, cols);
+                for n_tokens in [8usize, 9, 17] {
+                    let x: Vec<f32> = (0..n_tokens)
+                        .flat_map(|tok| kinds[tok % kinds.len()].1.clone())
+                        .collect();
+                    let mut act = vec![0u8; k.vec_dot_type.row_bytes(cols).unwrap()];
+                    let got = matmul_with(lookup, 2, w, &x, n_tokens);
+                    for tok in 0..n_tokens {
+                        (k.quantize_activation)(&x[tok * cols..(tok + 1) * cols], &mut act);
+                        for r in 0..rows {
+                            let wr = &data[r * row_bytes..(r + 1) * row_bytes];
+                            let want = (k.vec_dot)(cols, wr, &act);
+                            let g = got[tok * rows + r];
+                            assert!(
+                                same(g, want),
+                                "{} {t} n={cols} {n_tokens} tokens: row {r} ({:?}) token {tok} \
+                                 ({}): {g} vs scalar {want}",
+                                level.name(),
+                                scale_kinds[r % 4],
+                                kinds[tok % kinds.len()].0
+                            );
+                        }
+                    }
                 }
             }
         }

@@ -88,6 +88,41 @@ pub type VecDot2x8Fn = fn(
     a_stride: usize,
 ) -> [[f32; 8]; 2];
 
+/// Prefill's row-panel kernels (see `ops::matmul`): `rows` weight rows are repacked once
+/// per matmul into a panel whose vector lanes are the rows (quants of four consecutive
+/// columns per 32-bit lane, the block scales as per-lane floats), so a token's dot with
+/// all `rows` rows is a run of lane-wise integer multiply-adds against that token's
+/// activation quants broadcast to every lane, with no horizontal sums. Every result still
+/// equals `VecDotFn` on that (row, token) pair, bit for bit: per block, the integer sum is
+/// exact and the float terms are the scalar kernel's operations in its order, one lane each.
+#[derive(Clone, Copy)]
+pub struct PanelKernels {
+    /// Weight rows per panel.
+    pub rows: usize,
+    /// Bytes of a panel of rows of `n` columns.
+    pub panel_bytes: fn(n: usize) -> usize,
+    /// Repacks `rows` weight rows of `n` columns, `w_stride` bytes apart, into `panel`.
+    pub pack: fn(n: usize, w: &[u8], w_stride: usize, panel: &mut [u8]),
+    /// Bytes of one token's side data (per-block activation scales and sums).
+    pub aux_bytes: fn(n: usize) -> usize,
+    /// Fills a token's side data from its activation row (in the vec_dot type).
+    pub prep: fn(n: usize, act_row: &[u8], aux: &mut [u8]),
+    /// Dots a panel against `out.len() / rows` tokens, activation rows `a_stride` and side
+    /// data `aux_stride` bytes apart; `out` is token-major: `out[t·rows + r]`.
+    pub gemm: PanelGemmFn,
+}
+
+/// See [`PanelKernels::gemm`].
+pub type PanelGemmFn = fn(
+    n: usize,
+    panel: &[u8],
+    acts: &[u8],
+    a_stride: usize,
+    aux: &[u8],
+    aux_stride: usize,
+    out: &mut [f32],
+);
+
 /// Everything `matmul` and `get_rows` need to know about one weight type.
 #[derive(Clone, Copy)]
 pub struct FormatKernels {
@@ -105,6 +140,8 @@ pub struct FormatKernels {
     pub vec_dot_2x4: Option<VecDot2x4Fn>,
     /// A two-row, eight-token `vec_dot`, where a kernel level has one (only with a 2×4).
     pub vec_dot_2x8: Option<VecDot2x8Fn>,
+    /// Row-panel prefill kernels, where a kernel level has them.
+    pub panel: Option<PanelKernels>,
 }
 
 /// Reads a little-endian f16 at `off` as f32.

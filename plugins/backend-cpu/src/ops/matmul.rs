@@ -8,12 +8,18 @@
 //! from memory once per row tile rather than once per row. A vectorised kernel table drops
 //! in through [`FormatKernels`] without touching this structure. Every output element is
 //! one `vec_dot` call, so results depend neither on the thread count nor on the tiling.
+//!
+//! Where the level has row-panel kernels ([`PanelKernels`]) and the prompt has at least
+//! [`PANEL_MIN_TOKENS`] tokens, chunks are whole panels instead: each panel's rows are
+//! repacked once into a per-thread scratch buffer and dotted against every token, and the
+//! kernel's token-major results go straight into `out`. Panel results equal `vec_dot` too.
 
 use super::{expect_len, mul, OpResult, Weight};
-use crate::formats::FormatKernels;
+use crate::formats::{FormatKernels, PanelKernels};
 use crate::pool::{sized, ChunkRunner, Scratch};
 use prima_core::gguf::GgmlType;
 use prima_core::plugin::backend_abi::TensorView;
+use std::cell::RefCell;
 
 /// Chunks per thread: enough to balance uneven progress, few enough to keep tasks long.
 const CHUNKS_PER_THREAD: usize = 4;
@@ -23,6 +29,17 @@ const ROW_TILE_BYTES: usize = 32 * 1024;
 
 /// Activation bytes of one token block, so it stays in L2 across a row tile.
 const TOKEN_TILE_BYTES: usize = 128 * 1024;
+
+/// Packed panel bytes of one chunk (at least one panel), kept in L2 with a token block.
+const CHUNK_PANEL_BYTES: usize = 256 * 1024;
+
+/// Fewest tokens for which repacking a panel pays (below, the tiles of `dot_rows` run).
+pub const PANEL_MIN_TOKENS: usize = 8;
+
+thread_local! {
+    /// Each pool thread's packed panel and its token-major results, reused across calls.
+    static PANEL: RefCell<(Vec<u8>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
 
 /// Picks the kernels for a weight type (see `formats::dispatch::kernels`).
 pub type KernelLookup = fn(GgmlType) -> Option<FormatKernels>;
@@ -88,6 +105,7 @@ pub fn matmul(
     let Scratch {
         activations,
         rows_by_token,
+        panel_aux,
         ..
     } = scratch;
     let act = sized(activations, n_tokens * act_row_bytes);
@@ -108,6 +126,35 @@ pub fn matmul(
         });
     }
     let act: &[u8] = act;
+
+    if let Some(panel) = kernels
+        .panel
+        .filter(|p| n_tokens >= PANEL_MIN_TOKENS && w.rows >= p.rows)
+    {
+        let panel_rows = w.rows / panel.rows * panel.rows;
+        panel_matmul(
+            pool,
+            panel_aux,
+            panel,
+            &w,
+            act,
+            act_row_bytes,
+            n_tokens,
+            out,
+        );
+        if panel_rows < w.rows {
+            // The last few rows, fewer than a panel: the tiles below, one chunk.
+            let rows = w.rows - panel_rows;
+            let o = sized(rows_by_token, rows * n_tokens);
+            dot_rows(&kernels, &w, panel_rows, act, act_row_bytes, n_tokens, o);
+            for (t, out_row) in out.chunks_exact_mut(w.rows).enumerate() {
+                for (r, v) in out_row[panel_rows..].iter_mut().enumerate() {
+                    *v = o[r * n_tokens + t];
+                }
+            }
+        }
+        return Ok(());
+    }
 
     let chunk = w.rows.div_ceil(pool.threads() * CHUNKS_PER_THREAD).max(1);
     let n_chunks = w.rows.div_ceil(chunk);
@@ -150,6 +197,100 @@ pub fn matmul(
         }
     });
     Ok(())
+}
+
+/// The whole panels of `w` against every token: per-token side data first, then chunks of
+/// panels over the pool, each packed once and dotted against all tokens.
+#[allow(clippy::too_many_arguments)]
+fn panel_matmul(
+    pool: &impl ChunkRunner,
+    aux_buf: &mut Vec<u8>,
+    p: PanelKernels,
+    w: &Weight<'_>,
+    act: &[u8],
+    act_row_bytes: usize,
+    n_tokens: usize,
+    out: &mut [f32],
+) {
+    let aux_bytes = (p.aux_bytes)(w.cols);
+    let aux = sized(aux_buf, n_tokens * aux_bytes);
+    let aux_out = SharedOut(aux.as_mut_ptr() as *mut f32);
+    pool.run(n_tokens, &|t| {
+        // SAFETY: token `t` owns bytes `t·aux_bytes ..` of `aux`, disjoint per chunk.
+        let x = unsafe {
+            std::slice::from_raw_parts_mut((aux_out.ptr() as *mut u8).add(t * aux_bytes), aux_bytes)
+        };
+        (p.prep)(w.cols, &act[t * act_row_bytes..(t + 1) * act_row_bytes], x);
+    });
+    let aux: &[u8] = aux;
+    let n_panels = w.rows / p.rows;
+    let panel_bytes = (p.panel_bytes)(w.cols);
+    // A chunk's panels are all packed first, then walked by each token block, so both
+    // stay in a core's L2 however long the prompt (the float panels' f32 activations
+    // would not fit whole).
+    let per_chunk = n_panels
+        .div_ceil(pool.threads() * CHUNKS_PER_THREAD)
+        .clamp(1, (CHUNK_PANEL_BYTES / panel_bytes.max(1)).max(1));
+    let token_block = match TOKEN_TILE_BYTES / (act_row_bytes + aux_bytes).max(1) {
+        t if t >= 8 => t / 8 * 8,
+        _ => 8,
+    }
+    .min(n_tokens);
+    let dst = SharedOut(out.as_mut_ptr());
+    pool.run(n_panels.div_ceil(per_chunk), &|c| {
+        PANEL.with(|cell| {
+            let (panel_buf, tile_buf) = &mut *cell.borrow_mut();
+            let (i0, i1) = (c * per_chunk, ((c + 1) * per_chunk).min(n_panels));
+            let panels = sized(panel_buf, (i1 - i0) * panel_bytes);
+            for (i, panel) in (i0..i1).zip(panels.chunks_exact_mut(panel_bytes.max(1))) {
+                let first = i * p.rows;
+                let rows = &w.data[first * w.row_bytes..(first + p.rows) * w.row_bytes];
+                (p.pack)(w.cols, rows, w.row_bytes, panel);
+                if i + 1 < i1 {
+                    // The next panel's rows stream in from memory while this one packs.
+                    let next = first + p.rows;
+                    prefetch(&w.data[next * w.row_bytes..(next + p.rows) * w.row_bytes]);
+                }
+            }
+            let panels: &[u8] = panels;
+            let tile = sized(tile_buf, token_block * p.rows);
+            for t0 in (0..n_tokens).step_by(token_block) {
+                let nt = token_block.min(n_tokens - t0);
+                let (acts, auxs) = (&act[t0 * act_row_bytes..], &aux[t0 * aux_bytes..]);
+                for (i, panel) in (i0..i1).zip(panels.chunks_exact(panel_bytes.max(1))) {
+                    let first = i * p.rows;
+                    let tile = &mut tile[..nt * p.rows];
+                    (p.gemm)(w.cols, panel, acts, act_row_bytes, auxs, aux_bytes, tile);
+                    for (t, lanes) in tile.chunks_exact(p.rows).enumerate() {
+                        // SAFETY: panel `i` (of chunk `c`) owns columns `first .. first +
+                        // rows` of every token's row of `out` (`n_tokens × w.rows`), disjoint
+                        // per panel; `out` outlives `run`, which returns when every chunk is
+                        // done.
+                        let o = unsafe {
+                            std::slice::from_raw_parts_mut(
+                                dst.ptr().add((t0 + t) * w.rows + first),
+                                p.rows,
+                            )
+                        };
+                        o.copy_from_slice(lanes);
+                    }
+                }
+            }
+        })
+    });
+}
+
+/// Asks for `bytes` to be brought into the L2 cache ahead of their use.
+#[inline]
+fn prefetch(bytes: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    for line in bytes.chunks(64) {
+        use core::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+        // SAFETY: a prefetch is only a hint and never faults; SSE is part of x86-64.
+        unsafe { _mm_prefetch::<_MM_HINT_T1>(line.as_ptr() as *const i8) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = bytes;
 }
 
 /// Dots weight rows `first_row ..` against every token's activation row; `out` is

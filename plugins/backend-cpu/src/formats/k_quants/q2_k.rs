@@ -15,7 +15,7 @@ pub(crate) const QS: usize = QK_K / 16;
 pub(crate) const D: usize = QS + QK_K / 4;
 
 #[inline]
-fn quant(block: &[u8], i: usize) -> i32 {
+pub(crate) fn quant(block: &[u8], i: usize) -> i32 {
     let (h, s, l) = (i / 128, (i % 128) / 32, i % 32);
     ((block[QS + 32 * h + l] >> (2 * s)) & 3) as i32
 }

@@ -18,7 +18,7 @@ const SCALES: usize = QS + QK_K / 4;
 pub(crate) const D: usize = SCALES + 12;
 
 #[inline]
-fn quant(block: &[u8], i: usize) -> i32 {
+pub(crate) fn quant(block: &[u8], i: usize) -> i32 {
     let (h, s, l) = (i / 128, (i % 128) / 32, i % 32);
     let low = ((block[QS + 32 * h + l] >> (2 * s)) & 3) as i32;
     let high_set = (block[i % 32] >> (i / 32)) & 1 == 1;

@@ -15,7 +15,7 @@ const QH: usize = 16;
 const QS: usize = QH + QK_K / 8;
 
 #[inline]
-fn quant(block: &[u8], i: usize) -> i32 {
+pub(crate) fn quant(block: &[u8], i: usize) -> i32 {
     let high = ((block[QH + i % 32] >> (i / 32)) & 1) as i32;
     low_nibble_quant(block, QS, i) | high << 4
 }

@@ -17,7 +17,7 @@ pub(crate) const SCALES: usize = QH + QK_K / 4;
 pub(crate) const D: usize = SCALES + QK_K / 16;
 
 #[inline]
-fn quant(block: &[u8], i: usize) -> i32 {
+pub(crate) fn quant(block: &[u8], i: usize) -> i32 {
     let (h, r) = (i / 128, i % 128);
     let low = (block[64 * h + r % 64] >> (4 * (r / 64))) & 0x0F;
     let high = (block[QH + 32 * h + r % 32] >> (2 * (r / 32))) & 0x03;
@@ -25,7 +25,7 @@ fn quant(block: &[u8], i: usize) -> i32 {
 }
 
 #[inline]
-fn scale(block: &[u8], g: usize) -> i32 {
+pub(crate) fn scale(block: &[u8], g: usize) -> i32 {
     block[SCALES + g] as i8 as i32
 }
 

@@ -41,8 +41,10 @@ pub(in crate::formats) fn overlay(mut k: FormatKernels) -> FormatKernels {
         T::Q8_0 => quantize_row_q8_0,
         T::Q8_1 => quantize_row_q8_1,
         T::Q8K => quantize_row_q8_k,
+        T::F16 => quantize_row_f16,
         _ => k.quantize_activation,
     };
+    k.panel = super::panel256::kernels(k.weight_type).or(k.panel);
     k
 }
 
@@ -101,6 +103,7 @@ wrappers! {
     quantize quantize_row_q8_0 => quantize_q8_0;
     quantize quantize_row_q8_1 => quantize_q8_1;
     quantize quantize_row_q8_k => quantize_q8_k;
+    quantize quantize_row_f16 => quantize_f16;
 }
 
 /// [`crate::formats::float::axpy_f16`] with F16C: eight lanes at a time, each a multiply then
@@ -1076,6 +1079,21 @@ unsafe fn quantize_block32(x: *const f32, q: *mut u8) -> (f32, i32) {
         _mm256_add_epi32(qi[2], qi[3]),
     );
     (d, hsum(s))
+}
+
+/// F32 → F16, round to nearest even: F16C's `vcvtps2ph`, which the `half` conversion of
+/// the scalar quantizer is (it uses F16C itself where the CPU has it).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn quantize_f16(x: &[f32], out: &mut [u8]) {
+    let n = x.len().min(out.len() / 2);
+    let full = n / 8 * 8;
+    for i in (0..full).step_by(8) {
+        let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(x.as_ptr().add(i)));
+        _mm_storeu_si128(out.as_mut_ptr().add(2 * i) as *mut __m128i, h);
+    }
+    for (i, v) in x.iter().enumerate().take(n).skip(full) {
+        crate::formats::put_f16(out, 2 * i, *v);
+    }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]

@@ -47,6 +47,7 @@ pub(in crate::formats) fn overlay(mut k: FormatKernels) -> FormatKernels {
         T::Q8_0 => Some(vec_dot_2x4_q8_0),
         _ => k.vec_dot_2x4,
     };
+    k.panel = super::panel512::kernels(k.weight_type).or(k.panel);
     k
 }
 

@@ -15,3 +15,5 @@
 
 pub mod avx2;
 pub mod avx512;
+mod panel256;
+mod panel512;

@@ -1,0 +1,619 @@
+//! AVX2 row-panel kernels for prefill: the layout of `panel512` with eight rows per panel,
+//! one per 32-bit lane of a 256-bit vector.
+//!
+//! Without VNNI, four columns of eight rows against a token's broadcast quants are a
+//! `vpmaddubsw` (pairs to i16) and a `vpmaddwd` (to i32). The i16 pairs of several column
+//! groups are added before widening while they provably stay below 2^15 (eight groups of
+//! 4-bit quants, four of 5-bit, two of 6-bit), and the K-quants' widening multiplies by
+//! the lane's scale at once. Q8_0 keeps its signed quants and takes the sign trick
+//! (`|w| · sign(a, w)`), since biased bytes would saturate `vpmaddubsw`. Same numerics
+//! contract as `panel512`: exact integer block sums, the scalar float terms lane by lane.
+
+use super::avx2::{f32_at, reduce16};
+use super::panel512::{element, float_kernels, float_slot, BF16, F16, F32, FLOAT_ROWS};
+use super::panel512::{
+    k4_block, k6_block, legacy_block, pack_k16, pack_legacy, pack_q4_k_imp, prep_q8_0, prep_q8_1,
+    prep_q8_k, DDSM, K_AUX, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0_SIGNED, SDD,
+    S_DD,
+};
+use crate::formats::k_quants::{q8_k, QK_K};
+use crate::formats::{q8_0, q8_1, PanelKernels};
+use core::arch::x86_64::*;
+use prima_core::gguf::GgmlType;
+
+/// Weight rows per panel: the lanes of a 256-bit vector of i32.
+const ROWS: usize = 8;
+/// Tokens per register tile (sixteen registers: partial sums, block sums and totals).
+const TOKENS: usize = 4;
+
+/// The AVX2 panel kernels of weight type `t`, if it has them.
+pub(in crate::formats) fn kernels(t: GgmlType) -> Option<PanelKernels> {
+    use GgmlType as T;
+    let legacy = |pack, prep, gemm| PanelKernels {
+        rows: ROWS,
+        panel_bytes: |n| n / 32 * legacy_block(ROWS),
+        pack,
+        aux_bytes: |n| n / 32 * 8,
+        prep,
+        gemm,
+    };
+    let k = |panel_bytes, pack, gemm| PanelKernels {
+        rows: ROWS,
+        panel_bytes,
+        pack,
+        aux_bytes: |n| n / QK_K * K_AUX,
+        prep: prep_q8_k,
+        gemm,
+    };
+    Some(match t {
+        T::Q4_0 => legacy(pack_q4_0, prep_q8_0, gemm_q4_0),
+        T::Q5_0 => legacy(pack_q5_0, prep_q8_0, gemm_q5_0),
+        T::Q8_0 => legacy(pack_q8_0, prep_q8_0, gemm_q8_0),
+        T::Q4_1 => legacy(pack_q4_1, prep_q8_1, gemm_q4_1),
+        T::Q5_1 => legacy(pack_q5_1, prep_q8_1, gemm_q5_1),
+        T::Q4K => k(|n| n / QK_K * k4_block(ROWS), pack_q4_k, gemm_q4_k),
+        T::Q5K => k(|n| n / QK_K * k4_block(ROWS), pack_q5_k, gemm_q5_k),
+        T::Q6K => k(|n| n / QK_K * k6_block(ROWS), pack_q6_k, gemm_q6_k),
+        T::Q3K => k(|n| n / QK_K * k6_block(ROWS), pack_q3_k, gemm_q3_k),
+        T::Q2K => k(|n| n / QK_K * k6_block(ROWS), pack_q2_k, gemm_q2_k),
+        T::F16 => float_kernels(pack_f16, prep_f16, gemm_f16),
+        T::BF16 => float_kernels(pack_bf16, prep_bf16, gemm_bf16),
+        T::F32 => float_kernels(pack_f32, prep_f32, gemm_f32),
+        _ => return None,
+    })
+}
+
+macro_rules! pack_wrappers {
+    ($($name:ident => $imp:ident::<$($p:tt),*>;)*) => {
+        $(fn $name(n: usize, w: &[u8], w_stride: usize, panel: &mut [u8]) {
+            // SAFETY: reached only through `kernels`, which `dispatch` hands out after
+            // detecting AVX2, FMA and F16C; the pack checks its buffers' lengths.
+            unsafe { $imp::<$($p),*>(n, w, w_stride, panel) }
+        })*
+    };
+}
+
+pack_wrappers! {
+    pack_q4_0 => pack_legacy::<Q4_0, ROWS>;
+    pack_q5_0 => pack_legacy::<Q5_0, ROWS>;
+    pack_q8_0 => pack_legacy::<Q8_0_SIGNED, ROWS>;
+    pack_q4_1 => pack_legacy::<Q4_1, ROWS>;
+    pack_q5_1 => pack_legacy::<Q5_1, ROWS>;
+    pack_q4_k => pack_q4_k_imp::<ROWS, true, Q4K>;
+    pack_q5_k => pack_q4_k_imp::<ROWS, true, Q5K>;
+    pack_q6_k => pack_k16::<ROWS, true, Q6K>;
+    pack_q3_k => pack_k16::<ROWS, true, Q3K>;
+    pack_q2_k => pack_k16::<ROWS, true, Q2K>;
+}
+
+/// The four activation quants at `p`, in every lane.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn bcast(p: *const u8) -> __m256i {
+    _mm256_set1_epi32((p as *const i32).read_unaligned())
+}
+
+/// `G` tokens against one legacy panel of format `F`; `out[8k ..]` gets token `k`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn legacy_tile<const G: usize, const KIND: u8, const F: u8>(
+    nb: usize,
+    panel: *const u8,
+    acts: *const u8,
+    (a_stride, a_block, q_off): (usize, usize, usize),
+    aux: *const u8,
+    aux_stride: usize,
+    offset: i32,
+    out: *mut f32,
+) {
+    // Column groups whose i16 pair sums are added before widening: 2·15·127 per group for
+    // 4-bit quants (×8 < 2^15), 2·31·127 for 5-bit (×4), 2·128·127 for Q8_0's sign trick.
+    let run = match F {
+        Q4_0 | Q4_1 => 8,
+        Q5_0 | Q5_1 => 4,
+        _ => 1,
+    };
+    let ones = _mm256_set1_epi16(1);
+    let pb = legacy_block(ROWS);
+    let mut sums = [_mm256_setzero_ps(); G];
+    for b in 0..nb {
+        let p = panel.add(b * pb);
+        let mut acc = [_mm256_setzero_si256(); G];
+        let mut part = [_mm256_setzero_si256(); G];
+        for g in 0..8 {
+            let w = _mm256_loadu_si256(p.add(4 * ROWS * g) as *const __m256i);
+            let u = if F == Q8_0_SIGNED {
+                _mm256_sign_epi8(w, w)
+            } else {
+                w
+            };
+            for k in 0..G {
+                let x = bcast(acts.add(k * a_stride + b * a_block + q_off + 4 * g));
+                let x = if F == Q8_0_SIGNED {
+                    _mm256_sign_epi8(x, w)
+                } else {
+                    x
+                };
+                let m = _mm256_maddubs_epi16(u, x);
+                part[k] = if g % run == 0 {
+                    m
+                } else {
+                    _mm256_add_epi16(part[k], m)
+                };
+                if g % run == run - 1 {
+                    acc[k] = _mm256_add_epi32(acc[k], _mm256_madd_epi16(part[k], ones));
+                }
+            }
+        }
+        let d = _mm256_loadu_ps(p.add(32 * ROWS) as *const f32);
+        for (k, sum) in sums.iter_mut().enumerate() {
+            let ax = aux.add(k * aux_stride + 8 * b);
+            let d_a = _mm256_set1_ps(f32_at(ax));
+            let term = match KIND {
+                SDD | S_DD => {
+                    let sa = (ax.add(4) as *const i32).read_unaligned();
+                    let isum = _mm256_cvtepi32_ps(_mm256_sub_epi32(
+                        acc[k],
+                        _mm256_set1_epi32(offset.wrapping_mul(sa)),
+                    ));
+                    if KIND == SDD {
+                        _mm256_mul_ps(_mm256_mul_ps(isum, d), d_a)
+                    } else {
+                        _mm256_mul_ps(isum, _mm256_mul_ps(d, d_a))
+                    }
+                }
+                _ => {
+                    let m = _mm256_loadu_ps(p.add(36 * ROWS) as *const f32);
+                    let s_a = _mm256_set1_ps(f32_at(ax.add(4)));
+                    _mm256_add_ps(
+                        _mm256_mul_ps(_mm256_mul_ps(d, d_a), _mm256_cvtepi32_ps(acc[k])),
+                        _mm256_mul_ps(m, s_a),
+                    )
+                }
+            };
+            *sum = _mm256_add_ps(*sum, term);
+        }
+    }
+    for (k, sum) in sums.iter().enumerate() {
+        _mm256_storeu_ps(out.add(ROWS * k), *sum);
+    }
+}
+
+/// Checks a gemm call's buffers (as `panel512::check_gemm`) and returns the token count.
+#[allow(clippy::too_many_arguments)]
+fn check_gemm(
+    nb: usize,
+    panel: &[u8],
+    panel_block: usize,
+    acts: &[u8],
+    a_stride: usize,
+    a_block: usize,
+    aux: &[u8],
+    aux_stride: usize,
+    aux_block: usize,
+    out: &[f32],
+) -> usize {
+    let nt = out.len() / ROWS;
+    assert!(panel.len() >= nb * panel_block, "panel gemm: short panel");
+    if nt > 0 {
+        assert!(
+            a_stride >= nb * a_block && acts.len() >= (nt - 1) * a_stride + nb * a_block,
+            "panel gemm: short activation rows"
+        );
+        assert!(
+            aux_stride >= nb * aux_block && aux.len() >= (nt - 1) * aux_stride + nb * aux_block,
+            "panel gemm: short side data"
+        );
+    }
+    nt
+}
+
+/// Runs `$tile::<TOKENS>` over whole groups of tokens, then `$tile::<1>` over the rest;
+/// `$call(a, x, o)` gets the group's activation, side data and output pointers.
+macro_rules! over_tokens {
+    ($nt:expr, $a_stride:expr, $aux_stride:expr, $acts:expr, $aux:expr, $out:expr,
+     |$g:ident, $a:ident, $x:ident, $o:ident| $call:expr) => {{
+        let mut t = 0;
+        while t < $nt {
+            let ($a, $x, $o) = (
+                $acts.as_ptr().add(t * $a_stride),
+                $aux.as_ptr().add(t * $aux_stride),
+                $out.as_mut_ptr().add(t * ROWS),
+            );
+            let $g = if t + TOKENS <= $nt { TOKENS } else { 1 };
+            $call;
+            t += $g;
+        }
+    }};
+}
+
+#[allow(clippy::too_many_arguments)]
+fn legacy_gemm<const KIND: u8, const F: u8>(
+    n: usize,
+    panel: &[u8],
+    acts: &[u8],
+    a_stride: usize,
+    aux: &[u8],
+    aux_stride: usize,
+    out: &mut [f32],
+    (a_block, q_off, offset): (usize, usize, i32),
+) {
+    let nb = n / 32;
+    let nt = check_gemm(
+        nb,
+        panel,
+        legacy_block(ROWS),
+        acts,
+        a_stride,
+        a_block,
+        aux,
+        aux_stride,
+        8,
+        out,
+    );
+    let shape = (a_stride, a_block, q_off);
+    // SAFETY: reached only through `kernels`, handed out after detecting AVX2, FMA and
+    // F16C; `check_gemm` checked that every block the tiles read is in bounds and that
+    // `out` holds `nt` tokens' 8 lanes.
+    unsafe {
+        over_tokens!(nt, a_stride, aux_stride, acts, aux, out, |g, a, x, o| {
+            let p = panel.as_ptr();
+            if g == TOKENS {
+                legacy_tile::<TOKENS, KIND, F>(nb, p, a, shape, x, aux_stride, offset, o)
+            } else {
+                legacy_tile::<1, KIND, F>(nb, p, a, shape, x, aux_stride, offset, o)
+            }
+        });
+    }
+}
+
+macro_rules! legacy_gemms {
+    ($($name:ident => $kind:expr, $f:expr, $a_block:expr, $q_off:expr, $offset:expr;)*) => {
+        $(fn $name(
+            n: usize, panel: &[u8], acts: &[u8], a_stride: usize, aux: &[u8],
+            aux_stride: usize, out: &mut [f32],
+        ) {
+            legacy_gemm::<{ $kind }, { $f }>(
+                n, panel, acts, a_stride, aux, aux_stride, out, ($a_block, $q_off, $offset),
+            )
+        })*
+    };
+}
+
+legacy_gemms! {
+    gemm_q4_0 => SDD, Q4_0, q8_0::BLOCK_BYTES, 2, 8;
+    gemm_q5_0 => SDD, Q5_0, q8_0::BLOCK_BYTES, 2, 16;
+    gemm_q8_0 => S_DD, Q8_0_SIGNED, q8_0::BLOCK_BYTES, 2, 0;
+    gemm_q4_1 => DDSM, Q4_1, q8_1::BLOCK_BYTES, 4, 0;
+    gemm_q5_1 => DDSM, Q5_1, q8_1::BLOCK_BYTES, 4, 0;
+}
+
+/// `G` tokens against a Q4_K (Q5_K) panel: per sub-block, the i16 pair sums of eight
+/// (four) groups, below 2^15, widened by `vpmaddwd` against the lane's `(scale, scale)`;
+/// mins as in `panel512`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_k_tile<const G: usize, const F: u8>(
+    nb: usize,
+    panel: *const u8,
+    acts: *const u8,
+    a_stride: usize,
+    aux: *const u8,
+    aux_stride: usize,
+    out: *mut f32,
+) {
+    let (pb, scales, mins, d_off) = (k4_block(ROWS), 64 * 32, 72 * 32, 76 * 32);
+    let mut sums = [_mm256_setzero_ps(); G];
+    for b in 0..nb {
+        let p = panel.add(b * pb);
+        let mut isums = [_mm256_setzero_si256(); G];
+        let run = if F == Q5K { 4 } else { 8 };
+        for s in 0..8 {
+            let sc = _mm256_loadu_si256(p.add(scales + 32 * s) as *const __m256i);
+            for g0 in (0..8).step_by(run) {
+                let mut part = [_mm256_setzero_si256(); G];
+                for g in g0..g0 + run {
+                    let w = _mm256_loadu_si256(p.add(32 * (8 * s + g)) as *const __m256i);
+                    for (k, part) in part.iter_mut().enumerate() {
+                        let a = acts.add(k * a_stride + b * q8_k::BLOCK_BYTES + q8_k::QS);
+                        let m = _mm256_maddubs_epi16(w, bcast(a.add(32 * s + 4 * g)));
+                        *part = _mm256_add_epi16(*part, m);
+                    }
+                }
+                for (isum, part) in isums.iter_mut().zip(part) {
+                    *isum = _mm256_add_epi32(*isum, _mm256_madd_epi16(part, sc));
+                }
+            }
+        }
+        let d = _mm256_loadu_ps(p.add(d_off) as *const f32);
+        let dmin = _mm256_loadu_ps(p.add(d_off + 32) as *const f32);
+        for (k, sum) in sums.iter_mut().enumerate() {
+            let ax = aux.add(k * aux_stride + b * K_AUX);
+            let mut msum = _mm256_setzero_si256();
+            for j in 0..4 {
+                let mn = _mm256_loadu_si256(p.add(mins + 32 * j) as *const __m256i);
+                msum = _mm256_add_epi32(msum, _mm256_madd_epi16(mn, bcast(ax.add(4 + 4 * j))));
+            }
+            let d_a = _mm256_set1_ps(f32_at(ax));
+            let term = _mm256_sub_ps(
+                _mm256_mul_ps(_mm256_mul_ps(d_a, d), _mm256_cvtepi32_ps(isums[k])),
+                _mm256_mul_ps(_mm256_mul_ps(d_a, dmin), _mm256_cvtepi32_ps(msum)),
+            );
+            *sum = _mm256_add_ps(*sum, term);
+        }
+    }
+    for (k, sum) in sums.iter().enumerate() {
+        _mm256_storeu_ps(out.add(ROWS * k), *sum);
+    }
+}
+
+/// `G` tokens against a 16-group panel (Q6K, Q3K, Q2K): per 16-column group, two pairs of
+/// groups' i16 sums (2·2·63·127 < 2^15) widened against the lane's `(scale, scale)`; the
+/// offsets and Q2_K's mins as in `panel512`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn k16_tile<const G: usize, const F: u8>(
+    nb: usize,
+    panel: *const u8,
+    acts: *const u8,
+    a_stride: usize,
+    aux: *const u8,
+    aux_stride: usize,
+    out: *mut f32,
+) {
+    let (pb, scales, pairs, d_off) = (k6_block(ROWS), 64 * 32, 80 * 32, 88 * 32);
+    let mut sums = [_mm256_setzero_ps(); G];
+    for b in 0..nb {
+        let p = panel.add(b * pb);
+        let mut isums = [_mm256_setzero_si256(); G];
+        for h in 0..16 {
+            let sc = _mm256_loadu_si256(p.add(scales + 32 * h) as *const __m256i);
+            for half in 0..2 {
+                let g0 = 4 * h + 2 * half;
+                let w0 = _mm256_loadu_si256(p.add(32 * g0) as *const __m256i);
+                let w1 = _mm256_loadu_si256(p.add(32 * (g0 + 1)) as *const __m256i);
+                for (k, isum) in isums.iter_mut().enumerate() {
+                    let a = acts.add(k * a_stride + b * q8_k::BLOCK_BYTES + q8_k::QS + 4 * g0);
+                    let part = _mm256_add_epi16(
+                        _mm256_maddubs_epi16(w0, bcast(a)),
+                        _mm256_maddubs_epi16(w1, bcast(a.add(4))),
+                    );
+                    *isum = _mm256_add_epi32(*isum, _mm256_madd_epi16(part, sc));
+                }
+            }
+        }
+        let d = _mm256_loadu_ps(p.add(d_off) as *const f32);
+        for (k, sum) in sums.iter_mut().enumerate() {
+            let ab = acts.add(k * a_stride + b * q8_k::BLOCK_BYTES);
+            let mut off = _mm256_setzero_si256();
+            for j in 0..8 {
+                let sp = _mm256_loadu_si256(p.add(pairs + 32 * j) as *const __m256i);
+                off = _mm256_add_epi32(
+                    off,
+                    _mm256_madd_epi16(sp, bcast(ab.add(q8_k::BSUMS + 4 * j))),
+                );
+            }
+            let d_a = _mm256_set1_ps(f32_at(aux.add(k * aux_stride + b * K_AUX)));
+            let term = match F {
+                Q2K => {
+                    let dmin = _mm256_loadu_ps(p.add(d_off + 32) as *const f32);
+                    _mm256_sub_ps(
+                        _mm256_mul_ps(_mm256_mul_ps(d_a, d), _mm256_cvtepi32_ps(isums[k])),
+                        _mm256_mul_ps(_mm256_mul_ps(d_a, dmin), _mm256_cvtepi32_ps(off)),
+                    )
+                }
+                _ => {
+                    let shift = _mm_cvtsi32_si128(if F == Q6K { 5 } else { 2 });
+                    let isum = _mm256_sub_epi32(isums[k], _mm256_sll_epi32(off, shift));
+                    _mm256_mul_ps(_mm256_mul_ps(d_a, d), _mm256_cvtepi32_ps(isum))
+                }
+            };
+            *sum = _mm256_add_ps(*sum, term);
+        }
+    }
+    for (k, sum) in sums.iter().enumerate() {
+        _mm256_storeu_ps(out.add(ROWS * k), *sum);
+    }
+}
+
+macro_rules! k_gemms {
+    ($($name:ident => $tile:ident::<$f:ident>, $block:expr;)*) => {
+        $(fn $name(
+            n: usize, panel: &[u8], acts: &[u8], a_stride: usize, aux: &[u8],
+            aux_stride: usize, out: &mut [f32],
+        ) {
+            let nb = n / QK_K;
+            let nt = check_gemm(
+                nb, panel, $block, acts, a_stride, q8_k::BLOCK_BYTES, aux, aux_stride, K_AUX,
+                out,
+            );
+            // SAFETY: as in `legacy_gemm`.
+            unsafe {
+                over_tokens!(nt, a_stride, aux_stride, acts, aux, out, |g, a, x, o| {
+                    if g == TOKENS {
+                        $tile::<TOKENS, $f>(nb, panel.as_ptr(), a, a_stride, x, aux_stride, o)
+                    } else {
+                        $tile::<1, $f>(nb, panel.as_ptr(), a, a_stride, x, aux_stride, o)
+                    }
+                });
+            }
+        })*
+    };
+}
+
+k_gemms! {
+    gemm_q4_k => q4_k_tile::<Q4K>, k4_block(ROWS);
+    gemm_q5_k => q4_k_tile::<Q5K>, k4_block(ROWS);
+    gemm_q6_k => k16_tile::<Q6K>, k6_block(ROWS);
+    gemm_q3_k => k16_tile::<Q3K>, k6_block(ROWS);
+    gemm_q2_k => k16_tile::<Q2K>, k6_block(ROWS);
+}
+
+// ---- F16, BF16, F32: `panel512`'s float panels (four rows widened to f32, 16-element
+// chunks), one token at a time: eight accumulators of four rows' two 8-lane halves.
+
+/// Eight elements of format `F` at `p`, widened to f32 (exact).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn widen8<const F: u8>(p: *const u8) -> __m256 {
+    match F {
+        F32 => _mm256_loadu_ps(p as *const f32),
+        F16 => _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)),
+        _ => {
+            let bits = _mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i));
+            _mm256_castsi256_ps(_mm256_slli_epi32(bits, 16))
+        }
+    }
+}
+
+/// Widens `n` elements of format `F` at `src` to f32s at `dst`, with `slot(i)` the f32
+/// index of element `i` (8-element runs from a multiple of 8 stay contiguous).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn widen_row<const F: u8>(
+    n: usize,
+    src: *const u8,
+    dst: *mut f32,
+    slot: impl Fn(usize) -> usize,
+) {
+    let size = if F == F32 { 4 } else { 2 };
+    let full = n / 16 * 16;
+    for i in (0..full).step_by(8) {
+        _mm256_storeu_ps(dst.add(slot(i)), widen8::<F>(src.add(size * i)));
+    }
+    for i in full..n {
+        dst.add(slot(i)).write_unaligned(element::<F>(src, i));
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn pack_float<const F: u8>(n: usize, w: &[u8], w_stride: usize, panel: &mut [u8]) {
+    let size = if F == F32 { 4 } else { 2 };
+    assert!(
+        panel.len() >= FLOAT_ROWS * 4 * n && w.len() >= (FLOAT_ROWS - 1) * w_stride + n * size,
+        "panel pack: short buffers"
+    );
+    let dst = panel.as_mut_ptr() as *mut f32;
+    for r in 0..FLOAT_ROWS {
+        widen_row::<F>(n, w.as_ptr().add(r * w_stride), dst, |i| {
+            float_slot(n, r, i)
+        });
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn prep_float<const F: u8>(n: usize, act: &[u8], aux: &mut [u8]) {
+    let size = if F == F32 { 4 } else { 2 };
+    assert!(
+        act.len() >= n * size && aux.len() >= 4 * n,
+        "panel prep: short rows"
+    );
+    widen_row::<F>(n, act.as_ptr(), aux.as_mut_ptr() as *mut f32, |i| i);
+}
+
+/// `T` tokens (f32 activations `st` bytes apart from `a`) against a float panel, two rows
+/// at a time: `out[4k + r]`. Each weight vector loaded feeds `T` accumulators, each
+/// activation vector two.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn float_tile<const T: usize, const FUSED: bool>(
+    n: usize,
+    panel: *const u8,
+    a: *const u8,
+    st: usize,
+    out: *mut f32,
+) {
+    let full = n / 16 * 16;
+    for pair in 0..FLOAT_ROWS / 2 {
+        let mut acc = [[[_mm256_setzero_ps(); 2]; T]; 2];
+        for c in 0..n / 16 {
+            let x: [[__m256; 2]; T] = core::array::from_fn(|k| {
+                [0, 1].map(|h| _mm256_loadu_ps(a.add(k * st + 64 * c + 32 * h) as *const f32))
+            });
+            for (rr, acc) in acc.iter_mut().enumerate() {
+                let wp = panel.add(64 * (c * FLOAT_ROWS + 2 * pair + rr));
+                for h in 0..2 {
+                    let w = _mm256_loadu_ps(wp.add(32 * h) as *const f32);
+                    for k in 0..T {
+                        acc[k][h] = if FUSED {
+                            _mm256_fmadd_ps(w, x[k][h], acc[k][h])
+                        } else {
+                            _mm256_add_ps(acc[k][h], _mm256_mul_ps(w, x[k][h]))
+                        };
+                    }
+                }
+            }
+        }
+        for (rr, acc) in acc.iter().enumerate() {
+            let r = 2 * pair + rr;
+            for (k, acc) in acc.iter().enumerate() {
+                let mut sum = reduce16(acc[0], acc[1]);
+                for i in full..n {
+                    let w = f32_at(panel.add(4 * float_slot(n, r, i)));
+                    sum += w * f32_at(a.add(k * st + 4 * i));
+                }
+                *out.add(FLOAT_ROWS * k + r) = sum;
+            }
+        }
+    }
+}
+
+fn float_gemm<const FUSED: bool>(
+    n: usize,
+    panel: &[u8],
+    aux: &[u8],
+    aux_stride: usize,
+    out: &mut [f32],
+) {
+    let nt = out.len() / FLOAT_ROWS;
+    assert!(panel.len() >= FLOAT_ROWS * 4 * n, "panel gemm: short panel");
+    if nt > 0 {
+        assert!(
+            aux_stride >= 4 * n && aux.len() >= (nt - 1) * aux_stride + 4 * n,
+            "panel gemm: short side data"
+        );
+    }
+    let mut t = 0;
+    while t < nt {
+        let (x, o) = (
+            aux[t * aux_stride..].as_ptr(),
+            out[FLOAT_ROWS * t..].as_mut_ptr(),
+        );
+        // SAFETY: reached only through `kernels` (AVX2, FMA, F16C detected); the checks
+        // above cover every element the tile reads, and `out` holds `nt` tokens' 4 rows.
+        unsafe {
+            if t + 2 <= nt {
+                float_tile::<2, FUSED>(n, panel.as_ptr(), x, aux_stride, o);
+                t += 2;
+            } else {
+                float_tile::<1, FUSED>(n, panel.as_ptr(), x, aux_stride, o);
+                t += 1;
+            }
+        }
+    }
+}
+
+macro_rules! float_wrappers {
+    ($($pack:ident, $prep:ident, $gemm:ident => $f:ident, $fused:expr;)*) => {
+        $(fn $pack(n: usize, w: &[u8], w_stride: usize, panel: &mut [u8]) {
+            // SAFETY: reached only through `kernels` (AVX2 detected); the pack checks its
+            // buffers' lengths.
+            unsafe { pack_float::<$f>(n, w, w_stride, panel) }
+        }
+        fn $prep(n: usize, act: &[u8], aux: &mut [u8]) {
+            // SAFETY: as for the pack.
+            unsafe { prep_float::<$f>(n, act, aux) }
+        }
+        // The float tiles read the activations from `aux` (widened by `prep`), not `acts`.
+        fn $gemm(
+            n: usize, panel: &[u8], _acts: &[u8], _a_stride: usize, aux: &[u8],
+            aux_stride: usize, out: &mut [f32],
+        ) {
+            float_gemm::<{ $fused }>(n, panel, aux, aux_stride, out)
+        })*
+    };
+}
+
+// F16 products are exact in f32, so the fused form rounds as the scalar mul-then-add.
+float_wrappers! {
+    pack_f16, prep_f16, gemm_f16 => F16, true;
+    pack_bf16, prep_bf16, gemm_bf16 => BF16, false;
+    pack_f32, prep_f32, gemm_f32 => F32, false;
+}
