@@ -82,3 +82,62 @@ fn a_draft_with_several_slots_is_refused() {
         "{stderr}"
     );
 }
+
+/// `prima apply` serving a ring of three with the manifest's draft model: the reply is
+/// the greedy text one device generates without a draft.
+#[test]
+fn apply_serves_a_ring_with_the_manifests_draft_model() {
+    let Some(target) =
+        common::model_or_skip(common::derived_models().join("smollm2-135m-f16.gguf"))
+    else {
+        return;
+    };
+    let Some(draft) = server_support::smollm2() else {
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("prima-serve-draft-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let manifest = dir.join("cluster.toml");
+    let local = |name: &str, head: bool| {
+        format!("[[device]]\nname = \"{name}\"\nhead = {head}\nlocal = true\nthreads = 1\n\n")
+    };
+    std::fs::write(
+        &manifest,
+        format!(
+            "[model]\npath = {target:?}\ndraft = {draft:?}\ndraft_max = 4\n\n{}{}{}\
+             [policy]\nscheduler = \"manual\"\nwindows = [10, 10, 10]\nctx = 256\n\n\
+             [server]\nlisten = \"127.0.0.1:0\"\n",
+            local("desktop", true),
+            local("laptop", false),
+            local("tablet", false),
+        ),
+    )
+    .unwrap();
+    let prompt = "The three primary colours are";
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_prima"));
+    cmd.arg("apply").arg(&manifest);
+    let mut server = Server::spawn(cmd);
+    let (status, reply) = server.post_json("/v1/completions", &request(prompt));
+    assert_eq!(status, 200, "{reply}");
+    assert!(server.metric("prima_draft_tokens_total") > 0.0);
+    let (exit, log) = server.interrupt();
+    assert!(exit.success(), "{}", log.join("\n"));
+
+    let single = std::process::Command::new(env!("CARGO_BIN_EXE_prima"))
+        .args([
+            "run", "-p", prompt, "-n", "40", "--temp", "0", "-t", "1", "-c", "256",
+        ])
+        .arg("--ignore-eos")
+        .arg("-m")
+        .arg(&target)
+        .output()
+        .unwrap();
+    assert!(single.status.success());
+    assert_eq!(
+        text_of(&reply),
+        String::from_utf8_lossy(&single.stdout).trim_end_matches('\n'),
+        "the served ring with a draft generates what one device generates"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
