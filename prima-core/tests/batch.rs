@@ -13,8 +13,6 @@ use common::{cpu_backend, derived_models, model_or_skip, workspace_models, Node}
 use prima_core::batch::{BatchForward, SeqSpan, SeqTokens};
 use prima_core::generate::Forward;
 use prima_core::model::{Model, ModelError, Session};
-use prima_core::plugin::load_transport;
-use prima_core::plugin::transport_abi::TransportConfig;
 use prima_core::prp::alone::LocalSession;
 use prima_core::prp::failover::{ResilientRing, RingDevice, RingLayout};
 use prima_core::prp::protocol::{ReleaseMethod, ReleasePolicy};
@@ -389,23 +387,13 @@ fn ring_options(n_batch: usize) -> RingOptions {
     }
 }
 
-fn tcp() -> prima_core::plugin::LoadedTransport {
-    load_transport(
-        Some("tcp"),
-        TransportConfig {
-            max_frame_bytes: 1 << 30,
-        },
-    )
-    .expect("the tcp transport plugin (cargo build --workspace)")
-}
-
 #[test]
 fn a_ring_of_three_batches_exactly_what_each_sequence_gets_alone() {
     let Some(path) = smollm2() else { return };
     let model = Model::load(&path).unwrap();
     let backend = cpu_backend(1);
     let be = &backend.backend;
-    let transport = tcp();
+    let transport = common::tcp_transport();
     let nodes = [Node::start(&path), Node::start(&path)];
     let addrs: Vec<String> = nodes.iter().map(|n| n.addr.clone()).collect();
     let prompts = prompts(model.hparams().n_vocab);
@@ -447,7 +435,7 @@ fn a_resilient_ring_replays_every_slot_after_a_lost_device() {
     let model = Model::load(&path).unwrap();
     let backend = cpu_backend(1);
     let be = &backend.backend;
-    let transport = tcp();
+    let transport = common::tcp_transport();
     let mut nodes = vec![Node::start(&path), Node::start(&path)];
     let addrs: Vec<String> = nodes.iter().map(|n| n.addr.clone()).collect();
     let prompts = prompts(model.hparams().n_vocab);
@@ -597,7 +585,7 @@ fn decode_throughput_by_slots() {
     }
     {
         let backend = cpu_backend(1);
-        let transport = tcp();
+        let transport = common::tcp_transport();
         let nodes = [Node::start(&path), Node::start(&path)];
         let addrs: Vec<String> = nodes.iter().map(|n| n.addr.clone()).collect();
         let options = RingOptions {

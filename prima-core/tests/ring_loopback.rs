@@ -13,8 +13,6 @@ use std::time::{Duration, Instant};
 use common::{cpu_backend, derived_models, model_or_skip, workspace_models};
 use prima_core::generate::Forward;
 use prima_core::model::{Model, Session};
-use prima_core::plugin::load_transport;
-use prima_core::plugin::transport_abi::TransportConfig;
 use prima_core::prp::{RingError, RingHead, RingOptions};
 use prima_core::tokenizer::Tokenizer;
 
@@ -116,16 +114,6 @@ fn prompts(model: &Model) -> Vec<Vec<u32>> {
     ]
 }
 
-fn transport() -> prima_core::plugin::LoadedTransport {
-    load_transport(
-        Some("tcp"),
-        TransportConfig {
-            max_frame_bytes: 1 << 30,
-        },
-    )
-    .expect("the tcp transport plugin (cargo build --workspace)")
-}
-
 fn options() -> RingOptions {
     RingOptions {
         n_ctx: 256,
@@ -143,7 +131,7 @@ fn three_devices_compute_exactly_what_one_does() {
     assert_eq!(model.hparams().n_layers, 30);
     let backend = cpu_backend(1);
     let be = &backend.backend;
-    let transport = transport();
+    let transport = common::tcp_transport();
     let nodes = [NodeProcess::start(&path), NodeProcess::start(&path)];
     let addrs: Vec<String> = nodes.iter().map(|n| n.addr.clone()).collect();
 
@@ -214,7 +202,7 @@ fn a_node_with_another_model_is_refused_by_name() {
     };
     let model = Model::load(&path).unwrap();
     let backend = cpu_backend(1);
-    let transport = transport();
+    let transport = common::tcp_transport();
     let good = NodeProcess::start(&path);
     let wrong = NodeProcess::start(&other);
     let addrs = [good.addr.clone(), wrong.addr.clone()];
@@ -255,7 +243,7 @@ fn a_dead_node_is_named_within_seconds() {
     let Some(path) = smollm2() else { return };
     let model = Model::load(&path).unwrap();
     let backend = cpu_backend(1);
-    let transport = transport();
+    let transport = common::tcp_transport();
     let first = NodeProcess::start(&path);
     let mut second = NodeProcess::start(&path);
     let addrs = [first.addr.clone(), second.addr.clone()];
@@ -302,7 +290,7 @@ fn a_frozen_node_is_named_even_while_the_head_is_sending() {
     let Some(path) = smollm2() else { return };
     let model = Model::load(&path).unwrap();
     let backend = cpu_backend(1);
-    let transport = transport();
+    let transport = common::tcp_transport();
     let mut first = NodeProcess::start(&path);
     let second = NodeProcess::start(&path);
     let addrs = [first.addr.clone(), second.addr.clone()];
@@ -429,7 +417,7 @@ fn a_head_speaking_another_protocol_is_refused() {
     let Some(path) = smollm2() else { return };
     let model = Model::load(&path).unwrap();
     let node = NodeProcess::start(&path);
-    let transport = transport();
+    let transport = common::tcp_transport();
     let conn = Link::connect(
         &transport.transport,
         &node.addr,
@@ -473,7 +461,7 @@ fn a_node_answers_profile_requests_between_sessions() {
     let Some(path) = smollm2() else { return };
     let model = Model::load(&path).unwrap();
     let backend = cpu_backend(1);
-    let transport = transport();
+    let transport = common::tcp_transport();
     let node = NodeProcess::start(&path);
     let profile = prima_core::prp::head::request_profile(
         &transport.transport,

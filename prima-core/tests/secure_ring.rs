@@ -16,8 +16,6 @@ use abi_stable::std_types::{RSlice, RString};
 use common::{cpu_backend, model_or_skip, test_key, test_security, workspace_models};
 use prima_core::generate::Forward;
 use prima_core::model::{Model, Session};
-use prima_core::plugin::load_transport;
-use prima_core::plugin::transport_abi::TransportConfig;
 use prima_core::prp::key::{ClusterKey, LinkSecurity};
 use prima_core::prp::protocol::{decode, encode_control, Control, Frame, Role};
 use prima_core::prp::{RingHead, RingOptions};
@@ -256,23 +254,13 @@ where
     Ok(all)
 }
 
-fn transport() -> prima_core::plugin::LoadedTransport {
-    load_transport(
-        Some("tcp"),
-        TransportConfig {
-            max_frame_bytes: 1 << 30,
-        },
-    )
-    .expect("the tcp transport plugin (cargo build --workspace)")
-}
-
 #[test]
 fn with_the_key_the_ring_matches_one_device_and_its_wire_shows_no_plaintext() {
     let Some(path) = smollm2() else { return };
     let model = Model::load(&path).unwrap();
     let backend = cpu_backend(1);
     let be = &backend.backend;
-    let transport = transport();
+    let transport = common::tcp_transport();
     let tok = Tokenizer::from_gguf(model.gguf()).unwrap();
     let prompt = tok.encode(PROMPT, true, true);
     let mut single = Session::new(&model, be, 256, 64).unwrap();
@@ -347,7 +335,7 @@ fn peers_without_the_key_are_refused_with_the_reason_on_both_sides() {
     let model = Model::load(&path).unwrap();
     let backend = cpu_backend(1);
     let be = &backend.backend;
-    let transport = transport();
+    let transport = common::tcp_transport();
     let keyed = NodeProcess::start(&path, Some(&test_key().0));
     let plain = NodeProcess::start(&path, None);
     let ring = |node: &NodeProcess, security: LinkSecurity| {
@@ -412,7 +400,7 @@ fn a_replayed_frame_is_refused_on_both_sides() {
     let Some(path) = smollm2() else { return };
     let model = Model::load(&path).unwrap();
     let backend = cpu_backend(1);
-    let transport = transport();
+    let transport = common::tcp_transport();
     let nodes = [
         NodeProcess::start(&path, Some(&test_key().0)),
         NodeProcess::start(&path, Some(&test_key().0)),

@@ -9,8 +9,6 @@ use common::cpu_backend;
 use common::Node;
 use prima_core::generate::Forward;
 use prima_core::model::{Model, Session};
-use prima_core::plugin::load_transport;
-use prima_core::plugin::transport_abi::TransportConfig;
 use prima_core::prp::{RingHead, RingOptions};
 use prima_core::server::{metrics, serve_blocking};
 use prima_core::tokenizer::Tokenizer;
@@ -104,13 +102,7 @@ fn a_ring_head_serves_what_one_device_serves() {
         "the cached conversation answered differently"
     );
 
-    let transport = load_transport(
-        Some("tcp"),
-        TransportConfig {
-            max_frame_bytes: 1 << 30,
-        },
-    )
-    .expect("the tcp transport plugin (cargo build --workspace)");
+    let transport = common::tcp_transport();
     let nodes = [Node::start(&path), Node::start(&path)];
     let addrs: Vec<String> = nodes.iter().map(|n| n.addr.clone()).collect();
     let options = RingOptions {

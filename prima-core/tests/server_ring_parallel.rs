@@ -9,8 +9,6 @@ use std::io::{BufRead, BufReader};
 
 use common::{cpu_backend, Node};
 use prima_core::model::{Model, Session};
-use prima_core::plugin::load_transport;
-use prima_core::plugin::transport_abi::TransportConfig;
 use prima_core::prp::{RingHead, RingOptions};
 use prima_core::server::{serve_blocking, serve_blocking_batch, SchedulerOptions};
 use serde_json::{json, Value};
@@ -76,13 +74,7 @@ fn concurrent_requests_round_a_ring_get_what_one_device_gives_each_alone() {
         },
     );
 
-    let transport = load_transport(
-        Some("tcp"),
-        TransportConfig {
-            max_frame_bytes: 1 << 30,
-        },
-    )
-    .expect("the tcp transport plugin (cargo build --workspace)");
+    let transport = common::tcp_transport();
     let nodes = [Node::start(&path), Node::start(&path)];
     let addrs: Vec<String> = nodes.iter().map(|n| n.addr.clone()).collect();
     let options = RingOptions {

@@ -12,8 +12,6 @@ use std::process::Command;
 use common::{cpu_backend, derived_models, model_or_skip, workspace_models, Node};
 use prima_core::generate::{generate, GenerateOptions, RowLogits};
 use prima_core::model::{Model, Session};
-use prima_core::plugin::load_transport;
-use prima_core::plugin::transport_abi::TransportConfig;
 use prima_core::prp::{RingHead, RingOptions};
 use prima_core::sampler::{Sampler, SamplerConfig};
 use prima_core::speculative::{
@@ -164,13 +162,7 @@ fn a_ring_with_a_draft_generates_what_one_device_does() {
     .unwrap();
     drop(single);
 
-    let transport = load_transport(
-        Some("tcp"),
-        TransportConfig {
-            max_frame_bytes: 1 << 30,
-        },
-    )
-    .expect("the tcp transport plugin (cargo build --workspace)");
+    let transport = common::tcp_transport();
     let nodes = [Node::start(&target_path), Node::start(&target_path)];
     let addrs: Vec<String> = nodes.iter().map(|n| n.addr.clone()).collect();
     let mut head = RingHead::connect(
@@ -371,13 +363,7 @@ fn a_resilient_ring_loses_a_node_mid_speculation_and_keeps_the_text() {
     .unwrap();
     drop(single);
 
-    let transport = load_transport(
-        Some("tcp"),
-        TransportConfig {
-            max_frame_bytes: 1 << 30,
-        },
-    )
-    .expect("the tcp transport plugin (cargo build --workspace)");
+    let transport = common::tcp_transport();
     let mut nodes = [Node::start(&target_path), Node::start(&target_path)];
     let device = |name: &str, addr: &str| RingDevice {
         name: name.into(),

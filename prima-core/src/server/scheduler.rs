@@ -302,27 +302,8 @@ mod tests {
 
     use super::*;
     use crate::sampler::SamplerConfig;
+    use crate::server::worker::tests::letters;
     use crate::server::worker::{job_queue, Completion, GenerationRequest, Prompt, Submitted};
-    use crate::tokenizer::TokenizerParts;
-
-    /// `<|endoftext|>` then the letters a–z, one token each.
-    fn letters() -> Tokenizer {
-        let mut tokens = vec!["<|endoftext|>".to_string()];
-        tokens.extend(('a'..='z').map(String::from));
-        let mut token_types = vec![1; tokens.len()];
-        token_types[0] = 3;
-        Tokenizer::from_parts(TokenizerParts {
-            model: "gpt2".into(),
-            pre: Some("gpt-2".into()),
-            tokens,
-            token_types,
-            bos: Some(0),
-            eos: Some(0),
-            add_bos: Some(false),
-            ..Default::default()
-        })
-        .unwrap()
-    }
 
     type Hook = Box<dyn FnMut(usize)>;
 

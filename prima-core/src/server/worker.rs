@@ -328,12 +328,12 @@ pub(crate) fn common_prefix(a: &[u32], b: &[u32]) -> usize {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::tokenizer::TokenizerParts;
 
-    /// `<|endoftext|>` then the letters a–z, one token each.
-    fn letters() -> Tokenizer {
+    /// `<|endoftext|>` then the letters a–z, one token each (the scheduler's tests too).
+    pub(in crate::server) fn letters() -> Tokenizer {
         let mut tokens = vec!["<|endoftext|>".to_string()];
         tokens.extend(('a'..='z').map(String::from));
         let mut token_types = vec![1; tokens.len()];

@@ -59,6 +59,18 @@ pub fn cpu_backend(threads: u32) -> LoadedBackend {
         .unwrap_or_else(|e| panic!("{e} (build it with `cargo build --release --workspace`)"))
 }
 
+/// The TCP transport plugin, found beside the test binary's target directory, with frames
+/// large enough for any test model's activations.
+pub fn tcp_transport() -> prima_core::plugin::LoadedTransport {
+    prima_core::plugin::load_transport(
+        Some("tcp"),
+        prima_core::plugin::transport_abi::TransportConfig {
+            max_frame_bytes: 1 << 30,
+        },
+    )
+    .expect("the tcp transport plugin (cargo build --workspace)")
+}
+
 /// A cluster key for this test process's rings, and the file its `prima node`s are given
 /// (`--key-file`): made once per process.
 pub fn test_key() -> &'static (PathBuf, prima_core::prp::key::ClusterKey) {
