@@ -238,6 +238,7 @@ fn ring_seeds() -> Vec<Vec<u8>> {
                 layers: 1..2,
             },
         ],
+        gpu_layers: vec![1, 0],
         n_ctx: 64,
         n_batch: TINY_N_BATCH,
         n_slots: 2,

@@ -100,6 +100,11 @@ pub struct Device {
     pub threads: Option<u32>,
     /// Backend plugin name (default: the first one found).
     pub backend: Option<String>,
+    /// GPU backend plugin for the device's GPU layers (default: the first usable GPU
+    /// plugin the device finds, if any).
+    pub gpu_backend: Option<String>,
+    /// GPU layers per window n_m, in place of Halda's (at most the device's window).
+    pub gpu_layers: Option<usize>,
     /// The network this device is on (default: the head's); devices on different
     /// networks reach each other through a relay (`routes.rs`).
     pub network: Option<String>,

@@ -63,6 +63,8 @@ pub fn check_relay(d: &Device) -> Result<(), String> {
         ("vram_budget", d.vram_budget.is_some()),
         ("threads", d.threads.is_some()),
         ("backend", d.backend.is_some()),
+        ("gpu_backend", d.gpu_backend.is_some()),
+        ("gpu_layers", d.gpu_layers.is_some()),
     ];
     if let Some((field, _)) = node_only.iter().find(|(_, set)| *set) {
         return Err(format!(

@@ -440,6 +440,7 @@ fn a_head_speaking_another_protocol_is_refused() {
             round: 0,
             layers: 15..30,
         }],
+        gpu_layers: Vec::new(),
         n_ctx: 64,
         n_batch: 8,
         n_slots: 1,

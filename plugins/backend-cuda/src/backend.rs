@@ -8,8 +8,8 @@ use std::sync::Mutex;
 use abi_stable::sabi_trait::TD_Opaque;
 use abi_stable::std_types::{RErr, ROk, ROption, RSlice, RSliceMut, RString};
 use prima_core::plugin::backend_abi::{
-    AttentionParams, Backend, BackendBox, BackendConfig, BackendResult, Backend_TO, KvSpec,
-    RopeParams, TensorView,
+    AttentionParams, Backend, BackendBox, BackendConfig, BackendResult, Backend_TO, GpuMemory,
+    KvSpec, RopeParams, TensorView,
 };
 
 use crate::device::{self, Gpu};
@@ -69,6 +69,12 @@ pub extern "C" fn create_backend(cfg: BackendConfig) -> BackendResult<BackendBox
 /// Why this machine cannot run the backend (`None`: it can); the plugin exports it.
 pub extern "C" fn unavailable() -> ROption<RString> {
     device::unavailable().map(RString::from).into()
+}
+
+/// The plugin's answer to [`prima_core::plugin::backend_abi::BackendPlugin::gpu_memory`]:
+/// device 0's VRAM, or `None` where the backend cannot run.
+pub extern "C" fn gpu_memory() -> ROption<GpuMemory> {
+    device::memory().into()
 }
 
 impl Backend for CudaBackend {

@@ -7,6 +7,8 @@ use std::sync::Arc;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DriverError};
 use cudarc::nvrtc::Ptx;
 
+use prima_core::plugin::backend_abi::GpuMemory;
+
 use crate::compile;
 use crate::kernels::Family;
 
@@ -41,6 +43,25 @@ pub fn unavailable() -> Option<String> {
         }
     })
     .unwrap_or_else(|_| Some("probing the CUDA driver panicked".to_string()))
+}
+
+/// Device 0's memory (total and free, from `cuMemGetInfo` in its primary context), or
+/// `None` where the backend cannot run. Never panics.
+pub fn memory() -> Option<GpuMemory> {
+    if unavailable().is_some() {
+        return None;
+    }
+    std::panic::catch_unwind(|| {
+        let ctx = CudaContext::new(0).ok()?;
+        let (free, total) = ctx.mem_get_info().ok()?;
+        Some(GpuMemory {
+            total_bytes: total as u64,
+            free_bytes: free as u64,
+            unified: false,
+        })
+    })
+    .ok()
+    .flatten()
 }
 
 /// An opened GPU: context, one stream, the kernels.

@@ -37,5 +37,6 @@ pub use backend::{create_backend, CudaBackend};
 prima_core::export_backend_plugin!(
     name = "cuda",
     create = create_backend,
-    unavailable = backend::unavailable
+    unavailable = backend::unavailable,
+    gpu_memory = backend::gpu_memory
 );

@@ -11,14 +11,14 @@ use prima_core::chat::{render_chat, ChatMessage};
 use prima_core::discovery::fill_addresses;
 use prima_core::generate::GenerateOptions;
 use prima_core::manifest::{LoadedManifest, Release};
-use prima_core::model::{Model, Session};
+use prima_core::model::Model;
 use prima_core::plugin::load_transport;
 use prima_core::plugin::transport_abi::TransportConfig;
 use prima_core::prp::budget::MemBudget;
 use prima_core::prp::failover::ResilientRing;
 use prima_core::prp::key::LinkSecurity;
 use prima_core::prp::protocol::{ReleaseMethod, ReleasePolicy, WireType};
-use prima_core::prp::{RingError, RingHead, RingOptions};
+use prima_core::prp::{RingError, RingGpus, RingHead, RingOptions};
 use prima_core::sampler::{Sampler, SamplerConfig};
 use prima_core::server::metrics as server_metrics;
 use prima_core::server::{
@@ -169,6 +169,7 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
             threads: d.threads,
             mem_budget: d.mem_budget.map(|s| s.0),
             backend: d.backend.clone(),
+            gpu_backend: d.gpu_backend.clone(),
             transport: transport_name.clone(),
             key_file: key_file.clone(),
             key_fingerprint: key_fingerprint.clone(),
@@ -193,13 +194,15 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
         model: head_model.clone(),
         threads: head_device.threads,
         backend: head_device.backend.clone(),
+        gpu_layers: None,
+        gpu_backend: head_device.gpu_backend.clone(),
     };
     // With profiles from a file, a dry run needs neither a backend nor a transport.
     let fixtures_only = m.policy.profiles.is_some() && args.dry_run;
     let engine = if fixtures_only {
         None
     } else {
-        Some(Engine::open(&engine_args)?)
+        Some(Engine::open_planned(&engine_args)?)
     };
     let transport = if fixtures_only {
         None
@@ -282,17 +285,27 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
         next_routes: plan.ring().skip(1).map(|d| d.next_route.clone()).collect(),
         security,
     };
+    let head_gpu_layers = plan.ring().next().map_or(0, |d| d.n);
+    if engine.gpu.is_none() && head_gpu_layers > 0 {
+        eprintln!(
+            "the plan puts {head_gpu_layers} layers per window on the head's GPU, but it has no usable GPU backend plugin: they run on its backend"
+        );
+    }
     let bar = spinner(format!("launching the ring ({} devices)", windows.len()));
     let head_ring = if nodes.is_empty() {
         None
     } else {
         Some(
-            RingHead::connect(
+            RingHead::connect_with_gpus(
                 &engine.model,
                 &engine.backend.backend,
                 &transport.transport,
                 &nodes,
                 &windows,
+                &RingGpus {
+                    head: engine.gpu.as_ref().map(|g| &g.backend),
+                    n: plan.ring().map(|d| d.n).collect(),
+                },
                 &options,
             )
             .map_err(|e| name_devices(e, &plan))?,
@@ -410,8 +423,7 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
             (stats, draft_stats)
         }
         None => {
-            let mut session =
-                Session::new(&engine.model, &engine.backend.backend, n_ctx, policy.batch)?;
+            let mut session = engine.session(n_ctx, policy.batch, 1, head_gpu_layers)?;
             let (stats, draft_stats) = stream_maybe_draft(
                 &mut session,
                 draft_session,
@@ -497,13 +509,8 @@ fn serve_until_interrupted(
             ring.shutdown(false);
         }
         None if parallel > 1 => {
-            let mut session = Session::with_slots(
-                &engine.model,
-                &engine.backend.backend,
-                n_ctx,
-                n_batch,
-                parallel,
-            )?;
+            let head_gpu_layers = plan.ring().next().map_or(0, |d| d.n);
+            let mut session = engine.session(n_ctx, n_batch, parallel, head_gpu_layers)?;
             let options = SchedulerOptions::default();
             serve_blocking_batch(
                 &mut session,
@@ -516,7 +523,8 @@ fn serve_until_interrupted(
             )?;
         }
         None => {
-            let mut session = Session::new(&engine.model, &engine.backend.backend, n_ctx, n_batch)?;
+            let head_gpu_layers = plan.ring().next().map_or(0, |d| d.n);
+            let mut session = engine.session(n_ctx, n_batch, 1, head_gpu_layers)?;
             if let Some((draft, options)) = draft_session.as_mut() {
                 let model = Drafting {
                     target: &mut session,

@@ -19,6 +19,8 @@ pub struct NodeSpec {
     pub threads: Option<u32>,
     pub mem_budget: Option<u64>,
     pub backend: Option<String>,
+    /// GPU backend plugin for the GPU layers the plan gives the node.
+    pub gpu_backend: Option<String>,
     /// Transport plugin (default: the node's choice, the first found).
     pub transport: Option<String>,
     /// The cluster key file, passed by path so the key never shows in `ps`; `None`:
@@ -173,6 +175,9 @@ fn spawn(spec: &NodeSpec, keep: bool) -> anyhow::Result<(RunningNode, std::proce
     }
     if let Some(b) = &spec.backend {
         cmd.args(["--backend", b]);
+    }
+    if let Some(b) = &spec.gpu_backend {
+        cmd.args(["--gpu-backend", b]);
     }
     if let Some(t) = &spec.transport {
         cmd.args(["--transport", t]);

@@ -334,6 +334,12 @@ pub fn plan(inputs: &PlanInputs<'_>) -> anyhow::Result<Plan> {
             manifest.path.display()
         );
     }
+    // A device's own n_m (`gpu_layers`) in place of Halda's.
+    for (pos, &i) in order.iter().enumerate() {
+        if let Some(n) = m.devices[i].gpu_layers {
+            gpu[pos] = n;
+        }
+    }
     let capped: Vec<usize> = gpu.iter().zip(&w).map(|(&g, &x)| g.min(x)).collect();
     let counts = layer_counts(n_layers, &w, &capped)?;
     let k = n_layers.div_ceil(w.iter().sum::<usize>());

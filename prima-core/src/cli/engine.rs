@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
-use prima_core::model::{Model, Session};
+use prima_core::model::{GpuLayers, Model, Session};
 use prima_core::plugin::backend_abi::BackendConfig;
-use prima_core::plugin::{load_backend, LoadedBackend};
+use prima_core::plugin::{first_gpu_backend, load_backend, LoadedBackend};
 use prima_core::prp::alone::{describe_plan, LocalSession};
 use prima_core::prp::budget::{memory_margin, resolve_budget, MemBudget};
 use prima_core::prp::protocol::{ReleaseMethod, ReleasePolicy};
@@ -29,6 +29,28 @@ pub struct EngineArgs {
     /// first usable one found, in file-name order: the CPU backend).
     #[arg(long)]
     pub backend: Option<String>,
+    /// Layers of each window to run on the GPU backend, the window's first ones (the
+    /// paper's n_m; `-ngl` as in llama.cpp). Alone, the model is one window: its first N
+    /// layers. On a node it overrides the head's plan. Default: none alone, the plan's on
+    /// a node.
+    #[arg(long = "gpu-layers", value_name = "N")]
+    pub gpu_layers: Option<usize>,
+    /// Backend plugin for the GPU layers (default: $PRIMA_GPU_BACKEND, else the first
+    /// usable GPU plugin found, e.g. `cuda`).
+    #[arg(long, value_name = "NAME")]
+    pub gpu_backend: Option<String>,
+}
+
+/// llama.cpp's `-ngl N` (and `-ngl=N`) as `--gpu-layers N`: clap has no multi-letter
+/// short flags.
+pub fn ngl_alias(
+    args: impl Iterator<Item = std::ffi::OsString>,
+) -> impl Iterator<Item = std::ffi::OsString> {
+    args.map(|a| match a.to_str() {
+        Some("-ngl") => "--gpu-layers".into(),
+        Some(s) if s.starts_with("-ngl=") => format!("--gpu-layers={}", &s[5..]).into(),
+        _ => a,
+    })
 }
 
 /// The page hints of a device alone whose weights do not fit.
@@ -52,6 +74,9 @@ impl Default for Streaming {
 /// Names the backend plugin when `--backend` does not.
 pub const BACKEND_ENV: &str = "PRIMA_BACKEND";
 
+/// Names the GPU backend plugin when `--gpu-backend` does not.
+pub const GPU_BACKEND_ENV: &str = "PRIMA_GPU_BACKEND";
+
 /// `--backend`, else `$PRIMA_BACKEND` when set and not empty.
 pub fn backend_choice(flag: Option<&str>) -> Option<String> {
     flag.map(str::to_owned).or_else(|| {
@@ -65,7 +90,44 @@ pub struct Engine {
     pub path: std::path::PathBuf,
     pub model: Model,
     pub backend: LoadedBackend,
+    /// The GPU backend beside `backend`, and `--gpu-layers` (n_m per window).
+    pub gpu: Option<LoadedBackend>,
+    pub gpu_layers: Option<usize>,
     pub tokenizer: Tokenizer,
+}
+
+/// Loads the GPU backend when one is asked for: by `--gpu-layers N > 0` or by name
+/// (`--gpu-backend`, `$PRIMA_GPU_BACKEND`), or, with `auto` (a node, whose head's plan
+/// may give it GPU layers), whenever a usable GPU plugin is found. A GPU asked for
+/// explicitly that cannot be loaded is an error naming why.
+fn open_gpu(
+    args: &EngineArgs,
+    config: BackendConfig,
+    auto: bool,
+) -> anyhow::Result<Option<LoadedBackend>> {
+    let named = args.gpu_backend.clone().or_else(|| {
+        std::env::var(GPU_BACKEND_ENV)
+            .ok()
+            .filter(|name| !name.is_empty())
+    });
+    let asked = args.gpu_layers.is_some_and(|n| n > 0);
+    if args.gpu_layers == Some(0) || !(asked || auto || named.is_some()) {
+        return Ok(None);
+    }
+    let Some(name) = named.or_else(first_gpu_backend) else {
+        if asked {
+            anyhow::bail!(
+                "--gpu-layers {}: no usable GPU backend plugin found (`prima plugins` lists the plugins and why each is unavailable; --gpu-backend names one)",
+                args.gpu_layers.unwrap_or(0)
+            );
+        }
+        return Ok(None);
+    };
+    let gpu = load_backend(Some(&name), config).with_context(|| match args.gpu_layers {
+        Some(n) => format!("--gpu-layers {n}: the GPU backend '{name}' cannot be used"),
+        None => format!("the GPU backend '{name}' cannot be used"),
+    })?;
+    Ok(Some(gpu))
 }
 
 impl Engine {
@@ -73,19 +135,87 @@ impl Engine {
     /// [`Engine::local_session`], a ring device only its own layers, later.
     pub fn open(args: &EngineArgs) -> anyhow::Result<Engine> {
         let model = Model::load(&args.model)?;
+        Engine::open_with(args, model, false)
+    }
+
+    /// [`Engine::open`] for a ring device (a node, or `prima apply`'s head): a usable GPU
+    /// plugin is loaded even without `--gpu-layers`, for the GPU layers a plan may give it.
+    pub fn open_planned(args: &EngineArgs) -> anyhow::Result<Engine> {
+        let model = Model::load(&args.model)?;
+        Engine::open_with(args, model, true)
+    }
+
+    fn open_with(args: &EngineArgs, model: Model, auto_gpu: bool) -> anyhow::Result<Engine> {
         let config = BackendConfig {
             threads: args.threads.unwrap_or(0),
         };
         let backend = load_backend(backend_choice(args.backend.as_deref()).as_deref(), config)?;
+        let gpu = open_gpu(args, config, auto_gpu)?;
         let tokenizer = Tokenizer::from_gguf(model.gguf())
             .with_context(|| format!("{}: reading the tokenizer", args.model.display()))?;
         tracing::info!(backend = %backend.backend.describe(), "engine ready");
+        if let Some(gpu) = &gpu {
+            tracing::info!(gpu = %gpu.backend.describe(), layers = ?args.gpu_layers, "GPU backend ready");
+        }
         Ok(Engine {
             path: args.model.clone(),
             model,
             backend,
+            gpu,
+            gpu_layers: args.gpu_layers,
             tokenizer,
         })
+    }
+
+    /// A device alone's GPU layers: the first `--gpu-layers` of the model (one window),
+    /// all of them when N exceeds the layer count.
+    pub fn alone_gpu_layers(&self) -> Vec<usize> {
+        match (&self.gpu, self.gpu_layers) {
+            (Some(_), Some(n)) => (0..n.min(self.model.hparams().n_layers)).collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// A session of every layer with slots (no residency plan), its first `gpu_layers` on
+    /// the GPU backend when there is one: `prima apply`'s head alone, with Halda's n_m.
+    pub fn session(
+        &self,
+        n_ctx: usize,
+        n_batch: usize,
+        n_slots: usize,
+        gpu_layers: usize,
+    ) -> Result<Session<'_>, prima_core::model::ModelError> {
+        let n_layers = self.model.hparams().n_layers;
+        let all: Vec<usize> = (0..n_layers).collect();
+        let on_gpu: Vec<usize> = (0..gpu_layers.min(n_layers)).collect();
+        Session::with_split(
+            &self.model,
+            &self.backend.backend,
+            self.gpu.as_ref().map(|g| GpuLayers {
+                backend: &g.backend,
+                layers: &on_gpu,
+            }),
+            n_ctx,
+            n_batch,
+            n_slots,
+            &all,
+        )
+    }
+
+    /// One line for people: the backend, and the GPU's with its layers when there is one.
+    pub fn describe_backends(&self) -> String {
+        let main = self.backend.backend.describe().into_string();
+        match &self.gpu {
+            Some(gpu) => format!(
+                "{main} + GPU {} ({})",
+                gpu.backend.describe(),
+                match self.gpu_layers {
+                    Some(n) => format!("{n} layers per window"),
+                    None => "layers as planned".into(),
+                }
+            ),
+            None => main,
+        }
     }
 }
 
@@ -159,7 +289,20 @@ impl Engine {
             Some(plan) => plan.warm(model),
             None => warm_pages(model, &self.path),
         }
-        let session = Session::with_slots(model, &self.backend.backend, n_ctx, n_batch, n_slots)?;
+        let all: Vec<usize> = (0..model.hparams().n_layers).collect();
+        let on_gpu = self.alone_gpu_layers();
+        let session = Session::with_split(
+            model,
+            &self.backend.backend,
+            self.gpu.as_ref().map(|g| GpuLayers {
+                backend: &g.backend,
+                layers: &on_gpu,
+            }),
+            n_ctx,
+            n_batch,
+            n_slots,
+            &all,
+        )?;
         Ok(LocalSession::new(session, plan))
     }
 }

@@ -69,7 +69,7 @@ enum Command {
 }
 
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(engine::ngl_alias(std::env::args_os()));
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_env("PRIMA_LOG"))
         .with_writer(std::io::stderr)

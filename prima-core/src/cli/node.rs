@@ -10,7 +10,7 @@ use prima_core::plugin::transport_abi::TransportConfig;
 use prima_core::profile::{hostname, profile_device, DeviceProfile, ProfileOptions, GIB};
 use prima_core::prp::budget::MemBudget;
 use prima_core::prp::key::LinkSecurity;
-use prima_core::prp::node::{serve, NodeConfig};
+use prima_core::prp::node::{serve, NodeConfig, NodeGpu};
 use prima_core::prp::protocol::PROTOCOL_VERSION;
 
 use super::engine::{Engine, EngineArgs};
@@ -52,7 +52,7 @@ pub struct NodeArgs {
 pub fn run(args: NodeArgs) -> anyhow::Result<()> {
     // Before the model is mapped: a node without a key has nothing to do.
     let security = args.key.security()?;
-    let engine = Engine::open(&args.engine)?;
+    let engine = Engine::open_planned(&args.engine)?;
     let transport = load_transport(
         args.transport.as_deref(),
         TransportConfig {
@@ -64,7 +64,7 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
         .listen(args.listen.as_str().into())
         .into_result()
         .map_err(|e| anyhow::anyhow!("{e}"))?;
-    let backend_desc = engine.backend.backend.describe().into_string();
+    let backend_desc = engine.describe_backends();
     eprintln!(
         "node: listening on {} | {} | {} | {}",
         listener.local_addr(),
@@ -99,6 +99,10 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
         backend_desc,
         profiler: &profiler,
         security,
+        gpu: engine.gpu.as_ref().map(|g| NodeGpu {
+            backend: &g.backend,
+            layers: args.engine.gpu_layers,
+        }),
     };
     serve(
         &engine.model,

@@ -30,10 +30,19 @@ pub fn run() -> anyhow::Result<()> {
                 p.path.display(),
                 p.covers.join(", ")
             ),
-            (None, None) => println!(
-                "{kind:<9} {name:<8} {version:<8} {abi:<7} {}",
-                p.path.display()
-            ),
+            (None, None) => match &p.gpu_memory {
+                Some(m) => println!(
+                    "{kind:<9} {name:<8} {version:<8} {abi:<7} {} — GPU, {:.1} GiB {} ({:.1} GiB free)",
+                    p.path.display(),
+                    m.total_bytes as f64 / (1u64 << 30) as f64,
+                    if m.unified { "unified memory" } else { "VRAM" },
+                    m.free_bytes as f64 / (1u64 << 30) as f64,
+                ),
+                None => println!(
+                    "{kind:<9} {name:<8} {version:<8} {abi:<7} {}",
+                    p.path.display()
+                ),
+            },
             (None, Some(why)) => println!(
                 "{kind:<9} {name:<8} {version:<8} {abi:<7} {} — unavailable: {why}",
                 p.path.display()

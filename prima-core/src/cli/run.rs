@@ -13,7 +13,7 @@ use prima_core::plugin::transport_abi::TransportConfig;
 use prima_core::plugin::{load_transport, LoadedTransport};
 use prima_core::prp::alone::LocalSession;
 use prima_core::prp::protocol::{ReleaseMethod, ReleasePolicy, WireType};
-use prima_core::prp::{DeviceStats, NextRoute, RingHead, RingOptions};
+use prima_core::prp::{DeviceStats, NextRoute, RingGpus, RingHead, RingOptions};
 use prima_core::sampler::{Sampler, SamplerConfig};
 use prima_core::speculative::{
     check_vocabularies, generate_speculative, DraftOptions, DraftStats, SpeculativeError,
@@ -164,12 +164,22 @@ impl RingArgs {
                 _ => NextRoute::Addr(a.clone()),
             })
             .collect();
-        Ok(RingHead::connect(
+        // The head's own n_m (--gpu-layers); each node takes its own.
+        let gpus = RingGpus {
+            head: engine.gpu.as_ref().map(|g| &g.backend),
+            n: engine
+                .gpu_layers
+                .map(|n| n.min(self.windows[0]))
+                .into_iter()
+                .collect(),
+        };
+        Ok(RingHead::connect_with_gpus(
             &engine.model,
             &engine.backend.backend,
             &transport.transport,
             &self.ring,
             &self.windows,
+            &gpus,
             &options,
         )?)
     }

@@ -80,6 +80,12 @@ impl Scratch {
 /// slot's positions. The single-sequence API ([`Session::eval`], [`Session::n_past`],
 /// [`Session::truncate`], [`Session::begin_batch`]) is slot 0's.
 ///
+/// A session may hold a second backend, a GPU's, beside its own (the paper's n_m split):
+/// the layers given to it ([`GpuLayers`]) run every operation there and keep their keys and
+/// values in its KV cache; the other layers, the embedding and the output head run on the
+/// session's backend. Activations are host memory between operations (the backend ABI), so
+/// switching backends between layers copies nothing in the engine.
+///
 /// A single-device session holds every layer and is driven by [`Session::eval`] or
 /// [`Session::eval_batch_with`]. A ring device holds only its windows' layers and is
 /// driven step by step: [`Session::begin_spans`] (or [`Session::begin_batch`]), then
@@ -88,11 +94,16 @@ impl Scratch {
 pub struct Session<'m> {
     model: &'m Model,
     backend: &'m BackendBox,
-    /// The backend's KV cache of each slot; empty when the session holds no layer (a ring
-    /// head whose plan gives it only the embedding and the output head).
+    /// The GPU backend beside `backend`, when some held layers run there.
+    gpu: Option<&'m BackendBox>,
+    /// The backend's KV cache of each slot; empty when the session holds no layer on it (a
+    /// ring head whose plan gives it only the embedding and the output head).
     kv: Vec<u64>,
-    /// Index in the KV caches of each model layer, `None` for layers held elsewhere.
-    kv_layers: Vec<Option<u32>>,
+    /// The GPU backend's KV cache of each slot, for the GPU layers; empty without them.
+    kv_gpu: Vec<u64>,
+    /// Where each model layer runs and its index in that side's KV caches, `None` for
+    /// layers held elsewhere.
+    kv_layers: Vec<Option<(Side, u32)>>,
     n_ctx: usize,
     n_batch: usize,
     /// Positions cached, per slot.
@@ -108,6 +119,24 @@ pub struct Session<'m> {
     /// Rows gathered for the output head, and each entry's logits.
     out_rows: Vec<f32>,
     entry_logits: Vec<f32>,
+}
+
+/// Which of a session's backends runs a held layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Side {
+    /// The session's own backend (the CPU's).
+    Main,
+    /// The GPU backend beside it.
+    Gpu,
+}
+
+/// A GPU backend and the held layers it runs: the paper's n_m GPU layers of each of the
+/// device's windows (prima.cpp's choice, which Halda's l_m^{gpu} assumes: a window's first
+/// layers, see [`crate::prp::windows`]). Layers not held by the session are an error.
+#[derive(Clone, Copy)]
+pub struct GpuLayers<'m, 'a> {
+    pub backend: &'m BackendBox,
+    pub layers: &'a [usize],
 }
 
 impl<'m> Session<'m> {
@@ -154,13 +183,40 @@ impl<'m> Session<'m> {
         n_slots: usize,
         layers: &[usize],
     ) -> Result<Session<'m>, ModelError> {
+        Session::with_split(model, backend, None, n_ctx, n_batch, n_slots, layers)
+    }
+
+    /// Like [`Session::with_layers_slots`], with the layers of `gpu` (all among `layers`)
+    /// on its backend: their operations run there and their KV caches live there.
+    pub fn with_split(
+        model: &'m Model,
+        backend: &'m BackendBox,
+        gpu: Option<GpuLayers<'m, '_>>,
+        n_ctx: usize,
+        n_batch: usize,
+        n_slots: usize,
+        layers: &[usize],
+    ) -> Result<Session<'m>, ModelError> {
         model.check_backend(backend)?;
         if n_slots == 0 {
             return Err(ModelError::NoSlots);
         }
         let hp = model.hparams();
+        let mut on_gpu = vec![false; hp.n_layers];
+        if let Some(gpu) = gpu {
+            for &l in gpu.layers {
+                if !layers.contains(&l) {
+                    return Err(ModelError::LayerNotHeld {
+                        layer: l,
+                        held: format!("GPU layer {l} is not among the session's layers"),
+                    });
+                }
+                on_gpu[l] = true;
+                check_layer_types(model, gpu.backend, l)?;
+            }
+        }
         let mut kv_layers = vec![None; hp.n_layers];
-        let mut held = 0u32;
+        let mut held = [0u32; 2];
         for &l in layers {
             let Some(index) = kv_layers.get_mut(l) else {
                 return Err(ModelError::LayerNotHeld {
@@ -169,22 +225,18 @@ impl<'m> Session<'m> {
                 });
             };
             if index.is_none() {
-                *index = Some(held);
-                held += 1;
+                let side = if on_gpu[l] { Side::Gpu } else { Side::Main };
+                *index = Some((side, held[side as usize]));
+                held[side as usize] += 1;
             }
         }
-        let spec = KvSpec {
-            n_layers: held,
-            n_ctx: n_ctx as u32,
-            n_head_kv: hp.n_head_kv as u32,
-            head_dim_k: hp.head_dim_k as u32,
-            head_dim_v: hp.head_dim_v as u32,
-        };
         let n_batch = n_batch.clamp(1, n_ctx.max(1));
         let mut session = Session {
             model,
             backend,
+            gpu: gpu.map(|g| g.backend),
             kv: Vec::with_capacity(n_slots),
+            kv_gpu: Vec::new(),
             kv_layers,
             n_ctx,
             n_batch,
@@ -197,11 +249,23 @@ impl<'m> Session<'m> {
             out_rows: Vec::new(),
             entry_logits: Vec::new(),
         };
-        if held > 0 {
+        for side in [Side::Main, Side::Gpu] {
+            let n_layers = held[side as usize];
+            if n_layers == 0 {
+                continue;
+            }
+            let spec = KvSpec {
+                n_layers,
+                n_ctx: n_ctx as u32,
+                n_head_kv: hp.n_head_kv as u32,
+                head_dim_k: hp.head_dim_k as u32,
+                head_dim_v: hp.head_dim_v as u32,
+            };
+            let be = session.backend_of(side);
             for _ in 0..n_slots {
-                match backend.kv_create(spec) {
+                match be.kv_create(spec) {
                     // Pushed at once, so that a later failure drops it with the session.
-                    RResult::ROk(kv) => session.kv.push(kv),
+                    RResult::ROk(kv) => session.kv_of_mut(side).push(kv),
                     RResult::RErr(message) => {
                         return Err(ModelError::Backend {
                             op: "kv_create",
@@ -212,6 +276,28 @@ impl<'m> Session<'m> {
             }
         }
         Ok(session)
+    }
+
+    fn backend_of(&self, side: Side) -> &'m BackendBox {
+        match (side, self.gpu) {
+            (Side::Gpu, Some(gpu)) => gpu,
+            _ => self.backend,
+        }
+    }
+
+    fn kv_of_mut(&mut self, side: Side) -> &mut Vec<u64> {
+        match side {
+            Side::Main => &mut self.kv,
+            Side::Gpu => &mut self.kv_gpu,
+        }
+    }
+
+    /// Held layers that run on the GPU backend (the paper's l_m^{gpu}; 0 without one).
+    pub fn gpu_layer_count(&self) -> usize {
+        self.kv_layers
+            .iter()
+            .filter(|l| matches!(l, Some((Side::Gpu, _))))
+            .count()
     }
 
     /// Positions slot 0 has cached.
@@ -253,6 +339,9 @@ impl<'m> Session<'m> {
         let n = n.min(self.known_slot(slot)?);
         if let Some(&kv) = self.kv.get(slot) {
             op(self.backend.kv_truncate(kv, n as u32), "kv_truncate")?;
+        }
+        if let (Some(gpu), Some(&kv)) = (self.gpu, self.kv_gpu.get(slot)) {
+            op(gpu.kv_truncate(kv, n as u32), "kv_truncate")?;
         }
         self.n_past[slot] = n;
         Ok(())
@@ -476,18 +565,21 @@ impl<'m> Session<'m> {
     /// device between its window and the next round).
     pub fn idle(&self) {
         self.backend.idle();
+        if let Some(gpu) = self.gpu {
+            gpu.idle();
+        }
     }
 
     /// Runs the layers `layers` over the batch in flight (all must be held).
     pub fn run_layers(&mut self, layers: std::ops::Range<usize>) -> Result<(), ModelError> {
         for il in layers {
-            let Some(index) = self.kv_layers.get(il).copied().flatten() else {
+            let Some((side, index)) = self.kv_layers.get(il).copied().flatten() else {
                 return Err(ModelError::LayerNotHeld {
                     layer: il,
                     held: self.held_layers(),
                 });
             };
-            self.layer(il, index)?;
+            self.layer(il, side, index)?;
         }
         Ok(())
     }
@@ -639,13 +731,17 @@ impl<'m> Session<'m> {
         }
     }
 
-    /// One decoder layer over the batch in the residual stream; its keys and values go to
-    /// layer `index` of each span's slot's KV cache.
-    fn layer(&mut self, il: usize, index: u32) -> Result<(), ModelError> {
+    /// One decoder layer over the batch in the residual stream, on the backend of `side`;
+    /// its keys and values go to layer `index` of that side's KV cache of each span's slot.
+    fn layer(&mut self, il: usize, side: Side, index: u32) -> Result<(), ModelError> {
         let model = self.model;
         let hp = model.hparams();
         let w = &model.layers[il];
-        let be = self.backend;
+        let be = self.backend_of(side);
+        let kvs = match side {
+            Side::Main => &self.kv,
+            Side::Gpu => &self.kv_gpu,
+        };
         let n = self.batch_len;
         let spec = hp.arch.spec();
         let rope = self.rope_params(il);
@@ -725,7 +821,7 @@ impl<'m> Session<'m> {
         let mut row = 0;
         for s in &self.batch {
             // A layer is only run when it is held, so every slot has its cache.
-            let kv = self.kv.get(s.slot).copied().unwrap_or_default();
+            let kv = kvs.get(s.slot).copied().unwrap_or_default();
             let rows = row..row + s.len;
             row += s.len;
             let params = AttentionParams {
@@ -796,6 +892,22 @@ impl<'m> Session<'m> {
     }
 }
 
+/// Fails with the first weight of layer `il` whose type `backend` cannot compute.
+fn check_layer_types(model: &Model, backend: &BackendBox, il: usize) -> Result<(), ModelError> {
+    match model
+        .layer_tensors(il)
+        .find(|t| !backend.supports(t.ggml_type.id()))
+    {
+        Some(t) => Err(ModelError::UnsupportedTensorType {
+            path: model.gguf().path().to_path_buf(),
+            tensor: t.name.clone(),
+            ty: t.ggml_type.name().to_string(),
+            backend: backend.name().into_string(),
+        }),
+        None => Ok(()),
+    }
+}
+
 /// Rows `rows` of `x`, rows of `dim` floats.
 fn rows_of<'a>(x: &'a [f32], rows: &std::ops::Range<usize>, dim: usize) -> &'a [f32] {
     &x[rows.start * dim..rows.end * dim]
@@ -828,6 +940,11 @@ impl Drop for Session<'_> {
     fn drop(&mut self) {
         for &kv in &self.kv {
             self.backend.kv_drop(kv);
+        }
+        if let Some(gpu) = self.gpu {
+            for &kv in &self.kv_gpu {
+                gpu.kv_drop(kv);
+            }
         }
     }
 }

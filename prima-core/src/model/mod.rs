@@ -12,6 +12,6 @@ mod weights;
 
 pub use arch::Architecture;
 pub use error::ModelError;
-pub use forward::Session;
+pub use forward::{GpuLayers, Session};
 pub use hparams::{HyperParams, RopeScaling};
 pub use weights::{LayerWeights, Model};

@@ -225,6 +225,18 @@ impl AttentionParams {
     }
 }
 
+/// A GPU's memory as its backend plugin sees it (see [`BackendPlugin::gpu_memory`]): what
+/// profiles give Halda as the VRAM bound of the device's GPU layers.
+#[repr(C)]
+#[derive(StableAbi, Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GpuMemory {
+    pub total_bytes: u64,
+    /// Free now (CUDA's `cuMemGetInfo`; on unified memory, what the GPU may still take).
+    pub free_bytes: u64,
+    /// CPU and GPU share RAM (Apple GPUs): no copy crosses a bus, and the figures are RAM's.
+    pub unified: bool,
+}
+
 /// Result type of every fallible backend operation; the error names what was wrong.
 pub type BackendResult<T> = RResult<T, RString>;
 
@@ -345,6 +357,12 @@ pub struct BackendPlugin {
     /// Appended after the prefix, so plugins built before it still load (as available).
     #[sabi(missing_field(option))]
     pub unavailable: extern "C" fn() -> ROption<RString>,
+    /// The GPU's memory, asked without creating a backend: `None` for a backend that is
+    /// not a GPU's (the CPU's) or cannot run here. A plugin answering `Some` is a GPU
+    /// plugin: `--gpu-layers` and `prima profile` pick it without being told its name.
+    /// Appended after `unavailable`, so plugins built before it still load (as no GPU).
+    #[sabi(missing_field(option))]
+    pub gpu_memory: extern "C" fn() -> ROption<GpuMemory>,
 }
 
 impl RootModule for BackendPluginRef {
@@ -362,9 +380,23 @@ impl RootModule for BackendPluginRef {
 /// where `my_create_fn: extern "C" fn(BackendConfig) -> BackendResult<BackendBox>`.
 /// A backend that needs hardware or a driver also names
 /// `unavailable = my_probe_fn` (`extern "C" fn() -> ROption<RString>`, see
-/// [`BackendPlugin::unavailable`]); without it the plugin is always available.
+/// [`BackendPlugin::unavailable`]); without it the plugin is always available. A GPU's
+/// backend also names `gpu_memory = my_memory_fn` (`extern "C" fn() ->
+/// ROption<GpuMemory>`, see [`BackendPlugin::gpu_memory`]).
 #[macro_export]
 macro_rules! export_backend_plugin {
+    (name = $name:expr, create = $create:path, unavailable = $unavailable:path) => {
+        extern "C" fn __prima_plugin_no_gpu_memory(
+        ) -> ::abi_stable::std_types::ROption<$crate::plugin::backend_abi::GpuMemory> {
+            ::abi_stable::std_types::ROption::RNone
+        }
+        $crate::export_backend_plugin!(
+            name = $name,
+            create = $create,
+            unavailable = $unavailable,
+            gpu_memory = __prima_plugin_no_gpu_memory
+        );
+    };
     (name = $name:expr, create = $create:path) => {
         extern "C" fn __prima_plugin_always_available(
         ) -> ::abi_stable::std_types::ROption<::abi_stable::std_types::RString> {
@@ -376,7 +408,7 @@ macro_rules! export_backend_plugin {
             unavailable = __prima_plugin_always_available
         );
     };
-    (name = $name:expr, create = $create:path, unavailable = $unavailable:path) => {
+    (name = $name:expr, create = $create:path, unavailable = $unavailable:path, gpu_memory = $gpu_memory:path) => {
         /// Read by the loader with plain `libloading` before any `abi_stable` check.
         #[no_mangle]
         pub extern "C" fn prima_plugin_abi_version() -> u32 {
@@ -409,6 +441,7 @@ macro_rules! export_backend_plugin {
                 plugin_version: __prima_plugin_version,
                 create: $create,
                 unavailable: $unavailable,
+                gpu_memory: $gpu_memory,
             }
             .leak_into_prefix()
         }

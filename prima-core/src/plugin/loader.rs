@@ -7,7 +7,9 @@ use std::path::{Path, PathBuf};
 use abi_stable::library::{lib_header_from_path, RootModule};
 use abi_stable::std_types::{RResult, RString};
 
-use super::backend_abi::{BackendBox, BackendConfig, BackendPluginRef, BACKEND_ABI_VERSION};
+use super::backend_abi::{
+    BackendBox, BackendConfig, BackendPluginRef, GpuMemory, BACKEND_ABI_VERSION,
+};
 use super::solver_abi::{MilpProblem, MilpSolution, SolverPluginRef, SOLVER_ABI_VERSION};
 use super::PluginKind;
 
@@ -41,6 +43,9 @@ pub struct PluginInfo {
     /// A loadable backend that cannot run on this machine (no driver, no device): why.
     /// Filled by [`discover`]/[`discover_in`], which ask each backend; `None` otherwise.
     pub unavailable: Option<String>,
+    /// A usable GPU backend's memory (the plugin answers [`GpuMemory`]); `None` for other
+    /// plugins. Filled by [`discover`]/[`discover_in`].
+    pub gpu_memory: Option<GpuMemory>,
     /// The OS names an OS memory plugin covers (empty for other kinds).
     pub covers: Vec<String>,
 }
@@ -51,6 +56,15 @@ pub struct LoadedBackend {
     pub plugin_name: String,
     pub plugin_version: String,
     pub path: PathBuf,
+    /// The plugin's GPU memory query, when it has one.
+    gpu_memory: Option<extern "C" fn() -> abi_stable::std_types::ROption<GpuMemory>>,
+}
+
+impl LoadedBackend {
+    /// The GPU's memory now, if this backend is a GPU's (its plugin answers the question).
+    pub fn gpu_memory(&self) -> Option<GpuMemory> {
+        self.gpu_memory.and_then(|probe| probe().into_option())
+    }
 }
 
 /// The directories searched for plugins: `$PRIMA_PLUGIN_DIR` if set, else the directory of
@@ -119,6 +133,7 @@ fn inspect(path: &Path) -> PluginInfo {
         version: None,
         refused: None,
         unavailable: None,
+        gpu_memory: None,
         covers: Vec::new(),
     };
     match read_c_header(path) {
@@ -138,6 +153,10 @@ fn inspect(path: &Path) -> PluginInfo {
                         info.name = Some(root.name()().into_string());
                         info.version = Some(root.plugin_version()().into_string());
                         info.unavailable = backend_unavailable(root);
+                        if info.unavailable.is_none() {
+                            info.gpu_memory =
+                                root.gpu_memory().and_then(|probe| probe().into_option());
+                        }
                     }
                     Err(reason) => info.refused = Some(reason),
                 },
@@ -287,12 +306,22 @@ pub fn load_backend(
             plugin_name: info.name.unwrap_or_default(),
             plugin_version: info.version.unwrap_or_default(),
             path: info.path,
+            gpu_memory: root.gpu_memory(),
         }),
         RResult::RErr(e) => Err(PluginError::Create {
             path: info.path,
             reason: e.into_string(),
         }),
     }
+}
+
+/// The name of the first usable GPU backend plugin (one that answers [`GpuMemory`]) in
+/// the plugin directories, if any.
+pub fn first_gpu_backend() -> Option<String> {
+    discover()
+        .into_iter()
+        .find(|p| p.kind == Some(PluginKind::Backend) && p.gpu_memory.is_some())
+        .and_then(|p| p.name)
 }
 
 /// A solver loaded from a plugin, with where it came from.

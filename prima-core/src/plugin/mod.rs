@@ -14,7 +14,9 @@ pub mod solver_abi;
 pub mod transport_abi;
 mod transport_loader;
 
-pub use loader::{discover, load_backend, plugin_dirs, LoadedBackend, PluginError, PluginInfo};
+pub use loader::{
+    discover, first_gpu_backend, load_backend, plugin_dirs, LoadedBackend, PluginError, PluginInfo,
+};
 pub use loader::{discover_in, load_solver, load_solver_from, LoadedSolver};
 pub use os_loader::{load_os_models, load_os_models_from, LoadedOsModels};
 pub use transport_loader::{load_relay, load_transport, LoadedTransport};

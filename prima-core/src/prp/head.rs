@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use crate::batch::{BatchForward, SeqTokens};
 use crate::generate::{Forward, RowLogits};
-use crate::model::{Model, Session};
+use crate::model::{GpuLayers, Model, Session};
 use crate::plugin::backend_abi::BackendBox;
 use crate::plugin::transport_abi::{relayed, TransportBox, NO_TIMEOUT};
 
@@ -30,13 +30,22 @@ use super::protocol::{
 };
 use super::residency::Residency;
 use super::secure::{Link, LinkListener};
-use super::{assign_windows, RingError};
+use super::{assign_windows, gpu_layers_of, RingError};
 
 /// Setup steps (connecting, nodes warming their windows) wait this long at most.
 const SETUP_TIMEOUT_MS: u64 = 120_000;
 /// How often the health thread pings each node, and how long a node may take to answer.
 const PING_EVERY: Duration = Duration::from_millis(300);
 const PONG_TIMEOUT_MS: u64 = 5_000;
+
+/// The ring's GPU layers: n_m per window of each device in ring order (the head's first;
+/// missing entries are 0), and the head's own GPU backend (without one the head runs its
+/// share on its backend).
+#[derive(Default, Clone)]
+pub struct RingGpus<'m> {
+    pub head: Option<&'m BackendBox>,
+    pub n: Vec<usize>,
+}
 
 /// How the ring runs.
 #[derive(Debug, Clone)]
@@ -244,6 +253,21 @@ impl<'m> RingHead<'m> {
         windows: &[usize],
         options: &RingOptions,
     ) -> Result<RingHead<'m>, RingError> {
+        let none = RingGpus::default();
+        RingHead::connect_with_gpus(model, backend, transport, nodes, windows, &none, options)
+    }
+
+    /// [`RingHead::connect`] with the paper's n_m: `gpus.n[m]` of each of device m's
+    /// windows run on its GPU (the head's on `gpus.head`).
+    pub fn connect_with_gpus(
+        model: &'m Model,
+        backend: &'m BackendBox,
+        transport: &TransportBox,
+        nodes: &[String],
+        windows: &[usize],
+        gpus: &RingGpus<'m>,
+        options: &RingOptions,
+    ) -> Result<RingHead<'m>, RingError> {
         if windows.len() != nodes.len() + 1 {
             return Err(RingError::Plan(format!(
                 "{} window sizes for {} devices (the head and {} nodes); give one per device, the head's first",
@@ -253,7 +277,16 @@ impl<'m> RingHead<'m> {
             )));
         }
         let n_layers = model.hparams().n_layers;
-        let plan = assign_windows(n_layers, windows, &vec![0; windows.len()])?;
+        let n_gpu: Vec<usize> = (0..windows.len())
+            .map(|m| gpus.n.get(m).copied().unwrap_or(0))
+            .collect();
+        let plan = assign_windows(n_layers, windows, &n_gpu)?;
+        let gpu_of_device = |m: usize| -> Vec<usize> {
+            plan.iter()
+                .filter(|w| w.device == m)
+                .map(|w| w.gpu_layers)
+                .collect()
+        };
         let rounds = plan.iter().map(|w| w.round + 1).max().unwrap_or(1);
         let of_device = |m: usize| -> Vec<RoundWindow> {
             plan.iter()
@@ -339,6 +372,10 @@ impl<'m> RingHead<'m> {
                 n_devices: nodes.len() + 1,
                 rounds,
                 windows: of_device(link.device),
+                gpu_layers: match gpu_of_device(link.device) {
+                    n if n.iter().all(|&n| n == 0) => Vec::new(),
+                    n => n,
+                },
                 n_ctx: options.n_ctx,
                 n_batch: options.n_batch,
                 n_slots: options.n_slots,
@@ -354,18 +391,28 @@ impl<'m> RingHead<'m> {
         let memory = MemoryBaseline::now();
         let head_windows = of_device(0);
         let held: Vec<usize> = head_windows.iter().flat_map(|w| w.layers.clone()).collect();
-        let session = Session::with_layers_slots(
+        let head_gpu = gpu_of_device(0);
+        let on_gpu = match gpus.head {
+            Some(_) => gpu_layers_of(head_windows.iter().map(|w| &w.layers), |i| head_gpu[i]),
+            None => Vec::new(),
+        };
+        let session = Session::with_split(
             model,
             backend,
+            gpus.head.map(|backend| GpuLayers {
+                backend,
+                layers: &on_gpu,
+            }),
             options.n_ctx,
             options.n_batch,
             options.n_slots,
             &held,
         )?;
+        // The GPU layers' keys and values live in VRAM, not in this budget.
         let budget = ring_device_budget(
             options.mem_budget,
             model,
-            held.len(),
+            held.len() - on_gpu.len(),
             true,
             options.n_ctx,
             options.n_batch,

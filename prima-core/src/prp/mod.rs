@@ -30,5 +30,5 @@ pub mod secure;
 mod windows;
 
 pub use error::RingError;
-pub use head::{DeviceStats, NextRoute, RingHead, RingOptions};
-pub use windows::{assign_windows, layer_counts, LayerWindow, WindowError};
+pub use head::{DeviceStats, NextRoute, RingGpus, RingHead, RingOptions};
+pub use windows::{assign_windows, gpu_layers_of, layer_counts, LayerWindow, WindowError};

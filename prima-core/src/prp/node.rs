@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use crate::model::{Model, Session};
+use crate::model::{GpuLayers, Model, Session};
 use crate::plugin::backend_abi::BackendBox;
 use crate::plugin::transport_abi::{ListenerBox, TransportBox, NO_TIMEOUT};
 
@@ -54,6 +54,40 @@ pub struct NodeConfig<'a> {
     /// How links to and from this node are protected: a peer that cannot complete the
     /// handshake is refused before any ring message is read.
     pub security: LinkSecurity,
+    /// The GPU backend beside `backend`, when this node has a usable one.
+    pub gpu: Option<NodeGpu<'a>>,
+}
+
+/// A node's GPU backend and how many layers of each window it runs (the paper's n_m).
+#[derive(Clone, Copy)]
+pub struct NodeGpu<'a> {
+    pub backend: &'a BackendBox,
+    /// `--gpu-layers`: n_m for every window, in place of the head's setup; `None`: what
+    /// the setup says (Halda's plan).
+    pub layers: Option<usize>,
+}
+
+/// The layers this node runs on its GPU: the first n_m of each window, n_m from its own
+/// `--gpu-layers` or else from the setup. A setup asking for GPU layers on a node without
+/// a GPU backend runs them on its backend, and says so.
+fn gpu_layers(setup: &Setup, gpu: Option<&NodeGpu<'_>>, host: &str) -> Vec<usize> {
+    let windows: Vec<_> = setup.windows.iter().map(|w| w.layers.clone()).collect();
+    let asked = |i: usize| setup.gpu_layers.get(i).copied().unwrap_or(0);
+    match gpu {
+        Some(NodeGpu {
+            layers: Some(n), ..
+        }) => super::gpu_layers_of(&windows, |_| *n),
+        Some(_) => super::gpu_layers_of(&windows, asked),
+        None => {
+            let n: usize = super::gpu_layers_of(&windows, asked).len();
+            if n > 0 {
+                eprintln!(
+                    "node {host}: the plan puts {n} layers on a GPU, but this node has no usable GPU backend (--gpu-backend): they run on its own backend"
+                );
+            }
+            Vec::new()
+        }
+    }
 }
 
 const RUNNING: u8 = 0;
@@ -183,6 +217,24 @@ pub(crate) fn check_setup(
     if setup.n_batch == 0 || setup.n_ctx == 0 || setup.n_slots == 0 {
         return Err("n_ctx, n_batch and n_slots must be positive".into());
     }
+    if !setup.gpu_layers.is_empty() && setup.gpu_layers.len() != setup.windows.len() {
+        return Err(format!(
+            "{} GPU layer counts for {} windows",
+            setup.gpu_layers.len(),
+            setup.windows.len()
+        ));
+    }
+    if let Some((w, n)) = setup
+        .windows
+        .iter()
+        .zip(&setup.gpu_layers)
+        .find(|(w, &n)| n > w.layers.len())
+    {
+        return Err(format!(
+            "{n} GPU layers asked for window {:?}, longer than the window",
+            w.layers
+        ));
+    }
     if setup.n_slots > MAX_SLOTS {
         return Err(format!(
             "{} slots asked, this node keeps at most {MAX_SLOTS}",
@@ -224,18 +276,24 @@ fn session(node: &Node<'_>, setup: Setup, control: &Link) -> Result<bool, RingEr
         .iter()
         .flat_map(|w| w.layers.clone())
         .collect();
-    let mut session = Session::with_layers_slots(
+    let on_gpu = gpu_layers(&setup, config.gpu.as_ref(), &config.host);
+    let mut session = Session::with_split(
         model,
         backend,
+        config.gpu.map(|g| GpuLayers {
+            backend: g.backend,
+            layers: &on_gpu,
+        }),
         setup.n_ctx,
         setup.n_batch,
         setup.n_slots,
         &held,
     )?;
+    // The GPU layers' keys and values live in VRAM, not in this budget.
     let budget = ring_device_budget(
         config.mem_budget,
         model,
-        held.len(),
+        held.len() - on_gpu.len(),
         false,
         setup.n_ctx,
         setup.n_batch,

@@ -161,6 +161,11 @@ pub struct Setup {
     pub rounds: usize,
     /// The layers this node runs in each round it takes part in.
     pub windows: Vec<RoundWindow>,
+    /// GPU layers n_m of each window, in the order of `windows` (the first ones of each
+    /// run on the node's GPU backend). Left out when empty (no GPU layers), so that older
+    /// nodes accept a setup without them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpu_layers: Vec<usize>,
     /// Positions of each slot.
     pub n_ctx: usize,
     pub n_batch: usize,

@@ -21,6 +21,19 @@ pub struct LayerWindow {
     pub gpu_layers: usize,
 }
 
+/// The layers a device runs on its GPU: the first `n[i]` of each window `windows[i]` (a
+/// missing `n[i]` is 0, an `n[i]` over its window's length takes the whole window).
+pub fn gpu_layers_of<'a>(
+    windows: impl IntoIterator<Item = &'a Range<usize>>,
+    n: impl Fn(usize) -> usize,
+) -> Vec<usize> {
+    windows
+        .into_iter()
+        .enumerate()
+        .flat_map(|(i, w)| w.start..w.start + n(i).min(w.len()))
+        .collect()
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum WindowError {
     #[error("no devices: the window sizes w are empty")]
@@ -115,6 +128,19 @@ mod tests {
             counts[win.device].1 += win.gpu_layers;
         }
         counts
+    }
+
+    #[test]
+    fn gpu_layers_are_the_first_of_each_window() {
+        let windows = [0..4, 10..12, 20..25];
+        assert_eq!(gpu_layers_of(&windows, |_| 0), Vec::<usize>::new());
+        assert_eq!(
+            gpu_layers_of(&windows, |_| 3),
+            [0, 1, 2, 10, 11, 20, 21, 22]
+        );
+        let n = [1, 0, 9];
+        let per = |i: usize| n.get(i).copied().unwrap_or(0);
+        assert_eq!(gpu_layers_of(&windows, per), [0, 20, 21, 22, 23, 24]);
     }
 
     #[test]

@@ -99,9 +99,15 @@ pub struct Node {
 impl Node {
     /// Starts one on a free loopback port with the test key and waits for its address.
     pub fn start(model: &Path) -> Node {
+        Node::start_with(model, &[])
+    }
+
+    /// [`Node::start`] with more arguments for `prima node`.
+    pub fn start_with(model: &Path, args: &[&str]) -> Node {
         let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_prima"))
             .args(["node", "--listen", "127.0.0.1:0", "-t", "1", "-m"])
             .arg(model)
+            .args(args)
             .arg("--key-file")
             .arg(&test_key().0)
             .stderr(std::process::Stdio::piped())
