@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use super::compute::{cpu_throughput, memcpy_rate};
 use super::device::{DeviceProfile, GpuKind, Os, QuantClass, QuantRates, GB, GIB};
 use super::disk::disk_read_rates;
+use super::gpu::{measure_gpu, GpuMeasured, GpuProbe};
 use super::limits::{device_cores, device_memory, DeviceCores, DeviceMemory};
 use super::memory::memory_read_bandwidth;
 use super::system::{cpu_model, hostname};
@@ -53,6 +54,9 @@ struct Measured {
     disk_rand_gb_s: f64,
     disk_uncached: bool,
     measure_ms: f64,
+    /// The GPU's figures, when a GPU backend was profiled (absent in older caches).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    gpu: Option<GpuMeasured>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -119,6 +123,19 @@ pub fn profile_device(
     disk_file: &Path,
     opts: &ProfileOptions,
 ) -> Result<ProfileReport, ProfileError> {
+    profile_device_with_gpu(backend, backend_name, None, disk_file, opts)
+}
+
+/// [`profile_device`] with a GPU backend beside `backend`: the profile's `gpu*` fields
+/// from its own kernels and the memory its plugin reports, so Halda can give the device
+/// GPU layers (n_m) within its VRAM.
+pub fn profile_device_with_gpu(
+    backend: &BackendBox,
+    backend_name: &str,
+    gpu: Option<GpuProbe<'_>>,
+    disk_file: &Path,
+    opts: &ProfileOptions,
+) -> Result<ProfileReport, ProfileError> {
     let start = Instant::now();
     let disk_meta = std::fs::metadata(disk_file).map_err(|source| ProfileError::Disk {
         path: disk_file.to_path_buf(),
@@ -132,8 +149,9 @@ pub fn profile_device(
         .unwrap_or(0);
     let host = hostname();
     let canonical = std::fs::canonicalize(disk_file).unwrap_or_else(|_| disk_file.to_path_buf());
+    let gpu_name = gpu.map(|g| format!("+{}", g.name)).unwrap_or_default();
     let key = format!(
-        "{host}|{}|{backend_name}|{}|{}|{mtime}",
+        "{host}|{}|{backend_name}{gpu_name}|{}|{}|{mtime}",
         cpu_model(),
         canonical.display(),
         disk_meta.len()
@@ -157,7 +175,10 @@ pub fn profile_device(
     let (measured, from_cache) = match cached {
         Some(record) => (record.measured, true),
         None => {
-            let m = measure(backend, disk_file)?;
+            let mut m = measure(backend, disk_file)?;
+            if let Some(gpu) = gpu {
+                m.gpu = Some(measure_gpu(gpu.backend, 4096).map_err(ProfileError::Compute)?);
+            }
             let record = CacheRecord {
                 key: key.clone(),
                 created_unix: now,
@@ -185,24 +206,42 @@ pub fn profile_device(
     for q in QuantClass::ALL {
         cpu_gflops.set(q, cpu_gflops.flops_per_s(q) / GB * share);
     }
+    let os = Os::current();
+    // A GPU whose figures were measured, with the memory its plugin reports now.
+    let gpu_now = gpu.zip(measured.gpu.as_ref());
+    let gpu_kind = match gpu_now {
+        // Unified memory is what the profile calls Metal (macOS's wired-memory model);
+        // elsewhere a GPU is planned as private VRAM.
+        Some((g, _)) if g.memory.unified && os == Os::Macos => GpuKind::Metal,
+        Some(_) => GpuKind::Cuda,
+        None => GpuKind::None,
+    };
+    let gpu_available_gib = gpu_now.map_or(0.0, |(g, _)| {
+        let free = g.memory.free_bytes as f64 / GIB;
+        if g.memory.unified {
+            free.min(mem.available_gib)
+        } else {
+            free
+        }
+    });
     let profile = DeviceProfile {
         name: opts.name.clone().unwrap_or(host),
-        os: Os::current(),
-        gpu: GpuKind::None,
+        os,
+        gpu: gpu_kind,
         cpu_cores: cores.cores as u32,
         cpu_gflops,
-        gpu_gflops: None,
+        gpu_gflops: gpu_now.map(|(_, m)| m.gflops),
         cpu_read_gb_s: measured.cpu_read_gb_s,
-        gpu_read_gb_s: None,
+        gpu_read_gb_s: gpu_now.map(|(_, m)| m.read_gb_s()),
         memcpy_gb_s: measured.memcpy_gb_s,
         gpu_memcpy_gb_s: None,
-        gpu_copy_ms: 0.0,
+        gpu_copy_ms: gpu_now.map_or(0.0, |(_, m)| m.copy_ms),
         ram_total_gib: mem.total_gib,
         ram_available_gib: mem.available_gib.min(mem.total_gib),
         swap_total_gib: mem.swap_total_gib,
         swap_available_gib: mem.swap_free_gib,
         swappable_gib: 0.0,
-        gpu_available_gib: 0.0,
+        gpu_available_gib,
         disk_seq_gb_s: measured.disk_seq_gb_s,
         disk_rand_gb_s: measured.disk_rand_gb_s,
         link: None,
@@ -257,5 +296,6 @@ fn measure(backend: &BackendBox, disk_file: &Path) -> Result<Measured, ProfileEr
         disk_rand_gb_s: disk.rand_bytes_per_s / GB,
         disk_uncached: disk.uncached,
         measure_ms: start.elapsed().as_secs_f64() * 1e3,
+        gpu: None,
     })
 }

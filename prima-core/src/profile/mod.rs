@@ -12,6 +12,7 @@ mod cgroup;
 mod compute;
 mod device;
 mod disk;
+mod gpu;
 mod limits;
 mod measure;
 mod memory;
@@ -26,12 +27,14 @@ pub use device::{
     GB, GIB,
 };
 pub use disk::{disk_read_rates, DiskRates};
+pub use gpu::{measure_gpu, GpuMeasured, GpuProbe};
 pub use limits::{
     affinity_cpus, apply_memory_limit, device_cores, device_memory, device_memory_in,
     effective_cores, memory_cgroups, DeviceCores, DeviceMemory,
 };
 pub use measure::{
-    cache_dir, profile_device, ProfileError, ProfileOptions, ProfileReport, PROFILE_DIR_ENV,
+    cache_dir, profile_device, profile_device_with_gpu, ProfileError, ProfileOptions,
+    ProfileReport, PROFILE_DIR_ENV,
 };
 pub use memory::{memory_read_bandwidth, MemoryBandwidth};
 pub use system::{home_dir, hostname, meminfo, parse_meminfo, MemInfo};
