@@ -219,6 +219,7 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
         model: &model,
         head,
         backend: engine.as_ref().map(|e| &e.backend),
+        gpu: engine.as_ref().and_then(|e| e.gpu.as_ref()),
         transport: transport.as_ref().map(|t| &t.transport),
         addr_of: &addr_of,
         known: &[],

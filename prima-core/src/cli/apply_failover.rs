@@ -62,6 +62,7 @@ pub fn replanner<'a>(
             model,
             head,
             backend: None,
+            gpu: None,
             transport: None,
             addr_of,
             known: &profiles,

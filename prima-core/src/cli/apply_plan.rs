@@ -10,7 +10,7 @@ use prima_core::manifest::{LoadedManifest, Rounds, Scheduler};
 use prima_core::model::Model;
 use prima_core::plugin::transport_abi::TransportBox;
 use prima_core::plugin::{load_os_models, load_solver, LoadedBackend};
-use prima_core::profile::{profile_device, DeviceProfile, DeviceProfiles, ProfileOptions};
+use prima_core::profile::{DeviceProfile, DeviceProfiles, ProfileOptions};
 use prima_core::prp::head::request_profile;
 use prima_core::prp::key::LinkSecurity;
 use prima_core::prp::{layer_counts, NextRoute};
@@ -140,6 +140,8 @@ pub struct PlanInputs<'a> {
     pub head: usize,
     /// The head's backend and the transport; absent when the manifest gives profiles.
     pub backend: Option<&'a LoadedBackend>,
+    /// The head's GPU backend, profiled beside `backend` when there is one.
+    pub gpu: Option<&'a LoadedBackend>,
     pub transport: Option<&'a TransportBox>,
     pub addr_of: &'a dyn Fn(&str) -> Option<String>,
     /// Profiles already collected (by device name); when every device has one, none is
@@ -208,9 +210,9 @@ fn collect_profiles(
                 name: Some(d.name.clone()),
                 ..ProfileOptions::default()
             };
-            let report = profile_device(
-                &backend.backend,
-                &backend.plugin_name,
+            let report = super::profile::profile_with(
+                backend,
+                inputs.gpu,
                 &inputs.manifest.model_path(&d.name),
                 &options,
             )

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use prima_core::discovery::{Advertiser, NodeRecord, DEFAULT_CLUSTER};
 use prima_core::plugin::load_transport;
 use prima_core::plugin::transport_abi::TransportConfig;
-use prima_core::profile::{hostname, profile_device, DeviceProfile, ProfileOptions, GIB};
+use prima_core::profile::{hostname, DeviceProfile, ProfileOptions, GIB};
 use prima_core::prp::budget::MemBudget;
 use prima_core::prp::key::LinkSecurity;
 use prima_core::prp::node::{serve, NodeConfig, NodeGpu};
@@ -79,9 +79,9 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
     };
     let profiler = || -> Result<serde_json::Value, String> {
         let options = ProfileOptions::default();
-        let report = profile_device(
-            &engine.backend.backend,
-            &engine.backend.plugin_name,
+        let report = super::profile::profile_with(
+            &engine.backend,
+            engine.gpu.as_ref(),
             &args.engine.model,
             &options,
         )

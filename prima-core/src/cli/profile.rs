@@ -6,8 +6,11 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use prima_core::plugin::backend_abi::BackendConfig;
-use prima_core::plugin::load_backend;
-use prima_core::profile::{profile_device, DeviceProfiles, ProfileOptions, QuantClass, GIB};
+use prima_core::plugin::{first_gpu_backend, load_backend, LoadedBackend};
+use prima_core::profile::{
+    profile_device_with_gpu, DeviceProfiles, GpuKind, GpuProbe, ProfileError, ProfileOptions,
+    ProfileReport, QuantClass, GIB,
+};
 
 #[derive(clap::Args, Debug)]
 pub struct ProfileArgs {
@@ -33,6 +36,10 @@ pub struct ProfileArgs {
     /// Backend plugin to measure compute with (default: the first one found).
     #[arg(long)]
     pub backend: Option<String>,
+    /// GPU backend plugin to profile the GPU with (default: the first usable GPU plugin
+    /// found; `none`: profile no GPU).
+    #[arg(long, value_name = "NAME")]
+    pub gpu_backend: Option<String>,
     #[arg(short = 't', long)]
     pub threads: Option<u32>,
 }
@@ -58,7 +65,25 @@ pub fn run(args: ProfileArgs) -> anyhow::Result<()> {
         max_age: std::time::Duration::from_secs_f64(args.max_age_h.max(0.0) * 3600.0),
         refresh: args.refresh,
     };
-    let report = profile_device(&backend.backend, &backend.plugin_name, &disk_file, &opts)?;
+    let gpu = match args.gpu_backend.as_deref() {
+        Some("none") => None,
+        Some(name) => Some(name.to_string()),
+        None => first_gpu_backend(),
+    };
+    let gpu = match gpu {
+        Some(name) => Some(
+            load_backend(Some(&name), BackendConfig { threads: 0 })
+                .with_context(|| format!("the GPU backend '{name}'"))?,
+        ),
+        None => None,
+    };
+    if let Some(g) = gpu.as_ref().filter(|g| g.gpu_memory().is_none()) {
+        eprintln!(
+            "the backend '{}' reports no GPU memory: no GPU profiled",
+            g.plugin_name
+        );
+    }
+    let report = profile_with(&backend, gpu.as_ref(), &disk_file, &opts)?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(());
@@ -128,7 +153,28 @@ pub fn run(args: ProfileArgs) -> anyhow::Result<()> {
             ", page cache NOT bypassed: this filesystem refuses direct I/O"
         }
     );
-    println!("gpu         none (no GPU backend plugin)");
+    match (&p.gpu_gflops, p.gpu, &gpu) {
+        (Some(rates), kind, Some(g)) if kind != GpuKind::None => {
+            let rates: Vec<String> = QuantClass::ALL
+                .iter()
+                .map(|&q| format!("{} {:.0}", q.name(), rates.flops_per_s(q) / 1e9))
+                .collect();
+            println!(
+                "gpu GFLOP/s {}  (backend {}: {})",
+                rates.join(", "),
+                g.plugin_name,
+                g.backend.describe()
+            );
+            println!(
+                "gpu memory  {:.2} GiB available ({}), read {:.1} GB/s, one hidden state across the bus {:.3} ms",
+                p.gpu_available_gib,
+                if p.uma() { "unified memory" } else { "VRAM" },
+                p.gpu_read_gb_s.unwrap_or(0.0),
+                p.gpu_copy_ms
+            );
+        }
+        _ => println!("gpu         none (no GPU backend plugin)"),
+    }
     println!(
         "profiled in {:.0} ms ({}{})",
         report.elapsed_ms,
@@ -144,4 +190,29 @@ pub fn run(args: ProfileArgs) -> anyhow::Result<()> {
             .unwrap_or_default()
     );
     Ok(())
+}
+
+/// Profiles this device with `backend` and, when `gpu` is a GPU's (its plugin reports GPU
+/// memory), the GPU beside it: what `prima profile`, a node's profile answer and
+/// `prima apply`'s head measure.
+pub fn profile_with(
+    backend: &LoadedBackend,
+    gpu: Option<&LoadedBackend>,
+    disk_file: &std::path::Path,
+    opts: &ProfileOptions,
+) -> Result<ProfileReport, ProfileError> {
+    let probe = gpu.and_then(|g| {
+        g.gpu_memory().map(|memory| GpuProbe {
+            backend: &g.backend,
+            name: &g.plugin_name,
+            memory,
+        })
+    });
+    profile_device_with_gpu(
+        &backend.backend,
+        &backend.plugin_name,
+        probe,
+        disk_file,
+        opts,
+    )
 }
