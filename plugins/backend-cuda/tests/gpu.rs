@@ -947,6 +947,54 @@ fn each_operation_inside_a_model_matches_the_cpu() {
     assert!(differing.is_empty(), "differ from the CPU: {differing:?}");
 }
 
+/// The paper's n_m split: a session whose first half of layers runs on the GPU and the
+/// rest on the CPU gives the CPU's logits (each backend gives the CPU's bits, see
+/// `MODEL_TOL`), and the plugin reports the GPU's memory for profiles.
+#[test]
+fn a_split_session_gives_the_cpus_logits() {
+    let Some(gpu) = cuda() else {
+        assert!(prima_backend_cuda::backend::gpu_memory().is_none());
+        return;
+    };
+    let memory = prima_backend_cuda::backend::gpu_memory()
+        .into_option()
+        .expect("a GPU reports its memory");
+    assert!(memory.total_bytes > 0 && memory.free_bytes <= memory.total_bytes);
+    let cpu = cpu();
+    let path = std::env::temp_dir().join("prima-cuda-test-split.gguf");
+    use GgmlType as T;
+    let mix = [T::Q4K, T::Q4_1, T::Q8_0, T::Q6K, T::Q5K, T::Q4_0, T::Q6K];
+    write_model(&path, 8, [mix, mix], [T::Q8_0, T::Q6K]);
+    let model = Model::load(&path).unwrap();
+    let all: Vec<usize> = (0..8).collect();
+    let prompt: Vec<u32> = (0..24).map(|i| (i * 131 + 7) % 4000).collect();
+    let run = |gpu_layers: Option<&[usize]>| {
+        let split = gpu_layers.map(|layers| prima_core::model::GpuLayers {
+            backend: &gpu,
+            layers,
+        });
+        let mut s = Session::with_split(&model, &cpu, split, 256, 64, 1, &all).unwrap();
+        let mut logits = vec![s.eval(&prompt).unwrap().to_vec()];
+        for _ in 0..8 {
+            let next = argmax(logits.last().unwrap()) as u32;
+            logits.push(s.eval(&[next]).unwrap().to_vec());
+        }
+        logits
+    };
+    let want = run(None);
+    for n in [0usize, 4, 8] {
+        let layers: Vec<usize> = (0..n).collect();
+        let got = run(Some(&layers));
+        let d = want
+            .iter()
+            .zip(&got)
+            .map(|(a, b)| max_abs_diff(a, b))
+            .fold(0.0f32, f32::max);
+        println!("split, {n} of 8 layers on the GPU: logits max |cpu-split| {d:.2e}");
+        assert!(d <= MODEL_TOL, "{n} GPU layers: logits differ by {d}");
+    }
+}
+
 #[test]
 fn without_a_gpu_create_refuses_and_probe_explains() {
     if let Some(why) = unavailable() {
