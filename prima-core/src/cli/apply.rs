@@ -379,7 +379,7 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
         max_tokens: args.n_predict,
         ignore_eos: false,
     };
-    let backend = engine.backend.backend.describe();
+    let backend = engine.describe_backends();
     let mut draft_session = match &draft {
         Some(d) => Some((d.session(&engine, n_ctx, policy.batch)?, d.options)),
         None => None,

@@ -97,7 +97,6 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         "{n_ctx} tokens exceed the model's context of {}",
         hp.n_ctx_train
     );
-    let backend = &engine.backend.backend;
     let mut session = engine.local_session(
         args.mem_budget,
         n_ctx,
@@ -153,7 +152,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     });
     let report = Report {
         model: args.engine.model.display().to_string(),
-        backend: backend.describe().into_string(),
+        backend: engine.describe_backends(),
         threads: args.engine.threads,
         n_prompt: args.n_prompt,
         n_gen: args.n_gen,

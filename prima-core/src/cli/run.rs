@@ -389,7 +389,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         max_tokens: args.n_predict,
         ignore_eos: args.ignore_eos,
     };
-    let backend = engine.backend.backend.describe();
+    let backend = engine.describe_backends();
     let ring = &args.ring;
     let draft = match &args.draft.draft {
         Some(path) => Some(DraftModel::open(path, args.draft.options(), &engine)?),

@@ -73,7 +73,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     };
     eprintln!(
         "serve: listening on http://{addr} (model {name}, context {n_ctx} tokens{slots}, {})",
-        engine.backend.backend.describe()
+        engine.describe_backends()
     );
     if let Some(draft) = &draft {
         let mut draft_session = draft.session(&engine, n_ctx, args.batch_size)?;
