@@ -10,7 +10,7 @@ use prima_core::manifest::{LoadedManifest, Rounds, Scheduler};
 use prima_core::model::Model;
 use prima_core::plugin::transport_abi::TransportBox;
 use prima_core::plugin::{load_os_models, load_solver, LoadedBackend};
-use prima_core::profile::{DeviceProfile, DeviceProfiles, ProfileOptions};
+use prima_core::profile::{DeviceProfile, DeviceProfiles, ProfileOptions, GIB};
 use prima_core::prp::head::request_profile;
 use prima_core::prp::key::LinkSecurity;
 use prima_core::prp::{layer_counts, NextRoute};
@@ -231,6 +231,10 @@ fn collect_profiles(
         let mut profile = profile;
         profile.name = d.name.clone();
         profile.relay = d.relay_only;
+        // `vram_budget`: the GPU memory Halda may fill (d_{m,gpu}^{avail}), at most.
+        if let (Some(v), true) = (d.vram_budget, profile.has_gpu()) {
+            profile.gpu_available_gib = profile.gpu_available_gib.min(v.0 as f64 / GIB);
+        }
         profiles.push(profile);
     }
     Ok(profiles)
