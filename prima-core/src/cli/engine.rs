@@ -11,7 +11,7 @@ use prima_core::model::{GpuLayers, Model, Session};
 use prima_core::plugin::backend_abi::BackendConfig;
 use prima_core::plugin::{first_gpu_backend, load_backend, LoadedBackend};
 use prima_core::prp::alone::{describe_plan, LocalSession};
-use prima_core::prp::budget::{memory_margin, resolve_budget, MemBudget};
+use prima_core::prp::budget::{memory_margin_for_layers, resolve_budget, MemBudget};
 use prima_core::prp::protocol::{ReleaseMethod, ReleasePolicy};
 use prima_core::prp::residency::Residency;
 use prima_core::tokenizer::Tokenizer;
@@ -256,7 +256,14 @@ impl Engine {
             },
             _ => None,
         };
-        let margin = memory_margin(model.hparams(), n_ctx, n_batch, n_slots);
+        // The GPU layers (the first ones) keep their KV cache in VRAM, and their weights
+        // there too: out of the margin, and beside the budget, so the plan keeps them
+        // resident (it keeps the first layers) and streams only CPU layers.
+        let on_gpu = self.alone_gpu_layers();
+        let gpu_bytes: u64 = on_gpu.iter().map(|&il| model.layer_bytes(il)).sum();
+        let hp = model.hparams();
+        let margin =
+            memory_margin_for_layers(hp, hp.n_layers - on_gpu.len(), n_ctx, n_batch, n_slots);
         let plan = resolve_budget(budget, memory.as_ref(), margin).and_then(|b| {
             // Below the output head, which every token reads whole, there
             // is nothing to plan: streaming all layers measured slower than the LRU
@@ -271,7 +278,7 @@ impl Engine {
             }
             let plan = Residency::plan_alone(
                 model,
-                b.bytes,
+                b.bytes.saturating_add(gpu_bytes),
                 streaming.prefetch,
                 streaming.release,
                 streaming.method,
@@ -290,7 +297,6 @@ impl Engine {
             None => warm_pages(model, &self.path),
         }
         let all: Vec<usize> = (0..model.hparams().n_layers).collect();
-        let on_gpu = self.alone_gpu_layers();
         let session = Session::with_split(
             model,
             &self.backend.backend,
