@@ -152,6 +152,16 @@ fn gpu_layers_must_be_held() {
         .err()
         .expect("a GPU layer outside the session's layers is refused");
     assert!(err.to_string().contains("layer 3"), "{err}");
+    // Beyond the model, in both lists: an error, not a panic.
+    let gpu_be = cpu_backend(1);
+    let gpu = GpuLayers {
+        backend: &gpu_be.backend,
+        layers: &[99],
+    };
+    let err = Session::with_split(&model, &cpu.backend, Some(gpu), 32, 8, 1, &[0, 99])
+        .err()
+        .expect("a layer beyond the model is refused");
+    assert!(err.to_string().contains("layer 99"), "{err}");
 }
 
 /// A ring of three, each device with its own n_m: the head's from the plan (on its second

@@ -210,7 +210,9 @@ fn spawn(spec: &NodeSpec, keep: bool) -> anyhow::Result<(RunningNode, std::proce
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let text = std::fs::read_to_string(&log).unwrap_or_default();
-        if let Some(line) = text
+        // Whole lines only: stderr is unbuffered, so the node's line may be half written.
+        let whole = &text[..text.rfind('\n').map_or(0, |i| i + 1)];
+        if let Some(line) = whole
             .lines()
             .find_map(|l| l.strip_prefix("node: listening on "))
         {

@@ -205,13 +205,18 @@ impl<'m> Session<'m> {
         let mut on_gpu = vec![false; hp.n_layers];
         if let Some(gpu) = gpu {
             for &l in gpu.layers {
-                if !layers.contains(&l) {
-                    return Err(ModelError::LayerNotHeld {
-                        layer: l,
-                        held: format!("GPU layer {l} is not among the session's layers"),
-                    });
+                match on_gpu.get_mut(l) {
+                    Some(flag) if layers.contains(&l) => *flag = true,
+                    _ => {
+                        return Err(ModelError::LayerNotHeld {
+                            layer: l,
+                            held: format!(
+                                "{} layers; a GPU layer must be one of them",
+                                layers.len()
+                            ),
+                        })
+                    }
                 }
-                on_gpu[l] = true;
                 check_layer_types(model, gpu.backend, l)?;
             }
         }
