@@ -462,3 +462,72 @@ fn apply_serves_the_openai_api_over_the_ring_and_stops_cleanly() {
         scratch.processes_left()
     );
 }
+
+/// Each device's GPU layers (`gpu_backend`, `gpu_layers`; a second CPU backend instance
+/// stands in for the GPU) reach the head and, through the ring's setup, the nodes: the
+/// plan shows them and the text is still exactly one device's.
+#[test]
+fn apply_runs_each_devices_gpu_layers() {
+    let Some(model) = smollm2() else { return };
+    let scratch = Scratch::new("gpu-layers");
+    scratch.link_model(&model, "model.gguf");
+    let mut text = three_local("scheduler = \"manual\"\nwindows = [4, 3, 3]");
+    for (name, n) in [("desktop", 2), ("laptop", 1), ("tablet", 3)] {
+        text = text.replace(
+            &format!("name = \"{name}\"\n"),
+            &format!("name = \"{name}\"\ngpu_backend = \"cpu\"\ngpu_layers = {n}\n"),
+        );
+    }
+    let manifest = scratch.manifest(&text);
+    let prompt = "The three primary colours are";
+    let out = prima(&[
+        "apply",
+        manifest.to_str().unwrap(),
+        "--prompt",
+        prompt,
+        "-n",
+        "12",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    for (name, w, n) in [("desktop", 4, 2), ("laptop", 3, 1), ("tablet", 3, 3)] {
+        let row = stderr
+            .lines()
+            .find(|l| l.trim_start().starts_with(name) && l.contains('%'))
+            .unwrap_or_else(|| panic!("no plan row for {name}: {stderr}"));
+        // … w n layers share: counted back from the share column.
+        let cols: Vec<&str> = row.split_whitespace().collect();
+        let share = cols.iter().position(|c| c.ends_with('%')).unwrap();
+        assert_eq!(
+            (cols[share - 3], cols[share - 2]),
+            (w.to_string().as_str(), n.to_string().as_str()),
+            "{row}"
+        );
+    }
+    let single = prima(&[
+        "run",
+        "-m",
+        model.to_str().unwrap(),
+        "-p",
+        prompt,
+        "-n",
+        "12",
+        "--temp",
+        "0",
+        "-t",
+        "1",
+        "-c",
+        "256",
+    ]);
+    assert!(single.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&single.stdout),
+        "the ring with GPU layers generates what one device generates"
+    );
+    assert!(
+        scratch.processes_left().is_empty(),
+        "{:?}",
+        scratch.processes_left()
+    );
+}
