@@ -14,6 +14,8 @@ use prima_core::batch::SeqTokens;
 use prima_core::generate::Forward;
 use prima_core::model::{GpuLayers, Model, Session};
 use prima_core::plugin::backend_abi::BackendBox;
+use prima_core::prp::protocol::{ReleaseMethod, ReleasePolicy, RoundWindow};
+use prima_core::prp::residency::Residency;
 use prima_core::prp::{RingGpus, RingHead, RingOptions};
 
 const N_CTX: usize = 128;
@@ -165,8 +167,9 @@ fn gpu_layers_must_be_held() {
 }
 
 /// A ring of three, each device with its own n_m: the head's from the plan (on its second
-/// CPU backend), node 1's from the plan through the setup, node 2's from its own
-/// `--gpu-layers`, which overrides the plan's.
+/// CPU backend), node 1's from the plan through the setup (under a memory budget that
+/// streams some of its CPU layers), node 2's from its own `--gpu-layers`, which overrides
+/// the plan's.
 #[test]
 fn a_ring_of_three_with_gpu_layers_per_device() {
     let Some(path) = smollm2() else { return };
@@ -174,7 +177,7 @@ fn a_ring_of_three_with_gpu_layers_per_device() {
     let (cpu, gpu) = (cpu_backend(1), cpu_backend(1));
     let transport = common::tcp_transport();
     let nodes = [
-        Node::start_with(&path, &["--gpu-backend", "cpu"]),
+        Node::start_with(&path, &["--gpu-backend", "cpu", "--mem-budget", "12M"]),
         Node::start_with(&path, &["--gpu-backend", "cpu", "--gpu-layers", "2"]),
     ];
     let addrs: Vec<String> = nodes.iter().map(|n| n.addr.clone()).collect();
@@ -212,6 +215,61 @@ fn a_ring_of_three_with_gpu_layers_per_device() {
         );
         head.shutdown(false);
     }
+}
+
+/// A ring device's GPU layers live in VRAM: left out of its RAM budget and never
+/// streamed; the streamed layers are its windows' first CPU layers.
+#[test]
+fn gpu_layers_are_out_of_the_ram_budget_and_never_streamed() {
+    let Some(path) = smollm2() else { return };
+    let model = Model::load(&path).unwrap();
+    let windows = [
+        RoundWindow {
+            round: 0,
+            layers: 0..10,
+        },
+        RoundWindow {
+            round: 1,
+            layers: 15..25,
+        },
+    ];
+    let gpu = [0, 1, 2, 3, 15, 16, 17, 18];
+    let cpu_bytes: u64 = windows
+        .iter()
+        .flat_map(|w| w.layers.clone())
+        .filter(|il| !gpu.contains(il))
+        .map(|il| model.layer_bytes(il))
+        .sum();
+    let plan = |gpu: &[usize], budget: u64| {
+        Residency::plan_split(
+            &model,
+            &windows,
+            gpu,
+            Some(budget),
+            false,
+            ReleasePolicy::Mru,
+            ReleaseMethod::Pageout,
+        )
+    };
+    // The CPU layers' bytes hold every CPU layer: nothing streams, though all the held
+    // layers would not fit.
+    assert!(!plan(&gpu, cpu_bytes).streams());
+    assert!(plan(&[], cpu_bytes).streams());
+    // Less than that: CPU layers stream, GPU layers never.
+    let tight = plan(&gpu, cpu_bytes / 2);
+    assert!(tight.streams());
+    for w in tight.windows() {
+        if w.layers.clone().any(|il| gpu.contains(&il)) {
+            assert!(w.fully_resident(), "a GPU layer streamed: {:?}", w.layers);
+        }
+    }
+    let covered: Vec<usize> = tight
+        .windows()
+        .iter()
+        .flat_map(|w| w.layers.clone())
+        .collect();
+    let held: Vec<usize> = windows.iter().flat_map(|w| w.layers.clone()).collect();
+    assert_eq!(covered, held, "every held layer once, in order");
 }
 
 /// `--gpu-layers` without a usable GPU backend is a clear error from the binary, never a

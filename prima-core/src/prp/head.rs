@@ -418,9 +418,10 @@ impl<'m> RingHead<'m> {
             options.n_batch,
             options.n_slots,
         );
-        let residency = Residency::plan(
+        let residency = Residency::plan_split(
             model,
             &head_windows,
+            &on_gpu,
             budget.as_ref().map(|b| b.bytes),
             options.prefetch,
             options.release,

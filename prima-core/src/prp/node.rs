@@ -299,9 +299,10 @@ fn session(node: &Node<'_>, setup: Setup, control: &Link) -> Result<bool, RingEr
         setup.n_batch,
         setup.n_slots,
     );
-    let residency = Residency::plan(
+    let residency = Residency::plan_split(
         model,
         &setup.windows,
+        &on_gpu,
         budget.as_ref().map(|b| b.bytes),
         setup.prefetch,
         setup.release,

@@ -192,13 +192,36 @@ impl Residency {
         release: ReleasePolicy,
         method: ReleaseMethod,
     ) -> Residency {
-        let held: Vec<usize> = windows.iter().flat_map(|w| w.layers.clone()).collect();
+        Residency::plan_split(model, windows, &[], budget, prefetch, release, method)
+    }
+
+    /// [`Residency::plan`] for a device whose `gpu_layers` run on its GPU (the paper's
+    /// n_m): their weights live in VRAM, so they are left out of the RAM budget and never
+    /// streamed (their pages are read once, when the GPU backend copies them); the
+    /// streamed layers are a window's first CPU layers.
+    pub fn plan_split(
+        model: &Model,
+        windows: &[RoundWindow],
+        gpu_layers: &[usize],
+        budget: Option<u64>,
+        prefetch: bool,
+        release: ReleasePolicy,
+        method: ReleaseMethod,
+    ) -> Residency {
         let n_layers = model.hparams().n_layers;
+        let on_gpu = |il: usize| gpu_layers.contains(&il);
+        let held: Vec<usize> = windows
+            .iter()
+            .flat_map(|w| w.layers.clone())
+            .filter(|&il| !on_gpu(il))
+            .collect();
         let layer_bytes = |il: usize| model.layer_bytes(il);
         let total: u64 = held.iter().map(|&il| layer_bytes(il)).sum();
         let budget = budget.unwrap_or(u64::MAX);
         let mut resident = vec![false; n_layers];
-        let lens: Vec<usize> = windows.iter().map(|w| w.layers.len()).collect();
+        // A window's CPU layers, in order: the ones that may be streamed.
+        let cpu_of = |w: &RoundWindow| w.layers.clone().filter(|&il| !on_gpu(il));
+        let lens: Vec<usize> = windows.iter().map(|w| cpu_of(w).count()).collect();
         let streamed_per_window = if total <= budget {
             vec![0; windows.len()]
         } else {
@@ -221,7 +244,7 @@ impl Residency {
                 let resident_bytes: u64 = windows
                     .iter()
                     .zip(&per_window)
-                    .flat_map(|(w, &s)| w.layers.clone().skip(s))
+                    .flat_map(|(w, &s)| cpu_of(w).skip(s))
                     .map(layer_bytes)
                     .sum();
                 if resident_bytes <= keep || streamed >= held.len() {
@@ -232,16 +255,31 @@ impl Residency {
         };
         let mut pieces = Vec::new();
         for (w, &streamed) in windows.iter().zip(&streamed_per_window) {
-            let first = w.layers.start + streamed;
-            resident[first..w.layers.end].fill(true);
-            pieces.extend((w.layers.start..first).map(|il| RoundWindow {
-                round: w.round,
-                layers: il..il + 1,
-            }));
-            if first < w.layers.end {
+            // GPU layers stay; the first `streamed` CPU layers are streamed, one piece
+            // each; each run of resident layers between them is one piece.
+            let streamed_set: Vec<usize> = cpu_of(w).take(streamed).collect();
+            let mut run_start = None;
+            for il in w.layers.clone() {
+                if streamed_set.contains(&il) {
+                    if let Some(start) = run_start.take() {
+                        pieces.push(RoundWindow {
+                            round: w.round,
+                            layers: start..il,
+                        });
+                    }
+                    pieces.push(RoundWindow {
+                        round: w.round,
+                        layers: il..il + 1,
+                    });
+                } else {
+                    resident[il] = true;
+                    run_start.get_or_insert(il);
+                }
+            }
+            if let Some(start) = run_start {
                 pieces.push(RoundWindow {
                     round: w.round,
-                    layers: first..w.layers.end,
+                    layers: start..w.layers.end,
                 });
             }
         }
