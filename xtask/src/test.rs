@@ -168,7 +168,10 @@ fn wgpu_on_lavapipe(layout: &Layout, cargo: &std::ffi::OsStr) -> Result<Optional
     if installed {
         cmd.env("PRIMA_REQUIRE_VULKAN", "1");
     }
-    let code = exit_code(cmd.status().context("cannot start the wgpu backend's tests")?);
+    let code = exit_code(
+        cmd.status()
+            .context("cannot start the wgpu backend's tests")?,
+    );
     Ok(if installed || code != 0 {
         Optional::Ran(code)
     } else {

@@ -16,8 +16,7 @@ fn loader_present() -> bool {
     ["/usr/lib", "/usr/lib64", "/lib"].iter().any(|dir| {
         std::fs::read_dir(dir).is_ok_and(|entries| {
             entries.flatten().any(|e| {
-                e.path().join("libvulkan.so.1").exists()
-                    || e.file_name() == "libvulkan.so.1"
+                e.path().join("libvulkan.so.1").exists() || e.file_name() == "libvulkan.so.1"
             })
         })
     })
@@ -52,7 +51,10 @@ pub fn ensure_lavapipe() {
         );
         return;
     }
-    eprintln!("installing lavapipe (apt-get install {})", PACKAGES.join(" "));
+    eprintln!(
+        "installing lavapipe (apt-get install {})",
+        PACKAGES.join(" ")
+    );
     let install = || {
         Command::new("apt-get")
             .args(["install", "-y", "-qq", "--no-install-recommends"])
