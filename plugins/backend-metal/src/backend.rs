@@ -47,6 +47,14 @@ impl WgpuBackend {
         })
     }
 
+    /// Chooses the matmul kernels: one invocation per weight row (the default on CPU
+    /// adapters) or a workgroup per row (on GPUs). Both give the same bits; tests run both.
+    pub fn set_row_per_invocation(&self, on: bool) {
+        if let Ok(mut s) = self.state.lock() {
+            s.row_per_invocation = on;
+        }
+    }
+
     /// Runs `f` on the locked state; a panic or a poisoned lock becomes an error.
     fn with<T>(&self, op: &str, f: impl FnOnce(&mut State) -> OpResult<T>) -> BackendResult<T> {
         let r = catch_unwind(AssertUnwindSafe(|| {

@@ -63,6 +63,9 @@ pub struct State {
     binding_limit: u64,
     /// Bytes one weight part may hold: the binding limit, lower in tests.
     part_limit: u64,
+    /// Matmul with one invocation per weight row (`rowmatmul_*`, for CPU adapters) rather
+    /// than a workgroup per row (`matmul_*`, for GPUs). The same bits either way.
+    pub row_per_invocation: bool,
 }
 
 fn expect_len(op: &str, what: &str, got: usize, want: usize) -> OpResult<()> {
@@ -104,6 +107,7 @@ fn f32_vector<'a>(op: &str, what: &str, w: &TensorView<'a>) -> OpResult<(&'a [u8
 impl State {
     /// `part_limit` lowers the bytes per weight binding below the device's (tests).
     pub fn new(gpu: Gpu, part_limit: Option<u64>) -> State {
+        let gpu_is_cpu = gpu.info.device_type == wgpu::DeviceType::Cpu;
         let l = &gpu.limits;
         // Byte offsets in the kernels are u32.
         let binding_limit = l
@@ -121,6 +125,7 @@ impl State {
             next_kv: 1,
             binding_limit,
             part_limit,
+            row_per_invocation: gpu_is_cpu,
         }
     }
 
@@ -415,7 +420,11 @@ impl State {
         u32_of(OP, "output size", out.len())?;
         let n = u32_of(OP, "n_tokens", n_tokens)?;
         let act = shape.format.activation;
-        let kernel = format!("matmul_{}", shape.format.kernel);
+        let kernel = if self.row_per_invocation {
+            format!("rowmatmul_{}", shape.format.kernel)
+        } else {
+            format!("matmul_{}", shape.format.kernel)
+        };
         let parts = self.weight(w.data.as_slice(), w.ggml_type, shape.row_bytes, shape.rows)?;
         let x_buf = self.upload(Slot::In0, x)?;
         let out_buf = self.scratch(Slot::Out, out.len() as u64 * 4)?;
@@ -456,7 +465,13 @@ impl State {
             ));
         }
         for (buf, row0, rows) in &parts {
-            let [gx, gy] = self.grid(*rows as u64)?;
+            let groups = if self.row_per_invocation {
+                rows.div_ceil(WG)
+            } else {
+                *rows
+            };
+            let [gx, gy] = self.grid(groups as u64)?;
+            // The last field is `zero` of the row-per-invocation quantized kernel.
             let params = [
                 shape.cols,
                 *rows,
@@ -466,6 +481,7 @@ impl State {
                 shape.rows,
                 extra[0],
                 extra[1],
+                0,
             ];
             let params = if act == Activation::Float {
                 &params[..6]

@@ -49,6 +49,14 @@ pub fn source(name: &str, f64: bool) -> Option<String> {
             _ => include_str!("matmul_quant.wgsl"),
         };
         src.push_str(&fill(template, f));
+    } else if let Some(kernel) = name.strip_prefix("rowmatmul_") {
+        let f = format_of_kernel(kernel)?;
+        push_format(&mut src, f);
+        let template = match f.activation {
+            Activation::Float => include_str!("matmul_float_rows.wgsl"),
+            _ => include_str!("matmul_quant_rows.wgsl"),
+        };
+        src.push_str(&fill(template, f));
     } else if let Some(kind) = name.strip_prefix("quantize_") {
         let body = match kind {
             "q8_0" => "quantize_32(blk, false);",
