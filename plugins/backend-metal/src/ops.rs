@@ -660,7 +660,7 @@ impl State {
 
     pub fn kv_create(&mut self, spec: KvSpec) -> OpResult<u64> {
         const OP: &str = "kv_create";
-        if spec.head_dim_k % 2 != 0 || spec.head_dim_v % 2 != 0 {
+        if !spec.head_dim_k.is_multiple_of(2) || !spec.head_dim_v.is_multiple_of(2) {
             return Err(format!(
                 "{OP}: head sizes {}/{} must be even (two f16 per word)",
                 spec.head_dim_k, spec.head_dim_v

@@ -979,6 +979,68 @@ fn each_operation_inside_a_model_matches_the_cpu() {
     );
 }
 
+/// Bad arguments are errors naming what is wrong, never panics, and the backend keeps
+/// working after them.
+#[test]
+fn bad_arguments_are_errors() {
+    let Some(gpu) = gpu() else { return };
+    let w = vec![0u8; 4 * 64 * 2];
+    let wv = view(&w, GgmlType::F32, 64, 2);
+    let x = vec![1f32; 63];
+    let mut out = vec![0f32; 2];
+    let e = gpu
+        .matmul(
+            wv,
+            RSlice::from_slice(&x),
+            1,
+            RSliceMut::from_mut_slice(&mut out),
+        )
+        .into_result()
+        .unwrap_err();
+    assert!(e.contains("x length is 63, expected 64"), "{e}");
+    let mut rows = vec![0f32; 64];
+    let e = gpu
+        .get_rows(
+            wv,
+            RSlice::from_slice(&[2u32]),
+            RSliceMut::from_mut_slice(&mut rows),
+        )
+        .into_result()
+        .unwrap_err();
+    assert!(e.contains("row id 2 is out of range"), "{e}");
+    let spec = KvSpec {
+        n_layers: 1,
+        n_ctx: 8,
+        n_head_kv: 1,
+        head_dim_k: 3,
+        head_dim_v: 3,
+    };
+    let e = gpu.kv_create(spec).into_result().unwrap_err();
+    assert!(e.contains("must be even"), "{e}");
+    let e = gpu.kv_truncate(12345, 0).into_result().unwrap_err();
+    assert!(e.contains("unknown KV cache"), "{e}");
+    let q8k = view(&w, GgmlType::Q8K, 256, 1);
+    let e = gpu
+        .get_rows(
+            q8k,
+            RSlice::from_slice(&[0u32]),
+            RSliceMut::from_mut_slice(&mut rows),
+        )
+        .into_result()
+        .unwrap_err();
+    assert!(e.contains("not supported"), "{e}");
+    // Still working.
+    let x = vec![1f32; 128];
+    let mut out = vec![0f32; 4];
+    gpu.matmul(
+        wv,
+        RSlice::from_slice(&x),
+        2,
+        RSliceMut::from_mut_slice(&mut out),
+    )
+    .unwrap();
+}
+
 #[test]
 fn without_an_adapter_create_refuses_and_probe_explains() {
     // Without PRIMA_WGPU_ALLOW_SOFTWARE a software adapter is refused with a reason.

@@ -149,7 +149,18 @@ mod tests {
         for f64 in [false, true] {
             for name in all_kernels() {
                 let src = source(&name, f64).unwrap_or_else(|| panic!("{name}: no source"));
-                assert!(!src.contains('{') || !src.contains("{NAME}"), "{name}");
+                for hole in [
+                    "{NAME}",
+                    "{QK}",
+                    "{BYTES}",
+                    "{SUM_T}",
+                    "{TOTAL_T}",
+                    "{EXP_FN}",
+                    "{KIND}",
+                    "{BODY}",
+                ] {
+                    assert!(!src.contains(hole), "{name}: {hole} left unfilled");
+                }
                 let module = naga::front::wgsl::parse_str(&src)
                     .unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(&src)));
                 // unpack2x16float needs SHADER_FLOAT16_IN_FLOAT32, which wgpu grants
