@@ -7,10 +7,10 @@
 //! can and otherwise reported as skipped, never passed, in the closing summary:
 //! the wgpu backend's tests on Mesa's software Vulkan driver (lavapipe, which
 //! `cargo xtask setup` installs), the home-lab smoke bed (`xtask/tests/homelab.rs`,
-//! `#[ignore]`d in a plain `cargo test`: it needs root, cgroup v1, iproute2 and no bed up), and the CPU
-//! backend's kernel tests built for aarch64 under qemu-user, so the NEON kernels
-//! are checked against the scalar ones on an x86-64 machine (`.ci/run` installs
-//! the target, the cross linker and qemu). Likewise mDNS discovery between network
+//! `#[ignore]`d in a plain `cargo test`: it needs root, cgroup v1, iproute2 and no
+//! bed up), and the CPU backend's kernel tests built for aarch64 under qemu-user, so
+//! the NEON kernels are checked against the scalar ones on an x86-64 machine
+//! (`.ci/run` installs the target, the cross linker and qemu). Likewise mDNS discovery between network
 //! namespaces on a bridge (`prima-core/tests/discovery_netns.rs`) and the ring across
 //! two namespaces joined by a relay (`prima-core/tests/two_lans.rs`), where root can
 //! make namespaces. Last, the workspace type-checked for macOS, Windows and Android
@@ -75,7 +75,7 @@ pub fn run(layout: &Layout) -> Result<i32> {
     let [archive, arm_archive, arm_archive_qemu] = release_archives(layout)?;
     let optional = [
         (
-            "wgpu backend on lavapipe (every kernel and format, SmolLM2)",
+            "wgpu backend on lavapipe (every kernel and format, SmolLM2, Gemma 3)",
             wgpu_on_lavapipe(layout, &cargo)?,
         ),
         ("homelab smoke bed", homelab_smoke_bed(layout, &cargo)?),
