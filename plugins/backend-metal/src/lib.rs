@@ -20,13 +20,19 @@
 //! (Q8_0, Q8_1, Q8_K), takes integer block sums (`dot4I8Packed`) and combines each block
 //! with the CPU's scale arithmetic, adding blocks in the CPU's order; norms, attention and
 //! activations follow the CPU step for step, f16 conversions are done on integers (round to
-//! nearest even), and RoPE's cos/sin come from the host. WGSL gives no control over
-//! fused multiply-add contraction, and f64 (the CPU's RMS and softmax sums, and attention's
-//! e^x) only where the adapter has SHADER_F64: how close the results are on a given driver
-//! is what tests/lavapipe.rs measures and states.
+//! nearest even), and RoPE's cos/sin come from the host. WGSL gives no control over fused
+//! multiply-add contraction or reassociation (SPIR-V from naga marks nothing exact), so two
+//! places are written to survive the latter: e^x rounds with `round()` rather than the
+//! CPU's add-and-subtract trick, and the row-per-invocation matmul passes each block value
+//! through an opaque OR before adding it. f64 (the CPU's RMS and softmax sums, attention's
+//! e^x and tanh) is used where the adapter has SHADER_F64, f32 otherwise. On lavapipe every
+//! operation, every format and whole models (SmolLM2 Q4_1, Gemma 3 Q4_K_M) equal the CPU
+//! bit for bit (tests/lavapipe.rs); other drivers are untested.
 //!
 //! Reductions use workgroup memory; subgroup operations are not used (the CPU's summation
-//! order, which the kernels keep, is serial where it matters).
+//! order, which the kernels keep, is serial where it matters). Matmul comes in two shapes
+//! with the same bits: a workgroup per weight row (GPUs) and an invocation per row (CPU
+//! adapters, where barriers are costly).
 
 pub mod backend;
 pub mod device;
