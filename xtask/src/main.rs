@@ -28,6 +28,7 @@ mod spec_bench;
 mod synth_model;
 mod test;
 mod test_models;
+mod vulkan;
 mod wheel;
 
 use std::process::ExitCode;
@@ -47,7 +48,8 @@ struct Cli {
 #[derive(Subcommand)]
 enum Task {
     /// Everything `cargo build` and `prima` need on a bare machine: the build tools it
-    /// lacks (cmake, libclang, from PyPI) and the models (fetch-models).
+    /// lacks (cmake, libclang, from PyPI), Mesa's software Vulkan driver for the wgpu
+    /// backend's tests (apt-get, as root on Debian/Ubuntu) and the models (fetch-models).
     Setup,
     /// Put SmolLM2-135M-Instruct Q4_1 and Gemma-3-270M Q4_K_M into models/.
     FetchModels,
@@ -119,6 +121,7 @@ fn run(cli: Cli) -> Result<u8> {
     match cli.command {
         Task::Setup => {
             build_tools::ensure_for_cargo(&layout)?;
+            vulkan::ensure_lavapipe();
             fetch_models::run(&layout)?;
         }
         Task::FetchModels => fetch_models::run(&layout)?,

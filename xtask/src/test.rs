@@ -5,11 +5,12 @@
 //! (`PRIMA_REQUIRE_MODELS=1`), so a missing model fails instead of skipping.
 //! Then steps that need more than a build machine, each run where the machine
 //! can and otherwise reported as skipped, never passed, in the closing summary:
-//! the home-lab smoke bed (`xtask/tests/homelab.rs`, `#[ignore]`d in a plain
-//! `cargo test`: it needs root, cgroup v1, iproute2 and no bed up), and the CPU
-//! backend's kernel tests built for aarch64 under qemu-user, so the NEON kernels
-//! are checked against the scalar ones on an x86-64 machine (`.ci/run` installs
-//! the target, the cross linker and qemu). Likewise mDNS discovery between network
+//! the wgpu backend's tests on Mesa's software Vulkan driver (lavapipe, which
+//! `cargo xtask setup` installs), the home-lab smoke bed (`xtask/tests/homelab.rs`,
+//! `#[ignore]`d in a plain `cargo test`: it needs root, cgroup v1, iproute2 and no
+//! bed up), and the CPU backend's kernel tests built for aarch64 under qemu-user, so
+//! the NEON kernels are checked against the scalar ones on an x86-64 machine
+//! (`.ci/run` installs the target, the cross linker and qemu). Likewise mDNS discovery between network
 //! namespaces on a bridge (`prima-core/tests/discovery_netns.rs`) and the ring across
 //! two namespaces joined by a relay (`prima-core/tests/two_lans.rs`), where root can
 //! make namespaces. Last, the workspace type-checked for macOS, Windows and Android
@@ -28,6 +29,7 @@ use crate::fuzz;
 use crate::homelab;
 use crate::layout::Layout;
 use crate::test_models;
+use crate::vulkan;
 
 /// Returns the exit code of the first cargo step that fails, 0 otherwise.
 pub fn run(layout: &Layout) -> Result<i32> {
@@ -48,7 +50,15 @@ pub fn run(layout: &Layout) -> Result<i32> {
             "warnings",
         ],
         &["build", "--release", "--workspace"],
-        &["test", "--release", "--workspace", "--no-fail-fast"],
+        // The wgpu backend's tests run below, as a step of their own.
+        &[
+            "test",
+            "--release",
+            "--workspace",
+            "--no-fail-fast",
+            "--exclude",
+            WGPU_PLUGIN,
+        ],
     ];
     for step in steps {
         let status = Command::new(&cargo)
@@ -64,6 +74,10 @@ pub fn run(layout: &Layout) -> Result<i32> {
     // Each runs even when an earlier one fails, as the test binaries do.
     let [archive, arm_archive, arm_archive_qemu] = release_archives(layout)?;
     let optional = [
+        (
+            "wgpu backend on lavapipe (every kernel and format, SmolLM2, Gemma 3)",
+            wgpu_on_lavapipe(layout, &cargo)?,
+        ),
         ("homelab smoke bed", homelab_smoke_bed(layout, &cargo)?),
         (
             "discovery across network namespaces",
@@ -137,6 +151,36 @@ fn fuzz_briefly(layout: &Layout) -> Optional {
             Optional::Ran(1)
         }
     }
+}
+
+/// The wgpu backend's crate (`plugins/backend-metal`).
+const WGPU_PLUGIN: &str = "prima-backend-metal";
+
+/// The wgpu backend's tests: its unit tests, and `tests/lavapipe.rs` against the CPU
+/// backend on Mesa's software Vulkan driver, required (`PRIMA_REQUIRE_VULKAN=1`) where
+/// lavapipe is installed. Without it the GPU tests skip, and the step says so.
+fn wgpu_on_lavapipe(layout: &Layout, cargo: &std::ffi::OsStr) -> Result<Optional> {
+    let installed = vulkan::lavapipe_installed();
+    let mut cmd = Command::new(cargo);
+    cmd.args(["test", "--release", "-p", WGPU_PLUGIN])
+        .current_dir(&layout.workspace)
+        .env("PRIMA_REQUIRE_MODELS", "1");
+    if installed {
+        cmd.env("PRIMA_REQUIRE_VULKAN", "1");
+    }
+    let code = exit_code(
+        cmd.status()
+            .context("cannot start the wgpu backend's tests")?,
+    );
+    Ok(if installed || code != 0 {
+        Optional::Ran(code)
+    } else {
+        Optional::Skipped(
+            "lavapipe is not installed (`cargo xtask setup` installs it as root on Debian/Ubuntu); \
+             only the unit tests ran"
+                .into(),
+        )
+    })
 }
 
 /// The smoke test's name in `xtask/tests/homelab.rs`.

@@ -1,0 +1,128 @@
+// Causal attention over the F16 KV cache (GQA, sliding window, logit soft-capping). Cache
+// layout per layer: K [n_ctx][n_head_kv][dk], V [n_ctx][n_head_kv][dv], f16 pairs per word.
+// One workgroup per (head, token): query token t sits at position start + t and sees keys
+// first = max(0, pos + 1 − window) ..= pos. The numerics are the CPU backend's
+// (ops/attention.rs) step for step: q rounded to f16; s_j = scale · (q · k_j) in its F16
+// vec_dot order (element d into accumulator d % 16, the 16 folded by halving, the dk % 16
+// tail after), soft-capped; e_j = exp(s_j − max); total = Σ e_j in order in {TOTAL_T};
+// p_j = f16(e_j · (1 / total)); out = Σ_j p_j · v_j in key order.
+// SC is scratch of `span` floats per (token, head).
+const WG: u32 = 64u;
+
+struct Params {
+    n_head: u32,
+    n_head_kv: u32,
+    dk: u32,
+    dv: u32,
+    start: u32,
+    window: u32,
+    scale: f32,
+    softcap: f32,
+    span: u32,
+}
+
+@group(0) @binding(0) var<uniform> P: Params;
+@group(0) @binding(1) var<storage, read> Q: array<f32>;
+@group(0) @binding(2) var<storage, read> K: array<u32>;
+@group(0) @binding(3) var<storage, read> V: array<u32>;
+@group(0) @binding(4) var<storage, read_write> OUT: array<f32>;
+@group(0) @binding(5) var<storage, read_write> SC: array<f32>;
+
+var<workgroup> qs: array<f32, 512>;
+var<workgroup> red: array<f32, 64>;
+var<workgroup> norm_sh: f32;
+
+fn half_at(words: u32, idx: u32) -> f32 {
+    return f16_to_f32(words >> ((idx & 1u) * 16u));
+}
+
+{EXP_FN}
+
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let h = wid.x;
+    let t = wid.y;
+    let kvh = h / (P.n_head / P.n_head_kv);
+    let pos = P.start + t;
+    var first = 0u;
+    if (P.window > 0u && pos + 1u > P.window) {
+        first = pos + 1u - P.window;
+    }
+    let n = pos + 1u - first;
+    let qh = (t * P.n_head + h) * P.dk;
+    for (var d = lid; d < P.dk; d += WG) {
+        qs[d] = round_f16(Q[qh + d]);
+    }
+    workgroupBarrier();
+
+    let sc = (t * P.n_head + h) * P.span;
+    var m = bitcast<f32>(0xff800000u);
+    let full = P.dk / 16u * 16u;
+    for (var i = lid; i < n; i += WG) {
+        let kb = ((first + i) * P.n_head_kv + kvh) * P.dk;
+        var acc: array<f32, 16>;
+        for (var d0 = 0u; d0 < full; d0 += 16u) {
+            for (var l = 0u; l < 16u; l++) {
+                let idx = kb + d0 + l;
+                acc[l] = acc[l] + qs[d0 + l] * half_at(K[idx >> 1u], idx);
+            }
+        }
+        for (var o = 8u; o > 0u; o = o >> 1u) {
+            for (var l = 0u; l < o; l++) {
+                acc[l] = acc[l] + acc[l + o];
+            }
+        }
+        var s = acc[0];
+        for (var d = full; d < P.dk; d++) {
+            let idx = kb + d;
+            s = s + qs[d] * half_at(K[idx >> 1u], idx);
+        }
+        s = P.scale * s;
+        if (P.softcap != 0.0) {
+            s = P.softcap * tanh_cap(s / P.softcap);
+        }
+        SC[sc + i] = s;
+        m = max(m, s);
+    }
+    red[lid] = m;
+    workgroupBarrier();
+    for (var o = WG / 2u; o > 0u; o = o >> 1u) {
+        if (lid < o) {
+            red[lid] = max(red[lid], red[lid + o]);
+        }
+        workgroupBarrier();
+    }
+    m = red[0];
+    for (var i = lid; i < n; i += WG) {
+        SC[sc + i] = exp_shifted(SC[sc + i] - m);
+    }
+    storageBarrier();
+    workgroupBarrier();
+    if (lid == 0u) {
+        var total = {TOTAL_T}(0);
+        for (var i = 0u; i < n; i++) {
+            total = total + {TOTAL_T}(SC[sc + i]);
+        }
+        var norm = 0.0;
+        if (total > {TOTAL_T}(0)) {
+            norm = f32({TOTAL_T}(1) / total);
+        }
+        norm_sh = norm;
+    }
+    workgroupBarrier();
+    let norm = norm_sh;
+    for (var i = lid; i < n; i += WG) {
+        SC[sc + i] = round_f16(SC[sc + i] * norm);
+    }
+    storageBarrier();
+    workgroupBarrier();
+    let oh = (t * P.n_head + h) * P.dv;
+    for (var d = lid; d < P.dv; d += WG) {
+        var o = 0.0;
+        for (var i = 0u; i < n; i++) {
+            let idx = ((first + i) * P.n_head_kv + kvh) * P.dv + d;
+            o = o + SC[sc + i] * half_at(V[idx >> 1u], idx);
+        }
+        OUT[oh + d] = o;
+    }
+}

@@ -1,0 +1,207 @@
+//! The WGSL kernel sources and how one pipeline's shader is assembled from them.
+//!
+//! Every pipeline is its own small shader with one entry point, `main`: the shared
+//! functions (`common.wgsl`), for the row kernels the weight binding and byte readers
+//! (`weights.wgsl`) and the format family's decoders (`formats_*.wgsl`), then a template
+//! (`get_rows.wgsl`, `matmul_*.wgsl`, …) whose `{NAME}`-style holes name the format or
+//! operation. One entry point per shader keeps each pipeline's bindings exactly those its
+//! template declares (the pipelines use wgpu's automatic layouts). Nothing here talks to a
+//! GPU: [`source`] is plain text that `crate::device` compiles.
+
+use crate::formats::{format_of_kernel, Activation, Family, Format};
+
+const COMMON: &str = include_str!("common.wgsl");
+const WEIGHTS: &str = include_str!("weights.wgsl");
+
+fn family_source(f: Family) -> &'static str {
+    match f {
+        Family::Float => include_str!("formats_float.wgsl"),
+        Family::Legacy => include_str!("formats_legacy.wgsl"),
+        Family::K => include_str!("formats_k.wgsl"),
+    }
+}
+
+/// Workgroup size of the 1-D kernels (the `64u` in their `flat_id` calls).
+pub const WG: u32 = 64;
+/// Tokens per matmul workgroup: `TOK` in matmul_quant.wgsl, 4 in matmul_float.wgsl.
+pub const MATMUL_TOKENS_QUANT: u32 = 8;
+pub const MATMUL_TOKENS_FLOAT: u32 = 4;
+/// The largest head size attention takes (`qs` in attention.wgsl).
+pub const ATT_MAX_HEAD_DIM: u32 = 512;
+
+/// The WGSL of pipeline `name`, or `None` if there is no such kernel. `f64`: whether the
+/// device has SHADER_F64 (RMS norm's sum and attention's exp and total use it if so).
+pub fn source(name: &str, f64: bool) -> Option<String> {
+    let mut src = String::with_capacity(16 * 1024);
+    src.push_str(COMMON);
+    let sum_t = if f64 { "f64" } else { "f32" };
+    if let Some(kernel) = name.strip_prefix("get_rows_") {
+        push_format(&mut src, format_of_kernel(kernel)?);
+        src.push_str(&fill(
+            include_str!("get_rows.wgsl"),
+            format_of_kernel(kernel)?,
+        ));
+    } else if let Some(kernel) = name.strip_prefix("matmul_") {
+        let f = format_of_kernel(kernel)?;
+        push_format(&mut src, f);
+        let template = match f.activation {
+            Activation::Float => include_str!("matmul_float.wgsl"),
+            _ => include_str!("matmul_quant.wgsl"),
+        };
+        src.push_str(&fill(template, f));
+    } else if let Some(kernel) = name.strip_prefix("rowmatmul_") {
+        let f = format_of_kernel(kernel)?;
+        push_format(&mut src, f);
+        let template = match f.activation {
+            Activation::Float => include_str!("matmul_float_rows.wgsl"),
+            _ => include_str!("matmul_quant_rows.wgsl"),
+        };
+        src.push_str(&fill(template, f));
+    } else if let Some(kind) = name.strip_prefix("quantize_") {
+        let body = match kind {
+            "q8_0" => "quantize_32(blk, false);",
+            "q8_1" => "quantize_32(blk, true);",
+            "q8_k" => "quantize_256(blk);",
+            _ => return None,
+        };
+        src.push_str(
+            &include_str!("quantize.wgsl")
+                .replace("{KIND}", kind)
+                .replace("{BODY}", body),
+        );
+    } else {
+        match name {
+            "add" | "add_bias" | "swiglu" | "geglu" => {
+                src.push_str(&include_str!("binary.wgsl").replace("{NAME}", name))
+            }
+            "scale" => src.push_str(include_str!("scale.wgsl")),
+            "rms_norm" => src.push_str(&include_str!("rms_norm.wgsl").replace("{SUM_T}", sum_t)),
+            "rope" => src.push_str(include_str!("rope.wgsl")),
+            "store_f16" => src.push_str(include_str!("store_f16.wgsl")),
+            "attention" => {
+                let exp = if f64 {
+                    include_str!("exp_f64.wgsl")
+                } else {
+                    include_str!("exp_f32.wgsl")
+                };
+                src.push_str(
+                    &include_str!("attention.wgsl")
+                        .replace("{TOTAL_T}", sum_t)
+                        .replace("{EXP_FN}", exp),
+                );
+            }
+            _ => return None,
+        }
+    }
+    Some(src)
+}
+
+fn push_format(src: &mut String, f: &Format) {
+    src.push_str(WEIGHTS);
+    src.push_str(family_source(f.family));
+}
+
+fn fill(template: &str, f: &Format) -> String {
+    template
+        .replace("{NAME}", f.kernel)
+        .replace("{QK}", &f.qk().to_string())
+        .replace("{BYTES}", &f.block_bytes().to_string())
+}
+
+/// Every pipeline the backend can create (the tests compile them all).
+pub fn all_kernels() -> Vec<String> {
+    let mut v: Vec<String> = crate::formats::FORMATS
+        .iter()
+        .flat_map(|f| {
+            [
+                format!("get_rows_{}", f.kernel),
+                format!("matmul_{}", f.kernel),
+            ]
+        })
+        .collect();
+    for k in [
+        "quantize_q8_0",
+        "quantize_q8_1",
+        "quantize_q8_k",
+        "add",
+        "add_bias",
+        "swiglu",
+        "geglu",
+        "scale",
+        "rms_norm",
+        "rope",
+        "store_f16",
+        "attention",
+    ] {
+        v.push(k.to_string());
+    }
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every source parses and validates as WGSL (naga, no GPU needed), with and
+    /// without f64.
+    #[test]
+    fn every_kernel_is_valid_wgsl() {
+        for f64 in [false, true] {
+            for name in all_kernels() {
+                let src = source(&name, f64).unwrap_or_else(|| panic!("{name}: no source"));
+                for hole in [
+                    "{NAME}",
+                    "{QK}",
+                    "{BYTES}",
+                    "{SUM_T}",
+                    "{TOTAL_T}",
+                    "{EXP_FN}",
+                    "{KIND}",
+                    "{BODY}",
+                ] {
+                    assert!(!src.contains(hole), "{name}: {hole} left unfilled");
+                }
+                let module = naga::front::wgsl::parse_str(&src)
+                    .unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(&src)));
+                // unpack2x16float needs SHADER_FLOAT16_IN_FLOAT32, which wgpu grants
+                // wherever the downlevel flag SHADER_F16_IN_F32 holds (every native API).
+                let mut caps = naga::valid::Capabilities::SHADER_FLOAT16_IN_FLOAT32;
+                if f64 {
+                    caps |= naga::valid::Capabilities::FLOAT64;
+                }
+                naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps)
+                    .validate(&module)
+                    .unwrap_or_else(|e| panic!("{name} (f64 {f64}): {}", e.emit_to_string(&src)));
+            }
+        }
+        assert!(source("matmul_q8_k", false).is_none());
+        assert!(source("nothing", false).is_none());
+    }
+
+    #[test]
+    fn every_format_has_its_functions() {
+        for f in crate::formats::FORMATS {
+            let fam = family_source(f.family);
+            assert!(
+                fam.contains(&format!("fn deq_{}(", f.kernel)),
+                "{}",
+                f.kernel
+            );
+            match f.activation {
+                Activation::Float => {
+                    assert!(fam.contains(&format!("fn elem_{}(", f.kernel)));
+                    assert!(fam.contains(&format!("fn act_{}(", f.kernel)));
+                }
+                _ => {
+                    for p in ["dec", "part", "comb"] {
+                        assert!(
+                            fam.contains(&format!("fn {p}_{}(", f.kernel)),
+                            "{p} {}",
+                            f.kernel
+                        );
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,50 @@
+//! Prima's wgpu backend plugin: GPUs through Metal (Apple), Vulkan (Linux, Android,
+//! Windows) and DX12 (Windows), behind the backend ABI. The crate keeps the design card's
+//! name, `backend-metal`; the backend is called `wgpu` (`--backend wgpu`).
+//!
+//! Built with no GPU SDK: wgpu opens the Vulkan loader at run time, and a machine without
+//! an adapter still loads the plugin; it reports why through the ABI's `unavailable` and
+//! refuses `create`. Software adapters (llvmpipe) are used only when asked
+//! (`PRIMA_WGPU_ALLOW_SOFTWARE=1`, see [`device`]).
+//!
+//! - [`kernels`]: the WGSL sources, one per operation, format family or row-kernel
+//!   template, and how one pipeline's shader is assembled.
+//! - [`formats`]: the weight formats the GPU reads and the checks before an upload.
+//! - [`device`]: the availability probe and an opened adapter (device, queue, pipelines).
+//! - [`ops`]: the host side of each operation: checks, uploads, dispatches, read-back.
+//! - [`rope_table`]: RoPE's cos/sin, computed on the host as the CPU backend computes them.
+//! - [`backend`]: the ABI glue, every call guarded against panics and GPU errors.
+//!
+//! Numerics: the CUDA plugin's, which are the CPU backend's (its scalar kernels are the
+//! oracle). A matmul quantizes its activations once to the weight format's 8-bit companion
+//! (Q8_0, Q8_1, Q8_K), takes integer block sums (`dot4I8Packed`) and combines each block
+//! with the CPU's scale arithmetic, adding blocks in the CPU's order; norms, attention and
+//! activations follow the CPU step for step, f16 conversions are done on integers (round to
+//! nearest even), and RoPE's cos/sin come from the host. WGSL gives no control over fused
+//! multiply-add contraction or reassociation (SPIR-V from naga marks nothing exact), so two
+//! places are written to survive the latter: e^x rounds with `round()` rather than the
+//! CPU's add-and-subtract trick, and the row-per-invocation matmul passes each block value
+//! through an opaque OR before adding it. f64 (the CPU's RMS and softmax sums, attention's
+//! e^x and tanh) is used where the adapter has SHADER_F64, f32 otherwise. On lavapipe every
+//! operation, every format and whole models (SmolLM2 Q4_1, Gemma 3 Q4_K_M) equal the CPU
+//! bit for bit (tests/lavapipe.rs); other drivers are untested.
+//!
+//! Reductions use workgroup memory; subgroup operations are not used (the CPU's summation
+//! order, which the kernels keep, is serial where it matters). Matmul comes in two shapes
+//! with the same bits: a workgroup per weight row (GPUs) and an invocation per row (CPU
+//! adapters, where barriers are costly).
+
+pub mod backend;
+pub mod device;
+pub mod formats;
+pub mod kernels;
+pub mod ops;
+pub mod rope_table;
+
+pub use backend::{create_backend, WgpuBackend};
+
+prima_core::export_backend_plugin!(
+    name = "wgpu",
+    create = create_backend,
+    unavailable = backend::unavailable
+);
