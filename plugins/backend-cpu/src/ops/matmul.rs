@@ -33,8 +33,12 @@ const TOKEN_TILE_BYTES: usize = 128 * 1024;
 /// Packed panel bytes of one chunk (at least one panel), kept in L2 with a token block.
 const CHUNK_PANEL_BYTES: usize = 256 * 1024;
 
-/// Fewest tokens for which repacking a panel pays (below, the tiles of `dot_rows` run).
+/// Fewest tokens for which repacking a panel pays (below, the small-batch kernels or the
+/// tiles of `dot_rows` run).
 pub const PANEL_MIN_TOKENS: usize = 8;
+
+/// Most tokens the small-batch kernels ([`crate::formats::FewKernels`]) take.
+const FEW_MAX_TOKENS: usize = PANEL_MIN_TOKENS - 1;
 
 thread_local! {
     /// Each pool thread's packed panel and its token-major results, reused across calls.
@@ -106,6 +110,7 @@ pub fn matmul(
         activations,
         rows_by_token,
         panel_aux,
+        few_pack,
         ..
     } = scratch;
     let act = sized(activations, n_tokens * act_row_bytes);
@@ -158,6 +163,15 @@ pub fn matmul(
 
     let chunk = w.rows.div_ceil(pool.threads() * CHUNKS_PER_THREAD).max(1);
     let n_chunks = w.rows.div_ceil(chunk);
+    // A few tokens: packed once, then each row unpacked once for all of them.
+    let few = kernels
+        .few
+        .filter(|f| (2..=f.max_tokens.min(FEW_MAX_TOKENS)).contains(&n_tokens))
+        .map(|f| {
+            let pack = sized(few_pack, (f.pack_bytes)(w.cols, n_tokens));
+            (f.pack)(w.cols, act, act_row_bytes, n_tokens, pack);
+            (f.dot, &*pack)
+        });
     // One token: row-major and token-major coincide, write straight into `out`.
     if n_tokens == 1 {
         let dst = SharedOut(out.as_mut_ptr());
@@ -184,7 +198,13 @@ pub fn matmul(
         let o = unsafe {
             std::slice::from_raw_parts_mut(by_row.ptr().add(first * n_tokens), rows * n_tokens)
         };
-        dot_rows(&kernels, &w, first, act, act_row_bytes, n_tokens, o);
+        match few {
+            Some((dot, pack)) => {
+                let w_rows = &w.data[first * w.row_bytes..(first + rows) * w.row_bytes];
+                dot(w.cols, w_rows, w.row_bytes, pack, n_tokens, o);
+            }
+            None => dot_rows(&kernels, &w, first, act, act_row_bytes, n_tokens, o),
+        }
         for t in 0..n_tokens {
             // SAFETY: chunk `c` owns columns `first .. first + rows` of every token's row of
             // `out` (`n_tokens × w.rows`, checked above), disjoint per chunk; `out` outlives

@@ -15,5 +15,6 @@
 
 pub mod avx2;
 pub mod avx512;
+mod few512;
 mod panel256;
 mod panel512;
