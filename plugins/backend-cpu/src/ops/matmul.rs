@@ -13,6 +13,11 @@
 //! [`PANEL_MIN_TOKENS`] tokens, chunks are whole panels instead: each panel's rows are
 //! repacked once into a per-thread scratch buffer and dotted against every token, and the
 //! kernel's token-major results go straight into `out`. Panel results equal `vec_dot` too.
+//!
+//! Where the level has small-batch kernels ([`crate::formats::FewKernels`]) and the batch
+//! has 2 ..= their `max_tokens` tokens (continuous batching's decode steps), the tokens'
+//! activations are packed once and each chunk's rows are dotted against all of them by
+//! the small-batch kernel instead of `dot_rows`. Their results equal `vec_dot` too.
 
 use super::{expect_len, mul, OpResult, Weight};
 use crate::formats::{FormatKernels, PanelKernels};
@@ -33,12 +38,10 @@ const TOKEN_TILE_BYTES: usize = 128 * 1024;
 /// Packed panel bytes of one chunk (at least one panel), kept in L2 with a token block.
 const CHUNK_PANEL_BYTES: usize = 256 * 1024;
 
-/// Fewest tokens for which repacking a panel pays (below, the small-batch kernels or the
-/// tiles of `dot_rows` run).
+/// Fewest tokens for which repacking a panel pays (below, the tiles of `dot_rows` run).
+/// Where a format has small-batch kernels ([`crate::formats::FewKernels`]), they take
+/// precedence up to their `max_tokens`.
 pub const PANEL_MIN_TOKENS: usize = 8;
-
-/// Most tokens the small-batch kernels ([`crate::formats::FewKernels`]) take.
-const FEW_MAX_TOKENS: usize = PANEL_MIN_TOKENS - 1;
 
 thread_local! {
     /// Each pool thread's packed panel and its token-major results, reused across calls.
@@ -132,9 +135,18 @@ pub fn matmul(
     }
     let act: &[u8] = act;
 
+    // A few tokens: packed once, then each row unpacked once for all of them.
+    let few = kernels
+        .few
+        .filter(|f| (2..=f.max_tokens).contains(&n_tokens))
+        .map(|f| {
+            let pack = sized(few_pack, (f.pack_bytes)(w.cols, n_tokens));
+            (f.pack)(w.cols, act, act_row_bytes, n_tokens, pack);
+            (f.dot, &*pack)
+        });
     if let Some(panel) = kernels
         .panel
-        .filter(|p| n_tokens >= PANEL_MIN_TOKENS && w.rows >= p.rows)
+        .filter(|p| few.is_none() && n_tokens >= PANEL_MIN_TOKENS && w.rows >= p.rows)
     {
         let panel_rows = w.rows / panel.rows * panel.rows;
         panel_matmul(
@@ -163,15 +175,6 @@ pub fn matmul(
 
     let chunk = w.rows.div_ceil(pool.threads() * CHUNKS_PER_THREAD).max(1);
     let n_chunks = w.rows.div_ceil(chunk);
-    // A few tokens: packed once, then each row unpacked once for all of them.
-    let few = kernels
-        .few
-        .filter(|f| (2..=f.max_tokens.min(FEW_MAX_TOKENS)).contains(&n_tokens))
-        .map(|f| {
-            let pack = sized(few_pack, (f.pack_bytes)(w.cols, n_tokens));
-            (f.pack)(w.cols, act, act_row_bytes, n_tokens, pack);
-            (f.dot, &*pack)
-        });
     // One token: row-major and token-major coincide, write straight into `out`.
     if n_tokens == 1 {
         let dst = SharedOut(out.as_mut_ptr());

@@ -1,19 +1,15 @@
-//! AVX-512 VNNI small-batch kernels (see [`crate::formats::FewKernels`]): one weight row
-//! against 2 ..= 8 tokens, for continuous batching's decode steps, where a batch holds one
-//! token per request and repacking weight panels costs more than it saves.
+//! AVX-512 VNNI small-batch kernels (see [`crate::formats::FewKernels`] and the pack in
+//! [`super::few`]): weight rows against 2 ..= 8 tokens, for continuous batching's decode
+//! steps, where a batch holds one token per request and repacking weight panels costs
+//! more than it saves.
 //!
-//! The tokens' activations are packed once per matmul: for each pair of blocks, each
-//! token's 64 quant bytes (two blocks) contiguous, so a token's dot with a pair is one
-//! `vpdpbusd` straight from memory; then per pair the blocks' scales as f32 lanes, one
-//! lane per token (`[block 2p: tokens | block 2p+1: tokens]`). A weight row's pair of
-//! blocks is unpacked once for all the tokens, the pair's integer sums of every token are
-//! reduced together, and the float terms of every (block, token) are computed in the lanes
-//! of one vector and added, block after block, to one running sum per token lane.
-//!
-//! Numerics as `formats::x86` promises: block sums are exact in integers; each lane's float
-//! term is the scalar kernel's expression in its order, and each token's lane adds the
-//! terms in block order starting from 0.0, as the scalar loop does. So every result equals
-//! the scalar `vec_dot` bit for bit, whatever the batch.
+//! A weight row's pair of blocks is unpacked once into one 512-bit vector for all the
+//! tokens; each token's dot with it is one `vpdpbusd` on its packed quants; the pair's
+//! sums of four tokens (or of two rows × two tokens) are reduced together, and their
+//! float terms computed in the lanes of one vector and added, block after block, to one
+//! running sum per lane. Block sums are exact in integers; each lane adds its terms in
+//! block order from 0.0, as the scalar loop does, so every result equals the scalar
+//! `vec_dot` bit for bit, whatever the batch.
 //!
 //! Signed formats (Q4_0, Q5_0, Q8_0) are packed with their activations biased to unsigned
 //! (`a + 128`, as `vpdpbusd` takes them), and each weight pair's accumulators start at
@@ -21,181 +17,34 @@
 
 use super::avx2::{load, nibbles32, prefetch_ahead};
 use super::avx512::nibbles32_pair;
-use crate::formats::{f16_at as f16_le, q4_0, q4_1, q5_0, q5_1, q8_0, q8_1, FewKernels};
+use super::few::{
+    layout, pack_q8_0_biased, pack_q8_1, terms4, weight_scales, MAX_TOKENS, MIN, PAIR_QUANTS, SDD,
+    SPROD,
+};
+use crate::formats::{q4_0, q4_1, q5_0, q5_1, q8_0, FewKernels};
 use core::arch::x86_64::*;
 use prima_core::gguf::GgmlType;
-
-/// Most tokens a pack holds: two groups of four lanes.
-const MAX_TOKENS: usize = 8;
-
-/// Quant bytes of one token's pair of blocks.
-const PAIR_QUANTS: usize = 64;
 
 /// The small-batch kernels of weight type `t` at this level, if it has them.
 pub(in crate::formats) fn kernels(t: GgmlType) -> Option<FewKernels> {
     use GgmlType as T;
     let few = |pack, dot| FewKernels {
         max_tokens: MAX_TOKENS,
-        pack_bytes,
+        pack_bytes: super::few::pack_bytes,
         pack,
         dot,
     };
     Some(match t {
-        T::Q4_0 => few(pack_q8_0, dot_q4_0),
-        T::Q5_0 => few(pack_q8_0, dot_q5_0),
-        T::Q8_0 => few(pack_q8_0, dot_q8_0),
+        T::Q4_0 => few(pack_q8_0_biased, dot_q4_0),
+        T::Q5_0 => few(pack_q8_0_biased, dot_q5_0),
+        T::Q8_0 => few(pack_q8_0_biased, dot_q8_0),
         T::Q4_1 => few(pack_q8_1, dot_q4_1),
         T::Q5_1 => few(pack_q8_1, dot_q5_1),
         _ => return None,
     })
 }
 
-/// Token lanes of a pack of `n_tokens`: 4 or 8.
-fn lanes(n_tokens: usize) -> usize {
-    if n_tokens <= 4 {
-        4
-    } else {
-        8
-    }
-}
-
-/// Where a pack's parts start: `(pairs, scale section offset)`.
-fn layout(n: usize, n_tokens: usize) -> (usize, usize) {
-    let pairs = (n / 32).div_ceil(2);
-    (pairs, pairs * n_tokens * PAIR_QUANTS)
-}
-
-/// Scale bytes of one pair: `d_a` lanes of both blocks, then `s_a` lanes of both blocks.
-fn pair_scale_bytes(lanes: usize) -> usize {
-    2 * 2 * lanes * 4
-}
-
-fn pack_bytes(n: usize, n_tokens: usize) -> usize {
-    let (pairs, scales) = layout(n, n_tokens);
-    scales + pairs * pair_scale_bytes(lanes(n_tokens))
-}
-
-/// Packs Q8_0/Q8_1 activation rows (`block_bytes` each block, quants at `quant_off`, the
-/// f16 `d` at 0 and, with `sums`, the f16 `s` at 2), the quants XOR-ed with `bias`.
-#[allow(clippy::too_many_arguments)]
-fn pack_with(
-    n: usize,
-    acts: &[u8],
-    a_stride: usize,
-    n_tokens: usize,
-    pack: &mut [u8],
-    block_bytes: usize,
-    quant_off: usize,
-    bias: u8,
-    sums: bool,
-) {
-    let nb = n / 32;
-    assert!(
-        (1..=MAX_TOKENS).contains(&n_tokens)
-            && pack.len() >= pack_bytes(n, n_tokens)
-            && a_stride >= nb * block_bytes
-            && acts.len() >= (n_tokens - 1) * a_stride + nb * block_bytes,
-        "few-token pack: short rows or buffer"
-    );
-    let (pairs, scale_off) = layout(n, n_tokens);
-    let l = lanes(n_tokens);
-    let (quants, scales) = pack.split_at_mut(scale_off);
-    let block = |t: usize, i: usize| &acts[t * a_stride + i * block_bytes..][..block_bytes];
-    for (p, pair) in quants.chunks_exact_mut(n_tokens * PAIR_QUANTS).enumerate() {
-        for (t, dst) in pair.chunks_exact_mut(PAIR_QUANTS).enumerate() {
-            for (h, half) in dst.chunks_exact_mut(32).enumerate() {
-                match 2 * p + h {
-                    // A missing last block: its sums are never used.
-                    i if i >= nb => half.fill(bias),
-                    i => {
-                        let src = &block(t, i)[quant_off..quant_off + 32];
-                        for (d, s) in half.iter_mut().zip(src) {
-                            *d = s ^ bias;
-                        }
-                    }
-                }
-            }
-        }
-    }
-    let scales = &mut scales[..pairs * pair_scale_bytes(l)];
-    for (p, pair) in scales.chunks_exact_mut(pair_scale_bytes(l)).enumerate() {
-        // Lane `h·l + t` of group `g` (0: d_a, 1: s_a): token `t`'s block `2p + h`, the
-        // tokens repeated across the lanes (a step of two rows takes two tokens twice).
-        for (k, lane) in pair.chunks_exact_mut(4).enumerate() {
-            let (g, h, t) = (k / (2 * l), k / l % 2, k % l);
-            let i = 2 * p + h;
-            let v = if i < nb && (g == 0 || sums) {
-                f16_le(block(t % n_tokens, i), 2 * g)
-            } else {
-                0.0
-            };
-            lane.copy_from_slice(&v.to_le_bytes());
-        }
-    }
-}
-
-fn pack_q8_0(n: usize, acts: &[u8], a_stride: usize, n_tokens: usize, pack: &mut [u8]) {
-    pack_with(
-        n,
-        acts,
-        a_stride,
-        n_tokens,
-        pack,
-        q8_0::BLOCK_BYTES,
-        2,
-        0x80,
-        false,
-    )
-}
-
-fn pack_q8_1(n: usize, acts: &[u8], a_stride: usize, n_tokens: usize, pack: &mut [u8]) {
-    pack_with(
-        n,
-        acts,
-        a_stride,
-        n_tokens,
-        pack,
-        q8_1::BLOCK_BYTES,
-        4,
-        0,
-        true,
-    )
-}
-
-/// How a format's block term is computed from its integer sum `s`, in the scalar order.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Terms {
-    /// `s · d · d_a` (Q4_0, Q5_0).
-    Sdd,
-    /// `s · (d · d_a)` (Q8_0).
-    SProd,
-    /// `d · d_a · s + m · s_a` (Q4_1, Q5_1).
-    Min,
-}
-
-/// Safe wrappers with the table's signature; they check the rows, the pack and `out`.
-macro_rules! dot_wrappers {
-    ($($name:ident => $imp:ident, $block:expr;)*) => {
-        $(fn $name(n: usize, w: &[u8], w_stride: usize, pack: &[u8], n_tokens: usize, out: &mut [f32]) {
-            let nb = n / 32;
-            assert!((1..=MAX_TOKENS).contains(&n_tokens), "few-token dot: {n_tokens} tokens");
-            let rows = out.len() / n_tokens;
-            assert!(
-                out.len() == rows * n_tokens
-                    && pack.len() >= pack_bytes(n, n_tokens)
-                    && w_stride >= nb * $block
-                    && (rows == 0 || w.len() >= (rows - 1) * w_stride + nb * $block),
-                "few-token dot: short rows, pack or output"
-            );
-            // SAFETY: only reachable through `overlay`'s table, which `dispatch` hands out
-            // after detecting avx2, fma, f16c, avx512f, avx512bw, avx512vl and avx512vnni;
-            // the rows, the pack and `out` are in bounds (above).
-            unsafe { $imp(n, w, w_stride, pack, n_tokens, out) }
-        })*
-    };
-}
-
-dot_wrappers! {
+few_dot_wrappers! {
     dot_q4_0 => rows_q4_0, q4_0::BLOCK_BYTES;
     dot_q5_0 => rows_q5_0, q5_0::BLOCK_BYTES;
     dot_q8_0 => rows_q8_0, q8_0::BLOCK_BYTES;
@@ -248,59 +97,6 @@ unsafe fn dot_pair<const SIGNED: bool>(a: *const u8, (wq, start): (__m512i, __m5
     }
 }
 
-/// The leading f16 pairs `[d, x]` of a pair of blocks of up to two rows as f32s:
-/// `[d0, x0, d1, x1]` of row 0 at `b`, then of row 1 at `b + ws` when `two_rows`
-/// (`x`: Q4_1's `m`, else whatever bytes follow `d`, unused). The second block of each
-/// only when `two`.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-#[inline]
-unsafe fn weight_scales(b: *const u8, ws: usize, wb: usize, two: bool, two_rows: bool) -> __m256 {
-    let word = |p: *const u8| (p as *const i32).read_unaligned();
-    let second = |p: *const u8| if two { word(p.add(wb)) } else { 0 };
-    let (w2, w3) = if two_rows {
-        (word(b.add(ws)), second(b.add(ws)))
-    } else {
-        (0, 0)
-    };
-    _mm256_cvtph_ps(_mm_setr_epi32(word(b), second(b), w2, w3))
-}
-
-/// Indices into [`weight_scales`]' vector of lane `k`'s weight `d` (`+ 1`: its `x`) for a
-/// step of `rows` rows × `n` tokens: lane `h·4 + k` is block `2p + h` of row `k / n`.
-#[inline(always)]
-fn scale_lanes(n: usize, rows: usize, plus: i32) -> [i32; 8] {
-    core::array::from_fn(|k| (4 * (k % 4 / n).min(rows - 1) + 2 * (k / 4)) as i32 + plus)
-}
-
-/// The float terms of a pair for four lanes: `s` is `[block 2p | block 2p+1]`, `dm` the
-/// weight scales ([`weight_scales`]), `sc` the pair's packed activation scales, and lane
-/// `k` belongs to row `k / n` of the step's `rows`.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-#[inline]
-unsafe fn terms4<const T: u8>(
-    s: __m256,
-    dm: __m256,
-    sc: *const f32,
-    n: usize,
-    rows: usize,
-) -> __m256 {
-    let lanes = |plus| _mm256_loadu_si256(scale_lanes(n, rows, plus).as_ptr() as *const __m256i);
-    let dw = _mm256_permutevar8x32_ps(dm, lanes(0));
-    let da = _mm256_loadu_ps(sc);
-    match T {
-        SDD => _mm256_mul_ps(_mm256_mul_ps(s, dw), da),
-        SPROD => _mm256_mul_ps(s, _mm256_mul_ps(dw, da)),
-        _ => {
-            let mw = _mm256_permutevar8x32_ps(dm, lanes(1));
-            let sa = _mm256_loadu_ps(sc.add(8));
-            _mm256_add_ps(
-                _mm256_mul_ps(_mm256_mul_ps(dw, da), s),
-                _mm256_mul_ps(mw, sa),
-            )
-        }
-    }
-}
-
 /// As [`terms4`] for eight token lanes of one row: `s` is `[block 2p: 8 | block 2p+1: 8]`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
@@ -322,10 +118,6 @@ unsafe fn terms8<const T: u8>(s: __m512, dm: __m256, sc: *const f32) -> __m512 {
         }
     }
 }
-
-const SDD: u8 = Terms::Sdd as u8;
-const SPROD: u8 = Terms::SProd as u8;
-const MIN: u8 = Terms::Min as u8;
 
 /// What a step needs besides its rows: the row length, weight row and block strides, the
 /// pack's quants and scales, and the format's weight unpacking.
