@@ -38,6 +38,7 @@ pub(super) fn pair_scale_bytes(lanes: usize) -> usize {
     2 * 2 * lanes * 4
 }
 
+/// Bytes of the pack of `n_tokens` rows of `n` columns (`FewKernels::pack_bytes`).
 pub(super) fn pack_bytes(n: usize, n_tokens: usize) -> usize {
     let (pairs, scales) = layout(n, n_tokens);
     scales + pairs * pair_scale_bytes(lanes(n_tokens))
@@ -102,6 +103,7 @@ fn pack_with(
     }
 }
 
+/// Q8_0 activations biased to unsigned (`a + 128`), for `vpdpbusd` against signed weights.
 pub(super) fn pack_q8_0_biased(
     n: usize,
     acts: &[u8],
@@ -137,6 +139,7 @@ pub(super) fn pack_q8_0(n: usize, acts: &[u8], a_stride: usize, n_tokens: usize,
     )
 }
 
+/// Q8_1 activations (of Q4_1 and Q5_1 weights), with their `s = d · Σq` lanes.
 pub(super) fn pack_q8_1(n: usize, acts: &[u8], a_stride: usize, n_tokens: usize, pack: &mut [u8]) {
     pack_with(
         n,
