@@ -379,6 +379,8 @@ pub struct Scratch {
     pub rows_by_token: Vec<f32>,
     /// Per-token side data of the row-panel kernels (activation block scales and sums).
     pub panel_aux: Vec<u8>,
+    /// The few tokens' packed activations of the small-batch kernels.
+    pub few_pack: Vec<u8>,
     /// Queries rounded to f16, as little-endian f16 bytes (attention).
     pub queries: Vec<u8>,
     /// cos/sin pairs of one position (rope).

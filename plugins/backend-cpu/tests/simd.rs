@@ -18,6 +18,10 @@
 //! - `panel_matmul_matches_scalar`: the row-panel prefill kernels (whole 16-row panels and
 //!   the rows after them, 8-token tiles and single-token tails), with every weight scale
 //!   kind and every activation kind above, equal the scalar `vec_dot` bit for bit.
+//! - `few_token_matmul_matches_scalar`: the small-batch kernels (2–8 tokens through
+//!   `ops::matmul`, and 1–8 tokens called directly with weight rows padded apart), over
+//!   odd and even block counts, every weight scale kind and every activation kind above,
+//!   equal the scalar `vec_dot` bit for bit.
 //! - `axpy_f16_matches_scalar`: each level's F16 `axpy` (attention's V weighting) returns
 //!   the scalar bits, over the float lengths (8-lane tails) and extreme values.
 //! - `gated_activations_match_portable`: each level's SiLU and GELU gates return the
@@ -645,6 +649,90 @@ fn panel_matmul_matches_scalar() {
                                 scale_kinds[r % 4],
                                 kinds[tok % kinds.len()].0
                             );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn few_token_matmul_matches_scalar() {
+    let scale_kinds = [Scales::Normal, Scales::Max, Scales::Subnormal, Scales::Zero];
+    let mut rng = ChaCha8Rng::seed_from_u64(23);
+    for level in levels() {
+        let lookup: KernelLookup = match level {
+            KernelLevel::Avx2 => |t| KernelLevel::Avx2.kernels(t),
+            KernelLevel::Avx512 => |t| KernelLevel::Avx512.kernels(t),
+            _ => continue,
+        };
+        for t in WEIGHT_TYPES {
+            let Some(few) = lookup(t).and_then(|k| k.few) else {
+                continue;
+            };
+            let k = scalar::kernels(t).unwrap();
+            let rows = 13;
+            for blocks in [1usize, 2, 3, 9, 18] {
+                let cols = blocks * t.block_elems();
+                let row_bytes = t.row_bytes(cols).unwrap();
+                let data: Vec<u8> = (0..rows)
+                    .flat_map(|r| random_row(&mut rng, t, cols, scale_kinds[r % 4]))
+                    .collect();
+                let w = TensorView {
+                    data: RSlice::from_slice(&data),
+                    ggml_type: t.id(),
+                    cols: cols as u64,
+                    rows: rows as u64,
+                };
+                let kinds = activations(&mut rng, cols);
+                let act_bytes = k.vec_dot_type.row_bytes(cols).unwrap();
+                for n_tokens in 1..=few.max_tokens {
+                    // Each token a different activation kind, whichever the batch size.
+                    let first_kind = rng.gen_range(0..kinds.len());
+                    let kind = |tok: usize| &kinds[(first_kind + tok) % kinds.len()];
+                    let x: Vec<f32> = (0..n_tokens).flat_map(|tok| kind(tok).1.clone()).collect();
+                    let mut act = vec![0u8; n_tokens * act_bytes];
+                    for (xs, a) in x.chunks_exact(cols).zip(act.chunks_exact_mut(act_bytes)) {
+                        (k.quantize_activation)(xs, a);
+                    }
+                    let want = |r: usize, tok: usize| {
+                        let wr = &data[r * row_bytes..(r + 1) * row_bytes];
+                        (k.vec_dot)(cols, wr, &act[tok * act_bytes..(tok + 1) * act_bytes])
+                    };
+                    let check = |g: f32, r: usize, tok: usize, how: &str| {
+                        let want = want(r, tok);
+                        assert!(
+                            same(g, want),
+                            "{} {t} n={cols} {n_tokens} tokens ({how}): row {r} ({:?}) token \
+                             {tok} ({}): {g} vs scalar {want}",
+                            level.name(),
+                            scale_kinds[r % 4],
+                            kind(tok).0
+                        );
+                    };
+                    if n_tokens >= 2 {
+                        let got = matmul_with(lookup, 2, w, &x, n_tokens);
+                        for tok in 0..n_tokens {
+                            for r in 0..rows {
+                                check(got[tok * rows + r], r, tok, "matmul");
+                            }
+                        }
+                    }
+                    // Directly: weight rows padded apart, the pack in a dirty buffer.
+                    let stride = row_bytes + 7;
+                    let mut padded = vec![0xA5u8; rows * stride];
+                    for r in 0..rows {
+                        padded[r * stride..][..row_bytes]
+                            .copy_from_slice(&data[r * row_bytes..(r + 1) * row_bytes]);
+                    }
+                    let mut pack = vec![0x5Au8; (few.pack_bytes)(cols, n_tokens)];
+                    (few.pack)(cols, &act, act_bytes, n_tokens, &mut pack);
+                    let mut got = vec![f32::NAN; rows * n_tokens];
+                    (few.dot)(cols, &padded, stride, &pack, n_tokens, &mut got);
+                    for r in 0..rows {
+                        for tok in 0..n_tokens {
+                            check(got[r * n_tokens + tok], r, tok, "direct");
                         }
                     }
                 }

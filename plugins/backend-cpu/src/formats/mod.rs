@@ -123,6 +123,31 @@ pub type PanelGemmFn = fn(
     out: &mut [f32],
 );
 
+/// Small-batch kernels (2 ..= `max_tokens` tokens, continuous batching's decode steps),
+/// where neither the tiles nor the panels pay: the few tokens' activations are packed
+/// once per matmul (quants two blocks per vector, per-block scales as f32 lanes, one lane
+/// per token), then each weight row is unpacked once and dotted against all the tokens,
+/// with the float terms of every token computed and summed in the lanes of one vector.
+/// Every result still equals `VecDotFn` on that (row, token) pair, bit for bit: per block
+/// the integer sum is exact, and the float terms are the scalar kernel's operations in its
+/// order, one lane each.
+#[derive(Clone, Copy)]
+pub struct FewKernels {
+    /// Most tokens one pack holds.
+    pub max_tokens: usize,
+    /// Bytes of the pack of `n_tokens` activation rows of `n` columns.
+    pub pack_bytes: fn(n: usize, n_tokens: usize) -> usize,
+    /// Packs `n_tokens` activation rows (in the vec_dot type), `a_stride` bytes apart.
+    pub pack: fn(n: usize, acts: &[u8], a_stride: usize, n_tokens: usize, pack: &mut [u8]),
+    /// Dots weight rows of `n` columns, `w_stride` bytes apart, against every token of
+    /// `pack`; `out` is row-major: `out[r·n_tokens + t]`, and its length says how many rows.
+    pub dot: FewDotFn,
+}
+
+/// See [`FewKernels::dot`].
+pub type FewDotFn =
+    fn(n: usize, w: &[u8], w_stride: usize, pack: &[u8], n_tokens: usize, out: &mut [f32]);
+
 /// Everything `matmul` and `get_rows` need to know about one weight type.
 #[derive(Clone, Copy)]
 pub struct FormatKernels {
@@ -142,6 +167,8 @@ pub struct FormatKernels {
     pub vec_dot_2x8: Option<VecDot2x8Fn>,
     /// Row-panel prefill kernels, where a kernel level has them.
     pub panel: Option<PanelKernels>,
+    /// Small-batch kernels, where a kernel level has them.
+    pub few: Option<FewKernels>,
 }
 
 /// Reads a little-endian f16 at `off` as f32.

@@ -22,6 +22,7 @@ pub fn kernels(t: GgmlType) -> Option<FormatKernels> {
         vec_dot_2x4: None,
         vec_dot_2x8: None,
         panel: None,
+        few: None,
     };
     Some(match t {
         T::F32 => k(

@@ -13,6 +13,11 @@
 //! [`PANEL_MIN_TOKENS`] tokens, chunks are whole panels instead: each panel's rows are
 //! repacked once into a per-thread scratch buffer and dotted against every token, and the
 //! kernel's token-major results go straight into `out`. Panel results equal `vec_dot` too.
+//!
+//! Where the level has small-batch kernels ([`crate::formats::FewKernels`]) and the batch
+//! has 2 ..= their `max_tokens` tokens (continuous batching's decode steps), the tokens'
+//! activations are packed once and each chunk's rows are dotted against all of them by
+//! the small-batch kernel instead of `dot_rows`. Their results equal `vec_dot` too.
 
 use super::{expect_len, mul, OpResult, Weight};
 use crate::formats::{FormatKernels, PanelKernels};
@@ -34,6 +39,8 @@ const TOKEN_TILE_BYTES: usize = 128 * 1024;
 const CHUNK_PANEL_BYTES: usize = 256 * 1024;
 
 /// Fewest tokens for which repacking a panel pays (below, the tiles of `dot_rows` run).
+/// Where a format has small-batch kernels ([`crate::formats::FewKernels`]), they take
+/// precedence up to their `max_tokens`.
 pub const PANEL_MIN_TOKENS: usize = 8;
 
 thread_local! {
@@ -106,6 +113,7 @@ pub fn matmul(
         activations,
         rows_by_token,
         panel_aux,
+        few_pack,
         ..
     } = scratch;
     let act = sized(activations, n_tokens * act_row_bytes);
@@ -127,9 +135,18 @@ pub fn matmul(
     }
     let act: &[u8] = act;
 
+    // A few tokens: packed once, then each row unpacked once for all of them.
+    let few = kernels
+        .few
+        .filter(|f| (2..=f.max_tokens).contains(&n_tokens))
+        .map(|f| {
+            let pack = sized(few_pack, (f.pack_bytes)(w.cols, n_tokens));
+            (f.pack)(w.cols, act, act_row_bytes, n_tokens, pack);
+            (f.dot, &*pack)
+        });
     if let Some(panel) = kernels
         .panel
-        .filter(|p| n_tokens >= PANEL_MIN_TOKENS && w.rows >= p.rows)
+        .filter(|p| few.is_none() && n_tokens >= PANEL_MIN_TOKENS && w.rows >= p.rows)
     {
         let panel_rows = w.rows / panel.rows * panel.rows;
         panel_matmul(
@@ -184,7 +201,13 @@ pub fn matmul(
         let o = unsafe {
             std::slice::from_raw_parts_mut(by_row.ptr().add(first * n_tokens), rows * n_tokens)
         };
-        dot_rows(&kernels, &w, first, act, act_row_bytes, n_tokens, o);
+        match few {
+            Some((dot, pack)) => {
+                let w_rows = &w.data[first * w.row_bytes..(first + rows) * w.row_bytes];
+                dot(w.cols, w_rows, w.row_bytes, pack, n_tokens, o);
+            }
+            None => dot_rows(&kernels, &w, first, act, act_row_bytes, n_tokens, o),
+        }
         for t in 0..n_tokens {
             // SAFETY: chunk `c` owns columns `first .. first + rows` of every token's row of
             // `out` (`n_tokens × w.rows`, checked above), disjoint per chunk; `out` outlives

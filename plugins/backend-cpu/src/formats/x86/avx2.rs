@@ -45,6 +45,7 @@ pub(in crate::formats) fn overlay(mut k: FormatKernels) -> FormatKernels {
         _ => k.quantize_activation,
     };
     k.panel = super::panel256::kernels(k.weight_type).or(k.panel);
+    k.few = super::few256::kernels(k.weight_type).or(k.few);
     k
 }
 

@@ -48,6 +48,7 @@ pub(in crate::formats) fn overlay(mut k: FormatKernels) -> FormatKernels {
         _ => k.vec_dot_2x4,
     };
     k.panel = super::panel512::kernels(k.weight_type).or(k.panel);
+    k.few = super::few512::kernels(k.weight_type).or(k.few);
     k
 }
 
@@ -203,7 +204,7 @@ unsafe fn sum_block_pairs(
 /// element order).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-unsafe fn nibbles32_pair(p: *const u8, stride: usize) -> __m512i {
+pub(super) unsafe fn nibbles32_pair(p: *const u8, stride: usize) -> __m512i {
     let t0 = _mm_loadu_si128(p as *const __m128i);
     let t1 = _mm_loadu_si128(p.add(stride) as *const __m128i);
     let t = _mm512_inserti32x4(_mm512_castsi128_si512(t0), t1, 2);

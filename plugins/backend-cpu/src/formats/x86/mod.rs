@@ -15,5 +15,9 @@
 
 pub mod avx2;
 pub mod avx512;
+#[macro_use]
+mod few;
+mod few256;
+mod few512;
 mod panel256;
 mod panel512;
