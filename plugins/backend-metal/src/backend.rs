@@ -8,8 +8,8 @@ use std::sync::Mutex;
 use abi_stable::sabi_trait::TD_Opaque;
 use abi_stable::std_types::{RErr, ROk, ROption, RSlice, RSliceMut, RString};
 use prima_core::plugin::backend_abi::{
-    AttentionParams, Backend, BackendBox, BackendConfig, BackendResult, Backend_TO, KvSpec,
-    RopeParams, TensorView,
+    AttentionParams, Backend, BackendBox, BackendConfig, BackendResult, Backend_TO, GpuMemory,
+    KvSpec, RopeParams, TensorView,
 };
 
 use crate::device::{self, Gpu};
@@ -99,6 +99,12 @@ pub extern "C" fn create_backend(cfg: BackendConfig) -> BackendResult<BackendBox
 /// Why this machine cannot run the backend (`None`: it can); the plugin exports it.
 pub extern "C" fn unavailable() -> ROption<RString> {
     device::unavailable().map(RString::from).into()
+}
+
+/// The adapter's memory, exported through the ABI (`gpu_memory`): what makes this plugin a
+/// GPU's for `--gpu-layers` and `prima profile`.
+pub extern "C" fn gpu_memory() -> ROption<GpuMemory> {
+    device::memory().into()
 }
 
 impl Backend for WgpuBackend {

@@ -9,6 +9,7 @@
 
 use std::collections::HashMap;
 
+use prima_core::plugin::backend_abi::GpuMemory;
 use wgpu::{Adapter, Backends, DeviceType};
 
 use crate::kernels;
@@ -86,6 +87,89 @@ fn pick_adapter() -> Result<Adapter, String> {
 pub fn unavailable() -> Option<String> {
     std::panic::catch_unwind(|| pick_adapter().err())
         .unwrap_or_else(|_| Some("probing for a wgpu adapter panicked".to_string()))
+}
+
+/// The chosen adapter's memory (the ABI's `gpu_memory`, which Halda plans the GPU layers
+/// against), or `None` where the backend cannot run or the API does not say. Integrated and
+/// software adapters, and every Apple GPU, share RAM with the CPU (`unified`). Never panics.
+pub fn memory() -> Option<GpuMemory> {
+    std::panic::catch_unwind(|| {
+        let adapter = pick_adapter().ok()?;
+        let info = adapter.get_info();
+        let unified = cfg!(target_vendor = "apple")
+            || matches!(
+                info.device_type,
+                DeviceType::IntegratedGpu | DeviceType::Cpu
+            );
+        match info.backend {
+            #[cfg(not(target_vendor = "apple"))]
+            wgpu::Backend::Vulkan => vulkan_memory(&adapter, unified),
+            // Metal reports no heap sizes through wgpu; an Apple GPU may take what RAM
+            // has, so the RAM's figures are its memory.
+            wgpu::Backend::Metal => ram_memory(),
+            _ => None,
+        }
+    })
+    .ok()
+    .flatten()
+}
+
+/// Unified memory's figures: this process's RAM, cgroups included.
+fn ram_memory() -> Option<GpuMemory> {
+    let mem = prima_core::profile::device_memory().ok()?.effective;
+    let bytes = |gib: f64| (gib * (1u64 << 30) as f64) as u64;
+    Some(GpuMemory {
+        total_bytes: bytes(mem.total_gib),
+        free_bytes: bytes(mem.available_gib),
+        unified: true,
+    })
+}
+
+/// A Vulkan adapter's device-local heaps: their sizes, and what is free of them where the
+/// driver has VK_EXT_memory_budget (else the whole heaps are counted free).
+#[cfg(not(target_vendor = "apple"))]
+fn vulkan_memory(adapter: &Adapter, unified: bool) -> Option<GpuMemory> {
+    use ash::vk;
+    // SAFETY: the hal adapter is borrowed only for read-only queries below, while
+    // `adapter` (which owns it) is alive; no wgpu state is changed.
+    let hal = unsafe { adapter.as_hal::<wgpu::hal::api::Vulkan>() }?;
+    let shared = hal.shared_instance();
+    let instance = shared.raw_instance();
+    let physical = hal.raw_physical_device();
+    // SAFETY: `physical` was enumerated from `instance`, which outlives these calls.
+    let extensions = unsafe { instance.enumerate_device_extension_properties(physical) }.ok()?;
+    let has_budget = shared.instance_api_version() >= vk::API_VERSION_1_1
+        && extensions
+            .iter()
+            .any(|e| e.extension_name_as_c_str() == Ok(ash::ext::memory_budget::NAME));
+    let mut budget = vk::PhysicalDeviceMemoryBudgetPropertiesEXT::default();
+    let props = if has_budget {
+        let mut props2 = vk::PhysicalDeviceMemoryProperties2::default().push_next(&mut budget);
+        // SAFETY: as above; the chained `budget` outlives the call (Vulkan 1.1 checked).
+        unsafe { instance.get_physical_device_memory_properties2(physical, &mut props2) };
+        props2.memory_properties
+    } else {
+        // SAFETY: as above.
+        unsafe { instance.get_physical_device_memory_properties(physical) }
+    };
+    let heaps = &props.memory_heaps[..(props.memory_heap_count as usize).min(vk::MAX_MEMORY_HEAPS)];
+    let (mut total, mut free) = (0u64, 0u64);
+    for (i, heap) in heaps.iter().enumerate() {
+        if !heap.flags.contains(vk::MemoryHeapFlags::DEVICE_LOCAL) {
+            continue;
+        }
+        total += heap.size;
+        free += if has_budget {
+            budget.heap_budget[i].saturating_sub(budget.heap_usage[i])
+        } else {
+            heap.size
+        };
+    }
+    (total > 0).then_some(GpuMemory {
+        total_bytes: total,
+        free_bytes: free.min(total),
+        unified,
+    })
 }
 
 /// An opened GPU: device, queue, what it allows, the pipelines made so far.

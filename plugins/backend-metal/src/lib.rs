@@ -46,5 +46,6 @@ pub use backend::{create_backend, WgpuBackend};
 prima_core::export_backend_plugin!(
     name = "wgpu",
     create = create_backend,
-    unavailable = backend::unavailable
+    unavailable = backend::unavailable,
+    gpu_memory = backend::gpu_memory
 );

@@ -1101,3 +1101,63 @@ fn without_an_adapter_create_refuses_and_probe_explains() {
         assert!(err.contains(&why), "{err}");
     }
 }
+
+/// The adapter's memory, as `gpu_memory` exports it for Halda and `--gpu-layers`: some
+/// device-local memory, no more free than there is; a software (CPU) adapter's is RAM.
+#[test]
+fn the_adapter_reports_its_memory() {
+    let Some(gpu) = gpu() else { return };
+    let m = prima_backend_metal::device::memory().expect("an adapter with no memory report");
+    println!(
+        "{}: {} MiB, {} MiB free, unified {}",
+        gpu.describe(),
+        m.total_bytes >> 20,
+        m.free_bytes >> 20,
+        m.unified
+    );
+    assert!(m.total_bytes > 0 && m.free_bytes <= m.total_bytes);
+    if gpu.describe().contains("Cpu") {
+        assert!(m.unified, "a CPU adapter shares RAM");
+    }
+}
+
+/// The paper's GPU+CPU split on one device with this plugin as the GPU: SmolLM2 with its
+/// first 12 of 30 layers on wgpu, the rest and the head on the CPU backend, prompt and 8
+/// greedy tokens. The split session's logits are the all-CPU session's (bit for bit where
+/// the backend is exact, as on lavapipe).
+#[test]
+fn smollm2_split_between_wgpu_and_the_cpu_matches_the_cpu() {
+    let Some(path) = model_path(fetched("SmolLM2-135M-Instruct.Q4_1.gguf")) else {
+        return;
+    };
+    let Some(gpu) = gpu() else { return };
+    let cpu = cpu();
+    let model = Model::load(&path).unwrap();
+    let tok = Tokenizer::from_gguf(model.gguf()).unwrap();
+    let prompt = tok.encode("The capital of France is a city called", true, false);
+    let all: Vec<usize> = (0..model.hparams().n_layers).collect();
+    let on_gpu: Vec<usize> = (0..12).collect();
+    let mut alone = Session::new(&model, &cpu, 128, 64).unwrap();
+    let split_layers = prima_core::model::GpuLayers {
+        backend: &gpu,
+        layers: &on_gpu,
+    };
+    let mut split =
+        Session::with_split(&model, &cpu, Some(split_layers), 128, 64, 1, &all).unwrap();
+    assert_eq!(split.gpu_layer_count(), 12);
+    let mut a = alone.eval(&prompt).unwrap().to_vec();
+    let mut b = split.eval(&prompt).unwrap().to_vec();
+    for step in 0..8 {
+        let diff = max_abs_diff(&a, &b);
+        assert!(
+            diff <= tol(&gpu, max_abs(&a)),
+            "step {step}: split logits differ by {diff}"
+        );
+        let next = argmax(&a) as u32;
+        if exact(&gpu) || top2_gap(&a) > GAP {
+            assert_eq!(argmax(&b) as u32, next, "step {step}: greedy token");
+        }
+        a = alone.eval(&[next]).unwrap().to_vec();
+        b = split.eval(&[next]).unwrap().to_vec();
+    }
+}

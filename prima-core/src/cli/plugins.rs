@@ -1,6 +1,7 @@
 //! `prima plugins`: what the loader finds, and why a plugin would be refused.
 
-use prima_core::plugin::{discover, plugin_dirs};
+use prima_core::plugin::backend_abi::BackendConfig;
+use prima_core::plugin::{discover, load_backend, plugin_dirs};
 
 pub fn run() -> anyhow::Result<()> {
     let dirs = plugin_dirs();
@@ -31,13 +32,20 @@ pub fn run() -> anyhow::Result<()> {
                 p.covers.join(", ")
             ),
             (None, None) => match &p.gpu_memory {
-                Some(m) => println!(
-                    "{kind:<9} {name:<8} {version:<8} {abi:<7} {} — GPU, {:.1} GiB {} ({:.1} GiB free)",
-                    p.path.display(),
-                    m.total_bytes as f64 / (1u64 << 30) as f64,
-                    if m.unified { "unified memory" } else { "VRAM" },
-                    m.free_bytes as f64 / (1u64 << 30) as f64,
-                ),
+                Some(m) => {
+                    println!(
+                        "{kind:<9} {name:<8} {version:<8} {abi:<7} {} — GPU, {:.1} GiB {} ({:.1} GiB free)",
+                        p.path.display(),
+                        m.total_bytes as f64 / (1u64 << 30) as f64,
+                        if m.unified { "unified memory" } else { "VRAM" },
+                        m.free_bytes as f64 / (1u64 << 30) as f64,
+                    );
+                    // Which GPU and API: only an opened backend can say.
+                    match load_backend(Some(name), BackendConfig { threads: 0 }) {
+                        Ok(b) => println!("{:<37}{}", "", b.backend.describe()),
+                        Err(e) => println!("{:<37}cannot be opened: {e}", ""),
+                    }
+                }
                 None => println!(
                     "{kind:<9} {name:<8} {version:<8} {abi:<7} {}",
                     p.path.display()

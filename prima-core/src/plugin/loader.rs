@@ -106,6 +106,14 @@ pub fn discover() -> Vec<PluginInfo> {
 
 /// Lists every plugin library in `dirs`, with what it declares.
 pub fn discover_in(dirs: &[PathBuf]) -> Vec<PluginInfo> {
+    plugin_paths(dirs)
+        .iter()
+        .map(|path| inspect(path, Probe::Hardware))
+        .collect()
+}
+
+/// The plugin libraries in `dirs`, each directory's in file-name order.
+fn plugin_paths(dirs: &[PathBuf]) -> Vec<PathBuf> {
     let mut found = Vec::new();
     for dir in dirs {
         let Ok(entries) = std::fs::read_dir(dir) else {
@@ -116,15 +124,22 @@ pub fn discover_in(dirs: &[PathBuf]) -> Vec<PluginInfo> {
             .filter(|p| is_plugin_file(p))
             .collect();
         paths.sort();
-        for path in paths {
-            found.push(inspect(&path));
-        }
+        found.extend(paths);
     }
     found
 }
 
+/// Whether [`inspect`] asks a backend about its hardware (`unavailable`, `gpu_memory`):
+/// a GPU plugin's probe opens drivers (and may print their noise), so loading a backend
+/// probes only the plugins it considers, not every one it passes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Probe {
+    Hardware,
+    DeclarationsOnly,
+}
+
 /// Reads a library's kind and ABI version and, for a usable backend, its name and version.
-fn inspect(path: &Path) -> PluginInfo {
+fn inspect(path: &Path, probe: Probe) -> PluginInfo {
     let mut info = PluginInfo {
         path: path.to_path_buf(),
         kind: None,
@@ -152,8 +167,10 @@ fn inspect(path: &Path) -> PluginInfo {
                     Ok(root) => {
                         info.name = Some(root.name()().into_string());
                         info.version = Some(root.plugin_version()().into_string());
-                        info.unavailable = backend_unavailable(root);
-                        if info.unavailable.is_none() {
+                        if probe == Probe::Hardware {
+                            info.unavailable = backend_unavailable(root);
+                        }
+                        if probe == Probe::Hardware && info.unavailable.is_none() {
                             info.gpu_memory =
                                 root.gpu_memory().and_then(|probe| probe().into_option());
                         }
@@ -252,7 +269,8 @@ pub(super) fn find_plugin<M: RootModule>(
     name: Option<&str>,
 ) -> Result<(PluginInfo, M), PluginError> {
     let mut last_refusal = None;
-    for info in discover_in(dirs) {
+    for path in plugin_paths(dirs) {
+        let mut info = inspect(&path, Probe::DeclarationsOnly);
         if info.kind != Some(kind) {
             continue;
         }
@@ -260,6 +278,11 @@ pub(super) fn find_plugin<M: RootModule>(
             if want != have {
                 continue;
             }
+        }
+        if kind == PluginKind::Backend && info.refused.is_none() {
+            info.unavailable = open_root::<BackendPluginRef>(&info.path)
+                .ok()
+                .and_then(backend_unavailable);
         }
         let unusable = info.refused.clone().or_else(|| {
             info.unavailable
