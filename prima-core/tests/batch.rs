@@ -515,10 +515,25 @@ fn decode_step_s<F: BatchForward>(f: &mut F, slots: &[usize], reps: usize) -> Ve
 where
     F::Error: std::fmt::Debug,
 {
+    let turns: Vec<(usize, usize)> = slots.iter().map(|&n| (n, 0)).collect();
+    decode_steps(f, &turns, reps, |_, _| {})
+}
+
+/// [`decode_step_s`] for turns of `(n, setting)`: `configure` applies the setting to `f`
+/// before each turn of `n` slots.
+fn decode_steps<F: BatchForward>(
+    f: &mut F,
+    turns: &[(usize, usize)],
+    reps: usize,
+    mut configure: impl FnMut(&mut F, usize),
+) -> Vec<f64>
+where
+    F::Error: std::fmt::Debug,
+{
     const STEPS_PER_TURN: usize = 4;
     let v = f.n_vocab();
     let prompts = prompts(v);
-    let most = slots.iter().copied().max().unwrap_or(1);
+    let most = turns.iter().map(|t| t.0).max().unwrap_or(1);
     let mut next = Vec::new();
     for slot in 0..most {
         BatchForward::truncate(f, slot, 0).unwrap();
@@ -537,9 +552,10 @@ where
             .unwrap();
         next.push([argmax(logits)]);
     }
-    let mut times = vec![Vec::new(); slots.len()];
+    let mut times = vec![Vec::new(); turns.len()];
     for _ in 0..reps {
-        for (i, &n) in slots.iter().enumerate() {
+        for (i, &(n, setting)) in turns.iter().enumerate() {
+            configure(f, setting);
             for _ in 0..STEPS_PER_TURN {
                 let seqs: Vec<SeqTokens> = next[..n]
                     .iter()
@@ -581,32 +597,44 @@ fn decode_throughput_by_slots() {
         let mut s = Session::with_slots(&model, &backend.backend, 256, 64, 8).unwrap();
         decode_step_s(&mut s, &[1], 2); // warm-up
         let steps = decode_step_s(&mut s, &slots, REPS);
-        rows.push(("one device, -t 2", steps));
+        rows.push(("one device, -t 2".to_string(), steps));
     }
-    {
-        let backend = cpu_backend(1);
-        let transport = common::tcp_transport();
-        let nodes = [Node::start(&path), Node::start(&path)];
-        let addrs: Vec<String> = nodes.iter().map(|n| n.addr.clone()).collect();
-        let options = RingOptions {
-            n_ctx: 256,
-            n_slots: 8,
-            ..ring_options(64)
-        };
-        let mut head = RingHead::connect(
-            &model,
-            &backend.backend,
-            &transport.transport,
-            &addrs,
-            &[10, 10, 10],
-            &options,
-        )
-        .unwrap();
-        decode_step_s(&mut head, &[1], 2);
-        let steps = decode_step_s(&mut head, &slots, REPS);
-        rows.push(("3-device loopback ring, -t 1 each", steps));
-        head.shutdown(false);
+    let backend = cpu_backend(1);
+    let transport = common::tcp_transport();
+    let nodes = [Node::start(&path), Node::start(&path)];
+    let addrs: Vec<String> = nodes.iter().map(|n| n.addr.clone()).collect();
+    let options = RingOptions {
+        // Each slot decodes in every setting's turns.
+        n_ctx: 1024,
+        n_slots: 8,
+        ..ring_options(64)
+    };
+    let mut head = RingHead::connect(
+        &model,
+        &backend.backend,
+        &transport.transport,
+        &addrs,
+        &[10, 10, 10],
+        &options,
+    )
+    .unwrap();
+    decode_step_s(&mut head, &[1], 2);
+    // One batch at a time, and up to 2 and 3 (one per device) micro-batches in flight,
+    // taking turns.
+    let settings = [1, 2, 3];
+    let turns: Vec<(usize, usize)> = slots
+        .iter()
+        .flat_map(|&n| settings.map(|m| (n, m)))
+        .collect();
+    let steps = decode_steps(&mut head, &turns, REPS, RingHead::set_micro_batches);
+    for (i, m) in settings.iter().enumerate() {
+        let by_slots = steps.iter().skip(i).step_by(settings.len()).copied();
+        rows.push((
+            format!("3-device loopback ring, -t 1 each, {m} in flight"),
+            by_slots.collect(),
+        ));
     }
+    head.shutdown(false);
     println!("| where | slots | median step ms | aggregate tok/s | × 1 slot |");
     println!("|---|---|---|---|---|");
     for (where_, steps) in &rows {

@@ -281,6 +281,7 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
             .unwrap_or_else(|| RingOptions::default().listen),
         next_routes: plan.ring().skip(1).map(|d| d.next_route.clone()).collect(),
         security,
+        micro_batches: micro_batches_from_env()?,
     };
     let bar = spinner(format!("launching the ring ({} devices)", windows.len()));
     let head_ring = if nodes.is_empty() {
@@ -531,4 +532,17 @@ fn serve_until_interrupted(
     }
     eprintln!("serve: stopped");
     Ok(())
+}
+
+/// `PRIMA_MICRO_BATCHES=N`: at most N micro-batches in the ring at once (1: one batch
+/// at a time, as before protocol v4); unset: one per device. A knob for measuring, not
+/// a manifest field.
+fn micro_batches_from_env() -> anyhow::Result<Option<usize>> {
+    match std::env::var("PRIMA_MICRO_BATCHES") {
+        Err(_) => Ok(None),
+        Ok(v) => match v.trim().parse::<usize>() {
+            Ok(n) if n >= 1 => Ok(Some(n)),
+            _ => bail!("PRIMA_MICRO_BATCHES must be a whole number ≥ 1, not {v:?}"),
+        },
+    }
 }
