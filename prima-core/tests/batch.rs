@@ -605,7 +605,7 @@ fn decode_throughput_by_slots() {
     let addrs: Vec<String> = nodes.iter().map(|n| n.addr.clone()).collect();
     let options = RingOptions {
         // Each slot decodes in every setting's turns.
-        n_ctx: 1024,
+        n_ctx: 2048,
         n_slots: 8,
         ..ring_options(64)
     };
@@ -619,18 +619,25 @@ fn decode_throughput_by_slots() {
     )
     .unwrap();
     decode_step_s(&mut head, &[1], 2);
-    // One batch at a time, and up to 2 and 3 (one per device) micro-batches in flight,
-    // taking turns.
-    let settings = [1, 2, 3];
+    // One batch at a time, 2 and 3 (one per device) micro-batches in flight, and as
+    // many as the head finds fastest (0; its tuner learns across its turns), taking
+    // turns.
+    let settings = [1, 2, 3, 0];
     let turns: Vec<(usize, usize)> = slots
         .iter()
         .flat_map(|&n| settings.map(|m| (n, m)))
         .collect();
-    let steps = decode_steps(&mut head, &turns, REPS, RingHead::set_micro_batches);
+    let steps = decode_steps(&mut head, &turns, REPS, |head, m| {
+        head.set_micro_batches((m > 0).then_some(m))
+    });
     for (i, m) in settings.iter().enumerate() {
         let by_slots = steps.iter().skip(i).step_by(settings.len()).copied();
+        let what = match m {
+            0 => "tuned".to_string(),
+            m => format!("{m} in flight"),
+        };
         rows.push((
-            format!("3-device loopback ring, -t 1 each, {m} in flight"),
+            format!("3-device loopback ring, -t 1 each, {what}"),
             by_slots.collect(),
         ));
     }

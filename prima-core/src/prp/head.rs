@@ -24,6 +24,7 @@ use super::key::LinkSecurity;
 use super::link::{
     decode_activations, expect_control, recv_control, recv_frame, send_control, send_frame,
 };
+use super::micro_batch::MicroBatchTuner;
 use super::protocol::{
     encode_activations, read_payload, Activations, Control, MemoryBaseline, ModelFingerprint,
     NextHop, PassStats, Ready, ReleaseMethod, ReleasePolicy, Role, RoundWindow, Setup, WireType,
@@ -63,8 +64,9 @@ pub struct RingOptions {
     pub next_routes: Vec<NextRoute>,
     /// How the links to the nodes are protected (the nodes must hold the same key).
     pub security: LinkSecurity,
-    /// Micro-batches a [`BatchForward::eval_batch`] keeps in flight at most (see
-    /// [`RingHead`]); `None`: one per device, so each device can work on its own.
+    /// Micro-batches a [`BatchForward::eval_batch`] keeps in flight (see [`RingHead`]);
+    /// `None`: from one to one per device, whichever the head measures fastest
+    /// ([`super::micro_batch`]).
     pub micro_batches: Option<usize>,
 }
 
@@ -231,8 +233,10 @@ pub struct RingHead<'m> {
     health: Option<JoinHandle<()>>,
     /// The thread that reads the last device's frames (see [`read_loop`]).
     reader: Option<JoinHandle<()>>,
-    /// Micro-batches in flight at most.
-    micro_batches: usize,
+    /// How many micro-batches an evaluation is cut into; `None`: as `tuner` finds
+    /// fastest.
+    micro_batches: Option<usize>,
+    tuner: MicroBatchTuner,
     memory: MemoryBaseline,
     nodes: Vec<NodeInfo>,
 }
@@ -504,7 +508,8 @@ impl<'m> RingHead<'m> {
         Ok(RingHead {
             session,
             reader: Some(reader),
-            micro_batches: options.micro_batches.unwrap_or(links_len + 1).max(1),
+            micro_batches: options.micro_batches.map(|m| m.max(1)),
+            tuner: MicroBatchTuner::new(links_len + 1),
             ring: Passes {
                 residency,
                 rounds,
@@ -527,14 +532,11 @@ impl<'m> RingHead<'m> {
         self.ring.rounds
     }
 
-    /// Micro-batches a [`BatchForward::eval_batch`] keeps in flight at most.
-    pub fn micro_batches(&self) -> usize {
-        self.micro_batches
-    }
-
-    /// Sets [`RingHead::micro_batches`] (at least 1) for the evaluations from now on.
-    pub fn set_micro_batches(&mut self, n: usize) {
-        self.micro_batches = n.max(1);
+    /// How many micro-batches each [`BatchForward::eval_batch`] is cut into from now
+    /// on, as [`RingOptions::micro_batches`] (`None`: tuned, with what the tuner has
+    /// measured so far).
+    pub fn set_micro_batches(&mut self, n: Option<usize>) {
+        self.micro_batches = n.map(|m| m.max(1));
     }
 
     /// The nodes, as they reported when they joined.
@@ -937,8 +939,18 @@ impl BatchForward for RingHead<'_> {
     fn eval_batch(&mut self, seqs: &[SeqTokens<'_>]) -> Result<&[f32], RingError> {
         self.session.check_batch(seqs)?;
         self.session.start_entries(seqs.len());
-        let groups = micro_batch_groups(seqs, self.micro_batches);
+        let tokens = seqs.iter().map(|s| s.tokens.len()).sum();
+        let m = match self.micro_batches {
+            Some(m) => m,
+            None => self.tuner.choose(seqs.len(), tokens),
+        };
+        let groups = micro_batch_groups(seqs, m);
+        let started = Instant::now();
         self.ring.micro_batches(&mut self.session, seqs, &groups)?;
+        if self.micro_batches.is_none() {
+            let seconds = started.elapsed().as_secs_f64();
+            self.tuner.record(seqs.len(), tokens, groups.len(), seconds);
+        }
         Ok(self.session.entry_logits())
     }
 }
