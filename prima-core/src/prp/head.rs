@@ -1049,3 +1049,32 @@ fn health_loop(shared: &Shared) {
         std::thread::sleep(PING_EVERY);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn groups(lens: &[usize], m: usize) -> Vec<Range<usize>> {
+        let tokens: Vec<Vec<u32>> = lens.iter().map(|&n| vec![1; n]).collect();
+        let seqs: Vec<SeqTokens<'_>> = tokens
+            .iter()
+            .enumerate()
+            .map(|(slot, t)| SeqTokens { slot, tokens: t })
+            .collect();
+        micro_batch_groups(&seqs, m)
+    }
+
+    #[test]
+    fn micro_batches_are_runs_of_entries_of_about_equal_tokens() {
+        assert_eq!(groups(&[1, 1, 1, 1], 2), [0..2, 2..4]);
+        assert_eq!(groups(&[1, 1, 1, 1], 3), [0..2, 2..3, 3..4]);
+        assert_eq!(groups(&[1; 8], 3), [0..3, 3..6, 6..8]);
+        // A long prompt chunk goes alone; the decoding rows share the rest.
+        assert_eq!(groups(&[1, 128, 1, 1], 2), [0..2, 2..4]);
+        assert_eq!(groups(&[128, 1, 1, 1], 3), [0..1, 1..3, 3..4]);
+        // Never more groups than entries, never an empty one.
+        assert_eq!(groups(&[5, 5], 3), [0..1, 1..2]);
+        assert_eq!(groups(&[3], 1), [0..1]);
+        assert!(groups(&[], 2).is_empty());
+    }
+}

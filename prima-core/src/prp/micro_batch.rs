@@ -14,13 +14,15 @@
 
 use std::collections::{HashMap, VecDeque};
 
-/// Evaluations of each count, for a shape, before the fastest is chosen.
-const TRIES: usize = 3;
+/// Evaluations of each count, for a shape, before the fastest is chosen. Few: on a
+/// machine whose cores the devices share, every try of a count above 1 is a slow step
+/// (`cargo xtask bench-serve --micro-batches 1,2,tuned` measures what trying costs).
+const TRIES: usize = 2;
 /// Evaluations of a count remembered (the median of these is its time).
 const KEPT: usize = 5;
-/// Once every count has its tries, one evaluation in this many tries another count
-/// than the fastest, in turn.
-const EXPLORE_EVERY: u64 = 16;
+/// Once every count has its tries, one evaluation in this many tries a count next to
+/// the fastest (one fewer or one more), in turn.
+const EXPLORE_EVERY: u64 = 32;
 
 /// What a batch looks like to the tuner: its entries, and its tokens' power of two.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -91,11 +93,22 @@ impl MicroBatchTuner {
             .min_by(|&a, &b| counts.median(a).total_cmp(&counts.median(b)))
             .unwrap_or(1);
         if counts.uses % EXPLORE_EVERY == 0 {
-            // The next count after the one explored last, skipping the fastest.
-            let mut m = counts.explored % most + 1;
-            if m == fastest {
-                m = m % most + 1;
-            }
+            // One fewer and one more than the fastest, in turn (counts further off are
+            // slower still when the nearer ones are).
+            let fewer = (fastest > 1).then(|| fastest - 1);
+            let more = (fastest < most).then(|| fastest + 1);
+            let m = match (fewer, more) {
+                (Some(f), Some(m)) => {
+                    if counts.explored == f {
+                        m
+                    } else {
+                        f
+                    }
+                }
+                (Some(f), None) => f,
+                (None, Some(m)) => m,
+                (None, None) => fastest,
+            };
             counts.explored = m;
             return m;
         }
@@ -142,12 +155,12 @@ mod tests {
     #[test]
     fn every_count_is_tried_then_the_fastest_is_used() {
         let mut tuner = MicroBatchTuner::new(3);
-        let chosen = run(&mut tuner, 4, 64, |m| [0.040, 0.025, 0.030][m - 1]);
-        assert_eq!(&chosen[..9], &[1, 1, 1, 2, 2, 2, 3, 3, 3]);
-        let after = &chosen[9..];
+        let chosen = run(&mut tuner, 4, 200, |m| [0.040, 0.025, 0.030][m - 1]);
+        assert_eq!(&chosen[..6], &[1, 1, 2, 2, 3, 3]);
+        let after = &chosen[6..];
         let fastest = after.iter().filter(|&&m| m == 2).count();
         assert!(fastest >= after.len() - after.len() / EXPLORE_EVERY as usize - 1);
-        // The others are looked at again now and then.
+        // Its neighbours are looked at again now and then.
         assert!(after.contains(&1) && after.contains(&3));
     }
 

@@ -562,3 +562,55 @@ impl InFlight {
         self.batches.retain(|b| b.0 != seq);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spans(slots: &[usize]) -> Vec<SeqSpan> {
+        slots
+            .iter()
+            .map(|&slot| SeqSpan {
+                slot,
+                start: 4,
+                len: 1,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn batches_interleave_but_each_keeps_its_rounds_and_spans() {
+        let mut f = InFlight::default();
+        let (a, b) = (spans(&[0, 1]), spans(&[2]));
+        f.arrive(7, 0, &a, 4).unwrap();
+        f.arrive(8, 0, &b, 4).unwrap();
+        f.arrive(7, 1, &a, 4).unwrap();
+        assert!(f.arrive(7, 1, &a, 4).unwrap_err().contains("round 2"));
+        assert!(f.arrive(8, 1, &a, 4).unwrap_err().contains("started with"));
+        assert!(f.arrive(9, 1, &b, 4).unwrap_err().contains("no such batch"));
+        f.arrive(8, 1, &b, 4).unwrap();
+        f.land(7);
+        f.land(8);
+        assert!(f.batches.is_empty());
+    }
+
+    #[test]
+    fn a_slots_new_batch_supersedes_one_given_up() {
+        let mut f = InFlight::default();
+        f.arrive(1, 0, &spans(&[0, 1]), 2).unwrap();
+        // The head gave batch 1 up; its slot 1 starts again in batch 2.
+        f.arrive(2, 0, &spans(&[1]), 2).unwrap();
+        assert!(f.arrive(1, 1, &spans(&[0, 1]), 2).is_err());
+        // No more batches than slots (a batch of an empty span holds none).
+        let empty = [SeqSpan {
+            slot: 0,
+            start: 0,
+            len: 0,
+        }];
+        f.arrive(3, 0, &empty, 2).unwrap();
+        assert!(f
+            .arrive(4, 0, &spans(&[]), 2)
+            .unwrap_err()
+            .contains("already 2"));
+    }
+}
