@@ -38,10 +38,10 @@ pub struct BenchServeArgs {
     /// Also measure a three-device loopback ring (`prima apply`).
     #[arg(long)]
     ring: bool,
-    /// With --ring: a ring column for each of these micro-batch settings of the head,
-    /// comma-separated: N (at most N micro-batches in the ring at once; 1: one batch at a
-    /// time) or `tuned` (the head's default: the count it measures fastest).
-    #[arg(long, value_delimiter = ',', default_value = "tuned")]
+    /// With --ring: a ring column for each of these micro-batch settings of the head
+    /// (`PRIMA_MICRO_BATCHES`), comma-separated: `default` (unset: one batch at a time), N
+    /// (N micro-batches in the ring at once) or `tuned` (the count it measures fastest).
+    #[arg(long, value_delimiter = ',', default_value = "default")]
     micro_batches: Vec<String>,
     /// The model; default: SmolLM2-135M-Instruct Q4_1 in models/.
     #[arg(long)]
@@ -72,8 +72,8 @@ const PROMPTS: &[&str] = &[
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Tool {
     Prima,
-    /// With this many micro-batches in flight at most (`None`: tuned by the head).
-    Ring(Option<usize>),
+    /// With this setting of `PRIMA_MICRO_BATCHES` (`None`: unset).
+    Ring(Option<&'static str>),
     LlamaCpp,
 }
 
@@ -82,6 +82,7 @@ impl Tool {
         match self {
             Tool::Prima => "prima serve".into(),
             Tool::Ring(None) => "prima apply (ring of 3)".into(),
+            Tool::Ring(Some("tuned")) => "prima apply (ring of 3, tuned)".into(),
             Tool::Ring(Some(m)) => format!("prima apply (ring of 3, {m} in flight)"),
             Tool::LlamaCpp => "llama-server".into(),
         }
@@ -92,7 +93,7 @@ impl Tool {
         match self {
             Tool::Prima => "prima".into(),
             Tool::Ring(None) => "ring".into(),
-            Tool::Ring(Some(m)) => format!("ring-m{m}"),
+            Tool::Ring(Some(m)) => format!("ring-{m}"),
             Tool::LlamaCpp => "llama".into(),
         }
     }
@@ -145,10 +146,14 @@ pub fn run(layout: &Layout, args: &BenchServeArgs) -> Result<()> {
     if args.ring {
         for m in &args.micro_batches {
             servers.push(Tool::Ring(match m.trim() {
-                "tuned" => None,
+                "default" => None,
+                "tuned" => Some("tuned"),
                 n => match n.parse::<usize>() {
-                    Ok(n) if n >= 1 => Some(n),
-                    _ => bail!("--micro-batches {m:?}: each must be `tuned` or a number ≥ 1"),
+                    // Leaked: a few short strings for the life of the run.
+                    Ok(n) if n >= 1 => Some(&*String::leak(n.to_string())),
+                    _ => bail!(
+                        "--micro-batches {m:?}: each must be `default`, `tuned` or a number ≥ 1"
+                    ),
                 },
             }));
         }
@@ -486,12 +491,12 @@ impl Drop for Running {
 
 /// Two `prima node`s and a `prima apply` head serving a ring of three on loopback, with
 /// pinned equal profiles (none holds the model alone) so the plan is the same anywhere;
-/// the head keeps at most `micro_batches` in flight (`None`: its default, tuned).
+/// the head's `PRIMA_MICRO_BATCHES` is `micro_batches` (`None`: unset).
 fn ring_processes(
     prima: &Path,
     model: &Path,
     n: usize,
-    micro_batches: Option<usize>,
+    micro_batches: Option<&'static str>,
     port: u16,
     threads: u32,
     dir: &Path,
@@ -533,7 +538,7 @@ fn ring_processes(
     let mut cmd = Command::new(prima);
     cmd.arg("apply").arg(&path);
     match micro_batches {
-        Some(m) => cmd.env("PRIMA_MICRO_BATCHES", m.to_string()),
+        Some(m) => cmd.env("PRIMA_MICRO_BATCHES", m),
         None => cmd.env_remove("PRIMA_MICRO_BATCHES"),
     };
     processes.push(Running::spawn(

@@ -534,15 +534,17 @@ fn serve_until_interrupted(
     Ok(())
 }
 
-/// `PRIMA_MICRO_BATCHES=N`: at most N micro-batches in the ring at once (1: one batch
-/// at a time, as before protocol v4); unset: one per device. A knob for measuring, not
-/// a manifest field.
+/// `PRIMA_MICRO_BATCHES=N`: N micro-batches in the ring at once (at most one per
+/// request); `tuned`: as many as the head measures fastest; unset: the default, one
+/// batch at a time. A knob for rings of separate machines or slow links, not yet a
+/// manifest field.
 fn micro_batches_from_env() -> anyhow::Result<Option<usize>> {
     match std::env::var("PRIMA_MICRO_BATCHES") {
-        Err(_) => Ok(None),
+        Err(_) => Ok(RingOptions::default().micro_batches),
+        Ok(v) if v.trim() == "tuned" => Ok(None),
         Ok(v) => match v.trim().parse::<usize>() {
             Ok(n) if n >= 1 => Ok(Some(n)),
-            _ => bail!("PRIMA_MICRO_BATCHES must be a whole number ≥ 1, not {v:?}"),
+            _ => bail!("PRIMA_MICRO_BATCHES must be `tuned` or a whole number ≥ 1, not {v:?}"),
         },
     }
 }

