@@ -17,7 +17,7 @@ use prima_core::prp::alone::LocalSession;
 use prima_core::prp::failover::{ResilientRing, RingDevice, RingLayout};
 use prima_core::prp::protocol::{ReleaseMethod, ReleasePolicy};
 use prima_core::prp::residency::Residency;
-use prima_core::prp::{RingHead, RingOptions};
+use prima_core::prp::{NextRoute, RingHead, RingOptions};
 
 const N_CTX: usize = 64;
 /// Greedy steps each sequence decodes after its prompt.
@@ -398,9 +398,20 @@ fn a_ring_of_three_batches_exactly_what_each_sequence_gets_alone() {
     let addrs: Vec<String> = nodes.iter().map(|n| n.addr.clone()).collect();
     let prompts = prompts(model.hparams().n_vocab);
     let expected: Vec<_> = prompts.iter().map(|(p, _)| alone(&model, be, p)).collect();
-    // One round, and three rounds (k = 3) with entries cut across batches.
-    for (windows, n_batch) in [([10, 10, 10], 64), ([4, 3, 3], 3)] {
-        let options = ring_options(n_batch);
+    // One round, and three rounds (k = 3) with entries cut across batches; one batch at
+    // a time, and up to 2 and 3 micro-batches in the ring at once.
+    let rings = [
+        ([10, 10, 10], 64, 1),
+        ([10, 10, 10], 64, 3),
+        ([4, 3, 3], 3, 1),
+        ([4, 3, 3], 3, 2),
+        ([4, 3, 3], 3, 3),
+    ];
+    for (windows, n_batch, micro_batches) in rings {
+        let options = RingOptions {
+            micro_batches: Some(micro_batches),
+            ..ring_options(n_batch)
+        };
         let mut head =
             RingHead::connect(&model, be, &transport.transport, &addrs, &windows, &options)
                 .unwrap_or_else(|e| panic!("windows {windows:?}: {e}"));
@@ -408,7 +419,7 @@ fn a_ring_of_three_batches_exactly_what_each_sequence_gets_alone() {
         for (i, (g, e)) in got.iter().zip(&expected).enumerate() {
             assert!(
                 g == e,
-                "windows {windows:?}: sequence {i} differs from alone"
+                "windows {windows:?}, {micro_batches} in flight: sequence {i} differs from alone"
             );
         }
         // A slot truncated on the head: the nodes forget its positions with its next
@@ -455,7 +466,11 @@ fn a_resilient_ring_replays_every_slot_after_a_lost_device() {
         windows: vec![10, 10, 10],
         next_routes: Vec::new(),
     };
-    let options = ring_options(64);
+    // Micro-batches in flight when b dies: the step is replayed whole.
+    let options = RingOptions {
+        micro_batches: Some(3),
+        ..ring_options(64)
+    };
     let head = RingHead::connect(
         &model,
         be,
@@ -515,10 +530,25 @@ fn decode_step_s<F: BatchForward>(f: &mut F, slots: &[usize], reps: usize) -> Ve
 where
     F::Error: std::fmt::Debug,
 {
+    let turns: Vec<(usize, usize)> = slots.iter().map(|&n| (n, 0)).collect();
+    decode_steps(f, &turns, reps, |_, _| {})
+}
+
+/// [`decode_step_s`] for turns of `(n, setting)`: `configure` applies the setting to `f`
+/// before each turn of `n` slots.
+fn decode_steps<F: BatchForward>(
+    f: &mut F,
+    turns: &[(usize, usize)],
+    reps: usize,
+    mut configure: impl FnMut(&mut F, usize),
+) -> Vec<f64>
+where
+    F::Error: std::fmt::Debug,
+{
     const STEPS_PER_TURN: usize = 4;
     let v = f.n_vocab();
     let prompts = prompts(v);
-    let most = slots.iter().copied().max().unwrap_or(1);
+    let most = turns.iter().map(|t| t.0).max().unwrap_or(1);
     let mut next = Vec::new();
     for slot in 0..most {
         BatchForward::truncate(f, slot, 0).unwrap();
@@ -537,9 +567,10 @@ where
             .unwrap();
         next.push([argmax(logits)]);
     }
-    let mut times = vec![Vec::new(); slots.len()];
+    let mut times = vec![Vec::new(); turns.len()];
     for _ in 0..reps {
-        for (i, &n) in slots.iter().enumerate() {
+        for (i, &(n, setting)) in turns.iter().enumerate() {
+            configure(f, setting);
             for _ in 0..STEPS_PER_TURN {
                 let seqs: Vec<SeqTokens> = next[..n]
                     .iter()
@@ -581,32 +612,51 @@ fn decode_throughput_by_slots() {
         let mut s = Session::with_slots(&model, &backend.backend, 256, 64, 8).unwrap();
         decode_step_s(&mut s, &[1], 2); // warm-up
         let steps = decode_step_s(&mut s, &slots, REPS);
-        rows.push(("one device, -t 2", steps));
+        rows.push(("one device, -t 2".to_string(), steps));
     }
-    {
-        let backend = cpu_backend(1);
-        let transport = common::tcp_transport();
-        let nodes = [Node::start(&path), Node::start(&path)];
-        let addrs: Vec<String> = nodes.iter().map(|n| n.addr.clone()).collect();
-        let options = RingOptions {
-            n_ctx: 256,
-            n_slots: 8,
-            ..ring_options(64)
+    let backend = cpu_backend(1);
+    let transport = common::tcp_transport();
+    let nodes = [Node::start(&path), Node::start(&path)];
+    let addrs: Vec<String> = nodes.iter().map(|n| n.addr.clone()).collect();
+    let options = RingOptions {
+        // Each slot decodes in every setting's turns.
+        n_ctx: 2048,
+        n_slots: 8,
+        ..ring_options(64)
+    };
+    let mut head = RingHead::connect(
+        &model,
+        &backend.backend,
+        &transport.transport,
+        &addrs,
+        &[10, 10, 10],
+        &options,
+    )
+    .unwrap();
+    decode_step_s(&mut head, &[1], 2);
+    // One batch at a time, 2 and 3 (one per device) micro-batches in flight, and as
+    // many as the head finds fastest (0; its tuner learns across its turns), taking
+    // turns.
+    let settings = [1, 2, 3, 0];
+    let turns: Vec<(usize, usize)> = slots
+        .iter()
+        .flat_map(|&n| settings.map(|m| (n, m)))
+        .collect();
+    let steps = decode_steps(&mut head, &turns, REPS, |head, m| {
+        head.set_micro_batches((m > 0).then_some(m))
+    });
+    for (i, m) in settings.iter().enumerate() {
+        let by_slots = steps.iter().skip(i).step_by(settings.len()).copied();
+        let what = match m {
+            0 => "tuned".to_string(),
+            m => format!("{m} in flight"),
         };
-        let mut head = RingHead::connect(
-            &model,
-            &backend.backend,
-            &transport.transport,
-            &addrs,
-            &[10, 10, 10],
-            &options,
-        )
-        .unwrap();
-        decode_step_s(&mut head, &[1], 2);
-        let steps = decode_step_s(&mut head, &slots, REPS);
-        rows.push(("3-device loopback ring, -t 1 each", steps));
-        head.shutdown(false);
+        rows.push((
+            format!("3-device loopback ring, -t 1 each, {what}"),
+            by_slots.collect(),
+        ));
     }
+    head.shutdown(false);
     println!("| where | slots | median step ms | aggregate tok/s | × 1 slot |");
     println!("|---|---|---|---|---|");
     for (where_, steps) in &rows {
@@ -619,4 +669,126 @@ fn decode_throughput_by_slots() {
             );
         }
     }
+}
+
+/// [`decode_throughput_by_slots`] for the ring with 5 ms added to each hop (a forwarder
+/// on loopback delays every byte by that much in each direction, as `cargo xtask
+/// spec-bench` does): whether micro-batches pay when the links, not the cores, take the
+/// time. Measures, asserts nothing (`-- --ignored --nocapture`).
+#[test]
+#[ignore]
+fn decode_throughput_with_link_latency() {
+    let Some(path) = smollm2() else { return };
+    let model = Model::load(&path).unwrap();
+    const REPS: usize = 6;
+    let delay = std::time::Duration::from_millis(5);
+    let slots = [1, 2, 4, 8];
+    let backend = cpu_backend(1);
+    let transport = common::tcp_transport();
+    let nodes = [Node::start(&path), Node::start(&path)];
+    let head_addr = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    // The head reaches node m through forwarder m (so node 1 reaches node 2 through it
+    // too); node 2 reaches the head through a third.
+    let addrs: Vec<String> = nodes.iter().map(|n| delayed(&n.addr, delay)).collect();
+    let options = RingOptions {
+        n_ctx: 2048,
+        n_slots: 8,
+        listen: head_addr.clone(),
+        next_routes: vec![
+            NextRoute::AsHead,
+            NextRoute::Addr(delayed(&head_addr, delay)),
+        ],
+        ..ring_options(64)
+    };
+    let mut head = RingHead::connect(
+        &model,
+        &backend.backend,
+        &transport.transport,
+        &addrs,
+        &[10, 10, 10],
+        &options,
+    )
+    .unwrap();
+    decode_step_s(&mut head, &[1], 2);
+    let settings = [1, 2, 3, 0];
+    let turns: Vec<(usize, usize)> = slots
+        .iter()
+        .flat_map(|&n| settings.map(|m| (n, m)))
+        .collect();
+    let steps = decode_steps(&mut head, &turns, REPS, |head, m| {
+        head.set_micro_batches((m > 0).then_some(m))
+    });
+    head.shutdown(false);
+    println!("| 5 ms per hop | slots | median step ms | aggregate tok/s |");
+    println!("|---|---|---|---|");
+    for (i, m) in settings.iter().enumerate() {
+        for (&n, &step) in slots
+            .iter()
+            .zip(steps.iter().skip(i).step_by(settings.len()))
+        {
+            let what = match m {
+                0 => "tuned".to_string(),
+                m => format!("{m} in flight"),
+            };
+            println!(
+                "| {what} | {n} | {:.1} | {:.1} |",
+                step * 1e3,
+                n as f64 / step
+            );
+        }
+    }
+}
+
+/// Listens on a loopback port and forwards each connection to `to`, every chunk in each
+/// direction written `delay` after it was read: a link of that one-way latency.
+fn delayed(to: &str, delay: std::time::Duration) -> String {
+    use std::net::{TcpListener, TcpStream};
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let to = to.to_string();
+    std::thread::spawn(move || {
+        for client in listener.incoming().map_while(Result::ok) {
+            let Ok(server) = TcpStream::connect(&to) else {
+                continue;
+            };
+            for s in [&client, &server] {
+                let _ = s.set_nodelay(true);
+            }
+            let (client2, server2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+            pipe(client, server, delay);
+            pipe(server2, client2, delay);
+        }
+    });
+    addr
+}
+
+/// Copies `from` to `to`, each chunk `delay` after it was read (a reader thread stamps
+/// chunks, a writer thread waits for each one's time, so the delay shifts the stream
+/// without throttling it).
+fn pipe(mut from: std::net::TcpStream, mut to: std::net::TcpStream, delay: std::time::Duration) {
+    use std::io::{Read, Write};
+    let (tx, rx) = std::sync::mpsc::channel::<(std::time::Instant, Vec<u8>)>();
+    std::thread::spawn(move || {
+        let mut buf = vec![0u8; 1 << 16];
+        while let Ok(n @ 1..) = from.read(&mut buf) {
+            if tx
+                .send((std::time::Instant::now() + delay, buf[..n].to_vec()))
+                .is_err()
+            {
+                break;
+            }
+        }
+    });
+    std::thread::spawn(move || {
+        for (due, chunk) in rx {
+            std::thread::sleep(due.saturating_duration_since(std::time::Instant::now()));
+            if to.write_all(&chunk).is_err() {
+                break;
+            }
+        }
+        let _ = to.shutdown(std::net::Shutdown::Write);
+    });
 }

@@ -38,6 +38,11 @@ pub struct BenchServeArgs {
     /// Also measure a three-device loopback ring (`prima apply`).
     #[arg(long)]
     ring: bool,
+    /// With --ring: a ring column for each of these micro-batch settings of the head
+    /// (`PRIMA_MICRO_BATCHES`), comma-separated: `default` (unset: one batch at a time), N
+    /// (N micro-batches in the ring at once) or `tuned` (the count it measures fastest).
+    #[arg(long, value_delimiter = ',', default_value = "default")]
+    micro_batches: Vec<String>,
     /// The model; default: SmolLM2-135M-Instruct Q4_1 in models/.
     #[arg(long)]
     model: Option<PathBuf>,
@@ -67,16 +72,29 @@ const PROMPTS: &[&str] = &[
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Tool {
     Prima,
-    Ring,
+    /// With this setting of `PRIMA_MICRO_BATCHES` (`None`: unset).
+    Ring(Option<&'static str>),
     LlamaCpp,
 }
 
 impl Tool {
-    fn name(self) -> &'static str {
+    fn name(self) -> String {
         match self {
-            Tool::Prima => "prima serve",
-            Tool::Ring => "prima apply (ring of 3)",
-            Tool::LlamaCpp => "llama-server",
+            Tool::Prima => "prima serve".into(),
+            Tool::Ring(None) => "prima apply (ring of 3)".into(),
+            Tool::Ring(Some("tuned")) => "prima apply (ring of 3, tuned)".into(),
+            Tool::Ring(Some(m)) => format!("prima apply (ring of 3, {m} in flight)"),
+            Tool::LlamaCpp => "llama-server".into(),
+        }
+    }
+
+    /// A name for its log files.
+    fn short(self) -> String {
+        match self {
+            Tool::Prima => "prima".into(),
+            Tool::Ring(None) => "ring".into(),
+            Tool::Ring(Some(m)) => format!("ring-{m}"),
+            Tool::LlamaCpp => "llama".into(),
         }
     }
 }
@@ -126,7 +144,19 @@ pub fn run(layout: &Layout, args: &BenchServeArgs) -> Result<()> {
     std::fs::create_dir_all(&dir)?;
     let mut servers = vec![Tool::Prima, Tool::LlamaCpp];
     if args.ring {
-        servers.push(Tool::Ring);
+        for m in &args.micro_batches {
+            servers.push(Tool::Ring(match m.trim() {
+                "default" => None,
+                "tuned" => Some("tuned"),
+                n => match n.parse::<usize>() {
+                    // Leaked: a few short strings for the life of the run.
+                    Ok(n) if n >= 1 => Some(&*String::leak(n.to_string())),
+                    _ => bail!(
+                        "--micro-batches {m:?}: each must be `default`, `tuned` or a number ≥ 1"
+                    ),
+                },
+            }));
+        }
     }
 
     // results[server][concurrency] = median tok/s, or why there is none.
@@ -166,7 +196,7 @@ pub fn run(layout: &Layout, args: &BenchServeArgs) -> Result<()> {
                 (_, Some(e)) => Err(e),
                 (Ok(running), None) => {
                     // Each prompt alone, on the same server: batching must not change it.
-                    if server == Tool::Prima && n > 1 {
+                    if server != Tool::LlamaCpp && n > 1 {
                         let alone = PROMPTS[..n]
                             .iter()
                             .map(|p| complete(&running.url, p, args.max_tokens).map(|r| r.0))
@@ -303,10 +333,7 @@ fn start(
 ) -> Result<Up> {
     let port = free_port()?;
     let url = format!("http://127.0.0.1:{port}");
-    let log = dir.join(format!(
-        "{}-{n}.log",
-        server.name().split(' ').next().unwrap_or("x")
-    ));
+    let log = dir.join(format!("{}-{n}.log", server.short()));
     let mut processes: Vec<Running> = Vec::new();
     match server {
         Tool::Prima => {
@@ -330,7 +357,7 @@ fn start(
                 .arg(model);
             processes.push(Running::spawn(cmd, &log)?);
         }
-        Tool::Ring => processes = ring_processes(prima, model, n, port, args.threads, dir)?,
+        Tool::Ring(m) => processes = ring_processes(prima, model, n, m, port, args.threads, dir)?,
     }
     wait_healthy(&url, &mut processes, &log)?;
     // Warm-up: pages, caches, the server's first-request costs.
@@ -463,11 +490,13 @@ impl Drop for Running {
 }
 
 /// Two `prima node`s and a `prima apply` head serving a ring of three on loopback, with
-/// pinned equal profiles (none holds the model alone) so the plan is the same anywhere.
+/// pinned equal profiles (none holds the model alone) so the plan is the same anywhere;
+/// the head's `PRIMA_MICRO_BATCHES` is `micro_batches` (`None`: unset).
 fn ring_processes(
     prima: &Path,
     model: &Path,
     n: usize,
+    micro_batches: Option<&'static str>,
     port: u16,
     threads: u32,
     dir: &Path,
@@ -475,6 +504,7 @@ fn ring_processes(
     let mut processes = Vec::new();
     let mut manifest = format!("[model]\npath = {:?}\n", model.display().to_string());
     let mut profiles = String::new();
+    let tag = Tool::Ring(micro_batches).short();
     for (i, name) in ["desktop", "laptop", "tablet"].into_iter().enumerate() {
         manifest.push_str(&format!(
             "\n[[device]]\nname = \"{name}\"\nthreads = {threads}\n"
@@ -490,7 +520,7 @@ fn ring_processes(
                 .arg(model);
             processes.push(Running::spawn(
                 cmd,
-                &dir.join(format!("node-{name}-{n}.log")),
+                &dir.join(format!("{tag}-node-{name}-{n}.log")),
             )?);
             manifest.push_str(&format!("address = \"{addr}\"\n"));
         }
@@ -501,13 +531,20 @@ fn ring_processes(
          [server]\nlisten = \"127.0.0.1:{port}\"\nparallel = {n}\n\n[security]\ninsecure = true\n"
     ));
     std::fs::write(dir.join("profiles.toml"), profiles)?;
-    let path = dir.join("ring.toml");
+    let path = dir.join(format!("{tag}.toml"));
     std::fs::write(&path, manifest)?;
     // The nodes listen within a moment; the head retries its connections meanwhile.
     std::thread::sleep(Duration::from_secs(2));
     let mut cmd = Command::new(prima);
     cmd.arg("apply").arg(&path);
-    processes.push(Running::spawn(cmd, &dir.join(format!("head-{n}.log")))?);
+    match micro_batches {
+        Some(m) => cmd.env("PRIMA_MICRO_BATCHES", m),
+        None => cmd.env_remove("PRIMA_MICRO_BATCHES"),
+    };
+    processes.push(Running::spawn(
+        cmd,
+        &dir.join(format!("{tag}-head-{n}.log")),
+    )?);
     Ok(processes)
 }
 

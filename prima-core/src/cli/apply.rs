@@ -285,6 +285,7 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
             .unwrap_or_else(|| RingOptions::default().listen),
         next_routes: plan.ring().skip(1).map(|d| d.next_route.clone()).collect(),
         security,
+        micro_batches: micro_batches_from_env()?,
     };
     let head_gpu_layers = plan.ring().next().map_or(0, |d| d.n);
     if engine.gpu.is_none() && head_gpu_layers > 0 {
@@ -540,4 +541,19 @@ fn serve_until_interrupted(
     }
     eprintln!("serve: stopped");
     Ok(())
+}
+
+/// `PRIMA_MICRO_BATCHES=N`: N micro-batches in the ring at once (at most one per
+/// request); `tuned`: as many as the head measures fastest; unset: the default, one
+/// batch at a time. A knob for rings of separate machines or slow links, not yet a
+/// manifest field.
+fn micro_batches_from_env() -> anyhow::Result<Option<usize>> {
+    match std::env::var("PRIMA_MICRO_BATCHES") {
+        Err(_) => Ok(RingOptions::default().micro_batches),
+        Ok(v) if v.trim() == "tuned" => Ok(None),
+        Ok(v) => match v.trim().parse::<usize>() {
+            Ok(n) if n >= 1 => Ok(Some(n)),
+            _ => bail!("PRIMA_MICRO_BATCHES must be `tuned` or a whole number ≥ 1, not {v:?}"),
+        },
+    }
 }

@@ -423,9 +423,8 @@ impl<'m> Session<'m> {
         mut run: impl FnMut(&mut Session<'m>) -> Result<(), E>,
     ) -> Result<&[f32], E> {
         self.check_batch(seqs)?;
-        let n_vocab = self.model.hparams().n_vocab;
         let batches = plan_batches(seqs, |slot| self.n_past[slot], self.n_batch);
-        self.entry_logits.resize(seqs.len() * n_vocab, 0.0);
+        self.start_entries(seqs.len());
         let mut spans = Vec::with_capacity(seqs.len());
         for pieces in &batches {
             spans.clear();
@@ -447,9 +446,23 @@ impl<'m> Session<'m> {
         Ok(&self.entry_logits)
     }
 
+    /// Makes room for the logits of `n_entries` entries, which
+    /// [`Session::entries_logits`] fills: for a caller that drives the batches of
+    /// [`Session::eval_batch_with`] itself (a ring head with several micro-batches in
+    /// flight).
+    pub fn start_entries(&mut self, n_entries: usize) {
+        let n_vocab = self.model.hparams().n_vocab;
+        self.entry_logits.resize(n_entries * n_vocab, 0.0);
+    }
+
+    /// The logits of the entries of [`Session::start_entries`], entry after entry.
+    pub fn entry_logits(&self) -> &[f32] {
+        &self.entry_logits
+    }
+
     /// The logits of the entries that end in the last batch (`pieces`), into their
     /// places in `entry_logits`: their last rows gathered, one output-head product.
-    fn entries_logits(
+    pub fn entries_logits(
         &mut self,
         pieces: &[Piece],
         seqs: &[SeqTokens<'_>],

@@ -6,12 +6,13 @@
 //! names the device that died (its control connection is gone or silent), not the
 //! neighbours that merely lost their link to it.
 
+use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::batch::{BatchForward, SeqTokens};
+use crate::batch::{plan_batches, BatchForward, Piece, SeqSpan, SeqTokens};
 use crate::generate::{Forward, RowLogits};
 use crate::model::{GpuLayers, Model, Session};
 use crate::plugin::backend_abi::BackendBox;
@@ -23,6 +24,7 @@ use super::key::LinkSecurity;
 use super::link::{
     decode_activations, expect_control, recv_control, recv_frame, send_control, send_frame,
 };
+use super::micro_batch::MicroBatchTuner;
 use super::protocol::{
     encode_activations, read_payload, Activations, Control, MemoryBaseline, ModelFingerprint,
     NextHop, PassStats, Ready, ReleaseMethod, ReleasePolicy, Role, RoundWindow, Setup, WireType,
@@ -71,6 +73,12 @@ pub struct RingOptions {
     pub next_routes: Vec<NextRoute>,
     /// How the links to the nodes are protected (the nodes must hold the same key).
     pub security: LinkSecurity,
+    /// Micro-batches a [`BatchForward::eval_batch`] keeps in flight (see [`RingHead`]);
+    /// `None`: from one to one per device, whichever the head measures fastest
+    /// ([`super::micro_batch`]). Default 1, one batch at a time: on a loopback ring of
+    /// three on two shared cores, more paid only at 2 concurrent requests (ARCHITECTURE.md,
+    /// "Micro-batches in flight").
+    pub micro_batches: Option<usize>,
 }
 
 /// How a node reaches the device after it in the ring.
@@ -100,6 +108,7 @@ impl Default for RingOptions {
             listen: "0.0.0.0:0".into(),
             next_routes: Vec::new(),
             security: LinkSecurity::Insecure,
+            micro_batches: Some(1),
         }
     }
 }
@@ -221,10 +230,24 @@ fn lost_at_connect(e: RingError, device: usize, addr: &str) -> RingError {
 
 /// The head: a [`Forward`] (slot 0) and a [`BatchForward`] whose layers run round the
 /// ring.
+///
+/// A [`BatchForward::eval_batch`] of several entries is cut into micro-batches (entries
+/// in order, about as many tokens each) that go round the ring at the same time, each
+/// its own frames: while device 1 computes micro-batch 1, the head computes micro-batch
+/// 2, and so on, instead of all but one device waiting. Micro-batches hold different
+/// slots, so they touch different KV caches and any order of their frames gives the
+/// logits one batch gives. How many: [`RingOptions::micro_batches`], at most one per
+/// entry.
 pub struct RingHead<'m> {
     session: Session<'m>,
     ring: Passes,
     health: Option<JoinHandle<()>>,
+    /// The thread that reads the last device's frames (see [`read_loop`]).
+    reader: Option<JoinHandle<()>>,
+    /// How many micro-batches an evaluation is cut into; `None`: as `tuner` finds
+    /// fastest.
+    micro_batches: Option<usize>,
+    tuner: MicroBatchTuner,
     memory: MemoryBaseline,
     nodes: Vec<NodeInfo>,
 }
@@ -236,10 +259,36 @@ struct Passes {
     rounds: usize,
     wire: WireType,
     shared: Arc<Shared>,
+    /// Frames from the last device, as the reader thread receives them.
+    incoming: mpsc::Receiver<Result<Vec<u8>, RingError>>,
+    /// The next batch's number: every batch (micro-batch) gets its own, which its frames
+    /// carry round the ring.
     seq: u64,
     frame: Vec<u8>,
     passes: Vec<PassStats>,
     meter: PassMeter,
+}
+
+/// A pass sent round the ring and not back yet: its batch, round and what the head
+/// measured of it.
+struct Sent {
+    seq: u64,
+    round: usize,
+    n_tokens: usize,
+    compute_ms: f64,
+    send_ms: f64,
+    major_faults: u64,
+    disk_read_bytes: u64,
+    mem_available: u64,
+}
+
+/// A micro-batch in the ring: its group of entries, which of the group's batches, and
+/// that batch's spans (to set up the head's session again when its frame comes back).
+struct Flying {
+    group: usize,
+    batch: usize,
+    sent: Sent,
+    spans: Vec<SeqSpan>,
 }
 
 impl<'m> RingHead<'m> {
@@ -483,6 +532,7 @@ impl<'m> RingHead<'m> {
             }
         };
 
+        let links_len = links.len();
         let shared = Arc::new(Shared {
             nodes: links,
             data_out,
@@ -497,13 +547,25 @@ impl<'m> RingHead<'m> {
                 .spawn(move || health_loop(&shared))
                 .map_err(|e| RingError::Setup(format!("cannot start the health thread: {e}")))?
         };
+        let (arrived, incoming) = mpsc::channel();
+        let reader = {
+            let shared = shared.clone();
+            std::thread::Builder::new()
+                .name("prima-ring-reader".into())
+                .spawn(move || read_loop(&shared, &arrived))
+                .map_err(|e| RingError::Setup(format!("cannot start the reader thread: {e}")))?
+        };
         Ok(RingHead {
             session,
+            reader: Some(reader),
+            micro_batches: options.micro_batches.map(|m| m.max(1)),
+            tuner: MicroBatchTuner::new(links_len + 1),
             ring: Passes {
                 residency,
                 rounds,
                 wire: options.wire,
                 shared,
+                incoming,
                 seq: 0,
                 frame: Vec::new(),
                 passes: Vec::new(),
@@ -518,6 +580,13 @@ impl<'m> RingHead<'m> {
     /// Rounds per token (k).
     pub fn rounds(&self) -> usize {
         self.ring.rounds
+    }
+
+    /// How many micro-batches each [`BatchForward::eval_batch`] is cut into from now
+    /// on, as [`RingOptions::micro_batches`] (`None`: tuned, with what the tuner has
+    /// measured so far).
+    pub fn set_micro_batches(&mut self, n: Option<usize>) {
+        self.micro_batches = n.map(|m| m.max(1));
     }
 
     /// The nodes, as they reported when they joined.
@@ -572,6 +641,9 @@ impl<'m> RingHead<'m> {
             link.control.close();
         }
         shared.close_data();
+        if let Some(h) = self.reader.take() {
+            let _ = h.join();
+        }
     }
 }
 
@@ -593,17 +665,47 @@ impl Passes {
         cause
     }
 
-    /// Every round of the batch in flight in `session` round the ring.
+    /// Every round of the batch in flight in `session` round the ring, one after
+    /// another.
     fn batch(&mut self, session: &mut Session<'_>) -> Result<(), RingError> {
+        let seq = self.next_seq();
         for round in 0..self.rounds {
-            self.pass(session, round)?;
+            let sent = self.send(session, seq, round)?;
+            let (frame, wait_ms) = self.receive()?;
+            let peer = self.shared.data_in.peer().into_string();
+            let (h, _, payload) = decode_activations(&frame, &peer)?;
+            if h.seq != seq || h.round as usize != round {
+                return Err(RingError::Unexpected {
+                    peer,
+                    expected: "the activations just sent round the ring",
+                    got: format!("seq {} round {}", h.seq, h.round),
+                });
+            }
+            read_payload(
+                &h,
+                payload,
+                session.model().hparams().n_embd,
+                session.hidden_mut(),
+            )
+            .map_err(|source| RingError::Protocol { peer, source })?;
+            self.record(sent, wait_ms);
         }
-        self.seq += 1;
         Ok(())
     }
 
-    /// One pass of the batch in flight round the ring for `round`.
-    fn pass(&mut self, session: &mut Session<'_>, round: usize) -> Result<(), RingError> {
+    fn next_seq(&mut self) -> u64 {
+        self.seq += 1;
+        self.seq
+    }
+
+    /// Runs the head's windows of `round` over the batch in flight in `session` and
+    /// sends it on as batch `seq`.
+    fn send(
+        &mut self,
+        session: &mut Session<'_>,
+        seq: u64,
+        round: usize,
+    ) -> Result<Sent, RingError> {
         let model = session.model();
         let n_embd = model.hparams().n_embd;
         let n_tokens = session.hidden().len() / n_embd;
@@ -612,7 +714,7 @@ impl Passes {
             .run_round(model, session, &self.meter, round)?;
 
         let header = Activations {
-            seq: self.seq,
+            seq,
             n_tokens: n_tokens as u32,
             round: round as u16,
             wire: self.wire,
@@ -636,42 +738,187 @@ impl Passes {
         if let Some(i) = run.index {
             self.residency.after_window(model, i);
         }
-
-        let waiting = Instant::now();
-        // Sleeps until the frame comes back; if the ring breaks first, the health thread
-        // closes the connection and the verdict names who broke it.
-        let frame = loop {
-            match recv_frame(&self.shared.data_in, NO_TIMEOUT) {
-                Ok(Some(f)) => break f,
-                Ok(None) => {}
-                Err(e) => return Err(self.broken(e)),
-            }
-        };
-        let wait_ms = waiting.elapsed().as_secs_f64() * 1e3;
-        let peer = self.shared.data_in.peer().into_string();
-        let (h, _, payload) = decode_activations(&frame, &peer)?;
-        if h.seq != header.seq || h.round != header.round {
-            return Err(RingError::Unexpected {
-                peer,
-                expected: "the activations just sent round the ring",
-                got: format!("seq {} round {}", h.seq, h.round),
-            });
-        }
-        read_payload(&h, payload, n_embd, session.hidden_mut())
-            .map_err(|source| RingError::Protocol { peer, source })?;
-        self.passes.push(PassStats {
-            seq: header.seq,
+        Ok(Sent {
+            seq,
             round,
             n_tokens,
-            wait_ms,
             compute_ms: run.compute_ms,
             send_ms,
             major_faults: run.major_faults,
             disk_read_bytes,
             mem_available,
+        })
+    }
+
+    /// The next frame from the last device, and how long the head waited for it.
+    fn receive(&mut self) -> Result<(Vec<u8>, f64), RingError> {
+        let waiting = Instant::now();
+        // Sleeps until a frame comes back; if the ring breaks first, the health thread
+        // closes the connection and the verdict names who broke it.
+        let frame = match self.incoming.recv() {
+            Ok(Ok(frame)) => frame,
+            Ok(Err(e)) => return Err(self.broken(e)),
+            Err(mpsc::RecvError) => {
+                return Err(self.broken(RingError::Transport(
+                    "the head's reader thread is gone".into(),
+                )))
+            }
+        };
+        Ok((frame, waiting.elapsed().as_secs_f64() * 1e3))
+    }
+
+    /// Logs a pass that came back after the head waited `wait_ms` for it.
+    fn record(&mut self, sent: Sent, wait_ms: f64) {
+        self.passes.push(PassStats {
+            seq: sent.seq,
+            round: sent.round,
+            n_tokens: sent.n_tokens,
+            wait_ms,
+            compute_ms: sent.compute_ms,
+            send_ms: sent.send_ms,
+            major_faults: sent.major_faults,
+            disk_read_bytes: sent.disk_read_bytes,
+            mem_available: sent.mem_available,
         });
+    }
+
+    /// Evaluates `seqs` (checked) as micro-batches: each group of entries `groups[g]`
+    /// goes through its batches (cut by [`plan_batches`]) one after another, every
+    /// group's current batch in the ring at the same time. The groups hold different
+    /// slots. The logits land in the session's [`Session::entry_logits`].
+    fn micro_batches(
+        &mut self,
+        session: &mut Session<'_>,
+        seqs: &[SeqTokens<'_>],
+        groups: &[Range<usize>],
+    ) -> Result<(), RingError> {
+        let n_embd = session.model().hparams().n_embd;
+        let n_batch = session.n_batch();
+        // Each group's batches, its pieces numbered as entries of all `seqs`. A group's
+        // progress moves only its own slots' positions, so all are planned now.
+        let plans: Vec<Vec<Vec<Piece>>> = groups
+            .iter()
+            .map(|r| {
+                let mut batches =
+                    plan_batches(&seqs[r.clone()], |slot| session.slot_n_past(slot), n_batch);
+                for piece in batches.iter_mut().flatten() {
+                    piece.entry += r.start;
+                }
+                batches
+            })
+            .collect();
+        let mut flying: Vec<Flying> = Vec::with_capacity(groups.len());
+        let mut tokens = Vec::new();
+        for (group, batches) in plans.iter().enumerate() {
+            if let Some(first) = batches.first() {
+                flying.push(self.launch(session, seqs, first, group, &mut tokens)?);
+            }
+        }
+        while !flying.is_empty() {
+            let (frame, wait_ms) = self.receive()?;
+            let peer = self.shared.data_in.peer().into_string();
+            let (h, _, payload) = decode_activations(&frame, &peer)?;
+            let Some(at) = flying
+                .iter()
+                .position(|f| f.sent.seq == h.seq && f.sent.round == h.round as usize)
+            else {
+                return Err(RingError::Unexpected {
+                    peer,
+                    expected: "activations of a batch in the ring",
+                    got: format!("seq {} round {}", h.seq, h.round),
+                });
+            };
+            // Back to this batch: its positions were cut when it started, so starting
+            // it again only sets the rows' positions and spans.
+            session.begin_spans(&flying[at].spans)?;
+            read_payload(&h, payload, n_embd, session.hidden_mut())
+                .map_err(|source| RingError::Protocol { peer, source })?;
+            let f = &mut flying[at];
+            let next_round = f.sent.round + 1;
+            if next_round < self.rounds {
+                let seq = f.sent.seq;
+                let sent = self.send(session, seq, next_round)?;
+                let done = std::mem::replace(&mut flying[at].sent, sent);
+                self.record(done, wait_ms);
+                continue;
+            }
+            let done = flying.swap_remove(at);
+            self.record(done.sent, wait_ms);
+            session.finish_batch();
+            let pieces = &plans[done.group][done.batch];
+            session.entries_logits(pieces, seqs)?;
+            if let Some(next) = plans[done.group].get(done.batch + 1) {
+                let mut f = self.launch(session, seqs, next, done.group, &mut tokens)?;
+                f.batch = done.batch + 1;
+                flying.push(f);
+            }
+        }
         Ok(())
     }
+
+    /// Starts the batch `pieces` of group `group`: embeds its tokens, runs the head's
+    /// first window and sends it into the ring.
+    fn launch(
+        &mut self,
+        session: &mut Session<'_>,
+        seqs: &[SeqTokens<'_>],
+        pieces: &[Piece],
+        group: usize,
+        tokens: &mut Vec<u32>,
+    ) -> Result<Flying, RingError> {
+        let spans: Vec<SeqSpan> = pieces.iter().map(|p| p.span).collect();
+        session.begin_spans(&spans)?;
+        tokens.clear();
+        for p in pieces {
+            tokens.extend_from_slice(&seqs[p.entry].tokens[p.tokens.clone()]);
+        }
+        session.embed(tokens)?;
+        let seq = self.next_seq();
+        let sent = self.send(session, seq, 0)?;
+        Ok(Flying {
+            group,
+            batch: 0,
+            sent,
+            spans,
+        })
+    }
+}
+
+/// Cuts `seqs` into at most `m` groups of consecutive entries, about as many tokens
+/// each (the cost of a batch grows with its rows): each group closes once its tokens
+/// reach an even share of those left.
+fn micro_batch_groups(seqs: &[SeqTokens<'_>], m: usize) -> Vec<Range<usize>> {
+    let m = m.clamp(1, seqs.len().max(1));
+    let mut groups = Vec::with_capacity(m);
+    let mut left: usize = seqs.iter().map(|s| s.tokens.len()).sum();
+    let mut start = 0;
+    while start < seqs.len() {
+        let groups_left = m - groups.len();
+        let share = left.div_ceil(groups_left);
+        let mut end = start;
+        let mut tokens = 0;
+        // At least one entry; stop before an entry that overshoots the share by more
+        // than it falls short without it, or when every later group needs an entry.
+        while end < seqs.len() && seqs.len() - end > groups_left - 1 {
+            let t = seqs[end].tokens.len();
+            if end > start && tokens + t > share && tokens + t - share > share - tokens {
+                break;
+            }
+            tokens += t;
+            end += 1;
+            if tokens >= share {
+                break;
+            }
+        }
+        if groups_left == 1 {
+            end = seqs.len();
+            tokens = left;
+        }
+        groups.push(start..end);
+        left -= tokens;
+        start = end;
+    }
+    groups
 }
 
 impl Forward for RingHead<'_> {
@@ -740,8 +987,21 @@ impl BatchForward for RingHead<'_> {
     }
 
     fn eval_batch(&mut self, seqs: &[SeqTokens<'_>]) -> Result<&[f32], RingError> {
-        let ring = &mut self.ring;
-        self.session.eval_batch_with(seqs, |s| ring.batch(s))
+        self.session.check_batch(seqs)?;
+        self.session.start_entries(seqs.len());
+        let tokens = seqs.iter().map(|s| s.tokens.len()).sum();
+        let m = match self.micro_batches {
+            Some(m) => m,
+            None => self.tuner.choose(seqs.len(), tokens),
+        };
+        let groups = micro_batch_groups(seqs, m);
+        let started = Instant::now();
+        self.ring.micro_batches(&mut self.session, seqs, &groups)?;
+        if self.micro_batches.is_none() {
+            let seconds = started.elapsed().as_secs_f64();
+            self.tuner.record(seqs.len(), tokens, groups.len(), seconds);
+        }
+        Ok(self.session.entry_logits())
     }
 }
 
@@ -765,6 +1025,28 @@ impl Drop for RingHead<'_> {
     fn drop(&mut self) {
         if self.health.is_some() {
             self.stop(false);
+        }
+    }
+}
+
+/// Receives the last device's frames into `arrived` until the connection closes (the
+/// head stopping, or the health thread's verdict). A thread of its own, so the last
+/// device can always hand its frame on even while the head is busy sending another
+/// micro-batch to device 1: otherwise two frames bigger than the links' buffers could
+/// leave every device of the ring waiting for the next one to read.
+fn read_loop(shared: &Shared, arrived: &mpsc::Sender<Result<Vec<u8>, RingError>>) {
+    loop {
+        match recv_frame(&shared.data_in, NO_TIMEOUT) {
+            Ok(Some(frame)) => {
+                if arrived.send(Ok(frame)).is_err() {
+                    return;
+                }
+            }
+            Ok(None) => {}
+            Err(e) => {
+                let _ = arrived.send(Err(e));
+                return;
+            }
         }
     }
 }
@@ -815,5 +1097,34 @@ fn health_loop(shared: &Shared) {
             return;
         }
         std::thread::sleep(PING_EVERY);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn groups(lens: &[usize], m: usize) -> Vec<Range<usize>> {
+        let tokens: Vec<Vec<u32>> = lens.iter().map(|&n| vec![1; n]).collect();
+        let seqs: Vec<SeqTokens<'_>> = tokens
+            .iter()
+            .enumerate()
+            .map(|(slot, t)| SeqTokens { slot, tokens: t })
+            .collect();
+        micro_batch_groups(&seqs, m)
+    }
+
+    #[test]
+    fn micro_batches_are_runs_of_entries_of_about_equal_tokens() {
+        assert_eq!(groups(&[1, 1, 1, 1], 2), [0..2, 2..4]);
+        assert_eq!(groups(&[1, 1, 1, 1], 3), [0..2, 2..3, 3..4]);
+        assert_eq!(groups(&[1; 8], 3), [0..3, 3..6, 6..8]);
+        // A long prompt chunk goes alone; the decoding rows share the rest.
+        assert_eq!(groups(&[1, 128, 1, 1], 2), [0..2, 2..4]);
+        assert_eq!(groups(&[128, 1, 1, 1], 3), [0..1, 1..3, 3..4]);
+        // Never more groups than entries, never an empty one.
+        assert_eq!(groups(&[5, 5], 3), [0..1, 1..2]);
+        assert_eq!(groups(&[3], 1).len(), 1);
+        assert!(groups(&[], 2).is_empty());
     }
 }

@@ -7,6 +7,7 @@
 //! - [`secure`]: every link authenticated and encrypted (Noise, the cluster [`key`]).
 //! - [`head`]: device 0, a [`Forward`](crate::generate::Forward) whose layers run round
 //!   the ring; [`node`]: the daemon every other device runs.
+//! - [`micro_batch`]: how many micro-batches the head keeps in the ring at once.
 //! - [`residency`]: which windows stay in memory, prefetch and release of the others.
 //! - [`budget`]: how many bytes of weights a device keeps in memory (`--mem-budget`).
 //! - [`failover`]: a ring head that plans the ring again when a device is lost, replays
@@ -23,6 +24,7 @@ pub mod failover;
 pub mod head;
 pub mod key;
 mod link;
+pub mod micro_batch;
 pub mod node;
 pub mod protocol;
 pub mod residency;

@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
+use crate::batch::SeqSpan;
 use crate::model::{GpuLayers, Model, Session};
 use crate::plugin::backend_abi::BackendBox;
 use crate::plugin::transport_abi::{ListenerBox, TransportBox, NO_TIMEOUT};
@@ -486,6 +487,7 @@ fn compute_loop(
     let mut out = Vec::new();
     let mut spans = Vec::new();
     let mut meter = PassMeter::new();
+    let mut flying = InFlight::default();
     loop {
         let waiting = Instant::now();
         let frame = match recv_frame(data_in, NO_TIMEOUT) {
@@ -499,16 +501,20 @@ fn compute_loop(
         let round = header.round as usize;
         let n = header.n_tokens as usize;
         table.read_into(&mut spans);
-        if round == 0 {
-            // Each slot forgets its positions from its span's start on.
-            session.begin_spans(&spans)?;
-        } else if spans != session.batch_spans() {
-            return Err(RingError::Unexpected {
+        flying
+            .arrive(header.seq, round, &spans, setup.n_slots)
+            .map_err(|why| RingError::Unexpected {
                 peer: peer.clone(),
-                expected: "the spans of the batch in flight",
-                got: format!("{spans:?} in round {round}"),
-            });
-        }
+                expected: "the next round of a batch in flight, or a new batch",
+                got: format!(
+                    "batch {} round {round} with spans {spans:?}: {why}",
+                    header.seq
+                ),
+            })?;
+        // Round 0: each slot forgets its positions from its span's start on. A later
+        // round: the batch's positions were cut then, so this only sets the rows'
+        // positions and spans again (another batch may have run in between).
+        session.begin_spans(&spans)?;
         read_payload(&header, payload, n_embd, session.hidden_mut()).map_err(|source| {
             RingError::Protocol {
                 peer: peer.clone(),
@@ -561,6 +567,109 @@ fn compute_loop(
         }
         if round + 1 == setup.rounds {
             session.finish_batch();
+            flying.land(header.seq);
         }
+    }
+}
+
+/// The batches (micro-batches) in the ring that have passed this node for some rounds
+/// but not their last: frames of several may come in any interleaving, but each batch's
+/// rounds in order, with the spans it started with. No slot is in two of them (their
+/// rows would write the same cache positions).
+#[derive(Default)]
+struct InFlight {
+    /// Each batch's number, next round and spans.
+    batches: Vec<(u64, usize, Vec<SeqSpan>)>,
+}
+
+impl InFlight {
+    /// Checks and records that round `round` of batch `seq` with `spans` has come; the
+    /// reason it is out of order otherwise.
+    fn arrive(
+        &mut self,
+        seq: u64,
+        round: usize,
+        spans: &[SeqSpan],
+        n_slots: usize,
+    ) -> Result<(), String> {
+        match self.batches.iter_mut().find(|b| b.0 == seq) {
+            Some(b) if b.1 != round => Err(format!("round {} of this batch was next", b.1)),
+            Some(b) if b.2 != spans => Err(format!("the batch started with spans {:?}", b.2)),
+            Some(b) => {
+                b.1 += 1;
+                Ok(())
+            }
+            None if round != 0 => Err("no such batch in flight".into()),
+            None => {
+                // The head starts a slot's batch only once the slot's last one is back:
+                // a batch that holds one of these slots was given up (an evaluation that
+                // failed half way), and its rounds never come.
+                self.batches
+                    .retain(|b| !b.2.iter().any(|o| spans.iter().any(|s| s.slot == o.slot)));
+                // Each batch holds slots of its own: never more batches than slots.
+                if self.batches.len() >= n_slots {
+                    return Err(format!("already {} batches in flight", self.batches.len()));
+                }
+                self.batches.push((seq, 1, spans.to_vec()));
+                Ok(())
+            }
+        }
+    }
+
+    /// Batch `seq` has had its last round here.
+    fn land(&mut self, seq: u64) {
+        self.batches.retain(|b| b.0 != seq);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spans(slots: &[usize]) -> Vec<SeqSpan> {
+        slots
+            .iter()
+            .map(|&slot| SeqSpan {
+                slot,
+                start: 4,
+                len: 1,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn batches_interleave_but_each_keeps_its_rounds_and_spans() {
+        let mut f = InFlight::default();
+        let (a, b) = (spans(&[0, 1]), spans(&[2]));
+        f.arrive(7, 0, &a, 4).unwrap();
+        f.arrive(8, 0, &b, 4).unwrap();
+        f.arrive(7, 1, &a, 4).unwrap();
+        assert!(f.arrive(7, 1, &a, 4).unwrap_err().contains("round 2"));
+        assert!(f.arrive(8, 1, &a, 4).unwrap_err().contains("started with"));
+        assert!(f.arrive(9, 1, &b, 4).unwrap_err().contains("no such batch"));
+        f.arrive(8, 1, &b, 4).unwrap();
+        f.land(7);
+        f.land(8);
+        assert!(f.batches.is_empty());
+    }
+
+    #[test]
+    fn a_slots_new_batch_supersedes_one_given_up() {
+        let mut f = InFlight::default();
+        f.arrive(1, 0, &spans(&[0, 1]), 2).unwrap();
+        // The head gave batch 1 up; its slot 1 starts again in batch 2.
+        f.arrive(2, 0, &spans(&[1]), 2).unwrap();
+        assert!(f.arrive(1, 1, &spans(&[0, 1]), 2).is_err());
+        // No more batches than slots (a batch of an empty span holds none).
+        let empty = [SeqSpan {
+            slot: 0,
+            start: 0,
+            len: 0,
+        }];
+        f.arrive(3, 0, &empty, 2).unwrap();
+        assert!(f
+            .arrive(4, 0, &spans(&[]), 2)
+            .unwrap_err()
+            .contains("already 2"));
     }
 }

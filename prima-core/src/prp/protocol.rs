@@ -18,7 +18,9 @@ use crate::gguf::GgufFile;
 /// 2: every connection opens with the link handshake of [`super::secure`].
 /// 3: activation frames carry the batch's spans (several slots per batch), the setup
 ///    the number of slots.
-pub const PROTOCOL_VERSION: u32 = 3;
+/// 4: several batches (micro-batches of different slots) may be in the ring at once,
+///    their frames interleaved; a frame's `seq` says which batch it belongs to.
+pub const PROTOCOL_VERSION: u32 = 4;
 
 const KIND_CONTROL: u8 = b'C';
 const KIND_ACTIVATIONS: u8 = b'A';
