@@ -1,8 +1,8 @@
 //! How many micro-batches the ring head keeps in flight at once: measured, not assumed.
 //!
 //! More micro-batches let more devices compute at the same moment, but each holds fewer
-//! rows, and a product's cost per row rises as its rows fall (the CPU kernels run 1–3
-//! rows as one dot product per row, while 4 or more share each weight read). Whether
+//! rows, and a product's cost per row rises as its rows fall (fewer rows share each
+//! weight read; K-quant and float weights run 1–3 rows as one dot product per row). Whether
 //! it pays also depends on what the head cannot see: devices with cores of their own (a
 //! home cluster) overlap, devices sharing one machine's cores (a loopback ring) barely.
 //! So the head measures: for each shape of batch (its entries, its tokens to within a
