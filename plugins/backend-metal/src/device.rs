@@ -53,8 +53,23 @@ fn rank(t: DeviceType) -> u8 {
     }
 }
 
+/// Mesa's device-select layer (an implicit Vulkan layer that `mesa-vulkan-drivers`
+/// installs) connects to Wayland to order the devices, and on a headless machine without
+/// `XDG_RUNTIME_DIR` prints an error on every probe, into every `prima` command's output.
+/// The backend ranks adapters itself, so there it is turned off (`NODEVICE_SELECT=1`,
+/// Mesa's own switch) unless the user set it either way.
+fn quiet_device_select() {
+    if cfg!(target_os = "linux")
+        && std::env::var_os("XDG_RUNTIME_DIR").is_none()
+        && std::env::var_os("NODEVICE_SELECT").is_none()
+    {
+        std::env::set_var("NODEVICE_SELECT", "1");
+    }
+}
+
 /// The adapter the backend would use, or why there is none.
 fn pick_adapter() -> Result<Adapter, String> {
+    quiet_device_select();
     let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
         backends: backends(),
         ..wgpu::InstanceDescriptor::new_without_display_handle()
@@ -96,14 +111,16 @@ pub fn memory() -> Option<GpuMemory> {
     std::panic::catch_unwind(|| {
         let adapter = pick_adapter().ok()?;
         let info = adapter.get_info();
-        let unified = cfg!(target_vendor = "apple")
-            || matches!(
-                info.device_type,
-                DeviceType::IntegratedGpu | DeviceType::Cpu
-            );
         match info.backend {
+            // Integrated and software adapters share RAM with the CPU.
             #[cfg(not(target_vendor = "apple"))]
-            wgpu::Backend::Vulkan => vulkan_memory(&adapter, unified),
+            wgpu::Backend::Vulkan => vulkan_memory(
+                &adapter,
+                matches!(
+                    info.device_type,
+                    DeviceType::IntegratedGpu | DeviceType::Cpu
+                ),
+            ),
             // Metal reports no heap sizes through wgpu; an Apple GPU may take what RAM
             // has, so the RAM's figures are its memory.
             wgpu::Backend::Metal => ram_memory(),
