@@ -11,7 +11,6 @@
 //! - [`formats`]: the weight formats the GPU reads and the checks before an upload.
 //! - [`device`]: the availability probe and an opened GPU (context, stream, modules).
 //! - [`ops`]: the host side of each operation: checks, uploads, launches, downloads.
-//! - [`rope_table`]: RoPE's cos/sin, computed on the host as the CPU backend computes them.
 //! - [`backend`]: the ABI glue, with every call guarded against panics.
 //!
 //! Numerics: the CPU backend's (its scalar kernels are the oracle). A matmul quantizes its
@@ -30,7 +29,6 @@ pub mod device;
 pub mod formats;
 pub mod kernels;
 pub mod ops;
-pub mod rope_table;
 
 pub use backend::{create_backend, CudaBackend};
 

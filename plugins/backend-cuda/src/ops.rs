@@ -456,7 +456,7 @@ impl State {
         if n_rot == 0 || row == 0 || positions.is_empty() {
             return Ok(());
         }
-        let table = crate::rope_table::table(positions, p, n_rot);
+        let table = p.cos_sin_table(positions, n_rot);
         let f = self.gpu.function(Family::Rope, "rope")?;
         let stream = self.gpu.stream.clone();
         let mut x_dev = self.upload("activations", x)?;

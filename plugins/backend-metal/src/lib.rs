@@ -12,7 +12,6 @@
 //! - [`formats`]: the weight formats the GPU reads and the checks before an upload.
 //! - [`device`]: the availability probe and an opened adapter (device, queue, pipelines).
 //! - [`ops`]: the host side of each operation: checks, uploads, dispatches, read-back.
-//! - [`rope_table`]: RoPE's cos/sin, computed on the host as the CPU backend computes them.
 //! - [`backend`]: the ABI glue, every call guarded against panics and GPU errors.
 //!
 //! Numerics: the CUDA plugin's, which are the CPU backend's (its scalar kernels are the
@@ -39,7 +38,6 @@ pub mod device;
 pub mod formats;
 pub mod kernels;
 pub mod ops;
-pub mod rope_table;
 
 pub use backend::{create_backend, WgpuBackend};
 

@@ -635,7 +635,7 @@ impl State {
             return Ok(());
         }
         u32_of(OP, "length", x.len())?;
-        let table = crate::rope_table::table(positions, p, n_rot);
+        let table = p.cos_sin_table(positions, n_rot);
         let x_buf = self.upload(Slot::In0, x)?;
         let t_buf = self.upload(Slot::RopeTable, &table)?;
         let total = positions.len() as u64 * n_head as u64 * (n_rot / 2) as u64;

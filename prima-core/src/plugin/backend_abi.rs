@@ -84,6 +84,20 @@ impl RopeParams<'_> {
         [start.max(0.0), end.min(n_dims as f32 - 1.0)]
     }
 
+    /// `[cos, sin]` of every pair (`n_rot / 2` of them) of every position, token-major
+    /// (`table[(t · n_rot/2 + i) · 2 ..]`), by [`Self::fill_cos_sin`]: the table a GPU
+    /// backend uploads so that only the rotation runs on the GPU and it turns by the CPU's
+    /// bits. Small: n_tokens × n_rot floats.
+    pub fn cos_sin_table(&self, positions: &[u32], n_rot: usize) -> Vec<f32> {
+        let half = n_rot / 2;
+        let corr = self.yarn_corr_dims(n_rot);
+        let mut out = vec![0f32; positions.len() * 2 * half];
+        for (&pos, cs_pos) in positions.iter().zip(out.chunks_exact_mut(2 * half)) {
+            self.fill_cos_sin(cs_pos, pos, n_rot, corr);
+        }
+        out
+    }
+
     /// Fills `cos_sin` with the `[cos, sin]` of each pair (`n_rot / 2`) at position `pos`:
     /// θ_i = pos · base^(−2i/n_rot), the power accumulated by repeated f32 multiplication
     /// as ggml does, over `freq_factors[i]`; YaRN mixes by the ramp over `corr`
@@ -446,4 +460,50 @@ macro_rules! export_backend_plugin {
             .leak_into_prefix()
         }
     };
+}
+
+#[cfg(test)]
+mod rope_table_tests {
+    use super::RopeParams;
+    use abi_stable::std_types::{ROption, RSlice};
+
+    fn params(freq_factors: Option<&[f32]>) -> RopeParams<'_> {
+        RopeParams {
+            n_rot: 8,
+            freq_base: 10_000.0,
+            freq_scale: 1.0,
+            neox: false,
+            freq_factors: match freq_factors {
+                Some(f) => ROption::RSome(RSlice::from_slice(f)),
+                None => ROption::RNone,
+            },
+            ext_factor: 0.0,
+            attn_factor: 1.0,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            n_ctx_orig: 4096,
+        }
+    }
+
+    #[test]
+    fn position_zero_is_the_identity_and_pair_zero_turns_by_the_position() {
+        let t = params(None).cos_sin_table(&[0, 3], 8);
+        assert_eq!(t.len(), 2 * 8);
+        for cs in t[..8].chunks_exact(2) {
+            assert_eq!(cs, [1.0, 0.0]);
+        }
+        // Pair 0 of position 3: θ = 3.
+        assert_eq!(&t[8..10], &[3.0f32.cos(), 3.0f32.sin()]);
+        // Pair 1: θ = 3 · 10000^(−1/4).
+        let theta = 3.0 * 10_000f32.powf(-2.0 / 8.0);
+        assert_eq!(&t[10..12], &[theta.cos(), theta.sin()]);
+    }
+
+    #[test]
+    fn frequency_factors_divide_the_angle() {
+        let f = [1.0, 2.0, 4.0, 8.0];
+        let t = params(Some(&f)).cos_sin_table(&[5], 8);
+        let theta = 5.0 * 10_000f32.powf(-2.0 / 8.0) * 10_000f32.powf(-2.0 / 8.0);
+        assert_eq!(t[4], (theta / 4.0).cos());
+    }
 }
