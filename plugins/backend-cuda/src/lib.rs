@@ -8,10 +8,11 @@
 //! - [`kernels`]: the CUDA C sources, one per operation or format family (`*.cu`), and how
 //!   a compilation unit is assembled. No GPU code runs from Rust but through these.
 //! - [`compile`]: NVRTC and the on-disk PTX cache.
-//! - [`formats`]: the weight formats the GPU reads and the checks before an upload.
 //! - [`device`]: the availability probe and an opened GPU (context, stream, modules).
 //! - [`ops`]: the host side of each operation: checks, uploads, launches, downloads.
-//! - [`backend`]: the ABI glue, with every call guarded against panics.
+//! - [`backend`]: opening the backend and the plugin's exports. The ABI glue (every call
+//!   guarded against panics), the format table, argument checks and KV-cache bookkeeping
+//!   are `prima-gpu-support`'s, shared with the wgpu plugin.
 //!
 //! Numerics: the CPU backend's (its scalar kernels are the oracle). A matmul quantizes its
 //! activations once to the weight format's 8-bit companion (Q8_0, Q8_1, Q8_K) and takes
@@ -26,9 +27,11 @@
 pub mod backend;
 pub mod compile;
 pub mod device;
-pub mod formats;
 pub mod kernels;
 pub mod ops;
+
+/// The weight formats the GPU reads, shared with the other GPU plugin.
+pub use prima_gpu_support::formats;
 
 pub use backend::{create_backend, CudaBackend};
 

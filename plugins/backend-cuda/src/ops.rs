@@ -10,14 +10,14 @@
 use std::collections::HashMap;
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
-use prima_core::gguf::GgmlType;
 use prima_core::plugin::backend_abi::{AttentionParams, KvSpec, RopeParams, TensorView};
 
 use crate::device::{drv, grid_1d, Gpu};
 use crate::formats::{Activation, WeightShape};
 use crate::kernels::{Family, ATT_MAX_HEAD_DIM, ATT_WARPS, MATMUL_TOKENS, MATMUL_WARPS};
-
-pub type OpResult<T> = Result<T, String>;
+use prima_gpu_support::backend::GpuOps;
+use prima_gpu_support::checks::{add_bias_args, expect_len, rms_norm_args, rope_args, OpResult};
+use prima_gpu_support::kv::KvCaches;
 
 /// Everything the backend keeps on the GPU.
 pub struct State {
@@ -26,8 +26,7 @@ pub struct State {
     /// slices of a read-only mapping that outlives the backend's use of it.
     weights: HashMap<(usize, usize, u32), CudaSlice<u8>>,
     pub weight_bytes: u64,
-    kv: HashMap<u64, KvCache>,
-    next_kv: u64,
+    kv: KvCaches<CudaSlice<u16>>,
 }
 
 /// A matmul's activations as quantize.cu writes them (see `matmul_q` in rows.cuh).
@@ -40,55 +39,13 @@ struct QuantizedActivations {
     bsums: Option<CudaSlice<i16>>,
 }
 
-/// One F16 KV cache: per layer, K and V as `[n_ctx][n_head_kv][head_dim]`.
-struct KvCache {
-    spec: KvSpec,
-    k: Vec<CudaSlice<u16>>,
-    v: Vec<CudaSlice<u16>>,
-    /// Positions held per layer.
-    len: Vec<usize>,
-}
-
-fn expect_len(op: &str, what: &str, got: usize, want: usize) -> OpResult<()> {
-    if got != want {
-        return Err(format!("{op}: {what} is {got}, expected {want}"));
-    }
-    Ok(())
-}
-
-fn mul(op: &str, a: usize, b: usize) -> OpResult<usize> {
-    a.checked_mul(b)
-        .ok_or_else(|| format!("{op}: size {a} × {b} overflows"))
-}
-
-/// An F32 vector weight (norm weights, biases): its bytes and length.
-fn f32_vector<'a>(op: &str, what: &str, w: &TensorView<'a>) -> OpResult<(&'a [u8], usize)> {
-    if w.ggml_type != GgmlType::F32 as u32 {
-        return Err(format!(
-            "{op}: {what} must be F32 (type id {})",
-            w.ggml_type
-        ));
-    }
-    let n = usize::try_from(w.cols).map_err(|_| format!("{op}: {what} too long"))?;
-    if w.rows != 1 || w.data.len() != 4 * n || n == 0 {
-        return Err(format!(
-            "{op}: {what} must be one row of {n} f32 ({} bytes), got {} rows and {} bytes",
-            4 * n,
-            w.rows,
-            w.data.len()
-        ));
-    }
-    Ok((w.data.as_slice(), n))
-}
-
 impl State {
     pub fn new(gpu: Gpu) -> State {
         State {
             gpu,
             weights: HashMap::new(),
             weight_bytes: 0,
-            kv: HashMap::new(),
-            next_kv: 1,
+            kv: KvCaches::default(),
         }
     }
 
@@ -133,28 +90,92 @@ impl State {
         })
     }
 
-    pub fn get_rows(
+    /// `x` (on the GPU, `n` floats, whole blocks of `act`) quantized as the CPU backend
+    /// quantizes a matmul's activations, once per product.
+    fn quantize_activations(
         &mut self,
-        table: &TensorView<'_>,
-        ids: &[u32],
-        out: &mut [f32],
-    ) -> OpResult<()> {
-        const OP: &str = "get_rows";
-        let shape = WeightShape::of(OP, table)?;
-        let cols = shape.cols as usize;
-        expect_len(OP, "out length", out.len(), mul(OP, ids.len(), cols)?)?;
-        if let Some(&bad) = ids.iter().find(|&&i| i >= shape.rows) {
-            return Err(format!(
-                "{OP}: row id {bad} is out of range for {} rows",
-                shape.rows
-            ));
+        act: Activation,
+        x: &CudaSlice<f32>,
+        n: usize,
+    ) -> OpResult<QuantizedActivations> {
+        let kernel = act
+            .quantize_kernel()
+            .ok_or("float activations are not quantized")?;
+        let f = self.gpu.function(Family::Quantize, kernel)?;
+        let n_blocks = n / act.block_elems();
+        let stream = self.gpu.stream.clone();
+        // SAFETY (the three allocations): the quantize kernel writes every element (one
+        // quant per input element, one d/s per block, one sum per 16 elements) before the
+        // matmul reads them.
+        let mut q = drv("allocating activation quants", unsafe {
+            stream.alloc::<i8>(n.max(1))
+        })?;
+        let mut d = self.alloc("activation scales", n_blocks)?;
+        let mut s = match act {
+            Activation::Q8_1 => Some(self.alloc("activation sums", n_blocks)?),
+            _ => None,
+        };
+        let mut bsums = match act {
+            Activation::Q8K => Some(drv("allocating activation sums", unsafe {
+                stream.alloc::<i16>((n / 16).max(1))
+            })?),
+            _ => None,
+        };
+        let nb = n_blocks as u64;
+        // One warp per block, eight warps per thread block.
+        let cfg = LaunchConfig {
+            grid_dim: (n_blocks.div_ceil(8) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = stream.launch_builder(&f);
+        b.arg(x).arg(&mut q).arg(&mut d);
+        if let Some(s) = s.as_mut() {
+            b.arg(s);
         }
-        if ids.is_empty() || cols == 0 {
+        if let Some(bs) = bsums.as_mut() {
+            b.arg(bs);
+        }
+        b.arg(&nb);
+        // SAFETY: quantize_q8_0(const float* x, i8* q, float* d, u64 n_blocks),
+        // quantize_q8_1(…, float* d, float* s, u64), quantize_q8_k(…, float* d,
+        // short* bsums, u64): x holds n_blocks whole blocks, the outputs are sized above.
+        drv("launching the activation quantizer", unsafe {
+            b.launch(cfg)
+        })?;
+        Ok(QuantizedActivations { q, d, s, bsums })
+    }
+
+    /// `kernel(a, b, n)` over two equal-length vectors, `a` updated in place.
+    fn binary(&mut self, op: &'static str, a: &mut [f32], b: &[f32]) -> OpResult<()> {
+        expect_len(op, "second operand length", b.len(), a.len())?;
+        if a.is_empty() {
+            return Ok(());
+        }
+        let f = self.gpu.function(Family::Elementwise, op)?;
+        let stream = self.gpu.stream.clone();
+        let mut a_dev = self.upload("activations", a)?;
+        let b_dev = self.upload("activations", b)?;
+        let n = a.len() as u64;
+        let mut l = stream.launch_builder(&f);
+        l.arg(&mut a_dev).arg(&b_dev).arg(&n);
+        // SAFETY: op(float* a, const float* b, u64 n) with both n long.
+        drv(op, unsafe { l.launch(grid_1d(n)) })?;
+        self.download(op, &a_dev, a)
+    }
+}
+
+impl GpuOps for State {
+    const NAME: &'static str = "cuda";
+
+    fn get_rows(&mut self, table: &TensorView<'_>, ids: &[u32], out: &mut [f32]) -> OpResult<()> {
+        let shape = WeightShape::for_get_rows("CUDA", table, ids, out.len())?;
+        if ids.is_empty() || shape.cols == 0 {
             return Ok(());
         }
         let f = self
             .gpu
-            .function(shape.format.family, shape.format.get_rows)?;
+            .function(shape.format.family.into(), shape.format.get_rows)?;
         let ids_dev = self.upload("row ids", ids)?;
         let mut out_dev = self.alloc("rows", out.len())?;
         let n_ids = ids.len() as u32;
@@ -179,33 +200,20 @@ impl State {
         self.download("rows", &out_dev, out)
     }
 
-    pub fn matmul(
+    fn matmul(
         &mut self,
         w: &TensorView<'_>,
         x: &[f32],
         n_tokens: usize,
         out: &mut [f32],
     ) -> OpResult<()> {
-        const OP: &str = "matmul";
-        let shape = WeightShape::of(OP, w)?;
-        expect_len(
-            OP,
-            "x length",
-            x.len(),
-            mul(OP, n_tokens, shape.cols as usize)?,
-        )?;
-        expect_len(
-            OP,
-            "out length",
-            out.len(),
-            mul(OP, n_tokens, shape.rows as usize)?,
-        )?;
+        let shape = WeightShape::for_matmul("CUDA", w, x.len(), n_tokens, out.len())?;
         if n_tokens == 0 || shape.rows == 0 {
             return Ok(());
         }
         let f = self
             .gpu
-            .function(shape.format.family, shape.format.matmul)?;
+            .function(shape.format.family.into(), shape.format.matmul)?;
         let x_dev = self.upload("activations", x)?;
         let mut out_dev = self.alloc("matmul output", out.len())?;
         let n = n_tokens as u32;
@@ -265,78 +273,14 @@ impl State {
         self.download("matmul output", &out_dev, out)
     }
 
-    /// `x` (on the GPU, `n` floats, whole blocks of `act`) quantized as the CPU backend
-    /// quantizes a matmul's activations, once per product.
-    fn quantize_activations(
-        &mut self,
-        act: Activation,
-        x: &CudaSlice<f32>,
-        n: usize,
-    ) -> OpResult<QuantizedActivations> {
-        let kernel = act
-            .quantize_kernel()
-            .ok_or("float activations are not quantized")?;
-        let f = self.gpu.function(Family::Quantize, kernel)?;
-        let n_blocks = n / act.block_elems();
-        let stream = self.gpu.stream.clone();
-        // SAFETY (the three allocations): the quantize kernel writes every element (one
-        // quant per input element, one d/s per block, one sum per 16 elements) before the
-        // matmul reads them.
-        let mut q = drv("allocating activation quants", unsafe {
-            stream.alloc::<i8>(n.max(1))
-        })?;
-        let mut d = self.alloc("activation scales", n_blocks)?;
-        let mut s = match act {
-            Activation::Q8_1 => Some(self.alloc("activation sums", n_blocks)?),
-            _ => None,
-        };
-        let mut bsums = match act {
-            Activation::Q8K => Some(drv("allocating activation sums", unsafe {
-                stream.alloc::<i16>((n / 16).max(1))
-            })?),
-            _ => None,
-        };
-        let nb = n_blocks as u64;
-        // One warp per block, eight warps per thread block.
-        let cfg = LaunchConfig {
-            grid_dim: (n_blocks.div_ceil(8) as u32, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let mut b = stream.launch_builder(&f);
-        b.arg(x).arg(&mut q).arg(&mut d);
-        if let Some(s) = s.as_mut() {
-            b.arg(s);
-        }
-        if let Some(bs) = bsums.as_mut() {
-            b.arg(bs);
-        }
-        b.arg(&nb);
-        // SAFETY: quantize_q8_0(const float* x, i8* q, float* d, u64 n_blocks),
-        // quantize_q8_1(…, float* d, float* s, u64), quantize_q8_k(…, float* d,
-        // short* bsums, u64): x holds n_blocks whole blocks, the outputs are sized above.
-        drv("launching the activation quantizer", unsafe {
-            b.launch(cfg)
-        })?;
-        Ok(QuantizedActivations { q, d, s, bsums })
-    }
-
-    pub fn rms_norm(
+    fn rms_norm(
         &mut self,
         x: &[f32],
         weight: &TensorView<'_>,
         eps: f32,
         out: &mut [f32],
     ) -> OpResult<()> {
-        const OP: &str = "rms_norm";
-        let (wb, n) = f32_vector(OP, "weight", weight)?;
-        if !x.len().is_multiple_of(n) {
-            return Err(format!(
-                "{OP}: x length {} is not a multiple of the row length {n}",
-                x.len()
-            ));
-        }
-        expect_len(OP, "out length", out.len(), x.len())?;
+        let (wb, n) = rms_norm_args(x.len(), weight, out.len())?;
         if x.is_empty() {
             return Ok(());
         }
@@ -363,45 +307,21 @@ impl State {
         self.download("rms_norm output", &out_dev, out)
     }
 
-    /// `kernel(a, b, n)` over two equal-length vectors, `a` updated in place.
-    fn binary(&mut self, op: &'static str, a: &mut [f32], b: &[f32]) -> OpResult<()> {
-        expect_len(op, "second operand length", b.len(), a.len())?;
-        if a.is_empty() {
-            return Ok(());
-        }
-        let f = self.gpu.function(Family::Elementwise, op)?;
-        let stream = self.gpu.stream.clone();
-        let mut a_dev = self.upload("activations", a)?;
-        let b_dev = self.upload("activations", b)?;
-        let n = a.len() as u64;
-        let mut l = stream.launch_builder(&f);
-        l.arg(&mut a_dev).arg(&b_dev).arg(&n);
-        // SAFETY: op(float* a, const float* b, u64 n) with both n long.
-        drv(op, unsafe { l.launch(grid_1d(n)) })?;
-        self.download(op, &a_dev, a)
-    }
-
-    pub fn add(&mut self, acc: &mut [f32], x: &[f32]) -> OpResult<()> {
+    fn add(&mut self, acc: &mut [f32], x: &[f32]) -> OpResult<()> {
         self.binary("add", acc, x)
     }
 
-    pub fn swiglu(&mut self, gate: &mut [f32], up: &[f32]) -> OpResult<()> {
+    fn swiglu(&mut self, gate: &mut [f32], up: &[f32]) -> OpResult<()> {
         self.binary("swiglu", gate, up)
     }
 
-    pub fn geglu(&mut self, gate: &mut [f32], up: &[f32]) -> OpResult<()> {
+    fn geglu(&mut self, gate: &mut [f32], up: &[f32]) -> OpResult<()> {
         self.binary("geglu", gate, up)
     }
 
-    pub fn add_bias(&mut self, x: &mut [f32], bias: &TensorView<'_>) -> OpResult<()> {
+    fn add_bias(&mut self, x: &mut [f32], bias: &TensorView<'_>) -> OpResult<()> {
         const OP: &str = "add_bias";
-        let (bb, row) = f32_vector(OP, "bias", bias)?;
-        if !x.len().is_multiple_of(row) {
-            return Err(format!(
-                "{OP}: x length {} is not a multiple of the bias length {row}",
-                x.len()
-            ));
-        }
+        let (bb, row) = add_bias_args(x.len(), bias)?;
         if x.is_empty() {
             return Ok(());
         }
@@ -417,7 +337,7 @@ impl State {
         self.download(OP, &x_dev, x)
     }
 
-    pub fn scale(&mut self, x: &mut [f32], s: f32) -> OpResult<()> {
+    fn scale(&mut self, x: &mut [f32], s: f32) -> OpResult<()> {
         if x.is_empty() {
             return Ok(());
         }
@@ -432,7 +352,7 @@ impl State {
         self.download("scale", &x_dev, x)
     }
 
-    pub fn rope(
+    fn rope(
         &mut self,
         x: &mut [f32],
         n_head: usize,
@@ -441,21 +361,9 @@ impl State {
         p: &RopeParams<'_>,
     ) -> OpResult<()> {
         const OP: &str = "rope";
-        let row = mul(OP, n_head, head_dim)?;
-        expect_len(OP, "x length", x.len(), mul(OP, positions.len(), row)?)?;
-        let n_rot = p.n_rot as usize;
-        if !n_rot.is_multiple_of(2) || n_rot > head_dim {
-            return Err(format!(
-                "{OP}: n_rot {n_rot} must be even and at most head_dim {head_dim}"
-            ));
-        }
-        let factors = p.freq_factors.as_ref().map(|f| f.as_slice()).into_option();
-        if let Some(f) = factors {
-            expect_len(OP, "freq_factors length", f.len(), n_rot / 2)?;
-        }
-        if n_rot == 0 || row == 0 || positions.is_empty() {
+        let Some(n_rot) = rope_args(x.len(), n_head, head_dim, positions.len(), p)? else {
             return Ok(());
-        }
+        };
         let table = p.cos_sin_table(positions, n_rot);
         let f = self.gpu.function(Family::Rope, "rope")?;
         let stream = self.gpu.stream.clone();
@@ -483,53 +391,25 @@ impl State {
         self.download(OP, &x_dev, x)
     }
 
-    pub fn kv_create(&mut self, spec: KvSpec) -> OpResult<u64> {
-        let per_pos = |d: u32| -> OpResult<usize> {
-            mul(
-                "kv_create",
-                spec.n_ctx as usize,
-                mul("kv_create", spec.n_head_kv as usize, d as usize)?,
+    fn kv_create(&mut self, spec: KvSpec) -> OpResult<u64> {
+        let stream = self.gpu.stream.clone();
+        self.kv.create(spec, |n| {
+            drv(
+                "allocating the KV cache",
+                stream.alloc_zeros::<u16>(n.max(1)),
             )
-        };
-        let (nk, nv) = (per_pos(spec.head_dim_k)?, per_pos(spec.head_dim_v)?);
-        let mut cache = KvCache {
-            spec,
-            k: Vec::new(),
-            v: Vec::new(),
-            len: vec![0; spec.n_layers as usize],
-        };
-        for _ in 0..spec.n_layers {
-            cache.k.push(drv(
-                "allocating the K cache",
-                self.gpu.stream.alloc_zeros::<u16>(nk.max(1)),
-            )?);
-            cache.v.push(drv(
-                "allocating the V cache",
-                self.gpu.stream.alloc_zeros::<u16>(nv.max(1)),
-            )?);
-        }
-        let h = self.next_kv;
-        self.next_kv += 1;
-        self.kv.insert(h, cache);
-        Ok(h)
+        })
     }
 
-    pub fn kv_drop(&mut self, kv: u64) {
-        self.kv.remove(&kv);
+    fn kv_drop(&mut self, kv: u64) {
+        self.kv.drop(kv);
     }
 
-    pub fn kv_truncate(&mut self, kv: u64, n_pos: u32) -> OpResult<()> {
-        let cache = self
-            .kv
-            .get_mut(&kv)
-            .ok_or_else(|| format!("kv_truncate: unknown KV cache {kv}"))?;
-        for l in &mut cache.len {
-            *l = (*l).min(n_pos as usize);
-        }
-        Ok(())
+    fn kv_truncate(&mut self, kv: u64, n_pos: u32) -> OpResult<()> {
+        self.kv.truncate(kv, n_pos)
     }
 
-    pub fn attention(
+    fn attention(
         &mut self,
         kv: u64,
         q: &[f32],
@@ -538,31 +418,18 @@ impl State {
         p: &AttentionParams,
         out: &mut [f32],
     ) -> OpResult<()> {
-        const OP: &str = "attention";
-        let spec = self
+        let lens = [q.len(), k.len(), v.len(), out.len()];
+        let Some(span) = self
             .kv
-            .get(&kv)
-            .ok_or_else(|| format!("{OP}: unknown KV cache {kv}"))?
-            .spec;
+            .check_attention(kv, p, ATT_MAX_HEAD_DIM as usize, lens)?
+        else {
+            return Ok(());
+        };
+        let (start, end) = (span.start, span.end);
         let (n_tokens, n_head, n_head_kv) =
             (p.n_tokens as usize, p.n_head as usize, p.n_head_kv as usize);
         let (dk, dv) = (p.head_dim_k as usize, p.head_dim_v as usize);
-        let (layer, start) = (p.layer as usize, p.start_pos as usize);
-        p.check(
-            &spec,
-            ATT_MAX_HEAD_DIM as usize,
-            [q.len(), k.len(), v.len(), out.len()],
-        )?;
-        let end = start + n_tokens;
-        let held = self.kv[&kv].len[layer];
-        if start > held {
-            return Err(format!(
-                "{OP}: start_pos {start} leaves a gap: layer {layer} holds {held} positions"
-            ));
-        }
-        if n_tokens == 0 {
-            return Ok(());
-        }
+        let layer = p.layer as usize;
         let store = self.gpu.function(Family::Attention, "store_f16")?;
         let attend = self.gpu.function(Family::Attention, "attention")?;
         let q_dev = self.upload("queries", q)?;
@@ -570,7 +437,7 @@ impl State {
         let v_dev = self.upload("values", v)?;
         let mut out_dev = self.alloc("attention output", out.len())?;
         let stream = self.gpu.stream.clone();
-        let cache = self.kv.get_mut(&kv).expect("checked above");
+        let cache = self.kv.get_mut(kv)?;
         for (src, dst, d) in [
             (&k_dev, &mut cache.k[layer], dk),
             (&v_dev, &mut cache.v[layer], dv),
@@ -589,7 +456,7 @@ impl State {
                 l.launch(grid_1d(n64))
             })?;
         }
-        cache.len[layer] = cache.len[layer].max(end);
+        cache.hold(layer, end);
         let (nh, nkv, dk32, dv32, start32) = (
             p.n_head,
             p.n_head_kv,

@@ -22,7 +22,7 @@ fn median_ms(mut f: impl FnMut()) -> f64 {
 }
 
 fn main() {
-    let be = prima_backend_metal::WgpuBackend::new(BackendConfig { threads: 0 }).unwrap();
+    let be = prima_backend_metal::backend::open(BackendConfig { threads: 0 }).unwrap();
     println!("{}", be.describe());
     for (ty, cols, rows, n) in [
         (GgmlType::Q4_1, 576usize, 576usize, 1usize),

@@ -9,10 +9,11 @@
 //!
 //! - [`kernels`]: the WGSL sources, one per operation, format family or row-kernel
 //!   template, and how one pipeline's shader is assembled.
-//! - [`formats`]: the weight formats the GPU reads and the checks before an upload.
 //! - [`device`]: the availability probe and an opened adapter (device, queue, pipelines).
 //! - [`ops`]: the host side of each operation: checks, uploads, dispatches, read-back.
-//! - [`backend`]: the ABI glue, every call guarded against panics and GPU errors.
+//! - [`backend`]: opening the backend and the plugin's exports. The ABI glue (every call
+//!   guarded against panics; GPU errors are collected in `ops`), the format table, argument
+//!   checks and KV-cache bookkeeping are `prima-gpu-support`'s, shared with the CUDA plugin.
 //!
 //! Numerics: the CUDA plugin's, which are the CPU backend's (its scalar kernels are the
 //! oracle). A matmul quantizes its activations once to the weight format's 8-bit companion
@@ -35,9 +36,11 @@
 
 pub mod backend;
 pub mod device;
-pub mod formats;
 pub mod kernels;
 pub mod ops;
+
+/// The weight formats the GPU reads, shared with the other GPU plugin.
+pub use prima_gpu_support::formats;
 
 pub use backend::{create_backend, WgpuBackend};
 

@@ -8,15 +8,17 @@
 
 use std::collections::HashMap;
 
-use prima_core::gguf::GgmlType;
 use prima_core::plugin::backend_abi::{AttentionParams, KvSpec, RopeParams, TensorView};
 use wgpu::util::DeviceExt;
 
 use crate::device::Gpu;
 use crate::formats::{Activation, WeightShape};
 use crate::kernels::{ATT_MAX_HEAD_DIM, MATMUL_TOKENS_FLOAT, MATMUL_TOKENS_QUANT, WG};
-
-pub type OpResult<T> = Result<T, String>;
+use prima_gpu_support::backend::GpuOps;
+use prima_gpu_support::checks::{
+    add_bias_args, expect_len, mul, rms_norm_args, rope_args, OpResult,
+};
+use prima_gpu_support::kv::KvCaches;
 
 /// The scratch buffers, one per role an operation's data plays.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -39,15 +41,6 @@ struct Part {
     rows: u32,
 }
 
-/// One F16 KV cache: per layer, K and V as `[n_ctx][n_head_kv][head_dim]`, two per word.
-struct KvCache {
-    spec: KvSpec,
-    k: Vec<wgpu::Buffer>,
-    v: Vec<wgpu::Buffer>,
-    /// Positions held per layer.
-    len: Vec<usize>,
-}
-
 /// Everything the backend keeps on the GPU.
 pub struct State {
     pub gpu: Gpu,
@@ -57,8 +50,7 @@ pub struct State {
     pub weight_bytes: u64,
     scratch: HashMap<Slot, wgpu::Buffer>,
     staging: Option<wgpu::Buffer>,
-    kv: HashMap<u64, KvCache>,
-    next_kv: u64,
+    kv: KvCaches<wgpu::Buffer>,
     /// Bytes one binding may hold: the device's limit.
     binding_limit: u64,
     /// Bytes one weight part may hold: the binding limit, lower in tests.
@@ -68,40 +60,8 @@ pub struct State {
     pub row_per_invocation: bool,
 }
 
-fn expect_len(op: &str, what: &str, got: usize, want: usize) -> OpResult<()> {
-    if got != want {
-        return Err(format!("{op}: {what} is {got}, expected {want}"));
-    }
-    Ok(())
-}
-
-fn mul(op: &str, a: usize, b: usize) -> OpResult<usize> {
-    a.checked_mul(b)
-        .ok_or_else(|| format!("{op}: size {a} × {b} overflows"))
-}
-
 fn u32_of(op: &str, what: &str, v: usize) -> OpResult<u32> {
     u32::try_from(v).map_err(|_| format!("{op}: {what} {v} exceeds the GPU's 32-bit indices"))
-}
-
-/// An F32 vector weight (norm weights, biases): its bytes and length.
-fn f32_vector<'a>(op: &str, what: &str, w: &TensorView<'a>) -> OpResult<(&'a [u8], usize)> {
-    if w.ggml_type != GgmlType::F32 as u32 {
-        return Err(format!(
-            "{op}: {what} must be F32 (type id {})",
-            w.ggml_type
-        ));
-    }
-    let n = usize::try_from(w.cols).map_err(|_| format!("{op}: {what} too long"))?;
-    if w.rows != 1 || w.data.len() != 4 * n || n == 0 {
-        return Err(format!(
-            "{op}: {what} must be one row of {n} f32 ({} bytes), got {} rows and {} bytes",
-            4 * n,
-            w.rows,
-            w.data.len()
-        ));
-    }
-    Ok((w.data.as_slice(), n))
 }
 
 impl State {
@@ -121,8 +81,7 @@ impl State {
             weight_bytes: 0,
             scratch: HashMap::new(),
             staging: None,
-            kv: HashMap::new(),
-            next_kv: 1,
+            kv: KvCaches::default(),
             binding_limit,
             part_limit,
             row_per_invocation: gpu_is_cpu,
@@ -343,23 +302,65 @@ impl State {
         Ok(())
     }
 
-    pub fn get_rows(
+    /// `kernel` (binary.wgsl) over `a`, with `b` repeating every `period` elements.
+    fn binary(
         &mut self,
-        table: &TensorView<'_>,
-        ids: &[u32],
-        out: &mut [f32],
+        kernel: &'static str,
+        a: &mut [f32],
+        b: Option<&[f32]>,
+        bias: Option<wgpu::Buffer>,
+        period: usize,
     ) -> OpResult<()> {
-        const OP: &str = "get_rows";
-        let shape = WeightShape::of(OP, table)?;
-        let cols = shape.cols as usize;
-        expect_len(OP, "out length", out.len(), mul(OP, ids.len(), cols)?)?;
-        if let Some(&bad) = ids.iter().find(|&&i| i >= shape.rows) {
-            return Err(format!(
-                "{OP}: row id {bad} is out of range for {} rows",
-                shape.rows
-            ));
+        if a.is_empty() {
+            return Ok(());
         }
-        if ids.is_empty() || cols == 0 {
+        let n = u32_of(kernel, "length", a.len())?;
+        let a_buf = self.upload(Slot::In0, a)?;
+        let b_buf = match (b, bias) {
+            (Some(b), _) => self.upload(Slot::In1, b)?,
+            (None, Some(buf)) => buf,
+            (None, None) => return Err(format!("{kernel}: no second operand")),
+        };
+        let groups = self.grid_1d(n as u64)?;
+        let mut enc = self.encoder();
+        self.dispatch(
+            &mut enc,
+            kernel,
+            &[n, period as u32],
+            &[(1, &a_buf), (2, &b_buf)],
+            groups,
+        )?;
+        self.finish(enc, &a_buf, a)
+    }
+}
+
+impl GpuOps for State {
+    const NAME: &'static str = "wgpu";
+
+    /// wgpu reports invalid use and exhausted memory through error scopes, not return
+    /// values: both are collected around each operation.
+    fn guarded<T>(&mut self, op: &str, f: impl FnOnce(&mut Self) -> OpResult<T>) -> OpResult<T> {
+        let oom = self
+            .gpu
+            .device
+            .push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let invalid = self
+            .gpu
+            .device
+            .push_error_scope(wgpu::ErrorFilter::Validation);
+        let r = f(self);
+        let invalid = pollster::block_on(invalid.pop());
+        let oom = pollster::block_on(oom.pop());
+        match (r, invalid.or(oom)) {
+            (Ok(_), Some(e)) => Err(format!("{op}: GPU error: {e}")),
+            (r, _) => r,
+        }
+    }
+
+    fn get_rows(&mut self, table: &TensorView<'_>, ids: &[u32], out: &mut [f32]) -> OpResult<()> {
+        const OP: &str = "get_rows";
+        let shape = WeightShape::for_get_rows("wgpu", table, ids, out.len())?;
+        if ids.is_empty() || shape.cols == 0 {
             return Ok(());
         }
         let n = u32_of(OP, "output size", out.len())?;
@@ -393,7 +394,7 @@ impl State {
         self.finish(enc, &out_buf, out)
     }
 
-    pub fn matmul(
+    fn matmul(
         &mut self,
         w: &TensorView<'_>,
         x: &[f32],
@@ -401,19 +402,7 @@ impl State {
         out: &mut [f32],
     ) -> OpResult<()> {
         const OP: &str = "matmul";
-        let shape = WeightShape::of(OP, w)?;
-        expect_len(
-            OP,
-            "x length",
-            x.len(),
-            mul(OP, n_tokens, shape.cols as usize)?,
-        )?;
-        expect_len(
-            OP,
-            "out length",
-            out.len(),
-            mul(OP, n_tokens, shape.rows as usize)?,
-        )?;
+        let shape = WeightShape::for_matmul("wgpu", w, x.len(), n_tokens, out.len())?;
         if n_tokens == 0 || shape.rows == 0 {
             return Ok(());
         }
@@ -499,26 +488,18 @@ impl State {
         self.finish(enc, &out_buf, out)
     }
 
-    pub fn rms_norm(
+    fn rms_norm(
         &mut self,
         x: &[f32],
         weight: &TensorView<'_>,
         eps: f32,
         out: &mut [f32],
     ) -> OpResult<()> {
-        const OP: &str = "rms_norm";
-        let (wb, n) = f32_vector(OP, "weight", weight)?;
-        if !x.len().is_multiple_of(n) {
-            return Err(format!(
-                "{OP}: x length {} is not a multiple of the row length {n}",
-                x.len()
-            ));
-        }
-        expect_len(OP, "out length", out.len(), x.len())?;
+        let (wb, n) = rms_norm_args(x.len(), weight, out.len())?;
         if x.is_empty() {
             return Ok(());
         }
-        u32_of(OP, "length", x.len())?;
+        u32_of("rms_norm", "length", x.len())?;
         let rows = (x.len() / n) as u32;
         let w = self.weight(wb, weight.ggml_type, wb.len() as u64, 1)?;
         let x_buf = self.upload(Slot::In0, x)?;
@@ -536,61 +517,23 @@ impl State {
         self.finish(enc, &out_buf, out)
     }
 
-    /// `kernel` (binary.wgsl) over `a`, with `b` repeating every `period` elements.
-    fn binary(
-        &mut self,
-        kernel: &'static str,
-        a: &mut [f32],
-        b: Option<&[f32]>,
-        bias: Option<wgpu::Buffer>,
-        period: usize,
-    ) -> OpResult<()> {
-        if a.is_empty() {
-            return Ok(());
-        }
-        let n = u32_of(kernel, "length", a.len())?;
-        let a_buf = self.upload(Slot::In0, a)?;
-        let b_buf = match (b, bias) {
-            (Some(b), _) => self.upload(Slot::In1, b)?,
-            (None, Some(buf)) => buf,
-            (None, None) => return Err(format!("{kernel}: no second operand")),
-        };
-        let groups = self.grid_1d(n as u64)?;
-        let mut enc = self.encoder();
-        self.dispatch(
-            &mut enc,
-            kernel,
-            &[n, period as u32],
-            &[(1, &a_buf), (2, &b_buf)],
-            groups,
-        )?;
-        self.finish(enc, &a_buf, a)
-    }
-
-    pub fn add(&mut self, acc: &mut [f32], x: &[f32]) -> OpResult<()> {
+    fn add(&mut self, acc: &mut [f32], x: &[f32]) -> OpResult<()> {
         expect_len("add", "second operand length", x.len(), acc.len())?;
         self.binary("add", acc, Some(x), None, x.len())
     }
 
-    pub fn swiglu(&mut self, gate: &mut [f32], up: &[f32]) -> OpResult<()> {
+    fn swiglu(&mut self, gate: &mut [f32], up: &[f32]) -> OpResult<()> {
         expect_len("swiglu", "second operand length", up.len(), gate.len())?;
         self.binary("swiglu", gate, Some(up), None, up.len())
     }
 
-    pub fn geglu(&mut self, gate: &mut [f32], up: &[f32]) -> OpResult<()> {
+    fn geglu(&mut self, gate: &mut [f32], up: &[f32]) -> OpResult<()> {
         expect_len("geglu", "second operand length", up.len(), gate.len())?;
         self.binary("geglu", gate, Some(up), None, up.len())
     }
 
-    pub fn add_bias(&mut self, x: &mut [f32], bias: &TensorView<'_>) -> OpResult<()> {
-        const OP: &str = "add_bias";
-        let (bb, row) = f32_vector(OP, "bias", bias)?;
-        if !x.len().is_multiple_of(row) {
-            return Err(format!(
-                "{OP}: x length {} is not a multiple of the bias length {row}",
-                x.len()
-            ));
-        }
+    fn add_bias(&mut self, x: &mut [f32], bias: &TensorView<'_>) -> OpResult<()> {
+        let (bb, row) = add_bias_args(x.len(), bias)?;
         if x.is_empty() {
             return Ok(());
         }
@@ -598,7 +541,7 @@ impl State {
         self.binary("add_bias", x, None, Some(b[0].0.clone()), row)
     }
 
-    pub fn scale(&mut self, x: &mut [f32], s: f32) -> OpResult<()> {
+    fn scale(&mut self, x: &mut [f32], s: f32) -> OpResult<()> {
         if x.is_empty() {
             return Ok(());
         }
@@ -610,7 +553,7 @@ impl State {
         self.finish(enc, &buf, x)
     }
 
-    pub fn rope(
+    fn rope(
         &mut self,
         x: &mut [f32],
         n_head: usize,
@@ -619,21 +562,9 @@ impl State {
         p: &RopeParams<'_>,
     ) -> OpResult<()> {
         const OP: &str = "rope";
-        let row = mul(OP, n_head, head_dim)?;
-        expect_len(OP, "x length", x.len(), mul(OP, positions.len(), row)?)?;
-        let n_rot = p.n_rot as usize;
-        if !n_rot.is_multiple_of(2) || n_rot > head_dim {
-            return Err(format!(
-                "{OP}: n_rot {n_rot} must be even and at most head_dim {head_dim}"
-            ));
-        }
-        let factors = p.freq_factors.as_ref().map(|f| f.as_slice()).into_option();
-        if let Some(f) = factors {
-            expect_len(OP, "freq_factors length", f.len(), n_rot / 2)?;
-        }
-        if n_rot == 0 || row == 0 || positions.is_empty() {
+        let Some(n_rot) = rope_args(x.len(), n_head, head_dim, positions.len(), p)? else {
             return Ok(());
-        }
+        };
         u32_of(OP, "length", x.len())?;
         let table = p.cos_sin_table(positions, n_rot);
         let x_buf = self.upload(Slot::In0, x)?;
@@ -658,7 +589,7 @@ impl State {
         self.finish(enc, &x_buf, x)
     }
 
-    pub fn kv_create(&mut self, spec: KvSpec) -> OpResult<u64> {
+    fn kv_create(&mut self, spec: KvSpec) -> OpResult<u64> {
         const OP: &str = "kv_create";
         if !spec.head_dim_k.is_multiple_of(2) || !spec.head_dim_v.is_multiple_of(2) {
             return Err(format!(
@@ -666,62 +597,33 @@ impl State {
                 spec.head_dim_k, spec.head_dim_v
             ));
         }
-        let bytes = |d: u32| -> OpResult<u64> {
-            let elems = mul(
-                OP,
-                spec.n_ctx as usize,
-                mul(OP, spec.n_head_kv as usize, d as usize)?,
-            )?;
-            let b = (elems as u64 * 2).max(16);
-            if b > self.binding_limit {
+        let binding_limit = self.binding_limit;
+        let device = self.gpu.device.clone();
+        self.kv.create(spec, |elements| {
+            let size = (elements as u64 * 2).max(16);
+            if size > binding_limit {
                 return Err(format!(
-                    "{OP}: a layer's cache of {b} bytes exceeds the GPU's binding size {}",
-                    self.binding_limit
+                    "{OP}: a layer's cache of {size} bytes exceeds the GPU's binding size {binding_limit}"
                 ));
             }
-            Ok(b)
-        };
-        let (kb, vb) = (bytes(spec.head_dim_k)?, bytes(spec.head_dim_v)?);
-        let mut cache = KvCache {
-            spec,
-            k: Vec::new(),
-            v: Vec::new(),
-            len: vec![0; spec.n_layers as usize],
-        };
-        let make = |size: u64| {
-            self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            Ok(device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("kv cache"),
                 size,
                 usage: wgpu::BufferUsages::STORAGE,
                 mapped_at_creation: false,
-            })
-        };
-        for _ in 0..spec.n_layers {
-            cache.k.push(make(kb));
-            cache.v.push(make(vb));
-        }
-        let h = self.next_kv;
-        self.next_kv += 1;
-        self.kv.insert(h, cache);
-        Ok(h)
+            }))
+        })
     }
 
-    pub fn kv_drop(&mut self, kv: u64) {
-        self.kv.remove(&kv);
+    fn kv_drop(&mut self, kv: u64) {
+        self.kv.drop(kv);
     }
 
-    pub fn kv_truncate(&mut self, kv: u64, n_pos: u32) -> OpResult<()> {
-        let cache = self
-            .kv
-            .get_mut(&kv)
-            .ok_or_else(|| format!("kv_truncate: unknown KV cache {kv}"))?;
-        for l in &mut cache.len {
-            *l = (*l).min(n_pos as usize);
-        }
-        Ok(())
+    fn kv_truncate(&mut self, kv: u64, n_pos: u32) -> OpResult<()> {
+        self.kv.truncate(kv, n_pos)
     }
 
-    pub fn attention(
+    fn attention(
         &mut self,
         kv: u64,
         q: &[f32],
@@ -731,30 +633,18 @@ impl State {
         out: &mut [f32],
     ) -> OpResult<()> {
         const OP: &str = "attention";
-        let spec = self
+        let lens = [q.len(), k.len(), v.len(), out.len()];
+        let Some(span) = self
             .kv
-            .get(&kv)
-            .ok_or_else(|| format!("{OP}: unknown KV cache {kv}"))?
-            .spec;
+            .check_attention(kv, p, ATT_MAX_HEAD_DIM as usize, lens)?
+        else {
+            return Ok(());
+        };
+        let (start, end) = (span.start, span.end);
         let (n_tokens, n_head, n_head_kv) =
             (p.n_tokens as usize, p.n_head as usize, p.n_head_kv as usize);
         let (dk, dv) = (p.head_dim_k as usize, p.head_dim_v as usize);
-        let (layer, start) = (p.layer as usize, p.start_pos as usize);
-        p.check(
-            &spec,
-            ATT_MAX_HEAD_DIM as usize,
-            [q.len(), k.len(), v.len(), out.len()],
-        )?;
-        let end = start + n_tokens;
-        let held = self.kv[&kv].len[layer];
-        if start > held {
-            return Err(format!(
-                "{OP}: start_pos {start} leaves a gap: layer {layer} holds {held} positions"
-            ));
-        }
-        if n_tokens == 0 {
-            return Ok(());
-        }
+        let layer = p.layer as usize;
         let max_dim = self.gpu.limits.max_compute_workgroups_per_dimension;
         if p.n_head > max_dim || p.n_tokens > max_dim {
             return Err(format!(
@@ -769,7 +659,7 @@ impl State {
         let out_buf = self.scratch(Slot::Out, out.len() as u64 * 4)?;
         let scores = self.scratch(Slot::Scores, scores_len as u64 * 4)?;
         let (kc, vc) = {
-            let cache = &self.kv[&kv];
+            let cache = self.kv.get_mut(kv)?;
             (cache.k[layer].clone(), cache.v[layer].clone())
         };
         let mut enc = self.encoder();
@@ -808,8 +698,7 @@ impl State {
         )?;
         let r = self.finish(enc, &out_buf, out);
         if r.is_ok() {
-            let cache = self.kv.get_mut(&kv).expect("checked above");
-            cache.len[layer] = cache.len[layer].max(end);
+            self.kv.get_mut(kv)?.hold(layer, end);
         }
         r
     }

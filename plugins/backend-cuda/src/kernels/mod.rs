@@ -5,6 +5,8 @@
 //! NVRTC. The sources use no toolkit header (f16 conversions are inline PTX), so NVRTC
 //! needs no include path.
 
+use crate::formats;
+
 /// Integer types, f16/bf16 conversions, byte loads, warp reductions.
 const COMMON: &str = include_str!("common.cuh");
 /// `GET_ROWS`, `FLOAT_MATMUL` and `QUANT_MATMUL` (the `matmul_q` template): the row
@@ -27,6 +29,17 @@ pub enum Family {
     Rope,
     /// store_f16 (KV cache writes) and attention.
     Attention,
+}
+
+/// The program that decodes a weight format's family.
+impl From<formats::Family> for Family {
+    fn from(f: formats::Family) -> Family {
+        match f {
+            formats::Family::Float => Family::FloatFormats,
+            formats::Family::Legacy => Family::LegacyQuants,
+            formats::Family::K => Family::KQuants,
+        }
+    }
 }
 
 impl Family {
@@ -129,7 +142,7 @@ mod tests {
     #[test]
     fn every_format_kernel_is_instantiated() {
         for fmt in crate::formats::FORMATS {
-            let s = source(fmt.family);
+            let s = source(fmt.family.into());
             assert!(
                 s.contains(&format!("GET_ROWS({}, ", fmt.kernel)),
                 "{}",

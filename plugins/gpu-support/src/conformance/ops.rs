@@ -1,0 +1,306 @@
+//! The operations one by one against the CPU backend, on random inputs.
+
+use abi_stable::std_types::{RSlice, RSliceMut};
+use prima_core::gguf::GgmlType;
+use prima_core::plugin::backend_abi::{
+    AttentionParams, BackendBox, KvSpec, RopeParams, TensorView,
+};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+
+use super::{cpu, max_abs, max_abs_diff, randn, random_weight, view, Target};
+use crate::formats::FORMATS;
+
+/// Each weight format's get_rows and matmul at `token_counts` tokens, on the target and on
+/// `others` (the same plugin with other kernel shapes, which must give the same products).
+pub fn every_weight_format(t: &Target, others: &[BackendBox], token_counts: &[usize]) {
+    let gpu = &t.backend;
+    let cpu = cpu();
+    let mut rng = ChaCha8Rng::seed_from_u64(7);
+    let mut failures = Vec::new();
+    for fmt in FORMATS {
+        let ty = fmt.ty;
+        assert!(gpu.supports(ty as u32));
+        // 512 columns: fewer blocks than a workgroup's (or warp's) lanes; 2560: several passes.
+        for (cols, rows) in [(512, 67), (2560, 33)] {
+            let w = random_weight(&mut rng, ty, cols, rows);
+            let wv = view(&w, ty, cols, rows);
+            // get_rows: exact decoding.
+            let ids: Vec<u32> = vec![0, rows as u32 - 1, 5, 5, 31];
+            let mut want = vec![0f32; ids.len() * cols];
+            let mut got = want.clone();
+            cpu.get_rows(
+                wv,
+                RSlice::from_slice(&ids),
+                RSliceMut::from_mut_slice(&mut want),
+            )
+            .unwrap();
+            gpu.get_rows(
+                wv,
+                RSlice::from_slice(&ids),
+                RSliceMut::from_mut_slice(&mut got),
+            )
+            .unwrap();
+            let d = max_abs_diff(&want, &got);
+            assert!(d <= t.tol(max_abs(&want)), "{ty}: get_rows differs by {d}");
+            for &n_tokens in token_counts {
+                // Activations with a spread of magnitudes, a zero block and exact ties, so
+                // the quantizers' rounding and max rules are exercised.
+                let mut x = randn(&mut rng, n_tokens * cols);
+                for (i, v) in x.iter_mut().enumerate() {
+                    *v *= 1.0 + 4.0 * ((i / 32) % 3) as f32;
+                }
+                x[..32].fill(0.0);
+                x[300] = 5.0;
+                x[301] = -5.0;
+                let (mut g, mut c) = (vec![0f32; n_tokens * rows], vec![0f32; n_tokens * rows]);
+                gpu.matmul(
+                    wv,
+                    RSlice::from_slice(&x),
+                    n_tokens as u32,
+                    RSliceMut::from_mut_slice(&mut g),
+                )
+                .unwrap();
+                cpu.matmul(
+                    wv,
+                    RSlice::from_slice(&x),
+                    n_tokens as u32,
+                    RSliceMut::from_mut_slice(&mut c),
+                )
+                .unwrap();
+                let rel = max_abs_diff(&g, &c) / max_abs(&c).max(1e-30);
+                let mut rel_other = 0.0f32;
+                for other in others {
+                    let mut o = vec![0f32; n_tokens * rows];
+                    other
+                        .matmul(
+                            wv,
+                            RSlice::from_slice(&x),
+                            n_tokens as u32,
+                            RSliceMut::from_mut_slice(&mut o),
+                        )
+                        .unwrap();
+                    rel_other = rel_other.max(max_abs_diff(&o, &c) / max_abs(&c).max(1e-30));
+                }
+                println!(
+                    "{:<5} matmul {cols}x{rows} n={n_tokens:<2}: |gpu-cpu| / max|y| {rel:.2e}, other kernels {rel_other:.2e}  (max |y| {:.2})",
+                    ty.name(),
+                    max_abs(&c)
+                );
+                if rel.max(rel_other) > t.tol(1.0) {
+                    failures.push(format!(
+                        "{ty} {cols}x{rows} n={n_tokens}: {rel:.2e} / {rel_other:.2e}"
+                    ));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "matmuls differ: {failures:?}");
+}
+
+/// rms_norm, add, add_bias, scale, swiglu and geglu.
+pub fn element_wise_ops(t: &Target) {
+    let gpu = &t.backend;
+    let cpu = cpu();
+    let mut rng = ChaCha8Rng::seed_from_u64(3);
+    let n = 576;
+    let rows = 5;
+    let x = randn(&mut rng, rows * n);
+    let w: Vec<u8> = randn(&mut rng, n)
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let wv = view(&w, GgmlType::F32, n, 1);
+    let (mut a, mut b) = (vec![0f32; rows * n], vec![0f32; rows * n]);
+    cpu.rms_norm(
+        RSlice::from_slice(&x),
+        wv,
+        1e-5,
+        RSliceMut::from_mut_slice(&mut a),
+    )
+    .unwrap();
+    gpu.rms_norm(
+        RSlice::from_slice(&x),
+        wv,
+        1e-5,
+        RSliceMut::from_mut_slice(&mut b),
+    )
+    .unwrap();
+    let d = max_abs_diff(&a, &b);
+    println!("rms_norm: {d:.2e}");
+    assert!(d <= t.tol(max_abs(&a)), "rms_norm {d}");
+    let y = randn(&mut rng, rows * n);
+    type Op = fn(&BackendBox, &mut [f32], &[f32], TensorView<'_>);
+    let ops: [(&str, Op, f32); 5] = [
+        (
+            "add",
+            |be, a, y, _| {
+                be.add(RSliceMut::from_mut_slice(a), RSlice::from_slice(y))
+                    .unwrap()
+            },
+            0.0,
+        ),
+        (
+            "add_bias",
+            |be, a, _, w| be.add_bias(RSliceMut::from_mut_slice(a), w).unwrap(),
+            0.0,
+        ),
+        (
+            "scale",
+            |be, a, _, _| be.scale(RSliceMut::from_mut_slice(a), 0.37).unwrap(),
+            0.0,
+        ),
+        // The CPU's own e^x, ported operation for operation: equal bits.
+        (
+            "swiglu",
+            |be, a, y, _| {
+                be.swiglu(RSliceMut::from_mut_slice(a), RSlice::from_slice(y))
+                    .unwrap()
+            },
+            0.0,
+        ),
+        (
+            "geglu",
+            |be, a, y, _| {
+                be.geglu(RSliceMut::from_mut_slice(a), RSlice::from_slice(y))
+                    .unwrap()
+            },
+            0.0,
+        ),
+    ];
+    for (name, op, slack) in ops {
+        let (mut a, mut b) = (x.clone(), x.clone());
+        op(&cpu, &mut a, &y, wv);
+        op(gpu, &mut b, &y, wv);
+        let d = max_abs_diff(&a, &b);
+        println!("{name}: {d:.2e}");
+        assert!(d <= slack.max(t.tol(max_abs(&a))), "{name}: {d}");
+    }
+}
+
+/// RoPE, normal and NeoX, with frequency factors and with YaRN.
+pub fn rope_variants(t: &Target) {
+    let gpu = &t.backend;
+    let cpu = cpu();
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    let (n_head, head_dim) = (4usize, 64usize);
+    let positions: Vec<u32> = vec![0, 1, 7, 100, 4095];
+    let factors: Vec<f32> = (0..32).map(|i| 1.0 + i as f32 * 0.25).collect();
+    for (neox, with_factors, yarn) in [
+        (false, false, false),
+        (true, false, false),
+        (true, true, false),
+        (false, false, true),
+    ] {
+        let params = RopeParams {
+            n_rot: 64,
+            freq_base: 10_000.0,
+            freq_scale: if yarn { 0.25 } else { 1.0 },
+            neox,
+            freq_factors: if with_factors {
+                Some(RSlice::from_slice(&factors[..]))
+            } else {
+                None
+            }
+            .into(),
+            ext_factor: if yarn { 1.0 } else { 0.0 },
+            attn_factor: 1.0,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            n_ctx_orig: 4096,
+        };
+        let x = randn(&mut rng, positions.len() * n_head * head_dim);
+        let (mut a, mut b) = (x.clone(), x.clone());
+        cpu.rope(
+            RSliceMut::from_mut_slice(&mut a),
+            n_head as u32,
+            head_dim as u32,
+            RSlice::from_slice(&positions),
+            params,
+        )
+        .unwrap();
+        gpu.rope(
+            RSliceMut::from_mut_slice(&mut b),
+            n_head as u32,
+            head_dim as u32,
+            RSlice::from_slice(&positions),
+            params,
+        )
+        .unwrap();
+        let d = max_abs_diff(&a, &b);
+        println!("rope neox={neox} factors={with_factors} yarn={yarn}: {d:.2e}");
+        // The cos/sin table comes from the host, computed as the CPU computes it.
+        assert!(d <= t.tol(max_abs(&a)), "rope {d}");
+    }
+}
+
+/// Attention with GQA, a sliding window and soft-capping, over prompt and decode steps,
+/// then after a truncation.
+pub fn attention_variants(t: &Target) {
+    let gpu = &t.backend;
+    let cpu = cpu();
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    for (n_head, n_head_kv, dk, window, softcap) in [
+        (8u32, 2u32, 64u32, 0u32, 0.0f32),
+        (4, 4, 128, 5, 0.0),
+        (6, 3, 256, 0, 50.0),
+    ] {
+        let spec = KvSpec {
+            n_layers: 2,
+            n_ctx: 64,
+            n_head_kv,
+            head_dim_k: dk,
+            head_dim_v: dk,
+        };
+        let (kc, kg) = (cpu.kv_create(spec).unwrap(), gpu.kv_create(spec).unwrap());
+        let mut worst = 0.0f32;
+        let mut pos = 0;
+        for n_tokens in [7u32, 1, 1, 12, 1] {
+            let p = AttentionParams {
+                layer: 1,
+                n_tokens,
+                start_pos: pos,
+                n_head,
+                n_head_kv,
+                head_dim_k: dk,
+                head_dim_v: dk,
+                scale: 1.0 / (dk as f32).sqrt(),
+                sliding_window: window,
+                softcap,
+            };
+            let q = randn(&mut rng, (n_tokens * n_head * dk) as usize);
+            let k = randn(&mut rng, (n_tokens * n_head_kv * dk) as usize);
+            let v = randn(&mut rng, (n_tokens * n_head_kv * dk) as usize);
+            let (mut a, mut b) = (vec![0f32; q.len()], vec![0f32; q.len()]);
+            cpu.attention(
+                kc,
+                RSlice::from_slice(&q),
+                RSlice::from_slice(&k),
+                RSlice::from_slice(&v),
+                p,
+                RSliceMut::from_mut_slice(&mut a),
+            )
+            .unwrap();
+            gpu.attention(
+                kg,
+                RSlice::from_slice(&q),
+                RSlice::from_slice(&k),
+                RSlice::from_slice(&v),
+                p,
+                RSliceMut::from_mut_slice(&mut b),
+            )
+            .unwrap();
+            worst = worst.max(max_abs_diff(&a, &b));
+            pos += n_tokens;
+        }
+        // Truncation, then a re-evaluation of the dropped positions.
+        cpu.kv_truncate(kc, 10).unwrap();
+        gpu.kv_truncate(kg, 10).unwrap();
+        println!("attention heads {n_head}/{n_head_kv} d {dk} window {window} softcap {softcap}: {worst:.2e}");
+        // The CPU's numerics step for step (f16 queries, q · k in its order, f16
+        // probabilities, f64 total, values summed in key order): equal bits.
+        assert!(worst <= t.tol(1.0), "attention {worst}");
+        cpu.kv_drop(kc);
+        gpu.kv_drop(kg);
+    }
+}
