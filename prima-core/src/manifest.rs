@@ -235,6 +235,9 @@ pub struct Policy {
     /// Transport plugin of the head and the local nodes (default: `vpn-proxy` when a
     /// route goes through a relay, else the first found, `tcp`).
     pub transport: Option<String>,
+    /// Micro-batches the head keeps in the ring at once when serving several requests:
+    /// a number ≥ 1, or "tuned" (measured); default `PRIMA_MICRO_BATCHES`, else 1.
+    pub micro_batches: Option<crate::prp::micro_batch::MicroBatches>,
 }
 
 fn yes() -> bool {
@@ -261,6 +264,7 @@ impl Default for Policy {
             batch: default_batch(),
             profiles: None,
             transport: None,
+            micro_batches: None,
         }
     }
 }

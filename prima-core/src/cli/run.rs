@@ -323,16 +323,24 @@ impl DraftModel {
         })
     }
 
-    /// A session of the draft on `engine`'s backend.
+    /// A session of the draft on `engine`'s backend, with a slot (a KV cache) for each of
+    /// the target's `n_slots`.
     pub fn session<'d>(
         &'d self,
         engine: &'d Engine,
         n_ctx: usize,
         n_batch: usize,
+        n_slots: usize,
     ) -> anyhow::Result<Session<'d>> {
         let n_ctx = n_ctx.min(self.model.hparams().n_ctx_train.max(1));
-        Session::new(&self.model, &engine.backend.backend, n_ctx, n_batch)
-            .with_context(|| format!("{}: the draft model's session", self.path.display()))
+        Session::with_slots(
+            &self.model,
+            &engine.backend.backend,
+            n_ctx,
+            n_batch,
+            n_slots,
+        )
+        .with_context(|| format!("{}: the draft model's session", self.path.display()))
     }
 }
 
@@ -396,7 +404,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         None => None,
     };
     let mut draft_session = match &draft {
-        Some(d) => Some(d.session(&engine, n_ctx, args.batch_size)?),
+        Some(d) => Some(d.session(&engine, n_ctx, args.batch_size, 1)?),
         None => None,
     };
     let cancel = AtomicBool::new(false);

@@ -12,7 +12,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::batch::{plan_batches, BatchForward, Piece, SeqSpan, SeqTokens};
+use crate::batch::{plan_batches, BatchForward, BatchRowLogits, Piece, SeqSpan, SeqTokens};
 use crate::generate::{Forward, RowLogits};
 use crate::model::{GpuLayers, Model, Session};
 use crate::plugin::backend_abi::BackendBox;
@@ -989,6 +989,28 @@ impl BatchForward for RingHead<'_> {
     fn eval_batch(&mut self, seqs: &[SeqTokens<'_>]) -> Result<&[f32], RingError> {
         self.session.check_batch(seqs)?;
         self.session.start_entries(seqs.len());
+        self.eval_entries(seqs)
+    }
+}
+
+/// The last pass brings every row back to the head, so the rows asked for get their
+/// logits as each micro-batch comes back, like the entries' last rows do.
+impl BatchRowLogits for RingHead<'_> {
+    fn eval_batch_rows(
+        &mut self,
+        seqs: &[SeqTokens<'_>],
+        rows: &[usize],
+    ) -> Result<&[f32], RingError> {
+        self.session.check_batch(seqs)?;
+        self.session.start_entry_rows(seqs, rows)?;
+        self.eval_entries(seqs)
+    }
+}
+
+impl RingHead<'_> {
+    /// Evaluates the checked `seqs` as micro-batches into the logits the session was
+    /// started for.
+    fn eval_entries(&mut self, seqs: &[SeqTokens<'_>]) -> Result<&[f32], RingError> {
         let tokens = seqs.iter().map(|s| s.tokens.len()).sum();
         let m = match self.micro_batches {
             Some(m) => m,
