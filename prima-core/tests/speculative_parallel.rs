@@ -1,0 +1,296 @@
+//! Speculative decoding with parallel slots, with real models: SmolLM2-135M Q4_1 drafting
+//! for its F16 conversion in every slot, all slots' drafts verified in one batch. Each of
+//! several concurrent greedy requests gets the text it gets alone without a draft, on one
+//! device and on a 3-device loopback ring; requests that finish mid-step leave their slot
+//! to a queued one; a seed gives one sampled text; bad combinations are refused.
+
+mod common;
+
+use std::ops::ControlFlow;
+use std::path::PathBuf;
+use std::process::Command;
+
+use common::{cpu_backend, derived_models, model_or_skip, workspace_models, Node};
+use prima_core::batch::{BatchForward, BatchRowLogits};
+use prima_core::generate::{generate, GenerateOptions};
+use prima_core::model::{Model, Session};
+use prima_core::prp::{RingHead, RingOptions};
+use prima_core::sampler::{Sampler, SamplerConfig};
+use prima_core::server::{
+    job_queue, run_scheduler, run_speculative_scheduler, Completion, Drafting, Event, FinishReason,
+    GenerationRequest, Prompt, SchedulerOptions, Submitted,
+};
+use prima_core::speculative::DraftOptions;
+use prima_core::tokenizer::Tokenizer;
+
+fn target_path() -> Option<PathBuf> {
+    model_or_skip(derived_models().join("smollm2-135m-f16.gguf"))
+}
+
+fn draft_path() -> Option<PathBuf> {
+    model_or_skip(workspace_models().join("SmolLM2-135M-Instruct.Q4_1.gguf"))
+}
+
+const N_CTX: usize = 256;
+const N_BATCH: usize = 64;
+
+/// Prompts and how many tokens each asks for: different lengths, so slots leave at
+/// different steps and the last, queued, request joins a freed slot.
+const REQUESTS: &[(&str, usize)] = &[
+    ("The capital of France is", 24),
+    (
+        "Here is a short story about a robot who learns to paint. Once upon a time,",
+        9,
+    ),
+    ("def fibonacci(n):", 30),
+    ("The three primary colours are", 16),
+];
+
+fn request(prompt: &str, max_tokens: usize, temperature: f32) -> GenerationRequest {
+    GenerationRequest {
+        prompt: Prompt::Text(prompt.into()),
+        max_tokens: Some(max_tokens),
+        sampler: SamplerConfig {
+            temperature,
+            seed: 42,
+            ..SamplerConfig::default()
+        },
+        stop: Vec::new(),
+        ignore_eos: true,
+    }
+}
+
+/// Each request's text, generated alone on one slot without a draft.
+fn alone(model: &Model, tok: &Tokenizer) -> Vec<String> {
+    let backend = cpu_backend(2);
+    let mut session = Session::new(model, &backend.backend, N_CTX, N_BATCH).unwrap();
+    REQUESTS
+        .iter()
+        .map(|&(prompt, n)| {
+            session.truncate(0).unwrap();
+            let tokens = tok.encode(prompt, tok.add_bos_default(), true);
+            let mut sampler = Sampler::new(SamplerConfig {
+                temperature: 0.0,
+                ..SamplerConfig::default()
+            });
+            let options = GenerateOptions {
+                max_tokens: n,
+                ignore_eos: true,
+            };
+            let (out, _) = generate(&mut session, tok, &mut sampler, &tokens, options, |_| {
+                ControlFlow::Continue(())
+            })
+            .unwrap();
+            tok.decode(&out)
+        })
+        .collect()
+}
+
+/// The text and completion of each job (panics on a failed one).
+fn outcomes(submitted: Vec<Submitted>) -> Vec<(String, Completion)> {
+    submitted
+        .into_iter()
+        .map(|mut s| {
+            let events: Vec<Event> = std::iter::from_fn(|| s.events.try_recv().ok()).collect();
+            let mut text = String::new();
+            for e in &events {
+                match e {
+                    Event::Text(t) => text.push_str(t),
+                    Event::Failed(e) => panic!("{e}"),
+                    _ => {}
+                }
+            }
+            let Some(Event::Done(c)) = events.last() else {
+                panic!("{events:?}")
+            };
+            (text, c.clone())
+        })
+        .collect()
+}
+
+/// Serves every request of `REQUESTS` at once (the slots hold the first ones, the rest
+/// queue) by speculative decoding with `draft`.
+fn serve_drafting<T: BatchRowLogits, D: BatchForward>(
+    target: &mut T,
+    draft: &mut D,
+    tok: &Tokenizer,
+    temperature: f32,
+    options: DraftOptions,
+) -> Vec<(String, Completion)> {
+    let (queue, jobs) = job_queue();
+    let submitted: Vec<Submitted> = REQUESTS
+        .iter()
+        .map(|&(p, n)| queue.submit(request(p, n, temperature)).unwrap())
+        .collect();
+    drop(queue);
+    let model = Drafting {
+        target,
+        draft,
+        options,
+    };
+    run_speculative_scheduler(model, tok, jobs, SchedulerOptions::default(), |_| {});
+    outcomes(submitted)
+}
+
+fn check_greedy(got: &[(String, Completion)], want: &[String]) {
+    for (i, ((text, c), want)) in got.iter().zip(want).enumerate() {
+        eprintln!("request {i}: {:?}", c.draft);
+        assert_eq!(
+            text, want,
+            "request {i}: the text with a draft differs from alone"
+        );
+        assert_eq!(c.usage.completion_tokens, REQUESTS[i].1);
+        assert_eq!(c.finish_reason, FinishReason::Length);
+    }
+    let drafted: usize = got
+        .iter()
+        .filter_map(|(_, c)| c.draft)
+        .map(|d| d.drafted)
+        .sum();
+    let accepted: usize = got
+        .iter()
+        .filter_map(|(_, c)| c.draft)
+        .map(|d| d.accepted)
+        .sum();
+    assert!(
+        accepted > 0 && accepted <= drafted,
+        "{accepted} of {drafted}"
+    );
+}
+
+#[test]
+fn concurrent_greedy_requests_with_a_draft_get_their_text_alone() {
+    let (Some(target_path), Some(draft_path)) = (target_path(), draft_path()) else {
+        return;
+    };
+    let backend = cpu_backend(2);
+    let be = &backend.backend;
+    let target_model = Model::load(&target_path).unwrap();
+    let draft_model = Model::load(&draft_path).unwrap();
+    let tok = Tokenizer::from_gguf(target_model.gguf()).unwrap();
+    let want = alone(&target_model, &tok);
+
+    let mut target = Session::with_slots(&target_model, be, N_CTX, N_BATCH, 3).unwrap();
+    let mut draft = Session::with_slots(&draft_model, be, N_CTX, N_BATCH, 3).unwrap();
+    for options in [DraftOptions::default(), DraftOptions { max: 3, p_min: 0.0 }] {
+        for slot in 0..3 {
+            BatchForward::truncate(&mut target, slot, 0).unwrap();
+            BatchForward::truncate(&mut draft, slot, 0).unwrap();
+        }
+        let got = serve_drafting(&mut target, &mut draft, &tok, 0.0, options);
+        check_greedy(&got, &want);
+    }
+
+    // The plain scheduler on the same slots, for the same texts.
+    let (queue, jobs) = job_queue();
+    let submitted: Vec<Submitted> = REQUESTS
+        .iter()
+        .map(|&(p, n)| queue.submit(request(p, n, 0.0)).unwrap())
+        .collect();
+    drop(queue);
+    run_scheduler(&mut target, &tok, jobs, SchedulerOptions::default(), |_| {});
+    let plain: Vec<String> = outcomes(submitted).into_iter().map(|(t, _)| t).collect();
+    assert_eq!(plain, want);
+}
+
+#[test]
+fn a_ring_verifies_every_slots_draft_in_one_trip() {
+    let (Some(target_path), Some(draft_path)) = (target_path(), draft_path()) else {
+        return;
+    };
+    let backend = cpu_backend(1);
+    let be = &backend.backend;
+    let target_model = Model::load(&target_path).unwrap();
+    let draft_model = Model::load(&draft_path).unwrap();
+    let tok = Tokenizer::from_gguf(target_model.gguf()).unwrap();
+    let want = alone(&target_model, &tok);
+
+    let transport = common::tcp_transport();
+    let nodes = [Node::start(&target_path), Node::start(&target_path)];
+    let addrs: Vec<String> = nodes.iter().map(|n| n.addr.clone()).collect();
+    for micro_batches in [Some(1), Some(2)] {
+        let mut head = RingHead::connect(
+            &target_model,
+            be,
+            &transport.transport,
+            &addrs,
+            &[10, 10, 10],
+            &RingOptions {
+                n_ctx: N_CTX,
+                n_batch: N_BATCH,
+                n_slots: 2,
+                listen: "127.0.0.1:0".into(),
+                security: common::test_security(),
+                micro_batches,
+                ..RingOptions::default()
+            },
+        )
+        .unwrap();
+        let mut draft = Session::with_slots(&draft_model, be, N_CTX, N_BATCH, 2).unwrap();
+        let got = serve_drafting(&mut head, &mut draft, &tok, 0.0, DraftOptions::default());
+        check_greedy(&got, &want);
+        head.shutdown(false);
+    }
+}
+
+#[test]
+fn a_seed_gives_one_sampled_text_per_request() {
+    let (Some(target_path), Some(draft_path)) = (target_path(), draft_path()) else {
+        return;
+    };
+    let backend = cpu_backend(2);
+    let be = &backend.backend;
+    let target_model = Model::load(&target_path).unwrap();
+    let draft_model = Model::load(&draft_path).unwrap();
+    let tok = Tokenizer::from_gguf(target_model.gguf()).unwrap();
+    let run = || {
+        let mut target = Session::with_slots(&target_model, be, N_CTX, N_BATCH, 2).unwrap();
+        let mut draft = Session::with_slots(&draft_model, be, N_CTX, N_BATCH, 2).unwrap();
+        serve_drafting(&mut target, &mut draft, &tok, 0.8, DraftOptions::default())
+    };
+    let (a, b) = (run(), run());
+    for (i, ((ta, ca), (tb, _))) in a.iter().zip(&b).enumerate() {
+        assert_eq!(ta, tb, "request {i}: one seed, two texts");
+        assert_eq!(ca.usage.completion_tokens, REQUESTS[i].1);
+        assert!(!ta.is_empty());
+    }
+    assert!(a
+        .iter()
+        .any(|(_, c)| c.draft.is_some_and(|d| d.accepted > 0)));
+}
+
+fn prima(args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_prima"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn bad_draft_and_micro_batch_settings_are_refused_before_anything_loads() {
+    let serve = |extra: &[&str]| {
+        let mut args = vec!["serve", "-m", "x.gguf", "--draft", "y.gguf"];
+        args.extend_from_slice(extra);
+        prima(&args)
+    };
+    let (ok, err) = serve(&["--parallel", "4", "--draft-max", "0"]);
+    assert!(!ok && err.contains("--draft-max 0"), "{err}");
+    let (ok, err) = serve(&["--draft-max", "64", "-b", "64"]);
+    assert!(
+        !ok && err.contains("--draft-max 64") && err.contains("64"),
+        "{err}"
+    );
+    let (ok, err) = serve(&["--draft-p-min", "1.5"]);
+    assert!(!ok && err.contains("--draft-p-min"), "{err}");
+    for bad in ["0", "two", "-1"] {
+        let (ok, err) = prima(&["apply", &format!("--micro-batches={bad}")]);
+        assert!(
+            !ok && err.contains("--micro-batches") && err.contains("tuned"),
+            "{bad}: {err}"
+        );
+    }
+}
