@@ -630,6 +630,27 @@ k = 2
     }
 
     #[test]
+    fn micro_batches_are_a_number_or_tuned() {
+        use crate::prp::micro_batch::MicroBatches;
+        assert_eq!(parse(GOOD).unwrap().manifest.policy.micro_batches, None);
+        let with = |v: &str| GOOD.replace("[policy]", &format!("[policy]\nmicro_batches = {v}"));
+        let m = parse(&with("2")).unwrap();
+        assert_eq!(
+            m.manifest.policy.micro_batches,
+            Some(MicroBatches::Fixed(2))
+        );
+        let m = parse(&with("\"tuned\"")).unwrap();
+        assert_eq!(m.manifest.policy.micro_batches, Some(MicroBatches::Tuned));
+        for bad in ["0", "-2", "\"fast\""] {
+            let err = parse(&with(bad)).unwrap_err().to_string();
+            assert!(
+                err.contains("micro_batches") && err.contains("tuned"),
+                "{bad}: {err}"
+            );
+        }
+    }
+
+    #[test]
     fn a_model_given_on_the_command_line_replaces_every_path() {
         let mut m = LoadedManifest::embedded_default().unwrap();
         m.manifest
