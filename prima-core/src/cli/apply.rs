@@ -128,6 +128,16 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
     if let Some(model) = &args.model {
         manifest.override_model(model)?;
     }
+    // The flags stand for their manifest fields from here on, so the plan (and every
+    // re-plan after a loss) counts the slots' KV caches and the draft on the head.
+    if let Some(draft) = &args.draft {
+        manifest.manifest.model.draft = Some(std::path::absolute(draft)?);
+    }
+    manifest.manifest.server.parallel = match args.prompt {
+        // One prompt needs one slot; a server keeps `parallel` on every device.
+        Some(_) => 1,
+        None => args.parallel.unwrap_or(manifest.manifest.server.parallel),
+    };
     let m = &manifest.manifest;
     let head = manifest.head_index()?;
     let head_name = m.devices[head].name.clone();
@@ -246,7 +256,7 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
     let policy = &m.policy;
     let n_ctx = policy.ctx.min(engine.model.hparams().n_ctx_train.max(1));
     // Speculative decoding: the draft is checked before the ring is launched.
-    let draft = match args.draft.clone().or_else(|| manifest.draft_path()) {
+    let draft = match manifest.draft_path() {
         Some(path) => {
             let defaults = prima_core::speculative::DraftOptions::default();
             let options = prima_core::speculative::DraftOptions {
@@ -258,11 +268,7 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
         None => None,
     };
     let nodes: Vec<String> = plan.ring().skip(1).map(|d| d.addr.clone()).collect();
-    // One prompt needs one slot; a server keeps `parallel` on every device.
-    let parallel = match args.prompt {
-        Some(_) => 1,
-        None => args.parallel.unwrap_or(m.server.parallel),
-    };
+    let parallel = m.server.parallel;
     if let Some(d) = &draft {
         anyhow::ensure!(
             d.options.max >= 1 && d.options.max < policy.batch,
@@ -298,6 +304,10 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
             Some(m) => m.count(),
             None => micro_batches_from_env()?,
         },
+        // The draft's weights and KV caches live on the head beside its windows.
+        head_reserved: draft
+            .as_ref()
+            .map_or(0, |d| d.memory_bytes(n_ctx, policy.batch, parallel)),
     };
     let head_gpu_layers = plan.ring().next().map_or(0, |d| d.n);
     if engine.gpu.is_none() && head_gpu_layers > 0 {

@@ -49,12 +49,17 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         None => None,
     };
     let n_ctx = args.ctx_size.min(engine.model.hparams().n_ctx_train.max(1));
-    let mut session = engine.local_slots(
+    // The draft's weights and its KV cache per slot are kept out of the target's budget.
+    let reserved = draft
+        .as_ref()
+        .map_or(0, |d| d.memory_bytes(n_ctx, args.batch_size, args.parallel));
+    let mut session = engine.local_slots_beside(
         args.mem_budget,
         n_ctx,
         args.batch_size,
         args.parallel,
         Streaming::default(),
+        reserved,
     )?;
     let name = args
         .alias

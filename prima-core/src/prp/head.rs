@@ -79,6 +79,9 @@ pub struct RingOptions {
     /// three on two shared cores, more paid only at 2 concurrent requests (ARCHITECTURE.md,
     /// "Micro-batches in flight").
     pub micro_batches: Option<usize>,
+    /// Bytes the head's process holds beside this model (a draft model, its KV cache
+    /// per slot), kept out of an `auto` `mem_budget`.
+    pub head_reserved: u64,
 }
 
 /// How a node reaches the device after it in the ring.
@@ -109,6 +112,7 @@ impl Default for RingOptions {
             next_routes: Vec::new(),
             security: LinkSecurity::Insecure,
             micro_batches: Some(1),
+            head_reserved: 0,
         }
     }
 }
@@ -466,7 +470,14 @@ impl<'m> RingHead<'m> {
             options.n_ctx,
             options.n_batch,
             options.n_slots,
-        );
+        )
+        .map(|mut b| {
+            if b.available.is_some() {
+                b.bytes = b.bytes.saturating_sub(options.head_reserved);
+                b.margin = b.margin.saturating_add(options.head_reserved);
+            }
+            b
+        });
         let residency = Residency::plan_split(
             model,
             &head_windows,
