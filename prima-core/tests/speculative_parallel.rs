@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use common::{cpu_backend, derived_models, model_or_skip, workspace_models, Node};
-use prima_core::batch::{BatchForward, BatchRowLogits};
+use prima_core::batch::{BatchForward, BatchRowLogits, SeqTokens};
 use prima_core::generate::{generate, GenerateOptions};
 use prima_core::model::{Model, Session};
 use prima_core::prp::{RingHead, RingOptions};
@@ -292,5 +292,79 @@ fn bad_draft_and_micro_batch_settings_are_refused_before_anything_loads() {
             !ok && err.contains("--micro-batches") && err.contains("tuned"),
             "{bad}: {err}"
         );
+    }
+}
+
+/// `eval_batch_rows` gives each entry's last rows the logits each token gets alone, also
+/// where entries are cut across batches (a batch of 5 rows here), and refuses rows an
+/// entry does not have.
+#[test]
+fn the_rows_asked_for_are_the_logits_each_token_gets_alone() {
+    let Some(path) = model_or_skip(derived_models().join("tiny-llama-f32.gguf")) else {
+        return;
+    };
+    let backend = cpu_backend(1);
+    let be = &backend.backend;
+    let model = Model::load(&path).unwrap();
+    let n_vocab = model.hparams().n_vocab;
+    let texts: [Vec<u32>; 3] = [(1..12).collect(), (20..27).collect(), (40..44).collect()];
+    // Each text's logits after every prefix, alone.
+    let alone: Vec<Vec<f32>> = texts
+        .iter()
+        .map(|t| {
+            let mut s = Session::new(&model, be, 64, 64).unwrap();
+            s.eval(t).unwrap();
+            let mut rows = vec![0.0; t.len() * n_vocab];
+            s.logits_rows(0..t.len(), &mut rows).unwrap();
+            rows
+        })
+        .collect();
+    let mut batched = Session::with_slots(&model, be, 64, 5, 3).unwrap();
+    // Two steps: the first tokens of each text, then the rest (a verification's shape),
+    // asking for a different number of last rows of each entry.
+    let cuts = [4, 5, 1];
+    for (step, rows) in [[2, 5, 1], [7, 2, 3]].into_iter().enumerate() {
+        let seqs: Vec<SeqTokens<'_>> = texts
+            .iter()
+            .zip(cuts)
+            .enumerate()
+            .map(|(slot, (t, cut))| SeqTokens {
+                slot,
+                tokens: if step == 0 { &t[..cut] } else { &t[cut..] },
+            })
+            .collect();
+        let got = batched.eval_batch_rows(&seqs, &rows).unwrap().to_vec();
+        let mut at = 0;
+        for (slot, (seq, &n)) in seqs.iter().zip(&rows).enumerate() {
+            let end = if step == 0 {
+                cuts[slot]
+            } else {
+                texts[slot].len()
+            };
+            let want = &alone[slot][(end - n) * n_vocab..end * n_vocab];
+            assert_eq!(
+                &got[at * n_vocab..(at + n) * n_vocab],
+                want,
+                "step {step}, slot {slot}"
+            );
+            assert!(n <= seq.tokens.len());
+            at += n;
+        }
+        assert_eq!(got.len(), at * n_vocab);
+    }
+    for (rows, needle) in [
+        (vec![0], "last 0 tokens"),
+        (vec![3], "last 3 tokens"),
+        (vec![1, 1], "for 2 entries"),
+    ] {
+        let seqs = [SeqTokens {
+            slot: 0,
+            tokens: &[5, 6],
+        }];
+        let err = batched
+            .eval_batch_rows(&seqs, &rows)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(needle), "{rows:?}: {err}");
     }
 }
