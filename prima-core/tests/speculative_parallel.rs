@@ -368,3 +368,121 @@ fn the_rows_asked_for_are_the_logits_each_token_gets_alone() {
         assert!(err.contains(needle), "{rows:?}: {err}");
     }
 }
+
+/// A node of a resilient ring killed while two slots draft: the ring is planned again
+/// without it, every slot's context replayed in the next verification, and each
+/// request still gets its text alone.
+#[test]
+fn a_resilient_ring_loses_a_node_while_slots_draft_and_keeps_every_text() {
+    use prima_core::prp::failover::{ResilientRing, RingDevice, RingLayout};
+
+    let (Some(target_path), Some(draft_path)) = (target_path(), draft_path()) else {
+        return;
+    };
+    let backend = cpu_backend(1);
+    let be = &backend.backend;
+    let target_model = Model::load(&target_path).unwrap();
+    let draft_model = Model::load(&draft_path).unwrap();
+    let tok = Tokenizer::from_gguf(target_model.gguf()).unwrap();
+    let want = alone(&target_model, &tok);
+
+    let transport = common::tcp_transport();
+    let nodes = [Node::start(&target_path), Node::start(&target_path)];
+    let device = |name: &str, addr: &str| RingDevice {
+        name: name.into(),
+        addr: addr.into(),
+    };
+    let layout = RingLayout {
+        devices: vec![
+            device("head", ""),
+            device("a", &nodes[0].addr),
+            device("b", &nodes[1].addr),
+        ],
+        windows: vec![10, 10, 10],
+        next_routes: Vec::new(),
+    };
+    let ring_options = RingOptions {
+        n_ctx: N_CTX,
+        n_batch: N_BATCH,
+        n_slots: 2,
+        listen: "127.0.0.1:0".into(),
+        security: common::test_security(),
+        ..RingOptions::default()
+    };
+    let addrs: Vec<String> = nodes.iter().map(|n| n.addr.clone()).collect();
+    let head = RingHead::connect(
+        &target_model,
+        be,
+        &transport.transport,
+        &addrs,
+        &layout.windows,
+        &ring_options,
+    )
+    .unwrap();
+    let survivor = nodes[0].addr.clone();
+    let mut ring = ResilientRing::new(
+        head,
+        &target_model,
+        be,
+        &transport.transport,
+        layout,
+        ring_options,
+        Box::new(move |lost: &[String]| {
+            assert_eq!(lost, ["b".to_string()]);
+            Ok(RingLayout {
+                devices: vec![device("head", ""), device("a", &survivor)],
+                windows: vec![15, 15],
+                next_routes: Vec::new(),
+            })
+        }),
+    );
+    let mut draft = Session::with_slots(&draft_model, be, N_CTX, N_BATCH, 2).unwrap();
+
+    let (queue, jobs) = job_queue();
+    let mut submitted: Vec<Submitted> = REQUESTS
+        .iter()
+        .map(|&(p, n)| queue.submit(request(p, n, 0.0)).unwrap())
+        .collect();
+    drop(queue);
+    let [_, mut b] = nodes;
+    let mut first = submitted.remove(0);
+    let (texts, got) = std::thread::scope(|scope| {
+        // Node b dies after the first request's third piece of text.
+        let watcher = scope.spawn(move || {
+            let mut events = Vec::new();
+            let mut pieces = 0;
+            while let Some(event) = first.events.blocking_recv() {
+                if matches!(event, Event::Text(_)) {
+                    pieces += 1;
+                    if pieces == 3 {
+                        let _ = b.child.kill();
+                    }
+                }
+                events.push(event);
+            }
+            events
+        });
+        let model = Drafting {
+            target: &mut ring,
+            draft: &mut draft,
+            options: DraftOptions { max: 4, p_min: 0.0 },
+        };
+        run_speculative_scheduler(model, &tok, jobs, SchedulerOptions::default(), |_| {});
+        let events = watcher.join().unwrap();
+        let text: String = events
+            .iter()
+            .filter_map(|e| match e {
+                Event::Text(t) => Some(t.as_str()),
+                Event::Failed(e) => panic!("{e}"),
+                _ => None,
+            })
+            .collect();
+        (text, outcomes(submitted))
+    });
+    assert_eq!(ring.devices().len(), 2, "planned without the killed node");
+    assert_eq!(texts, want[0]);
+    for (i, (text, _)) in got.iter().enumerate() {
+        assert_eq!(text, &want[i + 1], "request {}", i + 1);
+    }
+    ring.shutdown(false);
+}
