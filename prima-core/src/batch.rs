@@ -43,7 +43,43 @@ pub trait BatchForward {
     fn eval_batch(&mut self, seqs: &[SeqTokens<'_>]) -> Result<&[f32], Self::Error>;
 }
 
+/// A [`BatchForward`] that returns the logits of several rows of an entry, not only its
+/// last: speculative decoding verifies each slot's drafted tokens from the rows after
+/// them, every slot's in one batch (one trip round the ring).
+pub trait BatchRowLogits: BatchForward {
+    /// As [`BatchForward::eval_batch`], but returns the logits of the last `rows[i]`
+    /// tokens of entry `i` (1 to its tokens), entry after entry, row after row
+    /// (`Σ rows × n_vocab` floats). The output head runs once per batch over the rows
+    /// asked for.
+    fn eval_batch_rows(
+        &mut self,
+        seqs: &[SeqTokens<'_>],
+        rows: &[usize],
+    ) -> Result<&[f32], Self::Error>;
+}
+
 use crate::model::{ModelError, Session};
+
+/// Fails, naming the entry, unless `rows` gives each entry of `seqs` between 1 and its
+/// tokens' count of logits rows.
+pub fn check_rows(seqs: &[SeqTokens<'_>], rows: &[usize]) -> Result<(), ModelError> {
+    if rows.len() != seqs.len() {
+        return Err(ModelError::EntryRowsCount {
+            given: rows.len(),
+            entries: seqs.len(),
+        });
+    }
+    for (seq, &n) in seqs.iter().zip(rows) {
+        if n == 0 || n > seq.tokens.len() {
+            return Err(ModelError::EntryRows {
+                slot: seq.slot,
+                rows: n,
+                tokens: seq.tokens.len(),
+            });
+        }
+    }
+    Ok(())
+}
 
 /// Fails, naming the entry, unless every entry of `seqs` names one of `n_slots` slots,
 /// no slot appears twice, every entry has a token and every slot's context of `n_ctx`
@@ -110,6 +146,17 @@ impl BatchForward for Session<'_> {
     fn eval_batch(&mut self, seqs: &[SeqTokens<'_>]) -> Result<&[f32], ModelError> {
         let n_layers = self.model().hparams().n_layers;
         self.eval_batch_with(seqs, |s| s.run_layers(0..n_layers))
+    }
+}
+
+impl BatchRowLogits for Session<'_> {
+    fn eval_batch_rows(
+        &mut self,
+        seqs: &[SeqTokens<'_>],
+        rows: &[usize],
+    ) -> Result<&[f32], ModelError> {
+        let n_layers = self.model().hparams().n_layers;
+        self.eval_batch_rows_with(seqs, rows, |s| s.run_layers(0..n_layers))
     }
 }
 

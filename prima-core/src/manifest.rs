@@ -235,6 +235,9 @@ pub struct Policy {
     /// Transport plugin of the head and the local nodes (default: `vpn-proxy` when a
     /// route goes through a relay, else the first found, `tcp`).
     pub transport: Option<String>,
+    /// Micro-batches the head keeps in the ring at once when serving several requests:
+    /// a number ≥ 1, or "tuned" (measured); default `PRIMA_MICRO_BATCHES`, else 1.
+    pub micro_batches: Option<crate::prp::micro_batch::MicroBatches>,
 }
 
 fn yes() -> bool {
@@ -261,6 +264,7 @@ impl Default for Policy {
             batch: default_batch(),
             profiles: None,
             transport: None,
+            micro_batches: None,
         }
     }
 }
@@ -623,6 +627,27 @@ k = 2
         let m = parse(&with).unwrap();
         assert_eq!(m.draft_path(), Some(PathBuf::from("/m/small.gguf")));
         assert_eq!(m.manifest.model.draft_max, Some(4));
+    }
+
+    #[test]
+    fn micro_batches_are_a_number_or_tuned() {
+        use crate::prp::micro_batch::MicroBatches;
+        assert_eq!(parse(GOOD).unwrap().manifest.policy.micro_batches, None);
+        let with = |v: &str| GOOD.replace("[policy]", &format!("[policy]\nmicro_batches = {v}"));
+        let m = parse(&with("2")).unwrap();
+        assert_eq!(
+            m.manifest.policy.micro_batches,
+            Some(MicroBatches::Fixed(2))
+        );
+        let m = parse(&with("\"tuned\"")).unwrap();
+        assert_eq!(m.manifest.policy.micro_batches, Some(MicroBatches::Tuned));
+        for bad in ["0", "-2", "\"fast\""] {
+            let err = parse(&with(bad)).unwrap_err().to_string();
+            assert!(
+                err.contains("micro_batches") && err.contains("tuned"),
+                "{bad}: {err}"
+            );
+        }
     }
 
     #[test]

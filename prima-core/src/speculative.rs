@@ -224,11 +224,7 @@ pub fn generate_speculative_after<T: RowLogits, D: Forward>(
     out.stats.time_to_first_token = start.elapsed();
     let mut stop = out.emit(first);
 
-    // The draft samples with the target's settings (so q is shaped like p) and its own RNG.
-    let mut draft_sampler = Sampler::new(SamplerConfig {
-        seed: sampler.config().seed ^ DRAFT_SEED,
-        ..sampler.config().clone()
-    });
+    let mut draft_sampler = draft_sampler_for(sampler);
     let mut round = Round::default();
     // The target's logits of every row of the batch it verifies.
     let mut rows = Vec::new();
@@ -316,6 +312,14 @@ pub fn generate_speculative_after<T: RowLogits, D: Forward>(
     Ok((out.tokens, out.stats, draft_stats))
 }
 
+/// The draft's sampler: the target's settings (so q is shaped like p), its own RNG.
+pub(crate) fn draft_sampler_for(sampler: &Sampler) -> Sampler {
+    Sampler::new(SamplerConfig {
+        seed: sampler.config().seed ^ DRAFT_SEED,
+        ..sampler.config().clone()
+    })
+}
+
 /// Mixed into the seed of the draft's sampler, so its draws are not the target's.
 const DRAFT_SEED: u64 = 0xD4AF_7000_0000_0001;
 
@@ -367,9 +371,9 @@ impl<F: FnMut(&str) -> ControlFlow<()>> Output<'_, F> {
 
 /// One round's buffers, reused.
 #[derive(Default)]
-struct Round {
+pub(crate) struct Round {
     /// The tokens the draft proposed.
-    drafted: Vec<u32>,
+    pub(crate) drafted: Vec<u32>,
     /// q: the draft's distribution at each drafted position (sampled decoding only).
     q: Vec<Vec<TokenProb>>,
     /// What the target evaluates: the last accepted token, then the drafted ones.
@@ -382,7 +386,7 @@ struct Round {
 
 /// A drafted token kept, or the token that replaces it (or follows a fully accepted draft).
 #[derive(Clone, Copy)]
-enum Verdict {
+pub(crate) enum Verdict {
     Accept(u32),
     Replace(u32),
 }
@@ -408,26 +412,10 @@ impl Round {
         }
         let mut logits = draft.eval(&context[draft.n_past()..])?;
         draft_sampler.copy_history_from(sampler);
-        let greedy = draft_sampler.is_greedy();
-        self.q.resize_with(n_draft, Vec::new);
         for i in 0..n_draft {
-            let x = if greedy {
-                if p_min > 0.0 && top_probability(logits) < p_min {
-                    break;
-                }
-                draft_sampler.sample(logits)
-            } else {
-                let q = &mut self.q[i];
-                draft_sampler.distribution(logits, q);
-                if q[0].p < p_min {
-                    break;
-                }
-                draft_sampler
-                    .draw_from(q)
-                    .expect("a distribution is never empty")
+            let Some(x) = self.pick(draft_sampler, logits, p_min) else {
+                break;
             };
-            self.drafted.push(x);
-            draft_sampler.accept(x);
             let ends = !out.options.ignore_eos && out.tokenizer.is_end_of_generation(x);
             if ends || i + 1 == n_draft {
                 break;
@@ -437,8 +425,40 @@ impl Round {
         Ok(())
     }
 
+    /// Drafts the next token from the draft's `logits` (pushed to `drafted`, its q kept
+    /// when sampling), or `None` when the draft is less sure than `p_min`.
+    pub(crate) fn pick(
+        &mut self,
+        draft_sampler: &mut Sampler,
+        logits: &[f32],
+        p_min: f32,
+    ) -> Option<u32> {
+        let i = self.drafted.len();
+        let x = if draft_sampler.is_greedy() {
+            if p_min > 0.0 && top_probability(logits) < p_min {
+                return None;
+            }
+            draft_sampler.sample(logits)
+        } else {
+            if self.q.len() <= i {
+                self.q.resize_with(i + 1, Vec::new);
+            }
+            let q = &mut self.q[i];
+            draft_sampler.distribution(logits, q);
+            if q[0].p < p_min {
+                return None;
+            }
+            draft_sampler
+                .draw_from(q)
+                .expect("a distribution is never empty")
+        };
+        self.drafted.push(x);
+        draft_sampler.accept(x);
+        Some(x)
+    }
+
     /// Decides drafted token `i` from the target's logits `row` at its position.
-    fn verify(&mut self, i: usize, row: &[f32], sampler: &mut Sampler) -> Verdict {
+    pub(crate) fn verify(&mut self, i: usize, row: &[f32], sampler: &mut Sampler) -> Verdict {
         let x = self.drafted[i];
         if sampler.is_greedy() {
             let t = sampler.sample(row);

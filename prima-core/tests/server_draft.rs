@@ -1,6 +1,7 @@
 //! `prima serve --draft` over HTTP: the F16 SmolLM2 served with its Q4_1 as the draft
-//! gives the greedy text it gives without a draft, reuses the previous request's cache,
-//! and counts drafted and accepted tokens in `/metrics`.
+//! gives the greedy text it gives without a draft, alone and with `--parallel` slots
+//! drafting together, reuses the previous request's cache, and counts drafted and
+//! accepted tokens in `/metrics` and each reply's timings.
 
 mod common;
 mod server_support;
@@ -62,29 +63,71 @@ fn a_served_draft_gives_the_text_without_one_and_counts_its_tokens() {
 }
 
 #[test]
-fn a_draft_with_several_slots_is_refused() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_prima"))
-        .args([
-            "serve",
-            "-m",
-            "x.gguf",
-            "--draft",
-            "y.gguf",
-            "--parallel",
-            "2",
-        ])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains("--draft") && stderr.contains("--parallel 2"),
-        "{stderr}"
-    );
+fn concurrent_requests_with_a_draft_get_the_text_each_gets_alone() {
+    let Some(target) =
+        common::model_or_skip(common::derived_models().join("smollm2-135m-f16.gguf"))
+    else {
+        return;
+    };
+    let Some(draft) = server_support::smollm2() else {
+        return;
+    };
+    let draft = draft.to_string_lossy().into_owned();
+    let prompts = [
+        "The capital of France is",
+        "Water boils at a temperature of",
+        "A short poem about the sea:\n",
+    ];
+    let plain = Server::start(&target, &["-c", "512"]);
+    let alone: Vec<String> = prompts
+        .iter()
+        .map(|p| {
+            let (status, reply) = plain.post_json("/v1/completions", &request(p));
+            assert_eq!(status, 200, "{reply}");
+            text_of(&reply).to_string()
+        })
+        .collect();
+    drop(plain);
+
+    let args = ["-c", "512", "--parallel", "3", "--draft", &draft];
+    let server = Server::start(&target, &args);
+    let together: Vec<Value> = std::thread::scope(|scope| {
+        let handles: Vec<_> = prompts
+            .iter()
+            .map(|p| {
+                let url = format!("{}/v1/completions", server.url);
+                scope.spawn(move || {
+                    let mut response = server_support::post(&url, &request(p).to_string()).unwrap();
+                    assert_eq!(response.status(), 200);
+                    response.body_mut().read_json::<Value>().unwrap()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (reply, want) in together.iter().zip(&alone) {
+        assert_eq!(
+            text_of(reply),
+            want,
+            "a batched drafted reply differs from alone"
+        );
+        let timings = &reply["timings"];
+        let (drafted, accepted) = (&timings["draft_n"], &timings["draft_n_accepted"]);
+        assert!(
+            drafted.as_u64() > Some(0) && accepted.as_u64() <= drafted.as_u64(),
+            "{timings}"
+        );
+    }
+    assert_eq!(server.metric("prima_slots"), 3.0);
+    assert!(server.metric("prima_draft_accepted_total") > 0.0);
+    let steps = server.metric("prima_batch_sequences_count");
+    let sequences = server.metric("prima_batch_sequences_sum");
+    assert!(sequences > steps, "{sequences} sequences in {steps} steps");
 }
 
-/// `prima apply` serving a ring of three with the manifest's draft model: the reply is
-/// the greedy text one device generates without a draft.
+/// `prima apply` serving a ring of three with the manifest's draft model, two slots and
+/// two micro-batches in flight: the reply is the greedy text one device generates
+/// without a draft.
 #[test]
 fn apply_serves_a_ring_with_the_manifests_draft_model() {
     let Some(target) =
@@ -106,8 +149,9 @@ fn apply_serves_a_ring_with_the_manifests_draft_model() {
         &manifest,
         format!(
             "[model]\npath = {target:?}\ndraft = {draft:?}\ndraft_max = 4\n\n{}{}{}\
-             [policy]\nscheduler = \"manual\"\nwindows = [10, 10, 10]\nctx = 256\n\n\
-             [server]\nlisten = \"127.0.0.1:0\"\n",
+             [policy]\nscheduler = \"manual\"\nwindows = [10, 10, 10]\nctx = 256\n\
+             micro_batches = 2\n\n\
+             [server]\nlisten = \"127.0.0.1:0\"\nparallel = 2\n",
             local("desktop", true),
             local("laptop", false),
             local("tablet", false),
@@ -118,8 +162,22 @@ fn apply_serves_a_ring_with_the_manifests_draft_model() {
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_prima"));
     cmd.arg("apply").arg(&manifest);
     let mut server = Server::spawn(cmd);
-    let (status, reply) = server.post_json("/v1/completions", &request(prompt));
-    assert_eq!(status, 200, "{reply}");
+    // Two requests at once: both slots draft, and the ring verifies both in each trip.
+    let replies: Vec<Value> = std::thread::scope(|scope| {
+        let handles: Vec<_> = [prompt, "The capital of France is"]
+            .into_iter()
+            .map(|p| {
+                let url = format!("{}/v1/completions", server.url);
+                scope.spawn(move || {
+                    let mut response = server_support::post(&url, &request(p).to_string()).unwrap();
+                    assert_eq!(response.status(), 200);
+                    response.body_mut().read_json::<Value>().unwrap()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let reply = &replies[0];
     assert!(server.metric("prima_draft_tokens_total") > 0.0);
     let (exit, log) = server.interrupt();
     assert!(exit.success(), "{}", log.join("\n"));
@@ -135,7 +193,7 @@ fn apply_serves_a_ring_with_the_manifests_draft_model() {
         .unwrap();
     assert!(single.status.success());
     assert_eq!(
-        text_of(&reply),
+        text_of(reply),
         String::from_utf8_lossy(&single.stdout).trim_end_matches('\n'),
         "the served ring with a draft generates what one device generates"
     );

@@ -10,6 +10,12 @@
 //!
 //! Target: SmolLM2-135M converted to F16 (`cargo xtask test-models`); draft: the fetched
 //! SmolLM2-135M Q4_1 — the same vocabulary.
+//!
+//! With `--concurrency 2,4`, also that many requests at once with and without the draft,
+//! as the server serves them (`serving.rs`): aggregate tok/s and acceptance, on the same
+//! ring and on one device.
+
+mod serving;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -48,6 +54,10 @@ pub struct SpecBenchArgs {
     /// Draft model (default: the fetched SmolLM2-135M Q4_1).
     #[arg(long)]
     draft: Option<PathBuf>,
+    /// Concurrent requests to serve with and without the draft (each its own slot; every
+    /// slot drafts); empty: none.
+    #[arg(long, value_delimiter = ',', default_value = "2,4")]
+    concurrency: Vec<usize>,
     /// Where to write the JSON report.
     #[arg(long, default_value = "target/spec-bench.json")]
     json: PathBuf,
@@ -148,6 +158,17 @@ pub fn run(layout: &Layout, args: &SpecBenchArgs) -> Result<()> {
             runs[i].push(r);
         }
     }
+    let served = serve_concurrently(
+        args,
+        &target,
+        &draft,
+        &prima,
+        &serving::RingAddrs {
+            nodes: [to_node1.clone(), to_node2.clone()],
+            head_listen: head_addr.clone(),
+            to_head: to_head.clone(),
+        },
+    )?;
     drop(nodes);
 
     let mut report = Vec::new();
@@ -221,6 +242,7 @@ pub fn run(layout: &Layout, args: &SpecBenchArgs) -> Result<()> {
         speedup(2, 3),
         paired(2, 3)
     );
+    let concurrent = report_concurrency(args, &served);
     let json = layout.workspace.join(&args.json);
     if let Some(dir) = json.parent() {
         std::fs::create_dir_all(dir)?;
@@ -236,10 +258,131 @@ pub fn run(layout: &Layout, args: &SpecBenchArgs) -> Result<()> {
             "target": target,
             "draft": draft,
             "configurations": report,
+            "concurrent": concurrent,
         }))?,
     )?;
     println!("report    {}", json.display());
     Ok(())
+}
+
+/// The serving configurations, in the order they run within a repetition.
+const SERVED: [(&str, bool, bool); 4] = [
+    ("ring", true, false),
+    ("ring + draft", true, true),
+    ("one device", false, false),
+    ("one device + draft", false, true),
+];
+
+/// Every `--concurrency` count's [`SERVED`] configurations, each repetition running them
+/// all back to back: `runs[c][config][rep]`.
+fn serve_concurrently(
+    args: &SpecBenchArgs,
+    target: &Path,
+    draft: &Path,
+    prima: &Path,
+    ring: &serving::RingAddrs,
+) -> Result<Vec<Vec<Vec<serving::Served>>>> {
+    if args.concurrency.is_empty() {
+        return Ok(Vec::new());
+    }
+    let plugins = prima.parent().context("prima's directory")?;
+    let bench = serving::Bench::open(target, draft, plugins, args.threads)?;
+    let options = prima_core::speculative::DraftOptions {
+        max: args.draft_max,
+        p_min: args.draft_p_min,
+    };
+    let mut runs = Vec::new();
+    for &c in &args.concurrency {
+        let mut per_config: Vec<Vec<serving::Served>> =
+            (0..SERVED.len()).map(|_| Vec::new()).collect();
+        for rep in 0..args.reps {
+            for (i, &(name, on_ring, with_draft)) in SERVED.iter().enumerate() {
+                let served = bench
+                    .serve(
+                        c,
+                        args.n_predict,
+                        on_ring.then_some(ring),
+                        with_draft.then_some(options),
+                    )
+                    .with_context(|| format!("{c} requests, {name}, run {rep}"))?;
+                eprintln!(
+                    "{c} requests, {name:<20} run {rep}: {:.1} tok/s{}",
+                    served.tok_s(),
+                    if with_draft {
+                        format!(
+                            ", acceptance {:.1}%",
+                            100.0 * served.accepted as f64 / served.drafted.max(1) as f64
+                        )
+                    } else {
+                        String::new()
+                    }
+                );
+                per_config[i].push(served);
+            }
+        }
+        runs.push(per_config);
+    }
+    Ok(runs)
+}
+
+/// Prints the concurrent runs' table and returns it as JSON.
+fn report_concurrency(
+    args: &SpecBenchArgs,
+    runs: &[Vec<Vec<serving::Served>>],
+) -> Vec<serde_json::Value> {
+    if runs.is_empty() {
+        return Vec::new();
+    }
+    println!(
+        "
+concurrent requests (each its own slot; with the draft every slot drafts and one batch verifies all), {} tokens each, medians of {}",
+        args.n_predict, args.reps
+    );
+    println!("| requests | configuration | aggregate tok/s | × without draft (per-repetition median) | acceptance | text = without draft |");
+    println!("| ---: | --- | ---: | ---: | ---: | --- |");
+    let mut json = Vec::new();
+    for (&c, per_config) in args.concurrency.iter().zip(runs) {
+        for (i, &(name, _, with_draft)) in SERVED.iter().enumerate() {
+            let runs = &per_config[i];
+            let tok_s = median(runs.iter().map(serving::Served::tok_s).collect());
+            let (ratio, same, acceptance) = if with_draft {
+                let plain = &per_config[i - 1];
+                let ratio = median(
+                    runs.iter()
+                        .zip(plain)
+                        .map(|(d, p)| d.tok_s() / p.tok_s())
+                        .collect(),
+                );
+                let same = runs.iter().all(|r| r.texts == plain[0].texts);
+                let (a, d) = runs
+                    .iter()
+                    .fold((0, 0), |(a, d), r| (a + r.accepted, d + r.drafted));
+                (Some(ratio), Some(same), Some(a as f64 / d.max(1) as f64))
+            } else {
+                (None, None, None)
+            };
+            println!(
+                "| {c} | {name} | {tok_s:.1} | {} | {} | {} |",
+                ratio.map_or("—".into(), |r| format!("{r:.2}×")),
+                acceptance.map_or("—".into(), |a| format!("{:.1}%", a * 100.0)),
+                match same {
+                    Some(true) => "identical",
+                    Some(false) => "DIFFERS",
+                    None => "—",
+                }
+            );
+            json.push(serde_json::json!({
+                "requests": c,
+                "configuration": name,
+                "tok_s_median": tok_s,
+                "tok_s": runs.iter().map(serving::Served::tok_s).collect::<Vec<_>>(),
+                "ratio_to_without_draft": ratio,
+                "acceptance": acceptance,
+                "text_identical": same,
+            }));
+        }
+    }
+    json
 }
 
 fn file_name(p: &Path) -> String {

@@ -17,6 +17,7 @@ use prima_core::plugin::transport_abi::TransportConfig;
 use prima_core::prp::budget::MemBudget;
 use prima_core::prp::failover::ResilientRing;
 use prima_core::prp::key::LinkSecurity;
+use prima_core::prp::micro_batch::MicroBatches;
 use prima_core::prp::protocol::{ReleaseMethod, ReleasePolicy, WireType};
 use prima_core::prp::{RingError, RingGpus, RingHead, RingOptions};
 use prima_core::sampler::{Sampler, SamplerConfig};
@@ -85,6 +86,11 @@ pub struct ApplyArgs {
     /// (default: the manifest's [server] parallel, else 1).
     #[arg(long, value_parser = super::serve::parse_parallel)]
     parallel: Option<usize>,
+    /// Micro-batches the head keeps in the ring at once when several requests are served:
+    /// N ≥ 1, or `tuned` to measure (default: the manifest's policy.micro_batches, else
+    /// PRIMA_MICRO_BATCHES, else 1).
+    #[arg(long, value_name = "N|tuned", value_parser = MicroBatches::parse)]
+    micro_batches: Option<MicroBatches>,
 }
 
 /// Renames a ring error's device index to its manifest name.
@@ -122,6 +128,16 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
     if let Some(model) = &args.model {
         manifest.override_model(model)?;
     }
+    // The flags stand for their manifest fields from here on, so the plan (and every
+    // re-plan after a loss) counts the slots' KV caches and the draft on the head.
+    if let Some(draft) = &args.draft {
+        manifest.manifest.model.draft = Some(std::path::absolute(draft)?);
+    }
+    manifest.manifest.server.parallel = match args.prompt {
+        // One prompt needs one slot; a server keeps `parallel` on every device.
+        Some(_) => 1,
+        None => args.parallel.unwrap_or(manifest.manifest.server.parallel),
+    };
     let m = &manifest.manifest;
     let head = manifest.head_index()?;
     let head_name = m.devices[head].name.clone();
@@ -240,7 +256,7 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
     let policy = &m.policy;
     let n_ctx = policy.ctx.min(engine.model.hparams().n_ctx_train.max(1));
     // Speculative decoding: the draft is checked before the ring is launched.
-    let draft = match args.draft.clone().or_else(|| manifest.draft_path()) {
+    let draft = match manifest.draft_path() {
         Some(path) => {
             let defaults = prima_core::speculative::DraftOptions::default();
             let options = prima_core::speculative::DraftOptions {
@@ -252,17 +268,16 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
         None => None,
     };
     let nodes: Vec<String> = plan.ring().skip(1).map(|d| d.addr.clone()).collect();
-    // One prompt needs one slot; a server keeps `parallel` on every device.
-    let parallel = match args.prompt {
-        Some(_) => 1,
-        None => args.parallel.unwrap_or(m.server.parallel),
-    };
-    anyhow::ensure!(
-        draft.is_none() || parallel == 1,
-        "a draft model serves one request at a time (speculative decoding), but the server \
-         was given {parallel} parallel slots: use --parallel 1 ([server] parallel = 1) or \
-         no draft"
-    );
+    let parallel = m.server.parallel;
+    if let Some(d) = &draft {
+        anyhow::ensure!(
+            d.options.max >= 1 && d.options.max < policy.batch,
+            "draft_max {} must be at least 1 and leave room for the last token in a batch of \
+             policy.batch = {} tokens",
+            d.options.max,
+            policy.batch
+        );
+    }
     let windows: Vec<usize> = plan.ring().map(|d| d.w).collect();
     let options = RingOptions {
         n_ctx,
@@ -285,7 +300,14 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
             .unwrap_or_else(|| RingOptions::default().listen),
         next_routes: plan.ring().skip(1).map(|d| d.next_route.clone()).collect(),
         security,
-        micro_batches: micro_batches_from_env()?,
+        micro_batches: match args.micro_batches.or(policy.micro_batches) {
+            Some(m) => m.count(),
+            None => micro_batches_from_env()?,
+        },
+        // The draft's weights and KV caches live on the head beside its windows.
+        head_reserved: draft
+            .as_ref()
+            .map_or(0, |d| d.memory_bytes(n_ctx, policy.batch, parallel)),
     };
     let head_gpu_layers = plan.ring().next().map_or(0, |d| d.n);
     if engine.gpu.is_none() && head_gpu_layers > 0 {
@@ -382,7 +404,7 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
     };
     let backend = engine.describe_backends();
     let mut draft_session = match &draft {
-        Some(d) => Some((d.session(&engine, n_ctx, policy.batch)?, d.options)),
+        Some(d) => Some((d.session(&engine, n_ctx, policy.batch, 1)?, d.options)),
         None => None,
     };
     let draft_session = draft_session.as_mut().map(|(s, o)| (s, *o));
@@ -474,12 +496,13 @@ fn serve_until_interrupted(
     );
     let shutdown = Some(shutdown_when_set(interrupted));
     let tok = &engine.tokenizer;
-    // With a draft model (one slot: checked before launch), requests are served one at a
-    // time by speculative decoding.
+    // With a draft model, every slot drafts on the head (a draft slot per slot) and one
+    // batch verifies all their drafts.
     let mut draft_session = match draft {
-        Some(d) => Some((d.session(engine, n_ctx, n_batch)?, d.options)),
+        Some(d) => Some((d.session(engine, n_ctx, n_batch, parallel)?, d.options)),
         None => None,
     };
+    let options = SchedulerOptions::default();
     match head_ring {
         Some(mut ring) => {
             let after_job = |h: &mut ResilientRing<'_>| {
@@ -493,47 +516,44 @@ fn serve_until_interrupted(
                 }
                 server_metrics::record_failover(&h.take_events(), h.devices().len());
             };
-            if let Some((draft, options)) = draft_session.as_mut() {
+            if let Some((draft, draft_options)) = draft_session.as_mut() {
                 let model = Drafting {
                     target: &mut ring,
                     draft,
-                    options: *options,
+                    options: *draft_options,
                 };
-                serve_blocking_speculative(model, tok, &name, listener, shutdown, after_job)?;
+                serve_blocking_speculative(
+                    model, tok, &name, listener, shutdown, options, after_job,
+                )?;
             } else if parallel == 1 {
                 serve_blocking(&mut ring, tok, &name, listener, shutdown, after_job)?;
             } else {
-                let options = SchedulerOptions::default();
                 serve_blocking_batch(
                     &mut ring, tok, &name, listener, shutdown, options, after_job,
                 )?;
             }
             ring.shutdown(false);
         }
-        None if parallel > 1 => {
-            let head_gpu_layers = plan.ring().next().map_or(0, |d| d.n);
-            let mut session = engine.session(n_ctx, n_batch, parallel, head_gpu_layers)?;
-            let options = SchedulerOptions::default();
-            serve_blocking_batch(
-                &mut session,
-                tok,
-                &name,
-                listener,
-                shutdown,
-                options,
-                |_| {},
-            )?;
-        }
         None => {
             let head_gpu_layers = plan.ring().next().map_or(0, |d| d.n);
-            let mut session = engine.session(n_ctx, n_batch, 1, head_gpu_layers)?;
-            if let Some((draft, options)) = draft_session.as_mut() {
+            let mut session = engine.session(n_ctx, n_batch, parallel, head_gpu_layers)?;
+            if let Some((draft, draft_options)) = draft_session.as_mut() {
                 let model = Drafting {
                     target: &mut session,
                     draft,
-                    options: *options,
+                    options: *draft_options,
                 };
-                serve_blocking_speculative(model, tok, &name, listener, shutdown, |_| {})?;
+                serve_blocking_speculative(model, tok, &name, listener, shutdown, options, |_| {})?;
+            } else if parallel > 1 {
+                serve_blocking_batch(
+                    &mut session,
+                    tok,
+                    &name,
+                    listener,
+                    shutdown,
+                    options,
+                    |_| {},
+                )?;
             } else {
                 serve_blocking(&mut session, tok, &name, listener, shutdown, |_| {})?;
             }
@@ -543,17 +563,14 @@ fn serve_until_interrupted(
     Ok(())
 }
 
-/// `PRIMA_MICRO_BATCHES=N`: N micro-batches in the ring at once (at most one per
-/// request); `tuned`: as many as the head measures fastest; unset: the default, one
-/// batch at a time. A knob for rings of separate machines or slow links, not yet a
-/// manifest field.
+/// `PRIMA_MICRO_BATCHES=N|tuned`, the fallback of `--micro-batches` and
+/// `policy.micro_batches`; unset: the default, one batch at a time.
 fn micro_batches_from_env() -> anyhow::Result<Option<usize>> {
     match std::env::var("PRIMA_MICRO_BATCHES") {
         Err(_) => Ok(RingOptions::default().micro_batches),
-        Ok(v) if v.trim() == "tuned" => Ok(None),
-        Ok(v) => match v.trim().parse::<usize>() {
-            Ok(n) if n >= 1 => Ok(Some(n)),
-            _ => bail!("PRIMA_MICRO_BATCHES must be `tuned` or a whole number ≥ 1, not {v:?}"),
+        Ok(v) => match MicroBatches::parse(&v) {
+            Ok(m) => Ok(m.count()),
+            Err(e) => bail!("PRIMA_MICRO_BATCHES {e}"),
         },
     }
 }

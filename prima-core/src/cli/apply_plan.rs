@@ -282,6 +282,21 @@ pub fn plan(inputs: &PlanInputs<'_>) -> anyhow::Result<Plan> {
         scheduler => {
             let mut profiles = collect_profiles(inputs, &order, &reach)?;
             planned_with = profiles.clone();
+            // The head also holds the draft model (weights, a KV cache per slot): less
+            // of its memory is left for the target's layers.
+            if let (Some(path), Some(head)) = (manifest.draft_path(), profiles.first_mut()) {
+                let draft = Model::load(&path)
+                    .with_context(|| format!("model.draft {}", path.display()))?;
+                let bytes = super::run::draft_memory(
+                    &draft,
+                    m.policy.ctx,
+                    m.policy.batch,
+                    m.server.parallel,
+                );
+                let gib = bytes as f64 / GIB;
+                head.ram_available_gib = (head.ram_available_gib - gib).max(0.0);
+                head.ram_total_gib = (head.ram_total_gib - gib).max(0.0);
+            }
             // A link through a relay is two hops: twice the latency, half the rate.
             for (pos, p) in profiles.iter_mut().enumerate() {
                 let next = order[(pos + 1) % n_devices];
@@ -302,6 +317,8 @@ pub fn plan(inputs: &PlanInputs<'_>) -> anyhow::Result<Plan> {
             };
             let options = PlanOptions {
                 n_kv: m.policy.ctx as f64,
+                // Every device keeps a KV cache per slot of its layers.
+                n_slots: m.server.parallel,
                 ..PlanOptions::default()
             };
             let planned = halda::plan(

@@ -245,6 +245,20 @@ impl Engine {
         n_slots: usize,
         streaming: Streaming,
     ) -> anyhow::Result<LocalSession<'_>> {
+        self.local_slots_beside(budget, n_ctx, n_batch, n_slots, streaming, 0)
+    }
+
+    /// [`Engine::local_slots`] beside `reserved` bytes the process holds for something
+    /// else (a draft model and its KV caches), kept out of an `auto` budget.
+    pub fn local_slots_beside(
+        &self,
+        budget: MemBudget,
+        n_ctx: usize,
+        n_batch: usize,
+        n_slots: usize,
+        streaming: Streaming,
+        reserved: u64,
+    ) -> anyhow::Result<LocalSession<'_>> {
         let model = &self.model;
         let memory = match budget {
             MemBudget::Auto => match prima_core::profile::device_memory() {
@@ -263,7 +277,8 @@ impl Engine {
         let gpu_bytes: u64 = on_gpu.iter().map(|&il| model.layer_bytes(il)).sum();
         let hp = model.hparams();
         let margin =
-            memory_margin_for_layers(hp, hp.n_layers - on_gpu.len(), n_ctx, n_batch, n_slots);
+            memory_margin_for_layers(hp, hp.n_layers - on_gpu.len(), n_ctx, n_batch, n_slots)
+                .saturating_add(reserved);
         let plan = resolve_budget(budget, memory.as_ref(), margin).and_then(|b| {
             // Below the output head, which every token reads whole, there
             // is nothing to plan: streaming all layers measured slower than the LRU

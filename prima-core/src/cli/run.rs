@@ -323,17 +323,42 @@ impl DraftModel {
         })
     }
 
-    /// A session of the draft on `engine`'s backend.
+    /// Bytes the draft holds on the head beside the target: see [`draft_memory`].
+    pub fn memory_bytes(&self, n_ctx: usize, n_batch: usize, n_slots: usize) -> u64 {
+        draft_memory(&self.model, n_ctx, n_batch, n_slots)
+    }
+
+    /// A session of the draft on `engine`'s backend, with a slot (a KV cache) for each of
+    /// the target's `n_slots`.
     pub fn session<'d>(
         &'d self,
         engine: &'d Engine,
         n_ctx: usize,
         n_batch: usize,
+        n_slots: usize,
     ) -> anyhow::Result<Session<'d>> {
         let n_ctx = n_ctx.min(self.model.hparams().n_ctx_train.max(1));
-        Session::new(&self.model, &engine.backend.backend, n_ctx, n_batch)
-            .with_context(|| format!("{}: the draft model's session", self.path.display()))
+        Session::with_slots(
+            &self.model,
+            &engine.backend.backend,
+            n_ctx,
+            n_batch,
+            n_slots,
+        )
+        .with_context(|| format!("{}: the draft model's session", self.path.display()))
     }
+}
+
+/// Memory a draft model takes on the head: its weights (read every drafted token, so
+/// resident) and, as the target's, a KV cache of `n_ctx` positions per slot and its
+/// buffers; the target's budget leaves room for it.
+pub fn draft_memory(model: &Model, n_ctx: usize, n_batch: usize, n_slots: usize) -> u64 {
+    use prima_core::prp::budget::{memory_margin, PROCESS_OVERHEAD};
+    let n_ctx = n_ctx.min(model.hparams().n_ctx_train.max(1));
+    let weights: u64 = model.weight_tensors().map(|t| t.n_bytes).sum();
+    // One process holds both models: its overhead is in the target's margin already.
+    let margin = memory_margin(model.hparams(), n_ctx, n_batch, n_slots) - PROCESS_OVERHEAD;
+    weights + margin
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
@@ -396,7 +421,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         None => None,
     };
     let mut draft_session = match &draft {
-        Some(d) => Some(d.session(&engine, n_ctx, args.batch_size)?),
+        Some(d) => Some(d.session(&engine, n_ctx, args.batch_size, 1)?),
         None => None,
     };
     let cancel = AtomicBool::new(false);

@@ -35,30 +35,31 @@ pub struct ServeArgs {
     /// The model's name in `/v1/models` and in responses (default: the file name).
     #[arg(long)]
     alias: Option<String>,
-    /// Speculative decoding (one request at a time: needs --parallel 1).
+    /// Speculative decoding: with --parallel N, every slot drafts and one batch verifies
+    /// all the slots' drafts.
     #[command(flatten)]
     draft: DraftArgs,
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
-    anyhow::ensure!(
-        args.draft.draft.is_none() || args.parallel == 1,
-        "--draft serves one request at a time (speculative decoding); it cannot be combined \
-         with --parallel {}",
-        args.parallel
-    );
+    check_draft_args(&args.draft, args.batch_size)?;
     let engine = Engine::open(&args.engine)?;
     let draft = match &args.draft.draft {
         Some(path) => Some(DraftModel::open(path, args.draft.options(), &engine)?),
         None => None,
     };
     let n_ctx = args.ctx_size.min(engine.model.hparams().n_ctx_train.max(1));
-    let mut session = engine.local_slots(
+    // The draft's weights and its KV cache per slot are kept out of the target's budget.
+    let reserved = draft
+        .as_ref()
+        .map_or(0, |d| d.memory_bytes(n_ctx, args.batch_size, args.parallel));
+    let mut session = engine.local_slots_beside(
         args.mem_budget,
         n_ctx,
         args.batch_size,
         args.parallel,
         Streaming::default(),
+        reserved,
     )?;
     let name = args
         .alias
@@ -76,14 +77,22 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         engine.describe_backends()
     );
     if let Some(draft) = &draft {
-        let mut draft_session = draft.session(&engine, n_ctx, args.batch_size)?;
+        let mut draft_session = draft.session(&engine, n_ctx, args.batch_size, args.parallel)?;
         let model = Drafting {
             target: &mut session,
             draft: &mut draft_session,
             options: draft.options,
         };
         eprintln!("serve: drafting with {}", draft.path.display());
-        serve_blocking_speculative(model, &engine.tokenizer, &name, listener, None, |_| {})
+        serve_blocking_speculative(
+            model,
+            &engine.tokenizer,
+            &name,
+            listener,
+            None,
+            SchedulerOptions::default(),
+            |_| {},
+        )
     } else if args.parallel == 1 {
         serve_blocking(
             &mut session,
@@ -116,6 +125,33 @@ pub fn model_name(path: &std::path::Path) -> String {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "model".into());
     file.strip_suffix(".gguf").unwrap_or(&file).to_string()
+}
+
+/// Refuses draft settings that cannot work, before any model loads: a verification
+/// batch holds a slot's last token and its drafts, so `--draft-max` must leave room in a
+/// batch of `n_batch`. (With several slots decoding, each drafts at most its share of a
+/// batch.)
+pub fn check_draft_args(draft: &DraftArgs, n_batch: usize) -> anyhow::Result<()> {
+    if draft.draft.is_none() {
+        return Ok(());
+    }
+    anyhow::ensure!(
+        (0.0..=1.0).contains(&draft.draft_p_min),
+        "--draft-p-min {} is not a probability (0 to 1)",
+        draft.draft_p_min
+    );
+    anyhow::ensure!(
+        draft.draft_max >= 1,
+        "--draft-max 0 drafts nothing: give at least 1, or no --draft"
+    );
+    anyhow::ensure!(
+        draft.draft_max < n_batch,
+        "--draft-max {} needs batches of {} tokens (the last token and its drafts), but \
+         --batch-size is {n_batch}",
+        draft.draft_max,
+        draft.draft_max.saturating_add(1)
+    );
+    Ok(())
 }
 
 /// `--parallel`: 1 to [`MAX_PARALLEL`] slots.

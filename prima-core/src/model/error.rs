@@ -56,4 +56,12 @@ pub enum ModelError {
     },
     #[error("token id {id} is outside the vocabulary (size {vocab})")]
     TokenOutOfRange { id: u32, vocab: usize },
+    #[error("slot {slot}: the logits of its last {rows} tokens asked, but its entry holds {tokens} (1 to {tokens})")]
+    EntryRows {
+        slot: usize,
+        rows: usize,
+        tokens: usize,
+    },
+    #[error("logits rows given for {given} entries, but the batch has {entries}")]
+    EntryRowsCount { given: usize, entries: usize },
 }

@@ -5,7 +5,7 @@ use abi_stable::std_types::{RNone, RResult, RSlice, RSliceMut, RSome, RString};
 
 use super::arch::{AttentionScale, FfnActivation};
 use super::{HyperParams, Model, ModelError, RopeScaling};
-use crate::batch::{check_entries, plan_batches, Piece, SeqSpan, SeqTokens};
+use crate::batch::{check_entries, check_rows, plan_batches, Piece, SeqSpan, SeqTokens};
 use crate::plugin::backend_abi::{AttentionParams, BackendBox, KvSpec, RopeParams};
 
 /// Turns a backend result into a model error that names the operation.
@@ -119,6 +119,10 @@ pub struct Session<'m> {
     /// Rows gathered for the output head, and each entry's logits.
     out_rows: Vec<f32>,
     entry_logits: Vec<f32>,
+    /// Per entry, the first of its rows in `entry_logits` and how many of its last
+    /// tokens have logits there; empty: one row per entry, its last
+    /// ([`Session::start_entries`]).
+    entry_rows: Vec<(usize, usize)>,
 }
 
 /// Which of a session's backends runs a held layer.
@@ -253,6 +257,7 @@ impl<'m> Session<'m> {
             batch_tokens: Vec::new(),
             out_rows: Vec::new(),
             entry_logits: Vec::new(),
+            entry_rows: Vec::new(),
         };
         for side in [Side::Main, Side::Gpu] {
             let n_layers = held[side as usize];
@@ -420,11 +425,34 @@ impl<'m> Session<'m> {
     pub fn eval_batch_with<E: From<ModelError>>(
         &mut self,
         seqs: &[SeqTokens<'_>],
-        mut run: impl FnMut(&mut Session<'m>) -> Result<(), E>,
+        run: impl FnMut(&mut Session<'m>) -> Result<(), E>,
     ) -> Result<&[f32], E> {
         self.check_batch(seqs)?;
-        let batches = plan_batches(seqs, |slot| self.n_past[slot], self.n_batch);
         self.start_entries(seqs.len());
+        self.run_entries(seqs, run)
+    }
+
+    /// [`Session::eval_batch_with`] returning the logits of the last `rows[i]` tokens of
+    /// entry `i`, entry after entry (see [`crate::batch::BatchRowLogits`]).
+    pub fn eval_batch_rows_with<E: From<ModelError>>(
+        &mut self,
+        seqs: &[SeqTokens<'_>],
+        rows: &[usize],
+        run: impl FnMut(&mut Session<'m>) -> Result<(), E>,
+    ) -> Result<&[f32], E> {
+        self.check_batch(seqs)?;
+        self.start_entry_rows(seqs, rows)?;
+        self.run_entries(seqs, run)
+    }
+
+    /// The batches of `seqs`, each embedded, run by `run` and its logits taken as the
+    /// last `start_*` asked.
+    fn run_entries<E: From<ModelError>>(
+        &mut self,
+        seqs: &[SeqTokens<'_>],
+        mut run: impl FnMut(&mut Session<'m>) -> Result<(), E>,
+    ) -> Result<&[f32], E> {
+        let batches = plan_batches(seqs, |slot| self.n_past[slot], self.n_batch);
         let mut spans = Vec::with_capacity(seqs.len());
         for pieces in &batches {
             spans.clear();
@@ -452,7 +480,27 @@ impl<'m> Session<'m> {
     /// flight).
     pub fn start_entries(&mut self, n_entries: usize) {
         let n_vocab = self.model.hparams().n_vocab;
+        self.entry_rows.clear();
         self.entry_logits.resize(n_entries * n_vocab, 0.0);
+    }
+
+    /// [`Session::start_entries`] for the logits of the last `rows[i]` tokens of each
+    /// entry `seqs[i]` (checked: 1 to its tokens), entry after entry.
+    pub fn start_entry_rows(
+        &mut self,
+        seqs: &[SeqTokens<'_>],
+        rows: &[usize],
+    ) -> Result<(), ModelError> {
+        check_rows(seqs, rows)?;
+        let n_vocab = self.model.hparams().n_vocab;
+        self.entry_rows.clear();
+        let mut first = 0;
+        for &n in rows {
+            self.entry_rows.push((first, n));
+            first += n;
+        }
+        self.entry_logits.resize(first * n_vocab, 0.0);
+        Ok(())
     }
 
     /// The logits of the entries of [`Session::start_entries`], entry after entry.
@@ -473,14 +521,26 @@ impl<'m> Session<'m> {
         let (mut first, mut n) = (None, 0);
         let mut row = 0;
         for p in pieces {
-            row += p.span.len;
-            if p.ends(seqs) {
-                // Pieces of entries that end here are consecutive entries.
-                first.get_or_insert(p.entry);
-                n += 1;
-                self.out_rows
-                    .extend_from_slice(&self.buf.x[(row - 1) * d..row * d]);
+            // The entry's rows with logits: its last `wanted` tokens, from output row `at`.
+            let (at, wanted) = self
+                .entry_rows
+                .get(p.entry)
+                .copied()
+                .unwrap_or((p.entry, 1));
+            let tokens = seqs[p.entry].tokens.len();
+            let from = p.tokens.start.max(tokens - wanted);
+            if from < p.tokens.end {
+                // The rows asked for are entries' tails, so in one batch they are
+                // consecutive output rows.
+                let out = at + from - (tokens - wanted);
+                debug_assert_eq!(out, first.unwrap_or(out) + n);
+                first.get_or_insert(out);
+                let x = row + from - p.tokens.start;
+                let end = row + p.span.len;
+                n += end - x;
+                self.out_rows.extend_from_slice(&self.buf.x[x * d..end * d]);
             }
+            row += p.span.len;
         }
         let Some(first) = first else {
             return Ok(());

@@ -6,7 +6,7 @@
 //!
 //! When everything fits, [`LocalSession`] is a plain [`Session`]: no hint, no extra work.
 
-use crate::batch::{BatchForward, SeqTokens};
+use crate::batch::{BatchForward, BatchRowLogits, SeqTokens};
 use crate::generate::{Forward, RowLogits};
 use crate::model::{Model, ModelError, Session};
 
@@ -134,6 +134,27 @@ impl BatchForward for LocalSession<'_> {
         };
         let model = session.model();
         session.eval_batch_with(seqs, |s| {
+            for (i, w) in residency.windows().iter().enumerate() {
+                s.run_layers(w.layers.clone())?;
+                residency.after_window(model, i);
+            }
+            Ok::<(), ModelError>(())
+        })
+    }
+}
+
+impl BatchRowLogits for LocalSession<'_> {
+    fn eval_batch_rows(
+        &mut self,
+        seqs: &[SeqTokens<'_>],
+        rows: &[usize],
+    ) -> Result<&[f32], ModelError> {
+        let LocalSession { session, residency } = self;
+        let Some(residency) = residency else {
+            return session.eval_batch_rows(seqs, rows);
+        };
+        let model = session.model();
+        session.eval_batch_rows_with(seqs, rows, |s| {
             for (i, w) in residency.windows().iter().enumerate() {
                 s.run_layers(w.layers.clone())?;
                 residency.after_window(model, i);

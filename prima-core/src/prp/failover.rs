@@ -21,7 +21,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::batch::{check_entries, BatchForward, SeqTokens};
+use crate::batch::{check_entries, check_rows, BatchForward, BatchRowLogits, SeqTokens};
 use crate::generate::{Forward, RowLogits};
 use crate::model::{Model, ModelError, Session};
 use crate::plugin::backend_abi::BackendBox;
@@ -383,7 +383,7 @@ impl<'m> ResilientRing<'m> {
 
     /// [`ResilientRing::try_eval`] for several slots: every slot the ring lacks part of
     /// is caught up in the same evaluation.
-    fn try_eval_batch(&mut self, seqs: &[SeqTokens<'_>]) -> Result<(), RingError> {
+    fn try_eval_batch(&mut self, seqs: &[SeqTokens<'_>], rows: &[usize]) -> Result<(), RingError> {
         let ResilientRing {
             inner,
             contexts,
@@ -393,9 +393,11 @@ impl<'m> ResilientRing<'m> {
         } = self;
         match inner {
             Inner::Down => Err(RingError::Setup("the ring is down".into())),
-            Inner::Ring(head) => batch_catch_up(head.as_mut(), contexts, replay, seqs, logits),
+            Inner::Ring(head) => {
+                batch_catch_up(head.as_mut(), contexts, replay, seqs, rows, logits)
+            }
             Inner::Alone(session) => {
-                batch_catch_up(session.as_mut(), contexts, replay, seqs, logits)
+                batch_catch_up(session.as_mut(), contexts, replay, seqs, rows, logits)
             }
         }
     }
@@ -442,13 +444,15 @@ impl<'m> ResilientRing<'m> {
 /// Evaluates `seqs` on `forward` after catching up every slot whose cache lacks part of
 /// its context: an entry of a slot that lags is its missing tail followed by its tokens,
 /// and each other slot that lags gets an entry of its missing tail, after those asked
-/// for. The logits of `seqs` go to `logits`. A cache that holds more than its context (an
+/// for. The logits of `seqs` go to `logits`: of each entry's last token, or with `rows`
+/// given, of its last `rows[i]`. A cache that holds more than its context (an
 /// evaluation that failed half way) is cut first.
-fn batch_catch_up<F: BatchForward>(
+fn batch_catch_up<F: BatchRowLogits>(
     forward: &mut F,
     contexts: &[Vec<u32>],
     replay: &mut [Vec<u32>],
     seqs: &[SeqTokens<'_>],
+    rows: &[usize],
     logits: &mut Vec<f32>,
 ) -> Result<(), RingError>
 where
@@ -487,9 +491,21 @@ where
         }
     }
     let n_vocab = forward.n_vocab();
-    let out = forward.eval_batch(&entries)?;
+    let out = if rows.is_empty() {
+        forward.eval_batch(&entries)?
+    } else {
+        // The lagging slots' own entries want their last row.
+        let mut all = rows.to_vec();
+        all.resize(entries.len(), 1);
+        forward.eval_batch_rows(&entries, &all)?
+    };
+    let asked = if rows.is_empty() {
+        seqs.len()
+    } else {
+        rows.iter().sum()
+    };
     logits.clear();
-    logits.extend_from_slice(&out[..seqs.len() * n_vocab]);
+    logits.extend_from_slice(&out[..asked * n_vocab]);
     Ok(())
 }
 
@@ -630,6 +646,31 @@ impl BatchForward for ResilientRing<'_> {
     }
 
     fn eval_batch(&mut self, seqs: &[SeqTokens<'_>]) -> Result<&[f32], RingError> {
+        self.eval_batch_rows_or_last(seqs, &[])
+    }
+}
+
+/// A replayed entry holds its slot's missing tail before its tokens, so the rows asked
+/// for are still its last ones.
+impl BatchRowLogits for ResilientRing<'_> {
+    fn eval_batch_rows(
+        &mut self,
+        seqs: &[SeqTokens<'_>],
+        rows: &[usize],
+    ) -> Result<&[f32], RingError> {
+        check_rows(seqs, rows)?;
+        self.eval_batch_rows_or_last(seqs, rows)
+    }
+}
+
+impl ResilientRing<'_> {
+    /// [`BatchForward::eval_batch`], or with `rows` given (checked),
+    /// [`BatchRowLogits::eval_batch_rows`].
+    fn eval_batch_rows_or_last(
+        &mut self,
+        seqs: &[SeqTokens<'_>],
+        rows: &[usize],
+    ) -> Result<&[f32], RingError> {
         let contexts = &self.contexts;
         check_entries(seqs, contexts.len(), self.options.n_ctx, |slot| {
             contexts[slot].len()
@@ -639,7 +680,7 @@ impl BatchForward for ResilientRing<'_> {
             if matches!(self.inner, Inner::Down) {
                 self.reconnect(ReplanCause::DeviceLost)?;
             }
-            match self.try_eval_batch(seqs) {
+            match self.try_eval_batch(seqs, rows) {
                 Ok(()) => break,
                 Err(RingError::DeviceLost {
                     device,

@@ -12,7 +12,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::batch::{plan_batches, BatchForward, Piece, SeqSpan, SeqTokens};
+use crate::batch::{plan_batches, BatchForward, BatchRowLogits, Piece, SeqSpan, SeqTokens};
 use crate::generate::{Forward, RowLogits};
 use crate::model::{GpuLayers, Model, Session};
 use crate::plugin::backend_abi::BackendBox;
@@ -79,6 +79,9 @@ pub struct RingOptions {
     /// three on two shared cores, more paid only at 2 concurrent requests (ARCHITECTURE.md,
     /// "Micro-batches in flight").
     pub micro_batches: Option<usize>,
+    /// Bytes the head's process holds beside this model (a draft model, its KV cache
+    /// per slot), kept out of an `auto` `mem_budget`.
+    pub head_reserved: u64,
 }
 
 /// How a node reaches the device after it in the ring.
@@ -109,6 +112,7 @@ impl Default for RingOptions {
             next_routes: Vec::new(),
             security: LinkSecurity::Insecure,
             micro_batches: Some(1),
+            head_reserved: 0,
         }
     }
 }
@@ -466,7 +470,14 @@ impl<'m> RingHead<'m> {
             options.n_ctx,
             options.n_batch,
             options.n_slots,
-        );
+        )
+        .map(|mut b| {
+            if b.available.is_some() {
+                b.bytes = b.bytes.saturating_sub(options.head_reserved);
+                b.margin = b.margin.saturating_add(options.head_reserved);
+            }
+            b
+        });
         let residency = Residency::plan_split(
             model,
             &head_windows,
@@ -989,6 +1000,28 @@ impl BatchForward for RingHead<'_> {
     fn eval_batch(&mut self, seqs: &[SeqTokens<'_>]) -> Result<&[f32], RingError> {
         self.session.check_batch(seqs)?;
         self.session.start_entries(seqs.len());
+        self.eval_entries(seqs)
+    }
+}
+
+/// The last pass brings every row back to the head, so the rows asked for get their
+/// logits as each micro-batch comes back, like the entries' last rows do.
+impl BatchRowLogits for RingHead<'_> {
+    fn eval_batch_rows(
+        &mut self,
+        seqs: &[SeqTokens<'_>],
+        rows: &[usize],
+    ) -> Result<&[f32], RingError> {
+        self.session.check_batch(seqs)?;
+        self.session.start_entry_rows(seqs, rows)?;
+        self.eval_entries(seqs)
+    }
+}
+
+impl RingHead<'_> {
+    /// Evaluates the checked `seqs` as micro-batches into the logits the session was
+    /// started for.
+    fn eval_entries(&mut self, seqs: &[SeqTokens<'_>]) -> Result<&[f32], RingError> {
         let tokens = seqs.iter().map(|s| s.tokens.len()).sum();
         let m = match self.micro_batches {
             Some(m) => m,

@@ -14,6 +14,54 @@
 
 use std::collections::{HashMap, VecDeque};
 
+/// How many micro-batches the head keeps in flight: `--micro-batches` of `prima apply`,
+/// `policy.micro_batches` in a manifest, `PRIMA_MICRO_BATCHES` where neither is given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MicroBatches {
+    /// This many (at most one per request of a batch); 1 is one batch at a time.
+    Fixed(usize),
+    /// As many as the head measures fastest ([`MicroBatchTuner`]).
+    Tuned,
+}
+
+impl MicroBatches {
+    /// `tuned` or a whole number ≥ 1.
+    pub fn parse(s: &str) -> Result<MicroBatches, String> {
+        let s = s.trim();
+        if s == "tuned" {
+            return Ok(MicroBatches::Tuned);
+        }
+        match s.parse::<usize>() {
+            Ok(n) if n >= 1 => Ok(MicroBatches::Fixed(n)),
+            _ => Err(format!("must be `tuned` or a whole number ≥ 1, not {s:?}")),
+        }
+    }
+
+    /// As `RingOptions::micro_batches` takes it: `None` to measure.
+    pub fn count(self) -> Option<usize> {
+        match self {
+            MicroBatches::Fixed(n) => Some(n),
+            MicroBatches::Tuned => None,
+        }
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for MicroBatches {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<MicroBatches, D::Error> {
+        #[derive(serde::Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            N(i64),
+            S(String),
+        }
+        let text = match Raw::deserialize(d)? {
+            Raw::N(n) => n.to_string(),
+            Raw::S(s) => s,
+        };
+        MicroBatches::parse(&text).map_err(serde::de::Error::custom)
+    }
+}
+
 /// Evaluations of each count, for a shape, before the fastest is chosen. Few: on a
 /// machine whose cores the devices share, every try of a count above 1 is a slow step
 /// (`cargo xtask bench-serve --micro-batches 1,2,tuned` measures what trying costs).

@@ -7,7 +7,9 @@
 //!   on the thread that calls it, and serves [`Job`]s, up to N at once in one batch per
 //!   step (continuous batching, `scheduler.rs`): chat template, tokens, sampling, stop
 //!   strings, cancellation per slot (`slot.rs`). It never moves the model to another
-//!   thread (a ring head borrows the model and is not `'static`).
+//!   thread (a ring head borrows the model and is not `'static`). With a draft model
+//!   ([`run_speculative_scheduler`], `speculative.rs`) every slot drafts and one batch
+//!   verifies all their drafts.
 //! - [`serve`] is the axum front end on a tokio runtime: it parses OpenAI requests into
 //!   [`GenerationRequest`]s, submits them through a [`JobQueue`], and turns the worker's
 //!   [`Event`]s into JSON or server-sent events. It never touches the model.
@@ -36,14 +38,14 @@ use std::time::Duration;
 pub use http::{serve, ServerState};
 pub use one_slot::{OneSlot, OneSlotError};
 pub use scheduler::{run_scheduler, SchedulerOptions};
-pub use speculative::{run_speculative_worker, Drafting};
+pub use speculative::{run_speculative_scheduler, Drafting};
 pub use worker::{
     job_queue, run_worker, run_worker_with, Completion, Event, FinishReason, GenerationRequest,
     Job, JobQueue, JobReceiver, Prompt, Submitted, Usage, WorkerError,
 };
 
-use crate::batch::BatchForward;
-use crate::generate::{Forward, RowLogits};
+use crate::batch::{BatchForward, BatchRowLogits};
+use crate::generate::Forward;
 use crate::tokenizer::Tokenizer;
 
 /// A future whose completion stops the server.
@@ -100,18 +102,20 @@ pub fn serve_blocking_batch<B: BatchForward>(
     })
 }
 
-/// [`serve_blocking`] with a draft model: one request at a time, each by speculative
-/// decoding (`--draft`). `after_job` runs with the target after every request.
-pub fn serve_blocking_speculative<T: RowLogits, D: Forward>(
+/// [`serve_blocking_batch`] with a draft model (`--draft`): up to `n_slots` requests at
+/// once, each slot drafting and all slots' drafts verified in one batch per step.
+/// `after_job` runs with the target between requests.
+pub fn serve_blocking_speculative<T: BatchRowLogits, D: BatchForward>(
     model: Drafting<'_, T, D>,
     tokenizer: &Tokenizer,
     model_name: &str,
     listener: std::net::TcpListener,
     shutdown: Option<Shutdown>,
+    options: SchedulerOptions,
     after_job: impl FnMut(&mut T),
 ) -> std::io::Result<()> {
     serve_jobs(model_name, listener, shutdown, |jobs| {
-        run_speculative_worker(model, tokenizer, jobs, after_job)
+        run_speculative_scheduler(model, tokenizer, jobs, options, after_job)
     })
 }
 

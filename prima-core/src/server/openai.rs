@@ -410,13 +410,21 @@ fn usage(u: &Usage) -> Value {
 
 /// Prima's timings, beside OpenAI's fields (as llama.cpp's server adds them).
 fn timings(c: &Completion) -> Value {
-    json!({
+    let mut timings = json!({
         "prompt_n": c.usage.prompt_tokens,
         "prompt_cached_n": c.cached_prompt_tokens,
         "ttft_ms": c.time_to_first_token.as_secs_f64() * 1e3,
         "predicted_n": c.usage.completion_tokens,
         "tpot_ms": c.tpot_ms,
-    })
+    });
+    // With a draft model: llama-server's names for drafted and accepted tokens.
+    if let Some(d) = &c.draft {
+        timings["draft_n"] = d.drafted.into();
+        timings["draft_n_accepted"] = d.accepted.into();
+        timings["draft_acceptance"] = d.acceptance().into();
+        timings["target_evals"] = d.target_evals.into();
+    }
+    timings
 }
 
 /// OpenAI's error body.

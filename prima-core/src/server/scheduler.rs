@@ -15,6 +15,10 @@
 //!
 //! With one slot (a [`super::OneSlot`] over any `Forward`) this is the single-request
 //! worker it replaced: the whole prompt in one evaluation, then one token per step.
+//!
+//! Step 4 is a [`Step`]: [`Plain`] here; with a draft model, `speculative.rs` drafts for
+//! every decoding slot first and verifies all their drafts in the one batch. Admission,
+//! cancellation and the slots' bookkeeping are the same for both.
 
 use std::collections::VecDeque;
 use std::ops::ControlFlow;
@@ -46,14 +50,48 @@ impl Default for SchedulerOptions {
 
 /// One slot: what its cache holds, and the request in it, if any.
 #[derive(Default)]
-struct Slot<'t> {
+pub(super) struct Slot<'t> {
     /// The tokens in the slot's cache, in order (positions 0..n_past).
-    cached: Vec<u32>,
-    running: Option<Running<'t>>,
+    pub(super) cached: Vec<u32>,
+    pub(super) running: Option<Running<'t>>,
     /// The step the slot was last given a request (least recently used goes first).
     last_used: u64,
     /// Admission order of its request, so earlier newcomers' prompts go first.
     admitted: u64,
+}
+
+/// What one scheduler step does with the slots that hold a request.
+pub(super) trait Step<B: BatchForward> {
+    /// Slot `index` has taken `running`, whose first `reuse` prompt tokens the model's
+    /// cache of that slot holds.
+    fn admitted(&mut self, index: usize, reuse: usize, running: &mut Running<'_>);
+
+    /// Evaluates one batch for the busy `slots` and takes what it gives; true when a
+    /// request finished (or failed).
+    fn run(
+        &mut self,
+        model: &mut B,
+        jobs: &JobReceiver,
+        slots: &mut [Slot<'_>],
+        options: SchedulerOptions,
+    ) -> bool;
+}
+
+/// One token per decoding slot a step.
+pub(super) struct Plain;
+
+impl<B: BatchForward> Step<B> for Plain {
+    fn admitted(&mut self, _: usize, _: usize, _: &mut Running<'_>) {}
+
+    fn run(
+        &mut self,
+        model: &mut B,
+        jobs: &JobReceiver,
+        slots: &mut [Slot<'_>],
+        options: SchedulerOptions,
+    ) -> bool {
+        run_step(model, jobs, slots, options)
+    }
 }
 
 /// Serves jobs with `model`'s slots on this thread until every [`super::JobQueue`] is
@@ -64,6 +102,18 @@ pub fn run_scheduler<B: BatchForward>(
     tokenizer: &Tokenizer,
     jobs: JobReceiver,
     options: SchedulerOptions,
+    after_job: impl FnMut(&mut B),
+) {
+    schedule(model, tokenizer, jobs, options, &mut Plain, after_job);
+}
+
+/// [`run_scheduler`] with each step's evaluation done by `stepper`.
+pub(super) fn schedule<B: BatchForward>(
+    model: &mut B,
+    tokenizer: &Tokenizer,
+    jobs: JobReceiver,
+    options: SchedulerOptions,
+    stepper: &mut impl Step<B>,
     mut after_job: impl FnMut(&mut B),
 ) {
     let mut slots: Vec<Slot<'_>> = (0..model.n_slots()).map(|_| Slot::default()).collect();
@@ -90,8 +140,8 @@ pub fn run_scheduler<B: BatchForward>(
             &jobs,
             &mut slots,
             &mut waiting,
-            step,
-            &mut admissions,
+            (step, &mut admissions),
+            stepper,
         );
 
         let mut finished = false;
@@ -104,7 +154,7 @@ pub fn run_scheduler<B: BatchForward>(
             }
         }
         if slots.iter().any(|s| s.running.is_some()) {
-            finished |= run_step(model, &jobs, &mut slots, options);
+            finished |= stepper.run(model, &jobs, &mut slots, options);
         }
         let busy = slots.iter().filter(|s| s.running.is_some()).count();
         metrics::record_slots(slots.len(), busy);
@@ -115,15 +165,16 @@ pub fn run_scheduler<B: BatchForward>(
     metrics::record_slots(slots.len(), 0);
 }
 
-/// Admits waiting jobs into free slots, in order.
+/// Admits waiting jobs into free slots, in order; `(step, admissions)` count steps and
+/// admissions so far.
 fn admit<'t, B: BatchForward>(
     model: &mut B,
     tokenizer: &'t Tokenizer,
     jobs: &JobReceiver,
     slots: &mut [Slot<'t>],
     waiting: &mut VecDeque<Job>,
-    step: u64,
-    admissions: &mut u64,
+    (step, admissions): (u64, &mut u64),
+    stepper: &mut impl Step<B>,
 ) {
     let n_ctx = model.n_ctx();
     while slots.iter().any(|s| s.running.is_none()) {
@@ -186,11 +237,12 @@ fn admit<'t, B: BatchForward>(
         let _ = job.send(Event::Started {
             prompt_tokens: prompt.len(),
         });
-        let running = Running::new(job, prompt, reuse, n_ctx, tokenizer);
+        let mut running = Running::new(job, prompt, reuse, n_ctx, tokenizer);
         if running.wants_nothing() {
             running.finish(FinishReason::Length);
             continue;
         }
+        stepper.admitted(index, reuse, &mut running);
         jobs.shared.add_running(running.cancel_flag().clone());
         slot.running = Some(running);
     }
@@ -205,7 +257,7 @@ fn run_step<B: BatchForward>(
     options: SchedulerOptions,
 ) -> bool {
     let n_ctx = model.n_ctx();
-    let plan = plan_batch(model.n_batch(), slots, options);
+    let plan = plan_batch(model.n_batch(), slots, options, |_| 1);
     let seqs: Vec<SeqTokens<'_>> = plan
         .iter()
         .map(|&(slot, n)| SeqTokens {
@@ -229,45 +281,66 @@ fn run_step<B: BatchForward>(
                 }
                 let row = &logits[row * n_vocab..(row + 1) * n_vocab];
                 if let ControlFlow::Break(reason) = running.sample(row, slot.cached.len(), n_ctx) {
-                    let running = slot.running.take().expect("planned");
-                    jobs.shared.remove_running(running.cancel_flag());
-                    running.finish(reason);
+                    slot.end(jobs, reason);
                     finished = true;
                 }
             }
         }
         Err(e) => {
             drop(seqs);
-            // What the failed slots hold is unknown: they start again from nothing.
-            let message = e.to_string();
-            for &(index, _) in &plan {
-                let slot = &mut slots[index];
-                slot.cached.clear();
-                let running = slot.running.take().expect("planned");
-                jobs.shared.remove_running(running.cancel_flag());
-                running.fail(WorkerError::Model(message.clone()));
-                finished = true;
-            }
-            for &(index, _) in &plan {
-                if let Err(e) = model.truncate(index, 0) {
-                    tracing::warn!(error = %e, slot = index, "cannot clear a failed slot");
-                }
-            }
+            fail_planned(model, jobs, slots, &plan, &e.to_string());
+            finished = true;
         }
     }
     finished
 }
 
+impl Slot<'_> {
+    /// Ends the slot's request for `reason`; the slot is free.
+    pub(super) fn end(&mut self, jobs: &JobReceiver, reason: FinishReason) {
+        let running = self.running.take().expect("a request in the slot");
+        jobs.shared.remove_running(running.cancel_flag());
+        running.finish(reason);
+    }
+}
+
+/// Fails the requests of the slots in `plan` (their evaluation failed with `message`);
+/// what their caches hold is unknown, so they start again from nothing.
+pub(super) fn fail_planned<B: BatchForward>(
+    model: &mut B,
+    jobs: &JobReceiver,
+    slots: &mut [Slot<'_>],
+    plan: &[(usize, usize)],
+    message: &str,
+) {
+    for &(index, _) in plan {
+        let slot = &mut slots[index];
+        slot.cached.clear();
+        let running = slot.running.take().expect("planned");
+        jobs.shared.remove_running(running.cancel_flag());
+        running.fail(WorkerError::Model(message.to_string()));
+    }
+    for &(index, _) in plan {
+        if let Err(e) = model.truncate(index, 0) {
+            tracing::warn!(error = %e, slot = index, "cannot clear a failed slot");
+        }
+    }
+}
+
 /// Which slots take part in the next batch and with how many tokens: every decoding slot
 /// with one, then the prefilling slots in admission order, sharing the prompt budget
 /// (`n_batch` less the decoding rows, at most `prefill_chunk` while any slot decodes).
-fn plan_batch(
+/// `decode_rows(slot)` is the rows a decoding slot may take (1, or more with its
+/// draft).
+pub(super) fn plan_batch(
     n_batch: usize,
     slots: &[Slot<'_>],
     options: SchedulerOptions,
+    decode_rows: impl Fn(usize) -> usize,
 ) -> Vec<(usize, usize)> {
     let mut plan: Vec<(usize, usize)> = Vec::new();
     let mut prefilling: Vec<(u64, usize, usize)> = Vec::new();
+    let mut decoding = 0;
     for (index, slot) in slots.iter().enumerate() {
         let Some(running) = &slot.running else {
             continue;
@@ -276,9 +349,9 @@ fn plan_batch(
             prefilling.push((slot.admitted, index, running.prompt_left()));
         } else {
             plan.push((index, 1));
+            decoding += decode_rows(index);
         }
     }
-    let decoding = plan.len();
     let mut budget = n_batch.saturating_sub(decoding).max(1);
     if decoding > 0 {
         budget = budget.min(options.prefill_chunk.max(1));

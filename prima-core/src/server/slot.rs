@@ -4,8 +4,8 @@
 //! A [`Running`] never touches the model: the scheduler feeds what [`Running::feed`]
 //! returns into a batch and hands back the logits of its last row. Everything a sampled
 //! token decides (end of generation, stop strings, `max_tokens`, a full context, a client
-//! that went away) happens in [`Running::push_token`], one token at a time — the place a
-//! draft model's accepted tokens would also go through.
+//! that went away) happens in [`Running::push_token`], one token at a time — where a
+//! draft model's accepted tokens also go through (`speculative.rs`).
 
 use std::ops::ControlFlow;
 use std::sync::atomic::AtomicBool;
@@ -16,6 +16,7 @@ use super::metrics;
 use super::stop::StopMatcher;
 use super::worker::{Completion, Event, FinishReason, Job, Usage, WorkerError};
 use crate::sampler::Sampler;
+use crate::speculative::DraftStats;
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 
 /// A request admitted into a slot.
@@ -40,6 +41,8 @@ pub(crate) struct Running<'t> {
     time_to_first_token: Duration,
     /// Set once a stop string or a lost client ended the text (what is held is dropped).
     text_ended: bool,
+    /// What a draft model did for this request, when one drafts.
+    draft: Option<DraftStats>,
 }
 
 impl<'t> Running<'t> {
@@ -78,6 +81,7 @@ impl<'t> Running<'t> {
             first_token_at: None,
             time_to_first_token: Duration::ZERO,
             text_ended: false,
+            draft: None,
         }
     }
 
@@ -105,6 +109,30 @@ impl<'t> Running<'t> {
         } else {
             &self.out[self.out.len() - 1..]
         }
+    }
+
+    /// Tokens it may still generate.
+    pub(crate) fn tokens_left(&self) -> usize {
+        self.max_tokens - self.out.len()
+    }
+
+    /// Whether `token` ends the generation (unless the request ignores end of
+    /// generation).
+    pub(crate) fn ends_with(&self, token: u32) -> bool {
+        !self.ignore_eos && self.tokenizer.is_end_of_generation(token)
+    }
+
+    /// The request's sampler (its penalties' history holds the text so far).
+    pub(crate) fn sampler(&mut self) -> &mut Sampler {
+        &mut self.sampler
+    }
+
+    /// Adds one verification's drafted and accepted tokens to the request's figures.
+    pub(crate) fn drafted(&mut self, drafted: usize, accepted: usize) {
+        let d = self.draft.get_or_insert_with(DraftStats::default);
+        d.drafted += drafted;
+        d.accepted += accepted;
+        d.target_evals += 1;
     }
 
     /// Records that `n` tokens of [`Running::feed`] were evaluated.
@@ -209,8 +237,12 @@ impl<'t> Running<'t> {
             } else {
                 decode_time.as_secs_f64() * 1e3 / steps as f64
             },
+            draft: self.draft,
         };
         metrics::record_generation(&completion);
+        if let Some(d) = &self.draft {
+            metrics::record_draft(d);
+        }
         let _ = self.job.send(Event::Done(completion.clone()));
         completion
     }

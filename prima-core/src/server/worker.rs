@@ -76,6 +76,8 @@ pub struct Completion {
     pub time_to_first_token: Duration,
     /// Mean time per output token after the first, in milliseconds.
     pub tpot_ms: f64,
+    /// What a draft model did for this request (speculative decoding), if one drafted.
+    pub draft: Option<crate::speculative::DraftStats>,
 }
 
 /// What the worker reports about one job, in this order: `Started`, any number of
