@@ -236,7 +236,7 @@ fn panel_matmul(
     out: &mut [f32],
 ) {
     let aux_bytes = (p.aux_bytes)(w.cols);
-    let aux = sized(aux_buf, n_tokens * aux_bytes);
+    let aux = aligned(aux_buf, n_tokens * aux_bytes);
     let aux_out = SharedOut(aux.as_mut_ptr() as *mut f32);
     pool.run(n_tokens, &|t| {
         // SAFETY: token `t` owns bytes `t·aux_bytes ..` of `aux`, disjoint per chunk.
@@ -264,7 +264,7 @@ fn panel_matmul(
         PANEL.with(|cell| {
             let (panel_buf, tile_buf) = &mut *cell.borrow_mut();
             let (i0, i1) = (c * per_chunk, ((c + 1) * per_chunk).min(n_panels));
-            let panels = sized(panel_buf, (i1 - i0) * panel_bytes);
+            let panels = aligned(panel_buf, (i1 - i0) * panel_bytes);
             for (i, panel) in (i0..i1).zip(panels.chunks_exact_mut(panel_bytes.max(1))) {
                 let first = i * p.rows;
                 let rows = &w.data[first * w.row_bytes..(first + p.rows) * w.row_bytes];
@@ -301,6 +301,13 @@ fn panel_matmul(
             }
         })
     });
+}
+
+/// `len` bytes of `buf` starting at a 64-byte (cache line) boundary.
+fn aligned(buf: &mut Vec<u8>, len: usize) -> &mut [u8] {
+    let b = sized(buf, len + 63);
+    let skip = b.as_ptr().align_offset(64);
+    &mut b[skip..skip + len]
 }
 
 /// Asks for `bytes` to be brought into the L2 cache ahead of their use.

@@ -10,7 +10,7 @@
 //! contract as `panel512`: exact integer block sums, the scalar float terms lane by lane.
 
 use super::avx2::{f32_at, reduce16};
-use super::panel512::{element, float_kernels, float_slot, BF16, F16, F32, FLOAT_ROWS};
+use super::panel512::{element, float_kernels, BF16, F16, F32, FLOAT_ROWS};
 use super::panel512::{
     k4_block, k6_block, legacy_block, pack_k16, pack_legacy, pack_q4_k_imp, prep_q8_0, prep_q8_1,
     prep_q8_k, DDSM, K_AUX, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0_SIGNED, SDD,
@@ -447,8 +447,17 @@ k_gemms! {
     gemm_q2_k => k16_tile::<Q2K>, k6_block(ROWS);
 }
 
-// ---- F16, BF16, F32: `panel512`'s float panels (four rows widened to f32, 16-element
-// chunks), one token at a time: eight accumulators of four rows' two 8-lane halves.
+// ---- F16, BF16, F32: four rows × up to three tokens, in two 8-lane passes ----
+//
+// The float dot's lanes are fixed (element `i` in lane `i % 16`, folded by halving, see
+// `formats::float`), and a lane's sum never meets another lane's before the fold, so the
+// sixteen lanes run as two passes of eight (low half, then high half). Each pass holds all
+// four rows × three tokens in one register each: every weight vector loaded feeds three
+// accumulators and every activation vector four, against `panel512`'s two × two tiles of
+// both halves that loaded one vector per two FMAs. Panels (four rows widened to f32) and
+// the widened activations are laid out by half — all chunks' low eight lanes, then all
+// their high eight — so a pass reads half the bytes, contiguously, and a panel of a long
+// row and a tile's activations stay in L1 for both passes.
 
 /// Eight elements of format `F` at `p`, widened to f32 (exact).
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -461,6 +470,19 @@ unsafe fn widen8<const F: u8>(p: *const u8) -> __m256 {
             let bits = _mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i));
             _mm256_castsi256_ps(_mm256_slli_epi32(bits, 16))
         }
+    }
+}
+
+/// Where element `i` of row `r` (of `rows`) goes in a half-split float row group: for the
+/// `n / 16` whole 16-element chunks, `[half][chunk][row][8]`; then each row's `n % 16`
+/// tail. With `rows = 1` this is a token's activation layout.
+#[inline]
+fn half_slot(n: usize, rows: usize, r: usize, i: usize) -> usize {
+    let full = n / 16 * 16;
+    if i < full {
+        ((i % 16 / 8 * (full / 16) + i / 16) * rows + r) * 8 + i % 8
+    } else {
+        rows * full + r * (n - full) + (i - full)
     }
 }
 
@@ -494,7 +516,7 @@ unsafe fn pack_float<const F: u8>(n: usize, w: &[u8], w_stride: usize, panel: &m
     let dst = panel.as_mut_ptr() as *mut f32;
     for r in 0..FLOAT_ROWS {
         widen_row::<F>(n, w.as_ptr().add(r * w_stride), dst, |i| {
-            float_slot(n, r, i)
+            half_slot(n, FLOAT_ROWS, r, i)
         });
     }
 }
@@ -506,12 +528,13 @@ unsafe fn prep_float<const F: u8>(n: usize, act: &[u8], aux: &mut [u8]) {
         act.len() >= n * size && aux.len() >= 4 * n,
         "panel prep: short rows"
     );
-    widen_row::<F>(n, act.as_ptr(), aux.as_mut_ptr() as *mut f32, |i| i);
+    widen_row::<F>(n, act.as_ptr(), aux.as_mut_ptr() as *mut f32, |i| {
+        half_slot(n, 1, 0, i)
+    });
 }
 
-/// `T` tokens (f32 activations `st` bytes apart from `a`) against a float panel, two rows
-/// at a time: `out[4k + r]`. Each weight vector loaded feeds `T` accumulators, each
-/// activation vector two.
+/// `T` tokens (widened activations `st` bytes apart from `a`) against a float panel:
+/// `out[4k + r]`, each the 16-lane fold of its two halves plus the scalar tail.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn float_tile<const T: usize, const FUSED: bool>(
     n: usize,
@@ -521,44 +544,55 @@ unsafe fn float_tile<const T: usize, const FUSED: bool>(
     out: *mut f32,
 ) {
     let full = n / 16 * 16;
-    for pair in 0..FLOAT_ROWS / 2 {
-        let mut acc = [[[_mm256_setzero_ps(); 2]; T]; 2];
-        for c in 0..n / 16 {
-            // Plain loops: a closure here is not always inlined, and one that is not
-            // returns its vectors through memory on every step (AVX2 F16 prefill ran at a
-            // tenth of its speed that way).
-            let mut x = [[_mm256_setzero_ps(); 2]; T];
-            for (k, x) in x.iter_mut().enumerate() {
-                for (h, x) in x.iter_mut().enumerate() {
-                    *x = _mm256_loadu_ps(a.add(k * st + 64 * c + 32 * h) as *const f32);
-                }
+    // Each half of the chunks: 8 f32s per chunk of a token, per row of the panel.
+    let (a_half, w_half) = (32 * (full / 16), FLOAT_ROWS * 32 * (full / 16));
+    let lo = float_half::<T, FUSED>(full / 16, panel, a, st);
+    let hi = float_half::<T, FUSED>(full / 16, panel.add(w_half), a.add(a_half), st);
+    for r in 0..FLOAT_ROWS {
+        for k in 0..T {
+            let mut sum = reduce16(lo[r][k], hi[r][k]);
+            for i in full..n {
+                let w = f32_at(panel.add(4 * half_slot(n, FLOAT_ROWS, r, i)));
+                sum += w * f32_at(a.add(k * st + 4 * half_slot(n, 1, 0, i)));
             }
-            for (rr, acc) in acc.iter_mut().enumerate() {
-                let wp = panel.add(64 * (c * FLOAT_ROWS + 2 * pair + rr));
-                for h in 0..2 {
-                    let w = _mm256_loadu_ps(wp.add(32 * h) as *const f32);
-                    for k in 0..T {
-                        acc[k][h] = if FUSED {
-                            _mm256_fmadd_ps(w, x[k][h], acc[k][h])
-                        } else {
-                            _mm256_add_ps(acc[k][h], _mm256_mul_ps(w, x[k][h]))
-                        };
-                    }
-                }
-            }
+            *out.add(FLOAT_ROWS * k + r) = sum;
         }
-        for (rr, acc) in acc.iter().enumerate() {
-            let r = 2 * pair + rr;
-            for (k, acc) in acc.iter().enumerate() {
-                let mut sum = reduce16(acc[0], acc[1]);
-                for i in full..n {
-                    let w = f32_at(panel.add(4 * float_slot(n, r, i)));
-                    sum += w * f32_at(a.add(k * st + 4 * i));
-                }
-                *out.add(FLOAT_ROWS * k + r) = sum;
+    }
+}
+
+/// One 8-lane half of [`float_tile`]'s sums over `chunks` chunks (`panel` and `a` at the
+/// half). Not inlined: a pass's twelve accumulators then own the registers, where inlined
+/// the compiler kept one of the second pass's in memory.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline(never)]
+#[allow(clippy::needless_range_loop)] // r and k index the accumulators, rows and tokens
+unsafe fn float_half<const T: usize, const FUSED: bool>(
+    chunks: usize,
+    panel: *const u8,
+    a: *const u8,
+    st: usize,
+) -> [[__m256; T]; FLOAT_ROWS] {
+    let mut acc = [[_mm256_setzero_ps(); T]; FLOAT_ROWS];
+    for c in 0..chunks {
+        // Plain loops: a closure here is not always inlined, and one that is not returns
+        // its vectors through memory on every step (AVX2 F16 prefill ran at a tenth of its
+        // speed that way).
+        let mut x = [_mm256_setzero_ps(); T];
+        for k in 0..T {
+            x[k] = _mm256_loadu_ps(a.add(k * st + 32 * c) as *const f32);
+        }
+        for r in 0..FLOAT_ROWS {
+            let w = _mm256_loadu_ps(panel.add(32 * (c * FLOAT_ROWS + r)) as *const f32);
+            for k in 0..T {
+                acc[r][k] = if FUSED {
+                    _mm256_fmadd_ps(w, x[k], acc[r][k])
+                } else {
+                    _mm256_add_ps(acc[r][k], _mm256_mul_ps(w, x[k]))
+                };
             }
         }
     }
+    acc
 }
 
 fn float_gemm<const FUSED: bool>(
@@ -585,14 +619,13 @@ fn float_gemm<const FUSED: bool>(
         // SAFETY: reached only through `kernels` (AVX2, FMA, F16C detected); the checks
         // above cover every element the tile reads, and `out` holds `nt` tokens' 4 rows.
         unsafe {
-            if t + 2 <= nt {
-                float_tile::<2, FUSED>(n, panel.as_ptr(), x, aux_stride, o);
-                t += 2;
-            } else {
-                float_tile::<1, FUSED>(n, panel.as_ptr(), x, aux_stride, o);
-                t += 1;
+            match nt - t {
+                1 => float_tile::<1, FUSED>(n, panel.as_ptr(), x, aux_stride, o),
+                2 => float_tile::<2, FUSED>(n, panel.as_ptr(), x, aux_stride, o),
+                _ => float_tile::<3, FUSED>(n, panel.as_ptr(), x, aux_stride, o),
             }
         }
+        t += (nt - t).min(3);
     }
 }
 
