@@ -99,6 +99,9 @@ pub type VecDot2x8Fn = fn(
 pub struct PanelKernels {
     /// Weight rows per panel.
     pub rows: usize,
+    /// Tokens per register tile: `ops::matmul`'s token blocks are whole multiples of it,
+    /// so only the prompt's last tokens take a narrower tile.
+    pub tokens: usize,
     /// Bytes of a panel of rows of `n` columns.
     pub panel_bytes: fn(n: usize) -> usize,
     /// Repacks `rows` weight rows of `n` columns, `w_stride` bytes apart, into `panel`.

@@ -254,11 +254,9 @@ fn panel_matmul(
     let per_chunk = n_panels
         .div_ceil(pool.threads() * CHUNKS_PER_THREAD)
         .clamp(1, (CHUNK_PANEL_BYTES / panel_bytes.max(1)).max(1));
-    let token_block = match TOKEN_TILE_BYTES / (act_row_bytes + aux_bytes).max(1) {
-        t if t >= 8 => t / 8 * 8,
-        _ => 8,
-    }
-    .min(n_tokens);
+    let token_block =
+        (TOKEN_TILE_BYTES / (act_row_bytes + aux_bytes).max(1)).max(p.tokens) / p.tokens * p.tokens;
+    let token_block = token_block.min(n_tokens);
     let dst = SharedOut(out.as_mut_ptr());
     pool.run(n_panels.div_ceil(per_chunk), &|c| {
         PANEL.with(|cell| {
@@ -295,12 +293,24 @@ fn panel_matmul(
                                 p.rows,
                             )
                         };
-                        o.copy_from_slice(lanes);
+                        put_lanes(o, lanes);
                     }
                 }
             }
         })
     });
+}
+
+/// `o.copy_from_slice(lanes)` for a panel's rows, without a `memcpy` call for each token's
+/// four to sixteen floats.
+#[inline]
+fn put_lanes(o: &mut [f32], lanes: &[f32]) {
+    match (o.len(), lanes.len()) {
+        (4, 4) => o[..4].copy_from_slice(&lanes[..4]),
+        (8, 8) => o[..8].copy_from_slice(&lanes[..8]),
+        (16, 16) => o[..16].copy_from_slice(&lanes[..16]),
+        _ => o.copy_from_slice(lanes),
+    }
 }
 
 /// `len` bytes of `buf` starting at a 64-byte (cache line) boundary.

@@ -9,7 +9,7 @@
 //! (`|w| · sign(a, w)`), since biased bytes would saturate `vpmaddubsw`. Same numerics
 //! contract as `panel512`: exact integer block sums, the scalar float terms lane by lane.
 
-use super::avx2::{f32_at, reduce16};
+use super::avx2::f32_at;
 use super::panel512::{element, float_kernels, BF16, F16, F32, FLOAT_ROWS};
 use super::panel512::{
     k4_block, k6_block, legacy_block, pack_k16, pack_legacy, pack_q4_k_imp, prep_q8_0, prep_q8_1,
@@ -31,6 +31,7 @@ pub(in crate::formats) fn kernels(t: GgmlType) -> Option<PanelKernels> {
     use GgmlType as T;
     let legacy = |pack, prep, gemm| PanelKernels {
         rows: ROWS,
+        tokens: TOKENS,
         panel_bytes: |n| n / 32 * legacy_block(ROWS),
         pack,
         aux_bytes: |n| n / 32 * 8,
@@ -39,6 +40,7 @@ pub(in crate::formats) fn kernels(t: GgmlType) -> Option<PanelKernels> {
     };
     let k = |panel_bytes, pack, gemm| PanelKernels {
         rows: ROWS,
+        tokens: TOKENS,
         panel_bytes,
         pack,
         aux_bytes: |n| n / QK_K * K_AUX,
@@ -56,9 +58,9 @@ pub(in crate::formats) fn kernels(t: GgmlType) -> Option<PanelKernels> {
         T::Q6K => k(|n| n / QK_K * k6_block(ROWS), pack_q6_k, gemm_q6_k),
         T::Q3K => k(|n| n / QK_K * k6_block(ROWS), pack_q3_k, gemm_q3_k),
         T::Q2K => k(|n| n / QK_K * k6_block(ROWS), pack_q2_k, gemm_q2_k),
-        T::F16 => float_kernels(pack_f16, prep_f16, gemm_f16),
-        T::BF16 => float_kernels(pack_bf16, prep_bf16, gemm_bf16),
-        T::F32 => float_kernels(pack_f32, prep_f32, gemm_f32),
+        T::F16 => float_kernels(FLOAT_TOKENS, pack_f16, prep_f16, gemm_f16),
+        T::BF16 => float_kernels(FLOAT_TOKENS, pack_bf16, prep_bf16, gemm_bf16),
+        T::F32 => float_kernels(FLOAT_TOKENS, pack_f32, prep_f32, gemm_f32),
         _ => return None,
     })
 }
@@ -459,6 +461,9 @@ k_gemms! {
 // their high eight — so a pass reads half the bytes, contiguously, and a panel of a long
 // row and a tile's activations stay in L1 for both passes.
 
+/// Tokens per float tile: twelve accumulators of four rows, and the loads feeding them.
+const FLOAT_TOKENS: usize = 3;
+
 /// Eight elements of format `F` at `p`, widened to f32 (exact).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
@@ -486,23 +491,22 @@ fn half_slot(n: usize, rows: usize, r: usize, i: usize) -> usize {
     }
 }
 
-/// Widens `n` elements of format `F` at `src` to f32s at `dst`, with `slot(i)` the f32
-/// index of element `i` (8-element runs from a multiple of 8 stay contiguous).
+/// Widens a row of `n` elements of format `F` at `src` into row `r` of a half-split group
+/// of `rows` rows at `dst` (see [`half_slot`]).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn widen_row<const F: u8>(
-    n: usize,
-    src: *const u8,
-    dst: *mut f32,
-    slot: impl Fn(usize) -> usize,
-) {
+unsafe fn widen_row<const F: u8>(n: usize, src: *const u8, dst: *mut f32, rows: usize, r: usize) {
     let size = if F == F32 { 4 } else { 2 };
-    let full = n / 16 * 16;
-    for i in (0..full).step_by(8) {
-        _mm256_storeu_ps(dst.add(slot(i)), widen8::<F>(src.add(size * i)));
+    let chunks = n / 16;
+    for c in 0..chunks {
+        let at = (c * rows + r) * 8;
+        _mm256_storeu_ps(dst.add(at), widen8::<F>(src.add(size * 16 * c)));
+        let at = at + chunks * rows * 8;
+        _mm256_storeu_ps(dst.add(at), widen8::<F>(src.add(size * (16 * c + 8))));
     }
-    for i in full..n {
-        dst.add(slot(i)).write_unaligned(element::<F>(src, i));
+    for i in 16 * chunks..n {
+        dst.add(half_slot(n, rows, r, i))
+            .write_unaligned(element::<F>(src, i));
     }
 }
 
@@ -515,9 +519,7 @@ unsafe fn pack_float<const F: u8>(n: usize, w: &[u8], w_stride: usize, panel: &m
     );
     let dst = panel.as_mut_ptr() as *mut f32;
     for r in 0..FLOAT_ROWS {
-        widen_row::<F>(n, w.as_ptr().add(r * w_stride), dst, |i| {
-            half_slot(n, FLOAT_ROWS, r, i)
-        });
+        widen_row::<F>(n, w.as_ptr().add(r * w_stride), dst, FLOAT_ROWS, r);
     }
 }
 
@@ -528,9 +530,7 @@ unsafe fn prep_float<const F: u8>(n: usize, act: &[u8], aux: &mut [u8]) {
         act.len() >= n * size && aux.len() >= 4 * n,
         "panel prep: short rows"
     );
-    widen_row::<F>(n, act.as_ptr(), aux.as_mut_ptr() as *mut f32, |i| {
-        half_slot(n, 1, 0, i)
-    });
+    widen_row::<F>(n, act.as_ptr(), aux.as_mut_ptr() as *mut f32, 1, 0);
 }
 
 /// `T` tokens (widened activations `st` bytes apart from `a`) against a float panel:
@@ -548,16 +548,62 @@ unsafe fn float_tile<const T: usize, const FUSED: bool>(
     let (a_half, w_half) = (32 * (full / 16), FLOAT_ROWS * 32 * (full / 16));
     let lo = float_half::<T, FUSED>(full / 16, panel, a, st);
     let hi = float_half::<T, FUSED>(full / 16, panel.add(w_half), a.add(a_half), st);
+    // The first folding step (`l + l+8`) for every result, in output order `4k + r`, then
+    // the rest eight results at a time (four in the last group when `T` is odd).
+    let mut s = [_mm256_setzero_ps(); 12];
     for r in 0..FLOAT_ROWS {
         for k in 0..T {
-            let mut sum = reduce16(lo[r][k], hi[r][k]);
-            for i in full..n {
-                let w = f32_at(panel.add(4 * half_slot(n, FLOAT_ROWS, r, i)));
-                sum += w * f32_at(a.add(k * st + 4 * half_slot(n, 1, 0, i)));
-            }
-            *out.add(FLOAT_ROWS * k + r) = sum;
+            s[FLOAT_ROWS * k + r] = _mm256_add_ps(lo[r][k], hi[r][k]);
         }
     }
+    for g in (0..FLOAT_ROWS * T).step_by(8) {
+        let o = |p: usize| s.get(g + p).copied().unwrap_or(_mm256_setzero_ps());
+        let f = fold8x8([o(0), o(4), o(1), o(5), o(2), o(6), o(3), o(7)]);
+        if g + 8 <= FLOAT_ROWS * T {
+            _mm256_storeu_ps(out.add(g), f);
+        } else {
+            _mm_storeu_ps(out.add(g), _mm256_castps256_ps128(f));
+        }
+    }
+    for r in 0..FLOAT_ROWS {
+        for k in 0..T {
+            let sum = &mut *out.add(FLOAT_ROWS * k + r);
+            for i in full..n {
+                let w = f32_at(panel.add(4 * half_slot(n, FLOAT_ROWS, r, i)));
+                *sum += w * f32_at(a.add(k * st + 4 * half_slot(n, 1, 0, i)));
+            }
+        }
+    }
+}
+
+/// Eight 8-lane vectors folded as the rest of [`reduce16`] folds one (`+4`, `+2`, `+1`),
+/// but together, each step adding two vectors' halves side by side: 7 adds and 14 shuffles
+/// for eight sums instead of eight horizontal folds. Lane `p` of the result is the fold
+/// of `v[2p]` for `p < 4`, of `v[2p − 7]` above.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn fold8x8(v: [__m256; 8]) -> __m256 {
+    // Lanes 0–3 `v[2i]`'s lanes 0–3 plus its lanes 4–7, lanes 4–7 `v[2i + 1]`'s.
+    let t: [__m256; 4] = core::array::from_fn(|i| {
+        let (x, y) = (v[2 * i], v[2 * i + 1]);
+        _mm256_add_ps(
+            _mm256_permute2f128_ps::<0x20>(x, y),
+            _mm256_permute2f128_ps::<0x31>(x, y),
+        )
+    });
+    // 128-bit lane 0 of `u[i]`: `v[4i]`'s two sums (`+2`), then `v[4i + 2]`'s; lane 1 the
+    // same of `v[4i + 1]` and `v[4i + 3]`.
+    let u: [__m256; 2] = core::array::from_fn(|i| {
+        let (x, y) = (_mm256_castps_pd(t[2 * i]), _mm256_castps_pd(t[2 * i + 1]));
+        _mm256_add_ps(
+            _mm256_castpd_ps(_mm256_unpacklo_pd(x, y)),
+            _mm256_castpd_ps(_mm256_unpackhi_pd(x, y)),
+        )
+    });
+    _mm256_add_ps(
+        _mm256_shuffle_ps::<0x88>(u[0], u[1]),
+        _mm256_shuffle_ps::<0xDD>(u[0], u[1]),
+    )
 }
 
 /// One 8-lane half of [`float_tile`]'s sums over `chunks` chunks (`panel` and `a` at the
@@ -622,10 +668,10 @@ fn float_gemm<const FUSED: bool>(
             match nt - t {
                 1 => float_tile::<1, FUSED>(n, panel.as_ptr(), x, aux_stride, o),
                 2 => float_tile::<2, FUSED>(n, panel.as_ptr(), x, aux_stride, o),
-                _ => float_tile::<3, FUSED>(n, panel.as_ptr(), x, aux_stride, o),
+                _ => float_tile::<FLOAT_TOKENS, FUSED>(n, panel.as_ptr(), x, aux_stride, o),
             }
         }
-        t += (nt - t).min(3);
+        t += (nt - t).min(FLOAT_TOKENS);
     }
 }
 
