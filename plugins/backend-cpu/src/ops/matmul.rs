@@ -302,13 +302,21 @@ fn panel_matmul(
 }
 
 /// `o.copy_from_slice(lanes)` for a panel's rows, without a `memcpy` call for each token's
-/// four to sixteen floats.
+/// four to sixteen floats (slice copies of the matched lengths were merged back into one
+/// call of the run-time length).
 #[inline]
 fn put_lanes(o: &mut [f32], lanes: &[f32]) {
-    match (o.len(), lanes.len()) {
-        (4, 4) => o[..4].copy_from_slice(&lanes[..4]),
-        (8, 8) => o[..8].copy_from_slice(&lanes[..8]),
-        (16, 16) => o[..16].copy_from_slice(&lanes[..16]),
+    fn put<const N: usize>(o: &mut [f32], lanes: &[f32]) {
+        let v: [f32; N] = core::array::from_fn(|i| lanes[i]);
+        for (o, v) in o[..N].iter_mut().zip(v) {
+            *o = v;
+        }
+    }
+    assert_eq!(o.len(), lanes.len(), "panel results: row counts differ");
+    match o.len() {
+        4 => put::<4>(o, lanes),
+        8 => put::<8>(o, lanes),
+        16 => put::<16>(o, lanes),
         _ => o.copy_from_slice(lanes),
     }
 }
