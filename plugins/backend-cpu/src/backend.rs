@@ -115,7 +115,8 @@ impl Backend for CpuBackend {
         eps: f32,
         mut out: RSliceMut<'_, f32>,
     ) -> BackendResult<()> {
-        to_abi(norm::rms_norm(
+        to_abi(norm::rms_norm_on(
+            &self.pool,
             x.as_slice(),
             &weight,
             eps,

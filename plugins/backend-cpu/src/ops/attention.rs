@@ -17,9 +17,10 @@
 use super::kv_cache::{lock, KvCache, KvStore};
 use super::matmul::SharedOut;
 use super::OpResult;
-use crate::formats::{dispatch, put_f16, AttentionF16};
+use crate::formats::{dispatch, AttentionF16};
 use crate::pool::{sized, ChunkRunner, Scratch};
 use half::f16;
+use prima_core::gguf::GgmlType;
 use prima_core::plugin::backend_abi::AttentionParams;
 use std::cell::RefCell;
 
@@ -61,9 +62,11 @@ pub fn attention(
     cache.write(layer, start, n_tokens, k, v);
 
     let queries = sized(&mut scratch.queries, 2 * q.len());
-    for (i, s) in q.iter().enumerate() {
-        put_f16(queries, 2 * i, *s);
-    }
+    // The level's F16 activation quantizer: `put_f16`'s bytes, vectorised.
+    let to_f16 = dispatch::kernels(GgmlType::F16)
+        .ok_or_else(|| format!("{OP}: no F16 kernels"))?
+        .quantize_activation;
+    to_f16(q, queries);
     let queries: &[u8] = queries;
     let products = dispatch::attention_f16();
     let cache: &KvCache = &cache;
