@@ -146,7 +146,8 @@ impl Backend for CpuBackend {
         params: RopeParams<'_>,
     ) -> BackendResult<()> {
         let mut scratch = lock(&self.scratch);
-        to_abi(rope::rope(
+        to_abi(rope::rope_on(
+            &self.pool,
             x.as_mut_slice(),
             n_head as usize,
             head_dim as usize,
