@@ -261,6 +261,11 @@ fn panel_matmul(
     let per_chunk = n_panels
         .div_ceil(pool.threads() * CHUNKS_PER_THREAD)
         .clamp(1, (CHUNK_PANEL_BYTES / panel_bytes.max(1)).max(1));
+    // A whole number of chunks per thread where the panels allow, so no thread is left
+    // with one last chunk while the others wait (15 chunks of 10 panels on 2 threads → 16
+    // of 9).
+    let threads = pool.threads().max(1);
+    let per_chunk = n_panels.div_ceil(n_panels.div_ceil(per_chunk).next_multiple_of(threads));
     let token_block =
         (TOKEN_TILE_BYTES / (act_row_bytes + aux_bytes).max(1)).max(p.tokens) / p.tokens * p.tokens;
     let token_block = token_block.min(n_tokens);
