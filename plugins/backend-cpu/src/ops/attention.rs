@@ -19,14 +19,15 @@ use super::matmul::SharedOut;
 use super::OpResult;
 use crate::formats::{dispatch, AttentionF16};
 use crate::pool::{sized, ChunkRunner, Scratch};
-use half::f16;
+use half::{f16, slice::HalfFloatSliceExt};
 use prima_core::gguf::GgmlType;
 use prima_core::plugin::backend_abi::AttentionParams;
 use std::cell::RefCell;
 
 thread_local! {
-    /// Softmax scores of one query head, reused by each pool thread across calls.
-    static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// Softmax scores of one query group, and one head's probabilities as f16, reused by
+    /// each pool thread across calls.
+    static SCORES: RefCell<(Vec<f32>, Vec<f16>)> = const { RefCell::new((Vec::new(), Vec::new())) };
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -135,8 +136,9 @@ fn attend_group(
     let n_keys = pos + 1 - first;
     let (dk, dv) = (p.head_dim_k as usize, p.head_dim_v as usize);
     SCORES.with(|cell| {
-        let mut buf = cell.borrow_mut();
-        let scores = sized(&mut buf, group * n_keys);
+        let (buf, rounded) = &mut *cell.borrow_mut();
+        let scores = sized(buf, group * n_keys);
+        let rounded = sized(rounded, n_keys);
         let keys = f16_bytes(cache.key_rows(layer, first, pos, kv_head));
         let k_stride = 2 * cache.row_stride_k();
         (products.dots)(dk, keys, k_stride, n_keys, q, group, scores);
@@ -161,8 +163,12 @@ fn attend_group(
                 0.0
             };
             for s in head.iter_mut() {
-                *s = f16::from_f32(*s * norm).to_f32();
+                *s *= norm;
             }
+            // Rounded to f16 and back by `half`'s slice conversions: `f16::from_f32`'s
+            // bits, vectorised where the CPU has F16C.
+            rounded.convert_from_f32_slice(head);
+            rounded.convert_to_f32_slice(head);
         }
         o.fill(0.0);
         let values = f16_bytes(cache.value_rows(layer, first, pos, kv_head));
