@@ -115,7 +115,8 @@ impl Backend for CpuBackend {
         eps: f32,
         mut out: RSliceMut<'_, f32>,
     ) -> BackendResult<()> {
-        to_abi(norm::rms_norm(
+        to_abi(norm::rms_norm_on(
+            &self.pool,
             x.as_slice(),
             &weight,
             eps,
@@ -145,7 +146,8 @@ impl Backend for CpuBackend {
         params: RopeParams<'_>,
     ) -> BackendResult<()> {
         let mut scratch = lock(&self.scratch);
-        to_abi(rope::rope(
+        to_abi(rope::rope_on(
+            &self.pool,
             x.as_mut_slice(),
             n_head as usize,
             head_dim as usize,

@@ -11,7 +11,7 @@
 //! Not for: AMX. Some hosts advertise it yet kill the process with SIGILL, so it is never
 //! probed.
 
-use super::{float, scalar, AxpyF16Fn, FormatKernels};
+use super::{float, scalar, AttentionF16, AxpyF16Fn, FormatKernels};
 use prima_core::gguf::GgmlType;
 use std::sync::OnceLock;
 
@@ -131,6 +131,26 @@ impl KernelLevel {
     }
 }
 
+impl KernelLevel {
+    /// Attention's several-head F16 products at this level, or `None` when this CPU cannot
+    /// run the level.
+    pub fn attention_f16(self) -> Option<AttentionF16> {
+        if !self.is_available() {
+            return None;
+        }
+        Some(match self {
+            #[cfg(target_arch = "x86_64")]
+            KernelLevel::Avx2 => super::x86::attention::AVX2,
+            #[cfg(target_arch = "x86_64")]
+            KernelLevel::Avx512 => super::x86::attention::AVX512,
+            _ => AttentionF16 {
+                dots: float::dots_f16,
+                axpys: float::axpys_f16,
+            },
+        })
+    }
+}
+
 /// Every level this CPU can run, lowest first (tests run them all).
 pub fn available_levels() -> Vec<KernelLevel> {
     KernelLevel::ALL
@@ -205,4 +225,12 @@ pub fn axpy_f16() -> AxpyF16Fn {
         .level
         .axpy_f16()
         .unwrap_or(float::axpy_f16 as AxpyF16Fn)
+}
+
+/// The selected level's several-head attention products.
+pub fn attention_f16() -> AttentionF16 {
+    selection().level.attention_f16().unwrap_or(AttentionF16 {
+        dots: float::dots_f16,
+        axpys: float::axpys_f16,
+    })
 }

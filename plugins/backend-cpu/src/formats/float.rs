@@ -97,3 +97,43 @@ pub fn axpy_f16(acc: &mut [f32], w: f32, v: &[u8]) {
         *a += w * f16::from_le_bytes([b[0], b[1]]).to_f32();
     }
 }
+
+/// [`super::AttentionF16::dots`] from the one-row `vec_dot_f16`.
+pub fn dots_f16(
+    n: usize,
+    keys: &[u8],
+    stride: usize,
+    n_keys: usize,
+    q: &[u8],
+    n_q: usize,
+    out: &mut [f32],
+) {
+    for h in 0..n_q {
+        let qh = &q[2 * n * h..2 * n * (h + 1)];
+        for (j, o) in out[h * n_keys..(h + 1) * n_keys].iter_mut().enumerate() {
+            *o = vec_dot_f16(n, &keys[j * stride..j * stride + 2 * n], qh);
+        }
+    }
+}
+
+/// [`super::AttentionF16::axpys`] from the one-row [`axpy_f16`].
+pub fn axpys_f16(
+    n: usize,
+    values: &[u8],
+    stride: usize,
+    n_rows: usize,
+    w: &[f32],
+    n_q: usize,
+    acc: &mut [f32],
+) {
+    for h in 0..n_q {
+        let acc = &mut acc[h * n..(h + 1) * n];
+        for j in 0..n_rows {
+            axpy_f16(
+                acc,
+                w[h * n_rows + j],
+                &values[j * stride..j * stride + 2 * n],
+            );
+        }
+    }
+}

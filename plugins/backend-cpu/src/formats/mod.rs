@@ -50,6 +50,35 @@ pub const WEIGHT_TYPES: [GgmlType; 13] = [
 /// [`float::axpy_f16`]).
 pub type AxpyF16Fn = fn(acc: &mut [f32], w: f32, v: &[u8]);
 
+/// Attention's two products for several query heads at once (a grouped-query head's
+/// queries against its keys and values), each result the bits of the one-row kernels.
+#[derive(Clone, Copy)]
+pub struct AttentionF16 {
+    /// The query heads' scores against the keys.
+    pub dots: DotsF16Fn,
+    /// The heads' outputs: value rows weighted by their probabilities.
+    pub axpys: AxpysF16Fn,
+}
+
+/// `out[h·n_keys + j]` = the F16 `vec_dot` of key row `j` (`n`
+/// F16 elements, little-endian, rows `stride` bytes apart from `keys[0]`) and query `h`
+/// (`q`: `n_q` rows of `n` F16 elements, contiguous).
+pub type DotsF16Fn =
+    fn(n: usize, keys: &[u8], stride: usize, n_keys: usize, q: &[u8], n_q: usize, out: &mut [f32]);
+
+/// For each head `h < n_q`, [`AxpyF16Fn`] of `acc[h·n ..][..n]`
+/// with weight `w[h·n_rows + j]` and value row `j` (rows `stride` bytes apart from
+/// `values[0]`), for `j` in order.
+pub type AxpysF16Fn = fn(
+    n: usize,
+    values: &[u8],
+    stride: usize,
+    n_rows: usize,
+    w: &[f32],
+    n_q: usize,
+    acc: &mut [f32],
+);
+
 /// Dequantizes a whole row: `src` holds `out.len() / block_elems` blocks.
 pub type DequantizeRowFn = fn(src: &[u8], out: &mut [f32]);
 
@@ -99,6 +128,9 @@ pub type VecDot2x8Fn = fn(
 pub struct PanelKernels {
     /// Weight rows per panel.
     pub rows: usize,
+    /// Tokens per register tile: `ops::matmul`'s token blocks are whole multiples of it,
+    /// so only the prompt's last tokens take a narrower tile.
+    pub tokens: usize,
     /// Bytes of a panel of rows of `n` columns.
     pub panel_bytes: fn(n: usize) -> usize,
     /// Repacks `rows` weight rows of `n` columns, `w_stride` bytes apart, into `panel`.

@@ -17,16 +17,17 @@
 use super::kv_cache::{lock, KvCache, KvStore};
 use super::matmul::SharedOut;
 use super::OpResult;
-use crate::formats::{dispatch, put_f16, AxpyF16Fn, VecDotFn};
+use crate::formats::{dispatch, AttentionF16};
 use crate::pool::{sized, ChunkRunner, Scratch};
-use half::f16;
+use half::{f16, slice::HalfFloatSliceExt};
 use prima_core::gguf::GgmlType;
 use prima_core::plugin::backend_abi::AttentionParams;
 use std::cell::RefCell;
 
 thread_local! {
-    /// Softmax scores of one query head, reused by each pool thread across calls.
-    static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// Softmax scores of one query group, and one head's probabilities as f16, reused by
+    /// each pool thread across calls.
+    static SCORES: RefCell<(Vec<f32>, Vec<f16>)> = const { RefCell::new((Vec::new(), Vec::new())) };
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -62,33 +63,34 @@ pub fn attention(
     cache.write(layer, start, n_tokens, k, v);
 
     let queries = sized(&mut scratch.queries, 2 * q.len());
-    for (i, s) in q.iter().enumerate() {
-        put_f16(queries, 2 * i, *s);
-    }
-    let queries: &[u8] = queries;
-    let dot = dispatch::kernels(GgmlType::F16)
+    // The level's F16 activation quantizer: `put_f16`'s bytes, vectorised.
+    let to_f16 = dispatch::kernels(GgmlType::F16)
         .ok_or_else(|| format!("{OP}: no F16 kernels"))?
-        .vec_dot;
-    let axpy = dispatch::axpy_f16();
+        .quantize_activation;
+    to_f16(q, queries);
+    let queries: &[u8] = queries;
+    let products = dispatch::attention_f16();
     let cache: &KvCache = &cache;
     if dv == 0 {
         return Ok(());
     }
     let group = n_head / n_head_kv;
-    // (token, head) items, a few chunks of them per thread.
-    let n_items = n_tokens * n_head;
+    // (token, KV head) items, each with the query heads that share that KV head (one
+    // pass over its keys and values for all of them), a few chunks of items per thread.
+    let n_items = n_tokens * n_head_kv;
     let per_chunk = n_items.div_ceil(pool.threads() * 4).max(1);
     let dst = SharedOut(out.as_mut_ptr());
     pool.run(n_items.div_ceil(per_chunk), &|c| {
         let first = c * per_chunk;
         for idx in first..(first + per_chunk).min(n_items) {
-            // SAFETY: item `idx` owns `out[idx·dv .. (idx+1)·dv]`, disjoint across items, and
-            // `out` (checked to be n_items·dv long) outlives `run`, which returns when all
-            // chunks are done.
-            let o = unsafe { std::slice::from_raw_parts_mut(dst.ptr().add(idx * dv), dv) };
-            let (t, h) = (idx / n_head, idx % n_head);
-            let qh = &queries[2 * idx * dk..2 * (idx + 1) * dk];
-            attend_one(cache, layer, start + t, h / group, qh, (dot, axpy), p, o);
+            let (t, g) = (idx / n_head_kv, idx % n_head_kv);
+            let h0 = t * n_head + g * group;
+            // SAFETY: item `idx` owns `out[h0·dv .. (h0 + group)·dv]` (its query heads' rows),
+            // disjoint across items, and `out` (checked to be n_tokens·n_head·dv long)
+            // outlives `run`, which returns when all chunks are done.
+            let o = unsafe { std::slice::from_raw_parts_mut(dst.ptr().add(h0 * dv), group * dv) };
+            let qh = &queries[2 * h0 * dk..2 * (h0 + group) * dk];
+            attend_group(cache, layer, start + t, g, qh, group, products, p, o);
         }
     });
     Ok(())
@@ -111,16 +113,17 @@ fn f16_bytes(bits: &[u16]) -> &[u8] {
     unsafe { std::slice::from_raw_parts(bits.as_ptr() as *const u8, 2 * bits.len()) }
 }
 
-/// One query head (`q`: f16 bytes) at position `pos` against KV head `kv_head`, with `dot`
-/// the F16 `vec_dot` and `axpy` the F16 `axpy`; writes `o`.
+/// The `group` query heads (`q`: their f16 bytes, head after head) at position `pos` that
+/// share KV head `kv_head`; writes their outputs, head after head, to `o`.
 #[allow(clippy::too_many_arguments)]
-fn attend_one(
+fn attend_group(
     cache: &KvCache,
     layer: usize,
     pos: usize,
     kv_head: usize,
     q: &[u8],
-    (dot, axpy): (VecDotFn, AxpyF16Fn),
+    group: usize,
+    products: AttentionF16,
     p: &AttentionParams,
     o: &mut [f32],
 ) {
@@ -130,32 +133,46 @@ fn attend_one(
     } else {
         0
     };
+    let n_keys = pos + 1 - first;
+    let (dk, dv) = (p.head_dim_k as usize, p.head_dim_v as usize);
     SCORES.with(|cell| {
-        let mut buf = cell.borrow_mut();
-        let scores = sized(&mut buf, pos + 1 - first);
-        let mut max = f32::NEG_INFINITY;
-        for (s, j) in scores.iter_mut().zip(first..=pos) {
-            let key = cache.key(layer, j, kv_head);
-            *s = p.scale * dot(key.len(), f16_bytes(key), q);
-            if p.softcap != 0.0 {
-                *s = p.softcap * (*s / p.softcap).tanh();
+        let (buf, rounded) = &mut *cell.borrow_mut();
+        let scores = sized(buf, group * n_keys);
+        let rounded = sized(rounded, n_keys);
+        let keys = f16_bytes(cache.key_rows(layer, first, pos, kv_head));
+        let k_stride = 2 * cache.row_stride_k();
+        (products.dots)(dk, keys, k_stride, n_keys, q, group, scores);
+        for head in scores.chunks_exact_mut(n_keys) {
+            let mut max = f32::NEG_INFINITY;
+            for s in head.iter_mut() {
+                *s *= p.scale;
+                if p.softcap != 0.0 {
+                    *s = p.softcap * (*s / p.softcap).tanh();
+                }
+                max = max.max(*s);
             }
-            max = max.max(*s);
+            // The exps first, then their sum: the sum's f64 chain is not held up by the
+            // `exp` calls (same order, same bits).
+            for s in head.iter_mut() {
+                *s = (*s - max).exp();
+            }
+            let total = head.iter().fold(0.0f64, |t, &s| t + s as f64);
+            let norm = if total > 0.0 {
+                (1.0 / total) as f32
+            } else {
+                0.0
+            };
+            for s in head.iter_mut() {
+                *s *= norm;
+            }
+            // Rounded to f16 and back by `half`'s slice conversions: `f16::from_f32`'s
+            // bits, vectorised where the CPU has F16C.
+            rounded.convert_from_f32_slice(head);
+            rounded.convert_to_f32_slice(head);
         }
-        let mut total = 0.0f64;
-        for s in scores.iter_mut() {
-            *s = (*s - max).exp();
-            total += *s as f64;
-        }
-        let norm = if total > 0.0 {
-            (1.0 / total) as f32
-        } else {
-            0.0
-        };
         o.fill(0.0);
-        for (s, j) in scores.iter().zip(first..=pos) {
-            let weight = f16::from_f32(s * norm).to_f32();
-            axpy(o, weight, f16_bytes(cache.value(layer, j, kv_head)));
-        }
+        let values = f16_bytes(cache.value_rows(layer, first, pos, kv_head));
+        let v_stride = 2 * cache.row_stride_v();
+        (products.axpys)(dv, values, v_stride, n_keys, scores, group, o);
     });
 }

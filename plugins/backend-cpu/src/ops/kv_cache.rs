@@ -83,6 +83,29 @@ impl KvCache {
     /// Stores `n` rows of `n_head_kv × head_dim` at positions `start ..`, and makes
     /// `start + n` the layer's length (later positions are now stale). The caller has
     /// checked the shapes, `start ≤ len(layer)` and `start + n ≤ n_ctx`.
+    /// Key rows `first ..= last` of KV head `head` in `layer` as one slice, from the first
+    /// row's start to the last row's end, rows [`KvCache::row_stride_k`] elements apart.
+    pub fn key_rows(&self, layer: usize, first: usize, last: usize, head: usize) -> &[u16] {
+        let end = self.k_offset(layer, last, head) + self.spec.head_dim_k as usize;
+        &self.k[self.k_offset(layer, first, head)..end]
+    }
+
+    /// [`KvCache::key_rows`] for values.
+    pub fn value_rows(&self, layer: usize, first: usize, last: usize, head: usize) -> &[u16] {
+        let end = self.v_offset(layer, last, head) + self.spec.head_dim_v as usize;
+        &self.v[self.v_offset(layer, first, head)..end]
+    }
+
+    /// Elements from one position's key row of a head to the next position's.
+    pub fn row_stride_k(&self) -> usize {
+        self.spec.n_head_kv as usize * self.spec.head_dim_k as usize
+    }
+
+    /// Elements from one position's value row of a head to the next position's.
+    pub fn row_stride_v(&self) -> usize {
+        self.spec.n_head_kv as usize * self.spec.head_dim_v as usize
+    }
+
     pub fn write(&mut self, layer: usize, start: usize, n: usize, k: &[f32], v: &[f32]) {
         let ko = self.k_offset(layer, start, 0);
         for (dst, src) in self.k[ko..ko + k.len()].iter_mut().zip(k) {

@@ -116,46 +116,65 @@ pub fn matmul(
         few_pack,
         ..
     } = scratch;
+    // Row panels for a prompt, where the level has them and the small-batch kernels do
+    // not take the batch.
+    let few_takes = |f: &crate::formats::FewKernels| (2..=f.max_tokens).contains(&n_tokens);
+    let panel = kernels.panel.filter(|p| {
+        !kernels.few.is_some_and(|f| few_takes(&f))
+            && n_tokens >= PANEL_MIN_TOKENS
+            && w.rows >= p.rows
+    });
+    let aux_bytes = panel.map_or(0, |p| (p.aux_bytes)(w.cols));
     let act = sized(activations, n_tokens * act_row_bytes);
+    let aux = aligned(panel_aux, n_tokens * aux_bytes);
     if n_tokens == 1 {
         (kernels.quantize_activation)(x, act);
     } else {
+        // Each token converted, and given its panel side data, in one pass over the pool,
+        // a few tokens per chunk so the claims cost little beside the work.
         let act_out = SharedOut(act.as_mut_ptr() as *mut f32);
-        pool.run(n_tokens, &|t| {
-            let _ = &act_out;
-            // SAFETY: token `t` owns bytes `t·act_row_bytes ..` of `act`, disjoint per chunk.
-            let a = unsafe {
-                std::slice::from_raw_parts_mut(
-                    (act_out.0 as *mut u8).add(t * act_row_bytes),
-                    act_row_bytes,
-                )
-            };
-            (kernels.quantize_activation)(&x[t * w.cols..(t + 1) * w.cols], a);
+        let aux_out = SharedOut(aux.as_mut_ptr() as *mut f32);
+        let per_chunk = n_tokens.div_ceil(pool.threads() * CHUNKS_PER_THREAD);
+        pool.run(n_tokens.div_ceil(per_chunk), &|c| {
+            for t in c * per_chunk..((c + 1) * per_chunk).min(n_tokens) {
+                // SAFETY: token `t` owns bytes `t·act_row_bytes ..` of `act` and
+                // `t·aux_bytes ..` of `aux`, disjoint per token; both outlive `run`, which
+                // returns when every chunk is done.
+                let (a, x_aux) = unsafe {
+                    (
+                        std::slice::from_raw_parts_mut(
+                            (act_out.ptr() as *mut u8).add(t * act_row_bytes),
+                            act_row_bytes,
+                        ),
+                        std::slice::from_raw_parts_mut(
+                            (aux_out.ptr() as *mut u8).add(t * aux_bytes),
+                            aux_bytes,
+                        ),
+                    )
+                };
+                (kernels.quantize_activation)(&x[t * w.cols..(t + 1) * w.cols], a);
+                if let Some(p) = panel {
+                    (p.prep)(w.cols, a, x_aux);
+                }
+            }
         });
     }
-    let act: &[u8] = act;
+    let (act, aux): (&[u8], &[u8]) = (act, aux);
 
     // A few tokens: packed once, then each row unpacked once for all of them.
-    let few = kernels
-        .few
-        .filter(|f| (2..=f.max_tokens).contains(&n_tokens))
-        .map(|f| {
-            let pack = sized(few_pack, (f.pack_bytes)(w.cols, n_tokens));
-            (f.pack)(w.cols, act, act_row_bytes, n_tokens, pack);
-            (f.dot, &*pack)
-        });
-    if let Some(panel) = kernels
-        .panel
-        .filter(|p| few.is_none() && n_tokens >= PANEL_MIN_TOKENS && w.rows >= p.rows)
-    {
+    let few = kernels.few.filter(few_takes).map(|f| {
+        let pack = sized(few_pack, (f.pack_bytes)(w.cols, n_tokens));
+        (f.pack)(w.cols, act, act_row_bytes, n_tokens, pack);
+        (f.dot, &*pack)
+    });
+    if let Some(panel) = panel {
         let panel_rows = w.rows / panel.rows * panel.rows;
         panel_matmul(
             pool,
-            panel_aux,
             panel,
             &w,
-            act,
-            act_row_bytes,
+            (act, act_row_bytes),
+            (aux, aux_bytes),
             n_tokens,
             out,
         );
@@ -222,30 +241,18 @@ pub fn matmul(
     Ok(())
 }
 
-/// The whole panels of `w` against every token: per-token side data first, then chunks of
-/// panels over the pool, each packed once and dotted against all tokens.
-#[allow(clippy::too_many_arguments)]
+/// The whole panels of `w` against every token (activation rows and their side data
+/// `act`, `aux`, each with its per-token bytes): chunks of panels over the pool, each
+/// packed once and dotted against all tokens.
 fn panel_matmul(
     pool: &impl ChunkRunner,
-    aux_buf: &mut Vec<u8>,
     p: PanelKernels,
     w: &Weight<'_>,
-    act: &[u8],
-    act_row_bytes: usize,
+    (act, act_row_bytes): (&[u8], usize),
+    (aux, aux_bytes): (&[u8], usize),
     n_tokens: usize,
     out: &mut [f32],
 ) {
-    let aux_bytes = (p.aux_bytes)(w.cols);
-    let aux = sized(aux_buf, n_tokens * aux_bytes);
-    let aux_out = SharedOut(aux.as_mut_ptr() as *mut f32);
-    pool.run(n_tokens, &|t| {
-        // SAFETY: token `t` owns bytes `t·aux_bytes ..` of `aux`, disjoint per chunk.
-        let x = unsafe {
-            std::slice::from_raw_parts_mut((aux_out.ptr() as *mut u8).add(t * aux_bytes), aux_bytes)
-        };
-        (p.prep)(w.cols, &act[t * act_row_bytes..(t + 1) * act_row_bytes], x);
-    });
-    let aux: &[u8] = aux;
     let n_panels = w.rows / p.rows;
     let panel_bytes = (p.panel_bytes)(w.cols);
     // A chunk's panels are all packed first, then walked by each token block, so both
@@ -254,17 +261,20 @@ fn panel_matmul(
     let per_chunk = n_panels
         .div_ceil(pool.threads() * CHUNKS_PER_THREAD)
         .clamp(1, (CHUNK_PANEL_BYTES / panel_bytes.max(1)).max(1));
-    let token_block = match TOKEN_TILE_BYTES / (act_row_bytes + aux_bytes).max(1) {
-        t if t >= 8 => t / 8 * 8,
-        _ => 8,
-    }
-    .min(n_tokens);
+    // A whole number of chunks per thread where the panels allow, so no thread is left
+    // with one last chunk while the others wait (15 chunks of 10 panels on 2 threads → 16
+    // of 9).
+    let threads = pool.threads().max(1);
+    let per_chunk = n_panels.div_ceil(n_panels.div_ceil(per_chunk).next_multiple_of(threads));
+    let token_block =
+        (TOKEN_TILE_BYTES / (act_row_bytes + aux_bytes).max(1)).max(p.tokens) / p.tokens * p.tokens;
+    let token_block = token_block.min(n_tokens);
     let dst = SharedOut(out.as_mut_ptr());
     pool.run(n_panels.div_ceil(per_chunk), &|c| {
         PANEL.with(|cell| {
             let (panel_buf, tile_buf) = &mut *cell.borrow_mut();
             let (i0, i1) = (c * per_chunk, ((c + 1) * per_chunk).min(n_panels));
-            let panels = sized(panel_buf, (i1 - i0) * panel_bytes);
+            let panels = aligned(panel_buf, (i1 - i0) * panel_bytes);
             for (i, panel) in (i0..i1).zip(panels.chunks_exact_mut(panel_bytes.max(1))) {
                 let first = i * p.rows;
                 let rows = &w.data[first * w.row_bytes..(first + p.rows) * w.row_bytes];
@@ -295,12 +305,41 @@ fn panel_matmul(
                                 p.rows,
                             )
                         };
-                        o.copy_from_slice(lanes);
+                        put_lanes(o, lanes);
                     }
                 }
             }
         })
     });
+}
+
+/// `o.copy_from_slice(lanes)` for a panel's rows, without a `memcpy` call for each token's
+/// four to sixteen floats (slice copies of the matched lengths were merged back into one
+/// call of the run-time length).
+#[inline]
+fn put_lanes(o: &mut [f32], lanes: &[f32]) {
+    fn put<const N: usize>(o: &mut [f32], lanes: &[f32]) {
+        let v: [f32; N] = core::array::from_fn(|i| lanes[i]);
+        for (o, v) in o[..N].iter_mut().zip(v) {
+            *o = v;
+        }
+    }
+    assert_eq!(o.len(), lanes.len(), "panel results: row counts differ");
+    match o.len() {
+        4 => put::<4>(o, lanes),
+        8 => put::<8>(o, lanes),
+        16 => put::<16>(o, lanes),
+        _ => o.copy_from_slice(lanes),
+    }
+}
+
+/// `len` bytes of `buf` starting at a 64-byte (cache line) boundary: the float panels'
+/// vector loads then never straddle two lines (which cost the AVX2 tile a quarter of its
+/// speed, since a split load counts twice).
+fn aligned(buf: &mut Vec<u8>, len: usize) -> &mut [u8] {
+    let b = sized(buf, len + 63);
+    let skip = b.as_ptr().align_offset(64);
+    &mut b[skip..skip + len]
 }
 
 /// Asks for `bytes` to be brought into the L2 cache ahead of their use.

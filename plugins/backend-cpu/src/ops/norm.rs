@@ -1,8 +1,52 @@
 //! RMS normalisation, as ggml's `rms_norm` followed by `mul`: the mean of squares is summed
 //! in f64, `scale = 1 / sqrt(mean + eps)` in f32, then `y = (x · scale) · weight`.
 
+use super::matmul::SharedOut;
 use super::{expect_len, OpResult, Weight};
+use crate::pool::ChunkRunner;
 use prima_core::plugin::backend_abi::TensorView;
+
+/// Fewest rows (tokens) worth splitting over the pool: a row is a few hundred nanoseconds
+/// of f64 sum, which the hand-off would eat for fewer.
+const POOL_MIN_ROWS: usize = 8;
+
+/// [`rms_norm`] with the rows split over `pool` (a prompt's tokens), same bits.
+pub fn rms_norm_on(
+    pool: &impl ChunkRunner,
+    x: &[f32],
+    weight: &TensorView<'_>,
+    eps: f32,
+    out: &mut [f32],
+) -> OpResult<()> {
+    let n = weight.cols as usize;
+    if pool.threads() < 2
+        || n == 0
+        || !x.len().is_multiple_of(n)
+        || x.len() / n < POOL_MIN_ROWS
+        || x.len() != out.len()
+    {
+        // Too few rows to split, or bad lengths that `rms_norm` reports.
+        return rms_norm(x, weight, eps, out);
+    }
+    let rows = x.len() / n;
+    let per_chunk = rows.div_ceil(pool.threads() * 2);
+    let dst = SharedOut(out.as_mut_ptr());
+    let failed = std::sync::Mutex::new(None);
+    pool.run(rows.div_ceil(per_chunk), &|c| {
+        let (lo, hi) = (c * per_chunk * n, ((c + 1) * per_chunk * n).min(x.len()));
+        // SAFETY: chunk `c` owns elements `lo .. hi` of `out` (as long as `x`, checked
+        // above), disjoint per chunk, and `out` outlives `run`, which returns when every
+        // chunk is done.
+        let o = unsafe { std::slice::from_raw_parts_mut(dst.ptr().add(lo), hi - lo) };
+        if let Err(e) = rms_norm(&x[lo..hi], weight, eps, o) {
+            *failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
+        }
+    });
+    match failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
 
 /// Normalises each row of `x` (row length = `weight.cols`) into `out`.
 pub fn rms_norm(x: &[f32], weight: &TensorView<'_>, eps: f32, out: &mut [f32]) -> OpResult<()> {

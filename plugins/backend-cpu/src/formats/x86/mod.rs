@@ -13,6 +13,7 @@
 //! Block-quant kernels assume activations came from the quantizers (|q| ≤ 127), as
 //! `maddubs`-based dots need.
 
+pub mod attention;
 pub mod avx2;
 pub mod avx512;
 #[macro_use]

@@ -9,8 +9,8 @@
 //! (`|w| · sign(a, w)`), since biased bytes would saturate `vpmaddubsw`. Same numerics
 //! contract as `panel512`: exact integer block sums, the scalar float terms lane by lane.
 
-use super::avx2::{f32_at, reduce16};
-use super::panel512::{element, float_kernels, float_slot, BF16, F16, F32, FLOAT_ROWS};
+use super::avx2::f32_at;
+use super::panel512::{element, float_kernels, BF16, F16, F32, FLOAT_ROWS};
 use super::panel512::{
     k4_block, k6_block, legacy_block, pack_k16, pack_legacy, pack_q4_k_imp, prep_q8_0, prep_q8_1,
     prep_q8_k, DDSM, K_AUX, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0_SIGNED, SDD,
@@ -31,6 +31,7 @@ pub(in crate::formats) fn kernels(t: GgmlType) -> Option<PanelKernels> {
     use GgmlType as T;
     let legacy = |pack, prep, gemm| PanelKernels {
         rows: ROWS,
+        tokens: TOKENS,
         panel_bytes: |n| n / 32 * legacy_block(ROWS),
         pack,
         aux_bytes: |n| n / 32 * 8,
@@ -39,6 +40,7 @@ pub(in crate::formats) fn kernels(t: GgmlType) -> Option<PanelKernels> {
     };
     let k = |panel_bytes, pack, gemm| PanelKernels {
         rows: ROWS,
+        tokens: TOKENS,
         panel_bytes,
         pack,
         aux_bytes: |n| n / QK_K * K_AUX,
@@ -56,9 +58,9 @@ pub(in crate::formats) fn kernels(t: GgmlType) -> Option<PanelKernels> {
         T::Q6K => k(|n| n / QK_K * k6_block(ROWS), pack_q6_k, gemm_q6_k),
         T::Q3K => k(|n| n / QK_K * k6_block(ROWS), pack_q3_k, gemm_q3_k),
         T::Q2K => k(|n| n / QK_K * k6_block(ROWS), pack_q2_k, gemm_q2_k),
-        T::F16 => float_kernels(pack_f16, prep_f16, gemm_f16),
-        T::BF16 => float_kernels(pack_bf16, prep_bf16, gemm_bf16),
-        T::F32 => float_kernels(pack_f32, prep_f32, gemm_f32),
+        T::F16 => float_kernels(FLOAT_TOKENS, pack_f16, prep_f16, gemm_f16),
+        T::BF16 => float_kernels(FLOAT_TOKENS, pack_bf16, prep_bf16, gemm_bf16),
+        T::F32 => float_kernels(FLOAT_TOKENS, pack_f32, prep_f32, gemm_f32),
         _ => return None,
     })
 }
@@ -447,8 +449,20 @@ k_gemms! {
     gemm_q2_k => k16_tile::<Q2K>, k6_block(ROWS);
 }
 
-// ---- F16, BF16, F32: `panel512`'s float panels (four rows widened to f32, 16-element
-// chunks), one token at a time: eight accumulators of four rows' two 8-lane halves.
+// ---- F16, BF16, F32: four rows × up to three tokens, in two 8-lane passes ----
+//
+// The float dot's lanes are fixed (element `i` in lane `i % 16`, folded by halving, see
+// `formats::float`), and a lane's sum never meets another lane's before the fold, so the
+// sixteen lanes run as two passes of eight (low half, then high half). Each pass holds all
+// four rows × three tokens in one register each: every weight vector loaded feeds three
+// accumulators and every activation vector four, against `panel512`'s two × two tiles of
+// both halves that loaded one vector per two FMAs. Panels (four rows widened to f32) and
+// the widened activations are laid out by half — all chunks' low eight lanes, then all
+// their high eight — so a pass reads half the bytes, contiguously, and a panel of a long
+// row and a tile's activations stay in L1 for both passes.
+
+/// Tokens per float tile: twelve accumulators of four rows, and the loads feeding them.
+const FLOAT_TOKENS: usize = 3;
 
 /// Eight elements of format `F` at `p`, widened to f32 (exact).
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -464,23 +478,35 @@ unsafe fn widen8<const F: u8>(p: *const u8) -> __m256 {
     }
 }
 
-/// Widens `n` elements of format `F` at `src` to f32s at `dst`, with `slot(i)` the f32
-/// index of element `i` (8-element runs from a multiple of 8 stay contiguous).
+/// Where element `i` of row `r` (of `rows`) goes in a half-split float row group: for the
+/// `n / 16` whole 16-element chunks, `[half][chunk][row][8]`; then each row's `n % 16`
+/// tail. With `rows = 1` this is a token's activation layout.
+#[inline]
+fn half_slot(n: usize, rows: usize, r: usize, i: usize) -> usize {
+    let full = n / 16 * 16;
+    if i < full {
+        ((i % 16 / 8 * (full / 16) + i / 16) * rows + r) * 8 + i % 8
+    } else {
+        rows * full + r * (n - full) + (i - full)
+    }
+}
+
+/// Widens a row of `n` elements of format `F` at `src` into row `r` of a half-split group
+/// of `rows` rows at `dst` (see [`half_slot`]).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn widen_row<const F: u8>(
-    n: usize,
-    src: *const u8,
-    dst: *mut f32,
-    slot: impl Fn(usize) -> usize,
-) {
+unsafe fn widen_row<const F: u8>(n: usize, src: *const u8, dst: *mut f32, rows: usize, r: usize) {
     let size = if F == F32 { 4 } else { 2 };
-    let full = n / 16 * 16;
-    for i in (0..full).step_by(8) {
-        _mm256_storeu_ps(dst.add(slot(i)), widen8::<F>(src.add(size * i)));
+    let chunks = n / 16;
+    for c in 0..chunks {
+        let at = (c * rows + r) * 8;
+        _mm256_storeu_ps(dst.add(at), widen8::<F>(src.add(size * 16 * c)));
+        let at = at + chunks * rows * 8;
+        _mm256_storeu_ps(dst.add(at), widen8::<F>(src.add(size * (16 * c + 8))));
     }
-    for i in full..n {
-        dst.add(slot(i)).write_unaligned(element::<F>(src, i));
+    for i in 16 * chunks..n {
+        dst.add(half_slot(n, rows, r, i))
+            .write_unaligned(element::<F>(src, i));
     }
 }
 
@@ -493,9 +519,7 @@ unsafe fn pack_float<const F: u8>(n: usize, w: &[u8], w_stride: usize, panel: &m
     );
     let dst = panel.as_mut_ptr() as *mut f32;
     for r in 0..FLOAT_ROWS {
-        widen_row::<F>(n, w.as_ptr().add(r * w_stride), dst, |i| {
-            float_slot(n, r, i)
-        });
+        widen_row::<F>(n, w.as_ptr().add(r * w_stride), dst, FLOAT_ROWS, r);
     }
 }
 
@@ -506,12 +530,11 @@ unsafe fn prep_float<const F: u8>(n: usize, act: &[u8], aux: &mut [u8]) {
         act.len() >= n * size && aux.len() >= 4 * n,
         "panel prep: short rows"
     );
-    widen_row::<F>(n, act.as_ptr(), aux.as_mut_ptr() as *mut f32, |i| i);
+    widen_row::<F>(n, act.as_ptr(), aux.as_mut_ptr() as *mut f32, 1, 0);
 }
 
-/// `T` tokens (f32 activations `st` bytes apart from `a`) against a float panel, two rows
-/// at a time: `out[4k + r]`. Each weight vector loaded feeds `T` accumulators, each
-/// activation vector two.
+/// `T` tokens (widened activations `st` bytes apart from `a`) against a float panel:
+/// `out[4k + r]`, each the 16-lane fold of its two halves plus the scalar tail.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn float_tile<const T: usize, const FUSED: bool>(
     n: usize,
@@ -521,44 +544,101 @@ unsafe fn float_tile<const T: usize, const FUSED: bool>(
     out: *mut f32,
 ) {
     let full = n / 16 * 16;
-    for pair in 0..FLOAT_ROWS / 2 {
-        let mut acc = [[[_mm256_setzero_ps(); 2]; T]; 2];
-        for c in 0..n / 16 {
-            // Plain loops: a closure here is not always inlined, and one that is not
-            // returns its vectors through memory on every step (AVX2 F16 prefill ran at a
-            // tenth of its speed that way).
-            let mut x = [[_mm256_setzero_ps(); 2]; T];
-            for (k, x) in x.iter_mut().enumerate() {
-                for (h, x) in x.iter_mut().enumerate() {
-                    *x = _mm256_loadu_ps(a.add(k * st + 64 * c + 32 * h) as *const f32);
-                }
-            }
-            for (rr, acc) in acc.iter_mut().enumerate() {
-                let wp = panel.add(64 * (c * FLOAT_ROWS + 2 * pair + rr));
-                for h in 0..2 {
-                    let w = _mm256_loadu_ps(wp.add(32 * h) as *const f32);
-                    for k in 0..T {
-                        acc[k][h] = if FUSED {
-                            _mm256_fmadd_ps(w, x[k][h], acc[k][h])
-                        } else {
-                            _mm256_add_ps(acc[k][h], _mm256_mul_ps(w, x[k][h]))
-                        };
-                    }
-                }
-            }
+    // Each half of the chunks: 8 f32s per chunk of a token, per row of the panel.
+    let (a_half, w_half) = (32 * (full / 16), FLOAT_ROWS * 32 * (full / 16));
+    let lo = float_half::<T, FUSED>(full / 16, panel, a, st);
+    let hi = float_half::<T, FUSED>(full / 16, panel.add(w_half), a.add(a_half), st);
+    // The first folding step (`l + l+8`) for every result, in output order `4k + r`, then
+    // the rest eight results at a time (four in the last group when `T` is odd).
+    let mut s = [_mm256_setzero_ps(); 12];
+    for r in 0..FLOAT_ROWS {
+        for k in 0..T {
+            s[FLOAT_ROWS * k + r] = _mm256_add_ps(lo[r][k], hi[r][k]);
         }
-        for (rr, acc) in acc.iter().enumerate() {
-            let r = 2 * pair + rr;
-            for (k, acc) in acc.iter().enumerate() {
-                let mut sum = reduce16(acc[0], acc[1]);
-                for i in full..n {
-                    let w = f32_at(panel.add(4 * float_slot(n, r, i)));
-                    sum += w * f32_at(a.add(k * st + 4 * i));
-                }
-                *out.add(FLOAT_ROWS * k + r) = sum;
+    }
+    for g in (0..FLOAT_ROWS * T).step_by(8) {
+        let o = |p: usize| s.get(g + p).copied().unwrap_or(_mm256_setzero_ps());
+        let f = fold8x8([o(0), o(4), o(1), o(5), o(2), o(6), o(3), o(7)]);
+        if g + 8 <= FLOAT_ROWS * T {
+            _mm256_storeu_ps(out.add(g), f);
+        } else {
+            _mm_storeu_ps(out.add(g), _mm256_castps256_ps128(f));
+        }
+    }
+    for r in 0..FLOAT_ROWS {
+        for k in 0..T {
+            let sum = &mut *out.add(FLOAT_ROWS * k + r);
+            for i in full..n {
+                let w = f32_at(panel.add(4 * half_slot(n, FLOAT_ROWS, r, i)));
+                *sum += w * f32_at(a.add(k * st + 4 * half_slot(n, 1, 0, i)));
             }
         }
     }
+}
+
+/// Eight 8-lane vectors folded as the rest of [`reduce16`] folds one (`+4`, `+2`, `+1`),
+/// but together, each step adding two vectors' halves side by side: 7 adds and 14 shuffles
+/// for eight sums instead of eight horizontal folds. Lane `p` of the result is the fold
+/// of `v[2p]` for `p < 4`, of `v[2p − 7]` above.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn fold8x8(v: [__m256; 8]) -> __m256 {
+    // Lanes 0–3 `v[2i]`'s lanes 0–3 plus its lanes 4–7, lanes 4–7 `v[2i + 1]`'s.
+    let t: [__m256; 4] = core::array::from_fn(|i| {
+        let (x, y) = (v[2 * i], v[2 * i + 1]);
+        _mm256_add_ps(
+            _mm256_permute2f128_ps::<0x20>(x, y),
+            _mm256_permute2f128_ps::<0x31>(x, y),
+        )
+    });
+    // 128-bit lane 0 of `u[i]`: `v[4i]`'s two sums (`+2`), then `v[4i + 2]`'s; lane 1 the
+    // same of `v[4i + 1]` and `v[4i + 3]`.
+    let u: [__m256; 2] = core::array::from_fn(|i| {
+        let (x, y) = (_mm256_castps_pd(t[2 * i]), _mm256_castps_pd(t[2 * i + 1]));
+        _mm256_add_ps(
+            _mm256_castpd_ps(_mm256_unpacklo_pd(x, y)),
+            _mm256_castpd_ps(_mm256_unpackhi_pd(x, y)),
+        )
+    });
+    _mm256_add_ps(
+        _mm256_shuffle_ps::<0x88>(u[0], u[1]),
+        _mm256_shuffle_ps::<0xDD>(u[0], u[1]),
+    )
+}
+
+/// One 8-lane half of [`float_tile`]'s sums over `chunks` chunks (`panel` and `a` at the
+/// half). Not inlined: a pass's twelve accumulators then own the registers, where inlined
+/// the compiler kept one of the second pass's in memory.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline(never)]
+#[allow(clippy::needless_range_loop)] // r and k index the accumulators, rows and tokens
+unsafe fn float_half<const T: usize, const FUSED: bool>(
+    chunks: usize,
+    panel: *const u8,
+    a: *const u8,
+    st: usize,
+) -> [[__m256; T]; FLOAT_ROWS] {
+    let mut acc = [[_mm256_setzero_ps(); T]; FLOAT_ROWS];
+    for c in 0..chunks {
+        // Plain loops: a closure here is not always inlined, and one that is not returns
+        // its vectors through memory on every step (AVX2 F16 prefill ran at a tenth of its
+        // speed that way).
+        let mut x = [_mm256_setzero_ps(); T];
+        for k in 0..T {
+            x[k] = _mm256_loadu_ps(a.add(k * st + 32 * c) as *const f32);
+        }
+        for r in 0..FLOAT_ROWS {
+            let w = _mm256_loadu_ps(panel.add(32 * (c * FLOAT_ROWS + r)) as *const f32);
+            for k in 0..T {
+                acc[r][k] = if FUSED {
+                    _mm256_fmadd_ps(w, x[k], acc[r][k])
+                } else {
+                    _mm256_add_ps(acc[r][k], _mm256_mul_ps(w, x[k]))
+                };
+            }
+        }
+    }
+    acc
 }
 
 fn float_gemm<const FUSED: bool>(
@@ -585,14 +665,13 @@ fn float_gemm<const FUSED: bool>(
         // SAFETY: reached only through `kernels` (AVX2, FMA, F16C detected); the checks
         // above cover every element the tile reads, and `out` holds `nt` tokens' 4 rows.
         unsafe {
-            if t + 2 <= nt {
-                float_tile::<2, FUSED>(n, panel.as_ptr(), x, aux_stride, o);
-                t += 2;
-            } else {
-                float_tile::<1, FUSED>(n, panel.as_ptr(), x, aux_stride, o);
-                t += 1;
+            match nt - t {
+                1 => float_tile::<1, FUSED>(n, panel.as_ptr(), x, aux_stride, o),
+                2 => float_tile::<2, FUSED>(n, panel.as_ptr(), x, aux_stride, o),
+                _ => float_tile::<FLOAT_TOKENS, FUSED>(n, panel.as_ptr(), x, aux_stride, o),
             }
         }
+        t += (nt - t).min(FLOAT_TOKENS);
     }
 }
 

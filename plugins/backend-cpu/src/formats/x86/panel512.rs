@@ -31,6 +31,7 @@ pub(in crate::formats) fn kernels(t: GgmlType) -> Option<PanelKernels> {
     use GgmlType as T;
     let legacy = |pack, prep, gemm| PanelKernels {
         rows: ROWS,
+        tokens: TOKENS,
         panel_bytes: |n| n / 32 * LEGACY_BLOCK,
         pack,
         aux_bytes: |n| n / 32 * 8,
@@ -39,6 +40,7 @@ pub(in crate::formats) fn kernels(t: GgmlType) -> Option<PanelKernels> {
     };
     let k = |panel_bytes, pack, gemm| PanelKernels {
         rows: ROWS,
+        tokens: TOKENS,
         panel_bytes,
         pack,
         aux_bytes: |n| n / QK_K * K_AUX,
@@ -56,9 +58,9 @@ pub(in crate::formats) fn kernels(t: GgmlType) -> Option<PanelKernels> {
         T::Q6K => k(|n| n / QK_K * K6_BLOCK, pack_q6_k, gemm_k16::<Q6K>),
         T::Q3K => k(|n| n / QK_K * K6_BLOCK, pack_q3_k, gemm_k16::<Q3K>),
         T::Q2K => k(|n| n / QK_K * K6_BLOCK, pack_q2_k, gemm_k16::<Q2K>),
-        T::F16 => float_kernels(pack_f16, prep_f16, gemm_f16),
-        T::BF16 => float_kernels(pack_bf16, prep_bf16, gemm_bf16),
-        T::F32 => float_kernels(pack_f32, prep_f32, gemm_f32),
+        T::F16 => float_kernels(FLOAT_TOKENS, pack_f16, prep_f16, gemm_f16),
+        T::BF16 => float_kernels(FLOAT_TOKENS, pack_bf16, prep_bf16, gemm_bf16),
+        T::F32 => float_kernels(FLOAT_TOKENS, pack_f32, prep_f32, gemm_f32),
         _ => return None,
     })
 }
@@ -835,12 +837,14 @@ pub(super) const F16: u8 = 1;
 pub(super) const BF16: u8 = 2;
 
 pub(super) fn float_kernels(
+    tokens: usize,
     pack: fn(usize, &[u8], usize, &mut [u8]),
     prep: fn(usize, &[u8], &mut [u8]),
     gemm: crate::formats::PanelGemmFn,
 ) -> PanelKernels {
     PanelKernels {
         rows: FLOAT_ROWS,
+        tokens,
         panel_bytes: |n| FLOAT_ROWS * 4 * n,
         pack,
         aux_bytes: |n| 4 * n,
@@ -966,17 +970,65 @@ unsafe fn float_tile<const G: usize, const FUSED: bool>(
             }
         }
     }
+    if G == FLOAT_TOKENS {
+        // All sixteen folded at once; lane `4k + r` is row `r`, token `k` (see `fold16x16`).
+        let v = core::array::from_fn(|j| acc[j / G][j % G]);
+        _mm512_storeu_ps(out, fold16x16(v));
+    } else {
+        for k in 0..G {
+            for r in 0..FLOAT_ROWS {
+                *out.add(FLOAT_ROWS * k + r) = fold16(acc[r][k]);
+            }
+        }
+    }
     for k in 0..G {
         let a = aux.add(k * aux_stride);
         for r in 0..FLOAT_ROWS {
-            let mut sum = fold16(acc[r][k]);
+            let sum = &mut *out.add(FLOAT_ROWS * k + r);
             for i in full..n {
                 let w = f32_at(panel.add(4 * float_slot(n, r, i)));
-                sum += w * f32_at(a.add(4 * i));
+                *sum += w * f32_at(a.add(4 * i));
             }
-            *out.add(FLOAT_ROWS * k + r) = sum;
         }
     }
+}
+
+/// Sixteen vectors folded as [`fold16`] folds one — `l + l+8`, `+4`, `+2`, `+1` — but
+/// together, each step adding two vectors' halves side by side, so sixteen sums cost 15
+/// adds and 30 shuffles instead of sixteen horizontal folds. Lane `4q + m` of the result
+/// is the fold of `v[4m + q]`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn fold16x16(v: [__m512; 16]) -> __m512 {
+    // Lanes 0–7 the halves of `x` added (`l + l+8`), lanes 8–15 those of `y`.
+    let s: [__m512; 8] = core::array::from_fn(|i| {
+        let (x, y) = (v[2 * i], v[2 * i + 1]);
+        _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0x44>(x, y),
+            _mm512_shuffle_f32x4::<0xEE>(x, y),
+        )
+    });
+    // Quarter `j` of `t[i]`: `v[4i + j]`'s lanes 0–3 plus its lanes 4–7 (`+4`).
+    let t: [__m512; 4] = core::array::from_fn(|i| {
+        let (x, y) = (s[2 * i], s[2 * i + 1]);
+        _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0x88>(x, y),
+            _mm512_shuffle_f32x4::<0xDD>(x, y),
+        )
+    });
+    // Quarter `q` of `u[i]`: `v[8i + q]`'s two sums (`+2`), then `v[8i + 4 + q]`'s.
+    let u: [__m512; 2] = core::array::from_fn(|i| {
+        let (x, y) = (_mm512_castps_pd(t[2 * i]), _mm512_castps_pd(t[2 * i + 1]));
+        _mm512_add_ps(
+            _mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
+            _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)),
+        )
+    });
+    // Quarter `q`: `v[q]`, `v[4 + q]`, `v[8 + q]`, `v[12 + q]` (`+1`).
+    _mm512_add_ps(
+        _mm512_shuffle_ps::<0x88>(u[0], u[1]),
+        _mm512_shuffle_ps::<0xDD>(u[0], u[1]),
+    )
 }
 
 fn float_gemm<const FUSED: bool>(
@@ -1003,14 +1055,16 @@ fn float_gemm<const FUSED: bool>(
         // SAFETY: reached only through `kernels`, handed out after detecting the AVX-512
         // features; the checks above cover every element the tile reads and writes.
         unsafe {
-            if t + FLOAT_TOKENS <= nt {
-                float_tile::<FLOAT_TOKENS, FUSED>(n, panel.as_ptr(), x, aux_stride, o);
-                t += FLOAT_TOKENS;
-            } else {
-                float_tile::<1, FUSED>(n, panel.as_ptr(), x, aux_stride, o);
-                t += 1;
+            match nt - t {
+                1 => float_tile::<1, FUSED>(n, panel.as_ptr(), x, aux_stride, o),
+                2 => float_tile::<2, FUSED>(n, panel.as_ptr(), x, aux_stride, o),
+                3 => float_tile::<3, FUSED>(n, panel.as_ptr(), x, aux_stride, o),
+                4 => float_tile::<4, FUSED>(n, panel.as_ptr(), x, aux_stride, o),
+                5 => float_tile::<5, FUSED>(n, panel.as_ptr(), x, aux_stride, o),
+                _ => float_tile::<FLOAT_TOKENS, FUSED>(n, panel.as_ptr(), x, aux_stride, o),
             }
         }
+        t += (nt - t).min(FLOAT_TOKENS);
     }
 }
 
