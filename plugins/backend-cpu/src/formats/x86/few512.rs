@@ -21,7 +21,7 @@ use super::few::{
     layout, pack_q8_0_biased, pack_q8_1, terms4, weight_scales, MAX_TOKENS, MIN, PAIR_QUANTS, SDD,
     SPROD,
 };
-use crate::formats::{q4_0, q4_1, q5_0, q5_1, q8_0, FewKernels};
+use crate::formats::{q4_0, q5_0, q5_1, q8_0, FewKernels};
 use core::arch::x86_64::*;
 use prima_core::gguf::GgmlType;
 
@@ -38,7 +38,7 @@ pub(in crate::formats) fn kernels(t: GgmlType) -> Option<FewKernels> {
         T::Q4_0 => few(pack_q8_0_biased, dot_q4_0),
         T::Q5_0 => few(pack_q8_0_biased, dot_q5_0),
         T::Q8_0 => few(pack_q8_0_biased, dot_q8_0),
-        T::Q4_1 => few(pack_q8_1, dot_q4_1),
+        T::Q4_1 => super::few_rows16::q4_1_kernels(),
         T::Q5_1 => few(pack_q8_1, dot_q5_1),
         _ => return None,
     })
@@ -48,7 +48,6 @@ few_dot_wrappers! {
     dot_q4_0 => rows_q4_0, q4_0::BLOCK_BYTES;
     dot_q5_0 => rows_q5_0, q5_0::BLOCK_BYTES;
     dot_q8_0 => rows_q8_0, q8_0::BLOCK_BYTES;
-    dot_q4_1 => rows_q4_1, q4_1::BLOCK_BYTES;
     dot_q5_1 => rows_q5_1, q5_1::BLOCK_BYTES;
 }
 
@@ -340,13 +339,6 @@ unsafe fn rows_q8_0(n: usize, w: &[u8], ws: usize, pack: &[u8], nt: usize, out: 
     // measured slower on SmolLM2 Q8_0, two tokens: 121 against 182 tok/s at AVX-512, 122
     // against 178 at AVX2 (the 4- and 5-bit formats gain from two).
     by_tokens!(nt, true, SPROD, (n, w, ws, wb, pack, out, false, quants))
-}
-
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn rows_q4_1(n: usize, w: &[u8], ws: usize, pack: &[u8], nt: usize, out: &mut [f32]) {
-    let wb = q4_1::BLOCK_BYTES;
-    let quants = |b: *const u8, two: bool| (nibbles(b.add(4), wb, two), _mm512_setzero_si512());
-    by_tokens!(nt, false, MIN, (n, w, ws, wb, pack, out, true, quants))
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
