@@ -381,8 +381,8 @@ pub struct Scratch {
     pub panel_aux: Vec<u8>,
     /// The few tokens' packed activations of the small-batch kernels.
     pub few_pack: Vec<u8>,
-    /// Queries rounded to f16, as little-endian f16 bytes (attention).
-    pub queries: Vec<u8>,
+    /// Queries rounded to f16 (attention).
+    pub queries: Vec<half::f16>,
     /// cos/sin pairs of one position (rope).
     pub rope: Vec<f32>,
 }
