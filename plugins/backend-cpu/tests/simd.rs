@@ -735,7 +735,12 @@ fn few_token_matmul_matches_scalar() {
                     (few.dot)(cols, &padded, stride, &pack, n_tokens, &mut got);
                     for r in 0..rows {
                         for tok in 0..n_tokens {
-                            check(got[r * n_tokens + tok], r, tok, "direct");
+                            let at = if few.token_major {
+                                tok * rows + r
+                            } else {
+                                r * n_tokens + tok
+                            };
+                            check(got[at], r, tok, "direct");
                         }
                     }
                 }

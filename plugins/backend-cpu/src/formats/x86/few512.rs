@@ -33,6 +33,7 @@ pub(in crate::formats) fn kernels(t: GgmlType) -> Option<FewKernels> {
         pack_bytes: super::few::pack_bytes,
         pack,
         dot,
+        token_major: false,
     };
     Some(match t {
         T::Q4_0 => few(pack_q8_0_biased, dot_q4_0),

@@ -36,6 +36,7 @@ pub(super) fn q4_1_kernels() -> FewKernels {
         pack_bytes,
         pack: pack_q8_1,
         dot: dot_q4_1,
+        token_major: true,
     }
 }
 
@@ -46,6 +47,7 @@ pub(super) fn q8_0_kernels() -> FewKernels {
         pack_bytes,
         pack: pack_q8_0,
         dot: dot_q8_0,
+        token_major: true,
     }
 }
 
@@ -198,19 +200,16 @@ unsafe fn f16_pair(x: __m512i) -> (__m512, __m512) {
     )
 }
 
-/// Writes the sums `acc[t]` (lane `k`: row `first + k`) into row-major `out` (`N` tokens a
-/// row), the rows below `rows` only.
+/// Writes the sums `acc[t]` (lane `k`: row `first + k`) into token-major `out` (`rows` a
+/// token), the rows below `rows` only.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
 unsafe fn store<const N: usize>(acc: &[__m512; N], first: usize, rows: usize, out: &mut [f32]) {
-    let mut lanes = [[0.0f32; ROWS]; N];
-    for (l, a) in lanes.iter_mut().zip(acc) {
-        _mm512_storeu_ps(l.as_mut_ptr(), *a);
-    }
-    for k in 0..ROWS.min(rows - first) {
-        for (t, l) in lanes.iter().enumerate() {
-            out[(first + k) * N + t] = l[k];
-        }
+    let valid = ROWS.min(rows - first);
+    let mask = ((1u32 << valid) - 1) as __mmask16;
+    for (t, a) in acc.iter().enumerate() {
+        let dst = &mut out[t * rows + first..][..valid];
+        _mm512_mask_storeu_ps(dst.as_mut_ptr(), mask, *a);
     }
 }
 
