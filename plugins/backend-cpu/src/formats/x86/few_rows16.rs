@@ -16,8 +16,9 @@
 //! moved to unsigned (`w + 128`), and each token's sums start at `−128 · Σa` (per block,
 //! in the pack), which takes the bias back exactly.
 //!
-//! The last step of a call takes its missing rows as copies of its last row and drops their
-//! results.
+//! The sums come out a vector per token, so `out` is written token-major, as `matmul` wants
+//! it (`FewKernels::token_major`). The last step of a call takes its missing rows as copies
+//! of its last row and drops their results.
 
 use super::few::MAX_TOKENS;
 use crate::formats::{f16_at, q4_1, q8_0, q8_1, FewKernels};
@@ -250,7 +251,7 @@ const MIN: u8 = Terms::Min as u8;
 /// the weight scales `d` and `m` (`m`: Q4_1 only) of each row.
 type Block = ([__m512i; 8], __m512, __m512);
 
-/// Every row of `out` (`rows × N`, row-major) against the `N` tokens of `pack`, the
+/// Every row against the `N` tokens of `pack` into `out` (`N × rows`, token-major), the
 /// weights' blocks `wb` bytes long.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
