@@ -11,7 +11,10 @@
 //! block order from 0.0, as the scalar loop does, so every result equals the scalar
 //! `vec_dot` bit for bit, whatever the batch.
 //!
-//! Signed formats (Q4_0, Q5_0, Q8_0) are packed with their activations biased to unsigned
+//! Q4_1 and Q8_0 take [`super::few_rows16`] instead (16 rows a step, no reductions); its
+//! pack and kernels are handed out here.
+//!
+//! Signed formats (Q4_0, Q5_0) are packed with their activations biased to unsigned
 //! (`a + 128`, as `vpdpbusd` takes them), and each weight pair's accumulators start at
 //! `−128 · Σw`, which takes the bias back exactly.
 
