@@ -8,6 +8,8 @@
 //! - `prefill/<format>/<rows>x<cols>/<tokens>`: a prefill matmul on two threads.
 //! - `prefill_1t/<format>/<rows>x<cols>/<level>/x1|x4|2x4|2x8`: one thread, 16 tokens, the
 //!   one-token, four-token and two-row × four- and eight-token kernels.
+//! - `few_1t/<format>/<rows>x<cols>/<level>/<tokens>`: one thread, the small-batch kernels
+//!   (continuous batching's decode steps of 2–8 requests): the pack, then every row.
 //!
 //! Run briefly: `cargo bench -p prima-backend-cpu -- --warm-up-time 1 --measurement-time 3 matvec/q4_1`.
 
@@ -268,6 +270,50 @@ fn prefill_x4(c: &mut Criterion) {
     }
 }
 
+/// One thread, 2, 4 and 8 tokens through the small-batch kernels ([`FewKernels`]), at each
+/// SIMD level that has them: SmolLM2's FFN and its output head's shape.
+///
+/// [`FewKernels`]: prima_backend_cpu::formats::FewKernels
+fn few_1t(c: &mut Criterion) {
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    for (t, (rows, cols)) in [
+        (GgmlType::Q4_1, SHAPES[0]),
+        (GgmlType::Q4_1, (576, 1536)),
+        (GgmlType::Q8_0, (8192, 576)),
+        (GgmlType::Q4_0, SHAPES[0]),
+        (GgmlType::Q5_1, SHAPES[0]),
+    ] {
+        let data = weights(&mut rng, t, rows, cols);
+        let row_bytes = t.row_bytes(cols).unwrap();
+        let mut g = c.benchmark_group(format!("few_1t/{}/{rows}x{cols}", name(t)));
+        for level in available_levels() {
+            let k = level.kernels(t).unwrap();
+            let Some(few) = k.few else { continue };
+            let arb = k.vec_dot_type.row_bytes(cols).unwrap();
+            for n_tokens in [2, 4, 8] {
+                let x: Vec<f32> = (0..n_tokens * cols)
+                    .map(|_| rng.gen_range(-1.0..1.0))
+                    .collect();
+                let mut act = vec![0u8; n_tokens * arb];
+                for (a, xr) in act.chunks_exact_mut(arb).zip(x.chunks_exact(cols)) {
+                    (k.quantize_activation)(xr, a);
+                }
+                let mut pack = vec![0u8; (few.pack_bytes)(cols, n_tokens)];
+                let mut out = vec![0f32; rows * n_tokens];
+                g.throughput(Throughput::Bytes(data.len() as u64));
+                g.bench_function(BenchmarkId::new(level.name(), n_tokens), |b| {
+                    b.iter(|| {
+                        (few.pack)(cols, black_box(&act), arb, n_tokens, &mut pack);
+                        (few.dot)(cols, &data, row_bytes, &pack, n_tokens, &mut out);
+                        black_box(&out);
+                    })
+                });
+            }
+        }
+        g.finish();
+    }
+}
+
 fn without_2x8(
     mut k: prima_backend_cpu::formats::FormatKernels,
 ) -> prima_backend_cpu::formats::FormatKernels {
@@ -292,5 +338,5 @@ fn without_x4(
     k
 }
 
-criterion_group!(benches, matvec, pool, prefill, prefill_x4);
+criterion_group!(benches, matvec, pool, prefill, prefill_x4, few_1t);
 criterion_main!(benches);

@@ -168,6 +168,15 @@ impl Sampler {
     fn filter(&mut self, logits: &[f32]) -> Option<u32> {
         assert!(!logits.is_empty(), "sample() needs at least one logit");
         let cfg = &self.cfg;
+        let penalize = cfg.repeat_penalty != 1.0
+            || cfg.presence_penalty != 0.0
+            || cfg.frequency_penalty != 0.0;
+        if cfg.temperature <= 0.0 && !penalize {
+            // Greedy as is: no candidate list (a copy of the whole vocabulary per token).
+            return Some(argmax(
+                logits.iter().enumerate().map(|(i, &l)| (i as u32, l)),
+            ));
+        }
         let cands = &mut self.candidates;
         cands.clear();
         cands.extend(logits.iter().enumerate().map(|(i, &logit)| Candidate {
@@ -177,9 +186,6 @@ impl Sampler {
         }));
 
         // Penalties.
-        let penalize = cfg.repeat_penalty != 1.0
-            || cfg.presence_penalty != 0.0
-            || cfg.frequency_penalty != 0.0;
         if penalize {
             for (&tok, &n) in &self.counts {
                 let Some(c) = cands.get_mut(tok as usize) else {
@@ -195,7 +201,7 @@ impl Sampler {
         }
 
         if cfg.temperature <= 0.0 {
-            return Some(argmax(cands));
+            return Some(argmax(cands.iter().map(|c| (c.id, c.logit))));
         }
 
         // Top-k: a partial sort puts the k best first, then those k are sorted.
@@ -262,14 +268,16 @@ fn draw(weights: impl Iterator<Item = (u32, f32)>, r: f32) -> u32 {
 }
 
 /// Highest logit, ties going to the lowest id.
-fn argmax(cands: &[Candidate]) -> u32 {
-    let mut best = cands[0];
-    for c in &cands[1..] {
-        if c.logit > best.logit {
-            best = *c;
+/// The id of the first highest logit of `(id, logit)` pairs (a NaN never wins; a NaN
+/// first, nothing beats it). Not empty.
+fn argmax(mut cands: impl Iterator<Item = (u32, f32)>) -> u32 {
+    let mut best = cands.next().expect("argmax of no candidates");
+    for c in cands {
+        if c.1 > best.1 {
+            best = c;
         }
     }
-    best.id
+    best.0
 }
 
 /// Fills `p` with softmax(logit / temperature).

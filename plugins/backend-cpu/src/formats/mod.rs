@@ -172,8 +172,12 @@ pub struct FewKernels {
     /// Packs `n_tokens` activation rows (in the vec_dot type), `a_stride` bytes apart.
     pub pack: fn(n: usize, acts: &[u8], a_stride: usize, n_tokens: usize, pack: &mut [u8]),
     /// Dots weight rows of `n` columns, `w_stride` bytes apart, against every token of
-    /// `pack`; `out` is row-major: `out[r·n_tokens + t]`, and its length says how many rows.
+    /// `pack`; `out` is row-major: `out[r·n_tokens + t]` (token-major, `out[t·rows + r]`,
+    /// with `token_major`), and its length says how many rows.
     pub dot: FewDotFn,
+    /// Whether `dot` writes `out` token-major, as `matmul`'s output is (kernels whose lanes
+    /// are rows: no transposing back and forth).
+    pub token_major: bool,
 }
 
 /// See [`FewKernels::dot`].

@@ -165,7 +165,7 @@ pub fn matmul(
     let few = kernels.few.filter(few_takes).map(|f| {
         let pack = sized(few_pack, (f.pack_bytes)(w.cols, n_tokens));
         (f.pack)(w.cols, act, act_row_bytes, n_tokens, pack);
-        (f.dot, &*pack)
+        (f.dot, &*pack, f.token_major)
     });
     if let Some(panel) = panel {
         let panel_rows = w.rows / panel.rows * panel.rows;
@@ -208,8 +208,8 @@ pub fn matmul(
         return Ok(());
     }
     // Several tokens: each chunk fills its rows × tokens block of `rows_by_token` (weight-row
-    // major, as the kernels produce it), then transposes that block into its columns of the
-    // token-major `out` while it is still in cache.
+    // major, as most kernels produce it), then transposes that block into its columns of the
+    // token-major `out` while it is still in cache (copies it, from token-major kernels).
     let by_row = SharedOut(sized(rows_by_token, w.rows * n_tokens).as_mut_ptr());
     let dst = SharedOut(out.as_mut_ptr());
     pool.run(n_chunks, &|c| {
@@ -220,21 +220,29 @@ pub fn matmul(
         let o = unsafe {
             std::slice::from_raw_parts_mut(by_row.ptr().add(first * n_tokens), rows * n_tokens)
         };
-        match few {
-            Some((dot, pack)) => {
+        let token_major = match few {
+            Some((dot, pack, token_major)) => {
                 let w_rows = &w.data[first * w.row_bytes..(first + rows) * w.row_bytes];
                 dot(w.cols, w_rows, w.row_bytes, pack, n_tokens, o);
+                token_major
             }
-            None => dot_rows(&kernels, &w, first, act, act_row_bytes, n_tokens, o),
-        }
+            None => {
+                dot_rows(&kernels, &w, first, act, act_row_bytes, n_tokens, o);
+                false
+            }
+        };
         for t in 0..n_tokens {
             // SAFETY: chunk `c` owns columns `first .. first + rows` of every token's row of
             // `out` (`n_tokens × w.rows`, checked above), disjoint per chunk; `out` outlives
             // `run`, which returns when every chunk is done.
             let out_row =
                 unsafe { std::slice::from_raw_parts_mut(dst.ptr().add(t * w.rows + first), rows) };
-            for (r, v) in out_row.iter_mut().enumerate() {
-                *v = o[r * n_tokens + t];
+            if token_major {
+                out_row.copy_from_slice(&o[t * rows..(t + 1) * rows]);
+            } else {
+                for (r, v) in out_row.iter_mut().enumerate() {
+                    *v = o[r * n_tokens + t];
+                }
             }
         }
     });

@@ -26,6 +26,7 @@ pub(in crate::formats) fn kernels(t: GgmlType) -> Option<FewKernels> {
         pack_bytes: super::few::pack_bytes,
         pack,
         dot,
+        token_major: false,
     };
     Some(match t {
         T::Q4_0 => few(pack_q8_0, dot_q4_0),

@@ -11,17 +11,20 @@
 //! block order from 0.0, as the scalar loop does, so every result equals the scalar
 //! `vec_dot` bit for bit, whatever the batch.
 //!
-//! Signed formats (Q4_0, Q5_0, Q8_0) are packed with their activations biased to unsigned
+//! Q4_1 and Q8_0 take [`super::few_rows16`] instead (16 rows a step, no reductions); its
+//! pack and kernels are handed out here.
+//!
+//! Signed formats (Q4_0, Q5_0) are packed with their activations biased to unsigned
 //! (`a + 128`, as `vpdpbusd` takes them), and each weight pair's accumulators start at
 //! `−128 · Σw`, which takes the bias back exactly.
 
-use super::avx2::{load, nibbles32, prefetch_ahead};
+use super::avx2::{nibbles32, prefetch_ahead};
 use super::avx512::nibbles32_pair;
 use super::few::{
     layout, pack_q8_0_biased, pack_q8_1, terms4, weight_scales, MAX_TOKENS, MIN, PAIR_QUANTS, SDD,
     SPROD,
 };
-use crate::formats::{q4_0, q4_1, q5_0, q5_1, q8_0, FewKernels};
+use crate::formats::{q4_0, q5_0, q5_1, FewKernels};
 use core::arch::x86_64::*;
 use prima_core::gguf::GgmlType;
 
@@ -33,12 +36,13 @@ pub(in crate::formats) fn kernels(t: GgmlType) -> Option<FewKernels> {
         pack_bytes: super::few::pack_bytes,
         pack,
         dot,
+        token_major: false,
     };
     Some(match t {
         T::Q4_0 => few(pack_q8_0_biased, dot_q4_0),
         T::Q5_0 => few(pack_q8_0_biased, dot_q5_0),
-        T::Q8_0 => few(pack_q8_0_biased, dot_q8_0),
-        T::Q4_1 => few(pack_q8_1, dot_q4_1),
+        T::Q8_0 => super::few_rows16::q8_0_kernels(),
+        T::Q4_1 => super::few_rows16::q4_1_kernels(),
         T::Q5_1 => few(pack_q8_1, dot_q5_1),
         _ => return None,
     })
@@ -47,8 +51,6 @@ pub(in crate::formats) fn kernels(t: GgmlType) -> Option<FewKernels> {
 few_dot_wrappers! {
     dot_q4_0 => rows_q4_0, q4_0::BLOCK_BYTES;
     dot_q5_0 => rows_q5_0, q5_0::BLOCK_BYTES;
-    dot_q8_0 => rows_q8_0, q8_0::BLOCK_BYTES;
-    dot_q4_1 => rows_q4_1, q4_1::BLOCK_BYTES;
     dot_q5_1 => rows_q5_1, q5_1::BLOCK_BYTES;
 }
 
@@ -288,18 +290,6 @@ unsafe fn nibbles(p: *const u8, stride: usize, two: bool) -> __m512i {
     }
 }
 
-/// The 32 bytes at `p` and, when `two`, at `p + stride`.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-#[inline]
-unsafe fn bytes64(p: *const u8, stride: usize, two: bool) -> __m512i {
-    let hi = if two {
-        load(p.add(stride))
-    } else {
-        _mm256_setzero_si256()
-    };
-    _mm512_inserti64x4(_mm512_castsi256_si512(load(p)), hi, 1)
-}
-
 /// The fifth bits of Q5 blocks (`qh` at `p` and, when `two`, `p + stride`) added to their
 /// nibbles `nib` as 16.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -330,23 +320,6 @@ unsafe fn rows_q5_0(n: usize, w: &[u8], ws: usize, pack: &[u8], nt: usize, out: 
         signed(_mm512_sub_epi8(q, _mm512_set1_epi8(16)))
     };
     by_tokens!(nt, true, SDD, (n, w, ws, wb, pack, out, true, quants))
-}
-
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn rows_q8_0(n: usize, w: &[u8], ws: usize, pack: &[u8], nt: usize, out: &mut [f32]) {
-    let wb = q8_0::BLOCK_BYTES;
-    let quants = |b: *const u8, two: bool| signed(bytes64(b.add(2), wb, two));
-    // One row a step: two rows of Q8_0 (twice the bytes of the 4-bit formats) a step
-    // measured slower on SmolLM2 Q8_0, two tokens: 121 against 182 tok/s at AVX-512, 122
-    // against 178 at AVX2 (the 4- and 5-bit formats gain from two).
-    by_tokens!(nt, true, SPROD, (n, w, ws, wb, pack, out, false, quants))
-}
-
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn rows_q4_1(n: usize, w: &[u8], ws: usize, pack: &[u8], nt: usize, out: &mut [f32]) {
-    let wb = q4_1::BLOCK_BYTES;
-    let quants = |b: *const u8, two: bool| (nibbles(b.add(4), wb, two), _mm512_setzero_si512());
-    by_tokens!(nt, false, MIN, (n, w, ws, wb, pack, out, true, quants))
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]

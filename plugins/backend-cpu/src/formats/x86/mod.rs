@@ -20,5 +20,6 @@ pub mod avx512;
 mod few;
 mod few256;
 mod few512;
+mod few_rows16;
 mod panel256;
 mod panel512;

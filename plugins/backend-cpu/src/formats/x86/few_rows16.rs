@@ -1,0 +1,362 @@
+//! AVX-512 VNNI small-batch kernels that take sixteen weight rows a step, one per i32 lane
+//! (see [`crate::formats::FewKernels`]): continuous batching's decode steps of 2 ..= 8
+//! requests.
+//!
+//! [`super::few512`] gives each lane a group of four quants of one row, so every block's
+//! sum needs a horizontal reduction: measured, those shuffles, not the `vpdpbusd`s, bound
+//! it. Here each lane is a row: the sixteen rows' blocks are transposed (four 128-bit loads
+//! per vector, a 4 × 4 dword transpose in each lane), so that vector `j` holds quant group
+//! `j` of every row, and a token's group `j` is broadcast against it. Eight `vpdpbusd`s
+//! make a block's sixteen integer sums for one token, with no reduction; the transpose is
+//! paid once per block for all the tokens. The float terms are the scalar kernel's
+//! expression in its order, one lane per row, added block after block to one running sum
+//! per (row, token), so every result equals the scalar `vec_dot` bit for bit.
+//!
+//! Q8_0 weights are signed, and `vpdpbusd` wants one operand unsigned: their quants are
+//! moved to unsigned (`w + 128`), and each token's sums start at `−128 · Σa` (per block,
+//! in the pack), which takes the bias back exactly.
+//!
+//! The sums come out a vector per token, so `out` is written token-major, as `matmul` wants
+//! it (`FewKernels::token_major`). The last step of a call takes its missing rows as copies
+//! of its last row and drops their results.
+
+use super::few::MAX_TOKENS;
+use crate::formats::{f16_at, q4_1, q8_0, q8_1, FewKernels};
+use core::arch::x86_64::*;
+
+/// Rows one step computes: one per i32 lane of a 512-bit vector.
+const ROWS: usize = 16;
+
+/// Pack bytes of one token's block: 32 quants, then two 4-byte lanes (see [`pack_bytes`]).
+const TOKEN_BLOCK: usize = 32 + 4 + 4;
+
+/// The kernels for Q4_1 weights (Q8_1 activations).
+pub(super) fn q4_1_kernels() -> FewKernels {
+    FewKernels {
+        max_tokens: MAX_TOKENS,
+        pack_bytes,
+        pack: pack_q8_1,
+        dot: dot_q4_1,
+        token_major: true,
+    }
+}
+
+/// The kernels for Q8_0 weights (Q8_0 activations).
+pub(super) fn q8_0_kernels() -> FewKernels {
+    FewKernels {
+        max_tokens: MAX_TOKENS,
+        pack_bytes,
+        pack: pack_q8_0,
+        dot: dot_q8_0,
+        token_major: true,
+    }
+}
+
+/// Bytes of the pack of `n_tokens` rows of `n` columns: per block, each token's 32 quants,
+/// then each token's `d_a` as f32, then each token's second lane: Q8_1's `s_a` as f32, or
+/// Q8_0's `−128 · Σ q_a` as i32.
+fn pack_bytes(n: usize, n_tokens: usize) -> usize {
+    n / 32 * n_tokens * TOKEN_BLOCK
+}
+
+/// Packs activation rows of `ab`-byte blocks, `a_stride` bytes apart, with `second(block)`
+/// each token's second lane (see [`pack_bytes`]).
+fn pack_with(
+    n: usize,
+    acts: &[u8],
+    a_stride: usize,
+    n_tokens: usize,
+    pack: &mut [u8],
+    ab: usize,
+    second: impl Fn(&[u8]) -> [u8; 4],
+) {
+    let nb = n / 32;
+    assert!(
+        (1..=MAX_TOKENS).contains(&n_tokens)
+            && pack.len() >= pack_bytes(n, n_tokens)
+            && a_stride >= nb * ab
+            && acts.len() >= (n_tokens - 1) * a_stride + nb * ab,
+        "few-token pack: short rows or buffer"
+    );
+    let blocks = pack[..pack_bytes(n, n_tokens)].chunks_exact_mut(n_tokens * TOKEN_BLOCK);
+    for (i, dst) in blocks.enumerate() {
+        let (quants, lanes) = dst.split_at_mut(n_tokens * 32);
+        let (d_a, seconds) = lanes.split_at_mut(n_tokens * 4);
+        for t in 0..n_tokens {
+            let a = &acts[t * a_stride + i * ab..][..ab];
+            quants[t * 32..][..32].copy_from_slice(&a[ab - 32..]);
+            d_a[t * 4..][..4].copy_from_slice(&f16_at(a, 0).to_le_bytes());
+            seconds[t * 4..][..4].copy_from_slice(&second(a));
+        }
+    }
+}
+
+/// Packs Q8_1 activation rows (of Q4_1 weights), with their `s_a`.
+fn pack_q8_1(n: usize, acts: &[u8], a_stride: usize, n_tokens: usize, pack: &mut [u8]) {
+    let s_a = |a: &[u8]| f16_at(a, 2).to_le_bytes();
+    pack_with(n, acts, a_stride, n_tokens, pack, q8_1::BLOCK_BYTES, s_a)
+}
+
+/// Packs Q8_0 activation rows (of Q8_0 weights), with the bias's correction `−128 · Σ q_a`.
+fn pack_q8_0(n: usize, acts: &[u8], a_stride: usize, n_tokens: usize, pack: &mut [u8]) {
+    let unbias = |a: &[u8]| {
+        let sum: i32 = a[2..34].iter().map(|&q| q as i8 as i32).sum();
+        (-128 * sum).to_le_bytes()
+    };
+    pack_with(n, acts, a_stride, n_tokens, pack, q8_0::BLOCK_BYTES, unbias)
+}
+
+/// Safe wrappers with the table's signature around this module's kernels; they check the
+/// rows, the pack and `out`.
+macro_rules! dot_wrappers {
+    ($($name:ident => $imp:ident, $block:expr;)*) => {
+        $(fn $name(n: usize, w: &[u8], w_stride: usize, pack: &[u8], n_tokens: usize, out: &mut [f32]) {
+            let (nb, wb) = (n / 32, $block);
+            assert!((1..=MAX_TOKENS).contains(&n_tokens), "few-token dot: {n_tokens} tokens");
+            let rows = out.len() / n_tokens;
+            assert!(
+                out.len() == rows * n_tokens
+                    && pack.len() >= pack_bytes(n, n_tokens)
+                    && w_stride >= nb * wb
+                    && (rows == 0 || w.len() >= (rows - 1) * w_stride + nb * wb),
+                "few-token dot: short rows, pack or output"
+            );
+            // SAFETY: only reachable through the AVX-512 `overlay` table, which `dispatch`
+            // hands out after detecting the features `$imp` enables; the rows, the pack and
+            // `out` are in bounds (above).
+            unsafe { $imp(n, w, w_stride, pack, n_tokens, out) }
+        })*
+    };
+}
+
+dot_wrappers! {
+    dot_q4_1 => rows_q4_1, q4_1::BLOCK_BYTES;
+    dot_q8_0 => rows_q8_0, q8_0::BLOCK_BYTES;
+}
+
+/// The 16 bytes at `off` of rows `k`, `4 + k`, `8 + k` and `12 + k` as the four 128-bit
+/// lanes.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn lanes(row: &[*const u8; ROWS], k: usize, off: usize) -> __m512i {
+    let at = |r: usize| row[r].add(off) as *const __m128i;
+    let v = _mm512_castsi128_si512(_mm_loadu_si128(at(k)));
+    let v = _mm512_inserti32x4::<1>(v, _mm_loadu_si128(at(4 + k)));
+    let v = _mm512_inserti32x4::<2>(v, _mm_loadu_si128(at(8 + k)));
+    _mm512_inserti32x4::<3>(v, _mm_loadu_si128(at(12 + k)))
+}
+
+/// Dwords `0 ..= 3` of the 16 bytes at `off` of each row: lane `r` of vector `j` is row
+/// `r`'s dword `j` (a 4 × 4 transpose in each 128-bit lane of [`lanes`]).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn dwords4(row: &[*const u8; ROWS], off: usize) -> [__m512i; 4] {
+    // Spelled out, not `map`ped: the closure was not always inlined (measured: a fifth of a
+    // decode step in its calls).
+    let z = [
+        lanes(row, 0, off),
+        lanes(row, 1, off),
+        lanes(row, 2, off),
+        lanes(row, 3, off),
+    ];
+    let (a, b) = (
+        _mm512_unpacklo_epi32(z[0], z[1]),
+        _mm512_unpackhi_epi32(z[0], z[1]),
+    );
+    let (c, d) = (
+        _mm512_unpacklo_epi32(z[2], z[3]),
+        _mm512_unpackhi_epi32(z[2], z[3]),
+    );
+    [
+        _mm512_unpacklo_epi64(a, c),
+        _mm512_unpackhi_epi64(a, c),
+        _mm512_unpacklo_epi64(b, d),
+        _mm512_unpackhi_epi64(b, d),
+    ]
+}
+
+/// Dword 0 of the 16 bytes at `off` of each row: lane `r` is row `r`'s.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn dword0(row: &[*const u8; ROWS], off: usize) -> __m512i {
+    let z = [
+        lanes(row, 0, off),
+        lanes(row, 1, off),
+        lanes(row, 2, off),
+        lanes(row, 3, off),
+    ];
+    _mm512_unpacklo_epi64(
+        _mm512_unpacklo_epi32(z[0], z[1]),
+        _mm512_unpacklo_epi32(z[2], z[3]),
+    )
+}
+
+/// The f16 halves of each lane's dword as f32s: `(low, high)`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn f16_pair(x: __m512i) -> (__m512, __m512) {
+    (
+        _mm512_cvtph_ps(_mm512_cvtepi32_epi16(x)),
+        _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(x))),
+    )
+}
+
+/// Writes the sums `acc[t]` (lane `k`: row `first + k`) into token-major `out` (`rows` a
+/// token), the rows below `rows` only.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn store<const N: usize>(acc: &[__m512; N], first: usize, rows: usize, out: &mut [f32]) {
+    let valid = ROWS.min(rows - first);
+    let mask = ((1u32 << valid) - 1) as __mmask16;
+    for (t, a) in acc.iter().enumerate() {
+        let dst = &mut out[t * rows + first..][..valid];
+        _mm512_mask_storeu_ps(dst.as_mut_ptr(), mask, *a);
+    }
+}
+
+/// Prefetches the cache lines of `p .. p + bytes` into L1.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn prefetch(p: *const u8, bytes: usize) {
+    for off in (0..bytes).step_by(64) {
+        // Wrapping: the address may lie past the mapping; a prefetch never faults.
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off) as *const i8);
+    }
+}
+
+/// The row pointers of the step at row `first`: past the last row, the last row again.
+#[inline(always)]
+fn step_rows(w: &[u8], ws: usize, first: usize, rows: usize) -> [*const u8; ROWS] {
+    let mut row = [w.as_ptr(); ROWS];
+    for (k, r) in row.iter_mut().enumerate() {
+        *r = w[(first + k).min(rows - 1) * ws..].as_ptr();
+    }
+    row
+}
+
+/// How a format's block term is computed from its integer sum `s`, in the scalar order.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Terms {
+    /// `s · (d · d_a)` (Q8_0), the sums starting at the pack's correction.
+    SProd,
+    /// `d · d_a · s + m · s_a` (Q4_1).
+    Min,
+}
+
+const SPROD: u8 = Terms::SProd as u8;
+const MIN: u8 = Terms::Min as u8;
+
+/// One block of a step's rows as `block(rows, block offset)` returns it: quant vector `j`
+/// (lane `r`: row `r`'s four quants that meet the activations' dword `j`, unsigned), and
+/// the weight scales `d` and `m` (`m`: Q4_1 only) of each row.
+type Block = ([__m512i; 8], __m512, __m512);
+
+/// Every row against the `N` tokens of `pack` into `out` (`N × rows`, token-major), the
+/// weights' blocks `wb` bytes long.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+#[allow(clippy::too_many_arguments)]
+unsafe fn rows_n<const N: usize, const T: u8>(
+    n: usize,
+    w: &[u8],
+    ws: usize,
+    wb: usize,
+    pack: &[u8],
+    out: &mut [f32],
+    block: impl Fn(&[*const u8; ROWS], usize) -> Block,
+) {
+    let nb = n / 32;
+    let rows = out.len() / N;
+    for first in (0..rows).step_by(ROWS) {
+        let row = step_rows(w, ws, first, rows);
+        let mut acc = [_mm512_setzero_ps(); N];
+        // The next step's rows (contiguous when `ws` is the row's bytes), a block's share
+        // of them each block: sixteen rows read a few bytes at a time each are sixteen
+        // streams, more than the hardware prefetcher follows.
+        let next = w.as_ptr().wrapping_add((first + ROWS) * ws);
+        for i in 0..nb {
+            prefetch(next.wrapping_add(i * ROWS * wb), ROWS * wb);
+            let (q, d, m) = block(&row, i * wb);
+            let blk = pack.as_ptr().add(i * N * TOKEN_BLOCK);
+            let (d_a, second) = (blk.add(N * 32) as *const f32, blk.add(N * 36));
+            for (t, acc) in acc.iter_mut().enumerate() {
+                let a = blk.add(t * 32) as *const i32;
+                let group = |j: usize| _mm512_set1_epi32(a.add(j).read_unaligned());
+                let (mut lo, mut hi) = match T {
+                    MIN => (_mm512_setzero_si512(), _mm512_setzero_si512()),
+                    _ => {
+                        let start = (second as *const i32).add(t).read_unaligned();
+                        (_mm512_set1_epi32(start), _mm512_setzero_si512())
+                    }
+                };
+                for j in 0..4 {
+                    lo = _mm512_dpbusd_epi32(lo, q[j], group(j));
+                    hi = _mm512_dpbusd_epi32(hi, q[4 + j], group(4 + j));
+                }
+                let s = _mm512_cvtepi32_ps(_mm512_add_epi32(lo, hi));
+                let da = _mm512_set1_ps(d_a.add(t).read_unaligned());
+                let term = match T {
+                    MIN => {
+                        let sa = _mm512_set1_ps((second as *const f32).add(t).read_unaligned());
+                        _mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(d, da), s), _mm512_mul_ps(m, sa))
+                    }
+                    _ => _mm512_mul_ps(s, _mm512_mul_ps(d, da)),
+                };
+                *acc = _mm512_add_ps(*acc, term);
+            }
+        }
+        store(&acc, first, rows, out);
+    }
+}
+
+/// Dispatches `n_tokens` to the [`rows_n`] of that many tokens.
+macro_rules! by_tokens {
+    ($n_tokens:expr, $terms:expr, ($($arg:expr),*)) => {
+        match $n_tokens {
+            1 => rows_n::<1, $terms>($($arg),*),
+            2 => rows_n::<2, $terms>($($arg),*),
+            3 => rows_n::<3, $terms>($($arg),*),
+            4 => rows_n::<4, $terms>($($arg),*),
+            5 => rows_n::<5, $terms>($($arg),*),
+            6 => rows_n::<6, $terms>($($arg),*),
+            7 => rows_n::<7, $terms>($($arg),*),
+            _ => rows_n::<8, $terms>($($arg),*),
+        }
+    };
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn rows_q4_1(n: usize, w: &[u8], ws: usize, pack: &[u8], nt: usize, out: &mut [f32]) {
+    let wb = q4_1::BLOCK_BYTES;
+    let low = _mm512_set1_epi8(0x0F);
+    let block = |row: &[*const u8; ROWS], off: usize| {
+        // Byte `b` of quant dword `j` holds element `4j + b` (low nibble) and `16 + 4j + b`
+        // (high nibble): activation dwords `j` and `4 + j`.
+        let q = dwords4(row, off + 4);
+        let mut w = [_mm512_setzero_si512(); 8];
+        for j in 0..4 {
+            w[j] = _mm512_and_si512(q[j], low);
+            w[4 + j] = _mm512_and_si512(_mm512_srli_epi16::<4>(q[j]), low);
+        }
+        let (d, m) = f16_pair(dword0(row, off));
+        (w, d, m)
+    };
+    by_tokens!(nt, MIN, (n, w, ws, wb, pack, out, block))
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn rows_q8_0(n: usize, w: &[u8], ws: usize, pack: &[u8], nt: usize, out: &mut [f32]) {
+    let wb = q8_0::BLOCK_BYTES;
+    let bias = _mm512_set1_epi8(0x80u8 as i8);
+    let block = |row: &[*const u8; ROWS], off: usize| {
+        let (q0, q1) = (dwords4(row, off + 2), dwords4(row, off + 18));
+        let mut w = [_mm512_setzero_si512(); 8];
+        for j in 0..4 {
+            w[j] = _mm512_xor_si512(q0[j], bias);
+            w[4 + j] = _mm512_xor_si512(q1[j], bias);
+        }
+        let (d, _) = f16_pair(dword0(row, off));
+        (w, d, d)
+    };
+    by_tokens!(nt, SPROD, (n, w, ws, wb, pack, out, block))
+}
