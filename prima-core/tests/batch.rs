@@ -14,7 +14,6 @@ use prima_core::batch::{BatchForward, SeqSpan, SeqTokens};
 use prima_core::generate::Forward;
 use prima_core::model::{Model, ModelError, Session};
 use prima_core::prp::alone::LocalSession;
-use prima_core::prp::failover::{ResilientRing, RingDevice, RingLayout};
 use prima_core::prp::protocol::{ReleaseMethod, ReleasePolicy};
 use prima_core::prp::residency::Residency;
 use prima_core::prp::{NextRoute, RingHead, RingOptions};
@@ -448,65 +447,15 @@ fn a_resilient_ring_replays_every_slot_after_a_lost_device() {
     let be = &backend.backend;
     let transport = common::tcp_transport();
     let mut nodes = vec![Node::start(&path), Node::start(&path)];
-    let addrs: Vec<String> = nodes.iter().map(|n| n.addr.clone()).collect();
     let prompts = prompts(model.hparams().n_vocab);
     let expected: Vec<_> = prompts.iter().map(|(p, _)| alone(&model, be, p)).collect();
 
-    let device = |name: &str, addr: &str| RingDevice {
-        name: name.into(),
-        addr: addr.into(),
-    };
-    let all = vec![
-        device("head", ""),
-        device("a", &addrs[0]),
-        device("b", &addrs[1]),
-    ];
-    let layout = RingLayout {
-        devices: all.clone(),
-        windows: vec![10, 10, 10],
-        next_routes: Vec::new(),
-    };
     // Micro-batches in flight when b dies: the step is replayed whole.
     let options = RingOptions {
         micro_batches: Some(3),
         ..ring_options(64)
     };
-    let head = RingHead::connect(
-        &model,
-        be,
-        &transport.transport,
-        &addrs,
-        &layout.windows,
-        &options,
-    )
-    .unwrap();
-    // The devices left share the layers evenly.
-    let replan = Box::new(move |lost: &[String]| {
-        let devices: Vec<RingDevice> = all
-            .iter()
-            .filter(|d| !lost.contains(&d.name))
-            .cloned()
-            .collect();
-        let windows = match devices.len() {
-            3 => vec![10, 10, 10],
-            2 => vec![15, 15],
-            _ => vec![30],
-        };
-        Ok(RingLayout {
-            devices,
-            windows,
-            next_routes: Vec::new(),
-        })
-    });
-    let mut ring = ResilientRing::new(
-        head,
-        &model,
-        be,
-        &transport.transport,
-        layout,
-        options,
-        replan,
-    );
+    let mut ring = common::resilient_ring(&model, be, &transport.transport, &nodes, options);
     // Device b dies after a few steps, when every slot holds a context.
     let got = batched_with(&mut ring, &prompts, &[0, 1, 2, 3], |step| {
         if step == 6 {

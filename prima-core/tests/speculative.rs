@@ -340,8 +340,6 @@ fn apply_drafts_with_the_manifests_draft_model() {
 /// rows from further down that batch; the greedy text is still one device's.
 #[test]
 fn a_resilient_ring_loses_a_node_mid_speculation_and_keeps_the_text() {
-    use prima_core::prp::failover::{ResilientRing, RingDevice, RingLayout};
-
     let (Some(target_path), Some(draft_path)) = (target_path(), draft_path()) else {
         return;
     };
@@ -365,19 +363,6 @@ fn a_resilient_ring_loses_a_node_mid_speculation_and_keeps_the_text() {
 
     let transport = common::tcp_transport();
     let mut nodes = [Node::start(&target_path), Node::start(&target_path)];
-    let device = |name: &str, addr: &str| RingDevice {
-        name: name.into(),
-        addr: addr.into(),
-    };
-    let layout = RingLayout {
-        devices: vec![
-            device("head", ""),
-            device("a", &nodes[0].addr),
-            device("b", &nodes[1].addr),
-        ],
-        windows: vec![10, 10, 10],
-        next_routes: Vec::new(),
-    };
     let ring_options = RingOptions {
         n_ctx: N_CTX,
         n_batch: N_BATCH,
@@ -385,32 +370,12 @@ fn a_resilient_ring_loses_a_node_mid_speculation_and_keeps_the_text() {
         security: common::test_security(),
         ..RingOptions::default()
     };
-    let addrs: Vec<String> = nodes.iter().map(|n| n.addr.clone()).collect();
-    let head = RingHead::connect(
+    let mut ring = common::resilient_ring(
         &target_model,
         be,
         &transport.transport,
-        &addrs,
-        &layout.windows,
-        &ring_options,
-    )
-    .unwrap();
-    let survivor = nodes[0].addr.clone();
-    let mut ring = ResilientRing::new(
-        head,
-        &target_model,
-        be,
-        &transport.transport,
-        layout,
+        &nodes,
         ring_options,
-        Box::new(move |lost: &[String]| {
-            assert_eq!(lost, ["b".to_string()]);
-            Ok(RingLayout {
-                devices: vec![device("head", ""), device("a", &survivor)],
-                windows: vec![15, 15],
-                next_routes: Vec::new(),
-            })
-        }),
     );
     let mut draft = Session::new(&draft_model, be, N_CTX, N_BATCH).unwrap();
     let mut pieces = 0;

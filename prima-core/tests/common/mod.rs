@@ -139,3 +139,56 @@ impl Drop for Node {
         let _ = self.child.wait();
     }
 }
+
+/// A resilient ring of the head and `nodes` (devices `a`, `b`, … at their addresses) with
+/// the model's layers shared evenly; after a loss the devices left share them evenly again.
+pub fn resilient_ring<'m>(
+    model: &'m prima_core::model::Model,
+    backend: &'m prima_core::plugin::backend_abi::BackendBox,
+    transport: &'m prima_core::plugin::transport_abi::TransportBox,
+    nodes: &[Node],
+    options: prima_core::prp::RingOptions,
+) -> prima_core::prp::failover::ResilientRing<'m> {
+    use prima_core::prp::failover::{ResilientRing, RingDevice, RingLayout};
+    let n_layers = model.hparams().n_layers;
+    let even = move |devices: Vec<RingDevice>| {
+        let k = devices.len();
+        let windows = (0..k)
+            .map(|i| n_layers / k + usize::from(i < n_layers % k))
+            .collect();
+        RingLayout {
+            devices,
+            windows,
+            next_routes: Vec::new(),
+        }
+    };
+    let names = ["a", "b", "c", "d", "e", "f", "g", "h"];
+    let mut all = vec![RingDevice {
+        name: "head".into(),
+        addr: String::new(),
+    }];
+    all.extend(nodes.iter().zip(names).map(|(n, name)| RingDevice {
+        name: name.into(),
+        addr: n.addr.clone(),
+    }));
+    let layout = even(all.clone());
+    let addrs: Vec<String> = nodes.iter().map(|n| n.addr.clone()).collect();
+    let head = prima_core::prp::RingHead::connect(
+        model,
+        backend,
+        transport,
+        &addrs,
+        &layout.windows,
+        &options,
+    )
+    .unwrap();
+    let replan = Box::new(move |lost: &[String]| {
+        Ok(even(
+            all.iter()
+                .filter(|d| !lost.contains(&d.name))
+                .cloned()
+                .collect(),
+        ))
+    });
+    ResilientRing::new(head, model, backend, transport, layout, options, replan)
+}
