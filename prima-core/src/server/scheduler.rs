@@ -375,7 +375,7 @@ mod tests {
 
     use super::*;
     use crate::sampler::SamplerConfig;
-    use crate::server::worker::tests::letters;
+    use crate::server::worker::tests::{letters, outcomes};
     use crate::server::worker::{job_queue, Completion, GenerationRequest, Prompt, Submitted};
 
     type Hook = Box<dyn FnMut(usize)>;
@@ -467,28 +467,6 @@ mod tests {
             stop: Vec::new(),
             ignore_eos: false,
         }
-    }
-
-    /// The text and completion of each job (panics on a failed one).
-    fn outcomes(submitted: Vec<Submitted>) -> Vec<(String, Completion)> {
-        submitted
-            .into_iter()
-            .map(|mut s| {
-                let events: Vec<Event> = std::iter::from_fn(|| s.events.try_recv().ok()).collect();
-                assert!(matches!(events[0], Event::Started { .. }), "{events:?}");
-                let mut text = String::new();
-                for e in &events[1..events.len() - 1] {
-                    let Event::Text(t) = e else {
-                        panic!("{events:?}")
-                    };
-                    text.push_str(t);
-                }
-                let Some(Event::Done(c)) = events.last() else {
-                    panic!("{events:?}")
-                };
-                (text, c.clone())
-            })
-            .collect()
     }
 
     fn serve(

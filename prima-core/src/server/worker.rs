@@ -332,25 +332,30 @@ pub(crate) fn common_prefix(a: &[u32], b: &[u32]) -> usize {
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
-    use crate::tokenizer::TokenizerParts;
 
-    /// `<|endoftext|>` then the letters a–z, one token each (the scheduler's tests too).
-    pub(in crate::server) fn letters() -> Tokenizer {
-        let mut tokens = vec!["<|endoftext|>".to_string()];
-        tokens.extend(('a'..='z').map(String::from));
-        let mut token_types = vec![1; tokens.len()];
-        token_types[0] = 3;
-        Tokenizer::from_parts(TokenizerParts {
-            model: "gpt2".into(),
-            pre: Some("gpt-2".into()),
-            tokens,
-            token_types,
-            bos: Some(0),
-            eos: Some(0),
-            add_bos: Some(false),
-            ..Default::default()
-        })
-        .unwrap()
+    pub(in crate::server) use crate::tokenizer::letters;
+
+    /// The text and completion of each job, whose events are all queued (panics on a
+    /// failed job).
+    pub(in crate::server) fn outcomes(submitted: Vec<Submitted>) -> Vec<(String, Completion)> {
+        submitted
+            .into_iter()
+            .map(|mut s| {
+                let events: Vec<Event> = std::iter::from_fn(|| s.events.try_recv().ok()).collect();
+                assert!(matches!(events[0], Event::Started { .. }), "{events:?}");
+                let mut text = String::new();
+                for e in &events[1..events.len() - 1] {
+                    let Event::Text(t) = e else {
+                        panic!("{events:?}")
+                    };
+                    text.push_str(t);
+                }
+                let Some(Event::Done(c)) = events.last() else {
+                    panic!("{events:?}")
+                };
+                (text, c.clone())
+            })
+            .collect()
     }
 
     /// A model that always continues the alphabet and ends after "z"; it records what it

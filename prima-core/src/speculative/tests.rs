@@ -1,28 +1,9 @@
 use super::*;
 use crate::generate::generate;
-use crate::tokenizer::TokenizerParts;
+use crate::tokenizer::{letters, TokenizerParts};
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-
-/// 26 letters and an end-of-text token (id 0).
-fn letters() -> Tokenizer {
-    let mut tokens = vec!["<|endoftext|>".to_string()];
-    tokens.extend(('a'..='z').map(String::from));
-    let mut token_types = vec![1; tokens.len()];
-    token_types[0] = 3;
-    Tokenizer::from_parts(TokenizerParts {
-        model: "gpt2".into(),
-        pre: Some("gpt-2".into()),
-        tokens,
-        token_types,
-        bos: Some(0),
-        eos: Some(0),
-        add_bos: Some(false),
-        ..Default::default()
-    })
-    .unwrap()
-}
 
 const N_VOCAB: usize = 27;
 

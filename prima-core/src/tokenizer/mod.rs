@@ -597,3 +597,24 @@ fn render(text: &str, kind: TokenKind, spm: bool) -> Vec<u8> {
 
 #[cfg(test)]
 mod tests;
+
+/// `<|endoftext|>` (id 0, BOS and EOS) then the letters a–z, one token each: the toy
+/// vocabulary of the scheduler's, the server's and speculative decoding's unit tests.
+#[cfg(test)]
+pub(crate) fn letters() -> Tokenizer {
+    let mut tokens = vec!["<|endoftext|>".to_string()];
+    tokens.extend(('a'..='z').map(String::from));
+    let mut token_types = vec![1; tokens.len()];
+    token_types[0] = 3;
+    Tokenizer::from_parts(TokenizerParts {
+        model: "gpt2".into(),
+        pre: Some("gpt-2".into()),
+        tokens,
+        token_types,
+        bos: Some(0),
+        eos: Some(0),
+        add_bos: Some(false),
+        ..Default::default()
+    })
+    .unwrap()
+}

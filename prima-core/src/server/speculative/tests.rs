@@ -8,9 +8,9 @@ use rand_chacha::ChaCha8Rng;
 use super::*;
 use crate::sampler::SamplerConfig;
 use crate::server::scheduler::run_scheduler;
-use crate::server::worker::tests::letters;
+use crate::server::worker::tests::{letters, outcomes};
 use crate::server::worker::{
-    job_queue, Completion, Event, FinishReason, GenerationRequest, Prompt, Submitted,
+    job_queue, Completion, FinishReason, GenerationRequest, Prompt, Submitted,
 };
 
 const N_VOCAB: usize = 27;
@@ -135,27 +135,6 @@ fn request(prompt: &str, max_tokens: usize, temperature: f32) -> GenerationReque
         stop: Vec::new(),
         ignore_eos: false,
     }
-}
-
-/// The text and completion of each job (panics on a failed one).
-fn outcomes(submitted: Vec<Submitted>) -> Vec<(String, Completion)> {
-    submitted
-        .into_iter()
-        .map(|mut s| {
-            let events: Vec<Event> = std::iter::from_fn(|| s.events.try_recv().ok()).collect();
-            let mut text = String::new();
-            for e in &events[1..events.len() - 1] {
-                let Event::Text(t) = e else {
-                    panic!("{events:?}")
-                };
-                text.push_str(t);
-            }
-            let Some(Event::Done(c)) = events.last() else {
-                panic!("{events:?}")
-            };
-            (text, c.clone())
-        })
-        .collect()
 }
 
 /// Serves `requests`, all queued at once, with `n_slots` slots: by the plain scheduler,
