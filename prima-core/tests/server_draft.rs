@@ -33,12 +33,7 @@ fn text_of(reply: &Value) -> &str {
 
 #[test]
 fn a_served_draft_gives_the_text_without_one_and_counts_its_tokens() {
-    let Some(target) =
-        common::model_or_skip(common::derived_models().join("smollm2-135m-f16.gguf"))
-    else {
-        return;
-    };
-    let Some(draft) = server_support::smollm2() else {
+    let Some((target, draft)) = common::draft_pair() else {
         return;
     };
     let draft = draft.to_string_lossy().into_owned();
@@ -64,12 +59,7 @@ fn a_served_draft_gives_the_text_without_one_and_counts_its_tokens() {
 
 #[test]
 fn concurrent_requests_with_a_draft_get_the_text_each_gets_alone() {
-    let Some(target) =
-        common::model_or_skip(common::derived_models().join("smollm2-135m-f16.gguf"))
-    else {
-        return;
-    };
-    let Some(draft) = server_support::smollm2() else {
+    let Some((target, draft)) = common::draft_pair() else {
         return;
     };
     let draft = draft.to_string_lossy().into_owned();
@@ -130,12 +120,7 @@ fn concurrent_requests_with_a_draft_get_the_text_each_gets_alone() {
 /// without a draft.
 #[test]
 fn apply_serves_a_ring_with_the_manifests_draft_model() {
-    let Some(target) =
-        common::model_or_skip(common::derived_models().join("smollm2-135m-f16.gguf"))
-    else {
-        return;
-    };
-    let Some(draft) = server_support::smollm2() else {
+    let Some((target, draft)) = common::draft_pair() else {
         return;
     };
     let dir = std::env::temp_dir().join(format!("prima-serve-draft-{}", std::process::id()));

@@ -6,7 +6,6 @@
 mod common;
 
 use std::ops::ControlFlow;
-use std::path::PathBuf;
 use std::process::Command;
 
 use common::{cpu_backend, derived_models, model_or_skip, workspace_models, Node};
@@ -18,14 +17,6 @@ use prima_core::speculative::{
     check_vocabularies, generate_speculative, DraftOptions, DraftStats, VocabularyMismatch,
 };
 use prima_core::tokenizer::Tokenizer;
-
-fn target_path() -> Option<PathBuf> {
-    model_or_skip(derived_models().join("smollm2-135m-f16.gguf"))
-}
-
-fn draft_path() -> Option<PathBuf> {
-    model_or_skip(workspace_models().join("SmolLM2-135M-Instruct.Q4_1.gguf"))
-}
 
 const N_CTX: usize = 256;
 const N_BATCH: usize = 64;
@@ -85,7 +76,7 @@ where
 
 #[test]
 fn greedy_text_with_a_draft_is_the_text_without_one() {
-    let (Some(target_path), Some(draft_path)) = (target_path(), draft_path()) else {
+    let Some((target_path, draft_path)) = common::draft_pair() else {
         return;
     };
     let q2k = model_or_skip(derived_models().join("smollm2-135m-q2_k.gguf"));
@@ -141,7 +132,7 @@ fn greedy_text_with_a_draft_is_the_text_without_one() {
 
 #[test]
 fn a_ring_with_a_draft_generates_what_one_device_does() {
-    let (Some(target_path), Some(draft_path)) = (target_path(), draft_path()) else {
+    let Some((target_path, draft_path)) = common::draft_pair() else {
         return;
     };
     let backend = cpu_backend(1);
@@ -198,7 +189,7 @@ fn a_ring_with_a_draft_generates_what_one_device_does() {
 
 #[test]
 fn a_seed_gives_one_sampled_text() {
-    let (Some(target_path), Some(draft_path)) = (target_path(), draft_path()) else {
+    let Some((target_path, draft_path)) = common::draft_pair() else {
         return;
     };
     let backend = cpu_backend(2);
@@ -236,7 +227,7 @@ fn a_seed_gives_one_sampled_text() {
 #[test]
 fn a_draft_with_another_vocabulary_is_refused() {
     let (Some(target_path), Some(gemma)) = (
-        draft_path(),
+        model_or_skip(workspace_models().join("SmolLM2-135M-Instruct.Q4_1.gguf")),
         model_or_skip(workspace_models().join("gemma-3-270m-q4_k_m.gguf")),
     ) else {
         return;
@@ -270,7 +261,7 @@ fn a_draft_with_another_vocabulary_is_refused() {
 
 #[test]
 fn apply_drafts_with_the_manifests_draft_model() {
-    let (Some(target_path), Some(draft_path)) = (target_path(), draft_path()) else {
+    let Some((target_path, draft_path)) = common::draft_pair() else {
         return;
     };
     let dir = std::env::temp_dir().join(format!("prima-spec-apply-{}", std::process::id()));
@@ -340,7 +331,7 @@ fn apply_drafts_with_the_manifests_draft_model() {
 /// rows from further down that batch; the greedy text is still one device's.
 #[test]
 fn a_resilient_ring_loses_a_node_mid_speculation_and_keeps_the_text() {
-    let (Some(target_path), Some(draft_path)) = (target_path(), draft_path()) else {
+    let Some((target_path, draft_path)) = common::draft_pair() else {
         return;
     };
     let backend = cpu_backend(1);

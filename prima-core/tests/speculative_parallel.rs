@@ -7,10 +7,9 @@
 mod common;
 
 use std::ops::ControlFlow;
-use std::path::PathBuf;
 use std::process::Command;
 
-use common::{cpu_backend, derived_models, model_or_skip, workspace_models, Node};
+use common::{cpu_backend, derived_models, model_or_skip, Node};
 use prima_core::batch::{BatchForward, BatchRowLogits, SeqTokens};
 use prima_core::generate::{generate, GenerateOptions};
 use prima_core::model::{Model, Session};
@@ -22,14 +21,6 @@ use prima_core::server::{
 };
 use prima_core::speculative::DraftOptions;
 use prima_core::tokenizer::Tokenizer;
-
-fn target_path() -> Option<PathBuf> {
-    model_or_skip(derived_models().join("smollm2-135m-f16.gguf"))
-}
-
-fn draft_path() -> Option<PathBuf> {
-    model_or_skip(workspace_models().join("SmolLM2-135M-Instruct.Q4_1.gguf"))
-}
 
 const N_CTX: usize = 256;
 const N_BATCH: usize = 64;
@@ -160,7 +151,7 @@ fn check_greedy(got: &[(String, Completion)], want: &[String]) {
 
 #[test]
 fn concurrent_greedy_requests_with_a_draft_get_their_text_alone() {
-    let (Some(target_path), Some(draft_path)) = (target_path(), draft_path()) else {
+    let Some((target_path, draft_path)) = common::draft_pair() else {
         return;
     };
     let backend = cpu_backend(2);
@@ -195,7 +186,7 @@ fn concurrent_greedy_requests_with_a_draft_get_their_text_alone() {
 
 #[test]
 fn a_ring_verifies_every_slots_draft_in_one_trip() {
-    let (Some(target_path), Some(draft_path)) = (target_path(), draft_path()) else {
+    let Some((target_path, draft_path)) = common::draft_pair() else {
         return;
     };
     let backend = cpu_backend(1);
@@ -235,7 +226,7 @@ fn a_ring_verifies_every_slots_draft_in_one_trip() {
 
 #[test]
 fn a_seed_gives_one_sampled_text_per_request() {
-    let (Some(target_path), Some(draft_path)) = (target_path(), draft_path()) else {
+    let Some((target_path, draft_path)) = common::draft_pair() else {
         return;
     };
     let backend = cpu_backend(2);
@@ -374,7 +365,7 @@ fn the_rows_asked_for_are_the_logits_each_token_gets_alone() {
 /// request still gets its text alone.
 #[test]
 fn a_resilient_ring_loses_a_node_while_slots_draft_and_keeps_every_text() {
-    let (Some(target_path), Some(draft_path)) = (target_path(), draft_path()) else {
+    let Some((target_path, draft_path)) = common::draft_pair() else {
         return;
     };
     let backend = cpu_backend(1);

@@ -53,6 +53,15 @@ pub fn model_or_skip(path: PathBuf) -> Option<PathBuf> {
     None
 }
 
+/// The speculative tests' target and draft: SmolLM2-135M's F16 conversion and the Q4_1
+/// original it was made from (one vocabulary and tokenizer); `None` where one is absent
+/// (see [`model_or_skip`]).
+pub fn draft_pair() -> Option<(PathBuf, PathBuf)> {
+    let target = model_or_skip(derived_models().join("smollm2-135m-f16.gguf"));
+    let draft = model_or_skip(workspace_models().join("SmolLM2-135M-Instruct.Q4_1.gguf"));
+    Some((target?, draft?))
+}
+
 /// The CPU backend plugin, found beside the test binary's target directory.
 pub fn cpu_backend(threads: u32) -> LoadedBackend {
     load_backend(Some("cpu"), BackendConfig { threads })
