@@ -326,6 +326,72 @@ fn apply_drafts_with_the_manifests_draft_model() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `prima run` keeps the draft's weights and KV cache out of the target's memory budget:
+/// in a 400 MiB memory cgroup the F16 target fits alone (no residency plan is needed),
+/// while beside the Q4_1 draft it gets a budget whose margin holds the draft's weights.
+/// Needs a writable cgroup v1 memory hierarchy (root, as CI runs); skipped otherwise.
+#[test]
+fn run_keeps_the_draft_out_of_its_memory_budget() {
+    let Some((target_path, draft_path)) = common::draft_pair() else {
+        return;
+    };
+    let cgroup = std::path::Path::new("/sys/fs/cgroup/memory")
+        .join(format!("prima-draft-budget-{}", std::process::id()));
+    if std::fs::create_dir(&cgroup).is_err()
+        || std::fs::write(cgroup.join("memory.limit_in_bytes"), "400M").is_err()
+    {
+        eprintln!("note: skipping, no writable cgroup v1 memory hierarchy");
+        let _ = std::fs::remove_dir(&cgroup);
+        return;
+    }
+    let run = |draft: Option<&std::path::Path>| {
+        let mut args = vec![
+            "run".to_string(),
+            "-m".into(),
+            target_path.display().to_string(),
+            "-p".into(),
+            "The capital of France is".into(),
+            "-n".into(),
+            "4".into(),
+            "-t".into(),
+            "1".into(),
+            "-c".into(),
+            "256".into(),
+        ];
+        if let Some(d) = draft {
+            args.extend(["--draft".into(), d.display().to_string()]);
+        }
+        // The shell joins the cgroup, then becomes `prima`.
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg(r#"echo $$ > "$0/cgroup.procs" && exec "$@""#)
+            .arg(&cgroup)
+            .arg(env!("CARGO_BIN_EXE_prima"))
+            .args(&args)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{stderr}");
+        stderr
+    };
+    let alone = run(None);
+    let drafted = run(Some(&draft_path));
+    let _ = std::fs::remove_dir(&cgroup);
+    assert!(!alone.contains("memory: budget"), "{alone}");
+    // "memory: budget B MiB for weights (…, less M MiB for KV cache, buffers and the process)"
+    let margin_mib: u64 = drafted
+        .split("less ")
+        .nth(1)
+        .and_then(|rest| rest.split(" MiB").next())
+        .and_then(|m| m.parse().ok())
+        .unwrap_or_else(|| panic!("no budget line: {drafted}"));
+    let draft_mib = std::fs::metadata(&draft_path).unwrap().len() >> 20;
+    assert!(
+        margin_mib > draft_mib,
+        "the margin ({margin_mib} MiB) leaves no room for the draft ({draft_mib} MiB): {drafted}"
+    );
+}
+
 /// A node killed mid-generation: the `ResilientRing` plans the ring without it, replays the
 /// context and the batch being verified in one evaluation, and hands out the verified
 /// rows from further down that batch; the greedy text is still one device's.

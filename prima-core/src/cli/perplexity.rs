@@ -139,11 +139,11 @@ pub fn run(args: PerplexityArgs) -> anyhow::Result<()> {
     }
     let n_batch = args.batch_size.clamp(1, n_ctx);
     if !args.ring.is_ring() {
-        let mut session = args.ring.local_session(&engine, n_ctx, n_batch)?;
+        let mut session = args.ring.local_session(&engine, n_ctx, n_batch, 0)?;
         return run_job(&mut session, &mut job, n_vocab, bos, n_batch);
     }
     let transport = args.ring.transport()?;
-    let mut head = args.ring.connect(&engine, &transport, n_ctx, n_batch)?;
+    let mut head = args.ring.connect(&engine, &transport, n_ctx, n_batch, 0)?;
     let result = run_job(&mut head, &mut job, n_vocab, bos, n_batch);
     head.shutdown(false);
     result

@@ -107,14 +107,23 @@ impl RingArgs {
         }
     }
 
-    /// This device alone, streaming what does not fit its memory budget.
+    /// This device alone, streaming what does not fit its memory budget less `reserved`
+    /// bytes the process holds beside the model (a draft and its KV cache).
     pub(super) fn local_session<'e>(
         &self,
         engine: &'e Engine,
         n_ctx: usize,
         n_batch: usize,
+        reserved: u64,
     ) -> anyhow::Result<LocalSession<'e>> {
-        engine.local_session(self.mem_budget, n_ctx, n_batch, self.streaming())
+        engine.local_slots_beside(
+            self.mem_budget,
+            n_ctx,
+            n_batch,
+            1,
+            self.streaming(),
+            reserved,
+        )
     }
 
     /// The transport plugin the ring runs over (kept alive while the ring is).
@@ -127,13 +136,15 @@ impl RingArgs {
         )?)
     }
 
-    /// Connects the ring this device heads.
+    /// Connects the ring this device heads, its window planned in its memory budget less
+    /// `reserved` bytes the process holds beside the model (a draft and its KV cache).
     pub(super) fn connect<'e>(
         &self,
         engine: &'e Engine,
         transport: &LoadedTransport,
         n_ctx: usize,
         n_batch: usize,
+        reserved: u64,
     ) -> anyhow::Result<RingHead<'e>> {
         anyhow::ensure!(
             !self.windows.is_empty(),
@@ -151,6 +162,7 @@ impl RingArgs {
             },
             mem_budget: self.mem_budget,
             security: self.key.security()?,
+            head_reserved: reserved,
             ..RingOptions::default()
         };
         if let Some(listen) = &self.listen {
@@ -424,9 +436,13 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         Some(d) => Some(d.session(&engine, n_ctx, args.batch_size, 1)?),
         None => None,
     };
+    // The draft's weights and KV cache are kept out of the target's memory budget.
+    let reserved = draft
+        .as_ref()
+        .map_or(0, |d| d.memory_bytes(n_ctx, args.batch_size, 1));
     let cancel = AtomicBool::new(false);
     if !distributed {
-        let mut session = ring.local_session(&engine, n_ctx, args.batch_size)?;
+        let mut session = ring.local_session(&engine, n_ctx, args.batch_size, reserved)?;
         let (stats, draft_stats) = stream_maybe_draft(
             &mut session,
             draft_session
@@ -446,7 +462,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     }
 
     let transport = ring.transport()?;
-    let mut head = ring.connect(&engine, &transport, n_ctx, args.batch_size)?;
+    let mut head = ring.connect(&engine, &transport, n_ctx, args.batch_size, reserved)?;
     let (stats, draft_stats) = stream_maybe_draft(
         &mut head,
         draft_session
