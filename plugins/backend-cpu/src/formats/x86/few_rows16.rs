@@ -14,15 +14,22 @@
 //!
 //! Q8_0 weights are signed, and `vpdpbusd` wants one operand unsigned: their quants are
 //! moved to unsigned (`w + 128`), and each token's sums start at `−128 · Σa` (per block,
-//! in the pack), which takes the bias back exactly.
+//! in the pack), which takes the bias back exactly. Q4_0's nibbles are its quants `+ 8`,
+//! so its sums start at `−8 · Σa`.
+//!
+//! With one token there is nothing to share the transpose with, but the lanes being rows
+//! still spare every block's reductions and add its float terms sixteen rows at once, so
+//! these kernels are also the decode kernels of Q4_0, Q4_1 and Q8_0
+//! ([`crate::formats::FormatKernels::decode`]).
 //!
 //! The sums come out a vector per token, so `out` is written token-major, as `matmul` wants
 //! it (`FewKernels::token_major`). The last step of a call takes its missing rows as copies
 //! of its last row and drops their results.
 
 use super::few::MAX_TOKENS;
-use crate::formats::{f16_at, q4_1, q8_0, q8_1, FewKernels};
+use crate::formats::{f16_at, q4_0, q4_1, q8_0, q8_1, FewKernels};
 use core::arch::x86_64::*;
+use prima_core::gguf::GgmlType;
 
 /// Rows one step computes: one per i32 lane of a 512-bit vector.
 const ROWS: usize = 16;
@@ -37,6 +44,28 @@ pub(super) fn q4_1_kernels() -> FewKernels {
         pack_bytes,
         pack: pack_q8_1,
         dot: dot_q4_1,
+        token_major: true,
+    }
+}
+
+/// The decode kernels of weight type `t` (see the module notes), if this module has them.
+pub(super) fn decode_kernels(t: GgmlType) -> Option<FewKernels> {
+    use GgmlType as T;
+    match t {
+        T::Q4_0 => Some(q4_0_kernels()),
+        T::Q4_1 => Some(q4_1_kernels()),
+        T::Q8_0 => Some(q8_0_kernels()),
+        _ => None,
+    }
+}
+
+/// The kernels for Q4_0 weights (Q8_0 activations).
+pub(super) fn q4_0_kernels() -> FewKernels {
+    FewKernels {
+        max_tokens: MAX_TOKENS,
+        pack_bytes,
+        pack: pack_q4_0,
+        dot: dot_q4_0,
         token_major: true,
     }
 }
@@ -97,13 +126,31 @@ fn pack_q8_1(n: usize, acts: &[u8], a_stride: usize, n_tokens: usize, pack: &mut
     pack_with(n, acts, a_stride, n_tokens, pack, q8_1::BLOCK_BYTES, s_a)
 }
 
-/// Packs Q8_0 activation rows (of Q8_0 weights), with the bias's correction `−128 · Σ q_a`.
-fn pack_q8_0(n: usize, acts: &[u8], a_stride: usize, n_tokens: usize, pack: &mut [u8]) {
+/// Packs Q8_0 activation rows of weights whose quants are biased by `bias` (Q8_0: 128,
+/// Q4_0: 8), with the bias's correction `−bias · Σ q_a`.
+fn pack_q8_0_unbias(
+    n: usize,
+    acts: &[u8],
+    a_stride: usize,
+    n_tokens: usize,
+    pack: &mut [u8],
+    bias: i32,
+) {
     let unbias = |a: &[u8]| {
         let sum: i32 = a[2..34].iter().map(|&q| q as i8 as i32).sum();
-        (-128 * sum).to_le_bytes()
+        (-bias * sum).to_le_bytes()
     };
     pack_with(n, acts, a_stride, n_tokens, pack, q8_0::BLOCK_BYTES, unbias)
+}
+
+/// Packs Q8_0 activation rows (of Q8_0 weights), with the bias's correction `−128 · Σ q_a`.
+fn pack_q8_0(n: usize, acts: &[u8], a_stride: usize, n_tokens: usize, pack: &mut [u8]) {
+    pack_q8_0_unbias(n, acts, a_stride, n_tokens, pack, 128)
+}
+
+/// Packs Q8_0 activation rows (of Q4_0 weights), with the bias's correction `−8 · Σ q_a`.
+fn pack_q4_0(n: usize, acts: &[u8], a_stride: usize, n_tokens: usize, pack: &mut [u8]) {
+    pack_q8_0_unbias(n, acts, a_stride, n_tokens, pack, 8)
 }
 
 /// Safe wrappers with the table's signature around this module's kernels; they check the
@@ -130,6 +177,7 @@ macro_rules! dot_wrappers {
 }
 
 dot_wrappers! {
+    dot_q4_0 => rows_q4_0, q4_0::BLOCK_BYTES;
     dot_q4_1 => rows_q4_1, q4_1::BLOCK_BYTES;
     dot_q8_0 => rows_q8_0, q8_0::BLOCK_BYTES;
 }
@@ -239,11 +287,14 @@ fn step_rows(w: &[u8], ws: usize, first: usize, rows: usize) -> [*const u8; ROWS
 enum Terms {
     /// `s · (d · d_a)` (Q8_0), the sums starting at the pack's correction.
     SProd,
+    /// `s · d · d_a` (Q4_0), likewise.
+    Sdd,
     /// `d · d_a · s + m · s_a` (Q4_1).
     Min,
 }
 
 const SPROD: u8 = Terms::SProd as u8;
+const SDD: u8 = Terms::Sdd as u8;
 const MIN: u8 = Terms::Min as u8;
 
 /// One block of a step's rows as `block(rows, block offset)` returns it: quant vector `j`
@@ -300,6 +351,7 @@ unsafe fn rows_n<const N: usize, const T: u8>(
                         let sa = _mm512_set1_ps((second as *const f32).add(t).read_unaligned());
                         _mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(d, da), s), _mm512_mul_ps(m, sa))
                     }
+                    SDD => _mm512_mul_ps(_mm512_mul_ps(s, d), da),
                     _ => _mm512_mul_ps(s, _mm512_mul_ps(d, da)),
                 };
                 *acc = _mm512_add_ps(*acc, term);
@@ -323,6 +375,24 @@ macro_rules! by_tokens {
             _ => rows_n::<8, $terms>($($arg),*),
         }
     };
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn rows_q4_0(n: usize, w: &[u8], ws: usize, pack: &[u8], nt: usize, out: &mut [f32]) {
+    let wb = q4_0::BLOCK_BYTES;
+    let low = _mm512_set1_epi8(0x0F);
+    let block = |row: &[*const u8; ROWS], off: usize| {
+        // As Q4_1's nibbles (below), two bytes in; the `+ 8` is the pack's correction.
+        let q = dwords4(row, off + 2);
+        let mut w = [_mm512_setzero_si512(); 8];
+        for j in 0..4 {
+            w[j] = _mm512_and_si512(q[j], low);
+            w[4 + j] = _mm512_and_si512(_mm512_srli_epi16::<4>(q[j]), low);
+        }
+        let (d, _) = f16_pair(dword0(row, off));
+        (w, d, d)
+    };
+    by_tokens!(nt, SDD, (n, w, ws, wb, pack, out, block))
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
