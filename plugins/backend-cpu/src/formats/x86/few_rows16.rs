@@ -35,7 +35,7 @@ use prima_core::gguf::GgmlType;
 const ROWS: usize = 16;
 
 /// Pack bytes of one token's block: 32 quants, then two 4-byte lanes (see [`pack_bytes`]).
-const TOKEN_BLOCK: usize = 32 + 4 + 4;
+pub(super) const TOKEN_BLOCK: usize = 32 + 4 + 4;
 
 /// The kernels for Q4_1 weights (Q8_1 activations).
 pub(super) fn q4_1_kernels() -> FewKernels {
@@ -84,7 +84,7 @@ pub(super) fn q8_0_kernels() -> FewKernels {
 /// Bytes of the pack of `n_tokens` rows of `n` columns: per block, each token's 32 quants,
 /// then each token's `d_a` as f32, then each token's second lane: Q8_1's `s_a` as f32, or
 /// Q8_0's `−128 · Σ q_a` as i32.
-fn pack_bytes(n: usize, n_tokens: usize) -> usize {
+pub(super) fn pack_bytes(n: usize, n_tokens: usize) -> usize {
     n / 32 * n_tokens * TOKEN_BLOCK
 }
 
@@ -149,7 +149,7 @@ fn pack_q8_0(n: usize, acts: &[u8], a_stride: usize, n_tokens: usize, pack: &mut
 }
 
 /// Packs Q8_0 activation rows (of Q4_0 weights), with the bias's correction `−8 · Σ q_a`.
-fn pack_q4_0(n: usize, acts: &[u8], a_stride: usize, n_tokens: usize, pack: &mut [u8]) {
+pub(super) fn pack_q4_0(n: usize, acts: &[u8], a_stride: usize, n_tokens: usize, pack: &mut [u8]) {
     pack_q8_0_unbias(n, acts, a_stride, n_tokens, pack, 8)
 }
 
