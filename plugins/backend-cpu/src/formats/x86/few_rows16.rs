@@ -239,6 +239,45 @@ unsafe fn dword0(row: &[*const u8; ROWS], off: usize) -> __m512i {
     )
 }
 
+/// Whether a step's scales can be gathered: the rows' offsets from its first row (at most
+/// `ROWS − 1` strides) fit the gather's i32 lanes.
+fn gathers(ws: usize) -> bool {
+    ws <= i32::MAX as usize / ROWS
+}
+
+/// The f16 at `off` of each row as f32s (lane `r`: row `r`'s): one gather (measured a
+/// little faster than [`dword0`]'s sixteen loads and shuffles for two bytes a row) where
+/// [`gathers`] allows.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn scales_f16(row: &[*const u8; ROWS], off: usize, gather: bool) -> __m512 {
+    if !gather {
+        return f16_pair(dword0(row, off)).0;
+    }
+    let base = row[0];
+    let at = |r: usize| row[r].offset_from(base) as i32;
+    let idx = _mm512_setr_epi32(
+        0,
+        at(1),
+        at(2),
+        at(3),
+        at(4),
+        at(5),
+        at(6),
+        at(7),
+        at(8),
+        at(9),
+        at(10),
+        at(11),
+        at(12),
+        at(13),
+        at(14),
+        at(15),
+    );
+    let g = _mm512_i32gather_epi32::<1>(idx, base.add(off) as *const _);
+    _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g))
+}
+
 /// The f16 halves of each lane's dword as f32s: `(low, high)`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
@@ -381,6 +420,7 @@ macro_rules! by_tokens {
 unsafe fn rows_q4_0(n: usize, w: &[u8], ws: usize, pack: &[u8], nt: usize, out: &mut [f32]) {
     let wb = q4_0::BLOCK_BYTES;
     let low = _mm512_set1_epi8(0x0F);
+    let gather = gathers(ws);
     let block = |row: &[*const u8; ROWS], off: usize| {
         // As Q4_1's nibbles (below), two bytes in; the `+ 8` is the pack's correction.
         let q = dwords4(row, off + 2);
@@ -389,7 +429,7 @@ unsafe fn rows_q4_0(n: usize, w: &[u8], ws: usize, pack: &[u8], nt: usize, out: 
             w[j] = _mm512_and_si512(q[j], low);
             w[4 + j] = _mm512_and_si512(_mm512_srli_epi16::<4>(q[j]), low);
         }
-        let (d, _) = f16_pair(dword0(row, off));
+        let d = scales_f16(row, off, gather);
         (w, d, d)
     };
     by_tokens!(nt, SDD, (n, w, ws, wb, pack, out, block))
@@ -418,6 +458,7 @@ unsafe fn rows_q4_1(n: usize, w: &[u8], ws: usize, pack: &[u8], nt: usize, out: 
 unsafe fn rows_q8_0(n: usize, w: &[u8], ws: usize, pack: &[u8], nt: usize, out: &mut [f32]) {
     let wb = q8_0::BLOCK_BYTES;
     let bias = _mm512_set1_epi8(0x80u8 as i8);
+    let gather = gathers(ws);
     let block = |row: &[*const u8; ROWS], off: usize| {
         let (q0, q1) = (dwords4(row, off + 2), dwords4(row, off + 18));
         let mut w = [_mm512_setzero_si512(); 8];
@@ -425,7 +466,7 @@ unsafe fn rows_q8_0(n: usize, w: &[u8], ws: usize, pack: &[u8], nt: usize, out: 
             w[j] = _mm512_xor_si512(q0[j], bias);
             w[4 + j] = _mm512_xor_si512(q1[j], bias);
         }
-        let (d, _) = f16_pair(dword0(row, off));
+        let d = scales_f16(row, off, gather);
         (w, d, d)
     };
     by_tokens!(nt, SPROD, (n, w, ws, wb, pack, out, block))
