@@ -27,7 +27,7 @@
 //! of its last row and drops their results.
 
 use super::few::MAX_TOKENS;
-use crate::formats::{f16_at, q4_0, q4_1, q8_0, q8_1, FewKernels};
+use crate::formats::{f16_at, q4_0, q4_1, q5_0, q8_0, q8_1, FewKernels};
 use core::arch::x86_64::*;
 use prima_core::gguf::GgmlType;
 
@@ -54,6 +54,13 @@ pub(super) fn decode_kernels(t: GgmlType) -> Option<FewKernels> {
     match t {
         T::Q4_0 => Some(q4_0_kernels()),
         T::Q4_1 => Some(q4_1_kernels()),
+        T::Q5_0 => Some(FewKernels {
+            max_tokens: MAX_TOKENS,
+            pack_bytes,
+            pack: pack_q5_0,
+            dot: dot_q5_0,
+            token_major: true,
+        }),
         T::Q8_0 => Some(q8_0_kernels()),
         _ => None,
     }
@@ -148,6 +155,11 @@ fn pack_q8_0(n: usize, acts: &[u8], a_stride: usize, n_tokens: usize, pack: &mut
     pack_q8_0_unbias(n, acts, a_stride, n_tokens, pack, 128)
 }
 
+/// Packs Q8_0 activation rows (of Q5_0 weights), with the bias's correction `−16 · Σ q_a`.
+fn pack_q5_0(n: usize, acts: &[u8], a_stride: usize, n_tokens: usize, pack: &mut [u8]) {
+    pack_q8_0_unbias(n, acts, a_stride, n_tokens, pack, 16)
+}
+
 /// Packs Q8_0 activation rows (of Q4_0 weights), with the bias's correction `−8 · Σ q_a`.
 pub(super) fn pack_q4_0(n: usize, acts: &[u8], a_stride: usize, n_tokens: usize, pack: &mut [u8]) {
     pack_q8_0_unbias(n, acts, a_stride, n_tokens, pack, 8)
@@ -179,6 +191,7 @@ macro_rules! dot_wrappers {
 dot_wrappers! {
     dot_q4_0 => rows_q4_0, q4_0::BLOCK_BYTES;
     dot_q4_1 => rows_q4_1, q4_1::BLOCK_BYTES;
+    dot_q5_0 => rows_q5_0, q5_0::BLOCK_BYTES;
     dot_q8_0 => rows_q8_0, q8_0::BLOCK_BYTES;
 }
 
@@ -251,9 +264,19 @@ fn gathers(ws: usize) -> bool {
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
 unsafe fn scales_f16(row: &[*const u8; ROWS], off: usize, gather: bool) -> __m512 {
-    if !gather {
-        return f16_pair(dword0(row, off)).0;
-    }
+    let dwords = if gather {
+        gather_dwords(row, off)
+    } else {
+        dword0(row, off)
+    };
+    _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dwords))
+}
+
+/// The dword at `off` of each row (lane `r`: row `r`'s) by one gather; only where
+/// [`gathers`] allows.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn gather_dwords(row: &[*const u8; ROWS], off: usize) -> __m512i {
     let base = row[0];
     let at = |r: usize| row[r].offset_from(base) as i32;
     let idx = _mm512_setr_epi32(
@@ -274,8 +297,17 @@ unsafe fn scales_f16(row: &[*const u8; ROWS], off: usize, gather: bool) -> __m51
         at(14),
         at(15),
     );
-    let g = _mm512_i32gather_epi32::<1>(idx, base.add(off) as *const _);
-    _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g))
+    _mm512_i32gather_epi32::<1>(idx, base.add(off) as *const _)
+}
+
+/// `vpshufb` indices that copy byte `c` of each dword into all four of its bytes.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn spread_byte(c: i32) -> __m512i {
+    _mm512_add_epi8(
+        _mm512_set1_epi32(c * 0x0101_0101),
+        _mm512_set4_epi32(0x0C0C_0C0C, 0x0808_0808, 0x0404_0404, 0),
+    )
 }
 
 /// The f16 halves of each lane's dword as f32s: `(low, high)`.
@@ -428,6 +460,52 @@ unsafe fn rows_q4_0(n: usize, w: &[u8], ws: usize, pack: &[u8], nt: usize, out: 
         for j in 0..4 {
             w[j] = _mm512_and_si512(q[j], low);
             w[4 + j] = _mm512_and_si512(_mm512_srli_epi16::<4>(q[j]), low);
+        }
+        let d = scales_f16(row, off, gather);
+        (w, d, d)
+    };
+    by_tokens!(nt, SDD, (n, w, ws, wb, pack, out, block))
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn rows_q5_0(n: usize, w: &[u8], ws: usize, pack: &[u8], nt: usize, out: &mut [f32]) {
+    let wb = q5_0::BLOCK_BYTES;
+    let gather = gathers(ws);
+    let low = _mm512_set1_epi8(0x0F);
+    let sixteen = _mm512_set1_epi8(16);
+    // Byte `b` of a dword tests bit `b` (even quant groups) or `4 + b` (odd) of its byte.
+    let bits = [
+        _mm512_set1_epi32(0x0804_0201),
+        _mm512_set1_epi32(0x8040_2010u32 as i32),
+    ];
+    let spread = [
+        spread_byte(0),
+        spread_byte(1),
+        spread_byte(2),
+        spread_byte(3),
+    ];
+    let block = |row: &[*const u8; ROWS], off: usize| {
+        // As Q4_0's nibbles, six bytes in; quant dword `j`'s fifth bits are bits
+        // `4j .. 4j + 4` (low nibbles) and `16 + 4j ..` (high) of `qh`: byte `j / 2` or
+        // `2 + j / 2`, copied to each byte and tested against that byte's bit.
+        let q = dwords4(row, off + 6);
+        let qh = if gather {
+            gather_dwords(row, off + 2)
+        } else {
+            dword0(row, off + 2)
+        };
+        let mut w = [_mm512_setzero_si512(); 8];
+        for j in 0..4 {
+            let (lo, hi) = (
+                _mm512_and_si512(q[j], low),
+                _mm512_and_si512(_mm512_srli_epi16::<4>(q[j]), low),
+            );
+            let lo_set = _mm512_test_epi8_mask(_mm512_shuffle_epi8(qh, spread[j / 2]), bits[j % 2]);
+            let hi_set =
+                _mm512_test_epi8_mask(_mm512_shuffle_epi8(qh, spread[2 + j / 2]), bits[j % 2]);
+            // Nibbles are below 16: adding 16 sets the fifth bit.
+            w[j] = _mm512_mask_add_epi8(lo, lo_set, lo, sixteen);
+            w[4 + j] = _mm512_mask_add_epi8(hi, hi_set, hi, sixteen);
         }
         let d = scales_f16(row, off, gather);
         (w, d, d)
