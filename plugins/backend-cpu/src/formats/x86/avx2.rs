@@ -917,9 +917,9 @@ unsafe fn dot_q3_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
         // −4 · Σ_g sc_g · bsum_g, as the lanes' starting value.
         let bsums = _mm256_madd_epi16(load(ab.as_ptr().add(q8_k::BSUMS)), scales);
         let mut acc = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32::<2>(bsums));
-        for h in 0..2 {
+        for (h, &half) in halves.iter().enumerate() {
             let qv = load(qs.add(32 * h));
-            for s in 0..4 {
+            for (s, &idx) in idx.iter().enumerate() {
                 let j = 4 * h + s;
                 let lo =
                     _mm256_and_si256(_mm256_srl_epi16(qv, _mm_cvtsi32_si128(2 * s as i32)), low2);
@@ -931,7 +931,7 @@ unsafe fn dot_q3_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
                 };
                 let q = _mm256_or_si256(lo, _mm256_and_si256(hb, four));
                 let p = _mm256_maddubs_epi16(q, load(aq.add(32 * j)));
-                let sc = _mm256_shuffle_epi8(halves[h], idx[s]);
+                let sc = _mm256_shuffle_epi8(half, idx);
                 acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, sc));
             }
         }
