@@ -15,12 +15,13 @@
 //! Q8_0 weights are signed, and `vpdpbusd` wants one operand unsigned: their quants are
 //! moved to unsigned (`w + 128`), and each token's sums start at `−128 · Σa` (per block,
 //! in the pack), which takes the bias back exactly. Q4_0's nibbles are its quants `+ 8`,
-//! so its sums start at `−8 · Σa`.
+//! so its sums start at `−8 · Σa`; Q5_0's 5-bit values are its quants `+ 16`: `−16 · Σa`.
 //!
 //! With one token there is nothing to share the transpose with, but the lanes being rows
 //! still spare every block's reductions and add its float terms sixteen rows at once, so
-//! these kernels are also the decode kernels of Q4_0, Q4_1 and Q8_0
-//! ([`crate::formats::FormatKernels::decode`]).
+//! these kernels are also the decode kernels of Q4_0, Q4_1, Q5_0 and Q8_0
+//! ([`crate::formats::FormatKernels::decode`]); Q4_0 and Q5_0 only there (their small
+//! batches keep [`super::few512`]).
 //!
 //! The sums come out a vector per token, so `out` is written token-major, as `matmul` wants
 //! it (`FewKernels::token_major`). The last step of a call takes its missing rows as copies
@@ -90,7 +91,7 @@ pub(super) fn q8_0_kernels() -> FewKernels {
 
 /// Bytes of the pack of `n_tokens` rows of `n` columns: per block, each token's 32 quants,
 /// then each token's `d_a` as f32, then each token's second lane: Q8_1's `s_a` as f32, or
-/// Q8_0's `−128 · Σ q_a` as i32.
+/// for Q8_0 activations the weights' bias correction `−bias · Σ q_a` as i32.
 pub(super) fn pack_bytes(n: usize, n_tokens: usize) -> usize {
     n / 32 * n_tokens * TOKEN_BLOCK
 }
