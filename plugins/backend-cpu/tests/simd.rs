@@ -21,7 +21,8 @@
 //! - `few_token_matmul_matches_scalar`: the small-batch kernels (2–8 tokens through
 //!   `ops::matmul`, and 1–8 tokens called directly with weight rows padded apart), over
 //!   odd and even block counts, every weight scale kind and every activation kind above,
-//!   equal the scalar `vec_dot` bit for bit.
+//!   equal the scalar `vec_dot` bit for bit; and the decode kernels likewise (one token,
+//!   through `ops::matmul` and directly).
 //! - `axpy_f16_matches_scalar`: each level's F16 `axpy` (attention's V weighting) returns
 //!   the scalar bits, over the float lengths (8-lane tails) and extreme values.
 //! - `gated_activations_match_portable`: each level's SiLU and GELU gates return the
@@ -667,10 +668,18 @@ fn few_token_matmul_matches_scalar() {
             KernelLevel::Avx512 => |t| KernelLevel::Avx512.kernels(t),
             _ => continue,
         };
-        for t in WEIGHT_TYPES {
-            let Some(few) = lookup(t).and_then(|k| k.few) else {
-                continue;
-            };
+        // The small-batch kernels (2 ..= max_tokens through `matmul`) and the decode
+        // kernels (one token through `matmul`), each also called directly.
+        let sets = WEIGHT_TYPES.into_iter().flat_map(|t| {
+            let k = lookup(t);
+            [
+                k.and_then(|k| k.few).map(|f| (t, f, 2, f.max_tokens)),
+                k.and_then(|k| k.decode).map(|f| (t, f, 1, 1)),
+            ]
+            .into_iter()
+            .flatten()
+        });
+        for (t, few, matmul_from, most) in sets {
             let k = scalar::kernels(t).unwrap();
             // 37: kernels that take 16 rows a step get two whole steps and a short one.
             for (rows, blocks) in [13, 37]
@@ -690,7 +699,7 @@ fn few_token_matmul_matches_scalar() {
                 };
                 let kinds = activations(&mut rng, cols);
                 let act_bytes = k.vec_dot_type.row_bytes(cols).unwrap();
-                for n_tokens in 1..=few.max_tokens {
+                for n_tokens in 1..=most {
                     // Each token a different activation kind, whichever the batch size.
                     let first_kind = rng.gen_range(0..kinds.len());
                     let kind = |tok: usize| &kinds[(first_kind + tok) % kinds.len()];
@@ -714,7 +723,7 @@ fn few_token_matmul_matches_scalar() {
                             kind(tok).0
                         );
                     };
-                    if n_tokens >= 2 {
+                    if n_tokens >= matmul_from {
                         let got = matmul_with(lookup, 2, w, &x, n_tokens);
                         for tok in 0..n_tokens {
                             for r in 0..rows {

@@ -205,6 +205,11 @@ pub struct FormatKernels {
     pub panel: Option<PanelKernels>,
     /// Small-batch kernels, where a kernel level has them.
     pub few: Option<FewKernels>,
+    /// One-token (decode) kernels that take many rows a step, one vector lane per row, so
+    /// a block's integer sums need no horizontal reduction and its float terms are added
+    /// in the lanes (`ops::matmul` calls them with one token, over whole chunks of rows),
+    /// where a kernel level has them. Same pack and contract as [`FewKernels`].
+    pub decode: Option<FewKernels>,
 }
 
 /// Reads a little-endian f16 at `off` as f32.

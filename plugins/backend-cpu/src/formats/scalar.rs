@@ -23,6 +23,7 @@ pub fn kernels(t: GgmlType) -> Option<FormatKernels> {
         vec_dot_2x8: None,
         panel: None,
         few: None,
+        decode: None,
     };
     Some(match t {
         T::F32 => k(

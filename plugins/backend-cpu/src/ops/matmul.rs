@@ -14,6 +14,10 @@
 //! repacked once into a per-thread scratch buffer and dotted against every token, and the
 //! kernel's token-major results go straight into `out`. Panel results equal `vec_dot` too.
 //!
+//! Where the level has decode kernels ([`crate::formats::FormatKernels::decode`]) and
+//! there is one token, its activations are packed once and each chunk's rows go through
+//! the decode kernel instead of a `vec_dot` per row. Their results equal `vec_dot` too.
+//!
 //! Where the level has small-batch kernels ([`crate::formats::FewKernels`]) and the batch
 //! has 2 ..= their `max_tokens` tokens (continuous batching's decode steps), the tokens'
 //! activations are packed once and each chunk's rows are dotted against all of them by
@@ -35,6 +39,9 @@ const CHUNKS_PER_THREAD: usize = 4;
 /// quarter of a thread's share left one core idle for up to that long in every matmul
 /// (pp128 on 2 threads, F16 SmolLM2: ~4% at AVX2, ~1% at AVX-512).
 const PANEL_CHUNKS_PER_THREAD: usize = 16;
+
+/// Rows a decode kernel takes a step (its vector lanes): decode chunks are whole steps.
+const DECODE_STEP_ROWS: usize = 16;
 
 /// Weight bytes of one row tile: the rows stay in L1/L2 while a token block walks them.
 const ROW_TILE_BYTES: usize = 32 * 1024;
@@ -199,6 +206,26 @@ pub fn matmul(
         return Ok(());
     }
 
+    // One token with decode kernels: the activations packed once, then whole steps of
+    // rows per chunk (a chunk's last step, short, computes copies of its last row).
+    if let Some(d) = kernels.decode.filter(|_| n_tokens == 1) {
+        let pack = sized(few_pack, (d.pack_bytes)(w.cols, 1));
+        (d.pack)(w.cols, act, act_row_bytes, 1, pack);
+        let pack: &[u8] = pack;
+        let steps = w.rows.div_ceil(DECODE_STEP_ROWS);
+        let chunk = steps.div_ceil(pool.threads() * CHUNKS_PER_THREAD) * DECODE_STEP_ROWS;
+        let dst = SharedOut(out.as_mut_ptr());
+        pool.run(w.rows.div_ceil(chunk), &|c| {
+            let first = c * chunk;
+            let rows = chunk.min(w.rows - first);
+            // SAFETY: chunk `c` owns elements `first .. first + rows` of `out`, disjoint per
+            // chunk; `out` outlives `run`, which returns when every chunk is done.
+            let o = unsafe { std::slice::from_raw_parts_mut(dst.ptr().add(first), rows) };
+            let w_rows = &w.data[first * w.row_bytes..(first + rows) * w.row_bytes];
+            (d.dot)(w.cols, w_rows, w.row_bytes, pack, 1, o);
+        });
+        return Ok(());
+    }
     let chunk = w.rows.div_ceil(pool.threads() * CHUNKS_PER_THREAD).max(1);
     let n_chunks = w.rows.div_ceil(chunk);
     // One token: row-major and token-major coincide, write straight into `out`.

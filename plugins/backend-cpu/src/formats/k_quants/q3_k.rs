@@ -14,7 +14,7 @@ pub const BLOCK_ELEMS: usize = QK_K;
 pub const BLOCK_BYTES: usize = QK_K / 8 + QK_K / 4 + 12 + 2;
 
 pub(crate) const QS: usize = QK_K / 8;
-const SCALES: usize = QS + QK_K / 4;
+pub(crate) const SCALES: usize = QS + QK_K / 4;
 pub(crate) const D: usize = SCALES + 12;
 
 #[inline]

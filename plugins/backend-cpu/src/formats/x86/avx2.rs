@@ -46,6 +46,7 @@ pub(in crate::formats) fn overlay(mut k: FormatKernels) -> FormatKernels {
     };
     k.panel = super::panel256::kernels(k.weight_type).or(k.panel);
     k.few = super::few256::kernels(k.weight_type).or(k.few);
+    k.decode = super::few_rows8::decode_kernels(k.weight_type).or(k.decode);
     k
 }
 
@@ -854,6 +855,47 @@ unsafe fn dot_q6_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
     sum
 }
 
+/// The 16 signed 6-bit sub-block scales of a Q3_K block (see
+/// [`crate::formats::k_quants::q3_k`]'s layout) as i16s, unpacked in 32-bit words: scales
+/// `4k .. 4k + 4` take their low nibbles from word `k % 2` (nibble `k / 2`) and their top
+/// two bits from bits `2k ..= 2k + 1` of each byte of word 2.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn q3k_scales16(packed: *const u8) -> __m256i {
+    const LOW: u32 = 0x0F0F_0F0F;
+    const TOP: u32 = 0x0303_0303;
+    let word = |k: usize| (packed.add(4 * k) as *const u32).read_unaligned();
+    let (w0, w1, w2) = (word(0), word(1), word(2));
+    let biased = _mm_setr_epi32(
+        ((w0 & LOW) | (w2 & TOP) << 4) as i32,
+        ((w1 & LOW) | ((w2 >> 2) & TOP) << 4) as i32,
+        (((w0 >> 4) & LOW) | ((w2 >> 4) & TOP) << 4) as i32,
+        (((w1 >> 4) & LOW) | ((w2 >> 6) & TOP) << 4) as i32,
+    );
+    _mm256_cvtepi8_epi16(_mm_sub_epi8(biased, _mm_set1_epi8(32)))
+}
+
+/// `vpshufb` indices that spread i16 scales `2c` and `2c + 1` of a 128-bit lane over the
+/// low and high lane of a 256-bit vector (eight copies each): the scale of each 16-quant
+/// half of quant group `c` (mod 4).
+const Q3K_SCALE_IDX: [[u8; 32]; 4] = {
+    let mut t = [[0u8; 32]; 4];
+    let mut c = 0;
+    while c < 4 {
+        let mut i = 0;
+        while i < 32 {
+            let word = 2 * c + i / 16;
+            t[c][i] = (2 * word + i % 2) as u8;
+            i += 1;
+        }
+        c += 1;
+    }
+    t
+};
+
+/// Q3_K: each quant `q = low + 4·high − 4` (`low`: 2 bits, `high`: the hmask bit), so
+/// `Σ_g sc_g Σ q·a = Σ_g sc_g Σ (low + 4·high)·a − 4 Σ_g sc_g · bsum_g`: unsigned quants
+/// for `maddubs`, and the `−4` taken once per super-block from the Q8_K group sums.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q3_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let (wbb, abb) = (q3_k::BLOCK_BYTES, q8_k::BLOCK_BYTES);
@@ -861,33 +903,39 @@ unsafe fn dot_q3_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let mut sum = 0.0f32;
     let low2 = _mm256_set1_epi8(0x03);
     let four = _mm256_set1_epi8(4);
+    let idx = Q3K_SCALE_IDX.map(|t| _mm256_loadu_si256(t.as_ptr() as *const __m256i));
     for i in 0..nb {
         let (wb, ab) = (&w[i * wbb..(i + 1) * wbb], &a[i * abb..(i + 1) * abb]);
         prefetch_ahead(wb.as_ptr(), wbb);
-        let sc = q3_k::scales(wb);
+        let scales = q3k_scales16(wb.as_ptr().add(q3_k::SCALES));
+        let halves = [
+            _mm256_permute2x128_si256::<0x00>(scales, scales),
+            _mm256_permute2x128_si256::<0x11>(scales, scales),
+        ];
         let hm = load(wb.as_ptr());
-        let (qs, aq) = (wb.as_ptr().add(32), ab.as_ptr().add(q8_k::QS));
-        let mut acc = _mm256_setzero_si256();
-        for h in 0..2 {
+        let (qs, aq) = (wb.as_ptr().add(q3_k::QS), ab.as_ptr().add(q8_k::QS));
+        // −4 · Σ_g sc_g · bsum_g, as the lanes' starting value.
+        let bsums = _mm256_madd_epi16(load(ab.as_ptr().add(q8_k::BSUMS)), scales);
+        let mut acc = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32::<2>(bsums));
+        for (h, &half) in halves.iter().enumerate() {
             let qv = load(qs.add(32 * h));
-            for s in 0..4 {
+            for (s, &idx) in idx.iter().enumerate() {
                 let j = 4 * h + s;
                 let lo =
                     _mm256_and_si256(_mm256_srl_epi16(qv, _mm_cvtsi32_si128(2 * s as i32)), low2);
-                let m = _mm256_set1_epi8((1u8 << j) as i8);
-                let hi = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hm, m), m), four);
-                // q + 4 ∈ 0..8 unsigned; Σ q·a = Σ (q + 4)·a − Σ 4·a.
-                let q = _mm256_or_si256(lo, hi);
-                let av = load(aq.add(32 * j));
-                let p =
-                    _mm256_sub_epi16(_mm256_maddubs_epi16(q, av), _mm256_maddubs_epi16(four, av));
-                acc = _mm256_add_epi32(
-                    acc,
-                    _mm256_madd_epi16(p, scale_pair(sc[2 * j], sc[2 * j + 1])),
-                );
+                // Bit `j` of each hmask byte moved to bit 2 (it stays inside its byte).
+                let hb = if j >= 2 {
+                    _mm256_srl_epi16(hm, _mm_cvtsi32_si128(j as i32 - 2))
+                } else {
+                    _mm256_sll_epi16(hm, _mm_cvtsi32_si128(2 - j as i32))
+                };
+                let q = _mm256_or_si256(lo, _mm256_and_si256(hb, four));
+                let p = _mm256_maddubs_epi16(q, load(aq.add(32 * j)));
+                let sc = _mm256_shuffle_epi8(half, idx);
+                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, sc));
             }
         }
-        sum += q8_k::d(ab) * f16_at(wb.as_ptr().add(108)) * hsum(acc) as f32;
+        sum += q8_k::d(ab) * f16_at(wb.as_ptr().add(q3_k::D)) * hsum(acc) as f32;
     }
     sum
 }

@@ -14,21 +14,29 @@
 //!
 //! Q8_0 weights are signed, and `vpdpbusd` wants one operand unsigned: their quants are
 //! moved to unsigned (`w + 128`), and each token's sums start at `−128 · Σa` (per block,
-//! in the pack), which takes the bias back exactly.
+//! in the pack), which takes the bias back exactly. Q4_0's nibbles are its quants `+ 8`,
+//! so its sums start at `−8 · Σa`; Q5_0's 5-bit values are its quants `+ 16`: `−16 · Σa`.
+//!
+//! With one token there is nothing to share the transpose with, but the lanes being rows
+//! still spare every block's reductions and add its float terms sixteen rows at once, so
+//! these kernels are also the decode kernels of Q4_0, Q4_1, Q5_0 and Q8_0
+//! ([`crate::formats::FormatKernels::decode`]); Q4_0 and Q5_0 only there (their small
+//! batches keep [`super::few512`]).
 //!
 //! The sums come out a vector per token, so `out` is written token-major, as `matmul` wants
 //! it (`FewKernels::token_major`). The last step of a call takes its missing rows as copies
 //! of its last row and drops their results.
 
 use super::few::MAX_TOKENS;
-use crate::formats::{f16_at, q4_1, q8_0, q8_1, FewKernels};
+use crate::formats::{f16_at, q4_0, q4_1, q5_0, q8_0, q8_1, FewKernels};
 use core::arch::x86_64::*;
+use prima_core::gguf::GgmlType;
 
 /// Rows one step computes: one per i32 lane of a 512-bit vector.
 const ROWS: usize = 16;
 
 /// Pack bytes of one token's block: 32 quants, then two 4-byte lanes (see [`pack_bytes`]).
-const TOKEN_BLOCK: usize = 32 + 4 + 4;
+pub(super) const TOKEN_BLOCK: usize = 32 + 4 + 4;
 
 /// The kernels for Q4_1 weights (Q8_1 activations).
 pub(super) fn q4_1_kernels() -> FewKernels {
@@ -37,6 +45,35 @@ pub(super) fn q4_1_kernels() -> FewKernels {
         pack_bytes,
         pack: pack_q8_1,
         dot: dot_q4_1,
+        token_major: true,
+    }
+}
+
+/// The decode kernels of weight type `t` (see the module notes), if this module has them.
+pub(super) fn decode_kernels(t: GgmlType) -> Option<FewKernels> {
+    use GgmlType as T;
+    match t {
+        T::Q4_0 => Some(q4_0_kernels()),
+        T::Q4_1 => Some(q4_1_kernels()),
+        T::Q5_0 => Some(FewKernels {
+            max_tokens: MAX_TOKENS,
+            pack_bytes,
+            pack: pack_q5_0,
+            dot: dot_q5_0,
+            token_major: true,
+        }),
+        T::Q8_0 => Some(q8_0_kernels()),
+        _ => None,
+    }
+}
+
+/// The kernels for Q4_0 weights (Q8_0 activations).
+pub(super) fn q4_0_kernels() -> FewKernels {
+    FewKernels {
+        max_tokens: MAX_TOKENS,
+        pack_bytes,
+        pack: pack_q4_0,
+        dot: dot_q4_0,
         token_major: true,
     }
 }
@@ -54,8 +91,8 @@ pub(super) fn q8_0_kernels() -> FewKernels {
 
 /// Bytes of the pack of `n_tokens` rows of `n` columns: per block, each token's 32 quants,
 /// then each token's `d_a` as f32, then each token's second lane: Q8_1's `s_a` as f32, or
-/// Q8_0's `−128 · Σ q_a` as i32.
-fn pack_bytes(n: usize, n_tokens: usize) -> usize {
+/// for Q8_0 activations the weights' bias correction `−bias · Σ q_a` as i32.
+pub(super) fn pack_bytes(n: usize, n_tokens: usize) -> usize {
     n / 32 * n_tokens * TOKEN_BLOCK
 }
 
@@ -97,13 +134,36 @@ fn pack_q8_1(n: usize, acts: &[u8], a_stride: usize, n_tokens: usize, pack: &mut
     pack_with(n, acts, a_stride, n_tokens, pack, q8_1::BLOCK_BYTES, s_a)
 }
 
-/// Packs Q8_0 activation rows (of Q8_0 weights), with the bias's correction `−128 · Σ q_a`.
-fn pack_q8_0(n: usize, acts: &[u8], a_stride: usize, n_tokens: usize, pack: &mut [u8]) {
+/// Packs Q8_0 activation rows of weights whose quants are biased by `bias` (Q8_0: 128,
+/// Q4_0: 8), with the bias's correction `−bias · Σ q_a`.
+fn pack_q8_0_unbias(
+    n: usize,
+    acts: &[u8],
+    a_stride: usize,
+    n_tokens: usize,
+    pack: &mut [u8],
+    bias: i32,
+) {
     let unbias = |a: &[u8]| {
         let sum: i32 = a[2..34].iter().map(|&q| q as i8 as i32).sum();
-        (-128 * sum).to_le_bytes()
+        (-bias * sum).to_le_bytes()
     };
     pack_with(n, acts, a_stride, n_tokens, pack, q8_0::BLOCK_BYTES, unbias)
+}
+
+/// Packs Q8_0 activation rows (of Q8_0 weights), with the bias's correction `−128 · Σ q_a`.
+fn pack_q8_0(n: usize, acts: &[u8], a_stride: usize, n_tokens: usize, pack: &mut [u8]) {
+    pack_q8_0_unbias(n, acts, a_stride, n_tokens, pack, 128)
+}
+
+/// Packs Q8_0 activation rows (of Q5_0 weights), with the bias's correction `−16 · Σ q_a`.
+fn pack_q5_0(n: usize, acts: &[u8], a_stride: usize, n_tokens: usize, pack: &mut [u8]) {
+    pack_q8_0_unbias(n, acts, a_stride, n_tokens, pack, 16)
+}
+
+/// Packs Q8_0 activation rows (of Q4_0 weights), with the bias's correction `−8 · Σ q_a`.
+pub(super) fn pack_q4_0(n: usize, acts: &[u8], a_stride: usize, n_tokens: usize, pack: &mut [u8]) {
+    pack_q8_0_unbias(n, acts, a_stride, n_tokens, pack, 8)
 }
 
 /// Safe wrappers with the table's signature around this module's kernels; they check the
@@ -130,7 +190,9 @@ macro_rules! dot_wrappers {
 }
 
 dot_wrappers! {
+    dot_q4_0 => rows_q4_0, q4_0::BLOCK_BYTES;
     dot_q4_1 => rows_q4_1, q4_1::BLOCK_BYTES;
+    dot_q5_0 => rows_q5_0, q5_0::BLOCK_BYTES;
     dot_q8_0 => rows_q8_0, q8_0::BLOCK_BYTES;
 }
 
@@ -191,6 +253,64 @@ unsafe fn dword0(row: &[*const u8; ROWS], off: usize) -> __m512i {
     )
 }
 
+/// Whether a step's scales can be gathered: the rows' offsets from its first row (at most
+/// `ROWS − 1` strides) fit the gather's i32 lanes.
+fn gathers(ws: usize) -> bool {
+    ws <= i32::MAX as usize / ROWS
+}
+
+/// The f16 at `off` of each row as f32s (lane `r`: row `r`'s): one gather (measured a
+/// little faster than [`dword0`]'s sixteen loads and shuffles for two bytes a row) where
+/// [`gathers`] allows.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn scales_f16(row: &[*const u8; ROWS], off: usize, gather: bool) -> __m512 {
+    let dwords = if gather {
+        gather_dwords(row, off)
+    } else {
+        dword0(row, off)
+    };
+    _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dwords))
+}
+
+/// The dword at `off` of each row (lane `r`: row `r`'s) by one gather; only where
+/// [`gathers`] allows.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn gather_dwords(row: &[*const u8; ROWS], off: usize) -> __m512i {
+    let base = row[0];
+    let at = |r: usize| row[r].offset_from(base) as i32;
+    let idx = _mm512_setr_epi32(
+        0,
+        at(1),
+        at(2),
+        at(3),
+        at(4),
+        at(5),
+        at(6),
+        at(7),
+        at(8),
+        at(9),
+        at(10),
+        at(11),
+        at(12),
+        at(13),
+        at(14),
+        at(15),
+    );
+    _mm512_i32gather_epi32::<1>(idx, base.add(off) as *const _)
+}
+
+/// `vpshufb` indices that copy byte `c` of each dword into all four of its bytes.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn spread_byte(c: i32) -> __m512i {
+    _mm512_add_epi8(
+        _mm512_set1_epi32(c * 0x0101_0101),
+        _mm512_set4_epi32(0x0C0C_0C0C, 0x0808_0808, 0x0404_0404, 0),
+    )
+}
+
 /// The f16 halves of each lane's dword as f32s: `(low, high)`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
@@ -239,11 +359,14 @@ fn step_rows(w: &[u8], ws: usize, first: usize, rows: usize) -> [*const u8; ROWS
 enum Terms {
     /// `s · (d · d_a)` (Q8_0), the sums starting at the pack's correction.
     SProd,
+    /// `s · d · d_a` (Q4_0), likewise.
+    Sdd,
     /// `d · d_a · s + m · s_a` (Q4_1).
     Min,
 }
 
 const SPROD: u8 = Terms::SProd as u8;
+const SDD: u8 = Terms::Sdd as u8;
 const MIN: u8 = Terms::Min as u8;
 
 /// One block of a step's rows as `block(rows, block offset)` returns it: quant vector `j`
@@ -300,6 +423,7 @@ unsafe fn rows_n<const N: usize, const T: u8>(
                         let sa = _mm512_set1_ps((second as *const f32).add(t).read_unaligned());
                         _mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(d, da), s), _mm512_mul_ps(m, sa))
                     }
+                    SDD => _mm512_mul_ps(_mm512_mul_ps(s, d), da),
                     _ => _mm512_mul_ps(s, _mm512_mul_ps(d, da)),
                 };
                 *acc = _mm512_add_ps(*acc, term);
@@ -326,6 +450,71 @@ macro_rules! by_tokens {
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn rows_q4_0(n: usize, w: &[u8], ws: usize, pack: &[u8], nt: usize, out: &mut [f32]) {
+    let wb = q4_0::BLOCK_BYTES;
+    let low = _mm512_set1_epi8(0x0F);
+    let gather = gathers(ws);
+    let block = |row: &[*const u8; ROWS], off: usize| {
+        // As Q4_1's nibbles (below), two bytes in; the `+ 8` is the pack's correction.
+        let q = dwords4(row, off + 2);
+        let mut w = [_mm512_setzero_si512(); 8];
+        for j in 0..4 {
+            w[j] = _mm512_and_si512(q[j], low);
+            w[4 + j] = _mm512_and_si512(_mm512_srli_epi16::<4>(q[j]), low);
+        }
+        let d = scales_f16(row, off, gather);
+        (w, d, d)
+    };
+    by_tokens!(nt, SDD, (n, w, ws, wb, pack, out, block))
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn rows_q5_0(n: usize, w: &[u8], ws: usize, pack: &[u8], nt: usize, out: &mut [f32]) {
+    let wb = q5_0::BLOCK_BYTES;
+    let gather = gathers(ws);
+    let low = _mm512_set1_epi8(0x0F);
+    let sixteen = _mm512_set1_epi8(16);
+    // Byte `b` of a dword tests bit `b` (even quant groups) or `4 + b` (odd) of its byte.
+    let bits = [
+        _mm512_set1_epi32(0x0804_0201),
+        _mm512_set1_epi32(0x8040_2010u32 as i32),
+    ];
+    let spread = [
+        spread_byte(0),
+        spread_byte(1),
+        spread_byte(2),
+        spread_byte(3),
+    ];
+    let block = |row: &[*const u8; ROWS], off: usize| {
+        // As Q4_0's nibbles, six bytes in; quant dword `j`'s fifth bits are bits
+        // `4j .. 4j + 4` (low nibbles) and `16 + 4j ..` (high) of `qh`: byte `j / 2` or
+        // `2 + j / 2`, copied to each byte and tested against that byte's bit.
+        let q = dwords4(row, off + 6);
+        let qh = if gather {
+            gather_dwords(row, off + 2)
+        } else {
+            dword0(row, off + 2)
+        };
+        let mut w = [_mm512_setzero_si512(); 8];
+        for j in 0..4 {
+            let (lo, hi) = (
+                _mm512_and_si512(q[j], low),
+                _mm512_and_si512(_mm512_srli_epi16::<4>(q[j]), low),
+            );
+            let lo_set = _mm512_test_epi8_mask(_mm512_shuffle_epi8(qh, spread[j / 2]), bits[j % 2]);
+            let hi_set =
+                _mm512_test_epi8_mask(_mm512_shuffle_epi8(qh, spread[2 + j / 2]), bits[j % 2]);
+            // Nibbles are below 16: adding 16 sets the fifth bit.
+            w[j] = _mm512_mask_add_epi8(lo, lo_set, lo, sixteen);
+            w[4 + j] = _mm512_mask_add_epi8(hi, hi_set, hi, sixteen);
+        }
+        let d = scales_f16(row, off, gather);
+        (w, d, d)
+    };
+    by_tokens!(nt, SDD, (n, w, ws, wb, pack, out, block))
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn rows_q4_1(n: usize, w: &[u8], ws: usize, pack: &[u8], nt: usize, out: &mut [f32]) {
     let wb = q4_1::BLOCK_BYTES;
     let low = _mm512_set1_epi8(0x0F);
@@ -348,6 +537,7 @@ unsafe fn rows_q4_1(n: usize, w: &[u8], ws: usize, pack: &[u8], nt: usize, out: 
 unsafe fn rows_q8_0(n: usize, w: &[u8], ws: usize, pack: &[u8], nt: usize, out: &mut [f32]) {
     let wb = q8_0::BLOCK_BYTES;
     let bias = _mm512_set1_epi8(0x80u8 as i8);
+    let gather = gathers(ws);
     let block = |row: &[*const u8; ROWS], off: usize| {
         let (q0, q1) = (dwords4(row, off + 2), dwords4(row, off + 18));
         let mut w = [_mm512_setzero_si512(); 8];
@@ -355,7 +545,7 @@ unsafe fn rows_q8_0(n: usize, w: &[u8], ws: usize, pack: &[u8], nt: usize, out: 
             w[j] = _mm512_xor_si512(q0[j], bias);
             w[4 + j] = _mm512_xor_si512(q1[j], bias);
         }
-        let (d, _) = f16_pair(dword0(row, off));
+        let d = scales_f16(row, off, gather);
         (w, d, d)
     };
     by_tokens!(nt, SPROD, (n, w, ws, wb, pack, out, block))

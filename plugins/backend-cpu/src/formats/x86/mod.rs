@@ -21,5 +21,6 @@ mod few;
 mod few256;
 mod few512;
 mod few_rows16;
+mod few_rows8;
 mod panel256;
 mod panel512;
