@@ -23,3 +23,4 @@ mod few512;
 mod few_rows16;
 mod panel256;
 mod panel512;
+mod panel512_bf16;
