@@ -79,6 +79,7 @@ fn has_avx512() -> bool {
     is_x86_feature_detected!("avx512f")
         && is_x86_feature_detected!("avx512bw")
         && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512vnni")
         && is_x86_feature_detected!("avx2")
         && is_x86_feature_detected!("fma")
         && is_x86_feature_detected!("f16c")
@@ -274,7 +275,8 @@ fn prep(n: usize, act: &[u8], aux: &mut [u8]) {
 /// `G` tokens (side data `aux_stride` bytes apart) against a panel; token `k`'s four
 /// results go to `out[4k ..]`. `DP`: by `vdpbf16ps`; otherwise each pair widened and
 /// multiplied, then added, in f32 (any inputs).
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512bf16")]
+// (VNNI too: `panel512`'s folds are compiled with it, and inline only into a superset.)
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512bf16")]
 #[allow(clippy::needless_range_loop)] // r and k index the accumulators, rows and tokens
 unsafe fn tile<const G: usize, const DP: bool>(
     n: usize,
