@@ -38,10 +38,26 @@ pub fn quantize_row_f16(x: &[f32], out: &mut [u8]) {
     }
 }
 
-/// Round to nearest even; NaNs stay NaN (`half` implements ggml's conversion).
+/// Round to nearest even; NaNs stay NaN, made quiet (ggml's conversion, and `half`'s).
 pub fn quantize_row_bf16(x: &[f32], out: &mut [u8]) {
     for (v, b) in x.iter().zip(out.chunks_exact_mut(2)) {
-        b.copy_from_slice(&bf16::from_f32(*v).to_le_bytes());
+        b.copy_from_slice(&bf16_bits(*v).to_le_bytes());
+    }
+}
+
+/// `half::bf16::from_f32(x).to_bits()` without branches, so the row loop vectorizes
+/// (prompts convert every activation row of every BF16 matmul): adding `0x7FFF` plus the
+/// kept part's lowest bit carries into it exactly when the dropped half is above one half
+/// ulp, or equal to it with that bit odd.
+#[inline]
+fn bf16_bits(x: f32) -> u16 {
+    let b = x.to_bits();
+    let rounded = (b.wrapping_add(0x7FFF + ((b >> 16) & 1)) >> 16) as u16;
+    let nan = (b >> 16) as u16 | 0x40;
+    if b & 0x7FFF_FFFF > 0x7F80_0000 {
+        nan
+    } else {
+        rounded
     }
 }
 
@@ -161,7 +177,11 @@ impl Bf16Range {
             let m = b & 0x7FFF;
             Bf16Range {
                 max: r.max.max(m),
-                min_nonzero: if m == 0 { r.min_nonzero } else { r.min_nonzero.min(m) },
+                min_nonzero: if m == 0 {
+                    r.min_nonzero
+                } else {
+                    r.min_nonzero.min(m)
+                },
             }
         })
     }
@@ -207,9 +227,28 @@ mod tests {
     }
 
     #[test]
+    fn bf16_conversion_is_halfs() {
+        // Every sign and exponent with the rounding-sensitive low halves, and a stride
+        // through all the rest.
+        let lows = [0u32, 1, 0x7FFF, 0x8000, 0x8001, 0xFFFF];
+        let edges = (0..1u32 << 16).flat_map(|hi| lows.map(|lo| hi << 16 | lo));
+        let stride = (0..u32::MAX / 7919).map(|i| i * 7919 + 13);
+        for b in edges.chain(stride) {
+            let x = f32::from_bits(b);
+            assert_eq!(bf16_bits(x), bf16::from_f32(x).to_bits(), "{b:#010x}");
+        }
+    }
+
+    #[test]
     fn bf16_range_bounds_the_lane_sums() {
         let ones = range(&[1.0, -0.5, 0.0]);
-        assert_eq!(ones, Bf16Range { max: 0x3F80, min_nonzero: 0x3F00 });
+        assert_eq!(
+            ones,
+            Bf16Range {
+                max: 0x3F80,
+                min_nonzero: 0x3F00
+            }
+        );
         assert_eq!(range(&[0.0, -0.0]), Bf16Range::EMPTY);
         assert!(bf16_lane_sums_normal(ones, ones, 4096));
         // Smallest products: 2^-56 · 2^-56 = 2^-112 leaves a floor of 2^-126, just normal.

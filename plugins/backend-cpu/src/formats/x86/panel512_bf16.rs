@@ -41,12 +41,12 @@ fn chunks(n: usize) -> usize {
 /// Panel: the range, then `[chunk][row]` vectors of interleaved BF16 pairs, then each
 /// row's `n % 16` tail as f32 (one vector's room per row).
 fn panel_bytes(n: usize) -> usize {
-    HEAD + 64 * ROWS * (chunks(n) + usize::from(n % 16 > 0))
+    HEAD + 64 * ROWS * (chunks(n) + usize::from(!n.is_multiple_of(16)))
 }
 
 /// A token's side data: the range, its interleaved chunks, then its tail as f32.
 fn aux_bytes(n: usize) -> usize {
-    HEAD + 64 * (chunks(n) + usize::from(n % 16 > 0))
+    HEAD + 64 * (chunks(n) + usize::from(!n.is_multiple_of(16)))
 }
 
 /// The kernels, where this CPU has `avx512bf16` and its `vdpbf16ps` computes as the
@@ -116,21 +116,21 @@ pub(super) fn probe_agrees(dp: impl Fn([f32; 16], [u16; 32], [u16; 32]) -> [f32;
     let p = |e: i32| 2f32.powi(e);
     // (acc, odd position's product, even position's product), each product `x · 1`.
     let crafted: [(f32, f32, f32); 16] = [
-        (1.0, p(-24), p(-24)),        // in order: 1 (two ties to even); fused: 1 + 2^-23
-        (1.0, -1.0, p(-30)),          // in order: 2^-30; even first: 0
-        (1.0, p(-30), -1.0),          // in order: 0; even first: 2^-30
-        (1.0, 3.0 * p(-25), 0.0),     // nearest: 1 + 2^-23; truncated: 1
-        (1.0 + p(-23), p(-24), 0.0),  // tie to even: 1 + 2^-22
-        (-1.0, -3.0 * p(-25), 0.0),   // nearest, negative: -(1 + 2^-23)
-        (-1.0, p(-24), p(-24)),       // below 1 the ulp halves: exact, -1 + 2^-23
-        (p(20), 1.0, -p(20)),         // in order: 0 (1 lost, then cancelled); fused: 1
-        (0.0, -0.0, -0.0),            // zero signs: +0
-        (p(-100), p(-100), p(-101)),  // small but normal
-        (3.0, p(-22), -p(-23)),       // in order: 3 + 2^-22, then a tie back to 3
-        (1.5, p(-24), p(-24)),        // in order: two ties to even, 1.5; fused: 1.5 + 2^-23
-        (0.0, p(60), p(60)),          // large
-        (1.0, -p(-25), -p(-25)),      // below 1: ulp 2^-24, each a tie to even
-        (-p(-20), p(-20), p(-40)),    // cancellation to zero, then 2^-40
+        (1.0, p(-24), p(-24)),       // in order: 1 (two ties to even); fused: 1 + 2^-23
+        (1.0, -1.0, p(-30)),         // in order: 2^-30; even first: 0
+        (1.0, p(-30), -1.0),         // in order: 0; even first: 2^-30
+        (1.0, 3.0 * p(-25), 0.0),    // nearest: 1 + 2^-23; truncated: 1
+        (1.0 + p(-23), p(-24), 0.0), // tie to even: 1 + 2^-22
+        (-1.0, -3.0 * p(-25), 0.0),  // nearest, negative: -(1 + 2^-23)
+        (-1.0, p(-24), p(-24)),      // below 1 the ulp halves: exact, -1 + 2^-23
+        (p(20), 1.0, -p(20)),        // in order: 0 (1 lost, then cancelled); fused: 1
+        (0.0, -0.0, -0.0),           // zero signs: +0
+        (p(-100), p(-100), p(-101)), // small but normal
+        (3.0, p(-22), -p(-23)),      // in order: 3 + 2^-22, then a tie back to 3
+        (1.5, p(-24), p(-24)),       // in order: two ties to even, 1.5; fused: 1.5 + 2^-23
+        (0.0, p(60), p(60)),         // large
+        (1.0, -p(-25), -p(-25)),     // below 1: ulp 2^-24, each a tie to even
+        (-p(-20), p(-20), p(-40)),   // cancellation to zero, then 2^-40
         (7.0, 0.0, 0.0),
     ];
     let mut acc = [0.0f32; 16];
@@ -140,7 +140,8 @@ pub(super) fn probe_agrees(dp: impl Fn([f32; 16], [u16; 32], [u16; 32]) -> [f32;
         a[2 * j + 1] = bf(odd);
         a[2 * j] = bf(even);
     }
-    let same = |x: [f32; 16], y: [f32; 16]| x.iter().zip(&y).all(|(x, y)| x.to_bits() == y.to_bits());
+    let same =
+        |x: [f32; 16], y: [f32; 16]| x.iter().zip(&y).all(|(x, y)| x.to_bits() == y.to_bits());
     if !same(dp(acc, a, b), dp_in_order(acc, a, b)) {
         return false;
     }
@@ -199,6 +200,9 @@ unsafe fn interleave_row(
     let full = n / 16 * 16;
     let magnitude = _mm512_set1_epi16(0x7FFF);
     let (mut max, mut min) = (_mm512_setzero_si512(), magnitude);
+    // BF16 position `2j + 1` takes element `j`, position `2j` element `16 + j`.
+    let order: [u16; 32] = core::array::from_fn(|p| (p / 2 + 16 * (1 - p % 2)) as u16);
+    let order = _mm512_loadu_si512(order.as_ptr() as *const _);
     for c in 0..chunks(n) {
         // A whole chunk, or the last run of 16 alone, its partner zeros.
         let mask: __mmask32 = if full - 32 * c >= 32 { !0 } else { 0xFFFF };
@@ -207,9 +211,7 @@ unsafe fn interleave_row(
         max = _mm512_max_epu16(max, m);
         let zero = _mm512_cmpeq_epi16_mask(m, _mm512_setzero_si512());
         min = _mm512_min_epu16(min, _mm512_mask_mov_epi16(m, zero, magnitude));
-        let first = _mm512_cvtepu16_epi32(_mm512_castsi512_si256(v));
-        let second = _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64::<1>(v));
-        let pairs = _mm512_or_si512(_mm512_slli_epi32::<16>(first), second);
+        let pairs = _mm512_permutexvar_epi16(order, v);
         _mm512_storeu_si512(dst.add(step * c) as *mut _, pairs);
     }
     let (mut maxs, mut mins) = ([0u16; 32], [0u16; 32]);
@@ -358,15 +360,18 @@ fn gemm_with(
         );
     }
     let w_range = range_at(panel);
+    let a_range = |t: usize, g: usize| {
+        (t..t + g).fold(Bf16Range::EMPTY, |r, k| {
+            r.merge(range_at(&aux[k * aux_stride..]))
+        })
+    };
+    // Usually every token of the block qualifies: one check, not one per tile.
+    let all =
+        force.or_else(|| float::bf16_lane_sums_normal(w_range, a_range(0, nt), n).then_some(true));
     let mut t = 0;
     while t < nt {
         let g = (nt - t).min(TOKENS);
-        let dp = force.unwrap_or_else(|| {
-            let a_range = (t..t + g).fold(Bf16Range::EMPTY, |r, k| {
-                r.merge(range_at(&aux[k * aux_stride..]))
-            });
-            float::bf16_lane_sums_normal(w_range, a_range, n)
-        });
+        let dp = all.unwrap_or_else(|| float::bf16_lane_sums_normal(w_range, a_range(t, g), n));
         let (x, o) = (aux[t * aux_stride..].as_ptr(), out[ROWS * t..].as_mut_ptr());
         // SAFETY: reached only through `kernels`, handed out after detecting the features
         // (and checking the instruction's order); the checks above cover every byte the
@@ -554,7 +559,9 @@ mod tests {
         check(Some(false), |_, _| true);
         // `vdpbf16ps` alone, where the inputs are normal and modest.
         let modest = |k: &str| matches!(k, "random" | "wide" | "zero");
-        check(Some(true), |w, a| modest(w) && modest(a) && (w, a) != ("wide", "wide"));
+        check(Some(true), |w, a| {
+            modest(w) && modest(a) && (w, a) != ("wide", "wide")
+        });
     }
 
     #[test]
@@ -568,7 +575,10 @@ mod tests {
         let (w, a) = (row(&mut rng, "random"), row(&mut rng, "wide"));
         assert!(float::bf16_lane_sums_normal(w, a, n));
         for bad in ["subnormal", "inf", "nan"] {
-            assert!(!float::bf16_lane_sums_normal(w, row(&mut rng, bad), n), "{bad}");
+            assert!(
+                !float::bf16_lane_sums_normal(w, row(&mut rng, bad), n),
+                "{bad}"
+            );
         }
     }
 }
