@@ -471,6 +471,8 @@ mod tests {
                     "wide" => x * 2f32.powi(rng.gen_range(-40..40)),
                     "subnormal" => x * 1e-39,
                     "tiny" => x * 1e-30,
+                    // Products of two in f32's subnormal range: flushed by the instruction.
+                    "small" => x * 1e-21,
                     "huge" => x * 1e37,
                     "zero" => 0.0,
                     _ => x,
@@ -487,10 +489,11 @@ mod tests {
             .collect()
     }
 
-    const KINDS: [&str; 9] = [
+    const KINDS: [&str; 10] = [
         "random",
         "wide",
         "subnormal",
+        "small",
         "tiny",
         "huge",
         "zero",
@@ -562,6 +565,39 @@ mod tests {
         check(Some(true), |w, a| {
             modest(w) && modest(a) && (w, a) != ("wide", "wide")
         });
+    }
+
+    /// Normal products whose lane sum is subnormal: the instruction flushes it, so the
+    /// range bound must send the tile to f32.
+    #[test]
+    fn subnormal_lane_sums_take_f32() {
+        if !available() {
+            return;
+        }
+        let n = 32;
+        let bits = |x: f32| half::bf16::from_f32(x).to_le_bytes();
+        let p = 2f32.powi(-60);
+        // Lane 0: 2^-120·(1 + 2^-7), then −2^-120: 2^-127.
+        let (mut w, mut a) = (vec![0u8; ROWS * 2 * n], vec![0u8; 2 * n]);
+        for r in 0..ROWS {
+            w[r * 2 * n..][..2].copy_from_slice(&bits(p * (1.0 + 2f32.powi(-7))));
+            w[r * 2 * n + 32..][..2].copy_from_slice(&bits(-p));
+        }
+        a[..2].copy_from_slice(&bits(p));
+        a[32..34].copy_from_slice(&bits(p));
+        let want = vec_dot_bf16(n, &w, &a);
+        assert_eq!(want, 2f32.powi(-127));
+        let mut panel = vec![0u8; panel_bytes(n)];
+        pack(n, &w, 2 * n, &mut panel);
+        let mut aux = vec![0u8; aux_bytes(n)];
+        prep(n, &a, &mut aux);
+        let run = |force| {
+            let mut out = [f32::NAN; ROWS];
+            gemm_with(n, &panel, &aux, aux_bytes(n), &mut out, force);
+            out[0]
+        };
+        assert_eq!(run(Some(true)), 0.0, "vdpbf16ps flushes the subnormal sum");
+        assert_eq!(run(None).to_bits(), want.to_bits());
     }
 
     #[test]
