@@ -38,10 +38,26 @@ pub fn quantize_row_f16(x: &[f32], out: &mut [u8]) {
     }
 }
 
-/// Round to nearest even; NaNs stay NaN (`half` implements ggml's conversion).
+/// Round to nearest even; NaNs stay NaN, made quiet (ggml's conversion, and `half`'s).
 pub fn quantize_row_bf16(x: &[f32], out: &mut [u8]) {
     for (v, b) in x.iter().zip(out.chunks_exact_mut(2)) {
-        b.copy_from_slice(&bf16::from_f32(*v).to_le_bytes());
+        b.copy_from_slice(&bf16_bits(*v).to_le_bytes());
+    }
+}
+
+/// `half::bf16::from_f32(x).to_bits()` without branches, so the row loop vectorizes
+/// (prompts convert every activation row of every BF16 matmul): adding `0x7FFF` plus the
+/// kept part's lowest bit carries into it exactly when the dropped half is above one half
+/// ulp, or equal to it with that bit odd.
+#[inline]
+fn bf16_bits(x: f32) -> u16 {
+    let b = x.to_bits();
+    let rounded = (b.wrapping_add(0x7FFF + ((b >> 16) & 1)) >> 16) as u16;
+    let nan = (b >> 16) as u16 | 0x40;
+    if b & 0x7FFF_FFFF > 0x7F80_0000 {
+        nan
+    } else {
+        rounded
     }
 }
 
@@ -135,5 +151,122 @@ pub fn axpys_f16(
                 &values[j * stride..j * stride + 2 * n],
             );
         }
+    }
+}
+
+/// The magnitudes of a set of BF16 values, as sign-cleared bits (which order as the
+/// magnitudes do, NaN above infinity above every finite value): the largest, and the
+/// smallest nonzero (`0x7FFF` when none is). Kernels whose hardware flushes subnormals
+/// (DAZ/FTZ) use it to prove the scalar dot's sums never meet one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bf16Range {
+    pub max: u16,
+    pub min_nonzero: u16,
+}
+
+impl Bf16Range {
+    /// The range of no values.
+    pub const EMPTY: Bf16Range = Bf16Range {
+        max: 0,
+        min_nonzero: 0x7FFF,
+    };
+
+    /// The range of the values with these bits.
+    pub fn of(bits: impl IntoIterator<Item = u16>) -> Bf16Range {
+        bits.into_iter().fold(Bf16Range::EMPTY, |r, b| {
+            let m = b & 0x7FFF;
+            Bf16Range {
+                max: r.max.max(m),
+                min_nonzero: if m == 0 {
+                    r.min_nonzero
+                } else {
+                    r.min_nonzero.min(m)
+                },
+            }
+        })
+    }
+
+    /// The range of both sets.
+    pub fn merge(self, o: Bf16Range) -> Bf16Range {
+        Bf16Range {
+            max: self.max.max(o.max),
+            min_nonzero: self.min_nonzero.min(o.min_nonzero),
+        }
+    }
+}
+
+/// Whether a BF16 dot of `n` elements, weights in `w` and activations in `a`, keeps every
+/// product and every lane's partial sum of [`DOT_LANES`]'s order normal or zero, and finite,
+/// so hardware that flushes subnormal inputs and results to zero (`vdpbf16ps`) returns the
+/// scalar bits. Inputs must be finite and normal. A nonzero BF16 value of exponent `≥ E` is
+/// a multiple of `2^(E−7)`, so every product, and every sum of products rounded to f32, is
+/// a multiple of `q = 2^(E_w + E_a − 14)` (`E` of the smallest nonzero magnitudes): a
+/// nonzero one is at least `q`, normal when `q ≥ 2^−126`. Each sum is at most
+/// `n · 2^(E_w' + 1) · 2^(E_a' + 1)` (`E'` of the largest) times the rounding's growth,
+/// under 2 for `n < 2^22`: finite when that stays under `2^127`.
+pub fn bf16_lane_sums_normal(w: Bf16Range, a: Bf16Range, n: usize) -> bool {
+    const INF: u16 = 0x7F80;
+    const MIN_NORMAL: u16 = 0x0080;
+    let exp = |bits: u16| (bits >> 7) as i32 - 127;
+    let n_bits = (usize::BITS - n.leading_zeros()) as i32;
+    w.max < INF
+        && a.max < INF
+        && w.min_nonzero >= MIN_NORMAL
+        && a.min_nonzero >= MIN_NORMAL
+        && n < 1 << 22
+        && exp(w.min_nonzero) + exp(a.min_nonzero) - 14 >= -126
+        && n_bits + exp(w.max) + exp(a.max) + 3 <= 127
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn range(v: &[f32]) -> Bf16Range {
+        Bf16Range::of(v.iter().map(|x| bf16::from_f32(*x).to_bits()))
+    }
+
+    #[test]
+    fn bf16_conversion_is_halfs() {
+        // Every sign and exponent with the rounding-sensitive low halves, and a stride
+        // through all the rest.
+        let lows = [0u32, 1, 0x7FFF, 0x8000, 0x8001, 0xFFFF];
+        let edges = (0..1u32 << 16).flat_map(|hi| lows.map(|lo| hi << 16 | lo));
+        let stride = (0..u32::MAX / 7919).map(|i| i * 7919 + 13);
+        for b in edges.chain(stride) {
+            let x = f32::from_bits(b);
+            assert_eq!(bf16_bits(x), bf16::from_f32(x).to_bits(), "{b:#010x}");
+        }
+    }
+
+    #[test]
+    fn bf16_range_bounds_the_lane_sums() {
+        let ones = range(&[1.0, -0.5, 0.0]);
+        assert_eq!(
+            ones,
+            Bf16Range {
+                max: 0x3F80,
+                min_nonzero: 0x3F00
+            }
+        );
+        assert_eq!(range(&[0.0, -0.0]), Bf16Range::EMPTY);
+        assert!(bf16_lane_sums_normal(ones, ones, 4096));
+        // Smallest products: 2^-56 · 2^-56 = 2^-112 leaves a floor of 2^-126, just normal.
+        let tiny = range(&[2f32.powi(-56), 1.0]);
+        assert!(bf16_lane_sums_normal(tiny, tiny, 64));
+        let tinier = range(&[2f32.powi(-57), 1.0]);
+        assert!(!bf16_lane_sums_normal(tinier, tiny, 64));
+        // Subnormal, infinite and NaN inputs never qualify.
+        let sub = range(&[f32::from_bits(0x0040_0000), 1e30]);
+        assert!(!bf16_lane_sums_normal(sub, ones, 16));
+        assert!(!bf16_lane_sums_normal(ones, range(&[f32::INFINITY]), 16));
+        assert!(!bf16_lane_sums_normal(range(&[f32::NAN]), ones, 16));
+        // Largest: 15 products of 2^60 · 2^60 (each under 2^122) stay under 2^127 with
+        // the margin, 16 do not.
+        let big = range(&[2f32.powi(60)]);
+        assert!(bf16_lane_sums_normal(big, big, 15));
+        assert!(!bf16_lane_sums_normal(big, big, 16));
+        // All zeros: nothing to flush or overflow.
+        assert!(bf16_lane_sums_normal(Bf16Range::EMPTY, ones, 1000));
     }
 }

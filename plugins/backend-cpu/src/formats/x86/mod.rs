@@ -24,3 +24,4 @@ mod few_rows16;
 mod few_rows8;
 mod panel256;
 mod panel512;
+mod panel512_bf16;

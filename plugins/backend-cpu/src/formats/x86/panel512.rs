@@ -59,7 +59,9 @@ pub(in crate::formats) fn kernels(t: GgmlType) -> Option<PanelKernels> {
         T::Q3K => k(|n| n / QK_K * K6_BLOCK, pack_q3_k, gemm_k16::<Q3K>),
         T::Q2K => k(|n| n / QK_K * K6_BLOCK, pack_q2_k, gemm_k16::<Q2K>),
         T::F16 => float_kernels(FLOAT_TOKENS, pack_f16, prep_f16, gemm_f16),
-        T::BF16 => float_kernels(FLOAT_TOKENS, pack_bf16, prep_bf16, gemm_bf16),
+        // `vdpbf16ps` where this CPU has it and reproduces the scalar order.
+        T::BF16 => super::panel512_bf16::kernels()
+            .unwrap_or_else(|| float_kernels(FLOAT_TOKENS, pack_bf16, prep_bf16, gemm_bf16)),
         T::F32 => float_kernels(FLOAT_TOKENS, pack_f32, prep_f32, gemm_f32),
         _ => return None,
     })
@@ -937,7 +939,7 @@ unsafe fn prep_float<const F: u8>(n: usize, act: &[u8], aux: &mut [u8]) {
 /// The 16 lanes of `v` folded by halving (`l + l+8`, `+4`, `+2`, `+1`), the scalar order.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-unsafe fn fold16(v: __m512) -> f32 {
+pub(super) unsafe fn fold16(v: __m512) -> f32 {
     let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
     reduce16(_mm512_castps512_ps256(v), hi)
 }
@@ -999,7 +1001,7 @@ unsafe fn float_tile<const G: usize, const FUSED: bool>(
 /// is the fold of `v[4m + q]`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-unsafe fn fold16x16(v: [__m512; 16]) -> __m512 {
+pub(super) unsafe fn fold16x16(v: [__m512; 16]) -> __m512 {
     // Lanes 0–7 the halves of `x` added (`l + l+8`), lanes 8–15 those of `y`.
     let s: [__m512; 8] = core::array::from_fn(|i| {
         let (x, y) = (v[2 * i], v[2 * i + 1]);
