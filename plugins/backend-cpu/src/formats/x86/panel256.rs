@@ -618,6 +618,12 @@ unsafe fn float_half<const T: usize, const FUSED: bool>(
     a: *const u8,
     st: usize,
 ) -> [[__m256; T]; FLOAT_ROWS] {
+    // Unfused, a full tile's sixteen registers are short by one: twelve accumulators, three
+    // tokens, the weights and a product. Left to itself the compiler kept an accumulator in
+    // memory, whose store and reload then sat in every step's dependency chain (F32 and BF16
+    // at 0.6–0.75× llama.cpp). The last token is read by its multiplies instead (a memory
+    // operand, four loads a step that the load ports absorb), so the registers suffice.
+    let from_memory = !FUSED && T == FLOAT_TOKENS;
     let mut acc = [[_mm256_setzero_ps(); T]; FLOAT_ROWS];
     for c in 0..chunks {
         // Plain loops: a closure here is not always inlined, and one that is not returns
@@ -625,13 +631,18 @@ unsafe fn float_half<const T: usize, const FUSED: bool>(
         // speed that way).
         let mut x = [_mm256_setzero_ps(); T];
         for k in 0..T {
-            x[k] = _mm256_loadu_ps(a.add(k * st + 32 * c) as *const f32);
+            if !(from_memory && k == T - 1) {
+                x[k] = _mm256_loadu_ps(a.add(k * st + 32 * c) as *const f32);
+            }
         }
         for r in 0..FLOAT_ROWS {
             let w = _mm256_loadu_ps(panel.add(32 * (c * FLOAT_ROWS + r)) as *const f32);
             for k in 0..T {
                 acc[r][k] = if FUSED {
                     _mm256_fmadd_ps(w, x[k], acc[r][k])
+                } else if from_memory && k == T - 1 {
+                    let product = mul_from_memory(w, a.add(k * st + 32 * c) as *const f32);
+                    _mm256_add_ps(acc[r][k], product)
                 } else {
                     _mm256_add_ps(acc[r][k], _mm256_mul_ps(w, x[k]))
                 };
@@ -639,6 +650,24 @@ unsafe fn float_half<const T: usize, const FUSED: bool>(
         }
     }
     acc
+}
+
+/// `w · x` for the eight floats `x` at `p`, read by the `vmulps` itself: no register holds
+/// `x` (see [`float_half`]), and the compiler cannot merge the reads into one load.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn mul_from_memory(w: __m256, p: *const f32) -> __m256 {
+    let product: __m256;
+    // SAFETY: the caller passes 32 readable bytes at `p` (VEX memory operands need no
+    // alignment); the instruction only reads them and writes `product`.
+    core::arch::asm!(
+        "vmulps {product}, {w}, ymmword ptr [{p}]",
+        product = lateout(ymm_reg) product,
+        w = in(ymm_reg) w,
+        p = in(reg) p,
+        options(pure, readonly, nostack, preserves_flags),
+    );
+    product
 }
 
 fn float_gemm<const FUSED: bool>(
