@@ -16,6 +16,7 @@ use super::panel512::{
     prep_q8_k, DDSM, K_AUX, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0_SIGNED, SDD,
     S_DD,
 };
+use crate::formats::float::bf16_products_exact;
 use crate::formats::k_quants::{q8_k, QK_K};
 use crate::formats::{q8_0, q8_1, PanelKernels};
 use core::arch::x86_64::*;
@@ -59,7 +60,12 @@ pub(in crate::formats) fn kernels(t: GgmlType) -> Option<PanelKernels> {
         T::Q3K => k(|n| n / QK_K * k6_block(ROWS), pack_q3_k, gemm_q3_k),
         T::Q2K => k(|n| n / QK_K * k6_block(ROWS), pack_q2_k, gemm_q2_k),
         T::F16 => float_kernels(FLOAT_TOKENS, pack_f16, prep_f16, gemm_f16),
-        T::BF16 => float_kernels(FLOAT_TOKENS, pack_bf16, prep_bf16, gemm_bf16),
+        // BF16 panels and tokens carry their magnitude bounds after the f32s.
+        T::BF16 => PanelKernels {
+            panel_bytes: |n| FLOAT_ROWS * 4 * n + BOUNDS_BYTES,
+            aux_bytes: |n| 4 * n + BOUNDS_BYTES,
+            ..float_kernels(FLOAT_TOKENS, pack_bf16, prep_bf16, gemm_bf16)
+        },
         T::F32 => float_kernels(FLOAT_TOKENS, pack_f32, prep_f32, gemm_f32),
         _ => return None,
     })
@@ -460,6 +466,11 @@ k_gemms! {
 // the widened activations are laid out by half — all chunks' low eight lanes, then all
 // their high eight — so a pass reads half the bytes, contiguously, and a panel of a long
 // row and a tile's activations stay in L1 for both passes.
+//
+// F16 products are exact in f32, so F16 tiles fuse the multiply and add. BF16 products are
+// exact unless they leave the normal range, so BF16 panels and tokens carry their smallest
+// nonzero and largest magnitudes, and a tile fuses where those bound every product into
+// it (`float::bf16_products_exact`), else multiplies and adds as F32 always does.
 
 /// Tokens per float tile: twelve accumulators of four rows, and the loads feeding them.
 const FLOAT_TOKENS: usize = 3;
@@ -510,16 +521,80 @@ unsafe fn widen_row<const F: u8>(n: usize, src: *const u8, dst: *mut f32, rows: 
     }
 }
 
+/// Bytes after a BF16 panel's (a token's) f32s: its elements' smallest nonzero and
+/// largest magnitudes, two f32s, for [`bf16_products_exact`]; 64 keeps the next panel
+/// (token) on a cache line.
+const BOUNDS_BYTES: usize = 64;
+
+/// Bytes of the f32s, and of their bounds (BF16 only), of `rows` rows of `n` elements.
+const fn float_bytes<const F: u8>(n: usize, rows: usize) -> usize {
+    rows * 4 * n + if F == BF16 { BOUNDS_BYTES } else { 0 }
+}
+
+/// Folds the magnitudes of the BF16 row of `n` elements at `p` into `(smallest nonzero,
+/// largest)`, as magnitude bits (`0xFFFF`: no nonzero yet; NaNs order above infinity).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn bf16_bounds(n: usize, p: *const u8, (min, max): (u16, u16)) -> (u16, u16) {
+    let (magnitude, zero) = (_mm256_set1_epi16(0x7FFF), _mm256_setzero_si256());
+    let (mut lo, mut hi) = (_mm256_set1_epi16(-1), zero);
+    for c in 0..n / 16 {
+        let v = _mm256_and_si256(
+            _mm256_loadu_si256(p.add(32 * c) as *const __m256i),
+            magnitude,
+        );
+        hi = _mm256_max_epu16(hi, v);
+        // Zeros become 0xFFFF, above every magnitude, so they never win the minimum.
+        lo = _mm256_min_epu16(lo, _mm256_or_si256(v, _mm256_cmpeq_epi16(v, zero)));
+    }
+    let (mut los, mut his) = ([0u16; 16], [0u16; 16]);
+    _mm256_storeu_si256(los.as_mut_ptr() as *mut __m256i, lo);
+    _mm256_storeu_si256(his.as_mut_ptr() as *mut __m256i, hi);
+    let tail = (n / 16 * 16..n).map(|i| (p.add(2 * i) as *const u16).read_unaligned() & 0x7FFF);
+    los.into_iter()
+        .zip(his)
+        .chain(tail.map(|m| (if m == 0 { u16::MAX } else { m }, m)))
+        .fold((min, max), |(min, max), (l, h)| (min.min(l), max.max(h)))
+}
+
+/// Writes bounds bits `(min, max)` as f32s at `dst` (`+∞` for "no nonzero").
+#[inline]
+unsafe fn put_bounds(dst: *mut u8, (min, max): (u16, u16)) {
+    let f = |bits: u16| f32::from_bits((bits as u32) << 16);
+    let min = if min == u16::MAX {
+        f32::INFINITY
+    } else {
+        f(min)
+    };
+    (dst as *mut [f32; 2]).write_unaligned([min, f(max)]);
+}
+
+/// The bounds [`put_bounds`] wrote at `p`.
+#[inline]
+unsafe fn bounds_at(p: *const u8) -> (f32, f32) {
+    let [min, max] = (p as *const [f32; 2]).read_unaligned();
+    (min, max)
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn pack_float<const F: u8>(n: usize, w: &[u8], w_stride: usize, panel: &mut [u8]) {
     let size = if F == F32 { 4 } else { 2 };
     assert!(
-        panel.len() >= FLOAT_ROWS * 4 * n && w.len() >= (FLOAT_ROWS - 1) * w_stride + n * size,
+        panel.len() >= float_bytes::<F>(n, FLOAT_ROWS)
+            && w.len() >= (FLOAT_ROWS - 1) * w_stride + n * size,
         "panel pack: short buffers"
     );
     let dst = panel.as_mut_ptr() as *mut f32;
+    let mut bounds = (u16::MAX, 0);
     for r in 0..FLOAT_ROWS {
-        widen_row::<F>(n, w.as_ptr().add(r * w_stride), dst, FLOAT_ROWS, r);
+        let src = w.as_ptr().add(r * w_stride);
+        widen_row::<F>(n, src, dst, FLOAT_ROWS, r);
+        if F == BF16 {
+            bounds = bf16_bounds(n, src, bounds);
+        }
+    }
+    if F == BF16 {
+        put_bounds(panel.as_mut_ptr().add(FLOAT_ROWS * 4 * n), bounds);
     }
 }
 
@@ -527,10 +602,14 @@ unsafe fn pack_float<const F: u8>(n: usize, w: &[u8], w_stride: usize, panel: &m
 unsafe fn prep_float<const F: u8>(n: usize, act: &[u8], aux: &mut [u8]) {
     let size = if F == F32 { 4 } else { 2 };
     assert!(
-        act.len() >= n * size && aux.len() >= 4 * n,
+        act.len() >= n * size && aux.len() >= float_bytes::<F>(n, 1),
         "panel prep: short rows"
     );
     widen_row::<F>(n, act.as_ptr(), aux.as_mut_ptr() as *mut f32, 1, 0);
+    if F == BF16 {
+        let bounds = bf16_bounds(n, act.as_ptr(), (u16::MAX, 0));
+        put_bounds(aux.as_mut_ptr().add(4 * n), bounds);
+    }
 }
 
 /// `T` tokens (widened activations `st` bytes apart from `a`) against a float panel:
@@ -670,7 +749,10 @@ unsafe fn mul_from_memory(w: __m256, p: *const f32) -> __m256 {
     product
 }
 
-fn float_gemm<const FUSED: bool>(
+/// The float tiles over `out.len() / 4` tokens. `FUSED`: always fused multiply-adds (F16);
+/// else BF16 (`F`) takes them for each tile whose products [`bf16_products_exact`] finds
+/// exact, so they round as the multiply-then-add the others keep.
+fn float_gemm<const F: u8, const FUSED: bool>(
     n: usize,
     panel: &[u8],
     aux: &[u8],
@@ -678,29 +760,47 @@ fn float_gemm<const FUSED: bool>(
     out: &mut [f32],
 ) {
     let nt = out.len() / FLOAT_ROWS;
-    assert!(panel.len() >= FLOAT_ROWS * 4 * n, "panel gemm: short panel");
+    assert!(
+        panel.len() >= float_bytes::<F>(n, FLOAT_ROWS),
+        "panel gemm: short panel"
+    );
     if nt > 0 {
+        let token = float_bytes::<F>(n, 1);
         assert!(
-            aux_stride >= 4 * n && aux.len() >= (nt - 1) * aux_stride + 4 * n,
+            aux_stride >= token && aux.len() >= (nt - 1) * aux_stride + token,
             "panel gemm: short side data"
         );
     }
+    // SAFETY: the checks above cover the bounds after the panel and after every token.
+    let exact = |t: usize| unsafe {
+        F == BF16
+            && bf16_products_exact(
+                bounds_at(panel.as_ptr().add(FLOAT_ROWS * 4 * n)),
+                bounds_at(aux.as_ptr().add(t * aux_stride + 4 * n)),
+            )
+    };
     let mut t = 0;
     while t < nt {
         let (x, o) = (
             aux[t * aux_stride..].as_ptr(),
             out[FLOAT_ROWS * t..].as_mut_ptr(),
         );
+        let g = (nt - t).min(FLOAT_TOKENS);
+        let fused = FUSED || (t..t + g).all(exact);
+        let p = panel.as_ptr();
         // SAFETY: reached only through `kernels` (AVX2, FMA, F16C detected); the checks
         // above cover every element the tile reads, and `out` holds `nt` tokens' 4 rows.
         unsafe {
-            match nt - t {
-                1 => float_tile::<1, FUSED>(n, panel.as_ptr(), x, aux_stride, o),
-                2 => float_tile::<2, FUSED>(n, panel.as_ptr(), x, aux_stride, o),
-                _ => float_tile::<FLOAT_TOKENS, FUSED>(n, panel.as_ptr(), x, aux_stride, o),
+            match (g, fused) {
+                (1, false) => float_tile::<1, false>(n, p, x, aux_stride, o),
+                (2, false) => float_tile::<2, false>(n, p, x, aux_stride, o),
+                (_, false) => float_tile::<FLOAT_TOKENS, false>(n, p, x, aux_stride, o),
+                (1, true) => float_tile::<1, true>(n, p, x, aux_stride, o),
+                (2, true) => float_tile::<2, true>(n, p, x, aux_stride, o),
+                (_, true) => float_tile::<FLOAT_TOKENS, true>(n, p, x, aux_stride, o),
             }
         }
-        t += (nt - t).min(FLOAT_TOKENS);
+        t += g;
     }
 }
 
@@ -720,12 +820,13 @@ macro_rules! float_wrappers {
             n: usize, panel: &[u8], _acts: &[u8], _a_stride: usize, aux: &[u8],
             aux_stride: usize, out: &mut [f32],
         ) {
-            float_gemm::<{ $fused }>(n, panel, aux, aux_stride, out)
+            float_gemm::<$f, { $fused }>(n, panel, aux, aux_stride, out)
         })*
     };
 }
 
-// F16 products are exact in f32, so the fused form rounds as the scalar mul-then-add.
+// F16 products are exact in f32, so the fused form rounds as the scalar mul-then-add;
+// BF16 products are where they stay normal (checked per tile), F32 products never.
 float_wrappers! {
     pack_f16, prep_f16, gemm_f16 => F16, true;
     pack_bf16, prep_bf16, gemm_bf16 => BF16, false;
