@@ -15,7 +15,7 @@
 //!   row and token counts (prefill tiles and their remainders), equals the scalar
 //!   `vec_dot` of every element.
 //!   Both on rayon and on `SpinPool`, which must agree.
-//! - `panel_matmul_matches_scalar`: the row-panel prefill kernels (whole 16-row panels and
+//! - `panel_matmul_matches_scalar`: the row-panel prefill kernels (whole panels and
 //!   the rows after them, 8-token tiles and single-token tails), with every weight scale
 //!   kind and every activation kind above, equal the scalar `vec_dot` bit for bit.
 //! - `panel_matmul_bf16_bounds`: BF16 panels, with weights and activations around the
@@ -707,10 +707,11 @@ fn panel_matmul_bf16_bounds() {
             continue;
         }
         for cols in [16usize, 33, 1000] {
-            // Seven kinds of four rows, then three rows past the last whole panel.
-            let rows = 7 * 4 + 3;
+            // Seven kinds of eight rows (whole panels of four or eight), then three rows
+            // past the last whole panel.
+            let rows = 7 * 8 + 3;
             let w: Vec<f32> = (0..rows)
-                .flat_map(|r| rows_of(&mut rng, cols, r / 4 % 7))
+                .flat_map(|r| rows_of(&mut rng, cols, r / 8 % 7))
                 .collect();
             let mut data = vec![0u8; rows * 2 * cols];
             prima_backend_cpu::formats::float::quantize_row_bf16(&w, &mut data);
@@ -739,7 +740,7 @@ fn panel_matmul_bf16_bounds() {
                             "{} BF16 n={cols}: row {r} (kind {}) token {tok} (kind {}): {g} vs \
                              scalar {want}",
                             level.name(),
-                            r / 4 % 7,
+                            r / 8 % 7,
                             kind_of(tok)
                         );
                     }

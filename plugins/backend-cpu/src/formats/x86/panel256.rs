@@ -59,14 +59,23 @@ pub(in crate::formats) fn kernels(t: GgmlType) -> Option<PanelKernels> {
         T::Q6K => k(|n| n / QK_K * k6_block(ROWS), pack_q6_k, gemm_q6_k),
         T::Q3K => k(|n| n / QK_K * k6_block(ROWS), pack_q3_k, gemm_q3_k),
         T::Q2K => k(|n| n / QK_K * k6_block(ROWS), pack_q2_k, gemm_q2_k),
-        T::F16 => float_kernels(FLOAT_TOKENS, pack_f16, prep_f16, gemm_f16),
+        T::F16 => PanelKernels {
+            rows: FLOAT_PANEL_ROWS,
+            panel_bytes: |n| float_bytes::<F16>(n, FLOAT_PANEL_ROWS),
+            ..float_kernels(FLOAT_TOKENS, pack_f16, prep_f16, gemm_f16)
+        },
         // BF16 panels and tokens carry their magnitude bounds after the f32s.
         T::BF16 => PanelKernels {
-            panel_bytes: |n| FLOAT_ROWS * 4 * n + BOUNDS_BYTES,
-            aux_bytes: |n| 4 * n + BOUNDS_BYTES,
+            rows: FLOAT_PANEL_ROWS,
+            panel_bytes: |n| float_bytes::<BF16>(n, FLOAT_PANEL_ROWS),
+            aux_bytes: |n| float_bytes::<BF16>(n, 1),
             ..float_kernels(FLOAT_TOKENS, pack_bf16, prep_bf16, gemm_bf16)
         },
-        T::F32 => float_kernels(FLOAT_TOKENS, pack_f32, prep_f32, gemm_f32),
+        T::F32 => PanelKernels {
+            rows: FLOAT_PANEL_ROWS,
+            panel_bytes: |n| float_bytes::<F32>(n, FLOAT_PANEL_ROWS),
+            ..float_kernels(FLOAT_TOKENS, pack_f32, prep_f32, gemm_f32)
+        },
         _ => return None,
     })
 }
@@ -475,6 +484,11 @@ k_gemms! {
 /// Tokens per float tile: twelve accumulators of four rows, and the loads feeding them.
 const FLOAT_TOKENS: usize = 3;
 
+/// Rows per float panel: two tiles' four, which each token triple meets in turn, so its
+/// activations come from L2 once for eight rows, and a chunk's bookkeeping (packing calls,
+/// copying results out) is per eight rows.
+const FLOAT_PANEL_ROWS: usize = 2 * FLOAT_ROWS;
+
 /// Eight elements of format `F` at `p`, widened to f32 (exact).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
@@ -580,21 +594,23 @@ unsafe fn bounds_at(p: *const u8) -> (f32, f32) {
 unsafe fn pack_float<const F: u8>(n: usize, w: &[u8], w_stride: usize, panel: &mut [u8]) {
     let size = if F == F32 { 4 } else { 2 };
     assert!(
-        panel.len() >= float_bytes::<F>(n, FLOAT_ROWS)
-            && w.len() >= (FLOAT_ROWS - 1) * w_stride + n * size,
+        panel.len() >= float_bytes::<F>(n, FLOAT_PANEL_ROWS)
+            && w.len() >= (FLOAT_PANEL_ROWS - 1) * w_stride + n * size,
         "panel pack: short buffers"
     );
-    let dst = panel.as_mut_ptr() as *mut f32;
     let mut bounds = (u16::MAX, 0);
-    for r in 0..FLOAT_ROWS {
+    for r in 0..FLOAT_PANEL_ROWS {
+        // Row `r` is row `r % 4` of the tile of rows `r / 4`, whose f32s come one after
+        // the other.
+        let dst = (panel.as_mut_ptr() as *mut f32).add(r / FLOAT_ROWS * FLOAT_ROWS * n);
         let src = w.as_ptr().add(r * w_stride);
-        widen_row::<F>(n, src, dst, FLOAT_ROWS, r);
+        widen_row::<F>(n, src, dst, FLOAT_ROWS, r % FLOAT_ROWS);
         if F == BF16 {
             bounds = bf16_bounds(n, src, bounds);
         }
     }
     if F == BF16 {
-        put_bounds(panel.as_mut_ptr().add(FLOAT_ROWS * 4 * n), bounds);
+        put_bounds(panel.as_mut_ptr().add(FLOAT_PANEL_ROWS * 4 * n), bounds);
     }
 }
 
@@ -612,8 +628,9 @@ unsafe fn prep_float<const F: u8>(n: usize, act: &[u8], aux: &mut [u8]) {
     }
 }
 
-/// `T` tokens (widened activations `st` bytes apart from `a`) against a float panel:
-/// `out[4k + r]`, each the 16-lane fold of its two halves plus the scalar tail.
+/// `T` tokens (widened activations `st` bytes apart from `a`) against four rows of a float
+/// panel: `out[FLOAT_PANEL_ROWS·k + r]`, each the 16-lane fold of its two halves plus the
+/// scalar tail.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn float_tile<const T: usize, const FUSED: bool>(
     n: usize,
@@ -622,13 +639,15 @@ unsafe fn float_tile<const T: usize, const FUSED: bool>(
     st: usize,
     out: *mut f32,
 ) {
+    let at = |k: usize| out.add(FLOAT_PANEL_ROWS * k);
     let full = n / 16 * 16;
     // Each half of the chunks: 8 f32s per chunk of a token, per row of the panel.
     let (a_half, w_half) = (32 * (full / 16), FLOAT_ROWS * 32 * (full / 16));
     let lo = float_half::<T, FUSED>(full / 16, panel, a, st);
     let hi = float_half::<T, FUSED>(full / 16, panel.add(w_half), a.add(a_half), st);
-    // The first folding step (`l + l+8`) for every result, in output order `4k + r`, then
-    // the rest eight results at a time (four in the last group when `T` is odd).
+    // The first folding step (`l + l+8`) for every result, in order `4k + r`, then the
+    // rest eight results (two tokens' four) at a time, four in the last group when `T` is
+    // odd.
     let mut s = [_mm256_setzero_ps(); 12];
     for r in 0..FLOAT_ROWS {
         for k in 0..T {
@@ -638,15 +657,14 @@ unsafe fn float_tile<const T: usize, const FUSED: bool>(
     for g in (0..FLOAT_ROWS * T).step_by(8) {
         let o = |p: usize| s.get(g + p).copied().unwrap_or(_mm256_setzero_ps());
         let f = fold8x8([o(0), o(4), o(1), o(5), o(2), o(6), o(3), o(7)]);
+        _mm_storeu_ps(at(g / 4), _mm256_castps256_ps128(f));
         if g + 8 <= FLOAT_ROWS * T {
-            _mm256_storeu_ps(out.add(g), f);
-        } else {
-            _mm_storeu_ps(out.add(g), _mm256_castps256_ps128(f));
+            _mm_storeu_ps(at(g / 4 + 1), _mm256_extractf128_ps::<1>(f));
         }
     }
     for r in 0..FLOAT_ROWS {
         for k in 0..T {
-            let sum = &mut *out.add(FLOAT_ROWS * k + r);
+            let sum = &mut *at(k).add(r);
             for i in full..n {
                 let w = f32_at(panel.add(4 * half_slot(n, FLOAT_ROWS, r, i)));
                 *sum += w * f32_at(a.add(k * st + 4 * half_slot(n, 1, 0, i)));
@@ -759,9 +777,9 @@ fn float_gemm<const F: u8, const FUSED: bool>(
     aux_stride: usize,
     out: &mut [f32],
 ) {
-    let nt = out.len() / FLOAT_ROWS;
+    let nt = out.len() / FLOAT_PANEL_ROWS;
     assert!(
-        panel.len() >= float_bytes::<F>(n, FLOAT_ROWS),
+        panel.len() >= float_bytes::<F>(n, FLOAT_PANEL_ROWS),
         "panel gemm: short panel"
     );
     if nt > 0 {
@@ -775,29 +793,31 @@ fn float_gemm<const F: u8, const FUSED: bool>(
     let exact = |t: usize| unsafe {
         F == BF16
             && bf16_products_exact(
-                bounds_at(panel.as_ptr().add(FLOAT_ROWS * 4 * n)),
+                bounds_at(panel.as_ptr().add(FLOAT_PANEL_ROWS * 4 * n)),
                 bounds_at(aux.as_ptr().add(t * aux_stride + 4 * n)),
             )
     };
     let mut t = 0;
     while t < nt {
-        let (x, o) = (
-            aux[t * aux_stride..].as_ptr(),
-            out[FLOAT_ROWS * t..].as_mut_ptr(),
-        );
+        let x = aux[t * aux_stride..].as_ptr();
         let g = (nt - t).min(FLOAT_TOKENS);
         let fused = FUSED || (t..t + g).all(exact);
-        let p = panel.as_ptr();
-        // SAFETY: reached only through `kernels` (AVX2, FMA, F16C detected); the checks
-        // above cover every element the tile reads, and `out` holds `nt` tokens' 4 rows.
-        unsafe {
-            match (g, fused) {
-                (1, false) => float_tile::<1, false>(n, p, x, aux_stride, o),
-                (2, false) => float_tile::<2, false>(n, p, x, aux_stride, o),
-                (_, false) => float_tile::<FLOAT_TOKENS, false>(n, p, x, aux_stride, o),
-                (1, true) => float_tile::<1, true>(n, p, x, aux_stride, o),
-                (2, true) => float_tile::<2, true>(n, p, x, aux_stride, o),
-                (_, true) => float_tile::<FLOAT_TOKENS, true>(n, p, x, aux_stride, o),
+        // The two tiles of four rows in turn, while the tokens' activations are in L1.
+        for half in 0..2 {
+            let o = out[FLOAT_PANEL_ROWS * t + FLOAT_ROWS * half..].as_mut_ptr();
+            // SAFETY: as above, the panel's second tile of rows starts after the first's f32s.
+            let p = unsafe { panel.as_ptr().add(half * FLOAT_ROWS * 4 * n) };
+            // SAFETY: reached only through `kernels` (AVX2, FMA, F16C detected); the checks
+            // above cover every element the tile reads, and `out` holds `nt` tokens' 8 rows.
+            unsafe {
+                match (g, fused) {
+                    (1, false) => float_tile::<1, false>(n, p, x, aux_stride, o),
+                    (2, false) => float_tile::<2, false>(n, p, x, aux_stride, o),
+                    (_, false) => float_tile::<FLOAT_TOKENS, false>(n, p, x, aux_stride, o),
+                    (1, true) => float_tile::<1, true>(n, p, x, aux_stride, o),
+                    (2, true) => float_tile::<2, true>(n, p, x, aux_stride, o),
+                    (_, true) => float_tile::<FLOAT_TOKENS, true>(n, p, x, aux_stride, o),
+                }
             }
         }
         t += g;
