@@ -644,24 +644,7 @@ unsafe fn float_tile<const T: usize, const FUSED: bool>(
     // Each half of the chunks: 8 f32s per chunk of a token, per row of the panel.
     let (a_half, w_half) = (32 * (full / 16), FLOAT_ROWS * 32 * (full / 16));
     let lo = float_half::<T, FUSED>(full / 16, panel, a, st);
-    let hi = float_half::<T, FUSED>(full / 16, panel.add(w_half), a.add(a_half), st);
-    // The first folding step (`l + l+8`) for every result, in order `4k + r`, then the
-    // rest eight results (two tokens' four) at a time, four in the last group when `T` is
-    // odd.
-    let mut s = [_mm256_setzero_ps(); 12];
-    for r in 0..FLOAT_ROWS {
-        for k in 0..T {
-            s[FLOAT_ROWS * k + r] = _mm256_add_ps(lo[r][k], hi[r][k]);
-        }
-    }
-    for g in (0..FLOAT_ROWS * T).step_by(8) {
-        let o = |p: usize| s.get(g + p).copied().unwrap_or(_mm256_setzero_ps());
-        let f = fold8x8([o(0), o(4), o(1), o(5), o(2), o(6), o(3), o(7)]);
-        _mm_storeu_ps(at(g / 4), _mm256_castps256_ps128(f));
-        if g + 8 <= FLOAT_ROWS * T {
-            _mm_storeu_ps(at(g / 4 + 1), _mm256_extractf128_ps::<1>(f));
-        }
-    }
+    float_high_half::<T, FUSED>(full / 16, panel.add(w_half), a.add(a_half), st, &lo, out);
     for r in 0..FLOAT_ROWS {
         for k in 0..T {
             let sum = &mut *at(k).add(r);
@@ -703,13 +686,59 @@ unsafe fn fold8x8(v: [__m256; 8]) -> __m256 {
     )
 }
 
-/// One 8-lane half of [`float_tile`]'s sums over `chunks` chunks (`panel` and `a` at the
-/// half). Not inlined: a pass's twelve accumulators then own the registers, where inlined
-/// the compiler kept one of the second pass's in memory.
+/// The low 8-lane half of [`float_tile`]'s sums over `chunks` chunks. Not inlined, nor
+/// is [`float_high_half`]: each pass's twelve accumulators then own the registers, where
+/// inlined the compiler kept one of the second pass's in memory.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline(never)]
-#[allow(clippy::needless_range_loop)] // r and k index the accumulators, rows and tokens
 unsafe fn float_half<const T: usize, const FUSED: bool>(
+    chunks: usize,
+    panel: *const u8,
+    a: *const u8,
+    st: usize,
+) -> [[__m256; T]; FLOAT_ROWS] {
+    half_sums::<T, FUSED>(chunks, panel, a, st)
+}
+
+/// The high half's sums (`panel` and `a` at the half), added to the low half's `lo` (the
+/// first folding step, `l + l+8`) and folded, four rows of `T` tokens to
+/// `out[FLOAT_PANEL_ROWS·k + r]`. Folding here saves the high half's trip through memory.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline(never)]
+unsafe fn float_high_half<const T: usize, const FUSED: bool>(
+    chunks: usize,
+    panel: *const u8,
+    a: *const u8,
+    st: usize,
+    lo: &[[__m256; T]; FLOAT_ROWS],
+    out: *mut f32,
+) {
+    let hi = half_sums::<T, FUSED>(chunks, panel, a, st);
+    // In order `4k + r`, then the rest of the fold eight results (two tokens' four) at a
+    // time, four in the last group when `T` is odd.
+    let mut s = [_mm256_setzero_ps(); 12];
+    for r in 0..FLOAT_ROWS {
+        for k in 0..T {
+            s[FLOAT_ROWS * k + r] = _mm256_add_ps(lo[r][k], hi[r][k]);
+        }
+    }
+    for g in (0..FLOAT_ROWS * T).step_by(8) {
+        let o = |p: usize| s.get(g + p).copied().unwrap_or(_mm256_setzero_ps());
+        let f = fold8x8([o(0), o(4), o(1), o(5), o(2), o(6), o(3), o(7)]);
+        let at = out.add(FLOAT_PANEL_ROWS * (g / 4));
+        _mm_storeu_ps(at, _mm256_castps256_ps128(f));
+        if g + 8 <= FLOAT_ROWS * T {
+            _mm_storeu_ps(at.add(FLOAT_PANEL_ROWS), _mm256_extractf128_ps::<1>(f));
+        }
+    }
+}
+
+/// One 8-lane half of [`float_tile`]'s sums over `chunks` chunks (`panel` and `a` at the
+/// half), for [`float_half`] and [`float_high_half`].
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+#[allow(clippy::needless_range_loop)] // r and k index the accumulators, rows and tokens
+unsafe fn half_sums<const T: usize, const FUSED: bool>(
     chunks: usize,
     panel: *const u8,
     a: *const u8,
@@ -750,7 +779,7 @@ unsafe fn float_half<const T: usize, const FUSED: bool>(
 }
 
 /// `w · x` for the eight floats `x` at `p`, read by the `vmulps` itself: no register holds
-/// `x` (see [`float_half`]), and the compiler cannot merge the reads into one load.
+/// `x` (see [`half_sums`]), and the compiler cannot merge the reads into one load.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn mul_from_memory(w: __m256, p: *const f32) -> __m256 {
