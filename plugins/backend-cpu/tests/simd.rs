@@ -15,9 +15,12 @@
 //!   row and token counts (prefill tiles and their remainders), equals the scalar
 //!   `vec_dot` of every element.
 //!   Both on rayon and on `SpinPool`, which must agree.
-//! - `panel_matmul_matches_scalar`: the row-panel prefill kernels (whole 16-row panels and
+//! - `panel_matmul_matches_scalar`: the row-panel prefill kernels (whole panels and
 //!   the rows after them, 8-token tiles and single-token tails), with every weight scale
 //!   kind and every activation kind above, equal the scalar `vec_dot` bit for bit.
+//! - `panel_matmul_bf16_bounds`: BF16 panels, with weights and activations around the
+//!   bounds that let a tile fuse its multiply-adds (tiny, subnormal, huge, infinite, NaN
+//!   and zero elements), in tiles of one kind and of mixed kinds, equal the scalar bits.
 //! - `few_token_matmul_matches_scalar`: the small-batch kernels (2–8 tokens through
 //!   `ops::matmul`, and 1–8 tokens called directly with weight rows padded apart), over
 //!   odd and even block counts, every weight scale kind and every activation kind above,
@@ -651,6 +654,96 @@ fn panel_matmul_matches_scalar() {
                                 kinds[tok % kinds.len()].0
                             );
                         }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn panel_matmul_bf16_bounds() {
+    // Weight panels (four rows each) and tokens of one kind each, around the bounds that
+    // decide whether a BF16 tile fuses its multiply-adds (products that stay normal): the
+    // tiles must equal the scalar oracle on both sides of them.
+    let mut rng = ChaCha8Rng::seed_from_u64(29);
+    let t = GgmlType::BF16;
+    let k = scalar::kernels(t).unwrap();
+    let rows_of = |rng: &mut ChaCha8Rng, cols: usize, kind: usize| -> Vec<f32> {
+        let mut v: Vec<f32> = (0..cols).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+        let j = rng.gen_range(0..cols);
+        match kind {
+            0 => {}
+            // Tiny but normal: products with small activations underflow.
+            1 => v.iter_mut().for_each(|x| *x *= 2f32.powi(-100)),
+            2 => v[j] = 2f32.powi(-130), // a BF16 subnormal
+            3 => v[j] = 2f32.powi(120),  // products with large activations overflow
+            4 => v[j] = f32::INFINITY,
+            5 => v[j] = f32::NAN,
+            _ => v.fill(0.0),
+        }
+        v
+    };
+    let tokens_of = |rng: &mut ChaCha8Rng, cols: usize, kind: usize| -> Vec<f32> {
+        let mut v: Vec<f32> = (0..cols).map(|_| rng.gen_range(-2.0f32..2.0)).collect();
+        let j = rng.gen_range(0..cols);
+        match kind {
+            0 => {}
+            1 => v.iter_mut().for_each(|x| *x *= 2f32.powi(-30)),
+            2 => v.iter_mut().for_each(|x| *x *= 2f32.powi(10)),
+            3 => v[j] = 1e-39, // a BF16 subnormal
+            4 => v[j] = f32::NEG_INFINITY,
+            5 => v[j] = f32::NAN,
+            _ => v.fill(0.0),
+        }
+        v
+    };
+    for level in levels() {
+        let lookup: KernelLookup = match level {
+            KernelLevel::Avx2 => |t| KernelLevel::Avx2.kernels(t),
+            KernelLevel::Avx512 => |t| KernelLevel::Avx512.kernels(t),
+            _ => continue,
+        };
+        if lookup(t).and_then(|k| k.panel).is_none() {
+            continue;
+        }
+        for cols in [16usize, 33, 1000] {
+            // Seven kinds of eight rows (whole panels of four or eight), then three rows
+            // past the last whole panel.
+            let rows = 7 * 8 + 3;
+            let w: Vec<f32> = (0..rows)
+                .flat_map(|r| rows_of(&mut rng, cols, r / 8 % 7))
+                .collect();
+            let mut data = vec![0u8; rows * 2 * cols];
+            prima_backend_cpu::formats::float::quantize_row_bf16(&w, &mut data);
+            let view = TensorView {
+                data: RSlice::from_slice(&data),
+                ggml_type: t.id(),
+                cols: cols as u64,
+                rows: rows as u64,
+            };
+            let row_bytes = 2 * cols;
+            // Tiles of three tokens of one kind, then of three kinds.
+            for kind_of in [|tok: usize| tok / 3 % 7, |tok: usize| tok % 7] {
+                let n_tokens = 22;
+                let x: Vec<f32> = (0..n_tokens)
+                    .flat_map(|tok| tokens_of(&mut rng, cols, kind_of(tok)))
+                    .collect();
+                let got = matmul_with(lookup, 2, view, &x, n_tokens);
+                let mut act = vec![0u8; 2 * cols];
+                for tok in 0..n_tokens {
+                    (k.quantize_activation)(&x[tok * cols..(tok + 1) * cols], &mut act);
+                    for r in 0..rows {
+                        let want = (k.vec_dot)(cols, &data[r * row_bytes..][..row_bytes], &act);
+                        let g = got[tok * rows + r];
+                        assert!(
+                            same(g, want),
+                            "{} BF16 n={cols}: row {r} (kind {}) token {tok} (kind {}): {g} vs \
+                             scalar {want}",
+                            level.name(),
+                            r / 8 % 7,
+                            kind_of(tok)
+                        );
                     }
                 }
             }

@@ -67,6 +67,20 @@ fn bf16_bits(x: f32) -> u16 {
 /// this order exactly, so every kernel level returns the same bits.
 pub const DOT_LANES: usize = 16;
 
+/// Whether every product of a BF16 weight and a BF16 activation is exact in f32, given
+/// the weights' smallest nonzero and largest magnitudes `(w_min, w_max)` and the
+/// activations' `(a_min, a_max)` (a minimum of `+∞` where all are zero). Then a fused
+/// multiply-add rounds exactly as the canonical multiply-then-add (one rounding either
+/// way), which lets the panel kernels use FMA. A product of two 8-bit significands has at
+/// most 16 bits, so it is exact whenever it is a normal f32: `|w·a| ≥ 2^-126` (no
+/// underflow) and `< 2^128` (no overflow), bounded by `w_min·a_min` and `w_max·a_max`,
+/// which are exact in f64. Zero products are exact; an infinite or NaN bound says no.
+pub fn bf16_products_exact((w_min, w_max): (f32, f32), (a_min, a_max): (f32, f32)) -> bool {
+    let (low, high) = (w_min as f64 * a_min as f64, w_max as f64 * a_max as f64);
+    // NaN compares false both ways, so a NaN bound (or ∞·0) falls back too.
+    low >= 2f64.powi(-126) && high < 2f64.powi(128)
+}
+
 fn dot_in_lanes(n: usize, mut product: impl FnMut(usize) -> f32) -> f32 {
     let full = n / DOT_LANES * DOT_LANES;
     let mut acc = [0.0f32; DOT_LANES];
@@ -268,5 +282,42 @@ mod tests {
         assert!(!bf16_lane_sums_normal(big, big, 16));
         // All zeros: nothing to flush or overflow.
         assert!(bf16_lane_sums_normal(Bf16Range::EMPTY, ones, 1000));
+    }
+
+    #[test]
+    fn bf16_product_bounds() {
+        let (inf, nan) = (f32::INFINITY, f32::NAN);
+        let normal = (2f32.powi(-20), 4.0);
+        assert!(bf16_products_exact(normal, normal));
+        // Smallest products at the normal boundary: 2^-126 is exact, just below is not.
+        assert!(bf16_products_exact(
+            (2f32.powi(-63), 1.0),
+            (2f32.powi(-63), 1.0)
+        ));
+        assert!(!bf16_products_exact(
+            (2f32.powi(-63), 1.0),
+            (2f32.powi(-64), 1.0)
+        ));
+        // Subnormal operands (2^-130) need a large partner.
+        assert!(!bf16_products_exact((2f32.powi(-130), 1.0), normal));
+        assert!(bf16_products_exact((2f32.powi(-130), 1.0), (16.0, 16.0)));
+        // Largest products: below 2^128 is finite and exact, 2^128 overflows.
+        assert!(bf16_products_exact(
+            (1.0, 2f32.powi(64)),
+            (1.0, 2f32.powi(63) * 1.5)
+        ));
+        assert!(!bf16_products_exact(
+            (1.0, 2f32.powi(64)),
+            (1.0, 2f32.powi(64))
+        ));
+        // All-zero operands: no nonzero product at all.
+        assert!(bf16_products_exact((inf, 0.0), normal));
+        assert!(bf16_products_exact(normal, (inf, 0.0)));
+        assert!(bf16_products_exact((inf, 0.0), (inf, 0.0)));
+        // Infinities and NaNs never take the fused path.
+        assert!(!bf16_products_exact((1.0, inf), normal));
+        assert!(!bf16_products_exact(normal, (1.0, nan)));
+        assert!(!bf16_products_exact((1.0, inf), (inf, 0.0)));
+        assert!(!bf16_products_exact((nan, nan), normal));
     }
 }

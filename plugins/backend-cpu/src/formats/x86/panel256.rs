@@ -16,6 +16,7 @@ use super::panel512::{
     prep_q8_k, DDSM, K_AUX, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0_SIGNED, SDD,
     S_DD,
 };
+use crate::formats::float::bf16_products_exact;
 use crate::formats::k_quants::{q8_k, QK_K};
 use crate::formats::{q8_0, q8_1, PanelKernels};
 use core::arch::x86_64::*;
@@ -58,9 +59,23 @@ pub(in crate::formats) fn kernels(t: GgmlType) -> Option<PanelKernels> {
         T::Q6K => k(|n| n / QK_K * k6_block(ROWS), pack_q6_k, gemm_q6_k),
         T::Q3K => k(|n| n / QK_K * k6_block(ROWS), pack_q3_k, gemm_q3_k),
         T::Q2K => k(|n| n / QK_K * k6_block(ROWS), pack_q2_k, gemm_q2_k),
-        T::F16 => float_kernels(FLOAT_TOKENS, pack_f16, prep_f16, gemm_f16),
-        T::BF16 => float_kernels(FLOAT_TOKENS, pack_bf16, prep_bf16, gemm_bf16),
-        T::F32 => float_kernels(FLOAT_TOKENS, pack_f32, prep_f32, gemm_f32),
+        T::F16 => PanelKernels {
+            rows: FLOAT_PANEL_ROWS,
+            panel_bytes: |n| float_bytes::<F16>(n, FLOAT_PANEL_ROWS),
+            ..float_kernels(FLOAT_TOKENS, pack_f16, prep_f16, gemm_f16)
+        },
+        // BF16 panels and tokens carry their magnitude bounds after the f32s.
+        T::BF16 => PanelKernels {
+            rows: FLOAT_PANEL_ROWS,
+            panel_bytes: |n| float_bytes::<BF16>(n, FLOAT_PANEL_ROWS),
+            aux_bytes: |n| float_bytes::<BF16>(n, 1),
+            ..float_kernels(FLOAT_TOKENS, pack_bf16, prep_bf16, gemm_bf16)
+        },
+        T::F32 => PanelKernels {
+            rows: FLOAT_PANEL_ROWS,
+            panel_bytes: |n| float_bytes::<F32>(n, FLOAT_PANEL_ROWS),
+            ..float_kernels(FLOAT_TOKENS, pack_f32, prep_f32, gemm_f32)
+        },
         _ => return None,
     })
 }
@@ -460,9 +475,19 @@ k_gemms! {
 // the widened activations are laid out by half — all chunks' low eight lanes, then all
 // their high eight — so a pass reads half the bytes, contiguously, and a panel of a long
 // row and a tile's activations stay in L1 for both passes.
+//
+// F16 products are exact in f32, so F16 tiles fuse the multiply and add. BF16 products are
+// exact unless they leave the normal range, so BF16 panels and tokens carry their smallest
+// nonzero and largest magnitudes, and a tile fuses where those bound every product into
+// it (`float::bf16_products_exact`), else multiplies and adds as F32 always does.
 
 /// Tokens per float tile: twelve accumulators of four rows, and the loads feeding them.
 const FLOAT_TOKENS: usize = 3;
+
+/// Rows per float panel: two tiles' four, which each token triple meets in turn, so its
+/// activations come from L2 once for eight rows, and a chunk's bookkeeping (packing calls,
+/// copying results out) is per eight rows.
+const FLOAT_PANEL_ROWS: usize = 2 * FLOAT_ROWS;
 
 /// Eight elements of format `F` at `p`, widened to f32 (exact).
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -510,16 +535,82 @@ unsafe fn widen_row<const F: u8>(n: usize, src: *const u8, dst: *mut f32, rows: 
     }
 }
 
+/// Bytes after a BF16 panel's (a token's) f32s: its elements' smallest nonzero and
+/// largest magnitudes, two f32s, for [`bf16_products_exact`]; 64 keeps the next panel
+/// (token) on a cache line.
+const BOUNDS_BYTES: usize = 64;
+
+/// Bytes of the f32s, and of their bounds (BF16 only), of `rows` rows of `n` elements.
+const fn float_bytes<const F: u8>(n: usize, rows: usize) -> usize {
+    rows * 4 * n + if F == BF16 { BOUNDS_BYTES } else { 0 }
+}
+
+/// Folds the magnitudes of the BF16 row of `n` elements at `p` into `(smallest nonzero,
+/// largest)`, as magnitude bits (`0xFFFF`: no nonzero yet; NaNs order above infinity).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn bf16_bounds(n: usize, p: *const u8, (min, max): (u16, u16)) -> (u16, u16) {
+    let (magnitude, zero) = (_mm256_set1_epi16(0x7FFF), _mm256_setzero_si256());
+    let (mut lo, mut hi) = (_mm256_set1_epi16(-1), zero);
+    for c in 0..n / 16 {
+        let v = _mm256_and_si256(
+            _mm256_loadu_si256(p.add(32 * c) as *const __m256i),
+            magnitude,
+        );
+        hi = _mm256_max_epu16(hi, v);
+        // Zeros become 0xFFFF, above every magnitude, so they never win the minimum.
+        lo = _mm256_min_epu16(lo, _mm256_or_si256(v, _mm256_cmpeq_epi16(v, zero)));
+    }
+    let (mut los, mut his) = ([0u16; 16], [0u16; 16]);
+    _mm256_storeu_si256(los.as_mut_ptr() as *mut __m256i, lo);
+    _mm256_storeu_si256(his.as_mut_ptr() as *mut __m256i, hi);
+    let tail = (n / 16 * 16..n).map(|i| (p.add(2 * i) as *const u16).read_unaligned() & 0x7FFF);
+    los.into_iter()
+        .zip(his)
+        .chain(tail.map(|m| (if m == 0 { u16::MAX } else { m }, m)))
+        .fold((min, max), |(min, max), (l, h)| (min.min(l), max.max(h)))
+}
+
+/// Writes bounds bits `(min, max)` as f32s at `dst` (`+∞` for "no nonzero").
+#[inline]
+unsafe fn put_bounds(dst: *mut u8, (min, max): (u16, u16)) {
+    let f = |bits: u16| f32::from_bits((bits as u32) << 16);
+    let min = if min == u16::MAX {
+        f32::INFINITY
+    } else {
+        f(min)
+    };
+    (dst as *mut [f32; 2]).write_unaligned([min, f(max)]);
+}
+
+/// The bounds [`put_bounds`] wrote at `p`.
+#[inline]
+unsafe fn bounds_at(p: *const u8) -> (f32, f32) {
+    let [min, max] = (p as *const [f32; 2]).read_unaligned();
+    (min, max)
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn pack_float<const F: u8>(n: usize, w: &[u8], w_stride: usize, panel: &mut [u8]) {
     let size = if F == F32 { 4 } else { 2 };
     assert!(
-        panel.len() >= FLOAT_ROWS * 4 * n && w.len() >= (FLOAT_ROWS - 1) * w_stride + n * size,
+        panel.len() >= float_bytes::<F>(n, FLOAT_PANEL_ROWS)
+            && w.len() >= (FLOAT_PANEL_ROWS - 1) * w_stride + n * size,
         "panel pack: short buffers"
     );
-    let dst = panel.as_mut_ptr() as *mut f32;
-    for r in 0..FLOAT_ROWS {
-        widen_row::<F>(n, w.as_ptr().add(r * w_stride), dst, FLOAT_ROWS, r);
+    let mut bounds = (u16::MAX, 0);
+    for r in 0..FLOAT_PANEL_ROWS {
+        // Row `r` is row `r % 4` of the tile of rows `r / 4`, whose f32s come one after
+        // the other.
+        let dst = (panel.as_mut_ptr() as *mut f32).add(r / FLOAT_ROWS * FLOAT_ROWS * n);
+        let src = w.as_ptr().add(r * w_stride);
+        widen_row::<F>(n, src, dst, FLOAT_ROWS, r % FLOAT_ROWS);
+        if F == BF16 {
+            bounds = bf16_bounds(n, src, bounds);
+        }
+    }
+    if F == BF16 {
+        put_bounds(panel.as_mut_ptr().add(FLOAT_PANEL_ROWS * 4 * n), bounds);
     }
 }
 
@@ -527,14 +618,19 @@ unsafe fn pack_float<const F: u8>(n: usize, w: &[u8], w_stride: usize, panel: &m
 unsafe fn prep_float<const F: u8>(n: usize, act: &[u8], aux: &mut [u8]) {
     let size = if F == F32 { 4 } else { 2 };
     assert!(
-        act.len() >= n * size && aux.len() >= 4 * n,
+        act.len() >= n * size && aux.len() >= float_bytes::<F>(n, 1),
         "panel prep: short rows"
     );
     widen_row::<F>(n, act.as_ptr(), aux.as_mut_ptr() as *mut f32, 1, 0);
+    if F == BF16 {
+        let bounds = bf16_bounds(n, act.as_ptr(), (u16::MAX, 0));
+        put_bounds(aux.as_mut_ptr().add(4 * n), bounds);
+    }
 }
 
-/// `T` tokens (widened activations `st` bytes apart from `a`) against a float panel:
-/// `out[4k + r]`, each the 16-lane fold of its two halves plus the scalar tail.
+/// `T` tokens (widened activations `st` bytes apart from `a`) against four rows of a float
+/// panel: `out[FLOAT_PANEL_ROWS·k + r]`, each the 16-lane fold of its two halves plus the
+/// scalar tail.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn float_tile<const T: usize, const FUSED: bool>(
     n: usize,
@@ -543,31 +639,15 @@ unsafe fn float_tile<const T: usize, const FUSED: bool>(
     st: usize,
     out: *mut f32,
 ) {
+    let at = |k: usize| out.add(FLOAT_PANEL_ROWS * k);
     let full = n / 16 * 16;
     // Each half of the chunks: 8 f32s per chunk of a token, per row of the panel.
     let (a_half, w_half) = (32 * (full / 16), FLOAT_ROWS * 32 * (full / 16));
     let lo = float_half::<T, FUSED>(full / 16, panel, a, st);
-    let hi = float_half::<T, FUSED>(full / 16, panel.add(w_half), a.add(a_half), st);
-    // The first folding step (`l + l+8`) for every result, in output order `4k + r`, then
-    // the rest eight results at a time (four in the last group when `T` is odd).
-    let mut s = [_mm256_setzero_ps(); 12];
+    float_high_half::<T, FUSED>(full / 16, panel.add(w_half), a.add(a_half), st, &lo, out);
     for r in 0..FLOAT_ROWS {
         for k in 0..T {
-            s[FLOAT_ROWS * k + r] = _mm256_add_ps(lo[r][k], hi[r][k]);
-        }
-    }
-    for g in (0..FLOAT_ROWS * T).step_by(8) {
-        let o = |p: usize| s.get(g + p).copied().unwrap_or(_mm256_setzero_ps());
-        let f = fold8x8([o(0), o(4), o(1), o(5), o(2), o(6), o(3), o(7)]);
-        if g + 8 <= FLOAT_ROWS * T {
-            _mm256_storeu_ps(out.add(g), f);
-        } else {
-            _mm_storeu_ps(out.add(g), _mm256_castps256_ps128(f));
-        }
-    }
-    for r in 0..FLOAT_ROWS {
-        for k in 0..T {
-            let sum = &mut *out.add(FLOAT_ROWS * k + r);
+            let sum = &mut *at(k).add(r);
             for i in full..n {
                 let w = f32_at(panel.add(4 * half_slot(n, FLOAT_ROWS, r, i)));
                 *sum += w * f32_at(a.add(k * st + 4 * half_slot(n, 1, 0, i)));
@@ -606,18 +686,70 @@ unsafe fn fold8x8(v: [__m256; 8]) -> __m256 {
     )
 }
 
-/// One 8-lane half of [`float_tile`]'s sums over `chunks` chunks (`panel` and `a` at the
-/// half). Not inlined: a pass's twelve accumulators then own the registers, where inlined
-/// the compiler kept one of the second pass's in memory.
+/// The low 8-lane half of [`float_tile`]'s sums over `chunks` chunks. Not inlined, nor
+/// is [`float_high_half`]: each pass's twelve accumulators then own the registers, where
+/// inlined the compiler kept one of the second pass's in memory.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline(never)]
-#[allow(clippy::needless_range_loop)] // r and k index the accumulators, rows and tokens
 unsafe fn float_half<const T: usize, const FUSED: bool>(
     chunks: usize,
     panel: *const u8,
     a: *const u8,
     st: usize,
 ) -> [[__m256; T]; FLOAT_ROWS] {
+    half_sums::<T, FUSED>(chunks, panel, a, st)
+}
+
+/// The high half's sums (`panel` and `a` at the half), added to the low half's `lo` (the
+/// first folding step, `l + l+8`) and folded, four rows of `T` tokens to
+/// `out[FLOAT_PANEL_ROWS·k + r]`. Folding here saves the high half's trip through memory.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline(never)]
+unsafe fn float_high_half<const T: usize, const FUSED: bool>(
+    chunks: usize,
+    panel: *const u8,
+    a: *const u8,
+    st: usize,
+    lo: &[[__m256; T]; FLOAT_ROWS],
+    out: *mut f32,
+) {
+    let hi = half_sums::<T, FUSED>(chunks, panel, a, st);
+    // In order `4k + r`, then the rest of the fold eight results (two tokens' four) at a
+    // time, four in the last group when `T` is odd.
+    let mut s = [_mm256_setzero_ps(); 12];
+    for r in 0..FLOAT_ROWS {
+        for k in 0..T {
+            s[FLOAT_ROWS * k + r] = _mm256_add_ps(lo[r][k], hi[r][k]);
+        }
+    }
+    for g in (0..FLOAT_ROWS * T).step_by(8) {
+        let o = |p: usize| s.get(g + p).copied().unwrap_or(_mm256_setzero_ps());
+        let f = fold8x8([o(0), o(4), o(1), o(5), o(2), o(6), o(3), o(7)]);
+        let at = out.add(FLOAT_PANEL_ROWS * (g / 4));
+        _mm_storeu_ps(at, _mm256_castps256_ps128(f));
+        if g + 8 <= FLOAT_ROWS * T {
+            _mm_storeu_ps(at.add(FLOAT_PANEL_ROWS), _mm256_extractf128_ps::<1>(f));
+        }
+    }
+}
+
+/// One 8-lane half of [`float_tile`]'s sums over `chunks` chunks (`panel` and `a` at the
+/// half), for [`float_half`] and [`float_high_half`].
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+#[allow(clippy::needless_range_loop)] // r and k index the accumulators, rows and tokens
+unsafe fn half_sums<const T: usize, const FUSED: bool>(
+    chunks: usize,
+    panel: *const u8,
+    a: *const u8,
+    st: usize,
+) -> [[__m256; T]; FLOAT_ROWS] {
+    // Unfused, a full tile's sixteen registers are short by one: twelve accumulators, three
+    // tokens, the weights and a product. Left to itself the compiler kept an accumulator in
+    // memory, whose store and reload then sat in every step's dependency chain (F32 and BF16
+    // at 0.6–0.75× llama.cpp). The last token is read by its multiplies instead (a memory
+    // operand, four loads a step that the load ports absorb), so the registers suffice.
+    let from_memory = !FUSED && T == FLOAT_TOKENS;
     let mut acc = [[_mm256_setzero_ps(); T]; FLOAT_ROWS];
     for c in 0..chunks {
         // Plain loops: a closure here is not always inlined, and one that is not returns
@@ -625,13 +757,18 @@ unsafe fn float_half<const T: usize, const FUSED: bool>(
         // speed that way).
         let mut x = [_mm256_setzero_ps(); T];
         for k in 0..T {
-            x[k] = _mm256_loadu_ps(a.add(k * st + 32 * c) as *const f32);
+            if !(from_memory && k == T - 1) {
+                x[k] = _mm256_loadu_ps(a.add(k * st + 32 * c) as *const f32);
+            }
         }
         for r in 0..FLOAT_ROWS {
             let w = _mm256_loadu_ps(panel.add(32 * (c * FLOAT_ROWS + r)) as *const f32);
             for k in 0..T {
                 acc[r][k] = if FUSED {
                     _mm256_fmadd_ps(w, x[k], acc[r][k])
+                } else if from_memory && k == T - 1 {
+                    let product = mul_from_memory(w, a.add(k * st + 32 * c) as *const f32);
+                    _mm256_add_ps(acc[r][k], product)
                 } else {
                     _mm256_add_ps(acc[r][k], _mm256_mul_ps(w, x[k]))
                 };
@@ -641,37 +778,78 @@ unsafe fn float_half<const T: usize, const FUSED: bool>(
     acc
 }
 
-fn float_gemm<const FUSED: bool>(
+/// `w · x` for the eight floats `x` at `p`, read by the `vmulps` itself: no register holds
+/// `x` (see [`half_sums`]), and the compiler cannot merge the reads into one load.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn mul_from_memory(w: __m256, p: *const f32) -> __m256 {
+    let product: __m256;
+    // SAFETY: the caller passes 32 readable bytes at `p` (VEX memory operands need no
+    // alignment); the instruction only reads them and writes `product`.
+    core::arch::asm!(
+        "vmulps {product}, {w}, ymmword ptr [{p}]",
+        product = lateout(ymm_reg) product,
+        w = in(ymm_reg) w,
+        p = in(reg) p,
+        options(pure, readonly, nostack, preserves_flags),
+    );
+    product
+}
+
+/// The float tiles over `out.len() / 4` tokens. `FUSED`: always fused multiply-adds (F16);
+/// else BF16 (`F`) takes them for each tile whose products [`bf16_products_exact`] finds
+/// exact, so they round as the multiply-then-add the others keep.
+fn float_gemm<const F: u8, const FUSED: bool>(
     n: usize,
     panel: &[u8],
     aux: &[u8],
     aux_stride: usize,
     out: &mut [f32],
 ) {
-    let nt = out.len() / FLOAT_ROWS;
-    assert!(panel.len() >= FLOAT_ROWS * 4 * n, "panel gemm: short panel");
+    let nt = out.len() / FLOAT_PANEL_ROWS;
+    assert!(
+        panel.len() >= float_bytes::<F>(n, FLOAT_PANEL_ROWS),
+        "panel gemm: short panel"
+    );
     if nt > 0 {
+        let token = float_bytes::<F>(n, 1);
         assert!(
-            aux_stride >= 4 * n && aux.len() >= (nt - 1) * aux_stride + 4 * n,
+            aux_stride >= token && aux.len() >= (nt - 1) * aux_stride + token,
             "panel gemm: short side data"
         );
     }
+    // SAFETY: the checks above cover the bounds after the panel and after every token.
+    let exact = |t: usize| unsafe {
+        F == BF16
+            && bf16_products_exact(
+                bounds_at(panel.as_ptr().add(FLOAT_PANEL_ROWS * 4 * n)),
+                bounds_at(aux.as_ptr().add(t * aux_stride + 4 * n)),
+            )
+    };
     let mut t = 0;
     while t < nt {
-        let (x, o) = (
-            aux[t * aux_stride..].as_ptr(),
-            out[FLOAT_ROWS * t..].as_mut_ptr(),
-        );
-        // SAFETY: reached only through `kernels` (AVX2, FMA, F16C detected); the checks
-        // above cover every element the tile reads, and `out` holds `nt` tokens' 4 rows.
-        unsafe {
-            match nt - t {
-                1 => float_tile::<1, FUSED>(n, panel.as_ptr(), x, aux_stride, o),
-                2 => float_tile::<2, FUSED>(n, panel.as_ptr(), x, aux_stride, o),
-                _ => float_tile::<FLOAT_TOKENS, FUSED>(n, panel.as_ptr(), x, aux_stride, o),
+        let x = aux[t * aux_stride..].as_ptr();
+        let g = (nt - t).min(FLOAT_TOKENS);
+        let fused = FUSED || (t..t + g).all(exact);
+        // The two tiles of four rows in turn, while the tokens' activations are in L1.
+        for half in 0..2 {
+            let o = out[FLOAT_PANEL_ROWS * t + FLOAT_ROWS * half..].as_mut_ptr();
+            // SAFETY: as above, the panel's second tile of rows starts after the first's f32s.
+            let p = unsafe { panel.as_ptr().add(half * FLOAT_ROWS * 4 * n) };
+            // SAFETY: reached only through `kernels` (AVX2, FMA, F16C detected); the checks
+            // above cover every element the tile reads, and `out` holds `nt` tokens' 8 rows.
+            unsafe {
+                match (g, fused) {
+                    (1, false) => float_tile::<1, false>(n, p, x, aux_stride, o),
+                    (2, false) => float_tile::<2, false>(n, p, x, aux_stride, o),
+                    (_, false) => float_tile::<FLOAT_TOKENS, false>(n, p, x, aux_stride, o),
+                    (1, true) => float_tile::<1, true>(n, p, x, aux_stride, o),
+                    (2, true) => float_tile::<2, true>(n, p, x, aux_stride, o),
+                    (_, true) => float_tile::<FLOAT_TOKENS, true>(n, p, x, aux_stride, o),
+                }
             }
         }
-        t += (nt - t).min(FLOAT_TOKENS);
+        t += g;
     }
 }
 
@@ -691,12 +869,13 @@ macro_rules! float_wrappers {
             n: usize, panel: &[u8], _acts: &[u8], _a_stride: usize, aux: &[u8],
             aux_stride: usize, out: &mut [f32],
         ) {
-            float_gemm::<{ $fused }>(n, panel, aux, aux_stride, out)
+            float_gemm::<$f, { $fused }>(n, panel, aux, aux_stride, out)
         })*
     };
 }
 
-// F16 products are exact in f32, so the fused form rounds as the scalar mul-then-add.
+// F16 products are exact in f32, so the fused form rounds as the scalar mul-then-add;
+// BF16 products are where they stay normal (checked per tile), F32 products never.
 float_wrappers! {
     pack_f16, prep_f16, gemm_f16 => F16, true;
     pack_bf16, prep_bf16, gemm_bf16 => BF16, false;
