@@ -342,17 +342,7 @@ pub(super) mod tests {
             .into_iter()
             .map(|mut s| {
                 let events: Vec<Event> = std::iter::from_fn(|| s.events.try_recv().ok()).collect();
-                assert!(matches!(events[0], Event::Started { .. }), "{events:?}");
-                let mut text = String::new();
-                for e in &events[1..events.len() - 1] {
-                    let Event::Text(t) = e else {
-                        panic!("{events:?}")
-                    };
-                    text.push_str(t);
-                }
-                let Some(Event::Done(c)) = events.last() else {
-                    panic!("{events:?}")
-                };
+                let (text, c) = outcome(&events);
                 (text, c.clone())
             })
             .collect()
