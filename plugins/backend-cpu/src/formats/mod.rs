@@ -142,6 +142,9 @@ pub struct PanelKernels {
     /// Dots a panel against `out.len() / rows` tokens, activation rows `a_stride` and side
     /// data `aux_stride` bytes apart; `out` is token-major: `out[t·rows + r]`.
     pub gemm: PanelGemmFn,
+    /// Whether `gemm` reads the activation rows; where not (the float panels read only
+    /// `prep`'s widened copy), `ops::matmul` need not keep them.
+    pub reads_acts: bool,
 }
 
 /// See [`PanelKernels::gemm`].

@@ -58,6 +58,8 @@ const CHUNK_PANEL_BYTES: usize = 256 * 1024;
 pub const PANEL_MIN_TOKENS: usize = 8;
 
 thread_local! {
+    /// Each pool thread's activation row, where the panels need only its side data.
+    static ACT_ROW: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
     /// Each pool thread's packed panel and its token-major results, reused across calls.
     static PANEL: RefCell<(Vec<u8>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
 }
@@ -149,6 +151,12 @@ pub fn matmul(
         let act_out = SharedOut(act.as_mut_ptr() as *mut f32);
         let aux_out = SharedOut(aux.as_mut_ptr() as *mut f32);
         let per_chunk = n_tokens.div_ceil(pool.threads() * CHUNKS_PER_THREAD);
+        // Where the panels read only the side data and no rows are left over for the tiles,
+        // each activation row goes to a per-thread row (in L1) rather than the shared
+        // buffer, whose lines the other threads read in the last matmul: each write there
+        // first takes the line back from them (pp128 F16 on 2 threads: the conversion took
+        // ~4× its one-thread CPU time).
+        let private = panel.filter(|p| !p.reads_acts && w.rows % p.rows == 0);
         pool.run(n_tokens.div_ceil(per_chunk), &|c| {
             for t in c * per_chunk..((c + 1) * per_chunk).min(n_tokens) {
                 // SAFETY: token `t` owns bytes `t·act_row_bytes ..` of `act` and
@@ -166,7 +174,17 @@ pub fn matmul(
                         ),
                     )
                 };
-                (kernels.quantize_activation)(&x[t * w.cols..(t + 1) * w.cols], a);
+                let x = &x[t * w.cols..(t + 1) * w.cols];
+                if let Some(p) = private {
+                    ACT_ROW.with(|cell| {
+                        let mut row = cell.borrow_mut();
+                        let row = sized(&mut row, act_row_bytes);
+                        (kernels.quantize_activation)(x, row);
+                        (p.prep)(w.cols, row, x_aux);
+                    });
+                    continue;
+                }
+                (kernels.quantize_activation)(x, a);
                 if let Some(p) = panel {
                     (p.prep)(w.cols, a, x_aux);
                 }

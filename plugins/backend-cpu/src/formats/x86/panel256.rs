@@ -38,6 +38,7 @@ pub(in crate::formats) fn kernels(t: GgmlType) -> Option<PanelKernels> {
         aux_bytes: |n| n / 32 * 8,
         prep,
         gemm,
+        reads_acts: true,
     };
     let k = |panel_bytes, pack, gemm| PanelKernels {
         rows: ROWS,
@@ -47,6 +48,7 @@ pub(in crate::formats) fn kernels(t: GgmlType) -> Option<PanelKernels> {
         aux_bytes: |n| n / QK_K * K_AUX,
         prep: prep_q8_k,
         gemm,
+        reads_acts: true,
     };
     Some(match t {
         T::Q4_0 => legacy(pack_q4_0, prep_q8_0, gemm_q4_0),

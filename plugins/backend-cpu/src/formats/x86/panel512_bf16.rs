@@ -60,6 +60,7 @@ pub(super) fn kernels() -> Option<PanelKernels> {
         aux_bytes,
         prep,
         gemm,
+        reads_acts: false,
     })
 }
 
