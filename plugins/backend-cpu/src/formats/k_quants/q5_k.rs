@@ -11,8 +11,9 @@ pub const BLOCK_ELEMS: usize = QK_K;
 pub const BLOCK_BYTES: usize = 2 + 2 + 12 + QK_K / 8 + QK_K / 2;
 
 const SCALES: usize = 4;
-const QH: usize = 16;
-const QS: usize = QH + QK_K / 8;
+/// Offsets in a block: the fifth bits (32 bytes), then the low nibbles (128).
+pub(crate) const QH: usize = 16;
+pub(crate) const QS: usize = QH + QK_K / 8;
 
 #[inline]
 pub(crate) fn quant(block: &[u8], i: usize) -> i32 {

@@ -476,9 +476,22 @@ pub(super) unsafe fn pack_q4_k_imp<const L: usize, const PAIRS: bool, const F: u
             let dst = &mut panel[b * pb..(b + 1) * pb];
             let (sc, mn) = unpack_scale_min_k4(&wb[4..16]);
             if F == Q5K {
-                for (g, e) in (0..QK_K).step_by(4).enumerate() {
-                    let q = |i: usize| q5_k::quant(wb, e + i) as u8;
-                    put_lane::<L>(dst, 4 * L * g, r, [q(0), q(1), q(2), q(3)]);
+                // As Q4_K's nibbles below, each with its fifth bit: bit s of the 32 qh bytes
+                // for sub-block s (quant i's byte i % 32), moved to bit 4.
+                let qh = load(wb.as_ptr().add(q5_k::QH));
+                let low = _mm256_set1_epi8(0x0F);
+                let one = _mm256_set1_epi8(1);
+                let fifth = |s: i32| {
+                    let bit = _mm256_srl_epi16(qh, _mm_cvtsi32_si128(s));
+                    _mm256_slli_epi16::<4>(_mm256_and_si256(bit, one))
+                };
+                for c in 0..4 {
+                    let q = load(wb.as_ptr().add(q5_k::QS + 32 * c));
+                    let lo = _mm256_or_si256(_mm256_and_si256(q, low), fifth(2 * c as i32));
+                    let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q), low);
+                    let hi = _mm256_or_si256(hi, fifth(2 * c as i32 + 1));
+                    put_quants32::<L>(dst.as_mut_ptr().add(4 * L * 8 * (2 * c)), r, lo);
+                    put_quants32::<L>(dst.as_mut_ptr().add(4 * L * 8 * (2 * c + 1)), r, hi);
                 }
             } else {
                 for c in 0..4 {
