@@ -19,16 +19,31 @@ fn prima(args: &[&str], plugins: &Path) -> Output {
         .unwrap()
 }
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir()
-        .join(format!("prima-os-plugin-{}", std::process::id()))
-        .join(name);
+/// A directory of this test run, removed when dropped (also when the test fails): the
+/// plugin copies weigh ~60 MB each, and every run would otherwise leave them in /tmp.
+struct Scratch(PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+fn scratch(name: &str) -> Scratch {
+    let dir = std::env::temp_dir().join(format!("prima-os-plugin-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    dir
+    Scratch(dir)
 }
 
 /// A plugin directory holding copies of these libraries (a user's install).
-fn plugin_dir_with(name: &str, libraries: &[PathBuf]) -> PathBuf {
+fn plugin_dir_with(name: &str, libraries: &[PathBuf]) -> Scratch {
     let dir = scratch(name);
     for lib in libraries {
         std::fs::copy(lib, dir.join(lib.file_name().unwrap())).unwrap();
@@ -70,7 +85,8 @@ fn a_new_os_ships_as_a_plugin_without_rebuilding_prima() {
     let text = std::fs::read_to_string(&linux_bed).unwrap();
     let c2 = text.find("name = \"C2\"").unwrap();
     let os_at = c2 + text[c2..].find("os = \"linux\"").unwrap();
-    let windows_bed = scratch("beds").join("windows.toml");
+    let beds = scratch("beds");
+    let windows_bed = beds.join("windows.toml");
     let edited = format!(
         "{}os = \"windows\"{}",
         &text[..os_at],
