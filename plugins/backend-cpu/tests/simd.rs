@@ -15,6 +15,10 @@
 //!   row and token counts (prefill tiles and their remainders), equals the scalar
 //!   `vec_dot` of every element.
 //!   Both on rayon and on `SpinPool`, which must agree.
+//! - `f32_dot_is_fused_at_every_level`: F32's canonical dot fuses each multiply-add (in the
+//!   16 lanes and in the tail): every level's `vec_dot` and `ops::matmul` (decode,
+//!   small-batch and panel paths) give the hand-computed fused value where rounding each
+//!   product first would not.
 //! - `panel_matmul_matches_scalar`: the row-panel prefill kernels (whole panels and
 //!   the rows after them, 8-token tiles and single-token tails), with every weight scale
 //!   kind and every activation kind above, equal the scalar `vec_dot` bit for bit.
@@ -592,6 +596,78 @@ fn matmul_matches_scalar_at_every_level() {
                         got,
                         want,
                         "{} {t}: {rows} rows × {n_tokens} tokens, {threads} threads",
+                        level.name()
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn f32_dot_is_fused_at_every_level() {
+    // Weight row `r` and every token put `x·x` (`x = 1 + 2^-12`, `x² = 1 + 2^-11 + 2^-24`)
+    // onto `−1` in lane `r % 16`, and `−1`, then `x·x`, onto the folded sum in the tail.
+    // Fused, each step is exact and the dot is `2^-10 + 2^-23` (times token `k`'s scale
+    // `2^(k % 5)`); a multiply rounding `x·x` to `1 + 2^-11` first would give `2^-10`, and
+    // a kernel fusing only its lanes or only its tail `2^-10 + 2^-24`.
+    let lookups: [(KernelLevel, KernelLookup); 5] = [
+        (KernelLevel::Scalar, |t| KernelLevel::Scalar.kernels(t)),
+        (KernelLevel::Avx2, |t| KernelLevel::Avx2.kernels(t)),
+        (KernelLevel::Avx512, |t| KernelLevel::Avx512.kernels(t)),
+        (KernelLevel::Neon, |t| KernelLevel::Neon.kernels(t)),
+        (KernelLevel::NeonDotprod, |t| {
+            KernelLevel::NeonDotprod.kernels(t)
+        }),
+    ];
+    let available = levels();
+    let t = GgmlType::F32;
+    let x = 1.0 + 2f32.powi(-12);
+    let fused = 2f32.powi(-10) + 2f32.powi(-23);
+    for (chunks, tail) in [(2usize, 2usize), (3, 5), (62, 8)] {
+        let cols = 16 * chunks + tail;
+        let row = |r: usize| -> Vec<f32> {
+            let mut w = vec![0.0; cols];
+            let lane = r % 16;
+            (w[lane], w[16 * (chunks - 1) + lane]) = (1.0, x);
+            (w[16 * chunks], w[cols - 1]) = (1.0, x);
+            w
+        };
+        let token = |k: usize| -> Vec<f32> {
+            let mut a = vec![0.0; cols];
+            a[..16].fill(-1.0);
+            a[16 * (chunks - 1)..16 * chunks].fill(x);
+            (a[16 * chunks], a[cols - 1]) = (-1.0, x);
+            let scale = 2f32.powi((k % 5) as i32);
+            a.iter().map(|v| v * scale).collect()
+        };
+        // 35 rows: whole panels of every level and rows after them; 1, 3, 9 and 17
+        // tokens: the decode, small-batch and panel paths with their remainders.
+        let rows = 35;
+        let w: Vec<u8> = (0..rows).flat_map(row).flat_map(f32::to_le_bytes).collect();
+        let view = TensorView {
+            data: RSlice::from_slice(&w),
+            ggml_type: t.id(),
+            cols: cols as u64,
+            rows: rows as u64,
+        };
+        for &(level, lookup) in lookups.iter().filter(|(l, _)| available.contains(l)) {
+            let k = lookup(t).unwrap();
+            for r in 0..rows {
+                let a: Vec<u8> = token(0).into_iter().flat_map(f32::to_le_bytes).collect();
+                let got = (k.vec_dot)(cols, &w[4 * cols * r..4 * cols * (r + 1)], &a);
+                assert_eq!(got, fused, "{} vec_dot n={cols} row {r}", level.name());
+            }
+            for n_tokens in [1, 3, 9, 17] {
+                let acts: Vec<f32> = (0..n_tokens).flat_map(token).collect();
+                let got = matmul_with(lookup, 2, view, &acts, n_tokens);
+                for (i, g) in got.iter().enumerate() {
+                    let (tok, r) = (i / rows, i % rows);
+                    let want = fused * 2f32.powi((tok % 5) as i32);
+                    assert_eq!(
+                        *g,
+                        want,
+                        "{} matmul n={cols} {n_tokens} tokens: row {r} token {tok}",
                         level.name()
                     );
                 }

@@ -42,6 +42,8 @@ fn target() -> Option<Target> {
         None => Some(Target {
             backend: prima_backend_cuda::create_backend(BackendConfig { threads: 0 }).unwrap(),
             exact: true,
+            // `__fmaf_rn`: fused by definition (checked by the F32 tests, held exact).
+            fused_f32: true,
         }),
     }
 }

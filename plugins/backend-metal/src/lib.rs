@@ -20,14 +20,17 @@
 //! (Q8_0, Q8_1, Q8_K), takes integer block sums (`dot4I8Packed`) and combines each block
 //! with the CPU's scale arithmetic, adding blocks in the CPU's order; norms, attention and
 //! activations follow the CPU step for step, f16 conversions are done on integers (round to
-//! nearest even), and RoPE's cos/sin come from the host. WGSL gives no control over fused
+//! nearest even), and RoPE's cos/sin come from the host. F32 weights' dot terms are WGSL
+//! `fma()`, as the CPU's canonical F32 dot fuses them; WGSL does not promise a fused `fma`,
+//! and lavapipe's is not (Mesa lowers it to a multiply and an add), so there F32 matmuls
+//! differ from the CPU in the last bits. WGSL gives no control over fused
 //! multiply-add contraction or reassociation (SPIR-V from naga marks nothing exact), so two
 //! places are written to survive the latter: e^x rounds with `round()` rather than the
 //! CPU's add-and-subtract trick, and the row-per-invocation matmul passes each block value
 //! through an opaque OR before adding it. f64 (the CPU's RMS and softmax sums, attention's
 //! e^x and tanh) is used where the adapter has SHADER_F64, f32 otherwise. On lavapipe every
-//! operation, every format and whole models (SmolLM2 Q4_1, Gemma 3 Q4_K_M) equal the CPU
-//! bit for bit (tests/lavapipe.rs); other drivers are untested.
+//! operation, every format but F32's matmul and whole models (SmolLM2 Q4_1, Gemma 3 Q4_K_M)
+//! equal the CPU bit for bit (tests/lavapipe.rs); other drivers are untested.
 //!
 //! Reductions use workgroup memory; subgroup operations are not used (the CPU's summation
 //! order, which the kernels keep, is serial where it matters). Matmul comes in two shapes

@@ -2,8 +2,10 @@
 //!
 //! As in ggml, an F16 weight is dotted against activations rounded to F16 and a BF16 weight
 //! against activations rounded to BF16 (round to nearest even); F32 against plain F32.
-//! Products are exact in f32 for F16/BF16 operands; sums are accumulated in f32 in the fixed
-//! lane order of [`DOT_LANES`].
+//! Sums are accumulated in f32 in the fixed lane order of [`DOT_LANES`]. F32 terms are fused
+//! multiply-adds (one rounding per term, as llama.cpp's F32 dot and sgemm compute them);
+//! F16/BF16 terms a multiply, then an add, whose products are exact in f32 (always for F16,
+//! for BF16 while they stay normal), so there fused and unfused round alike.
 
 use super::{f32_at, put_f16};
 use half::{bf16, f16};
@@ -61,16 +63,21 @@ fn bf16_bits(x: f32) -> u16 {
     }
 }
 
-/// Lanes of the canonical float dot: element `i` is accumulated in lane `i % 16` (a mul,
-/// then an add; no FMA), the lanes are folded by halving (`l + l+8`, `+4`, `+2`, `+1`) and
-/// the `n % 16` tail elements are added after, in order. SIMD kernels of any width reproduce
-/// this order exactly, so every kernel level returns the same bits.
+/// Lanes of the canonical float dot: element `i` is accumulated in lane `i % 16`, the lanes
+/// are folded by halving (`l + l+8`, `+4`, `+2`, `+1`) and the `n % 16` tail elements are
+/// added after, in order, onto the folded sum. Each term, in a lane or in the tail, is
+/// `fma(w_i, a_i, acc)` for F32 (one rounding: llama.cpp's ggml `vec_dot_f32` and tinyBLAS
+/// sgemm fuse too, and a fused tile is what keeps an AVX2 F32 prompt at par with them) and
+/// `acc + w_i·a_i` for F16/BF16 (exact products: see [`bf16_products_exact`]). SIMD kernels
+/// of any width reproduce this order and these roundings exactly, so every kernel level
+/// returns the same bits. Without hardware FMA the scalar F32 dot pays for `f32::mul_add`'s
+/// software fallback; every SIMD level here has the instruction.
 pub const DOT_LANES: usize = 16;
 
 /// Whether every product of a BF16 weight and a BF16 activation is exact in f32, given
 /// the weights' smallest nonzero and largest magnitudes `(w_min, w_max)` and the
 /// activations' `(a_min, a_max)` (a minimum of `+∞` where all are zero). Then a fused
-/// multiply-add rounds exactly as the canonical multiply-then-add (one rounding either
+/// multiply-add rounds exactly as BF16's canonical multiply-then-add (one rounding either
 /// way), which lets the panel kernels use FMA. A product of two 8-bit significands has at
 /// most 16 bits, so it is exact whenever it is a normal f32: `|w·a| ≥ 2^-126` (no
 /// underflow) and `< 2^128` (no overflow), bounded by `w_min·a_min` and `w_max·a_max`,
@@ -81,12 +88,13 @@ pub fn bf16_products_exact((w_min, w_max): (f32, f32), (a_min, a_max): (f32, f32
     low >= 2f64.powi(-126) && high < 2f64.powi(128)
 }
 
-fn dot_in_lanes(n: usize, mut product: impl FnMut(usize) -> f32) -> f32 {
+/// The [`DOT_LANES`] order with `term(i, acc)` adding element `i`'s product to `acc`.
+fn dot_in_lanes(n: usize, mut term: impl FnMut(usize, f32) -> f32) -> f32 {
     let full = n / DOT_LANES * DOT_LANES;
     let mut acc = [0.0f32; DOT_LANES];
     for base in (0..full).step_by(DOT_LANES) {
         for (l, a) in acc.iter_mut().enumerate() {
-            *a += product(base + l);
+            *a = term(base + l, *a);
         }
     }
     let mut width = DOT_LANES / 2;
@@ -98,26 +106,27 @@ fn dot_in_lanes(n: usize, mut product: impl FnMut(usize) -> f32) -> f32 {
     }
     let mut sum = acc[0];
     for i in full..n {
-        sum += product(i);
+        sum = term(i, sum);
     }
     sum
 }
 
+/// Fused: each term is `fma(w_i, a_i, acc)` (see [`DOT_LANES`]).
 pub fn vec_dot_f32(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let n = n.min(w.len() / 4).min(a.len() / 4);
-    dot_in_lanes(n, |i| f32_at(w, 4 * i) * f32_at(a, 4 * i))
+    dot_in_lanes(n, |i, acc| f32_at(w, 4 * i).mul_add(f32_at(a, 4 * i), acc))
 }
 
 pub fn vec_dot_f16(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let n = n.min(w.len() / 2).min(a.len() / 2);
     let at = |b: &[u8], i: usize| f16::from_le_bytes([b[2 * i], b[2 * i + 1]]).to_f32();
-    dot_in_lanes(n, |i| at(w, i) * at(a, i))
+    dot_in_lanes(n, |i, acc| acc + at(w, i) * at(a, i))
 }
 
 pub fn vec_dot_bf16(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let n = n.min(w.len() / 2).min(a.len() / 2);
     let at = |b: &[u8], i: usize| bf16::from_le_bytes([b[2 * i], b[2 * i + 1]]).to_f32();
-    dot_in_lanes(n, |i| at(w, i) * at(a, i))
+    dot_in_lanes(n, |i, acc| acc + at(w, i) * at(a, i))
 }
 
 /// `acc[i] += w · v[i]` over the F16 row `v` (little-endian bytes): a multiply, then an add
@@ -238,6 +247,43 @@ mod tests {
 
     fn range(v: &[f32]) -> Bf16Range {
         Bf16Range::of(v.iter().map(|x| bf16::from_f32(*x).to_bits()))
+    }
+
+    /// Rows of `chunks` 16-element chunks and a tail of `tail ≥ 2` where fusing matters:
+    /// lane `lane` adds `x·x` (`x = 1 + 2^-12`, `x² = 1 + 2^-11 + 2^-24`) to `−1` in the last
+    /// chunk, and the tail adds `−1`, then `x·x`, to the folded sum. Fused, every step is
+    /// exact: the lane `2^-11 + 2^-24`, the dot `2^-10 + 2^-23`. Unfused, `x·x` rounds to
+    /// `1 + 2^-11` (a tie, to even) both times: `2^-10`.
+    fn fused_rows(chunks: usize, tail: usize, lane: usize) -> (Vec<u8>, Vec<u8>) {
+        let n = 16 * chunks + tail;
+        let (mut w, mut a) = (vec![0.0f32; n], vec![0.0f32; n]);
+        let x = 1.0 + 2f32.powi(-12);
+        for (i, wi, ai) in [
+            (lane, 1.0, -1.0),
+            (16 * (chunks - 1) + lane, x, x),
+            (16 * chunks, 1.0, -1.0),
+            (n - 1, x, x),
+        ] {
+            (w[i], a[i]) = (wi, ai);
+        }
+        let bytes = |v: Vec<f32>| v.iter().flat_map(|f| f.to_le_bytes()).collect();
+        (bytes(w), bytes(a))
+    }
+
+    #[test]
+    fn f32_dot_fuses_each_term() {
+        let fused = 2f32.powi(-10) + 2f32.powi(-23);
+        for (chunks, tail) in [(2, 2), (3, 5), (62, 8)] {
+            for lane in 0..16 {
+                let (w, a) = fused_rows(chunks, tail, lane);
+                let n = 16 * chunks + tail;
+                assert_eq!(
+                    vec_dot_f32(n, &w, &a),
+                    fused,
+                    "{chunks} chunks, lane {lane}"
+                );
+            }
+        }
     }
 
     #[test]

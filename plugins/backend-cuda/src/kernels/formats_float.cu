@@ -32,6 +32,19 @@ __device__ __forceinline__ float act_f32(float x) { return x; }
 __device__ __forceinline__ float act_f16(float x) { return round_f16(x); }
 __device__ __forceinline__ float act_bf16(float x) { return round_bf16(x); }
 
+// One product added to an accumulator as the CPU's canonical float dot adds it
+// (formats/float.rs `DOT_LANES`): fused for F32; a product, then a sum (never contracted:
+// `_rn` intrinsics) for F16 and BF16, whose exact products round alike either way.
+__device__ __forceinline__ float term_f32(float w, float x, float acc) {
+    return __fmaf_rn(w, x, acc);
+}
+__device__ __forceinline__ float term_f16(float w, float x, float acc) {
+    return __fadd_rn(acc, __fmul_rn(w, x));
+}
+__device__ __forceinline__ float term_bf16(float w, float x, float acc) {
+    return __fadd_rn(acc, __fmul_rn(w, x));
+}
+
 __device__ __forceinline__ float elem_f32(const u8* row, u32 e) { return ((const float*)row)[e]; }
 __device__ __forceinline__ float elem_f16(const u8* row, u32 e) {
     return f16_to_f32(((const u16*)row)[e]);

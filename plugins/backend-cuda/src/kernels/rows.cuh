@@ -3,7 +3,8 @@
 // - GET_ROWS(name, QK, BYTES) from the format's `deq_<name>(block, sub, y)`, which decodes
 //   the 32 elements of sub-block `sub` to f32.
 // - FLOAT_MATMUL(name, QK, BYTES): F32/F16/BF16 weights against f32 activations rounded
-//   as the CPU rounds them (`act_<name>`), float products summed in the CPU's order.
+//   as the CPU rounds them (`act_<name>`), float products summed in the CPU's order and
+//   with its roundings (`term_<name>`: fused for F32, as the CPU's canonical float dot).
 // - QUANT_MATMUL(name, F): the quantized formats against activations already quantized
 //   once per product (quantize.cu) to the format's 8-bit companion (Q8_0, Q8_1 or Q8_K,
 //   as the CPU backend pairs them). `F` gives the integer block arithmetic: `decode` a
@@ -41,10 +42,12 @@
 // matmul_<name>: out[t][row] = w[row] · x[t]; grid (ceil(rows / MATMUL_WARPS),
 // ceil(n_tokens / MATMUL_TOKENS)), block 32 * MATMUL_WARPS; one warp per row.
 //
-// FLOAT_MATMUL keeps the CPU's summation order (formats/float.rs `dot_in_lanes`): element
-// e goes to accumulator e % 16 (a multiply, then an add), the 16 are folded by halving.
-// Each half-warp is those 16 accumulators for every other token. `elem_<name>(row, e)` reads
-// one weight element, `act_<name>` rounds an activation as the CPU does.
+// FLOAT_MATMUL keeps the CPU's summation order (formats/float.rs `DOT_LANES`): element e
+// goes to accumulator e % 16 by `term_<name>` (F32: `__fmaf_rn`, one rounding; F16/BF16: a
+// multiply, then an add), the 16 are folded by halving; rows are whole 32-element chunks,
+// so there is no tail. Each half-warp is those 16 accumulators for every other token.
+// `elem_<name>(row, e)` reads one weight element, `act_<name>` rounds an activation as
+// the CPU does.
 #define FLOAT_MATMUL(NAME, QK, BYTES)                                                        \
     extern "C" __global__ void matmul_##NAME(const u8* w, const float* x, float* out,        \
                                              u32 cols, u32 rows, u64 row_bytes,              \
@@ -62,7 +65,7 @@
             float acc = 0.0f;                                                                \
             if (live)                                                                        \
                 for (u32 e = cl; e < cols; e += 16)                                          \
-                    acc = __fadd_rn(acc, __fmul_rn(elem_##NAME(wr, e), act_##NAME(xt[e])));   \
+                    acc = term_##NAME(elem_##NAME(wr, e), act_##NAME(xt[e]), acc);           \
             for (u32 o = 8; o > 0; o >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, o);    \
             if (cl == 0 && live) out[(u64)(t0 + t) * rows + row] = acc;                      \
         }                                                                                    \

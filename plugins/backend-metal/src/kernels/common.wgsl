@@ -1,7 +1,8 @@
 // Shared by every kernel: f16/bf16 conversions with the CPU backend's rounding, the CPU's
 // own e^x, packed-byte helpers and the linear index of a 2-D dispatch. Pure functions, no
-// bindings. Values are never fused by intent (a product, then a sum), as on the CPU; WGSL
-// cannot forbid the driver from contracting them (see the crate docs for what was measured).
+// bindings. Values are never fused by intent (a product, then a sum), as on the CPU, except
+// F32 weights' dot terms (`fma`, formats_float.wgsl), which the CPU fuses too; WGSL cannot
+// forbid the driver from contracting the others (see the crate docs for what was measured).
 
 // f32 → f16 bits, round to nearest even (the `half` crate's rule, which the CPU uses), done
 // on integers: pack2x16float's rounding is left to the implementation.

@@ -1,6 +1,7 @@
 // matmul_{NAME}: OUT[t][row0 + row] = W[row] · A[t] for float weights, in the CPU's
-// summation order (formats/float.rs `dot_in_lanes`): element e goes to accumulator e % 16
-// (a multiply, then an add), the 16 are folded by halving. A workgroup is one row and four
+// summation order (formats/float.rs `DOT_LANES`): element e goes to accumulator e % 16
+// (`term_{NAME}`: fused for F32, a multiply, then an add for F16/BF16), the 16 are folded
+// by halving. Rows are whole 32-element chunks (gpu-support's `WeightShape`): no tail. A workgroup is one row and four
 // tokens, sixteen invocations (the accumulators) per token.
 struct Params {
     cols: u32,
@@ -31,7 +32,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     if (t < P.n_tokens) {
         let xt = t * P.cols;
         for (var e = cl; e < P.cols; e += 16u) {
-            acc = acc + elem_{NAME}(wr, e) * act_{NAME}(A[xt + e]);
+            acc = term_{NAME}(elem_{NAME}(wr, e), act_{NAME}(A[xt + e]), acc);
         }
     }
     red[lid] = acc;

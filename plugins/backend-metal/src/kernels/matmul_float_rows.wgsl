@@ -1,7 +1,7 @@
 // rowmatmul_{NAME}: as matmul_float.wgsl (the CPU's order: element e into accumulator
-// e % 16, the 16 folded by halving; the same bits), one invocation per weight row and up
-// to four tokens, no workgroup memory or barriers: for CPU adapters (see
-// matmul_quant_rows.wgsl).
+// e % 16 by `term_{NAME}`, the 16 folded by halving; the same bits), one invocation per
+// weight row and up to four tokens, no workgroup memory or barriers: for CPU adapters
+// (see matmul_quant_rows.wgsl).
 struct Params {
     cols: u32,
     rows: u32,
@@ -30,7 +30,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         var acc: array<f32, 16>;
         for (var e0 = 0u; e0 < P.cols; e0 += 16u) {
             for (var l = 0u; l < 16u; l++) {
-                acc[l] = acc[l] + elem_{NAME}(wr, e0 + l) * act_{NAME}(A[xt + e0 + l]);
+                let x = act_{NAME}(A[xt + e0 + l]);
+                acc[l] = term_{NAME}(elem_{NAME}(wr, e0 + l), x, acc[l]);
             }
         }
         for (var o = 8u; o > 0u; o = o >> 1u) {

@@ -9,7 +9,8 @@
 //!   operation.
 //!
 //! Comparisons are exact (0) for a [`Target`] that claims the CPU's bits, else relative to
-//! the magnitudes compared ([`LOOSE`]); greedy tokens must agree wherever the CPU's top-2
+//! the magnitudes compared ([`LOOSE`]; also results of F32 matmuls on a target whose
+//! multiply-adds are not fused as the CPU's F32 dot's are, see [`f32_matmul_fuses`]); greedy tokens must agree wherever the CPU's top-2
 //! gap exceeds [`GAP`], as the golden fixtures require of Prima against llama.cpp.
 
 pub mod models;
@@ -18,7 +19,7 @@ pub mod tee;
 
 use std::path::{Path, PathBuf};
 
-use abi_stable::std_types::RSlice;
+use abi_stable::std_types::{RSlice, RSliceMut};
 use half::{bf16, f16};
 use prima_core::gguf::GgmlType;
 use prima_core::plugin::backend_abi::{BackendBox, BackendConfig, TensorView};
@@ -37,6 +38,10 @@ pub struct Target {
     pub backend: BackendBox,
     /// Results must equal the CPU's bit for bit (measured so on this device and driver).
     pub exact: bool,
+    /// Whether the backend's F32 matmul fuses each multiply-add as the CPU's canonical F32
+    /// dot does ([`f32_matmul_fuses`]); where it does not, F32 matmuls and what goes
+    /// through them are held to [`LOOSE`] even on an exact target.
+    pub fused_f32: bool,
 }
 
 impl Target {
@@ -48,6 +53,38 @@ impl Target {
             LOOSE * scale.max(1.0)
         }
     }
+
+    /// The tolerance of a comparison of F32 matmul results: [`Self::tol`] where the F32
+    /// multiply-adds are fused as the CPU's, else [`LOOSE`] × `scale`.
+    pub fn tol_f32(&self, scale: f32) -> f32 {
+        if self.fused_f32 {
+            self.tol(scale)
+        } else {
+            LOOSE * scale.max(1.0)
+        }
+    }
+}
+
+/// Whether `backend`'s F32 matmul rounds each multiply-add once, as the CPU's canonical F32
+/// dot (`formats/float.rs` `DOT_LANES`) does: one 32-element row and token where lane 0
+/// adds `x·x` (`x = 1 + 2^-12`, `x² = 1 + 2^-11 + 2^-24`) to `−1`. Fused that is exact,
+/// `2^-11 + 2^-24`; a product rounded first (a tie, to even) leaves `2^-11`. WGSL's `fma`
+/// may be either: Mesa's lavapipe splits it into a multiply and an add.
+pub fn f32_matmul_fuses(backend: &BackendBox) -> bool {
+    let x = 1.0 + 2f32.powi(-12);
+    let (mut w, mut a) = ([0f32; 32], [0f32; 32]);
+    (w[0], a[0], w[16], a[16]) = (1.0, -1.0, x, x);
+    let w: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let mut out = [0f32];
+    backend
+        .matmul(
+            view(&w, GgmlType::F32, 32, 1),
+            RSlice::from_slice(&a),
+            1,
+            RSliceMut::from_mut_slice(&mut out),
+        )
+        .unwrap();
+    out[0] == 2f32.powi(-11) + 2f32.powi(-24)
 }
 
 /// The CPU backend, loaded as a plugin (linking its rlib too would clash with a GPU

@@ -87,7 +87,12 @@ pub fn every_weight_format(t: &Target, others: &[BackendBox], token_counts: &[us
                     ty.name(),
                     max_abs(&c)
                 );
-                if rel.max(rel_other) > t.tol(1.0) {
+                let tol = if ty == GgmlType::F32 {
+                    t.tol_f32(1.0)
+                } else {
+                    t.tol(1.0)
+                };
+                if rel.max(rel_other) > tol {
                     failures.push(format!(
                         "{ty} {cols}x{rows} n={n_tokens}: {rel:.2e} / {rel_other:.2e}"
                     ));

@@ -1,15 +1,17 @@
 //! NEON kernels for every quantized weight format (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K to
-//! Q6_K): each block's products in vector lanes, the block's float
+//! Q6_K) and F32: each block's products in vector lanes, the block's float
 //! term as the scalar kernel computes it. Each kernel comes in two builds that differ only
 //! in how 16 byte products reach four i32 lanes ([`Products`]): plain NEON (`vmull_s8` /
 //! `vmlal_high_s8` into i16, pairwise widening adds), or one `sdot` where the CPU has the
 //! dot-product extension. Both give the same exact integer sums.
 //!
-//! Not here yet: the multi-token prefill tiles (prefill calls these per token). The float
-//! formats keep their scalar dot, whose 16-lane order the compiler vectorises as it is.
+//! Not here yet: the multi-token prefill tiles (prefill calls these per token). F32's dot
+//! is [`dot_f32`] (the scalar one's `f32::mul_add` lanes stay scalar: measured, one
+//! `fmadd` at a time); F16 and BF16 keep their scalar dot, whose 16-lane order the
+//! compiler vectorises as it is.
 
 use crate::formats::k_quants::{q2_k, q3_k, q4_k, q5_k, q6_k, q8_k, unpack_scale_min_k4, QK_K};
-use crate::formats::{f16_at, q4_0, q4_1, q5_0, q5_1, q8_0, q8_1, FormatKernels};
+use crate::formats::{f16_at, f32_at, q4_0, q4_1, q5_0, q5_1, q8_0, q8_1, FormatKernels};
 use core::arch::aarch64::*;
 use prima_core::gguf::GgmlType;
 
@@ -42,8 +44,37 @@ fn kernel<P: Products>(t: GgmlType) -> Option<crate::formats::VecDotFn> {
         T::Q4K => dot_q4_k::<P>,
         T::Q5K => dot_q5_k::<P>,
         T::Q6K => dot_q6_k::<P>,
+        T::F32 => dot_f32,
         _ => return None,
     })
+}
+
+/// F32's canonical dot (`formats::float::DOT_LANES`): lanes `0..16` as four vectors, each
+/// term a fused multiply-add (`vfmaq_f32`, one rounding, as `f32::mul_add`), folded by
+/// halving (`l + l+8`, `+4`, `+2`, `+1`), then the `n % 16` tail fused in order.
+fn dot_f32(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let n = n.min(w.len() / 4).min(a.len() / 4);
+    let full = n / 16 * 16;
+    let (wp, ap) = (w.as_ptr() as *const f32, a.as_ptr() as *const f32);
+    // SAFETY: NEON is baseline; each load reads four f32s at element `i + 4k + 3 < full ≤ n`,
+    // within both rows (`vld1q_f32` needs no alignment).
+    let mut sum = unsafe {
+        let mut acc = [vdupq_n_f32(0.0); 4];
+        for i in (0..full).step_by(16) {
+            for (k, acc) in acc.iter_mut().enumerate() {
+                let (x, y) = (vld1q_f32(wp.add(i + 4 * k)), vld1q_f32(ap.add(i + 4 * k)));
+                *acc = vfmaq_f32(*acc, x, y);
+            }
+        }
+        // Lanes 0..4 after `l + l+8` and `+4`; then `+2` and `+1`.
+        let v = vaddq_f32(vaddq_f32(acc[0], acc[2]), vaddq_f32(acc[1], acc[3]));
+        let h = vadd_f32(vget_low_f32(v), vget_high_f32(v));
+        vget_lane_f32::<0>(h) + vget_lane_f32::<1>(h)
+    };
+    for i in full..n {
+        sum = f32_at(w, 4 * i).mul_add(f32_at(a, 4 * i), sum);
+    }
+    sum
 }
 
 /// How 16 signed-byte products `x·y` become four i32 lanes whose total is `Σ x·y`.

@@ -976,7 +976,7 @@ unsafe fn dot_q2_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
     sum
 }
 
-// ---- F32 / F16 / BF16: 16 lanes, as `formats::float` sums ----
+// ---- F32 / F16 / BF16: 16 lanes, as `formats::float` sums (F32 fused) ----
 
 /// Lanes `0..8` and `8..16` folded as the scalar reduction does: `l + l+8`, `l + l+4`,
 /// `l + l+2`, `l + l+1`.
@@ -989,10 +989,12 @@ pub(super) unsafe fn reduce16(lo: __m256, hi: __m256) -> f32 {
     _mm_cvtss_f32(_mm_add_ss(v, _mm_movehdup_ps(v)))
 }
 
-/// `Σ w·a` over 16 lanes, `load(p, i)` reading 8 f32s of row `p` at element `i`.
+/// `Σ w·a` over 16 lanes, `load(p, i)` reading 8 f32s of row `p` at element `i`; each term
+/// a fused multiply-add (`FUSED`, F32) or a multiply, then an add (F16, BF16), in the
+/// lanes and in the tail alike, as `formats::float` computes it.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn dot_lanes(
+unsafe fn dot_lanes<const FUSED: bool>(
     n: usize,
     w: *const u8,
     a: *const u8,
@@ -1003,13 +1005,22 @@ unsafe fn dot_lanes(
     let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
     let mut i = 0;
     while i < full {
-        lo = _mm256_add_ps(lo, _mm256_mul_ps(load8(w, i), load8(a, i)));
-        hi = _mm256_add_ps(hi, _mm256_mul_ps(load8(w, i + 8), load8(a, i + 8)));
+        if FUSED {
+            lo = _mm256_fmadd_ps(load8(w, i), load8(a, i), lo);
+            hi = _mm256_fmadd_ps(load8(w, i + 8), load8(a, i + 8), hi);
+        } else {
+            lo = _mm256_add_ps(lo, _mm256_mul_ps(load8(w, i), load8(a, i)));
+            hi = _mm256_add_ps(hi, _mm256_mul_ps(load8(w, i + 8), load8(a, i + 8)));
+        }
         i += 16;
     }
     let mut sum = reduce16(lo, hi);
     for i in full..n {
-        sum += tail(w, i) * tail(a, i);
+        sum = if FUSED {
+            tail(w, i).mul_add(tail(a, i), sum)
+        } else {
+            sum + tail(w, i) * tail(a, i)
+        };
     }
     sum
 }
@@ -1017,7 +1028,7 @@ unsafe fn dot_lanes(
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_f32(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let n = n.min(w.len() / 4).min(a.len() / 4);
-    dot_lanes(
+    dot_lanes::<true>(
         n,
         w.as_ptr(),
         a.as_ptr(),
@@ -1029,7 +1040,7 @@ unsafe fn dot_f32(n: usize, w: &[u8], a: &[u8]) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_f16(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let n = n.min(w.len() / 2).min(a.len() / 2);
-    dot_lanes(
+    dot_lanes::<false>(
         n,
         w.as_ptr(),
         a.as_ptr(),
@@ -1041,7 +1052,7 @@ unsafe fn dot_f16(n: usize, w: &[u8], a: &[u8]) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_bf16(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let n = n.min(w.len() / 2).min(a.len() / 2);
-    dot_lanes(
+    dot_lanes::<false>(
         n,
         w.as_ptr(),
         a.as_ptr(),

@@ -9,7 +9,8 @@
 //! summed in integers (exact, any order) and the per-block float terms are added to one
 //! f32 in block order with the scalar kernel's operation order (no FMA contraction). F32,
 //! F16 and BF16 dots use 16 lanes reduced by halving, which is how the scalar
-//! reference (`formats::float`) sums too. Activation quantizers write the scalar bytes.
+//! reference (`formats::float`) sums too; F32's terms there are fused multiply-adds, so
+//! its kernels use `vfmadd` (and F16's and exact BF16's may, their products being exact). Activation quantizers write the scalar bytes.
 //! Block-quant kernels assume activations came from the quantizers (|q| ≤ 127), as
 //! `maddubs`-based dots need.
 

@@ -478,10 +478,11 @@ k_gemms! {
 // their high eight — so a pass reads half the bytes, contiguously, and a panel of a long
 // row and a tile's activations stay in L1 for both passes.
 //
-// F16 products are exact in f32, so F16 tiles fuse the multiply and add. BF16 products are
-// exact unless they leave the normal range, so BF16 panels and tokens carry their smallest
-// nonzero and largest magnitudes, and a tile fuses where those bound every product into
-// it (`float::bf16_products_exact`), else multiplies and adds as F32 always does.
+// F32's canonical terms are fused multiply-adds, so F32 tiles are `vfmadd`s. F16 products
+// are exact in f32, so F16 tiles fuse too (rounding as the scalar multiply-then-add). BF16
+// products are exact unless they leave the normal range, so BF16 panels and tokens carry
+// their smallest nonzero and largest magnitudes, and a tile fuses where those bound every
+// product into it (`float::bf16_products_exact`), else multiplies and adds.
 
 /// Tokens per float tile: twelve accumulators of four rows, and the loads feeding them.
 const FLOAT_TOKENS: usize = 3;
@@ -632,7 +633,8 @@ unsafe fn prep_float<const F: u8>(n: usize, act: &[u8], aux: &mut [u8]) {
 
 /// `T` tokens (widened activations `st` bytes apart from `a`) against four rows of a float
 /// panel: `out[FLOAT_PANEL_ROWS·k + r]`, each the 16-lane fold of its two halves plus the
-/// scalar tail.
+/// scalar tail, whose terms are fused as the lanes' are (`FUSED` tiles are F32's, or F16
+/// and BF16 ones whose products are exact, where fused and unfused round alike).
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn float_tile<const T: usize, const FUSED: bool>(
     n: usize,
@@ -652,7 +654,12 @@ unsafe fn float_tile<const T: usize, const FUSED: bool>(
             let sum = &mut *at(k).add(r);
             for i in full..n {
                 let w = f32_at(panel.add(4 * half_slot(n, FLOAT_ROWS, r, i)));
-                *sum += w * f32_at(a.add(k * st + 4 * half_slot(n, 1, 0, i)));
+                let x = f32_at(a.add(k * st + 4 * half_slot(n, 1, 0, i)));
+                *sum = if FUSED {
+                    w.mul_add(x, *sum)
+                } else {
+                    *sum + w * x
+                };
             }
         }
     }
@@ -746,11 +753,12 @@ unsafe fn half_sums<const T: usize, const FUSED: bool>(
     a: *const u8,
     st: usize,
 ) -> [[__m256; T]; FLOAT_ROWS] {
-    // Unfused, a full tile's sixteen registers are short by one: twelve accumulators, three
-    // tokens, the weights and a product. Left to itself the compiler kept an accumulator in
-    // memory, whose store and reload then sat in every step's dependency chain (F32 and BF16
-    // at 0.6–0.75× llama.cpp). The last token is read by its multiplies instead (a memory
-    // operand, four loads a step that the load ports absorb), so the registers suffice.
+    // Unfused (BF16 tiles whose products may not be exact), a full tile's sixteen registers
+    // are short by one: twelve accumulators, three tokens, the weights and a product. Left
+    // to itself the compiler kept an accumulator in memory, whose store and reload then sat
+    // in every step's dependency chain (F32 and BF16, then unfused, at 0.6–0.75× llama.cpp).
+    // The last token is read by its multiplies instead (a memory operand, four loads a step
+    // that the load ports absorb), so the registers suffice.
     let from_memory = !FUSED && T == FLOAT_TOKENS;
     let mut acc = [[_mm256_setzero_ps(); T]; FLOAT_ROWS];
     for c in 0..chunks {
@@ -798,9 +806,10 @@ unsafe fn mul_from_memory(w: __m256, p: *const f32) -> __m256 {
     product
 }
 
-/// The float tiles over `out.len() / 4` tokens. `FUSED`: always fused multiply-adds (F16);
-/// else BF16 (`F`) takes them for each tile whose products [`bf16_products_exact`] finds
-/// exact, so they round as the multiply-then-add the others keep.
+/// The float tiles over `out.len() / 4` tokens. `FUSED`: always fused multiply-adds (F32,
+/// whose canonical terms are fused; F16, whose products are exact); else BF16 (`F`) takes
+/// them for each tile whose products [`bf16_products_exact`] finds exact, so they round as
+/// the multiply-then-add the others keep.
 fn float_gemm<const F: u8, const FUSED: bool>(
     n: usize,
     panel: &[u8],
@@ -876,10 +885,10 @@ macro_rules! float_wrappers {
     };
 }
 
-// F16 products are exact in f32, so the fused form rounds as the scalar mul-then-add;
-// BF16 products are where they stay normal (checked per tile), F32 products never.
+// F32's canonical dot is fused; F16 products are exact in f32, so the fused form rounds as
+// the scalar mul-then-add; BF16 products are where they stay normal (checked per tile).
 float_wrappers! {
     pack_f16, prep_f16, gemm_f16 => F16, true;
     pack_bf16, prep_bf16, gemm_bf16 => BF16, false;
-    pack_f32, prep_f32, gemm_f32 => F32, false;
+    pack_f32, prep_f32, gemm_f32 => F32, true;
 }

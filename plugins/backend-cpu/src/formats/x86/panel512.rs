@@ -841,9 +841,10 @@ fn gemm_k16<const F: u8>(
 // The float dot's lanes are fixed (element `i` in lane `i % 16`, folded by halving, see
 // `formats::float`), so here the lanes stay element lanes and the panel only saves work:
 // its four rows are widened to f32 once (and each token's activations once, in `prep`)
-// for all tokens, and each loaded vector feeds four accumulators. F16 products are exact
-// in f32, so a fused multiply-add rounds like the scalar multiply-then-add; BF16 and F32
-// products are not (underflow, and F32 always), so those keep the separate add.
+// for all tokens, and each loaded vector feeds four accumulators. F32's canonical terms
+// are fused multiply-adds; F16 products are exact in f32, so a fused multiply-add rounds
+// like F16's scalar multiply-then-add; BF16 products may not be (underflow, overflow), so
+// this fallback of `panel512_bf16` keeps the separate add.
 
 pub(super) const FLOAT_ROWS: usize = 4;
 const FLOAT_TOKENS: usize = 4;
@@ -961,7 +962,8 @@ pub(super) unsafe fn fold16(v: __m512) -> f32 {
 }
 
 /// `G` tokens (f32 activations `aux_stride` bytes apart) against a float panel; token `k`'s
-/// four results go to `out[4k ..]`.
+/// four results go to `out[4k ..]`. `FUSED`: every term, in the lanes and the tail, is a
+/// fused multiply-add (F32's canonical dot, and F16's, whose products are exact).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[allow(clippy::needless_range_loop)] // r and k index the accumulators, rows and tokens
 unsafe fn float_tile<const G: usize, const FUSED: bool>(
@@ -1004,8 +1006,15 @@ unsafe fn float_tile<const G: usize, const FUSED: bool>(
         for r in 0..FLOAT_ROWS {
             let sum = &mut *out.add(FLOAT_ROWS * k + r);
             for i in full..n {
-                let w = f32_at(panel.add(4 * float_slot(n, r, i)));
-                *sum += w * f32_at(a.add(4 * i));
+                let (w, x) = (
+                    f32_at(panel.add(4 * float_slot(n, r, i))),
+                    f32_at(a.add(4 * i)),
+                );
+                *sum = if FUSED {
+                    w.mul_add(x, *sum)
+                } else {
+                    *sum + w * x
+                };
             }
         }
     }
@@ -1110,5 +1119,5 @@ macro_rules! float_wrappers {
 float_wrappers! {
     pack_f16, prep_f16, gemm_f16 => F16, true;
     pack_bf16, prep_bf16, gemm_bf16 => BF16, false;
-    pack_f32, prep_f32, gemm_f32 => F32, false;
+    pack_f32, prep_f32, gemm_f32 => F32, true;
 }
