@@ -1141,18 +1141,8 @@ unsafe fn quantize_f16(x: &[f32], out: &mut [u8]) {
         _mm_storeu_si128(out.as_mut_ptr().add(2 * i) as *mut __m128i, h);
     }
     for (i, v) in x.iter().enumerate().take(n).skip(full) {
-        put_f16(out, 2 * i, *v);
+        crate::formats::put_f16(out, 2 * i, *v);
     }
-}
-
-/// [`put_f16`] by F16C's `vcvtps2ph` (round to nearest even), which `half`'s conversion is
-/// where the CPU has F16C, without its run-time feature check on every call (measured: a
-/// quarter of `quantize_q8_1`'s time).
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn put_f16c(bytes: &mut [u8], off: usize, v: f32) {
-    let h = _mm_cvtsi128_si32(_mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm_set_ss(v))) as u16;
-    bytes[off..off + 2].copy_from_slice(&h.to_le_bytes());
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -1160,7 +1150,7 @@ unsafe fn quantize_q8_0(x: &[f32], out: &mut [u8]) {
     let nb = (x.len() / 32).min(out.len() / q8_0::BLOCK_BYTES);
     for (i, block) in out.chunks_exact_mut(q8_0::BLOCK_BYTES).take(nb).enumerate() {
         let (d, _) = quantize_block32(x.as_ptr().add(32 * i), block.as_mut_ptr().add(2));
-        put_f16c(block, 0, d);
+        put_f16(block, 0, d);
     }
 }
 
@@ -1169,8 +1159,8 @@ unsafe fn quantize_q8_1(x: &[f32], out: &mut [u8]) {
     let nb = (x.len() / 32).min(out.len() / q8_1::BLOCK_BYTES);
     for (i, block) in out.chunks_exact_mut(q8_1::BLOCK_BYTES).take(nb).enumerate() {
         let (d, qsum) = quantize_block32(x.as_ptr().add(32 * i), block.as_mut_ptr().add(4));
-        put_f16c(block, 0, d);
-        put_f16c(block, 2, qsum as f32 * d);
+        put_f16(block, 0, d);
+        put_f16(block, 2, qsum as f32 * d);
     }
 }
 

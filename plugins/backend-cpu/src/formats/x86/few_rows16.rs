@@ -97,7 +97,7 @@ pub(super) fn pack_bytes(n: usize, n_tokens: usize) -> usize {
 }
 
 /// The little-endian f16 `lo, hi` as f32, exactly (every f16 is an f32), by bit moves:
-/// `half`'s conversion checks the CPU's features on every call, a tenth of a 4-token pack.
+/// `half`'s conversion checks the CPU's features on every call.
 /// Normal and subnormal values: the exponent and mantissa bits moved into an f32's place
 /// (an f32 `2^−112` times the value), times `2^112`; infinities and NaNs (their payload,
 /// made quiet, as `vcvtph2ps` and `half` do) by their bits.
