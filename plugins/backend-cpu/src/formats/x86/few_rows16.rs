@@ -393,18 +393,18 @@ unsafe fn rows_n<const N: usize, const T: u8>(
             for (t, acc) in acc.iter_mut().enumerate() {
                 let a = blk.add(t * 32) as *const i32;
                 let group = |j: usize| _mm512_set1_epi32(a.add(j).read_unaligned());
-                let (mut lo, mut hi) = match T {
-                    MIN => (_mm512_setzero_si512(), _mm512_setzero_si512()),
-                    _ => {
-                        let start = (second as *const i32).add(t).read_unaligned();
-                        (_mm512_set1_epi32(start), _mm512_setzero_si512())
-                    }
+                // One chain of eight `vpdpbusd`s per token (integer sums: any order gives the
+                // same bits); with four or more tokens their chains overlap, and two chains
+                // and their add cost more (measured, in cache: Q8_0 8192 × 576 at 4 tokens
+                // 216 → 189 µs, Q4_1 at 8 tokens −10%, 1–4 tokens within 2%).
+                let mut sum = match T {
+                    MIN => _mm512_setzero_si512(),
+                    _ => _mm512_set1_epi32((second as *const i32).add(t).read_unaligned()),
                 };
-                for j in 0..4 {
-                    lo = _mm512_dpbusd_epi32(lo, q[j], group(j));
-                    hi = _mm512_dpbusd_epi32(hi, q[4 + j], group(4 + j));
+                for j in 0..8 {
+                    sum = _mm512_dpbusd_epi32(sum, q[j], group(j));
                 }
-                let s = _mm512_cvtepi32_ps(_mm512_add_epi32(lo, hi));
+                let s = _mm512_cvtepi32_ps(sum);
                 let da = _mm512_set1_ps(d_a.add(t).read_unaligned());
                 let term = match T {
                     MIN => {
