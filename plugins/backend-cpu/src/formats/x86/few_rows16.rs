@@ -279,14 +279,52 @@ unsafe fn dword0(row: &[*const u8; ROWS], off: usize) -> __m512i {
     )
 }
 
-/// The f16 at `off` of each row as f32s (lane `r`: row `r`'s). By [`dword0`]'s loads and
-/// shuffles, not a gather: `vpgatherdd` measured slower here (Zen 4, one thread, weights in
-/// cache: Q8_0 decode 168 → 141 µs for 8192 × 576, 4 tokens 219 → 216 µs; Q4_0 and Q5_0
-/// decode 12–15% faster; same bits).
+/// Whether a step's scales can be gathered: the rows' offsets from its first row (at most
+/// `ROWS − 1` strides) fit the gather's i32 lanes.
+fn gathers(ws: usize) -> bool {
+    ws <= i32::MAX as usize / ROWS
+}
+
+/// The f16 at `off` of each row as f32s (lane `r`: row `r`'s): one gather (measured a
+/// little faster than [`dword0`]'s sixteen loads and shuffles for two bytes a row) where
+/// [`gathers`] allows.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-unsafe fn scales_f16(row: &[*const u8; ROWS], off: usize) -> __m512 {
-    _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dword0(row, off)))
+unsafe fn scales_f16(row: &[*const u8; ROWS], off: usize, gather: bool) -> __m512 {
+    let dwords = if gather {
+        gather_dwords(row, off)
+    } else {
+        dword0(row, off)
+    };
+    _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dwords))
+}
+
+/// The dword at `off` of each row (lane `r`: row `r`'s) by one gather; only where
+/// [`gathers`] allows.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn gather_dwords(row: &[*const u8; ROWS], off: usize) -> __m512i {
+    let base = row[0];
+    let at = |r: usize| row[r].offset_from(base) as i32;
+    let idx = _mm512_setr_epi32(
+        0,
+        at(1),
+        at(2),
+        at(3),
+        at(4),
+        at(5),
+        at(6),
+        at(7),
+        at(8),
+        at(9),
+        at(10),
+        at(11),
+        at(12),
+        at(13),
+        at(14),
+        at(15),
+    );
+    _mm512_i32gather_epi32::<1>(idx, base.add(off) as *const _)
 }
 
 /// `vpshufb` indices that copy byte `c` of each dword into all four of its bytes.
@@ -393,18 +431,18 @@ unsafe fn rows_n<const N: usize, const T: u8>(
             for (t, acc) in acc.iter_mut().enumerate() {
                 let a = blk.add(t * 32) as *const i32;
                 let group = |j: usize| _mm512_set1_epi32(a.add(j).read_unaligned());
-                // One chain of eight `vpdpbusd`s per token (integer sums: any order gives the
-                // same bits); with four or more tokens their chains overlap, and two chains
-                // and their add cost more (measured, in cache: Q8_0 8192 × 576 at 4 tokens
-                // 216 → 189 µs, Q4_1 at 8 tokens −10%, 1–4 tokens within 2%).
-                let mut sum = match T {
-                    MIN => _mm512_setzero_si512(),
-                    _ => _mm512_set1_epi32((second as *const i32).add(t).read_unaligned()),
+                let (mut lo, mut hi) = match T {
+                    MIN => (_mm512_setzero_si512(), _mm512_setzero_si512()),
+                    _ => {
+                        let start = (second as *const i32).add(t).read_unaligned();
+                        (_mm512_set1_epi32(start), _mm512_setzero_si512())
+                    }
                 };
-                for j in 0..8 {
-                    sum = _mm512_dpbusd_epi32(sum, q[j], group(j));
+                for j in 0..4 {
+                    lo = _mm512_dpbusd_epi32(lo, q[j], group(j));
+                    hi = _mm512_dpbusd_epi32(hi, q[4 + j], group(4 + j));
                 }
-                let s = _mm512_cvtepi32_ps(sum);
+                let s = _mm512_cvtepi32_ps(_mm512_add_epi32(lo, hi));
                 let da = _mm512_set1_ps(d_a.add(t).read_unaligned());
                 let term = match T {
                     MIN => {
@@ -441,6 +479,7 @@ macro_rules! by_tokens {
 unsafe fn rows_q4_0(n: usize, w: &[u8], ws: usize, pack: &[u8], nt: usize, out: &mut [f32]) {
     let wb = q4_0::BLOCK_BYTES;
     let low = _mm512_set1_epi8(0x0F);
+    let gather = gathers(ws);
     let block = |row: &[*const u8; ROWS], off: usize| {
         // As Q4_1's nibbles (below), two bytes in; the `+ 8` is the pack's correction.
         let q = dwords4(row, off + 2);
@@ -449,7 +488,7 @@ unsafe fn rows_q4_0(n: usize, w: &[u8], ws: usize, pack: &[u8], nt: usize, out: 
             w[j] = _mm512_and_si512(q[j], low);
             w[4 + j] = _mm512_and_si512(_mm512_srli_epi16::<4>(q[j]), low);
         }
-        let d = scales_f16(row, off);
+        let d = scales_f16(row, off, gather);
         (w, d, d)
     };
     by_tokens!(nt, SDD, (n, w, ws, wb, pack, out, block))
@@ -458,6 +497,7 @@ unsafe fn rows_q4_0(n: usize, w: &[u8], ws: usize, pack: &[u8], nt: usize, out: 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn rows_q5_0(n: usize, w: &[u8], ws: usize, pack: &[u8], nt: usize, out: &mut [f32]) {
     let wb = q5_0::BLOCK_BYTES;
+    let gather = gathers(ws);
     let low = _mm512_set1_epi8(0x0F);
     let sixteen = _mm512_set1_epi8(16);
     // Byte `b` of a dword tests bit `b` (even quant groups) or `4 + b` (odd) of its byte.
@@ -476,7 +516,11 @@ unsafe fn rows_q5_0(n: usize, w: &[u8], ws: usize, pack: &[u8], nt: usize, out: 
         // `4j .. 4j + 4` (low nibbles) and `16 + 4j ..` (high) of `qh`: byte `j / 2` or
         // `2 + j / 2`, copied to each byte and tested against that byte's bit.
         let q = dwords4(row, off + 6);
-        let qh = dword0(row, off + 2);
+        let qh = if gather {
+            gather_dwords(row, off + 2)
+        } else {
+            dword0(row, off + 2)
+        };
         let mut w = [_mm512_setzero_si512(); 8];
         for j in 0..4 {
             let (lo, hi) = (
@@ -490,7 +534,7 @@ unsafe fn rows_q5_0(n: usize, w: &[u8], ws: usize, pack: &[u8], nt: usize, out: 
             w[j] = _mm512_mask_add_epi8(lo, lo_set, lo, sixteen);
             w[4 + j] = _mm512_mask_add_epi8(hi, hi_set, hi, sixteen);
         }
-        let d = scales_f16(row, off);
+        let d = scales_f16(row, off, gather);
         (w, d, d)
     };
     by_tokens!(nt, SDD, (n, w, ws, wb, pack, out, block))
@@ -519,6 +563,7 @@ unsafe fn rows_q4_1(n: usize, w: &[u8], ws: usize, pack: &[u8], nt: usize, out: 
 unsafe fn rows_q8_0(n: usize, w: &[u8], ws: usize, pack: &[u8], nt: usize, out: &mut [f32]) {
     let wb = q8_0::BLOCK_BYTES;
     let bias = _mm512_set1_epi8(0x80u8 as i8);
+    let gather = gathers(ws);
     let block = |row: &[*const u8; ROWS], off: usize| {
         let (q0, q1) = (dwords4(row, off + 2), dwords4(row, off + 18));
         let mut w = [_mm512_setzero_si512(); 8];
@@ -526,7 +571,7 @@ unsafe fn rows_q8_0(n: usize, w: &[u8], ws: usize, pack: &[u8], nt: usize, out: 
             w[j] = _mm512_xor_si512(q0[j], bias);
             w[4 + j] = _mm512_xor_si512(q1[j], bias);
         }
-        let d = scales_f16(row, off);
+        let d = scales_f16(row, off, gather);
         (w, d, d)
     };
     by_tokens!(nt, SPROD, (n, w, ws, wb, pack, out, block))
