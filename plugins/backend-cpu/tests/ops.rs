@@ -6,7 +6,7 @@
 //!   every element equals the format's `vec_dot`, and the f64 dot of dequantized operands
 //!   within the activation step; bad shapes and types are errors.
 //! - get_rows: rows equal `dequantize_row`; out-of-range ids are errors.
-//! - rms_norm (several rows, per-head row length), swiglu, geglu, add, add_bias, scale;
+//! - rms_norm (several rows, per-head row length; a batch's rows as each alone), swiglu, geglu, add, add_bias, scale;
 //!   prompt-sized swiglu/geglu (split over the pool) equal the element-wise functions.
 //! - rope: normal and NeoX ordering, partial rotation, freq_factors and YaRN, vs f64.
 //! - attention: GQA, prefill then decode, sliding window, soft-capping, vs a naive f64
@@ -223,6 +223,39 @@ fn get_rows_dequantizes_rows() {
             .unwrap_err()
             .as_str()
             .contains("get_rows: id 5 is out of range"));
+    }
+}
+
+#[test]
+fn rms_norm_of_a_batch_equals_each_row_alone() {
+    // Rows are normalised several at a time (their sums side by side): every count of rows,
+    // whole groups and left-overs, gives each row the bits it gets alone.
+    let mut rng = ChaCha8Rng::seed_from_u64(4);
+    let b = backend(1);
+    let n = 96;
+    let wb = f32_bytes(&rand_vec(&mut rng, n, 2.0));
+    let norm = |x: &[f32]| {
+        let mut out = vec![0f32; x.len()];
+        b.rms_norm(
+            RSlice::from_slice(x),
+            view(&wb, GgmlType::F32, n, 1),
+            1e-5,
+            RSliceMut::from_mut_slice(&mut out),
+        )
+        .unwrap();
+        out
+    };
+    for rows in 1..=9 {
+        let x = rand_vec(&mut rng, rows * n, 1e3);
+        let batch = norm(&x);
+        for (r, got) in batch.chunks_exact(n).enumerate() {
+            let alone = norm(&x[r * n..(r + 1) * n]);
+            let same = got
+                .iter()
+                .zip(&alone)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "row {r} of {rows}");
+        }
     }
 }
 

@@ -173,9 +173,7 @@ impl Sampler {
             || cfg.frequency_penalty != 0.0;
         if cfg.temperature <= 0.0 && !penalize {
             // Greedy as is: no candidate list (a copy of the whole vocabulary per token).
-            return Some(argmax(
-                logits.iter().enumerate().map(|(i, &l)| (i as u32, l)),
-            ));
+            return Some(argmax_logits(logits));
         }
         let cands = &mut self.candidates;
         cands.clear();
@@ -278,6 +276,45 @@ fn argmax(mut cands: impl Iterator<Item = (u32, f32)>) -> u32 {
         }
     }
     best.0
+}
+
+/// [`argmax`] of `logits` by index, the same pick (the first of the largest; a NaN never,
+/// unless it comes first), in vector-wide passes: the largest value in sixteen lanes, then
+/// the first index that holds it. The scalar loop waits on each compare (~47 µs for
+/// SmolLM2's 49 152 logits), once per request and token.
+fn argmax_logits(logits: &[f32]) -> u32 {
+    const LANES: usize = 16;
+    let first = *logits.first().expect("argmax of no candidates");
+    if first.is_nan() {
+        // Nothing is larger than a NaN: the scalar loop keeps it.
+        return 0;
+    }
+    let mut lanes = [first; LANES];
+    let chunks = logits.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (m, &l) in lanes.iter_mut().zip(c) {
+            // `>`, so a NaN never wins (as in the scalar loop).
+            *m = if l > *m { l } else { *m };
+        }
+    }
+    let mut max = first;
+    for &l in lanes.iter().chain(tail) {
+        if l > max {
+            max = l;
+        }
+    }
+    // The first index holding the largest value (ties, and ±0, go to the lowest index, as
+    // the scalar loop, which replaces only on strictly larger).
+    let mut base = 0;
+    for c in logits.chunks(LANES) {
+        if c.iter().fold(false, |any, &l| any | (l == max)) {
+            let i = c.iter().position(|&l| l == max).expect("a lane equals it");
+            return (base + i) as u32;
+        }
+        base += c.len();
+    }
+    unreachable!("the largest value is one of the logits")
 }
 
 /// Fills `p` with softmax(logit / temperature).

@@ -34,6 +34,35 @@ fn greedy_picks_argmax_with_ties_to_lowest_id() {
 }
 
 #[test]
+fn vector_argmax_picks_what_the_scalar_loop_picks() {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+    let specials = [
+        f32::NAN,
+        0.0,
+        -0.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        1.0,
+        -1.0,
+    ];
+    for len in [1, 2, 15, 16, 17, 33, 100, 1000] {
+        for _ in 0..200 {
+            let logits: Vec<f32> = (0..len)
+                .map(|_| match rng.gen_range(0..4) {
+                    0 => specials[rng.gen_range(0..specials.len())],
+                    // Few distinct values: many ties.
+                    1 => rng.gen_range(-3..3) as f32,
+                    _ => rng.gen_range(-10.0..10.0),
+                })
+                .collect();
+            let scalar = argmax(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
+            assert_eq!(argmax_logits(&logits), scalar, "{logits:?}");
+        }
+    }
+}
+
+#[test]
 fn top_k_one_is_greedy() {
     let logits = [0.5, 0.1, 0.7, 0.7, -2.0];
     let mut s = Sampler::new(SamplerConfig { top_k: 1, ..cfg() });

@@ -21,7 +21,9 @@
 //! Where the level has small-batch kernels ([`crate::formats::FewKernels`]) and the batch
 //! has 2 ..= their `max_tokens` tokens (continuous batching's decode steps), the tokens'
 //! activations are packed once and each chunk's rows are dotted against all of them by
-//! the small-batch kernel instead of `dot_rows`. Their results equal `vec_dot` too.
+//! the small-batch kernel instead of `dot_rows`. Their results equal `vec_dot` too. On one
+//! thread a kernel that writes token-major takes all the rows in one call, straight into
+//! `out`.
 
 use super::{expect_len, mul, OpResult, Weight};
 use crate::formats::{FormatKernels, PanelKernels};
@@ -242,6 +244,14 @@ pub fn matmul(
             let w_rows = &w.data[first * w.row_bytes..(first + rows) * w.row_bytes];
             (d.dot)(w.cols, w_rows, w.row_bytes, pack, 1, o);
         });
+        return Ok(());
+    }
+    // A few tokens on one thread with a kernel that writes token-major: the whole product
+    // in one call, straight into `out` (its layout when the call holds every row), not
+    // chunk by chunk into `rows_by_token` and copied (chunks only balance threads; the
+    // copies were ~1.5% of a 4-token decode step of SmolLM2, most of it the output head's).
+    if let Some((dot, pack, true)) = few.filter(|_| pool.threads() == 1) {
+        dot(w.cols, w.data, w.row_bytes, pack, n_tokens, out);
         return Ok(());
     }
     let chunk = w.rows.div_ceil(pool.threads() * CHUNKS_PER_THREAD).max(1);

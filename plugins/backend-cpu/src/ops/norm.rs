@@ -59,14 +59,40 @@ pub fn rms_norm(x: &[f32], weight: &TensorView<'_>, eps: f32, out: &mut [f32]) -
         ));
     }
     expect_len("rms_norm", "out length", out.len(), x.len())?;
-    for (xr, yr) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
-        let sum: f64 = xr.iter().map(|&v| v as f64 * v as f64).sum();
-        let mean = (sum / n as f64) as f32;
-        let scale = 1.0 / (mean + eps).sqrt();
-        // The weight's bytes in whole f32s (`f32_vector` checked the length), so the loop
-        // vectorises.
-        for ((y, &v), wb) in yr.iter_mut().zip(xr).zip(w.data.chunks_exact(4)) {
-            *y = (v * scale) * f32::from_le_bytes([wb[0], wb[1], wb[2], wb[3]]);
+    if n == 0 {
+        return Ok(());
+    }
+    // Each row's f64 sum is one chain of dependent adds, in element order (its bits), so a
+    // row alone waits on the adder's latency; the rows of a group of `ROWS_AT_ONCE` run
+    // their chains side by side (a 4-token decode step: its norms ~4× faster, same bits).
+    const ROWS_AT_ONCE: usize = 4;
+    for (xg, yg) in x
+        .chunks(ROWS_AT_ONCE * n)
+        .zip(out.chunks_mut(ROWS_AT_ONCE * n))
+    {
+        let mut sums = [0.0f64; ROWS_AT_ONCE];
+        if xg.len() == ROWS_AT_ONCE * n {
+            for i in 0..n {
+                for (k, sum) in sums.iter_mut().enumerate() {
+                    let v = xg[k * n + i] as f64;
+                    *sum += v * v;
+                }
+            }
+        } else {
+            for (sum, xr) in sums.iter_mut().zip(xg.chunks_exact(n)) {
+                for &v in xr {
+                    *sum += v as f64 * v as f64;
+                }
+            }
+        }
+        for ((xr, yr), sum) in xg.chunks_exact(n).zip(yg.chunks_exact_mut(n)).zip(sums) {
+            let mean = (sum / n as f64) as f32;
+            let scale = 1.0 / (mean + eps).sqrt();
+            // The weight's bytes in whole f32s (`f32_vector` checked the length), so the
+            // loop vectorises.
+            for ((y, &v), wb) in yr.iter_mut().zip(xr).zip(w.data.chunks_exact(4)) {
+                *y = (v * scale) * f32::from_le_bytes([wb[0], wb[1], wb[2], wb[3]]);
+            }
         }
     }
     Ok(())
