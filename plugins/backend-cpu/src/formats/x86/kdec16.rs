@@ -24,7 +24,7 @@
 //! [`pack_bytes`] and [`pack_q8_k`] are also [`super::kdec8`]'s (AVX2).
 
 use super::few_rows16::{dwords4, f16_pair, step_rows, store, ROWS};
-use crate::formats::k_quants::{q4_k, q5_k, q8_k, QK_K};
+use crate::formats::k_quants::{q2_k, q4_k, q5_k, q8_k, QK_K};
 use crate::formats::FewKernels;
 use core::arch::x86_64::*;
 use prima_core::gguf::GgmlType;
@@ -48,6 +48,7 @@ pub(in crate::formats) fn decode_kernels(t: GgmlType) -> Option<FewKernels> {
     let dot = match t {
         GgmlType::Q4K => dot_q4_k,
         GgmlType::Q5K => dot_q5_k,
+        GgmlType::Q2K => dot_q2_k,
         _ => return None,
     };
     Some(FewKernels {
@@ -116,6 +117,7 @@ macro_rules! dot_wrappers {
 dot_wrappers! {
     dot_q4_k => rows_q4_k, q4_k::BLOCK_BYTES;
     dot_q5_k => rows_q5_k, q5_k::BLOCK_BYTES;
+    dot_q2_k => rows_q2_k, q2_k::BLOCK_BYTES;
 }
 
 /// The byte `b` of each lane's dword, zero-extended.
@@ -257,6 +259,78 @@ unsafe fn rows_k4<const Q5: bool>(n: usize, w: &[u8], ws: usize, pack: &[u8], ou
                 msum = _mm512_dpwssd_epi32(msum, m, bcast(sub, k));
             }
             let (d, dmin) = f16_pair(dm);
+            let da = _mm512_set1_ps((blk.add(D_A) as *const f32).read_unaligned());
+            // d_a·d·isum − d_a·dmin·msum, as the scalar kernel orders it.
+            let term = _mm512_sub_ps(
+                _mm512_mul_ps(_mm512_mul_ps(da, d), _mm512_cvtepi32_ps(isum)),
+                _mm512_mul_ps(_mm512_mul_ps(da, dmin), _mm512_cvtepi32_ps(msum)),
+            );
+            acc = _mm512_add_ps(acc, term);
+        }
+        store(&[acc], first, rows, out);
+    }
+}
+
+/// Q2_K: per super-block, the 16 scale/min bytes, the 64 bytes of 2-bit quants (16 at a
+/// time), and `d`, `dmin`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn rows_q2_k(n: usize, w: &[u8], ws: usize, pack: &[u8], out: &mut [f32]) {
+    let (nb, wb) = (n / QK_K, q2_k::BLOCK_BYTES);
+    let rows = out.len();
+    let (three, m4) = (_mm512_set1_epi8(3), _mm512_set1_epi8(0x0F));
+    let even16 = _mm512_set1_epi32(0x00FF_00FF);
+    for first in (0..rows).step_by(ROWS) {
+        let row = step_rows(w, ws, first, rows);
+        let mut acc = _mm512_setzero_ps();
+        let next = w.as_ptr().wrapping_add((first + ROWS) * ws);
+        for i in 0..nb {
+            let off = i * wb;
+            prefetch_l2(next.wrapping_add(i * ROWS * wb), ROWS * wb);
+            let blk = pack.as_ptr().add(i * PACK_BLOCK);
+            // Byte b of sv[k]: group 4k + b's scale (low nibble) and min (high nibble).
+            let sv = dwords4(&row, off);
+            let mut isum = _mm512_setzero_si512();
+            for h in 0..2 {
+                // qs dword j (< 8) of half h: bit pair s of each byte is the quant of
+                // elements 128h + 32s + 4j .., activation dword 32h + 8s + j.
+                let (q0, q1) = (
+                    dwords4(&row, off + q2_k::QS + 32 * h),
+                    dwords4(&row, off + q2_k::QS + 32 * h + 16),
+                );
+                let mut q = [q0[0], q0[1], q0[2], q0[3], q1[0], q1[1], q1[2], q1[3]];
+                for s in 0..4 {
+                    // Groups 8h + 2s (dwords j < 4) and 8h + 2s + 1.
+                    let (mut g0, mut g1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
+                    for (j, qj) in q.iter_mut().enumerate() {
+                        let u = _mm512_and_si512(*qj, three);
+                        // What the shift drags across bytes lands above bit 1.
+                        *qj = _mm512_srli_epi16::<2>(*qj);
+                        let a = bcast(blk, 32 * h + 8 * s + j);
+                        if j < 4 {
+                            g0 = _mm512_dpbusd_epi32(g0, u, a);
+                        } else {
+                            g1 = _mm512_dpbusd_epi32(g1, u, a);
+                        }
+                    }
+                    let g = 8 * h + 2 * s;
+                    let sc = bytes4(_mm512_and_si512(sv[g / 4], m4));
+                    isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(g0, sc[g % 4]));
+                    isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(g1, sc[g % 4 + 1]));
+                }
+            }
+            // msum: mins as i16 pairs (m_4k, m_4k+2), (m_4k+1, m_4k+3) against the pack's
+            // `bsums` pairs.
+            let pairs = blk.add(GROUP_PAIRS);
+            let mut msum = _mm512_setzero_si512();
+            for (k, &v) in sv.iter().enumerate() {
+                let mn = _mm512_and_si512(_mm512_srli_epi32::<4>(v), m4);
+                let even = _mm512_and_si512(mn, even16);
+                let odd = _mm512_and_si512(_mm512_srli_epi32::<8>(mn), even16);
+                msum = _mm512_dpwssd_epi32(msum, even, bcast(pairs, 2 * k));
+                msum = _mm512_dpwssd_epi32(msum, odd, bcast(pairs, 2 * k + 1));
+            }
+            // d, dmin: the last dword of the block.
+            let (d, dmin) = f16_pair(dwords4(&row, off + q2_k::D - 12)[3]);
             let da = _mm512_set1_ps((blk.add(D_A) as *const f32).read_unaligned());
             // d_a·d·isum − d_a·dmin·msum, as the scalar kernel orders it.
             let term = _mm512_sub_ps(

@@ -9,8 +9,8 @@
 //! five-bit quants do that every four pair sums.
 
 use super::few_rows8::{dwords4, step_rows, store, ROWS};
-use super::kdec16::{pack_bytes, pack_q8_k, prefetch_l2, D_A, PACK_BLOCK, SUB_PAIRS};
-use crate::formats::k_quants::{q4_k, q5_k, QK_K};
+use super::kdec16::{pack_bytes, pack_q8_k, prefetch_l2, D_A, GROUP_PAIRS, PACK_BLOCK, SUB_PAIRS};
+use crate::formats::k_quants::{q2_k, q4_k, q5_k, QK_K};
 use crate::formats::FewKernels;
 use core::arch::x86_64::*;
 use prima_core::gguf::GgmlType;
@@ -20,6 +20,7 @@ pub(in crate::formats) fn decode_kernels(t: GgmlType) -> Option<FewKernels> {
     let dot = match t {
         GgmlType::Q4K => dot_q4_k,
         GgmlType::Q5K => dot_q5_k,
+        GgmlType::Q2K => dot_q2_k,
         _ => return None,
     };
     Some(FewKernels {
@@ -56,6 +57,7 @@ macro_rules! dot_wrappers {
 dot_wrappers! {
     dot_q4_k => rows_q4_k, q4_k::BLOCK_BYTES;
     dot_q5_k => rows_q5_k, q5_k::BLOCK_BYTES;
+    dot_q2_k => rows_q2_k, q2_k::BLOCK_BYTES;
 }
 
 /// The i32 at `p + 4k` broadcast to every lane.
@@ -198,6 +200,70 @@ unsafe fn rows_k4<const Q5: bool>(n: usize, w: &[u8], ws: usize, pack: &[u8], ou
                 msum = _mm256_add_epi32(msum, _mm256_madd_epi16(m, bcast(sub, k)));
             }
             let (d, dmin) = f16_pair(dm);
+            let da = _mm256_set1_ps((blk.add(D_A) as *const f32).read_unaligned());
+            // d_a·d·isum − d_a·dmin·msum, as the scalar kernel orders it.
+            let term = _mm256_sub_ps(
+                _mm256_mul_ps(_mm256_mul_ps(da, d), _mm256_cvtepi32_ps(isum)),
+                _mm256_mul_ps(_mm256_mul_ps(da, dmin), _mm256_cvtepi32_ps(msum)),
+            );
+            acc = _mm256_add_ps(acc, term);
+        }
+        store(acc, first, out);
+    }
+}
+
+/// Q2_K, as `kdec16::rows_q2_k`: a 16-quant group's four pair sums per lane stay far below
+/// 2^15 (`4 · 2 · 3 · 127`), so they are added in i16 and scaled by one `vpmaddwd`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn rows_q2_k(n: usize, w: &[u8], ws: usize, pack: &[u8], out: &mut [f32]) {
+    let (nb, wb) = (n / QK_K, q2_k::BLOCK_BYTES);
+    let rows = out.len();
+    let (three, m4) = (_mm256_set1_epi8(3), _mm256_set1_epi8(0x0F));
+    let even16 = _mm256_set1_epi32(0x00FF_00FF);
+    for first in (0..rows).step_by(ROWS) {
+        let row = step_rows(w, ws, first, rows);
+        let mut acc = _mm256_setzero_ps();
+        let next = w.as_ptr().wrapping_add((first + ROWS) * ws);
+        for i in 0..nb {
+            let off = i * wb;
+            prefetch_l2(next.wrapping_add(i * ROWS * wb), ROWS * wb);
+            let blk = pack.as_ptr().add(i * PACK_BLOCK);
+            let sv = dwords4(&row, off);
+            let mut isum = _mm256_setzero_si256();
+            for h in 0..2 {
+                let (q0, q1) = (
+                    dwords4(&row, off + q2_k::QS + 32 * h),
+                    dwords4(&row, off + q2_k::QS + 32 * h + 16),
+                );
+                let mut q = [q0[0], q0[1], q0[2], q0[3], q1[0], q1[1], q1[2], q1[3]];
+                for s in 0..4 {
+                    let (mut g0, mut g1) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+                    for (j, qj) in q.iter_mut().enumerate() {
+                        let u = _mm256_and_si256(*qj, three);
+                        *qj = _mm256_srli_epi16::<2>(*qj);
+                        let p = _mm256_maddubs_epi16(u, bcast(blk, 32 * h + 8 * s + j));
+                        if j < 4 {
+                            g0 = _mm256_add_epi16(g0, p);
+                        } else {
+                            g1 = _mm256_add_epi16(g1, p);
+                        }
+                    }
+                    let g = 8 * h + 2 * s;
+                    let sc = byte_pairs4(_mm256_and_si256(sv[g / 4], m4));
+                    isum = _mm256_add_epi32(isum, _mm256_madd_epi16(g0, sc[g % 4]));
+                    isum = _mm256_add_epi32(isum, _mm256_madd_epi16(g1, sc[g % 4 + 1]));
+                }
+            }
+            let pairs = blk.add(GROUP_PAIRS);
+            let mut msum = _mm256_setzero_si256();
+            for (k, &v) in sv.iter().enumerate() {
+                let mn = _mm256_and_si256(_mm256_srli_epi32::<4>(v), m4);
+                let even = _mm256_and_si256(mn, even16);
+                let odd = _mm256_and_si256(_mm256_srli_epi32::<8>(mn), even16);
+                msum = _mm256_add_epi32(msum, _mm256_madd_epi16(even, bcast(pairs, 2 * k)));
+                msum = _mm256_add_epi32(msum, _mm256_madd_epi16(odd, bcast(pairs, 2 * k + 1)));
+            }
+            let (d, dmin) = f16_pair(dwords4(&row, off + q2_k::D - 12)[3]);
             let da = _mm256_set1_ps((blk.add(D_A) as *const f32).read_unaligned());
             // d_a·d·isum − d_a·dmin·msum, as the scalar kernel orders it.
             let term = _mm256_sub_ps(
