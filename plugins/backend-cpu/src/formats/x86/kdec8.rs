@@ -5,16 +5,18 @@
 //! Without VNNI the products are `vpmaddubsw`'s: the unsigned quants against the signed
 //! activations. A Q4_K 32-quant sub-block's eight pair sums per lane stay below 2^15
 //! (`8 · 2 · 15 · 127`), so they are added in i16, and `vpmaddwd` against the sub-block's
-//! scale (in both i16 halves of each lane) widens and scales them at once; Q5_K's
-//! five-bit quants do that every four pair sums, Q2_K's every 16-quant group.
+//! scale (in both i16 halves of each lane) widens and scales them at once; Q2_K's do that
+//! every 16-quant group.
 //!
 //! Measured (one thread, 2048 × 2048, from cache): Q4_K 27 GB/s against `vec_dot`'s 17,
-//! Q5_K 21 / 18, Q2_K 11 / 7.3. Q3_K's high bits cost too much without byte masks (as
-//! fast as `vec_dot`, measured), so it stays on `vec_dot`, as Q6_K does.
+//! Q2_K 11 / 7.3. Q5_K (21 / 18 from cache, its fifth bits widened every four pair sums)
+//! measured 2–10% slower than `vec_dot` decoding the 1B Q5_K_M model, and Q3_K's high bits
+//! cost too much without byte masks (as fast as `vec_dot` from cache): both stay on
+//! `vec_dot`, as Q6_K does.
 
 use super::few_rows8::{dwords4, step_rows, store, ROWS};
 use super::kdec16::{pack_bytes, pack_q8_k, prefetch_l2, D_A, GROUP_PAIRS, PACK_BLOCK, SUB_PAIRS};
-use crate::formats::k_quants::{q2_k, q4_k, q5_k, QK_K};
+use crate::formats::k_quants::{q2_k, q4_k, QK_K};
 use crate::formats::FewKernels;
 use core::arch::x86_64::*;
 use prima_core::gguf::GgmlType;
@@ -23,7 +25,6 @@ use prima_core::gguf::GgmlType;
 pub(in crate::formats) fn decode_kernels(t: GgmlType) -> Option<FewKernels> {
     let dot = match t {
         GgmlType::Q4K => dot_q4_k,
-        GgmlType::Q5K => dot_q5_k,
         GgmlType::Q2K => dot_q2_k,
         _ => return None,
     };
@@ -60,7 +61,6 @@ macro_rules! dot_wrappers {
 
 dot_wrappers! {
     dot_q4_k => rows_q4_k, q4_k::BLOCK_BYTES;
-    dot_q5_k => rows_q5_k, q5_k::BLOCK_BYTES;
     dot_q2_k => rows_q2_k, q2_k::BLOCK_BYTES;
 }
 
@@ -100,27 +100,11 @@ unsafe fn f16_pair(x: __m256i) -> (__m256, __m256) {
     )
 }
 
+/// Q4_K, as `kdec16::rows_k4`: per super-block, the 16-byte head (`d`, `dmin`, the packed
+/// scales and mins), then the 128 quant bytes, 32 (two sub-blocks) at a time.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn rows_q4_k(n: usize, w: &[u8], ws: usize, pack: &[u8], out: &mut [f32]) {
-    rows_k4::<false>(n, w, ws, pack, out)
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn rows_q5_k(n: usize, w: &[u8], ws: usize, pack: &[u8], out: &mut [f32]) {
-    rows_k4::<true>(n, w, ws, pack, out)
-}
-
-/// Q4_K, and Q5_K with `Q5`, as `kdec16::rows_k4`.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn rows_k4<const Q5: bool>(n: usize, w: &[u8], ws: usize, pack: &[u8], out: &mut [f32]) {
-    let wb = if Q5 {
-        q5_k::BLOCK_BYTES
-    } else {
-        q4_k::BLOCK_BYTES
-    };
-    let (nb, qs) = (n / QK_K, if Q5 { q5_k::QS } else { 16 });
-    let fifth = _mm256_set1_epi8(0x10);
+    let (nb, wb) = (n / QK_K, q4_k::BLOCK_BYTES);
     let rows = out.len();
     let low = _mm256_set1_epi8(0x0F);
     let (m6, top2) = (_mm256_set1_epi8(0x3F), _mm256_set1_epi8(0x30));
@@ -149,42 +133,19 @@ unsafe fn rows_k4<const Q5: bool>(n: usize, w: &[u8], ws: usize, pack: &[u8], ou
             );
             let (sl, sh) = (byte_pairs4(sc_lo), byte_pairs4(sc_hi));
             let sc = [sl[0], sl[1], sl[2], sl[3], sh[0], sh[1], sh[2], sh[3]];
-            // Q5_K's fifth bits, as `kdec16::rows_k4` takes them.
-            let mut h = [_mm256_setzero_si256(); 8];
-            if Q5 {
-                let (h0, h1) = (
-                    dwords4(&row, off + q5_k::QH),
-                    dwords4(&row, off + q5_k::QH + 16),
-                );
-                h = [h0[0], h0[1], h0[2], h0[3], h1[0], h1[1], h1[2], h1[3]];
-            }
             let mut isum = _mm256_setzero_si256();
             for c in 0..4 {
                 // Bytes 32c .. 32c + 32 of `qs`: dword j's low nibbles are elements
                 // 64c + 4j .. (sub-block 2c), its high nibbles 64c + 32 + 4j .. (2c + 1).
-                let q0 = dwords4(&row, off + qs + 32 * c);
-                let q1 = dwords4(&row, off + qs + 16 + 32 * c);
+                let q0 = dwords4(&row, off + 16 + 32 * c);
+                let q1 = dwords4(&row, off + 32 + 32 * c);
                 let (mut lo, mut hi) = (_mm256_setzero_si256(), _mm256_setzero_si256());
                 for j in 0..8 {
                     let q = if j < 4 { q0[j] } else { q1[j - 4] };
-                    let (mut ql, mut qh) = (
+                    let (ql, qh) = (
                         _mm256_and_si256(q, low),
                         _mm256_and_si256(_mm256_srli_epi16::<4>(q), low),
                     );
-                    if Q5 {
-                        let lo5 = _mm256_and_si256(_mm256_slli_epi32::<4>(h[j]), fifth);
-                        let hi5 = _mm256_and_si256(_mm256_slli_epi32::<3>(h[j]), fifth);
-                        ql = _mm256_or_si256(ql, lo5);
-                        qh = _mm256_or_si256(qh, hi5);
-                        h[j] = _mm256_srli_epi32::<2>(h[j]);
-                    }
-                    if Q5 && j == 4 {
-                        // Five-bit quants: four pair sums per lane is all an i16 holds
-                        // (`4 · 2 · 31 · 127`); widen and scale the first half.
-                        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(lo, sc[2 * c]));
-                        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(hi, sc[2 * c + 1]));
-                        (lo, hi) = (_mm256_setzero_si256(), _mm256_setzero_si256());
-                    }
                     lo = _mm256_add_epi16(lo, _mm256_maddubs_epi16(ql, bcast(blk, 16 * c + j)));
                     hi = _mm256_add_epi16(hi, _mm256_maddubs_epi16(qh, bcast(blk, 16 * c + 8 + j)));
                 }
