@@ -5,17 +5,17 @@
 //! Each 16 bytes of the sixteen rows' super-blocks are transposed ([`dwords4`]), so vector
 //! `j` holds dword `j` of every row, and the token's matching four activation quants are
 //! broadcast against it: one `vpdpbusd` makes a four-quant product of every row, with no
-//! horizontal sums. The quants are taken as stored, unsigned: Q4_K's nibbles, Q5_K's with
-//! their fifth bits shifted in, Q2_K's bit pairs, Q3_K's bit pairs with the high bit added
-//! by a byte mask (`q + 4`). The sub-block (Q4_K, Q5_K: 32 quants) or group (Q2_K, Q3_K: 16)
-//! sums are multiplied by their rows' scales lane by lane (`vpmulld`), and the scales and
-//! mins are unpacked in the lanes too, sixteen rows at once. The float terms are the
+//! horizontal sums. The quants are taken as stored, unsigned: Q4_K's nibbles, Q2_K's bit
+//! pairs, Q3_K's bit pairs with the high bit added by a byte mask (`q + 4`). The sub-block
+//! (Q4_K: 32 quants) or group (Q2_K, Q3_K: 16) sums are multiplied by their rows' scales
+//! lane by lane (`vpmulld`), and the scales and mins are unpacked in the lanes too, sixteen
+//! rows at once. The float terms are the
 //! scalar kernel's expression in its order, one lane per row, added super-block after
 //! super-block to one running sum per row, so every result equals the scalar `vec_dot`
 //! bit for bit.
 //!
 //! Sums that pair per-row small integers with the activations' `bsums` go by `vpdpwssd`
-//! against pairs the pack holds per super-block: Q4_K/Q5_K's mins as i16 pairs `(m₀, m₂)`,
+//! against pairs the pack holds per super-block: Q4_K's mins as i16 pairs `(m₀, m₂)`,
 //! `(m₁, m₃)`, … against `(P₀, P₂)`, `(P₁, P₃)`, … (`P_s`: the 32-quant sums); Q2_K's
 //! mins and Q3_K's scales (for its `−4`: `−4 · Σ_g s_g · bsum_g`) as `(x_4k, x_4k+2)`,
 //! `(x_4k+1, x_4k+3)` against the `bsums` paired alike.
@@ -23,15 +23,17 @@
 //! Decoding streams every weight once from memory, so the kernel's speed is mostly how
 //! well the rows arrive: the next step's rows are prefetched into L2 ([`prefetch_l2`]).
 //! Measured (one thread, 2048 × 2048): from cache, Q4_K 31 GB/s against `vec_dot`'s 21,
-//! Q5_K 25 / 18, Q2_K 19 / 7.3, Q3_K 16 / 12.5; from DRAM, Q4_K about `vec_dot`'s rate.
-//! Q6_K stays on `vec_dot`: the same design measured slower there (20 against 27 GB/s from
-//! cache: its six-bit quants cost more to transpose and assemble than `vec_dot`'s 64-byte
-//! loads).
+//! Q2_K 19 / 7.3, Q3_K 16 / 12.5; from DRAM, Q4_K about `vec_dot`'s rate. Q6_K stays on
+//! `vec_dot`: the same design measured slower there (20 against 27 GB/s from cache: its
+//! six-bit quants cost more to transpose and assemble than `vec_dot`'s 64-byte loads). So
+//! does Q5_K: Q4_K's kernel with the fifth bits shifted in from the transposed `qh` (25 /
+//! 18 GB/s from cache) decoded the 1B Q5_K_M model 7% faster on one thread but 15% slower
+//! on two (git history: "Q5_K decode kernels").
 //!
 //! [`pack_bytes`] and [`pack_q8_k`] are also [`super::kdec8`]'s (AVX2).
 
 use super::few_rows16::{dwords4, f16_pair, step_rows, store, ROWS};
-use crate::formats::k_quants::{q2_k, q3_k, q4_k, q5_k, q8_k, QK_K};
+use crate::formats::k_quants::{q2_k, q3_k, q4_k, q8_k, QK_K};
 use crate::formats::FewKernels;
 use core::arch::x86_64::*;
 use prima_core::gguf::GgmlType;
@@ -54,7 +56,6 @@ pub(super) const SUB_PAIRS: usize = GROUP_PAIRS + 8 * 4;
 pub(in crate::formats) fn decode_kernels(t: GgmlType) -> Option<FewKernels> {
     let dot = match t {
         GgmlType::Q4K => dot_q4_k,
-        GgmlType::Q5K => dot_q5_k,
         GgmlType::Q2K => dot_q2_k,
         GgmlType::Q3K => dot_q3_k,
         _ => return None,
@@ -124,7 +125,6 @@ macro_rules! dot_wrappers {
 
 dot_wrappers! {
     dot_q4_k => rows_q4_k, q4_k::BLOCK_BYTES;
-    dot_q5_k => rows_q5_k, q5_k::BLOCK_BYTES;
     dot_q2_k => rows_q2_k, q2_k::BLOCK_BYTES;
     dot_q3_k => rows_q3_k, q3_k::BLOCK_BYTES;
 }
@@ -161,29 +161,11 @@ unsafe fn bcast(p: *const u8, k: usize) -> __m512i {
     _mm512_set1_epi32((p as *const i32).add(k).read_unaligned())
 }
 
+/// Q4_K: per super-block, the 16-byte head (`d`, `dmin`, the packed scales and mins), then
+/// the 128 quant bytes, 32 (two sub-blocks) at a time.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn rows_q4_k(n: usize, w: &[u8], ws: usize, pack: &[u8], out: &mut [f32]) {
-    rows_k4::<false>(n, w, ws, pack, out)
-}
-
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn rows_q5_k(n: usize, w: &[u8], ws: usize, pack: &[u8], out: &mut [f32]) {
-    rows_k4::<true>(n, w, ws, pack, out)
-}
-
-/// Q4_K, and Q5_K with `Q5`: per super-block, the 16-byte head (`d`, `dmin`, the packed
-/// scales and mins), Q5_K's 32 bytes of fifth bits, then the 128 quant bytes, 32 (two
-/// sub-blocks) at a time.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-#[inline]
-unsafe fn rows_k4<const Q5: bool>(n: usize, w: &[u8], ws: usize, pack: &[u8], out: &mut [f32]) {
-    let wb = if Q5 {
-        q5_k::BLOCK_BYTES
-    } else {
-        q4_k::BLOCK_BYTES
-    };
-    let (nb, qs) = (n / QK_K, if Q5 { q5_k::QS } else { 16 });
-    let fifth = _mm512_set1_epi8(0x10);
+    let (nb, wb) = (n / QK_K, q4_k::BLOCK_BYTES);
     let rows = out.len();
     let low = _mm512_set1_epi8(0x0F);
     let (m6, m4, top2) = (
@@ -217,38 +199,19 @@ unsafe fn rows_k4<const Q5: bool>(n: usize, w: &[u8], ws: usize, pack: &[u8], ou
             );
             let (sl, sh) = (bytes4(sc_lo), bytes4(sc_hi));
             let sc = [sl[0], sl[1], sl[2], sl[3], sh[0], sh[1], sh[2], sh[3]];
-            // Q5_K: qh dword j's bit 2c + s of each byte is the fifth bit of element
-            // 64c + 32s + 4j + b; `h[j]` is shifted right by 2 each c, so that it is
-            // always bit s (what the shifts drag across bytes lands above bit 1).
-            let mut h = [_mm512_setzero_si512(); 8];
-            if Q5 {
-                let (h0, h1) = (
-                    dwords4(&row, off + q5_k::QH),
-                    dwords4(&row, off + q5_k::QH + 16),
-                );
-                h = [h0[0], h0[1], h0[2], h0[3], h1[0], h1[1], h1[2], h1[3]];
-            }
             let mut isum = _mm512_setzero_si512();
             for c in 0..4 {
                 // Bytes 32c .. 32c + 32 of `qs`: dword j's low nibbles are elements
                 // 64c + 4j .. (sub-block 2c), its high nibbles 64c + 32 + 4j .. (2c + 1).
-                let q0 = dwords4(&row, off + qs + 32 * c);
-                let q1 = dwords4(&row, off + qs + 16 + 32 * c);
+                let q0 = dwords4(&row, off + 16 + 32 * c);
+                let q1 = dwords4(&row, off + 32 + 32 * c);
                 let (mut lo, mut hi) = (_mm512_setzero_si512(), _mm512_setzero_si512());
                 for j in 0..8 {
                     let q = if j < 4 { q0[j] } else { q1[j - 4] };
-                    let (mut ql, mut qh) = (
+                    let (ql, qh) = (
                         _mm512_and_si512(q, low),
                         _mm512_and_si512(_mm512_srli_epi16::<4>(q), low),
                     );
-                    if Q5 {
-                        // Bits 0 and 1 of each byte of h[j], moved to bit 4.
-                        let lo5 = _mm512_and_si512(_mm512_slli_epi32::<4>(h[j]), fifth);
-                        let hi5 = _mm512_and_si512(_mm512_slli_epi32::<3>(h[j]), fifth);
-                        ql = _mm512_or_si512(ql, lo5);
-                        qh = _mm512_or_si512(qh, hi5);
-                        h[j] = _mm512_srli_epi32::<2>(h[j]);
-                    }
                     lo = _mm512_dpbusd_epi32(lo, ql, bcast(blk, 16 * c + j));
                     hi = _mm512_dpbusd_epi32(hi, qh, bcast(blk, 16 * c + 8 + j));
                 }
