@@ -862,11 +862,10 @@ fn few_token_matmul_matches_scalar() {
 fn decode_kernels_cover_the_k_quants() {
     use GgmlType as T;
     for level in levels() {
-        // Q6_K, Q5_K (both levels) and Q3_K (AVX2) stay on `vec_dot`: their decode kernels
+        // Q6_K, Q5_K and Q3_K stay on `vec_dot`: their decode kernels
         // measured slower (see `formats/x86/kdec16.rs`, `kdec8.rs`).
         let want: &[GgmlType] = match level {
-            KernelLevel::Avx512 => &[T::Q4K, T::Q2K, T::Q3K],
-            KernelLevel::Avx2 => &[T::Q4K, T::Q2K],
+            KernelLevel::Avx512 | KernelLevel::Avx2 => &[T::Q4K, T::Q2K],
             _ => continue,
         };
         for &t in want {

@@ -6,34 +6,34 @@
 //! `j` holds dword `j` of every row, and the token's matching four activation quants are
 //! broadcast against it: one `vpdpbusd` makes a four-quant product of every row, with no
 //! horizontal sums. The quants are taken as stored, unsigned: Q4_K's nibbles, Q2_K's bit
-//! pairs, Q3_K's bit pairs with the high bit added by a byte mask (`q + 4`). The sub-block
-//! (Q4_K: 32 quants) or group (Q2_K, Q3_K: 16) sums are multiplied by their rows' scales
-//! lane by lane (`vpmulld`), and the scales and mins are unpacked in the lanes too, sixteen
-//! rows at once. The float terms are the
-//! scalar kernel's expression in its order, one lane per row, added super-block after
-//! super-block to one running sum per row, so every result equals the scalar `vec_dot`
-//! bit for bit.
+//! pairs. The sub-block (Q4_K: 32 quants) or group (Q2_K: 16) sums are multiplied by their
+//! rows' scales lane by lane (`vpmulld`), and the scales and mins are unpacked in the lanes
+//! too, sixteen rows at once. The float terms are the scalar kernel's expression in its
+//! order, one lane per row, added super-block after super-block to one running sum per
+//! row, so every result equals the scalar `vec_dot` bit for bit.
 //!
-//! Sums that pair per-row small integers with the activations' `bsums` go by `vpdpwssd`
-//! against pairs the pack holds per super-block: Q4_K's mins as i16 pairs `(m₀, m₂)`,
-//! `(m₁, m₃)`, … against `(P₀, P₂)`, `(P₁, P₃)`, … (`P_s`: the 32-quant sums); Q2_K's
-//! mins and Q3_K's scales (for its `−4`: `−4 · Σ_g s_g · bsum_g`) as `(x_4k, x_4k+2)`,
-//! `(x_4k+1, x_4k+3)` against the `bsums` paired alike.
+//! The mins meet the activations' `bsums` by `vpdpwssd`, against pairs the pack holds per
+//! super-block: Q4_K's mins as i16 pairs `(m₀, m₂)`, `(m₁, m₃)`, … against `(P₀, P₂)`,
+//! `(P₁, P₃)`, … (`P_s`: the 32-quant sums); Q2_K's as `(m_4k, m_4k+2)`,
+//! `(m_4k+1, m_4k+3)` against the `bsums` paired alike.
 //!
 //! Decoding streams every weight once from memory, so the kernel's speed is mostly how
 //! well the rows arrive: the next step's rows are prefetched into L2 ([`prefetch_l2`]).
 //! Measured (one thread, 2048 × 2048): from cache, Q4_K 31 GB/s against `vec_dot`'s 21,
-//! Q2_K 19 / 7.3, Q3_K 16 / 12.5; from DRAM, Q4_K about `vec_dot`'s rate. Q6_K stays on
-//! `vec_dot`: the same design measured slower there (20 against 27 GB/s from cache: its
-//! six-bit quants cost more to transpose and assemble than `vec_dot`'s 64-byte loads). So
-//! does Q5_K: Q4_K's kernel with the fifth bits shifted in from the transposed `qh` (25 /
-//! 18 GB/s from cache) decoded the 1B Q5_K_M model 7% faster on one thread but 15% slower
-//! on two (git history: "Q5_K decode kernels").
+//! Q2_K 19 / 7.3; from DRAM, Q4_K about `vec_dot`'s rate.
+//!
+//! The other K-quants stay on `vec_dot`, their kernels in this design measured slower
+//! (git history has them). Q6_K: 20 against 27 GB/s from cache (its six-bit quants cost
+//! more to transpose and assemble than `vec_dot`'s 64-byte loads). Q5_K (Q4_K's kernel
+//! with the fifth bits shifted in from the transposed `qh`, 25 / 18 GB/s from cache):
+//! decoding the 1B Q5_K_M model 7% faster on one thread but 15% slower on two. Q3_K (bit
+//! pairs with the high bit added by byte masks, the `−4` from the `bsums`; 16 / 12.5 GB/s
+//! from cache): the 1B Q3_K_M model no faster on one thread, 13% slower on two.
 //!
 //! [`pack_bytes`] and [`pack_q8_k`] are also [`super::kdec8`]'s (AVX2).
 
 use super::few_rows16::{dwords4, f16_pair, step_rows, store, ROWS};
-use crate::formats::k_quants::{q2_k, q3_k, q4_k, q8_k, QK_K};
+use crate::formats::k_quants::{q2_k, q4_k, q8_k, QK_K};
 use crate::formats::FewKernels;
 use core::arch::x86_64::*;
 use prima_core::gguf::GgmlType;
@@ -57,7 +57,6 @@ pub(in crate::formats) fn decode_kernels(t: GgmlType) -> Option<FewKernels> {
     let dot = match t {
         GgmlType::Q4K => dot_q4_k,
         GgmlType::Q2K => dot_q2_k,
-        GgmlType::Q3K => dot_q3_k,
         _ => return None,
     };
     Some(FewKernels {
@@ -126,7 +125,6 @@ macro_rules! dot_wrappers {
 dot_wrappers! {
     dot_q4_k => rows_q4_k, q4_k::BLOCK_BYTES;
     dot_q2_k => rows_q2_k, q2_k::BLOCK_BYTES;
-    dot_q3_k => rows_q3_k, q3_k::BLOCK_BYTES;
 }
 
 /// The byte `b` of each lane's dword, zero-extended.
@@ -312,113 +310,5 @@ unsafe fn rows_q2_k(n: usize, w: &[u8], ws: usize, pack: &[u8], out: &mut [f32])
             acc = _mm512_add_ps(acc, term);
         }
         store(&[acc], first, rows, out);
-    }
-}
-
-/// Q3_K: per super-block, the 32 bytes of high bits, the 64 bytes of low 2-bit quants
-/// (16 at a time), the 12 bytes of packed 6-bit scales and `d`. The quants are taken
-/// unsigned (`q + 4`: the low bits and the high bit as stored); the `−4` comes back as
-/// `−4 · Σ_g s_g · bsum_g`, the scales as i16 pairs against the pack's `bsums` pairs.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn rows_q3_k(n: usize, w: &[u8], ws: usize, pack: &[u8], out: &mut [f32]) {
-    let (nb, wb) = (n / QK_K, q3_k::BLOCK_BYTES);
-    let rows = out.len();
-    let (three, four, m4, top2) = (
-        _mm512_set1_epi8(3),
-        _mm512_set1_epi8(4),
-        _mm512_set1_epi8(0x0F),
-        _mm512_set1_epi8(0x30),
-    );
-    for first in (0..rows).step_by(ROWS) {
-        let row = step_rows(w, ws, first, rows);
-        let mut acc = _mm512_setzero_ps();
-        let next = w.as_ptr().wrapping_add((first + ROWS) * ws);
-        for i in 0..nb {
-            let off = i * wb;
-            prefetch_l2(next.wrapping_add(i * ROWS * wb), ROWS * wb);
-            let blk = pack.as_ptr().add(i * PACK_BLOCK);
-            // The block's last 16 bytes: qs[62 ..], the scale bytes p₀ .. p₁₁, d. Realigned
-            // to a = p₀..p₃, b = p₄..p₇, c = p₈..p₁₁ (each lane's dwords).
-            let [x0, x1, x2, x3] = dwords4(&row, off + q3_k::D + 2 - 16);
-            let join = |lo: __m512i, hi: __m512i| {
-                _mm512_or_si512(_mm512_srli_epi32::<16>(lo), _mm512_slli_epi32::<16>(hi))
-            };
-            let (a, b, c) = (join(x0, x1), join(x1, x2), join(x2, x3));
-            // Scales 4k .. 4k + 4 (the bytes of sv[k]): low nibbles of a, b, then high
-            // nibbles of a, b; their top two bits are bit pair k of c's bytes; minus 32.
-            let low4 = |v: __m512i, hi: bool| {
-                let v = if hi { _mm512_srli_epi16::<4>(v) } else { v };
-                _mm512_and_si512(v, m4)
-            };
-            let sv = [
-                (low4(a, false), _mm512_slli_epi16::<4>(c)),
-                (low4(b, false), _mm512_slli_epi16::<2>(c)),
-                (low4(a, true), c),
-                (low4(b, true), _mm512_srli_epi16::<2>(c)),
-            ]
-            .map(|(lo, hi)| {
-                let s = _mm512_or_si512(lo, _mm512_and_si512(hi, top2));
-                _mm512_sub_epi8(s, _mm512_set1_epi8(32))
-            });
-            let hm = [dwords4(&row, off), dwords4(&row, off + 16)];
-            let mut isum = _mm512_setzero_si512();
-            for h in 0..2 {
-                // As Q2_K's quants; element 128h + 32s + 4j + b's high bit is bit 4h + s
-                // of hmask byte 4j + b (dword j of `hm`).
-                let (q0, q1) = (
-                    dwords4(&row, off + q3_k::QS + 32 * h),
-                    dwords4(&row, off + q3_k::QS + 32 * h + 16),
-                );
-                let mut q = [q0[0], q0[1], q0[2], q0[3], q1[0], q1[1], q1[2], q1[3]];
-                for s in 0..4 {
-                    let bit = _mm512_set1_epi8(1 << (4 * h + s));
-                    let (mut g0, mut g1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
-                    for (j, qj) in q.iter_mut().enumerate() {
-                        let low = _mm512_and_si512(*qj, three);
-                        *qj = _mm512_srli_epi16::<2>(*qj);
-                        let set = _mm512_test_epi8_mask(hm[j / 4][j % 4], bit);
-                        let u = _mm512_mask_add_epi8(low, set, low, four);
-                        let a = bcast(blk, 32 * h + 8 * s + j);
-                        if j < 4 {
-                            g0 = _mm512_dpbusd_epi32(g0, u, a);
-                        } else {
-                            g1 = _mm512_dpbusd_epi32(g1, u, a);
-                        }
-                    }
-                    let g = 8 * h + 2 * s;
-                    let sg = sv[g / 4];
-                    isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(g0, signed_byte(sg, g % 4)));
-                    isum =
-                        _mm512_add_epi32(isum, _mm512_mullo_epi32(g1, signed_byte(sg, g % 4 + 1)));
-                }
-            }
-            let pairs = blk.add(GROUP_PAIRS);
-            let mut offset = _mm512_setzero_si512();
-            for (k, &v) in sv.iter().enumerate() {
-                let even = _mm512_srai_epi16::<8>(_mm512_slli_epi16::<8>(v));
-                let odd = _mm512_srai_epi16::<8>(v);
-                offset = _mm512_dpwssd_epi32(offset, even, bcast(pairs, 2 * k));
-                offset = _mm512_dpwssd_epi32(offset, odd, bcast(pairs, 2 * k + 1));
-            }
-            let isum = _mm512_sub_epi32(isum, _mm512_slli_epi32::<2>(offset));
-            let d = f16_pair(x3).1;
-            let da = _mm512_set1_ps((blk.add(D_A) as *const f32).read_unaligned());
-            // d_a·d·isum, as the scalar kernel orders it.
-            let term = _mm512_mul_ps(_mm512_mul_ps(da, d), _mm512_cvtepi32_ps(isum));
-            acc = _mm512_add_ps(acc, term);
-        }
-        store(&[acc], first, rows, out);
-    }
-}
-
-/// The signed byte `b` of each lane's dword, sign-extended.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-#[inline]
-unsafe fn signed_byte(v: __m512i, b: usize) -> __m512i {
-    match b {
-        0 => _mm512_srai_epi32::<24>(_mm512_slli_epi32::<24>(v)),
-        1 => _mm512_srai_epi32::<24>(_mm512_slli_epi32::<16>(v)),
-        2 => _mm512_srai_epi32::<24>(_mm512_slli_epi32::<8>(v)),
-        _ => _mm512_srai_epi32::<24>(v),
     }
 }
