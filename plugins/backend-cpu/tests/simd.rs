@@ -30,6 +30,8 @@
 //!   odd and even block counts, every weight scale kind and every activation kind above,
 //!   equal the scalar `vec_dot` bit for bit; and the decode kernels likewise (one token,
 //!   through `ops::matmul` and directly).
+//! - `decode_kernels_cover_the_k_quants`: the K-quants that have decode kernels at a level
+//!   get them from its table (so the test above checks them).
 //! - `axpy_f16_matches_scalar`: each level's F16 `axpy` (attention's V weighting) returns
 //!   the scalar bits, over the float lengths (8-lane tails) and extreme values.
 //! - `gated_activations_match_portable`: each level's SiLU and GELU gates return the
@@ -928,6 +930,23 @@ fn few_token_matmul_matches_scalar() {
                     }
                 }
             }
+        }
+    }
+}
+
+#[test]
+fn decode_kernels_cover_the_k_quants() {
+    use GgmlType as T;
+    for level in levels() {
+        // Q6_K, Q5_K and Q3_K stay on `vec_dot`: their decode kernels
+        // measured slower (see `formats/x86/kdec16.rs`, `kdec8.rs`).
+        let want: &[GgmlType] = match level {
+            KernelLevel::Avx512 | KernelLevel::Avx2 => &[T::Q4K, T::Q2K],
+            _ => continue,
+        };
+        for &t in want {
+            let k = level.kernels(t).unwrap();
+            assert!(k.decode.is_some(), "{} {t}: no decode kernel", level.name());
         }
     }
 }

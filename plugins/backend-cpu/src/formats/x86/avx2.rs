@@ -46,7 +46,9 @@ pub(in crate::formats) fn overlay(mut k: FormatKernels) -> FormatKernels {
     };
     k.panel = super::panel256::kernels(k.weight_type).or(k.panel);
     k.few = super::few256::kernels(k.weight_type).or(k.few);
-    k.decode = super::few_rows8::decode_kernels(k.weight_type).or(k.decode);
+    k.decode = super::few_rows8::decode_kernels(k.weight_type)
+        .or_else(|| super::kdec8::decode_kernels(k.weight_type))
+        .or(k.decode);
     k
 }
 

@@ -49,7 +49,9 @@ pub(in crate::formats) fn overlay(mut k: FormatKernels) -> FormatKernels {
     };
     k.panel = super::panel512::kernels(k.weight_type).or(k.panel);
     k.few = super::few512::kernels(k.weight_type).or(k.few);
-    k.decode = super::few_rows16::decode_kernels(k.weight_type).or(k.decode);
+    k.decode = super::few_rows16::decode_kernels(k.weight_type)
+        .or_else(|| super::kdec16::decode_kernels(k.weight_type))
+        .or(k.decode);
     k
 }
 

@@ -33,7 +33,7 @@ use core::arch::x86_64::*;
 use prima_core::gguf::GgmlType;
 
 /// Rows one step computes: one per i32 lane of a 512-bit vector.
-const ROWS: usize = 16;
+pub(super) const ROWS: usize = 16;
 
 /// Pack bytes of one token's block: 32 quants, then two 4-byte lanes (see [`pack_bytes`]).
 pub(super) const TOKEN_BLOCK: usize = 32 + 4 + 4;
@@ -238,7 +238,7 @@ unsafe fn lanes(row: &[*const u8; ROWS], k: usize, off: usize) -> __m512i {
 /// `r`'s dword `j` (a 4 × 4 transpose in each 128-bit lane of [`lanes`]).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-unsafe fn dwords4(row: &[*const u8; ROWS], off: usize) -> [__m512i; 4] {
+pub(super) unsafe fn dwords4(row: &[*const u8; ROWS], off: usize) -> [__m512i; 4] {
     // Spelled out, not `map`ped: the closure was not always inlined (measured: a fifth of a
     // decode step in its calls).
     let z = [
@@ -340,7 +340,7 @@ unsafe fn spread_byte(c: i32) -> __m512i {
 /// The f16 halves of each lane's dword as f32s: `(low, high)`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-unsafe fn f16_pair(x: __m512i) -> (__m512, __m512) {
+pub(super) unsafe fn f16_pair(x: __m512i) -> (__m512, __m512) {
     (
         _mm512_cvtph_ps(_mm512_cvtepi32_epi16(x)),
         _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(x))),
@@ -351,7 +351,12 @@ unsafe fn f16_pair(x: __m512i) -> (__m512, __m512) {
 /// token), the rows below `rows` only.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-unsafe fn store<const N: usize>(acc: &[__m512; N], first: usize, rows: usize, out: &mut [f32]) {
+pub(super) unsafe fn store<const N: usize>(
+    acc: &[__m512; N],
+    first: usize,
+    rows: usize,
+    out: &mut [f32],
+) {
     let valid = ROWS.min(rows - first);
     let mask = ((1u32 << valid) - 1) as __mmask16;
     for (t, a) in acc.iter().enumerate() {
@@ -372,7 +377,7 @@ unsafe fn prefetch(p: *const u8, bytes: usize) {
 
 /// The row pointers of the step at row `first`: past the last row, the last row again.
 #[inline(always)]
-fn step_rows(w: &[u8], ws: usize, first: usize, rows: usize) -> [*const u8; ROWS] {
+pub(super) fn step_rows(w: &[u8], ws: usize, first: usize, rows: usize) -> [*const u8; ROWS] {
     let mut row = [w.as_ptr(); ROWS];
     for (k, r) in row.iter_mut().enumerate() {
         *r = w[(first + k).min(rows - 1) * ws..].as_ptr();

@@ -20,7 +20,7 @@ use core::arch::x86_64::*;
 use prima_core::gguf::GgmlType;
 
 /// Rows one step computes: one per i32 lane of a 256-bit vector.
-const ROWS: usize = 8;
+pub(super) const ROWS: usize = 8;
 
 /// The decode kernels of weight type `t` at this level, if it has them.
 pub(in crate::formats) fn decode_kernels(t: GgmlType) -> Option<FewKernels> {
@@ -75,7 +75,7 @@ unsafe fn lanes(row: &[*const u8; ROWS], k: usize, off: usize) -> __m256i {
 /// `r`'s dword `j` (a 4 × 4 transpose in each 128-bit lane of [`lanes`]).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn dwords4(row: &[*const u8; ROWS], off: usize) -> [__m256i; 4] {
+pub(super) unsafe fn dwords4(row: &[*const u8; ROWS], off: usize) -> [__m256i; 4] {
     let z = [
         lanes(row, 0, off),
         lanes(row, 1, off),
@@ -112,7 +112,7 @@ unsafe fn f16_rows(row: &[*const u8; ROWS], off: usize) -> __m256 {
 
 /// The row pointers of the step at row `first`: past the last row, the last row again.
 #[inline(always)]
-fn step_rows(w: &[u8], ws: usize, first: usize, rows: usize) -> [*const u8; ROWS] {
+pub(super) fn step_rows(w: &[u8], ws: usize, first: usize, rows: usize) -> [*const u8; ROWS] {
     let mut row = [w.as_ptr(); ROWS];
     for (k, r) in row.iter_mut().enumerate() {
         *r = w[(first + k).min(rows - 1) * ws..].as_ptr();
@@ -124,7 +124,7 @@ fn step_rows(w: &[u8], ws: usize, first: usize, rows: usize) -> [*const u8; ROWS
 /// length only.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn store(acc: __m256, first: usize, out: &mut [f32]) {
+pub(super) unsafe fn store(acc: __m256, first: usize, out: &mut [f32]) {
     let valid = ROWS.min(out.len() - first);
     if valid == ROWS {
         _mm256_storeu_ps(out.as_mut_ptr().add(first), acc);

@@ -23,6 +23,8 @@ mod few256;
 mod few512;
 mod few_rows16;
 mod few_rows8;
+mod kdec16;
+mod kdec8;
 mod panel256;
 mod panel512;
 mod panel512_bf16;
