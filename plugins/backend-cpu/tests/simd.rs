@@ -545,9 +545,9 @@ fn default_threads_count_physical_cores() {
     );
 }
 
-#[test]
-fn matmul_matches_scalar_at_every_level() {
-    let lookups: [(KernelLevel, KernelLookup); 5] = [
+/// Every kernel level with its table lookup (a `fn`, as `matmul` takes it).
+fn level_lookups() -> [(KernelLevel, KernelLookup); 5] {
+    [
         (KernelLevel::Scalar, |t| KernelLevel::Scalar.kernels(t)),
         (KernelLevel::Avx2, |t| KernelLevel::Avx2.kernels(t)),
         (KernelLevel::Avx512, |t| KernelLevel::Avx512.kernels(t)),
@@ -555,7 +555,12 @@ fn matmul_matches_scalar_at_every_level() {
         (KernelLevel::NeonDotprod, |t| {
             KernelLevel::NeonDotprod.kernels(t)
         }),
-    ];
+    ]
+}
+
+#[test]
+fn matmul_matches_scalar_at_every_level() {
+    let lookups = level_lookups();
     let available = levels();
     let mut rng = ChaCha8Rng::seed_from_u64(13);
     for t in WEIGHT_TYPES {
@@ -613,15 +618,7 @@ fn f32_dot_is_fused_at_every_level() {
     // Fused, each step is exact and the dot is `2^-10 + 2^-23` (times token `k`'s scale
     // `2^(k % 5)`); a multiply rounding `x·x` to `1 + 2^-11` first would give `2^-10`, and
     // a kernel fusing only its lanes or only its tail `2^-10 + 2^-24`.
-    let lookups: [(KernelLevel, KernelLookup); 5] = [
-        (KernelLevel::Scalar, |t| KernelLevel::Scalar.kernels(t)),
-        (KernelLevel::Avx2, |t| KernelLevel::Avx2.kernels(t)),
-        (KernelLevel::Avx512, |t| KernelLevel::Avx512.kernels(t)),
-        (KernelLevel::Neon, |t| KernelLevel::Neon.kernels(t)),
-        (KernelLevel::NeonDotprod, |t| {
-            KernelLevel::NeonDotprod.kernels(t)
-        }),
-    ];
+    let lookups = level_lookups();
     let available = levels();
     let t = GgmlType::F32;
     let x = 1.0 + 2f32.powi(-12);
