@@ -130,7 +130,7 @@ dot_wrappers! {
 /// The byte `b` of each lane's dword, zero-extended.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-unsafe fn bytes4(v: __m512i) -> [__m512i; 4] {
+pub(super) unsafe fn bytes4(v: __m512i) -> [__m512i; 4] {
     let ff = _mm512_set1_epi32(0xFF);
     [
         _mm512_and_si512(v, ff),
