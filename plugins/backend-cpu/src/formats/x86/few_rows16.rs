@@ -330,7 +330,7 @@ unsafe fn gather_dwords(row: &[*const u8; ROWS], off: usize) -> __m512i {
 /// `vpshufb` indices that copy byte `c` of each dword into all four of its bytes.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-unsafe fn spread_byte(c: i32) -> __m512i {
+pub(super) unsafe fn spread_byte(c: i32) -> __m512i {
     _mm512_add_epi8(
         _mm512_set1_epi32(c * 0x0101_0101),
         _mm512_set4_epi32(0x0C0C_0C0C, 0x0808_0808, 0x0404_0404, 0),

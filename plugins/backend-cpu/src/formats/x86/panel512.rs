@@ -16,7 +16,7 @@
 //! token of the prompt; the model itself is never copied.
 
 use super::avx2::{bits32, f32_at, load, nibbles32, reduce16};
-use super::few_rows16::{dwords4, f16_pair};
+use super::few_rows16::{dwords4, f16_pair, spread_byte};
 use super::kdec16::bytes4;
 use crate::formats::k_quants::{q2_k, q3_k, q4_k, q5_k, q6_k, q8_k, unpack_scale_min_k4, QK_K};
 use crate::formats::{q4_0, q4_1, q5_0, q5_1, q8_0, q8_1, PanelKernels};
@@ -181,6 +181,79 @@ pub(super) unsafe fn pack_legacy<const F: u8, const L: usize>(
     }
 }
 
+/// Packs sixteen rows of a legacy format `F` as [`pack_legacy`] does, transposed in
+/// registers ([`dwords4`]: vector `j` of sixteen bytes is dword `j` of every row) rather
+/// than written four bytes at a time (measured: 15–18% of a 1B Q4_0 or Q8_0 prompt).
+/// Group `g` holds quants `4g .. 4g + 4`: Q4's low nibbles of quant dword `g` (`g < 4`)
+/// or high nibbles of dword `g − 4`, Q8_0's dword `g`; Q5's fifth bits are bits
+/// `4g .. 4g + 4` of `qh`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn pack_legacy_16<const F: u8>(n: usize, w: &[u8], w_stride: usize, panel: &mut [u8]) {
+    let (nb, wbb) = (n / 32, legacy_block_bytes(F));
+    assert!(
+        panel.len() >= nb * LEGACY_BLOCK && w.len() >= (ROWS - 1) * w_stride + nb * wbb,
+        "panel pack: short buffers"
+    );
+    let row: [*const u8; ROWS] = core::array::from_fn(|r| w.as_ptr().add(r * w_stride));
+    let (low, fifth) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x10));
+    // Byte `k` of a dword tests bit `k` (even groups) or `4 + k` (odd) of its byte.
+    let bit = [
+        _mm512_set1_epi32(0x0804_0201),
+        _mm512_set1_epi32(0x8040_2010u32 as i32),
+    ];
+    // Where the quants and (Q5) `qh` start in a block.
+    let (qs, qh_at) = match F {
+        Q4_0 | Q8_0 => (2, 0),
+        Q5_0 => (6, 2),
+        Q4_1 => (4, 0),
+        _ => (8, 4),
+    };
+    for b in 0..nb {
+        let off = b * wbb;
+        let dst = panel.as_mut_ptr().add(b * LEGACY_BLOCK);
+        let quants: [__m512i; 8] = if F == Q8_0 {
+            let flip = _mm512_set1_epi8(-128);
+            dwords8(&row, off + qs).map(|v| _mm512_xor_si512(v, flip))
+        } else {
+            let [v0, v1, v2, v3] = dwords4(&row, off + qs);
+            let hi = |v: __m512i| _mm512_and_si512(_mm512_srli_epi16::<4>(v), low);
+            let mut q = [
+                _mm512_and_si512(v0, low),
+                _mm512_and_si512(v1, low),
+                _mm512_and_si512(v2, low),
+                _mm512_and_si512(v3, low),
+                hi(v0),
+                hi(v1),
+                hi(v2),
+                hi(v3),
+            ];
+            if F == Q5_0 || F == Q5_1 {
+                let qh = dwords4(&row, off + qh_at)[0];
+                for (g, v) in q.iter_mut().enumerate() {
+                    let set = _mm512_test_epi8_mask(
+                        _mm512_shuffle_epi8(qh, spread_byte(g as i32 / 2)),
+                        bit[g % 2],
+                    );
+                    *v = _mm512_or_si512(*v, _mm512_maskz_mov_epi8(set, fifth));
+                }
+            }
+            q
+        };
+        for (g, v) in quants.into_iter().enumerate() {
+            _mm512_storeu_si512(dst.add(64 * g) as *mut _, v);
+        }
+        // Dword 0 of the block: d, and the `_1` formats' m.
+        let (d, m) = f16_pair(dwords4(&row, off)[0]);
+        let m = if F == Q4_1 || F == Q5_1 {
+            m
+        } else {
+            _mm512_setzero_ps()
+        };
+        _mm512_storeu_ps(dst.add(LEGACY_D) as *mut f32, d);
+        _mm512_storeu_ps(dst.add(LEGACY_M) as *mut f32, m);
+    }
+}
+
 macro_rules! pack_wrappers {
     ($($name:ident => $imp:ident::<$($p:tt),*>;)*) => {
         $(fn $name(n: usize, w: &[u8], w_stride: usize, panel: &mut [u8]) {
@@ -192,11 +265,11 @@ macro_rules! pack_wrappers {
 }
 
 pack_wrappers! {
-    pack_q4_0 => pack_legacy::<Q4_0, ROWS>;
-    pack_q5_0 => pack_legacy::<Q5_0, ROWS>;
-    pack_q8_0 => pack_legacy::<Q8_0, ROWS>;
-    pack_q4_1 => pack_legacy::<Q4_1, ROWS>;
-    pack_q5_1 => pack_legacy::<Q5_1, ROWS>;
+    pack_q4_0 => pack_legacy_16::<Q4_0>;
+    pack_q5_0 => pack_legacy_16::<Q5_0>;
+    pack_q8_0 => pack_legacy_16::<Q8_0>;
+    pack_q4_1 => pack_legacy_16::<Q4_1>;
+    pack_q5_1 => pack_legacy_16::<Q5_1>;
     pack_q4_k => pack_q4_k_16::<Q4K>;
     pack_q5_k => pack_q4_k_16::<Q5K>;
     pack_q6_k => pack_k16_16::<Q6K>;
