@@ -827,16 +827,32 @@ unsafe fn dot_q6_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let mut sum = 0.0f32;
     let low4 = _mm256_set1_epi8(0x0F);
     let low2 = _mm256_set1_epi8(0x03);
-    let m32 = _mm256_set1_epi8(32);
+    // `vpshufb` indices spreading i16 scale `2k` over the low lane, `2k + 1` the high.
+    let spread: [__m256i; 4] = core::array::from_fn(|k| {
+        let (lo, hi) = ((4 * k) as i16, (4 * k + 2) as i16);
+        let (lo, hi) = (lo | (lo + 1) << 8, hi | (hi + 1) << 8);
+        _mm256_set_m128i(_mm_set1_epi16(hi), _mm_set1_epi16(lo))
+    });
     for i in 0..nb {
         let (wb, ab) = (&w[i * wbb..(i + 1) * wbb], &a[i * abb..(i + 1) * abb]);
         prefetch_ahead(wb.as_ptr(), wbb);
-        let (ql, qh, scales) = (wb.as_ptr(), wb.as_ptr().add(128), &wb[192..208]);
+        let (ql, qh) = (wb.as_ptr(), wb.as_ptr().add(q6_k::QH));
+        let scales = _mm_loadu_si128(wb.as_ptr().add(q6_k::SCALES) as *const __m128i);
         let aq = ab.as_ptr().add(q8_k::QS);
-        let mut acc = _mm256_setzero_si256();
+        // Σ (q − 32)·a = Σ q·a − 32 Σ_g scale_g · bsum_g: the offset once per super-block.
+        let bsums = load(ab.as_ptr().add(q8_k::BSUMS));
+        let offset = _mm256_madd_epi16(_mm256_cvtepi8_epi16(scales), bsums);
+        let mut acc = _mm256_slli_epi32::<5>(_mm256_sub_epi32(_mm256_setzero_si256(), offset));
         for h in 0..2 {
             let (ql0, ql1) = (load(ql.add(64 * h)), load(ql.add(64 * h + 32)));
             let qhv = load(qh.add(32 * h));
+            // Scales 8h .. 8h + 8 as i16s in both lanes.
+            let half = if h == 0 {
+                scales
+            } else {
+                _mm_unpackhi_epi64(scales, scales)
+            };
+            let sc = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(half));
             for k in 0..4 {
                 let l = if k % 2 == 0 { ql0 } else { ql1 };
                 let l = if k < 2 { l } else { _mm256_srli_epi16(l, 4) };
@@ -844,15 +860,15 @@ unsafe fn dot_q6_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
                     _mm256_and_si256(_mm256_srl_epi16(qhv, _mm_cvtsi32_si128(2 * k as i32)), low2);
                 let q = _mm256_or_si256(_mm256_and_si256(l, low4), _mm256_slli_epi16(hb, 4));
                 let av = load(aq.add(128 * h + 32 * k));
-                // Σ (q − 32)·a as Σ q·a − Σ 32·a; both fit i16 pairwise.
-                let p =
-                    _mm256_sub_epi16(_mm256_maddubs_epi16(q, av), _mm256_maddubs_epi16(m32, av));
-                let g = 8 * h + 2 * k;
-                let s = scale_pair(scales[g] as i8 as i32, scales[g + 1] as i8 as i32);
-                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, s));
+                // Unsigned 6-bit quants: each i16 pair sum is at most 2·63·127.
+                let p = _mm256_maddubs_epi16(q, av);
+                acc = _mm256_add_epi32(
+                    acc,
+                    _mm256_madd_epi16(p, _mm256_shuffle_epi8(sc, spread[k])),
+                );
             }
         }
-        sum += q8_k::d(ab) * f16_at(wb.as_ptr().add(208)) * hsum(acc) as f32;
+        sum += q8_k::d(ab) * f16_at(wb.as_ptr().add(q6_k::D)) * hsum(acc) as f32;
     }
     sum
 }
