@@ -98,11 +98,11 @@ pack_wrappers! {
     pack_q8_0 => pack_legacy::<Q8_0_SIGNED, ROWS>;
     pack_q4_1 => pack_legacy::<Q4_1, ROWS>;
     pack_q5_1 => pack_legacy::<Q5_1, ROWS>;
-    pack_q4_k => pack_q4_k_imp::<ROWS, true, Q4K>;
-    pack_q5_k => pack_q4_k_imp::<ROWS, true, Q5K>;
-    pack_q6_k => pack_k16::<ROWS, true, Q6K>;
-    pack_q3_k => pack_k16::<ROWS, true, Q3K>;
-    pack_q2_k => pack_k16::<ROWS, true, Q2K>;
+    pack_q4_k => pack_q4_k_imp::<ROWS, Q4K>;
+    pack_q5_k => pack_q4_k_imp::<ROWS, Q5K>;
+    pack_q6_k => pack_k16::<ROWS, Q6K>;
+    pack_q3_k => pack_k16::<ROWS, Q3K>;
+    pack_q2_k => pack_k16::<ROWS, Q2K>;
 }
 
 /// The four activation quants at `p`, in every lane.

@@ -13,7 +13,11 @@
 //! by lane, so each result equals the scalar `vec_dot` bit for bit.
 //!
 //! The panel is a scratch copy of sixteen rows made once per matmul and used for every
-//! token of the prompt; the model itself is never copied.
+//! token of the prompt; the model itself is never copied. Packing transposes the sixteen
+//! rows in registers (`few_rows16::dwords4`: vector `j` of sixteen 16-byte loads is dword
+//! `j` of every row), unpacking scales in the lanes: written four bytes at a time, row by
+//! row, the packs took a sixth of a prompt's time. The row-at-a-time packs here
+//! (`pack_legacy`, `pack_q4_k_imp`, `pack_k16`) are the AVX2 panels'.
 
 use super::avx2::{bits32, f32_at, load, nibbles32, reduce16};
 use super::few_rows16::{dwords4, f16_pair, spread_byte};
@@ -151,7 +155,8 @@ unsafe fn legacy_quants<const F: u8>(b: *const u8) -> __m256i {
     }
 }
 
-/// Packs `L` rows of a legacy format `F`: per block, the quants, `d` and (`_1` formats) `m`.
+/// Packs `L` rows of a legacy format `F` for the AVX2 panels, a row at a time: per block,
+/// the quants, `d` and (`_1` formats) `m`. The AVX-512 panels' pack is [`pack_legacy_16`].
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn pack_legacy<const F: u8, const L: usize>(
     n: usize,
@@ -525,10 +530,11 @@ pub(super) const Q6K: u8 = 2;
 pub(super) const Q3K: u8 = 3;
 pub(super) const Q2K: u8 = 4;
 
-/// Packs `L` Q4_K (or, `F = Q5K`, Q5_K) rows. Sub-block scales are i32 lanes, or with
-/// `PAIRS` the i16 pair `(s, s)` (for `vpmaddwd` against i16 partial sums).
+/// Packs `L` Q4_K (or, `F = Q5K`, Q5_K) rows for the AVX2 panels (`panel256`), a row at a
+/// time: sub-block scales as the i16 pair `(s, s)` (for `vpmaddwd` against i16 partial
+/// sums). The AVX-512 panels' pack is [`pack_q4_k_16`].
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn pack_q4_k_imp<const L: usize, const PAIRS: bool, const F: u8>(
+pub(super) unsafe fn pack_q4_k_imp<const L: usize, const F: u8>(
     n: usize,
     w: &[u8],
     w_stride: usize,
@@ -581,12 +587,7 @@ pub(super) unsafe fn pack_q4_k_imp<const L: usize, const PAIRS: bool, const F: u
                 }
             }
             for (s, &v) in sc.iter().enumerate() {
-                let v = if PAIRS {
-                    i16_pair(v as i32, v as i32)
-                } else {
-                    (v as i32).to_le_bytes()
-                };
-                put_lane::<L>(dst, scales + 4 * L * s, r, v);
+                put_lane::<L>(dst, scales + 4 * L * s, r, i16_pair(v as i32, v as i32));
             }
             for j in 0..4 {
                 let pair = i16_pair(mn[2 * j] as i32, mn[2 * j + 1] as i32);
@@ -810,10 +811,10 @@ pub(super) const fn k6_block(l: usize) -> usize {
 }
 
 /// Packs `L` rows of a 16-group K-quant `F` (Q6K, Q3K, Q2K) as unsigned quants (Q6_K
-/// `q + 32`, Q3_K `q + 4`, Q2_K as stored). Group scales are i32 lanes, or with `PAIRS`
-/// the i16 pair `(s, s)`.
+/// `q + 32`, Q3_K `q + 4`, Q2_K as stored) for the AVX2 panels, a row at a time: group
+/// scales as the i16 pair `(s, s)`. The AVX-512 panels' pack is [`pack_k16_16`].
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn pack_k16<const L: usize, const PAIRS: bool, const F: u8>(
+pub(super) unsafe fn pack_k16<const L: usize, const F: u8>(
     n: usize,
     w: &[u8],
     w_stride: usize,
@@ -872,12 +873,7 @@ pub(super) unsafe fn pack_k16<const L: usize, const PAIRS: bool, const F: u8>(
             };
             for g in 0..16 {
                 let s = sc(g);
-                let v = if PAIRS {
-                    i16_pair(s, s)
-                } else {
-                    s.to_le_bytes()
-                };
-                put_lane::<L>(dst, scales + 4 * L * g, r, v);
+                put_lane::<L>(dst, scales + 4 * L * g, r, i16_pair(s, s));
             }
             for j in 0..8 {
                 let pair = i16_pair(pair_of(2 * j), pair_of(2 * j + 1));
