@@ -853,7 +853,7 @@ unsafe fn dot_q6_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
                 _mm_unpackhi_epi64(scales, scales)
             };
             let sc = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(half));
-            for k in 0..4 {
+            for (k, spread) in spread.iter().enumerate() {
                 let l = if k % 2 == 0 { ql0 } else { ql1 };
                 let l = if k < 2 { l } else { _mm256_srli_epi16(l, 4) };
                 let hb =
@@ -862,10 +862,8 @@ unsafe fn dot_q6_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
                 let av = load(aq.add(128 * h + 32 * k));
                 // Unsigned 6-bit quants: each i16 pair sum is at most 2·63·127.
                 let p = _mm256_maddubs_epi16(q, av);
-                acc = _mm256_add_epi32(
-                    acc,
-                    _mm256_madd_epi16(p, _mm256_shuffle_epi8(sc, spread[k])),
-                );
+                let sc = _mm256_shuffle_epi8(sc, *spread);
+                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, sc));
             }
         }
         sum += q8_k::d(ab) * f16_at(wb.as_ptr().add(q6_k::D)) * hsum(acc) as f32;

@@ -966,8 +966,8 @@ unsafe fn pack_k16_16<const F: u8>(n: usize, w: &[u8], w_stride: usize, panel: &
                 _ => {
                     let qs = dwords8(&row, off + q2_k::QS + 32 * h);
                     for s in 0..4 {
-                        for g in 0..8 {
-                            put(64 * (8 * (4 * h + s) + g), bits(qs[g], 2 * s, 0x03));
+                        for (g, &q) in qs.iter().enumerate() {
+                            put(64 * (8 * (4 * h + s) + g), bits(q, 2 * s, 0x03));
                         }
                     }
                 }
