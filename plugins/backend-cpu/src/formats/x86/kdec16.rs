@@ -140,6 +140,28 @@ pub(super) unsafe fn bytes4(v: __m512i) -> [__m512i; 4] {
     ]
 }
 
+/// A K4 super-block's six-bit scales and mins (`unpack_scale_min_k4`) from its scale
+/// dwords 1 ..= 3 (`s1`, `s2`, `s3`), sixteen rows in the lanes: `[scales 0–3, scales 4–7,
+/// mins 0–3, mins 4–7]`, one per byte of each lane's dword.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+pub(super) unsafe fn k4_scales_mins(s1: __m512i, s2: __m512i, s3: __m512i) -> [__m512i; 4] {
+    let (m6, m4, top2) = (
+        _mm512_set1_epi8(0x3F),
+        _mm512_set1_epi8(0x0F),
+        _mm512_set1_epi8(0x30),
+    );
+    let high = |s: __m512i, low: __m512i| {
+        _mm512_or_si512(low, _mm512_and_si512(_mm512_srli_epi32::<2>(s), top2))
+    };
+    [
+        _mm512_and_si512(s1, m6),
+        high(s1, _mm512_and_si512(s3, m4)),
+        _mm512_and_si512(s2, m6),
+        high(s2, _mm512_and_si512(_mm512_srli_epi32::<4>(s3), m4)),
+    ]
+}
+
 /// Prefetches the cache lines of `p .. p + bytes` into L2, not L1: a step's next rows
 /// fetched into L1 evict the rows it is reading (measured: half the bandwidth of
 /// `vec_dot`, where L2 gives 10% more).
@@ -166,11 +188,6 @@ unsafe fn rows_q4_k(n: usize, w: &[u8], ws: usize, pack: &[u8], out: &mut [f32])
     let (nb, wb) = (n / QK_K, q4_k::BLOCK_BYTES);
     let rows = out.len();
     let low = _mm512_set1_epi8(0x0F);
-    let (m6, m4, top2) = (
-        _mm512_set1_epi8(0x3F),
-        _mm512_set1_epi8(0x0F),
-        _mm512_set1_epi8(0x30),
-    );
     let even16 = _mm512_set1_epi32(0x00FF_00FF);
     for first in (0..rows).step_by(ROWS) {
         let row = step_rows(w, ws, first, rows);
@@ -185,16 +202,7 @@ unsafe fn rows_q4_k(n: usize, w: &[u8], ws: usize, pack: &[u8], out: &mut [f32])
             // Dword 0: d, dmin; dwords 1 ..= 3: the 12 scale bytes (`unpack_scale_min_k4`,
             // four sub-blocks a dword, in the lanes).
             let [dm, s1, s2, s3] = dwords4(&row, off);
-            let sc_lo = _mm512_and_si512(s1, m6);
-            let mn_lo = _mm512_and_si512(s2, m6);
-            let sc_hi = _mm512_or_si512(
-                _mm512_and_si512(s3, m4),
-                _mm512_and_si512(_mm512_srli_epi32::<2>(s1), top2),
-            );
-            let mn_hi = _mm512_or_si512(
-                _mm512_and_si512(_mm512_srli_epi32::<4>(s3), m4),
-                _mm512_and_si512(_mm512_srli_epi32::<2>(s2), top2),
-            );
+            let [sc_lo, sc_hi, mn_lo, mn_hi] = k4_scales_mins(s1, s2, s3);
             let (sl, sh) = (bytes4(sc_lo), bytes4(sc_hi));
             let sc = [sl[0], sl[1], sl[2], sl[3], sh[0], sh[1], sh[2], sh[3]];
             let mut isum = _mm512_setzero_si512();

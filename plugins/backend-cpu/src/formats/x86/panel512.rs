@@ -21,7 +21,7 @@
 
 use super::avx2::{bits32, f32_at, load, nibbles32, reduce16};
 use super::few_rows16::{dwords4, f16_pair, spread_byte};
-use super::kdec16::bytes4;
+use super::kdec16::{bytes4, k4_scales_mins};
 use crate::formats::k_quants::{q2_k, q3_k, q4_k, q5_k, q6_k, q8_k, unpack_scale_min_k4, QK_K};
 use crate::formats::{q4_0, q4_1, q5_0, q5_1, q8_0, q8_1, PanelKernels};
 use core::arch::x86_64::*;
@@ -623,7 +623,6 @@ unsafe fn pack_q4_k_16<const F: u8>(n: usize, w: &[u8], w_stride: usize, panel: 
     );
     let row: [*const u8; ROWS] = core::array::from_fn(|r| w.as_ptr().add(r * w_stride));
     let (low, one) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(1));
-    let (m6, top2) = (_mm512_set1_epi8(0x3F), _mm512_set1_epi8(0x30));
     let (byte0, byte1) = (_mm512_set1_epi32(0xFF), _mm512_set1_epi32(0xFF00));
     for b in 0..nb {
         let off = b * wbb;
@@ -631,16 +630,7 @@ unsafe fn pack_q4_k_16<const F: u8>(n: usize, w: &[u8], w_stride: usize, panel: 
         let put = |at: usize, v: __m512i| _mm512_storeu_si512(dst.add(at) as *mut _, v);
         // Dword 0: d, dmin; dwords 1 ..= 3: the 12 scale bytes (`unpack_scale_min_k4`).
         let [dm, s1, s2, s3] = dwords4(&row, off);
-        let sc_lo = _mm512_and_si512(s1, m6);
-        let mn_lo = _mm512_and_si512(s2, m6);
-        let sc_hi = _mm512_or_si512(
-            _mm512_and_si512(s3, low),
-            _mm512_and_si512(_mm512_srli_epi32::<2>(s1), top2),
-        );
-        let mn_hi = _mm512_or_si512(
-            _mm512_and_si512(_mm512_srli_epi32::<4>(s3), low),
-            _mm512_and_si512(_mm512_srli_epi32::<2>(s2), top2),
-        );
+        let [sc_lo, sc_hi, mn_lo, mn_hi] = k4_scales_mins(s1, s2, s3);
         for (h, sc) in [sc_lo, sc_hi].into_iter().enumerate() {
             for (j, v) in bytes4(sc).into_iter().enumerate() {
                 put(K4_SCALES + 64 * (4 * h + j), v);
