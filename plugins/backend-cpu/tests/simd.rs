@@ -855,9 +855,11 @@ fn few_token_matmul_matches_scalar() {
         for (t, few, matmul_from, most) in sets {
             let k = scalar::kernels(t).unwrap();
             // 37: kernels that take 16 rows a step get two whole steps and a short one.
+            // 64 blocks: steps over 16 KB, which `few_rows16` prefetches into L2 by its
+            // other loop.
             for (rows, blocks) in [13, 37]
                 .into_iter()
-                .flat_map(|r| [1usize, 2, 3, 9, 18].map(|b| (r, b)))
+                .flat_map(|r| [1usize, 2, 3, 9, 18, 64].map(|b| (r, b)))
             {
                 let cols = blocks * t.block_elems();
                 let row_bytes = t.row_bytes(cols).unwrap();

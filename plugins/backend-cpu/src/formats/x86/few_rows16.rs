@@ -369,8 +369,8 @@ pub(super) unsafe fn store<const N: usize>(
 /// The current and the next step must both fit in L1 (32–48 KB) beside the pack, or the
 /// prefetches evict the rows in use (as `kdec16` found). Measured (tg64, one thread,
 /// AVX-512, interleaved medians): the 1B models' Q8_0 (35 KB steps) 9.6 → 16.2 tok/s and
-/// Q4_0 (18 KB) 22.1 → 25.3 with L2; SmolLM2 Q4_1 (steps of 6–15 KB, kept in L1) within
-/// the machine's noise.
+/// Q4_0 (18 KB) 22.1 → 25.3 with L2; SmolLM2 Q4_1 (steps of 6–15 KB) keeps L1, and lost
+/// ~5% until the L2 loop was moved out of line (see [`rows_n`]).
 const L1_STEP_BYTES: usize = 16 << 10;
 
 /// Prefetches the cache lines of `p .. p + bytes` into L1 (`NEAR`) or L2.
@@ -418,25 +418,35 @@ const MIN: u8 = Terms::Min as u8;
 /// the weight scales `d` and `m` (`m`: Q4_1 only) of each row.
 type Block = ([__m512i; 8], __m512, __m512);
 
+/// [`rows_hinted`] of one hint as a function pointer (its arguments in order).
+type RowsFn<B> = unsafe fn(usize, &[u8], usize, usize, &[u8], &mut [f32], B);
+
 /// Every row against the `N` tokens of `pack` into `out` (`N × rows`, token-major), the
 /// weights' blocks `wb` bytes long.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
 #[allow(clippy::too_many_arguments)]
-unsafe fn rows_n<const N: usize, const T: u8>(
+unsafe fn rows_n<const N: usize, const T: u8, B: Fn(&[*const u8; ROWS], usize) -> Block>(
     n: usize,
     w: &[u8],
     ws: usize,
     wb: usize,
     pack: &[u8],
     out: &mut [f32],
-    block: impl Fn(&[*const u8; ROWS], usize) -> Block,
+    block: B,
 ) {
     // The hint is a type parameter: a flag tested in the block loop cost ~5% of a decode.
     if ROWS * (n / 32) * wb <= L1_STEP_BYTES {
-        rows_hinted::<N, T, true>(n, w, ws, wb, pack, out, block)
+        rows_hinted::<N, T, true, _>(n, w, ws, wb, pack, out, block)
     } else {
-        rows_hinted::<N, T, false>(n, w, ws, wb, pack, out, block)
+        // The L2 loop through an opaque pointer, so it is never inlined here. Inlined
+        // beside the L1 loop, it changed how that loop was compiled (the same
+        // instructions, registers and stack slots moved): SmolLM2's Q8_0 output head,
+        // whose steps take the L1 loop, took ~25% more CPU time and tg64 on one thread
+        // lost ~5% (`#[inline(never)]` on a wrapper was not honoured). Same arguments,
+        // same contract as the call above.
+        let far: RowsFn<B> = rows_hinted::<N, T, false, B>;
+        std::hint::black_box(far)(n, w, ws, wb, pack, out, block)
     }
 }
 
@@ -444,14 +454,19 @@ unsafe fn rows_n<const N: usize, const T: u8>(
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
 #[allow(clippy::too_many_arguments)]
-unsafe fn rows_hinted<const N: usize, const T: u8, const NEAR: bool>(
+unsafe fn rows_hinted<
+    const N: usize,
+    const T: u8,
+    const NEAR: bool,
+    B: Fn(&[*const u8; ROWS], usize) -> Block,
+>(
     n: usize,
     w: &[u8],
     ws: usize,
     wb: usize,
     pack: &[u8],
     out: &mut [f32],
-    block: impl Fn(&[*const u8; ROWS], usize) -> Block,
+    block: B,
 ) {
     let nb = n / 32;
     let rows = out.len() / N;
@@ -502,14 +517,14 @@ unsafe fn rows_hinted<const N: usize, const T: u8, const NEAR: bool>(
 macro_rules! by_tokens {
     ($n_tokens:expr, $terms:expr, ($($arg:expr),*)) => {
         match $n_tokens {
-            1 => rows_n::<1, $terms>($($arg),*),
-            2 => rows_n::<2, $terms>($($arg),*),
-            3 => rows_n::<3, $terms>($($arg),*),
-            4 => rows_n::<4, $terms>($($arg),*),
-            5 => rows_n::<5, $terms>($($arg),*),
-            6 => rows_n::<6, $terms>($($arg),*),
-            7 => rows_n::<7, $terms>($($arg),*),
-            _ => rows_n::<8, $terms>($($arg),*),
+            1 => rows_n::<1, $terms, _>($($arg),*),
+            2 => rows_n::<2, $terms, _>($($arg),*),
+            3 => rows_n::<3, $terms, _>($($arg),*),
+            4 => rows_n::<4, $terms, _>($($arg),*),
+            5 => rows_n::<5, $terms, _>($($arg),*),
+            6 => rows_n::<6, $terms, _>($($arg),*),
+            7 => rows_n::<7, $terms, _>($($arg),*),
+            _ => rows_n::<8, $terms, _>($($arg),*),
         }
     };
 }
