@@ -26,7 +26,7 @@ pub(in crate::formats) fn overlay(mut k: FormatKernels) -> FormatKernels {
         T::Q4K => vec_dot_q4_k,
         T::Q5K => vec_dot_q5_k,
         T::Q6K => vec_dot_q6_k,
-        T::Q8_1 | T::Q8K => k.vec_dot,
+        T::IQ4NL | T::IQ4XS | T::Q8_1 | T::Q8K => k.vec_dot,
     };
     k.vec_dot_x4 = match k.weight_type {
         T::Q4_0 => Some(vec_dot_x4_q4_0),
