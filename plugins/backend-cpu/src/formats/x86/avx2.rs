@@ -49,7 +49,7 @@ pub(in crate::formats) fn overlay(mut k: FormatKernels) -> FormatKernels {
     k.decode = super::few_rows8::decode_kernels(k.weight_type)
         .or_else(|| super::kdec8::decode_kernels(k.weight_type))
         .or(k.decode);
-    k
+    super::iq4::overlay_avx2(k)
 }
 
 /// Safe `fn` wrappers with the table signatures around the `#[target_feature]` kernels.

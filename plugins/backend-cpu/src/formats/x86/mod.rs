@@ -23,6 +23,7 @@ mod few256;
 mod few512;
 mod few_rows16;
 mod few_rows8;
+mod iq4;
 mod kdec16;
 mod kdec8;
 mod panel256;
