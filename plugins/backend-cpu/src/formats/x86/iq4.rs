@@ -18,7 +18,11 @@ use prima_core::gguf::GgmlType;
 /// AVX2's IQ4 kernels over `k`.
 pub(super) fn overlay_avx2(mut k: FormatKernels) -> FormatKernels {
     match k.weight_type {
-        GgmlType::IQ4NL => k.vec_dot = vec_dot_iq4_nl_avx2,
+        GgmlType::IQ4NL => {
+            k.vec_dot = vec_dot_iq4_nl_avx2;
+            let q8 = super::panel256::kernels(GgmlType::Q8_0);
+            k.panel = super::panel_iq4::iq4_nl_kernels(q8, super::panel_iq4::pack_avx2);
+        }
         GgmlType::IQ4XS => k.vec_dot = vec_dot_iq4_xs_avx2,
         _ => {}
     }
@@ -28,7 +32,11 @@ pub(super) fn overlay_avx2(mut k: FormatKernels) -> FormatKernels {
 /// AVX-512's IQ4 kernels over `k` (the AVX2 table).
 pub(super) fn overlay_avx512(mut k: FormatKernels) -> FormatKernels {
     match k.weight_type {
-        GgmlType::IQ4NL => k.vec_dot = vec_dot_iq4_nl_avx512,
+        GgmlType::IQ4NL => {
+            k.vec_dot = vec_dot_iq4_nl_avx512;
+            let q8 = super::panel512::kernels(GgmlType::Q8_0);
+            k.panel = super::panel_iq4::iq4_nl_kernels(q8, super::panel_iq4::pack_avx512);
+        }
         GgmlType::IQ4XS => k.vec_dot = vec_dot_iq4_xs_avx512,
         _ => {}
     }

@@ -29,3 +29,4 @@ mod kdec8;
 mod panel256;
 mod panel512;
 mod panel512_bf16;
+mod panel_iq4;
