@@ -23,7 +23,10 @@ pub(super) fn overlay_avx2(mut k: FormatKernels) -> FormatKernels {
             let q8 = super::panel256::kernels(GgmlType::Q8_0);
             k.panel = super::panel_iq4::iq4_nl_kernels(q8, super::panel_iq4::pack_avx2);
         }
-        GgmlType::IQ4XS => k.vec_dot = vec_dot_iq4_xs_avx2,
+        GgmlType::IQ4XS => {
+            k.vec_dot = vec_dot_iq4_xs_avx2;
+            k.panel = Some(super::panel_iq4::iq4_xs_avx2());
+        }
         _ => {}
     }
     k
@@ -37,7 +40,10 @@ pub(super) fn overlay_avx512(mut k: FormatKernels) -> FormatKernels {
             let q8 = super::panel512::kernels(GgmlType::Q8_0);
             k.panel = super::panel_iq4::iq4_nl_kernels(q8, super::panel_iq4::pack_avx512);
         }
-        GgmlType::IQ4XS => k.vec_dot = vec_dot_iq4_xs_avx512,
+        GgmlType::IQ4XS => {
+            k.vec_dot = vec_dot_iq4_xs_avx512;
+            k.panel = Some(super::panel_iq4::iq4_xs_avx512());
+        }
         _ => {}
     }
     k
