@@ -107,12 +107,15 @@ unsafe fn dot_iq4_nl_avx2(n: usize, w: &[u8], a: &[u8]) -> f32 {
     )
 }
 
-/// IQ4_XS's super-block scale `(ls − 32)` of sub-block `s`, as the scalar [`iq4_xs::scales`].
+/// The eight sub-block scales `ls − 32` of the IQ4_XS block at `wb`, as the scalar
+/// [`iq4_xs::scales`] reads them.
+///
+/// # Safety
+/// `wb` must point at a whole block (its first 8 bytes are read).
 #[inline(always)]
-fn xs_scales(wb: *const u8) -> [i32; 8] {
-    // SAFETY (of the read): the callers pass whole blocks.
-    let block = unsafe { std::slice::from_raw_parts(wb, 8) };
-    iq4_xs::scales(block)
+unsafe fn xs_scales(wb: *const u8) -> [i32; 8] {
+    // SAFETY: the caller passes a whole block.
+    iq4_xs::scales(unsafe { std::slice::from_raw_parts(wb, 8) })
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]

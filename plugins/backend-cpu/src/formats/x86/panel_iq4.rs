@@ -10,8 +10,8 @@
 //! panels of its own, laid out like Q4_K's: per super-block, 64 groups of four columns'
 //! values (one row per 32-bit lane), then the eight sub-block scales `ls − 32` (i32 lanes
 //! at AVX-512, `(s, s)` i16 pairs at AVX2), then the offset pairs (AVX-512 only), then `d`
-//! as f32 lanes. The token side data is
-//! Q4_K's (`prep_q8_k`: `d_a` and the token's 32-column sub-block sums as i16 pairs).
+//! as f32 lanes. The token side data is Q4_K's (`prep_q8_k`: `d_a` and the token's
+//! 32-column sub-block sums as i16 pairs).
 //!
 //! - AVX-512 (16 rows, 8 tokens a tile): values packed unsigned, `v + 128`, so one
 //!   `vpdpbusd` per group takes four columns of sixteen rows; per sub-block the lane's
@@ -67,16 +67,25 @@ fn pack_as_q8_0(q8: PanelKernels, n: usize, w: &[u8], w_stride: usize, panel: &m
         rows.resize(q8.rows * row, 0);
         for (r, dst) in rows.chunks_exact_mut(row).enumerate() {
             let src = &w[r * w_stride..r * w_stride + src_row];
-            let blocks = src.chunks_exact(iq4_nl::BLOCK_BYTES);
-            for (sb, db) in blocks.zip(dst.chunks_exact_mut(q8_0::BLOCK_BYTES)) {
-                db[..2].copy_from_slice(&sb[..2]);
-                for (i, q) in db[2..].iter_mut().enumerate() {
-                    *q = iq4_nl::value(&sb[2..], i) as i8 as u8;
-                }
-            }
+            // SAFETY: both levels that reach this pack include avx2, fma and f16c.
+            unsafe { row_as_q8_0(src, dst) };
         }
         (q8.pack)(n, rows, row, panel);
     });
+}
+
+/// The IQ4_NL blocks of `src` as the Q8_0 blocks of `dst`: the same `d`, the table values
+/// as quants.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn row_as_q8_0(src: &[u8], dst: &mut [u8]) {
+    let t = table::<false>();
+    let blocks = src.chunks_exact(iq4_nl::BLOCK_BYTES);
+    for (sb, db) in blocks.zip(dst.chunks_exact_mut(q8_0::BLOCK_BYTES)) {
+        db[..2].copy_from_slice(&sb[..2]);
+        // `sb` holds 2 + 16 bytes and `db` 2 + 32 (whole blocks of each).
+        let v = _mm256_shuffle_epi8(t, super::avx2::nibbles32(sb.as_ptr().add(2)));
+        _mm256_storeu_si256(db.as_mut_ptr().add(2) as *mut __m256i, v);
+    }
 }
 
 // ---- IQ4_XS ----
