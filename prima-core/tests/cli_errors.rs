@@ -193,11 +193,11 @@ fn unsupported_architecture() {
 fn unsupported_tensor_type() {
     let mut bytes = valid_model();
     let at = tensor_type_offset(&bytes, "blk.0.attn_k.weight");
-    bytes[at..at + 4].copy_from_slice(&20u32.to_le_bytes()); // an IQ type this engine lacks
+    bytes[at..at + 4].copy_from_slice(&16u32.to_le_bytes()); // IQ2_XXS: this engine lacks it
     let path = write("type.gguf", &bytes);
     let err = run_fails(&path);
     assert!(err.contains("blk.0.attn_k.weight"), "{err}");
-    assert!(err.contains("unknown type id 20"), "{err}");
+    assert!(err.contains("unknown type id 16"), "{err}");
 }
 
 #[test]

@@ -215,6 +215,9 @@ golden! {
     smollm2_q5_k_m => "smollm2-135m-q5_k_m.json",
     smollm2_q6_k => "smollm2-135m-q6_k.json",
     smollm2_f16 => "smollm2-135m-f16.json",
+    smollm2_iq4_nl => "smollm2-135m-iq4_nl.json",
+    // IQ4_XS where rows are whole super-blocks (ffn_down), IQ4_NL elsewhere (576 columns).
+    smollm2_iq4_xs => "smollm2-135m-iq4_xs.json",
     tiny_qwen2_f32 => "tiny-qwen2-f32.json",
     tiny_qwen2_f16 => "tiny-qwen2-f16.json",
     tiny_llama_f32 => "tiny-llama-f32.json",

@@ -94,6 +94,10 @@ pub const MODELS: &[ModelSpec] = &[
     smollm2("smollm2-135m-q5_k_m", "smollm2-135m-q5_k_m.gguf", "Q5_K_M"),
     smollm2("smollm2-135m-q6_k", "smollm2-135m-q6_k.gguf", "Q6_K"),
     smollm2("smollm2-135m-f16", "smollm2-135m-f16.gguf", "F16"),
+    // SmolLM2's 576-wide rows are not whole 256-element super-blocks: llama-quantize
+    // writes those tensors as IQ4_NL in the IQ4_XS model, so both kernels run there.
+    smollm2("smollm2-135m-iq4_nl", "smollm2-135m-iq4_nl.gguf", "IQ4_NL"),
+    smollm2("smollm2-135m-iq4_xs", "smollm2-135m-iq4_xs.gguf", "IQ4_XS"),
     ModelSpec {
         tag: "tiny-qwen2-f32",
         file: "tiny-qwen2-f32.gguf",

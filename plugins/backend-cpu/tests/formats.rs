@@ -125,6 +125,7 @@ fn activation_quantizers_match_oracle() {
 fn f16_fields(t: GgmlType) -> &'static [usize] {
     match t {
         GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => &[0],
+        GgmlType::IQ4NL | GgmlType::IQ4XS => &[0],
         GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4K | GgmlType::Q5K => &[0, 2],
         GgmlType::Q2K => &[80, 82],
         GgmlType::Q3K => &[108],

@@ -93,6 +93,7 @@ enum Scales {
 fn scale_fields(t: GgmlType) -> &'static [usize] {
     match t {
         GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => &[0],
+        GgmlType::IQ4NL | GgmlType::IQ4XS => &[0],
         GgmlType::Q2K => &[80, 82],
         GgmlType::Q3K => &[108],
         GgmlType::Q6K => &[208],

@@ -257,7 +257,13 @@ mod tests {
     fn supported_formats_are_the_cpu_backends_weight_formats() {
         for ty in GgmlType::ALL {
             let activation_only = matches!(ty, GgmlType::Q8_1 | GgmlType::Q8K);
-            assert_eq!(format_of(ty as u32).is_some(), !activation_only, "{ty}");
+            // The non-linear IQ4 formats have no GPU kernels yet: refused (see below).
+            let cpu_only = matches!(ty, GgmlType::IQ4NL | GgmlType::IQ4XS);
+            assert_eq!(
+                format_of(ty as u32).is_some(),
+                !activation_only && !cpu_only,
+                "{ty}"
+            );
         }
         assert!(format_of(99).is_none());
         for f in FORMATS {
@@ -317,6 +323,10 @@ mod tests {
         assert!(e.contains("must be 288 bytes, got 144"), "{e}");
         let e = WeightShape::of("matmul", "test", &view(&data, GgmlType::Q8K, 256, 1)).unwrap_err();
         assert!(e.contains("Q8_K") && e.contains("not supported"), "{e}");
+        for ty in [GgmlType::IQ4NL, GgmlType::IQ4XS] {
+            let e = WeightShape::of("matmul", "test", &view(&data, ty, 256, 1)).unwrap_err();
+            assert!(e.contains(ty.name()) && e.contains("not supported"), "{e}");
+        }
         let data = vec![0u8; 48 * 4];
         let e = WeightShape::of("matmul", "test", &view(&data, GgmlType::F32, 48, 1)).unwrap_err();
         assert!(e.contains("32-element"), "{e}");

@@ -23,6 +23,8 @@ pub enum GgmlType {
     Q5K = 13,
     Q6K = 14,
     Q8K = 15,
+    IQ4NL = 20,
+    IQ4XS = 23,
     BF16 = 30,
 }
 
@@ -31,7 +33,7 @@ pub const QK_K: usize = 256;
 
 impl GgmlType {
     /// Every type this engine can read.
-    pub const ALL: [GgmlType; 15] = [
+    pub const ALL: [GgmlType; 17] = [
         GgmlType::F32,
         GgmlType::F16,
         GgmlType::Q4_0,
@@ -46,6 +48,8 @@ impl GgmlType {
         GgmlType::Q5K,
         GgmlType::Q6K,
         GgmlType::Q8K,
+        GgmlType::IQ4NL,
+        GgmlType::IQ4XS,
         GgmlType::BF16,
     ];
 
@@ -64,9 +68,9 @@ impl GgmlType {
         match self {
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1,
             GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 => 32,
-            GgmlType::Q8_0 | GgmlType::Q8_1 => 32,
+            GgmlType::Q8_0 | GgmlType::Q8_1 | GgmlType::IQ4NL => 32,
             GgmlType::Q2K | GgmlType::Q3K | GgmlType::Q4K | GgmlType::Q5K => QK_K,
-            GgmlType::Q6K | GgmlType::Q8K => QK_K,
+            GgmlType::Q6K | GgmlType::Q8K | GgmlType::IQ4XS => QK_K,
         }
     }
 
@@ -87,6 +91,11 @@ impl GgmlType {
             GgmlType::Q5K => 2 + 2 + 12 + QK_K / 8 + QK_K / 2,
             GgmlType::Q6K => QK_K / 2 + QK_K / 4 + QK_K / 16 + 2,
             GgmlType::Q8K => 4 + QK_K + 2 * QK_K / 16,
+            // d, then 16 bytes of nibbles (table indices).
+            GgmlType::IQ4NL => 2 + 16,
+            // d, scales_h (2 high bits of 8 sub-block scales), scales_l (4 low bits each),
+            // then the nibbles.
+            GgmlType::IQ4XS => 2 + 2 + QK_K / 64 + QK_K / 2,
         }
     }
 
@@ -116,6 +125,8 @@ impl GgmlType {
             GgmlType::Q5K => "Q5_K",
             GgmlType::Q6K => "Q6_K",
             GgmlType::Q8K => "Q8_K",
+            GgmlType::IQ4NL => "IQ4_NL",
+            GgmlType::IQ4XS => "IQ4_XS",
             GgmlType::BF16 => "BF16",
         }
     }
@@ -147,6 +158,8 @@ mod tests {
             (GgmlType::Q5K, 176),
             (GgmlType::Q6K, 210),
             (GgmlType::Q8K, 292),
+            (GgmlType::IQ4NL, 18),
+            (GgmlType::IQ4XS, 136),
         ];
         for (t, bytes) in expected {
             assert_eq!(t.block_bytes(), bytes, "{t}");

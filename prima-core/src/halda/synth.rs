@@ -90,7 +90,7 @@ pub const PAPER_MODELS: [SynthSpec; 5] = [
 ];
 
 /// llama.cpp's fallback when a row is not a whole number of K-quant super-blocks (Qwen 2.5
-/// 72B's n_ff = 29568): Q4_K → Q5_0, Q6_K → Q8_0.
+/// 72B's n_ff = 29568): Q4_K → Q5_0, Q6_K → Q8_0, IQ4_XS → IQ4_NL.
 fn fallback(t: GgmlType, cols: u64) -> GgmlType {
     if cols.is_multiple_of(crate::gguf::QK_K as u64) {
         return t;
@@ -98,6 +98,7 @@ fn fallback(t: GgmlType, cols: u64) -> GgmlType {
     match t {
         GgmlType::Q6K => GgmlType::Q8_0,
         GgmlType::Q4K | GgmlType::Q5K => GgmlType::Q5_0,
+        GgmlType::IQ4XS => GgmlType::IQ4NL,
         other => other,
     }
 }

@@ -16,6 +16,8 @@
 mod arm;
 pub mod dispatch;
 pub mod float;
+pub mod iq4_nl;
+pub mod iq4_xs;
 pub mod k_quants;
 pub mod q4_0;
 pub mod q4_1;
@@ -30,7 +32,7 @@ mod x86;
 use prima_core::gguf::GgmlType;
 
 /// Every weight format this backend computes (the activation-only Q8_1/Q8_K are not).
-pub const WEIGHT_TYPES: [GgmlType; 13] = [
+pub const WEIGHT_TYPES: [GgmlType; 15] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
@@ -44,6 +46,8 @@ pub const WEIGHT_TYPES: [GgmlType; 13] = [
     GgmlType::Q4K,
     GgmlType::Q5K,
     GgmlType::Q6K,
+    GgmlType::IQ4NL,
+    GgmlType::IQ4XS,
 ];
 
 /// `acc[i] += w · v[i]` with `v` an F16 row as little-endian bytes (see

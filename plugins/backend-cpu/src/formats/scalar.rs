@@ -5,7 +5,9 @@
 //! falls back to this table for what it does not accelerate.
 
 use super::k_quants::{q2_k, q3_k, q4_k, q5_k, q6_k, q8_k};
-use super::{float, q4_0, q4_1, q5_0, q5_1, q8_0, q8_1, DequantizeRowFn, FormatKernels};
+use super::{
+    float, iq4_nl, iq4_xs, q4_0, q4_1, q5_0, q5_1, q8_0, q8_1, DequantizeRowFn, FormatKernels,
+};
 use prima_core::gguf::GgmlType;
 
 /// The scalar kernels for weights of type `t`, or `None` when `t` is not a weight type
@@ -104,6 +106,18 @@ pub fn kernels(t: GgmlType) -> Option<FormatKernels> {
             q8_k::quantize_row,
             q6_k::vec_dot,
         ),
+        T::IQ4NL => k(
+            T::Q8_0,
+            iq4_nl::dequantize_row,
+            q8_0::quantize_row,
+            iq4_nl::vec_dot,
+        ),
+        T::IQ4XS => k(
+            T::Q8K,
+            iq4_xs::dequantize_row,
+            q8_k::quantize_row,
+            iq4_xs::vec_dot,
+        ),
         T::Q8_1 | T::Q8K => return None,
     })
 }
@@ -128,5 +142,7 @@ pub fn dequantize_row(t: GgmlType) -> DequantizeRowFn {
         T::Q5K => q5_k::dequantize_row,
         T::Q6K => q6_k::dequantize_row,
         T::Q8K => q8_k::dequantize_row,
+        T::IQ4NL => iq4_nl::dequantize_row,
+        T::IQ4XS => iq4_xs::dequantize_row,
     }
 }

@@ -52,7 +52,7 @@ pub(in crate::formats) fn overlay(mut k: FormatKernels) -> FormatKernels {
     k.decode = super::few_rows16::decode_kernels(k.weight_type)
         .or_else(|| super::kdec16::decode_kernels(k.weight_type))
         .or(k.decode);
-    k
+    super::iq4::overlay_avx512(k)
 }
 
 macro_rules! wrappers {
@@ -174,7 +174,7 @@ unsafe fn dot_i8_i8(x: __m256i, y: __m256i) -> __m256i {
 /// `single(i)` serves the last block of an odd count.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-unsafe fn sum_block_pairs(
+pub(super) unsafe fn sum_block_pairs(
     nb: usize,
     mut pair: impl FnMut(usize) -> __m512i,
     mut single: impl FnMut(usize) -> __m256i,
@@ -220,7 +220,7 @@ pub(super) unsafe fn nibbles32_pair(p: *const u8, stride: usize) -> __m512i {
 /// The 32-byte runs at `p` and `p + stride` as one vector.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-unsafe fn load_pair(p: *const u8, stride: usize) -> __m512i {
+pub(super) unsafe fn load_pair(p: *const u8, stride: usize) -> __m512i {
     join(load(p), load(p.add(stride)))
 }
 
@@ -228,7 +228,7 @@ unsafe fn load_pair(p: *const u8, stride: usize) -> __m512i {
 /// sign moved onto y by a mask (AVX-512 has no `vpsignb`).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-unsafe fn dot_i8_i8_512(x: __m512i, y: __m512i) -> __m512i {
+pub(super) unsafe fn dot_i8_i8_512(x: __m512i, y: __m512i) -> __m512i {
     let neg = _mm512_movepi8_mask(x);
     let y = _mm512_mask_sub_epi8(y, neg, _mm512_setzero_si512(), y);
     _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(x), y)
@@ -543,7 +543,7 @@ unsafe fn scale_quarters(scales16: __m256i, q: usize) -> __m512i {
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-unsafe fn fold(v: __m512i) -> __m256i {
+pub(super) unsafe fn fold(v: __m512i) -> __m256i {
     _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1))
 }
 
