@@ -25,6 +25,7 @@
 //! its float term `(d · d_a) · isum` the scalar kernel's operations in order.
 
 use super::avx2::f32_at;
+use super::few_rows16::{dwords4, f16_pair};
 use super::panel512::{i16_pair, prep_q8_k, put_lane, put_quants32, K_AUX};
 use crate::formats::k_quants::{q8_k, QK_K};
 use crate::formats::{iq4_nl, iq4_xs, q8_0, PanelKernels};
@@ -141,20 +142,16 @@ unsafe fn table<const UNSIGNED: bool>() -> __m256i {
     _mm256_broadcastsi128_si256(_mm_loadu_si128(t.as_ptr() as *const __m128i))
 }
 
-/// Packs `L` IQ4_XS rows (values unsigned with `UNSIGNED`, else signed).
+/// Packs `L` IQ4_XS rows for the AVX2 panels, a row at a time: values signed, scales as
+/// `(ls, ls)` i16 pairs. The AVX-512 panels' pack is [`pack_xs_16`].
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn pack_xs<const L: usize, const UNSIGNED: bool>(
-    n: usize,
-    w: &[u8],
-    w_stride: usize,
-    panel: &mut [u8],
-) {
+unsafe fn pack_xs<const L: usize>(n: usize, w: &[u8], w_stride: usize, panel: &mut [u8]) {
     let (nb, wbb, pb) = (n / QK_K, iq4_xs::BLOCK_BYTES, xs_block(L));
     assert!(
         panel.len() >= nb * pb && w.len() >= (L - 1) * w_stride + nb * wbb,
         "panel pack: short buffers"
     );
-    let t = table::<UNSIGNED>();
+    let t = table::<false>();
     let lane = 4 * L;
     for r in 0..L {
         let row = &w[r * w_stride..r * w_stride + nb * wbb];
@@ -169,13 +166,7 @@ unsafe fn pack_xs<const L: usize, const UNSIGNED: bool>(
             }
             let ls = iq4_xs::scales(wb);
             for (s, &v) in ls.iter().enumerate() {
-                // i32 lanes for `vpmulld` (AVX-512), `(ls, ls)` i16 pairs for `madd` (AVX2).
-                let v = if UNSIGNED {
-                    v.to_le_bytes()
-                } else {
-                    i16_pair(v, v)
-                };
-                put_lane::<L>(dst, lane * (XS_SCALES + s), r, v);
+                put_lane::<L>(dst, lane * (XS_SCALES + s), r, i16_pair(v, v));
             }
             for j in 0..4 {
                 let pair = i16_pair(128 * ls[2 * j], 128 * ls[2 * j + 1]);
@@ -191,16 +182,80 @@ unsafe fn pack_xs<const L: usize, const UNSIGNED: bool>(
     }
 }
 
+/// Packs sixteen IQ4_XS rows for the AVX-512 panels (values `v + 128`, scales as i32
+/// lanes, the offset pairs, `d`), transposed in registers (`few_rows16::dwords4`: vector
+/// `j` of sixteen 16-byte loads is dword `j` of every row) and the scales unpacked in the
+/// lanes: row by row, four bytes a store, packing is what held the Q4_K-like panels back
+/// (see `panel512`).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn pack_xs_16(n: usize, w: &[u8], w_stride: usize, panel: &mut [u8]) {
+    const L: usize = 16;
+    let (nb, wbb, pb) = (n / QK_K, iq4_xs::BLOCK_BYTES, xs_block(L));
+    assert!(
+        panel.len() >= nb * pb && w.len() >= (L - 1) * w_stride + nb * wbb,
+        "panel pack: short buffers"
+    );
+    let row: [*const u8; L] = core::array::from_fn(|r| w.as_ptr().add(r * w_stride));
+    let t = _mm512_broadcast_i32x4(_mm256_castsi256_si128(table::<true>()));
+    let (low, two, pair_low) = (
+        _mm512_set1_epi8(0x0F),
+        _mm512_set1_epi32(3),
+        _mm512_set1_epi32(0xFFFF),
+    );
+    for b in 0..nb {
+        let off = b * wbb;
+        let dst = panel.as_mut_ptr().add(b * pb);
+        let put = |at: usize, v: __m512i| _mm512_storeu_si512(dst.add(64 * at) as *mut _, v);
+        // Dword 0: d and scales_h; dword 1: scales_l.
+        let [dh, sl, _, _] = dwords4(&row, off);
+        // ls_s − 32: the low four bits at bit 4s of scales_l, the high two at bit 2s of
+        // scales_h (bit 16 + 2s of dword 0).
+        let ls: [__m512i; 8] = core::array::from_fn(|s| {
+            let lo = _mm512_and_si512(
+                _mm512_srl_epi32(sl, _mm_cvtsi32_si128(4 * s as i32)),
+                _mm512_set1_epi32(0x0F),
+            );
+            let hi = _mm512_and_si512(
+                _mm512_srl_epi32(dh, _mm_cvtsi32_si128(16 + 2 * s as i32)),
+                two,
+            );
+            _mm512_sub_epi32(
+                _mm512_or_si512(lo, _mm512_slli_epi32::<4>(hi)),
+                _mm512_set1_epi32(32),
+            )
+        });
+        for (s, &v) in ls.iter().enumerate() {
+            put(XS_SCALES + s, v);
+        }
+        for j in 0..4 {
+            let lo = _mm512_and_si512(_mm512_slli_epi32::<7>(ls[2 * j]), pair_low);
+            let hi = _mm512_slli_epi32::<23>(ls[2 * j + 1]);
+            put(XS_OFFS + j, _mm512_or_si512(lo, hi));
+        }
+        _mm512_storeu_ps(dst.add(64 * XS_D) as *mut f32, f16_pair(dh).0);
+        for s in 0..8 {
+            // Sub-block s: 16 bytes, dword g's low nibbles are group g, its high nibbles
+            // group 4 + g.
+            let v = dwords4(&row, off + iq4_xs::QS + 16 * s);
+            for (g, q) in v.into_iter().enumerate() {
+                let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(q), low);
+                put(8 * s + g, _mm512_shuffle_epi8(t, _mm512_and_si512(q, low)));
+                put(8 * s + 4 + g, _mm512_shuffle_epi8(t, hi));
+            }
+        }
+    }
+}
+
 fn pack_xs_avx512(n: usize, w: &[u8], w_stride: usize, panel: &mut [u8]) {
     // SAFETY: reached only through the AVX-512 table, handed out after detecting its
     // features (AVX2 included); the pack checks its buffers.
-    unsafe { pack_xs::<16, true>(n, w, w_stride, panel) }
+    unsafe { pack_xs_16(n, w, w_stride, panel) }
 }
 
 fn pack_xs_avx2(n: usize, w: &[u8], w_stride: usize, panel: &mut [u8]) {
     // SAFETY: reached only through the AVX2 table, handed out after detecting avx2, fma
     // and f16c; the pack checks its buffers.
-    unsafe { pack_xs::<8, false>(n, w, w_stride, panel) }
+    unsafe { pack_xs::<8>(n, w, w_stride, panel) }
 }
 
 /// Checks a gemm call's buffers for `L`-row panels; returns the token count.
