@@ -691,6 +691,43 @@ unsafe fn pack_q4_k_16<const F: u8>(n: usize, w: &[u8], w_stride: usize, panel: 
     }
 }
 
+/// The integer sums of `G` tokens against one super-block `p` of a panel laid out as
+/// Q4_K's (64 groups of four columns, then eight sub-block scales as i32 lanes at
+/// `scales`): per 32-column sub-block, `Σ q·a` by `vpdpbusd` times the lane's scale.
+/// Q4_K's, Q5_K's and IQ4_XS's tiles (`panel_iq4`) share it.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+pub(super) unsafe fn scaled_sub_block_sums<const G: usize>(
+    p: *const u8,
+    scales: usize,
+    acts: *const u8,
+    a_stride: usize,
+    b: usize,
+) -> [__m512i; G] {
+    let zero = _mm512_setzero_si512();
+    let mut isums = [zero; G];
+    for s in 0..8 {
+        let wq: [__m512i; 8] =
+            core::array::from_fn(|g| _mm512_loadu_si512(p.add(64 * (8 * s + g)) as *const _));
+        let sc = _mm512_loadu_si512(p.add(scales + 64 * s) as *const _);
+        for (k, isum) in isums.iter_mut().enumerate() {
+            let a = acts.add(k * a_stride + b * q8_k::BLOCK_BYTES + q8_k::QS + 32 * s);
+            let x = |g: usize| _mm512_set1_epi32((a.add(4 * g) as *const i32).read_unaligned());
+            let mut acc0 = _mm512_dpbusd_epi32(zero, wq[0], x(0));
+            let mut acc1 = _mm512_dpbusd_epi32(zero, wq[1], x(1));
+            acc0 = _mm512_dpbusd_epi32(acc0, wq[2], x(2));
+            acc1 = _mm512_dpbusd_epi32(acc1, wq[3], x(3));
+            acc0 = _mm512_dpbusd_epi32(acc0, wq[4], x(4));
+            acc1 = _mm512_dpbusd_epi32(acc1, wq[5], x(5));
+            acc0 = _mm512_dpbusd_epi32(acc0, wq[6], x(6));
+            acc1 = _mm512_dpbusd_epi32(acc1, wq[7], x(7));
+            let acc = _mm512_add_epi32(acc0, acc1);
+            *isum = _mm512_add_epi32(*isum, _mm512_mullo_epi32(acc, sc));
+        }
+    }
+    isums
+}
+
 /// `G` tokens against a Q4_K panel: per sub-block, `Σ q·a` by `vpdpbusd` times the lane's
 /// scale; the mins by `vpdpwssd` of the lane's min pairs and the token's sub-block sums.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -707,26 +744,7 @@ unsafe fn q4_k_tile<const G: usize>(
     let mut sums = [_mm512_setzero_ps(); G];
     for b in 0..nb {
         let p = panel.add(b * K4_BLOCK);
-        let mut isums = [zero; G];
-        for s in 0..8 {
-            let wq: [__m512i; 8] =
-                core::array::from_fn(|g| _mm512_loadu_si512(p.add(64 * (8 * s + g)) as *const _));
-            let sc = _mm512_loadu_si512(p.add(K4_SCALES + 64 * s) as *const _);
-            for (k, isum) in isums.iter_mut().enumerate() {
-                let a = acts.add(k * a_stride + b * q8_k::BLOCK_BYTES + q8_k::QS + 32 * s);
-                let x = |g: usize| _mm512_set1_epi32((a.add(4 * g) as *const i32).read_unaligned());
-                let mut acc0 = _mm512_dpbusd_epi32(zero, wq[0], x(0));
-                let mut acc1 = _mm512_dpbusd_epi32(zero, wq[1], x(1));
-                acc0 = _mm512_dpbusd_epi32(acc0, wq[2], x(2));
-                acc1 = _mm512_dpbusd_epi32(acc1, wq[3], x(3));
-                acc0 = _mm512_dpbusd_epi32(acc0, wq[4], x(4));
-                acc1 = _mm512_dpbusd_epi32(acc1, wq[5], x(5));
-                acc0 = _mm512_dpbusd_epi32(acc0, wq[6], x(6));
-                acc1 = _mm512_dpbusd_epi32(acc1, wq[7], x(7));
-                let acc = _mm512_add_epi32(acc0, acc1);
-                *isum = _mm512_add_epi32(*isum, _mm512_mullo_epi32(acc, sc));
-            }
-        }
+        let isums = scaled_sub_block_sums::<G>(p, K4_SCALES, acts, a_stride, b);
         let mins: [__m512i; 4] =
             core::array::from_fn(|j| _mm512_loadu_si512(p.add(K4_MINS + 64 * j) as *const _));
         let d = _mm512_loadu_ps(p.add(K4_D) as *const f32);

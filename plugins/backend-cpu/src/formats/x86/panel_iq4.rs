@@ -26,7 +26,7 @@
 
 use super::avx2::f32_at;
 use super::few_rows16::{dwords4, f16_pair};
-use super::panel512::{i16_pair, prep_q8_k, put_lane, put_quants32, K_AUX};
+use super::panel512::{i16_pair, prep_q8_k, put_lane, put_quants32, scaled_sub_block_sums, K_AUX};
 use crate::formats::k_quants::{q8_k, QK_K};
 use crate::formats::{iq4_nl, iq4_xs, q8_0, PanelKernels};
 use core::arch::x86_64::*;
@@ -303,26 +303,7 @@ unsafe fn xs_tile_512<const G: usize>(
     let mut sums = [_mm512_setzero_ps(); G];
     for b in 0..nb {
         let p = panel.add(b * xs_block(16));
-        let mut isums = [zero; G];
-        for s in 0..8 {
-            let wq: [__m512i; 8] =
-                core::array::from_fn(|g| _mm512_loadu_si512(p.add(LANE * (8 * s + g)) as *const _));
-            let sc = _mm512_loadu_si512(p.add(LANE * (XS_SCALES + s)) as *const _);
-            for (k, isum) in isums.iter_mut().enumerate() {
-                let a = acts.add(k * a_stride + b * q8_k::BLOCK_BYTES + q8_k::QS + 32 * s);
-                let x = |g: usize| _mm512_set1_epi32((a.add(4 * g) as *const i32).read_unaligned());
-                let mut acc0 = _mm512_dpbusd_epi32(zero, wq[0], x(0));
-                let mut acc1 = _mm512_dpbusd_epi32(zero, wq[1], x(1));
-                acc0 = _mm512_dpbusd_epi32(acc0, wq[2], x(2));
-                acc1 = _mm512_dpbusd_epi32(acc1, wq[3], x(3));
-                acc0 = _mm512_dpbusd_epi32(acc0, wq[4], x(4));
-                acc1 = _mm512_dpbusd_epi32(acc1, wq[5], x(5));
-                acc0 = _mm512_dpbusd_epi32(acc0, wq[6], x(6));
-                acc1 = _mm512_dpbusd_epi32(acc1, wq[7], x(7));
-                let acc = _mm512_add_epi32(acc0, acc1);
-                *isum = _mm512_add_epi32(*isum, _mm512_mullo_epi32(acc, sc));
-            }
-        }
+        let isums = scaled_sub_block_sums::<G>(p, LANE * XS_SCALES, acts, a_stride, b);
         let offs: [__m512i; 4] =
             core::array::from_fn(|j| _mm512_loadu_si512(p.add(LANE * (XS_OFFS + j)) as *const _));
         let d = _mm512_loadu_ps(p.add(LANE * XS_D) as *const f32);
