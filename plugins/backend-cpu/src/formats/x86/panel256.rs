@@ -200,7 +200,7 @@ unsafe fn legacy_tile<const G: usize, const KIND: u8, const F: u8>(
 
 /// Checks a gemm call's buffers (as `panel512::check_gemm`) and returns the token count.
 #[allow(clippy::too_many_arguments)]
-fn check_gemm(
+pub(super) fn check_gemm(
     nb: usize,
     panel: &[u8],
     panel_block: usize,

@@ -376,7 +376,7 @@ unsafe fn legacy_tile<const G: usize, const KIND: u8>(
 /// Checks a gemm call's buffers: `nb` blocks per row of `panel_block` panel bytes,
 /// `a_block` activation and `aux_block` side bytes; returns the token count.
 #[allow(clippy::too_many_arguments)]
-fn check_gemm(
+pub(super) fn check_gemm(
     nb: usize,
     panel: &[u8],
     panel_block: usize,

@@ -258,33 +258,12 @@ fn pack_xs_avx2(n: usize, w: &[u8], w_stride: usize, panel: &mut [u8]) {
     unsafe { pack_xs::<8>(n, w, w_stride, panel) }
 }
 
-/// Checks a gemm call's buffers for `L`-row panels; returns the token count.
-#[allow(clippy::too_many_arguments)]
-fn check_xs(
-    l: usize,
-    nb: usize,
-    panel: &[u8],
-    acts: &[u8],
-    a_stride: usize,
-    aux: &[u8],
-    aux_stride: usize,
-    out: &[f32],
-) -> usize {
-    let nt = out.len() / l;
-    assert!(panel.len() >= nb * xs_block(l), "panel gemm: short panel");
-    if nt > 0 {
-        let a_row = nb * q8_k::BLOCK_BYTES;
-        assert!(
-            a_stride >= a_row && acts.len() >= (nt - 1) * a_stride + a_row,
-            "panel gemm: short activation rows"
-        );
-        let x_row = nb * K_AUX;
-        assert!(
-            aux_stride >= x_row && aux.len() >= (nt - 1) * aux_stride + x_row,
-            "panel gemm: short side data"
-        );
-    }
-    nt
+/// Runs `tile(t, true)` over the whole groups of `group` tokens from token `t`, then
+/// `tile(t, false)` over each token left.
+fn by_tiles(nt: usize, group: usize, mut tile: impl FnMut(usize, bool)) {
+    let whole = nt / group * group;
+    (0..whole).step_by(group).for_each(|t| tile(t, true));
+    (whole..nt).for_each(|t| tile(t, false));
 }
 
 /// `G` tokens against a 16-row IQ4_XS panel; `out[16k ..]` gets token `k`.
@@ -335,38 +314,41 @@ fn gemm_xs_avx512(
     out: &mut [f32],
 ) {
     let nb = n / QK_K;
-    let nt = check_xs(16, nb, panel, acts, a_stride, aux, aux_stride, out);
-    let (a, x, o) = (acts.as_ptr(), aux.as_ptr(), out.as_mut_ptr());
-    let mut t = 0;
-    // SAFETY: reached only through the AVX-512 table, handed out after detecting its
-    // features; `check_xs` checked that every block the tiles read is in bounds and `out`
-    // holds `nt` tokens' 16 lanes.
-    unsafe {
-        while t + 8 <= nt {
-            xs_tile_512::<8>(
-                nb,
-                panel.as_ptr(),
-                a.add(t * a_stride),
-                a_stride,
-                x.add(t * aux_stride),
-                aux_stride,
-                o.add(16 * t),
-            );
-            t += 8;
+    let nt = super::panel512::check_gemm(
+        nb,
+        panel,
+        xs_block(16),
+        acts,
+        a_stride,
+        q8_k::BLOCK_BYTES,
+        aux,
+        aux_stride,
+        K_AUX,
+        out,
+    );
+    let (p, a, x, o) = (
+        panel.as_ptr(),
+        acts.as_ptr(),
+        aux.as_ptr(),
+        out.as_mut_ptr(),
+    );
+    by_tiles(nt, 8, |t, whole| {
+        let (a, x, o) = (
+            a.wrapping_add(t * a_stride),
+            x.wrapping_add(t * aux_stride),
+            o.wrapping_add(16 * t),
+        );
+        // SAFETY: reached only through the AVX-512 table, handed out after detecting its
+        // features; `check_gemm` checked that every block the tiles read is in bounds and
+        // `out` holds `nt` tokens' 16 lanes.
+        unsafe {
+            if whole {
+                xs_tile_512::<8>(nb, p, a, a_stride, x, aux_stride, o)
+            } else {
+                xs_tile_512::<1>(nb, p, a, a_stride, x, aux_stride, o)
+            }
         }
-        while t < nt {
-            xs_tile_512::<1>(
-                nb,
-                panel.as_ptr(),
-                a.add(t * a_stride),
-                a_stride,
-                x.add(t * aux_stride),
-                aux_stride,
-                o.add(16 * t),
-            );
-            t += 1;
-        }
-    }
+    });
 }
 
 /// `G` tokens against an 8-row IQ4_XS panel (signed values); `out[8k ..]` gets token `k`.
@@ -421,36 +403,39 @@ fn gemm_xs_avx2(
     out: &mut [f32],
 ) {
     let nb = n / QK_K;
-    let nt = check_xs(8, nb, panel, acts, a_stride, aux, aux_stride, out);
-    let (a, x, o) = (acts.as_ptr(), aux.as_ptr(), out.as_mut_ptr());
-    let mut t = 0;
-    // SAFETY: reached only through the AVX2 table, handed out after detecting avx2, fma
-    // and f16c; `check_xs` checked that every block the tiles read is in bounds and `out`
-    // holds `nt` tokens' 8 lanes.
-    unsafe {
-        while t + 4 <= nt {
-            xs_tile_256::<4>(
-                nb,
-                panel.as_ptr(),
-                a.add(t * a_stride),
-                a_stride,
-                x.add(t * aux_stride),
-                aux_stride,
-                o.add(8 * t),
-            );
-            t += 4;
+    let nt = super::panel256::check_gemm(
+        nb,
+        panel,
+        xs_block(8),
+        acts,
+        a_stride,
+        q8_k::BLOCK_BYTES,
+        aux,
+        aux_stride,
+        K_AUX,
+        out,
+    );
+    let (p, a, x, o) = (
+        panel.as_ptr(),
+        acts.as_ptr(),
+        aux.as_ptr(),
+        out.as_mut_ptr(),
+    );
+    by_tiles(nt, 4, |t, whole| {
+        let (a, x, o) = (
+            a.wrapping_add(t * a_stride),
+            x.wrapping_add(t * aux_stride),
+            o.wrapping_add(8 * t),
+        );
+        // SAFETY: reached only through the AVX2 table, handed out after detecting avx2, fma
+        // and f16c; `check_gemm` checked that every block the tiles read is in bounds and
+        // `out` holds `nt` tokens' 8 lanes.
+        unsafe {
+            if whole {
+                xs_tile_256::<4>(nb, p, a, a_stride, x, aux_stride, o)
+            } else {
+                xs_tile_256::<1>(nb, p, a, a_stride, x, aux_stride, o)
+            }
         }
-        while t < nt {
-            xs_tile_256::<1>(
-                nb,
-                panel.as_ptr(),
-                a.add(t * a_stride),
-                a_stride,
-                x.add(t * aux_stride),
-                aux_stride,
-                o.add(8 * t),
-            );
-            t += 1;
-        }
-    }
+    });
 }
