@@ -2,12 +2,16 @@
 //! llama-bench measures them so the two can be compared side by side.
 //!
 //! Prompt processing (pp): one batch of `-p` token ids evaluated on an empty cache.
-//! Generation (tg): `-n` tokens evaluated one at a time from an empty cache. Each is
-//! repeated `-r` times after one untimed warm-up run; the mean and sample standard
-//! deviation of tokens per second are reported.
+//! Generation (tg): `-n` tokens evaluated one at a time from an empty cache. With
+//! `--parallel N`, N sequences (slots, each with its own cache) generate together, one
+//! token each per batched step, as the server's continuous batching steps them, and the
+//! rate is all of theirs together (llama-batched-bench's TG). Each is repeated `-r` times
+//! after one untimed warm-up run; the mean and sample standard deviation of tokens per
+//! second are reported.
 
 use std::time::Instant;
 
+use prima_core::batch::{BatchForward, SeqTokens};
 use prima_core::generate::Forward;
 use prima_core::prp::budget::MemBudget;
 use rand::{Rng, SeedableRng};
@@ -29,6 +33,10 @@ pub struct BenchArgs {
     /// Timed repetitions of each test.
     #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
     reps: usize,
+    /// Sequences generating together in the generation test, each in a slot of its own,
+    /// one batched step for all (llama.cpp's -np); tokens per second are theirs together.
+    #[arg(long, default_value_t = 1, value_parser = super::serve::parse_parallel)]
+    parallel: usize,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
@@ -48,6 +56,7 @@ struct Report {
     threads: Option<u32>,
     n_prompt: usize,
     n_gen: usize,
+    parallel: usize,
     repetitions: usize,
     prompt_tokens_per_s: f64,
     prompt_tokens_per_s_sd: f64,
@@ -97,10 +106,11 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         "{n_ctx} tokens exceed the model's context of {}",
         hp.n_ctx_train
     );
-    let mut session = engine.local_session(
+    let mut session = engine.local_slots(
         args.mem_budget,
         n_ctx,
-        args.n_prompt.max(1),
+        args.n_prompt.max(args.parallel),
+        args.parallel,
         Streaming::default(),
     )?;
     let mut rng = ChaCha8Rng::seed_from_u64(42);
@@ -112,7 +122,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let mut pp = Vec::with_capacity(args.reps);
     if args.n_prompt > 0 {
         for rep in 0..=args.reps {
-            session.truncate(0)?;
+            Forward::truncate(&mut session, 0)?;
             let start = Instant::now();
             session.eval(&prompt)?;
             let secs = start.elapsed().as_secs_f64();
@@ -122,9 +132,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         }
     }
     let mut tg = Vec::with_capacity(args.reps);
-    if args.n_gen > 0 {
+    if args.n_gen > 0 && args.parallel == 1 {
         for rep in 0..=args.reps {
-            session.truncate(0)?;
+            Forward::truncate(&mut session, 0)?;
             let mut token = rng.gen_range(0..vocab);
             let start = Instant::now();
             for _ in 0..args.n_gen {
@@ -135,6 +145,39 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             let secs = start.elapsed().as_secs_f64();
             if rep > 0 {
                 tg.push(args.n_gen as f64 / secs);
+            }
+        }
+    } else if args.n_gen > 0 {
+        let n_vocab = hp.n_vocab;
+        for rep in 0..=args.reps {
+            for slot in 0..args.parallel {
+                BatchForward::truncate(&mut session, slot, 0)?;
+            }
+            let mut tokens: Vec<u32> = (0..args.parallel)
+                .map(|_| rng.gen_range(0..vocab))
+                .collect();
+            let start = Instant::now();
+            for _ in 0..args.n_gen {
+                let next = {
+                    let step: Vec<SeqTokens<'_>> = tokens
+                        .iter()
+                        .enumerate()
+                        .map(|(slot, t)| SeqTokens {
+                            slot,
+                            tokens: std::slice::from_ref(t),
+                        })
+                        .collect();
+                    let logits = session.eval_batch(&step)?;
+                    // Each slot goes on with a token derived from its own logits.
+                    (0..args.parallel)
+                        .map(|i| (logits[i * n_vocab].to_bits() % vocab.max(1)).min(vocab - 1))
+                        .collect::<Vec<u32>>()
+                };
+                tokens = next;
+            }
+            let secs = start.elapsed().as_secs_f64();
+            if rep > 0 {
+                tg.push((args.n_gen * args.parallel) as f64 / secs);
             }
         }
     }
@@ -156,6 +199,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         threads: args.engine.threads,
         n_prompt: args.n_prompt,
         n_gen: args.n_gen,
+        parallel: args.parallel,
         repetitions: args.reps,
         prompt_tokens_per_s: pp_mean,
         prompt_tokens_per_s_sd: pp_sd,
@@ -178,10 +222,11 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             );
         }
         if args.n_gen > 0 {
-            println!(
-                "| tg{:<4} | {:>7.2} ± {:>5.2} |",
-                args.n_gen, tg_mean, tg_sd
-            );
+            let test = match args.parallel {
+                1 => format!("tg{}", args.n_gen),
+                n => format!("tg{}x{n}", args.n_gen),
+            };
+            println!("| {test:<6} | {tg_mean:>7.2} ± {tg_sd:>5.2} |");
         }
         if let (Some(bw), Some(eff)) = (report.mem_read_bytes_per_s, report.bandwidth_efficiency) {
             println!(

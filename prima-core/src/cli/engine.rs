@@ -132,7 +132,7 @@ fn open_gpu(
 
 impl Engine {
     /// Opens the model without touching a weight page: a device alone reads them in
-    /// [`Engine::local_session`], a ring device only its own layers, later.
+    /// [`Engine::local_slots`], a ring device only its own layers, later.
     pub fn open(args: &EngineArgs) -> anyhow::Result<Engine> {
         let model = Model::load(&args.model)?;
         Engine::open_with(args, model, false)
@@ -220,23 +220,11 @@ impl Engine {
 }
 
 impl Engine {
-    /// A session on this device alone, when the
-    /// weights fit `budget` (see [`MemBudget`]) every page is read now, as always;
-    /// otherwise the first layers are read now and the rest will be streamed each token,
-    /// which stderr reports.
-    pub fn local_session(
-        &self,
-        budget: MemBudget,
-        n_ctx: usize,
-        n_batch: usize,
-        streaming: Streaming,
-    ) -> anyhow::Result<LocalSession<'_>> {
-        self.local_slots(budget, n_ctx, n_batch, 1, streaming)
-    }
-
-    /// [`Engine::local_session`] with `n_slots` independent contexts of `n_ctx`
-    /// positions each (continuous batching): the budget leaves room for every slot's KV
-    /// cache.
+    /// A session on this device alone with `n_slots` independent contexts of `n_ctx`
+    /// positions each (continuous batching; the budget leaves room for every slot's KV
+    /// cache). When the weights fit `budget` (see [`MemBudget`]) every page is read now,
+    /// as always; otherwise the first layers are read now and the rest will be streamed
+    /// each token, which stderr reports.
     pub fn local_slots(
         &self,
         budget: MemBudget,
