@@ -151,12 +151,12 @@ impl KvCache {
 
     pub fn write(&mut self, layer: usize, start: usize, n: usize, k: &[f32], v: &[f32]) {
         let (dk, dv) = (self.spec.head_dim_k as usize, self.spec.head_dim_v as usize);
+        let heads = self.spec.n_head_kv as usize;
         // Each head's rows of the `n` positions are contiguous in the cache; `k` and `v`
         // hold the positions' rows of every head one after another.
-        for head in 0..self.spec.n_head_kv as usize {
+        for head in 0..heads {
             let ko = self.k_offset(layer, start, head);
             let vo = self.v_offset(layer, start, head);
-            let heads = self.spec.n_head_kv as usize;
             for i in 0..n {
                 let (src_k, src_v) = ((i * heads + head) * dk, (i * heads + head) * dv);
                 // `half`'s slice conversion: `f16::from_f32`'s bits, several lanes at a time.

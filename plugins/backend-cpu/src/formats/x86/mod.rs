@@ -14,6 +14,28 @@
 //! Block-quant kernels assume activations came from the quantizers (|q| ≤ 127), as
 //! `maddubs`-based dots need.
 
+/// Walks the `$nt` tokens of a panel gemm whose tiles are `$rows` rows × `$tokens`
+/// tokens: whole tiles while they fit, then one token at a time. `$call` runs with `$g`
+/// (the tile's tokens) and the pointers of its first token's activations `$a`, side data
+/// `$x` and output `$o` (`$rows` floats a token). Used by every panel gemm (panel512,
+/// panel256, panel_iq4); the caller's `unsafe` block covers the pointer steps.
+macro_rules! over_tokens {
+    ([$rows:expr, $tokens:expr] $nt:expr, $a_stride:expr, $aux_stride:expr, $acts:expr,
+     $aux:expr, $out:expr, |$g:ident, $a:ident, $x:ident, $o:ident| $call:expr) => {{
+        let mut t = 0;
+        while t < $nt {
+            let ($a, $x, $o) = (
+                $acts.as_ptr().add(t * $a_stride),
+                $aux.as_ptr().add(t * $aux_stride),
+                $out.as_mut_ptr().add(t * $rows),
+            );
+            let $g = if t + $tokens <= $nt { $tokens } else { 1 };
+            $call;
+            t += $g;
+        }
+    }};
+}
+
 pub mod attention;
 pub mod avx2;
 pub mod avx512;

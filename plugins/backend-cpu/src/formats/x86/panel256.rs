@@ -227,25 +227,6 @@ pub(super) fn check_gemm(
     nt
 }
 
-/// Runs `$tile::<TOKENS>` over whole groups of tokens, then `$tile::<1>` over the rest;
-/// `$call(a, x, o)` gets the group's activation, side data and output pointers.
-macro_rules! over_tokens {
-    ($nt:expr, $a_stride:expr, $aux_stride:expr, $acts:expr, $aux:expr, $out:expr,
-     |$g:ident, $a:ident, $x:ident, $o:ident| $call:expr) => {{
-        let mut t = 0;
-        while t < $nt {
-            let ($a, $x, $o) = (
-                $acts.as_ptr().add(t * $a_stride),
-                $aux.as_ptr().add(t * $aux_stride),
-                $out.as_mut_ptr().add(t * ROWS),
-            );
-            let $g = if t + TOKENS <= $nt { TOKENS } else { 1 };
-            $call;
-            t += $g;
-        }
-    }};
-}
-
 #[allow(clippy::too_many_arguments)]
 fn legacy_gemm<const KIND: u8, const F: u8>(
     n: usize,
@@ -275,7 +256,7 @@ fn legacy_gemm<const KIND: u8, const F: u8>(
     // F16C; `check_gemm` checked that every block the tiles read is in bounds and that
     // `out` holds `nt` tokens' 8 lanes.
     unsafe {
-        over_tokens!(nt, a_stride, aux_stride, acts, aux, out, |g, a, x, o| {
+        over_tokens!([ROWS, TOKENS] nt, a_stride, aux_stride, acts, aux, out, |g, a, x, o| {
             let p = panel.as_ptr();
             if g == TOKENS {
                 legacy_tile::<TOKENS, KIND, F>(nb, p, a, shape, x, aux_stride, offset, o)
@@ -446,7 +427,7 @@ macro_rules! k_gemms {
             );
             // SAFETY: as in `legacy_gemm`.
             unsafe {
-                over_tokens!(nt, a_stride, aux_stride, acts, aux, out, |g, a, x, o| {
+                over_tokens!([ROWS, TOKENS] nt, a_stride, aux_stride, acts, aux, out, |g, a, x, o| {
                     if g == TOKENS {
                         $tile::<TOKENS, $f>(nb, panel.as_ptr(), a, a_stride, x, aux_stride, o)
                     } else {

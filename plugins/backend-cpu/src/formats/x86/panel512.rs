@@ -403,30 +403,6 @@ pub(super) fn check_gemm(
     nt
 }
 
-/// Runs `tile::<TOKENS>` over whole groups of tokens, then `tile::<1>` over the rest.
-macro_rules! over_tokens {
-    ($nt:expr, $a_stride:expr, $aux_stride:expr, $acts:expr, $aux:expr, $out:expr,
-     |$g:ident, $a:ident, $x:ident, $o:ident| $call:expr) => {{
-        let mut t = 0;
-        while t < $nt {
-            let ($a, $x, $o) = (
-                $acts.as_ptr().add(t * $a_stride),
-                $aux.as_ptr().add(t * $aux_stride),
-                $out.as_mut_ptr().add(t * ROWS),
-            );
-            if t + TOKENS <= $nt {
-                let $g = TOKENS;
-                $call;
-                t += TOKENS;
-            } else {
-                let $g = 1;
-                $call;
-                t += 1;
-            }
-        }
-    }};
-}
-
 /// The legacy gemm of one format: `a_block`/`q_off` its activation block size and quant
 /// offset, `offset` what packing added to its quants.
 #[allow(clippy::too_many_arguments)]
@@ -458,7 +434,7 @@ fn legacy_gemm<const KIND: u8>(
     // features; `check_gemm` checked that every block the tiles read is in bounds and `out`
     // holds `nt` tokens' 16 lanes.
     unsafe {
-        over_tokens!(nt, a_stride, aux_stride, acts, aux, out, |g, a, x, o| {
+        over_tokens!([ROWS, TOKENS] nt, a_stride, aux_stride, acts, aux, out, |g, a, x, o| {
             if g == TOKENS {
                 legacy_tile::<TOKENS, KIND>(nb, panel.as_ptr(), a, shape, x, aux_stride, offset, o)
             } else {
@@ -794,7 +770,7 @@ fn gemm_q4_k(
     );
     // SAFETY: as in `legacy_gemm`.
     unsafe {
-        over_tokens!(nt, a_stride, aux_stride, acts, aux, out, |g, a, x, o| {
+        over_tokens!([ROWS, TOKENS] nt, a_stride, aux_stride, acts, aux, out, |g, a, x, o| {
             if g == TOKENS {
                 q4_k_tile::<TOKENS>(nb, panel.as_ptr(), a, a_stride, x, aux_stride, o)
             } else {
@@ -1138,7 +1114,7 @@ fn gemm_k16<const F: u8>(
     );
     // SAFETY: as in `legacy_gemm`.
     unsafe {
-        over_tokens!(nt, a_stride, aux_stride, acts, aux, out, |g, a, x, o| {
+        over_tokens!([ROWS, TOKENS] nt, a_stride, aux_stride, acts, aux, out, |g, a, x, o| {
             if g == TOKENS {
                 k16_tile::<TOKENS, F>(nb, panel.as_ptr(), a, a_stride, x, aux_stride, o)
             } else {

@@ -258,14 +258,6 @@ fn pack_xs_avx2(n: usize, w: &[u8], w_stride: usize, panel: &mut [u8]) {
     unsafe { pack_xs::<8>(n, w, w_stride, panel) }
 }
 
-/// Runs `tile(t, true)` over the whole groups of `group` tokens from token `t`, then
-/// `tile(t, false)` over each token left.
-fn by_tiles(nt: usize, group: usize, mut tile: impl FnMut(usize, bool)) {
-    let whole = nt / group * group;
-    (0..whole).step_by(group).for_each(|t| tile(t, true));
-    (whole..nt).for_each(|t| tile(t, false));
-}
-
 /// `G` tokens against a 16-row IQ4_XS panel; `out[16k ..]` gets token `k`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn xs_tile_512<const G: usize>(
@@ -326,29 +318,19 @@ fn gemm_xs_avx512(
         K_AUX,
         out,
     );
-    let (p, a, x, o) = (
-        panel.as_ptr(),
-        acts.as_ptr(),
-        aux.as_ptr(),
-        out.as_mut_ptr(),
-    );
-    by_tiles(nt, 8, |t, whole| {
-        let (a, x, o) = (
-            a.wrapping_add(t * a_stride),
-            x.wrapping_add(t * aux_stride),
-            o.wrapping_add(16 * t),
-        );
-        // SAFETY: reached only through the AVX-512 table, handed out after detecting its
-        // features; `check_gemm` checked that every block the tiles read is in bounds and
-        // `out` holds `nt` tokens' 16 lanes.
-        unsafe {
-            if whole {
+    let p = panel.as_ptr();
+    // SAFETY: reached only through the AVX-512 table, handed out after detecting its
+    // features; `check_gemm` checked that every block the tiles read is in bounds and
+    // `out` holds `nt` tokens' 16 lanes.
+    unsafe {
+        over_tokens!([16, 8] nt, a_stride, aux_stride, acts, aux, out, |g, a, x, o| {
+            if g == 8 {
                 xs_tile_512::<8>(nb, p, a, a_stride, x, aux_stride, o)
             } else {
                 xs_tile_512::<1>(nb, p, a, a_stride, x, aux_stride, o)
             }
-        }
-    });
+        });
+    }
 }
 
 /// `G` tokens against an 8-row IQ4_XS panel (signed values); `out[8k ..]` gets token `k`.
@@ -415,27 +397,17 @@ fn gemm_xs_avx2(
         K_AUX,
         out,
     );
-    let (p, a, x, o) = (
-        panel.as_ptr(),
-        acts.as_ptr(),
-        aux.as_ptr(),
-        out.as_mut_ptr(),
-    );
-    by_tiles(nt, 4, |t, whole| {
-        let (a, x, o) = (
-            a.wrapping_add(t * a_stride),
-            x.wrapping_add(t * aux_stride),
-            o.wrapping_add(8 * t),
-        );
-        // SAFETY: reached only through the AVX2 table, handed out after detecting avx2, fma
-        // and f16c; `check_gemm` checked that every block the tiles read is in bounds and
-        // `out` holds `nt` tokens' 8 lanes.
-        unsafe {
-            if whole {
+    let p = panel.as_ptr();
+    // SAFETY: reached only through the AVX2 table, handed out after detecting avx2, fma
+    // and f16c; `check_gemm` checked that every block the tiles read is in bounds and
+    // `out` holds `nt` tokens' 8 lanes.
+    unsafe {
+        over_tokens!([8, 4] nt, a_stride, aux_stride, acts, aux, out, |g, a, x, o| {
+            if g == 4 {
                 xs_tile_256::<4>(nb, p, a, a_stride, x, aux_stride, o)
             } else {
                 xs_tile_256::<1>(nb, p, a, a_stride, x, aux_stride, o)
             }
-        }
-    });
+        });
+    }
 }
