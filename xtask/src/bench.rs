@@ -137,21 +137,26 @@ pub fn run(layout: &Layout, args: &BenchArgs) -> Result<()> {
                 continue;
             }
             let o = median(&ours);
+            // A test left out (`-p 0`, `-n 0`) has no rate, so no ratio or efficiency.
+            let ratio = |ours: f64, theirs: f64| match theirs > 0.0 {
+                true => format!("{:.2}", ours / theirs),
+                false => "–".into(),
+            };
             let eff = |tg: f64| {
-                if mem_bw > 0.0 {
+                if mem_bw > 0.0 && tg > 0.0 {
                     format!("{:.0}%", 100.0 * bytes_per_token * tg / mem_bw)
                 } else {
                     "–".into()
                 }
             };
             println!(
-                "| {name} | {t} | {:.1} | {:.1} | {:.2} | {:.1} | {:.1} | {:.2} | {} | {} |",
+                "| {name} | {t} | {:.1} | {:.1} | {} | {:.1} | {:.1} | {} | {} | {} |",
                 l.pp,
                 o.pp,
-                o.pp / l.pp,
+                ratio(o.pp, l.pp),
                 l.tg,
                 o.tg,
-                o.tg / l.tg,
+                ratio(o.tg, l.tg),
                 eff(l.tg),
                 eff(o.tg)
             );

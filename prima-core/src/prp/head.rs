@@ -246,8 +246,6 @@ pub struct RingHead<'m> {
     session: Session<'m>,
     ring: Passes,
     health: Option<JoinHandle<()>>,
-    /// The thread that reads the last device's frames (see [`read_loop`]).
-    reader: Option<JoinHandle<()>>,
     /// How many micro-batches an evaluation is cut into; `None`: as `tuner` finds
     /// fastest.
     micro_batches: Option<usize>,
@@ -263,14 +261,27 @@ struct Passes {
     rounds: usize,
     wire: WireType,
     shared: Arc<Shared>,
-    /// Frames from the last device, as the reader thread receives them.
-    incoming: mpsc::Receiver<Result<Vec<u8>, RingError>>,
+    /// Where the last device's frames are read.
+    arrivals: Arrivals,
     /// The next batch's number: every batch (micro-batch) gets its own, which its frames
     /// carry round the ring.
     seq: u64,
     frame: Vec<u8>,
     passes: Vec<PassStats>,
     meter: PassMeter,
+}
+
+/// Where the head reads the frames the last device sends back.
+enum Arrivals {
+    /// On the evaluating thread, while one batch at a time goes round: nothing can come
+    /// back while the head sends, and a frame reaches the head with one thread woken
+    /// instead of two (a wake-up costs tens of microseconds, k of them per token).
+    Direct,
+    /// From the reader thread, once several batches have been in flight together.
+    Reader {
+        incoming: mpsc::Receiver<Result<Vec<u8>, RingError>>,
+        thread: Option<JoinHandle<()>>,
+    },
 }
 
 /// A pass sent round the ring and not back yet: its batch, round and what the head
@@ -558,17 +569,8 @@ impl<'m> RingHead<'m> {
                 .spawn(move || health_loop(&shared))
                 .map_err(|e| RingError::Setup(format!("cannot start the health thread: {e}")))?
         };
-        let (arrived, incoming) = mpsc::channel();
-        let reader = {
-            let shared = shared.clone();
-            std::thread::Builder::new()
-                .name("prima-ring-reader".into())
-                .spawn(move || read_loop(&shared, &arrived))
-                .map_err(|e| RingError::Setup(format!("cannot start the reader thread: {e}")))?
-        };
         Ok(RingHead {
             session,
-            reader: Some(reader),
             micro_batches: options.micro_batches.map(|m| m.max(1)),
             tuner: MicroBatchTuner::new(links_len + 1),
             ring: Passes {
@@ -576,7 +578,7 @@ impl<'m> RingHead<'m> {
                 rounds,
                 wire: options.wire,
                 shared,
-                incoming,
+                arrivals: Arrivals::Direct,
                 seq: 0,
                 frame: Vec::new(),
                 passes: Vec::new(),
@@ -652,8 +654,10 @@ impl<'m> RingHead<'m> {
             link.control.close();
         }
         shared.close_data();
-        if let Some(h) = self.reader.take() {
-            let _ = h.join();
+        if let Arrivals::Reader { thread, .. } = &mut self.ring.arrivals {
+            if let Some(h) = thread.take() {
+                let _ = h.join();
+            }
         }
     }
 }
@@ -766,16 +770,45 @@ impl Passes {
         let waiting = Instant::now();
         // Sleeps until a frame comes back; if the ring breaks first, the health thread
         // closes the connection and the verdict names who broke it.
-        let frame = match self.incoming.recv() {
-            Ok(Ok(frame)) => frame,
-            Ok(Err(e)) => return Err(self.broken(e)),
-            Err(mpsc::RecvError) => {
-                return Err(self.broken(RingError::Transport(
-                    "the head's reader thread is gone".into(),
-                )))
-            }
+        let frame = match &self.arrivals {
+            Arrivals::Direct => loop {
+                match recv_frame(&self.shared.data_in, NO_TIMEOUT) {
+                    Ok(Some(frame)) => break frame,
+                    Ok(None) => {}
+                    Err(e) => return Err(self.broken(e)),
+                }
+            },
+            Arrivals::Reader { incoming, .. } => match incoming.recv() {
+                Ok(Ok(frame)) => frame,
+                Ok(Err(e)) => return Err(self.broken(e)),
+                Err(mpsc::RecvError) => {
+                    return Err(self.broken(RingError::Transport(
+                        "the head's reader thread is gone".into(),
+                    )))
+                }
+            },
         };
         Ok((frame, waiting.elapsed().as_secs_f64() * 1e3))
+    }
+
+    /// Hands the reading of the last device's frames to a thread of its own (see
+    /// [`read_loop`]), before the first time several batches are in flight; from then
+    /// on it reads for good. Called between evaluations, so no frame is half read.
+    fn start_reader(&mut self) -> Result<(), RingError> {
+        if matches!(self.arrivals, Arrivals::Reader { .. }) {
+            return Ok(());
+        }
+        let (arrived, incoming) = mpsc::channel();
+        let shared = self.shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("prima-ring-reader".into())
+            .spawn(move || read_loop(&shared, &arrived))
+            .map_err(|e| RingError::Setup(format!("cannot start the reader thread: {e}")))?;
+        self.arrivals = Arrivals::Reader {
+            incoming,
+            thread: Some(thread),
+        };
+        Ok(())
     }
 
     /// Logs a pass that came back after the head waited `wait_ms` for it.
@@ -818,6 +851,9 @@ impl Passes {
                 batches
             })
             .collect();
+        if groups.len() > 1 {
+            self.start_reader()?;
+        }
         let mut flying: Vec<Flying> = Vec::with_capacity(groups.len());
         let mut tokens = Vec::new();
         for (group, batches) in plans.iter().enumerate() {

@@ -43,6 +43,7 @@ pub(in crate::formats) fn kernels(t: GgmlType) -> Option<FewKernels> {
         T::Q5_0 => few(pack_q8_0_biased, dot_q5_0),
         T::Q8_0 => super::few_rows16::q8_0_kernels(),
         T::Q4_1 => super::few_rows16::q4_1_kernels(),
+        T::IQ4NL => super::few_rows16::iq4_nl_kernels(),
         T::Q5_1 => few(pack_q8_1, dot_q5_1),
         _ => return None,
     })

@@ -16,10 +16,12 @@
 //! moved to unsigned (`w + 128`), and each token's sums start at `−128 · Σa` (per block,
 //! in the pack), which takes the bias back exactly. Q4_0's nibbles are its quants `+ 8`,
 //! so its sums start at `−8 · Σa`; Q5_0's 5-bit values are its quants `+ 16`: `−16 · Σa`.
+//! IQ4_NL's nibbles index its table ([`iq4_nl::KVALUES`], −127 ..= 113): one `vpshufb`
+//! through the table plus 128 gives unsigned values, corrected like Q8_0's.
 //!
 //! With one token there is nothing to share the transpose with, but the lanes being rows
 //! still spare every block's reductions and add its float terms sixteen rows at once, so
-//! these kernels are also the decode kernels of Q4_0, Q4_1, Q5_0 and Q8_0
+//! these kernels are also the decode kernels of Q4_0, Q4_1, Q5_0, Q8_0 and IQ4_NL
 //! ([`crate::formats::FormatKernels::decode`]); Q4_0 and Q5_0 only there (their small
 //! batches keep [`super::few512`]).
 //!
@@ -28,7 +30,7 @@
 //! of its last row and drops their results.
 
 use super::few::MAX_TOKENS;
-use crate::formats::{q4_0, q4_1, q5_0, q8_0, q8_1, FewKernels};
+use crate::formats::{iq4_nl, q4_0, q4_1, q5_0, q8_0, q8_1, FewKernels};
 use core::arch::x86_64::*;
 use prima_core::gguf::GgmlType;
 
@@ -63,7 +65,20 @@ pub(super) fn decode_kernels(t: GgmlType) -> Option<FewKernels> {
             token_major: true,
         }),
         T::Q8_0 => Some(q8_0_kernels()),
+        T::IQ4NL => Some(iq4_nl_kernels()),
         _ => None,
+    }
+}
+
+/// The kernels for IQ4_NL weights (Q8_0 activations, as Q8_0's: the table's values are
+/// moved to unsigned by `+ 128`).
+pub(super) fn iq4_nl_kernels() -> FewKernels {
+    FewKernels {
+        max_tokens: MAX_TOKENS,
+        pack_bytes,
+        pack: pack_q8_0,
+        dot: dot_iq4_nl,
+        token_major: true,
     }
 }
 
@@ -177,7 +192,8 @@ fn pack_q8_0_unbias(
     pack_with(n, acts, a_stride, n_tokens, pack, q8_0::BLOCK_BYTES, unbias)
 }
 
-/// Packs Q8_0 activation rows (of Q8_0 weights), with the bias's correction `−128 · Σ q_a`.
+/// Packs Q8_0 activation rows (of Q8_0 and IQ4_NL weights), with the bias's correction
+/// `−128 · Σ q_a`.
 fn pack_q8_0(n: usize, acts: &[u8], a_stride: usize, n_tokens: usize, pack: &mut [u8]) {
     pack_q8_0_unbias(n, acts, a_stride, n_tokens, pack, 128)
 }
@@ -220,6 +236,7 @@ dot_wrappers! {
     dot_q4_1 => rows_q4_1, q4_1::BLOCK_BYTES;
     dot_q5_0 => rows_q5_0, q5_0::BLOCK_BYTES;
     dot_q8_0 => rows_q8_0, q8_0::BLOCK_BYTES;
+    dot_iq4_nl => rows_iq4_nl, iq4_nl::BLOCK_BYTES;
 }
 
 /// The 16 bytes at `off` of rows `k`, `4 + k`, `8 + k` and `12 + k` as the four 128-bit
@@ -628,6 +645,30 @@ unsafe fn rows_q8_0(n: usize, w: &[u8], ws: usize, pack: &[u8], nt: usize, out: 
         let d = scales_f16(row, off, gather);
         (w, d, d)
     };
+    by_tokens!(nt, SPROD, (n, w, ws, wb, pack, out, block))
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn rows_iq4_nl(n: usize, w: &[u8], ws: usize, pack: &[u8], nt: usize, out: &mut [f32]) {
+    let wb = iq4_nl::BLOCK_BYTES;
+    let low = _mm512_set1_epi8(0x0F);
+    let gather = gathers(ws);
+    // The table plus 128 (1 ..= 241, unsigned) in each 128-bit lane, for `vpshufb`.
+    let biased: [u8; 16] = core::array::from_fn(|i| (iq4_nl::KVALUES[i] as i32 + 128) as u8);
+    let table = _mm512_broadcast_i32x4(_mm_loadu_si128(biased.as_ptr() as *const __m128i));
+    let block = |row: &[*const u8; ROWS], off: usize| {
+        // Q4_0's nibble layout, two bytes in; each nibble looked up in the table.
+        let q = dwords4(row, off + 2);
+        let mut w = [_mm512_setzero_si512(); 8];
+        for j in 0..4 {
+            w[j] = _mm512_shuffle_epi8(table, _mm512_and_si512(q[j], low));
+            let high = _mm512_and_si512(_mm512_srli_epi16::<4>(q[j]), low);
+            w[4 + j] = _mm512_shuffle_epi8(table, high);
+        }
+        let d = scales_f16(row, off, gather);
+        (w, d, d)
+    };
+    // llama.cpp's order, as Q8_0's: `isum · (d_w · d_a)`.
     by_tokens!(nt, SPROD, (n, w, ws, wb, pack, out, block))
 }
 
