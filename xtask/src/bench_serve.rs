@@ -172,13 +172,20 @@ pub fn run(layout: &Layout, args: &BenchServeArgs) -> Result<()> {
     // Every server with one slot, up for the whole run: they give the N = 1 row, and
     // each round of N > 1 requests has a round of one request on them just before it, so
     // the two are measured under the same load (the machine's load drifts over minutes).
-    let singles = start_all(&servers, 1, args, &model, &prima, &llama_server, &dir);
+    let launch = Launch {
+        args,
+        model: &model,
+        prima: &prima,
+        llama_server: &llama_server,
+        dir: &dir,
+    };
+    let singles = start_all(&servers, 1, &launch);
     for &n in &args.concurrency {
         // Every server up at once (idle ones sleep), so each round of one is next to a
         // round of the others under the same load on the machine.
         let many = match n {
             1 => Vec::new(),
-            _ => start_all(&servers, n, args, &model, &prima, &llama_server, &dir),
+            _ => start_all(&servers, n, &launch),
         };
         let up = if n == 1 { &singles } else { &many };
         let mut rounds: Vec<Vec<Round>> = (0..servers.len()).map(|_| Vec::new()).collect();
@@ -374,35 +381,36 @@ fn first_line(e: &str) -> String {
     e.lines().next().unwrap_or_default().replace('|', "/")
 }
 
+/// What every server is started from: the options, the model, the binaries, and the
+/// directory for manifests and logs.
+struct Launch<'a> {
+    args: &'a BenchServeArgs,
+    model: &'a Path,
+    prima: &'a Path,
+    llama_server: &'a Path,
+    dir: &'a Path,
+}
+
 /// Starts every server with `n` slots; each entry is the server or why it did not start.
-fn start_all(
-    servers: &[Tool],
-    n: usize,
-    args: &BenchServeArgs,
-    model: &Path,
-    prima: &Path,
-    llama_server: &Path,
-    dir: &Path,
-) -> Vec<Result<Up, String>> {
+fn start_all(servers: &[Tool], n: usize, launch: &Launch<'_>) -> Vec<Result<Up, String>> {
     servers
         .iter()
         .map(|&server| {
             eprintln!("bench-serve: {} with {n} slots", server.name());
-            start(server, n, args, model, prima, llama_server, dir).map_err(|e| format!("{e:#}"))
+            start(server, n, launch).map_err(|e| format!("{e:#}"))
         })
         .collect()
 }
 
 /// Starts `server` with `n` slots and warms it up.
-fn start(
-    server: Tool,
-    n: usize,
-    args: &BenchServeArgs,
-    model: &Path,
-    prima: &Path,
-    llama_server: &Path,
-    dir: &Path,
-) -> Result<Up> {
+fn start(server: Tool, n: usize, launch: &Launch<'_>) -> Result<Up> {
+    let Launch {
+        args,
+        model,
+        prima,
+        llama_server,
+        dir,
+    } = *launch;
     let port = free_port()?;
     let url = format!("http://127.0.0.1:{port}");
     let log = dir.join(format!("{}-{n}.log", server.short()));
