@@ -30,8 +30,9 @@
 //!   odd and even block counts, every weight scale kind and every activation kind above,
 //!   equal the scalar `vec_dot` bit for bit; and the decode kernels likewise (one token,
 //!   through `ops::matmul` and directly).
-//! - `decode_kernels_cover_the_k_quants`: the K-quants that have decode kernels at a level
-//!   get them from its table (so the test above checks them).
+//! - `decode_kernels_cover_their_formats`: the K-quants (and at AVX-512 the IQ4 formats)
+//!   that have decode kernels at a level get them from its table (so the test above checks
+//!   them).
 //! - `axpy_f16_matches_scalar`: each level's F16 `axpy` (attention's V weighting) returns
 //!   the scalar bits, over the float lengths (8-lane tails) and extreme values.
 //! - `gated_activations_match_portable`: each level's SiLU and GELU gates return the
@@ -935,13 +936,15 @@ fn few_token_matmul_matches_scalar() {
 }
 
 #[test]
-fn decode_kernels_cover_the_k_quants() {
+fn decode_kernels_cover_their_formats() {
     use GgmlType as T;
     for level in levels() {
         // Q6_K, Q5_K and Q3_K stay on `vec_dot`: their decode kernels
-        // measured slower (see `formats/x86/kdec16.rs`, `kdec8.rs`).
+        // measured slower (see `formats/x86/kdec16.rs`, `kdec8.rs`). AVX-512 also has the
+        // IQ4 formats' (`kdec16.rs`, `few_rows16.rs`).
         let want: &[GgmlType] = match level {
-            KernelLevel::Avx512 | KernelLevel::Avx2 => &[T::Q4K, T::Q2K],
+            KernelLevel::Avx512 => &[T::Q4K, T::Q2K, T::IQ4XS, T::IQ4NL],
+            KernelLevel::Avx2 => &[T::Q4K, T::Q2K],
             _ => continue,
         };
         for &t in want {

@@ -648,14 +648,21 @@ unsafe fn rows_q8_0(n: usize, w: &[u8], ws: usize, pack: &[u8], nt: usize, out: 
     by_tokens!(nt, SPROD, (n, w, ws, wb, pack, out, block))
 }
 
+/// IQ4_NL's table plus 128 (1 ..= 241, unsigned for `vpdpbusd`) in each 128-bit lane, for
+/// `vpshufb` (IQ4_NL's and IQ4_XS's decode kernels).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+pub(super) unsafe fn iq4_table() -> __m512i {
+    let biased: [u8; 16] = core::array::from_fn(|i| (iq4_nl::KVALUES[i] as i32 + 128) as u8);
+    _mm512_broadcast_i32x4(_mm_loadu_si128(biased.as_ptr() as *const __m128i))
+}
+
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn rows_iq4_nl(n: usize, w: &[u8], ws: usize, pack: &[u8], nt: usize, out: &mut [f32]) {
     let wb = iq4_nl::BLOCK_BYTES;
     let low = _mm512_set1_epi8(0x0F);
     let gather = gathers(ws);
-    // The table plus 128 (1 ..= 241, unsigned) in each 128-bit lane, for `vpshufb`.
-    let biased: [u8; 16] = core::array::from_fn(|i| (iq4_nl::KVALUES[i] as i32 + 128) as u8);
-    let table = _mm512_broadcast_i32x4(_mm_loadu_si128(biased.as_ptr() as *const __m128i));
+    let table = iq4_table();
     let block = |row: &[*const u8; ROWS], off: usize| {
         // Q4_0's nibble layout, two bytes in; each nibble looked up in the table.
         let q = dwords4(row, off + 2);

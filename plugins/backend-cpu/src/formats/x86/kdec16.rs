@@ -30,9 +30,14 @@
 //! pairs with the high bit added by byte masks, the `−4` from the `bsums`; 16 / 12.5 GB/s
 //! from cache): the 1B Q3_K_M model no faster on one thread, 13% slower on two.
 //!
+//! IQ4_XS takes Q4_K's path with its nibbles looked up in the IQ4_NL table (+ 128, by
+//! `vpshufb`) and its six-bit signed scales unpacked in the lanes: its `vec_dot` is bound
+//! by its per-row work, not by memory.
+//!
 //! [`pack_bytes`] and [`pack_q8_k`] are also [`super::kdec8`]'s (AVX2).
 
-use super::few_rows16::{dwords4, f16_pair, step_rows, store, ROWS};
+use super::few_rows16::{dwords4, f16_pair, iq4_table, step_rows, store, ROWS};
+use crate::formats::iq4_xs;
 use crate::formats::k_quants::{q2_k, q4_k, q8_k, QK_K};
 use crate::formats::FewKernels;
 use core::arch::x86_64::*;
@@ -57,6 +62,7 @@ pub(in crate::formats) fn decode_kernels(t: GgmlType) -> Option<FewKernels> {
     let dot = match t {
         GgmlType::Q4K => dot_q4_k,
         GgmlType::Q2K => dot_q2_k,
+        GgmlType::IQ4XS => dot_iq4_xs,
         _ => return None,
     };
     Some(FewKernels {
@@ -125,6 +131,7 @@ macro_rules! dot_wrappers {
 dot_wrappers! {
     dot_q4_k => rows_q4_k, q4_k::BLOCK_BYTES;
     dot_q2_k => rows_q2_k, q2_k::BLOCK_BYTES;
+    dot_iq4_xs => rows_iq4_xs, iq4_xs::BLOCK_BYTES;
 }
 
 /// The byte `b` of each lane's dword, zero-extended.
@@ -247,6 +254,75 @@ unsafe fn rows_q4_k(n: usize, w: &[u8], ws: usize, pack: &[u8], out: &mut [f32])
         }
         store(&[acc], first, rows, out);
     }
+}
+
+/// IQ4_XS: per super-block `d`, `scales_h`, `scales_l`, then 16 quant bytes a sub-block
+/// (IQ4_NL's nibble order), each nibble an index into IQ4_NL's table
+/// ([`crate::formats::iq4_nl::KVALUES`]). The table plus 128 (1 ..= 241, [`iq4_table`])
+/// makes the quants unsigned for `vpdpbusd`; each sub-block's sums start
+/// at `−128 · P_s` (its 32-quant sum), which takes the bias back exactly, and are scaled by
+/// `ls − 32` lane by lane: the scalar kernel's exact `isum`, then `(d · d_a) · isum`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn rows_iq4_xs(n: usize, w: &[u8], ws: usize, pack: &[u8], out: &mut [f32]) {
+    let (nb, wb) = (n / QK_K, iq4_xs::BLOCK_BYTES);
+    let rows = out.len();
+    let low = _mm512_set1_epi8(0x0F);
+    let table = iq4_table();
+    let (four_bits, two_bits) = (_mm512_set1_epi32(0x0F), _mm512_set1_epi32(3));
+    for first in (0..rows).step_by(ROWS) {
+        let row = step_rows(w, ws, first, rows);
+        let mut acc = _mm512_setzero_ps();
+        // The next step's rows, a super-block's share of them each super-block (see
+        // `few_rows16::rows_n`).
+        let next = w.as_ptr().wrapping_add((first + ROWS) * ws);
+        for i in 0..nb {
+            let off = i * wb;
+            prefetch_l2(next.wrapping_add(i * ROWS * wb), ROWS * wb);
+            let blk = pack.as_ptr().add(i * PACK_BLOCK);
+            let sub = blk.add(SUB_PAIRS);
+            // Dword 0: d and scales_h; dword 1: scales_l (sub-block s in its nibble s).
+            let [dh, sl, _, _] = dwords4(&row, off);
+            let sh = _mm512_srli_epi32::<16>(dh);
+            let mut isum = _mm512_setzero_si512();
+            for s in 0..8 {
+                // Dword j's low nibbles are elements 32s + 4j .., its high ones 32s + 16 + 4j ..
+                let q = dwords4(&row, off + iq4_xs::QS + 16 * s);
+                let mut sums = _mm512_set1_epi32(-128 * sub_sum(sub, s));
+                for (j, &q) in q.iter().enumerate() {
+                    let ql = _mm512_shuffle_epi8(table, _mm512_and_si512(q, low));
+                    let high = _mm512_and_si512(_mm512_srli_epi16::<4>(q), low);
+                    let qh = _mm512_shuffle_epi8(table, high);
+                    sums = _mm512_dpbusd_epi32(sums, ql, bcast(blk, 8 * s + j));
+                    sums = _mm512_dpbusd_epi32(sums, qh, bcast(blk, 8 * s + 4 + j));
+                }
+                let ls_low = _mm512_and_si512(
+                    _mm512_srlv_epi32(sl, _mm512_set1_epi32(4 * s as i32)),
+                    four_bits,
+                );
+                let ls_high = _mm512_and_si512(
+                    _mm512_srlv_epi32(sh, _mm512_set1_epi32(2 * s as i32)),
+                    two_bits,
+                );
+                let ls = _mm512_or_si512(ls_low, _mm512_slli_epi32::<4>(ls_high));
+                let scale = _mm512_sub_epi32(ls, _mm512_set1_epi32(32));
+                isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(sums, scale));
+            }
+            let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dh));
+            let da = _mm512_set1_ps((blk.add(D_A) as *const f32).read_unaligned());
+            let term = _mm512_mul_ps(_mm512_mul_ps(d, da), _mm512_cvtepi32_ps(isum));
+            acc = _mm512_add_ps(acc, term);
+        }
+        store(&[acc], first, rows, out);
+    }
+}
+
+/// The 32-quant sum `P_s` of sub-block `s` from the pack's pairs at `sub` (`(P₀, P₂)`,
+/// `(P₁, P₃)`, `(P₄, P₆)`, `(P₅, P₇)`, see [`SUB_PAIRS`]).
+#[inline]
+unsafe fn sub_sum(sub: *const u8, s: usize) -> i32 {
+    let pair = s / 4 * 2 + s % 2;
+    let half = s % 4 / 2;
+    (sub.add(4 * pair + 2 * half) as *const i16).read_unaligned() as i32
 }
 
 /// Q2_K: per super-block, the 16 scale/min bytes, the 64 bytes of 2-bit quants (16 at a
