@@ -462,6 +462,48 @@ fn gated_activations_match_portable() {
 }
 
 #[test]
+fn softmax_matches_portable_and_f64() {
+    use prima_backend_cpu::ops::activation::softmax_at;
+    let mut rng = ChaCha8Rng::seed_from_u64(29);
+    for level in levels() {
+        for n in [1usize, 2, 7, 8, 9, 16, 31, 64, 100, 257] {
+            for span in [0.1f32, 10.0, 200.0] {
+                let scores: Vec<f32> = (0..n).map(|_| rng.gen_range(-span..span)).collect();
+                let scale = 0.125f32;
+                let (mut want, mut got) = (scores.clone(), scores.clone());
+                softmax_at(KernelLevel::Scalar, &mut want, scale);
+                softmax_at(level, &mut got, scale);
+                assert!(
+                    want.iter().zip(&got).all(|(a, b)| same(*a, *b)),
+                    "{} softmax n={n} span={span}",
+                    level.name()
+                );
+                // Against f64: each weight within a few f32 roundings of the exact one, plus
+                // the rounding of `s − max` in f32 (relative 2^-24), which `e^x` carries
+                // times |s − max|.
+                let s: Vec<f64> = scores.iter().map(|&x| (x * scale) as f64).collect();
+                let max = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let total: f64 = s.iter().map(|x| (x - max).exp()).sum();
+                for (x, g) in s.iter().zip(&got) {
+                    let exact = (x - max).exp() / total;
+                    let bound = 1e-6 + 1.2e-7 * (x - max).abs();
+                    assert!(
+                        (*g as f64 - exact).abs() <= bound * exact + 1e-30,
+                        "{} softmax n={n} span={span}: {g} vs {exact}",
+                        level.name()
+                    );
+                }
+                assert!((got.iter().map(|&g| g as f64).sum::<f64>() - 1.0).abs() < 1e-5);
+            }
+        }
+    }
+    // No weights from a row of -inf scores, nor a panic.
+    let mut masked = vec![f32::NEG_INFINITY; 5];
+    softmax_at(KernelLevel::Scalar, &mut masked, 1.0);
+    assert!(masked.iter().all(|g| g.is_nan() || *g == 0.0));
+}
+
+#[test]
 fn spin_pool_runs_every_chunk_once() {
     for threads in [1, 2, 3, 5] {
         let pool = SpinPool::new(threads).unwrap();

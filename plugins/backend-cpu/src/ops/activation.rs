@@ -1,8 +1,8 @@
-//! The gated activations' math: SiLU and tanh-GELU, both as `x / (1 + e^−z)`, over an
-//! `exp` of our own that the compiler vectorises.
+//! The gated activations' math: SiLU and tanh-GELU, both as `x / (1 + e^−z)`, and the
+//! softmax's exponentials, over an `exp` of our own that the compiler vectorises.
 //!
 //! Why not libm: `expf`/`tanhf` are scalar calls, and a prompt's GeGLU spent about a fifth
-//! of Gemma's prefill in `tanhf`. Why not a lookup table (llama.cpp's f16 GELU table): it
+//! of Gemma's prefill in `tanhf` (attention's `expf`, ~1.5% of SmolLM2's). Why not a lookup table (llama.cpp's f16 GELU table): it
 //! rounds the input to f16 and moved Gemma's logits further from the reference.
 //!
 //! Numerics contract: only IEEE `+ − × ÷`, min/max and bit moves, never a fused
@@ -93,6 +93,75 @@ pub fn gate(act: Gate, gate: &mut [f32], up: &[f32]) {
     gate_at(dispatch::selection().level, act, gate, up)
 }
 
+/// A softmax in place over scores `scale · xs[i]`: `e^(s_i − max)`, their sum in f64, each
+/// times `1 / sum` rounded to f32 (0 where the sum is 0), with the widest vectors the given
+/// level allows (same bits at every level).
+pub fn softmax_at(level: KernelLevel, xs: &mut [f32], scale: f32) {
+    match level {
+        #[cfg(target_arch = "x86_64")]
+        KernelLevel::Avx512 if level.is_available() => {
+            // SAFETY: the level is available, so this CPU has AVX-512F (and AVX2).
+            unsafe { x86::softmax_avx512(xs, scale) }
+        }
+        #[cfg(target_arch = "x86_64")]
+        KernelLevel::Avx2 | KernelLevel::Avx512 if level.is_available() => {
+            // SAFETY: the level is available, so this CPU has AVX2 and FMA.
+            unsafe { x86::softmax_avx2(xs, scale) }
+        }
+        _ => softmax_portable(xs, scale),
+    }
+}
+
+/// [`softmax_at`] with the level `dispatch` selected.
+pub fn softmax(xs: &mut [f32], scale: f32) {
+    softmax_at(dispatch::selection().level, xs, scale)
+}
+
+/// Each pass in eight lanes (element `i` in lane `i % 8`): the max and the f64 sum of the
+/// exps are then element-wise vector operations the compiler keeps in registers, where one
+/// running value was a chain of dependent scalar operations. The max is order-free; the
+/// sum's lanes fold in a fixed order.
+#[inline(always)]
+fn softmax_portable(xs: &mut [f32], scale: f32) {
+    const LANES: usize = 8;
+    let mut top = [f32::NEG_INFINITY; LANES];
+    let mut chunks = xs.chunks_exact_mut(LANES);
+    for chunk in &mut chunks {
+        for (m, x) in top.iter_mut().zip(chunk) {
+            *x *= scale;
+            *m = if *x > *m { *x } else { *m };
+        }
+    }
+    for (m, x) in top.iter_mut().zip(chunks.into_remainder()) {
+        *x *= scale;
+        *m = if *x > *m { *x } else { *m };
+    }
+    let max = top.into_iter().fold(f32::NEG_INFINITY, f32::max);
+    for x in xs.iter_mut() {
+        *x = exp(*x - max);
+    }
+    let mut sums = [0.0f64; LANES];
+    let mut chunks = xs.chunks_exact(LANES);
+    for chunk in &mut chunks {
+        for (s, &x) in sums.iter_mut().zip(chunk) {
+            *s += x as f64;
+        }
+    }
+    for (s, &x) in sums.iter_mut().zip(chunks.remainder()) {
+        *s += x as f64;
+    }
+    let [a, b, c, d, e, f, g, h] = sums;
+    let total = ((a + e) + (c + g)) + ((b + f) + (d + h));
+    let norm = if total > 0.0 {
+        (1.0 / total) as f32
+    } else {
+        0.0
+    };
+    for x in xs.iter_mut() {
+        *x *= norm;
+    }
+}
+
 /// The one loop of every level; each wrapper below inlines it under its target features.
 #[inline(always)]
 fn gate_portable(act: Gate, gate: &mut [f32], up: &[f32]) {
@@ -104,7 +173,7 @@ fn gate_portable(act: Gate, gate: &mut [f32], up: &[f32]) {
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{gate_portable, Gate};
+    use super::{gate_portable, softmax_portable, Gate};
 
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn gate_avx2(act: Gate, gate: &mut [f32], up: &[f32]) {
@@ -114,5 +183,15 @@ mod x86 {
     #[target_feature(enable = "avx2,fma,avx512f")]
     pub(super) unsafe fn gate_avx512(act: Gate, gate: &mut [f32], up: &[f32]) {
         gate_portable(act, gate, up)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn softmax_avx2(xs: &mut [f32], scale: f32) {
+        softmax_portable(xs, scale)
+    }
+
+    #[target_feature(enable = "avx2,fma,avx512f")]
+    pub(super) unsafe fn softmax_avx512(xs: &mut [f32], scale: f32) {
+        softmax_portable(xs, scale)
     }
 }

@@ -5,15 +5,16 @@
 //! n_head_kv)`), the scores over positions `j ≤ p` (and `j > p − sliding_window` when a
 //! window is set) are `s_j = scale · (q · k_j)`, with `q` rounded to f16 to match the F16
 //! keys, then `c · tanh(s_j / c)` when soft-capping. The output is `Σ p_j · v_j` with
-//! `p = softmax(s)` computed in two passes (max, then exp and a sum in f64) and each `p_j`
-//! rounded to f16 before it weights the F16 values — the numerics of llama.cpp's
-//! non-flash attention, which the golden fixtures record (measured: this takes F32 models
-//! from 3e-3 to 5e-4 max |Δlogit| against llama.cpp). `q · k_j` is the F16 weight format's
-//! `vec_dot` at the selected kernel level (16 f32 lanes, see `formats::float`), so
-//! attention shares the matmul's numerics and speed. Heads × tokens run on the SpinPool; each
-//! worker thread keeps its score buffer between calls, so steady-state calls allocate
-//! nothing.
+//! `p = softmax(s)` computed in two passes (max, then `e^(s_j − max)` and their sum in f64,
+//! by `activation::softmax` in vector lanes) and each `p_j` rounded to f16 before it weights
+//! the F16 values — the numerics of llama.cpp's non-flash attention, which the golden
+//! fixtures record (measured: this takes F32 models from 3e-3 to 5e-4 max |Δlogit| against
+//! llama.cpp). `q · k_j` is the F16 weight format's `vec_dot` at the selected kernel level
+//! (16 f32 lanes, see `formats::float`), so attention shares the matmul's numerics and
+//! speed. Heads × tokens run on the SpinPool; each worker thread keeps its score buffer
+//! between calls, so steady-state calls allocate nothing.
 
+use super::activation;
 use super::kv_cache::{lock, KvCache, KvStore};
 use super::matmul::SharedOut;
 use super::OpResult;
@@ -148,27 +149,13 @@ fn attend_group(
         let k_stride = 2 * cache.row_stride_k();
         (products.dots)(dk, keys, k_stride, n_keys, q, group, scores);
         for head in scores.chunks_exact_mut(n_keys) {
-            let mut max = f32::NEG_INFINITY;
-            for s in head.iter_mut() {
-                *s *= p.scale;
-                if p.softcap != 0.0 {
-                    *s = p.softcap * (*s / p.softcap).tanh();
+            if p.softcap != 0.0 {
+                for s in head.iter_mut() {
+                    *s = p.softcap * (*s * p.scale / p.softcap).tanh();
                 }
-                max = max.max(*s);
-            }
-            // The exps first, then their sum: the sum's f64 chain is not held up by the
-            // `exp` calls (same order, same bits).
-            for s in head.iter_mut() {
-                *s = (*s - max).exp();
-            }
-            let total = head.iter().fold(0.0f64, |t, &s| t + s as f64);
-            let norm = if total > 0.0 {
-                (1.0 / total) as f32
+                activation::softmax(head, 1.0);
             } else {
-                0.0
-            };
-            for s in head.iter_mut() {
-                *s *= norm;
+                activation::softmax(head, p.scale);
             }
             // Rounded to f16 and back by `half`'s slice conversions: `f16::from_f32`'s
             // bits, vectorised where the CPU has F16C.
