@@ -497,7 +497,7 @@ fn softmax_matches_portable_and_f64() {
             }
         }
     }
-    // No weights from a row of -inf scores, nor a panic.
+    // A row of −∞ scores (the causal mask never makes one): NaNs or zeros, not a panic.
     let mut masked = vec![f32::NEG_INFINITY; 5];
     softmax_at(KernelLevel::Scalar, &mut masked, 1.0);
     assert!(masked.iter().all(|g| g.is_nan() || *g == 0.0));

@@ -2,8 +2,9 @@
 //! softmax's exponentials, over an `exp` of our own that the compiler vectorises.
 //!
 //! Why not libm: `expf`/`tanhf` are scalar calls, and a prompt's GeGLU spent about a fifth
-//! of Gemma's prefill in `tanhf` (attention's `expf`, ~1.5% of SmolLM2's). Why not a lookup table (llama.cpp's f16 GELU table): it
-//! rounds the input to f16 and moved Gemma's logits further from the reference.
+//! of Gemma's prefill in `tanhf` (attention's `expf` cost SmolLM2 F16 pp512 9% at AVX2).
+//! Why not a lookup table (llama.cpp's f16 GELU table): it rounds the input to f16 and
+//! moved Gemma's logits further from the reference.
 //!
 //! Numerics contract: only IEEE `+ − × ÷`, min/max and bit moves, never a fused
 //! multiply-add, so the AVX2 and AVX-512 instantiations below return the same bits as the
@@ -117,40 +118,40 @@ pub fn softmax(xs: &mut [f32], scale: f32) {
     softmax_at(dispatch::selection().level, xs, scale)
 }
 
-/// Each pass in eight lanes (element `i` in lane `i % 8`): the max and the f64 sum of the
-/// exps are then element-wise vector operations the compiler keeps in registers, where one
-/// running value was a chain of dependent scalar operations. The max is order-free; the
-/// sum's lanes fold in a fixed order.
+/// Lanes of the softmax's max and sum: element `i` goes to lane `i % 8`, so both are
+/// element-wise vector operations the compiler keeps in registers, where one running value
+/// was a chain of dependent scalar operations.
+const LANES: usize = 8;
+
+/// `xs` folded into [`LANES`] lanes by `f`, each lane starting from `init`.
 #[inline(always)]
-fn softmax_portable(xs: &mut [f32], scale: f32) {
-    const LANES: usize = 8;
-    let mut top = [f32::NEG_INFINITY; LANES];
-    let mut chunks = xs.chunks_exact_mut(LANES);
+fn fold_lanes<T: Copy>(xs: &[f32], init: T, f: impl Fn(T, f32) -> T) -> [T; LANES] {
+    let mut lanes = [init; LANES];
+    let mut chunks = xs.chunks_exact(LANES);
     for chunk in &mut chunks {
-        for (m, x) in top.iter_mut().zip(chunk) {
-            *x *= scale;
-            *m = if *x > *m { *x } else { *m };
+        for (l, &x) in lanes.iter_mut().zip(chunk) {
+            *l = f(*l, x);
         }
     }
-    for (m, x) in top.iter_mut().zip(chunks.into_remainder()) {
-        *x *= scale;
-        *m = if *x > *m { *x } else { *m };
+    for (l, &x) in lanes.iter_mut().zip(chunks.remainder()) {
+        *l = f(*l, x);
     }
+    lanes
+}
+
+/// The one softmax of every level: the max is order-free, and the f64 sum's lanes fold in
+/// a fixed order, so every vector width gives the same bits.
+#[inline(always)]
+fn softmax_portable(xs: &mut [f32], scale: f32) {
+    for x in xs.iter_mut() {
+        *x *= scale;
+    }
+    let top = fold_lanes(xs, f32::NEG_INFINITY, |m, x| if x > m { x } else { m });
     let max = top.into_iter().fold(f32::NEG_INFINITY, f32::max);
     for x in xs.iter_mut() {
         *x = exp(*x - max);
     }
-    let mut sums = [0.0f64; LANES];
-    let mut chunks = xs.chunks_exact(LANES);
-    for chunk in &mut chunks {
-        for (s, &x) in sums.iter_mut().zip(chunk) {
-            *s += x as f64;
-        }
-    }
-    for (s, &x) in sums.iter_mut().zip(chunks.remainder()) {
-        *s += x as f64;
-    }
-    let [a, b, c, d, e, f, g, h] = sums;
+    let [a, b, c, d, e, f, g, h] = fold_lanes(xs, 0.0f64, |s, x| s + x as f64);
     let total = ((a + e) + (c + g)) + ((b + f) + (d + h));
     let norm = if total > 0.0 {
         (1.0 / total) as f32
