@@ -9,7 +9,8 @@
 //! - `prefill_1t/<format>/<rows>x<cols>/<level>/x1|x4|2x4|2x8`: one thread, 16 tokens, the
 //!   one-token, four-token and two-row × four- and eight-token kernels.
 //! - `few_1t/<format>/<rows>x<cols>/<level>/<tokens>`: one thread, the small-batch kernels
-//!   (continuous batching's decode steps of 2–8 requests): the pack, then every row.
+//!   (continuous batching's decode steps of 2–8 requests; at 1 token, the decode kernel
+//!   where the same table serves both): the pack, then every row.
 //!
 //! Run briefly: `cargo bench -p prima-backend-cpu -- --warm-up-time 1 --measurement-time 3 matvec/q4_1`.
 
@@ -270,7 +271,7 @@ fn prefill_x4(c: &mut Criterion) {
     }
 }
 
-/// One thread, 2, 4 and 8 tokens through the small-batch kernels ([`FewKernels`]), at each
+/// One thread, 1, 2, 4 and 8 tokens through the small-batch kernels ([`FewKernels`]), at each
 /// SIMD level that has them: SmolLM2's FFN and its output head's shape.
 ///
 /// [`FewKernels`]: prima_backend_cpu::formats::FewKernels
@@ -290,7 +291,7 @@ fn few_1t(c: &mut Criterion) {
             let k = level.kernels(t).unwrap();
             let Some(few) = k.few else { continue };
             let arb = k.vec_dot_type.row_bytes(cols).unwrap();
-            for n_tokens in [2, 4, 8] {
+            for n_tokens in [1, 2, 4, 8] {
                 let x: Vec<f32> = (0..n_tokens * cols)
                     .map(|_| rng.gen_range(-1.0..1.0))
                     .collect();

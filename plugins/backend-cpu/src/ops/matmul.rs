@@ -42,6 +42,11 @@ const CHUNKS_PER_THREAD: usize = 4;
 /// (pp128 on 2 threads, F16 SmolLM2: ~4% at AVX2, ~1% at AVX-512).
 const PANEL_CHUNKS_PER_THREAD: usize = 16;
 
+/// Activation values up to which a few tokens are converted on the calling thread: a pool
+/// round of its own cost more than the conversion (a 4-token decode step of SmolLM2 ran
+/// 14 pool rounds a layer, 7 of them to convert 4 rows of 576 or 1536 values).
+const SERIAL_CONVERT_VALUES: usize = 16 * 1024;
+
 /// Rows a decode kernel takes a step (its vector lanes): decode chunks are whole steps.
 const DECODE_STEP_ROWS: usize = 16;
 
@@ -145,8 +150,13 @@ pub fn matmul(
     let aux_bytes = panel.map_or(0, |p| (p.aux_bytes)(w.cols));
     let act = sized(activations, n_tokens * act_row_bytes);
     let aux = aligned(panel_aux, n_tokens * aux_bytes);
-    if n_tokens == 1 {
-        (kernels.quantize_activation)(x, act);
+    if n_tokens == 1 || (panel.is_none() && n_tokens * w.cols <= SERIAL_CONVERT_VALUES) {
+        for (a, x) in act
+            .chunks_exact_mut(act_row_bytes)
+            .zip(x.chunks_exact(w.cols))
+        {
+            (kernels.quantize_activation)(x, a);
+        }
     } else {
         // Each token converted, and given its panel side data, in one pass over the pool,
         // a few tokens per chunk so the claims cost little beside the work.
@@ -254,7 +264,16 @@ pub fn matmul(
         dot(w.cols, w.data, w.row_bytes, pack, n_tokens, out);
         return Ok(());
     }
-    let chunk = w.rows.div_ceil(pool.threads() * CHUNKS_PER_THREAD).max(1);
+    // With small-batch kernels, whole steps of rows per chunk, as for decode: a chunk of 72
+    // rows took five 16-row steps, the last half copies (SmolLM2's K and V, 192 rows, took
+    // four steps for three; ~7% more work in a layer's products at 4 tokens).
+    let chunk = match few {
+        Some(_) => {
+            let steps = w.rows.div_ceil(DECODE_STEP_ROWS);
+            steps.div_ceil(pool.threads() * CHUNKS_PER_THREAD) * DECODE_STEP_ROWS
+        }
+        None => w.rows.div_ceil(pool.threads() * CHUNKS_PER_THREAD).max(1),
+    };
     let n_chunks = w.rows.div_ceil(chunk);
     // One token: row-major and token-major coincide, write straight into `out`.
     if n_tokens == 1 {

@@ -226,7 +226,13 @@ macro_rules! dot_wrappers {
             // SAFETY: only reachable through the AVX-512 `overlay` table, which `dispatch`
             // hands out after detecting the features `$imp` enables; the rows, the pack and
             // `out` are in bounds (above).
-            unsafe { $imp(n, w, w_stride, pack, n_tokens, out) }
+            unsafe {
+                if n_tokens == 1 {
+                    $imp::<false>(n, w, w_stride, pack, n_tokens, out)
+                } else {
+                    $imp::<true>(n, w, w_stride, pack, n_tokens, out)
+                }
+            }
         })*
     };
 }
@@ -240,11 +246,27 @@ dot_wrappers! {
 }
 
 /// The 16 bytes at `off` of rows `k`, `4 + k`, `8 + k` and `12 + k` as the four 128-bit
-/// lanes.
+/// lanes. `HALVES`: two 256-bit halves joined by one 512-bit insert, else three 512-bit
+/// inserts. On Zen 4 a 512-bit shuffle costs two 256-bit ones, and the halves made the
+/// small batches faster (`few_1t` Q4_1 and Q8_0: 4–12% in cache; `prima bench --parallel
+/// 4` 1.06×, 14 of 20 interleaved pairs) but one token's decode slower (0.955×, 23 of 30
+/// pairs against): the small-batch kernels take the halves, one token and the other users
+/// of [`dwords4`] the inserts.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-unsafe fn lanes(row: &[*const u8; ROWS], k: usize, off: usize) -> __m512i {
+unsafe fn lanes<const HALVES: bool>(row: &[*const u8; ROWS], k: usize, off: usize) -> __m512i {
     let at = |r: usize| row[r].add(off) as *const __m128i;
+    if HALVES {
+        let lo = _mm256_inserti128_si256::<1>(
+            _mm256_castsi128_si256(_mm_loadu_si128(at(k))),
+            _mm_loadu_si128(at(4 + k)),
+        );
+        let hi = _mm256_inserti128_si256::<1>(
+            _mm256_castsi128_si256(_mm_loadu_si128(at(8 + k))),
+            _mm_loadu_si128(at(12 + k)),
+        );
+        return _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
+    }
     let v = _mm512_castsi128_si512(_mm_loadu_si128(at(k)));
     let v = _mm512_inserti32x4::<1>(v, _mm_loadu_si128(at(4 + k)));
     let v = _mm512_inserti32x4::<2>(v, _mm_loadu_si128(at(8 + k)));
@@ -255,14 +277,17 @@ unsafe fn lanes(row: &[*const u8; ROWS], k: usize, off: usize) -> __m512i {
 /// `r`'s dword `j` (a 4 × 4 transpose in each 128-bit lane of [`lanes`]).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-pub(super) unsafe fn dwords4(row: &[*const u8; ROWS], off: usize) -> [__m512i; 4] {
+pub(super) unsafe fn dwords4<const HALVES: bool>(
+    row: &[*const u8; ROWS],
+    off: usize,
+) -> [__m512i; 4] {
     // Spelled out, not `map`ped: the closure was not always inlined (measured: a fifth of a
     // decode step in its calls).
     let z = [
-        lanes(row, 0, off),
-        lanes(row, 1, off),
-        lanes(row, 2, off),
-        lanes(row, 3, off),
+        lanes::<HALVES>(row, 0, off),
+        lanes::<HALVES>(row, 1, off),
+        lanes::<HALVES>(row, 2, off),
+        lanes::<HALVES>(row, 3, off),
     ];
     let (a, b) = (
         _mm512_unpacklo_epi32(z[0], z[1]),
@@ -283,12 +308,12 @@ pub(super) unsafe fn dwords4(row: &[*const u8; ROWS], off: usize) -> [__m512i; 4
 /// Dword 0 of the 16 bytes at `off` of each row: lane `r` is row `r`'s.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-unsafe fn dword0(row: &[*const u8; ROWS], off: usize) -> __m512i {
+unsafe fn dword0<const HALVES: bool>(row: &[*const u8; ROWS], off: usize) -> __m512i {
     let z = [
-        lanes(row, 0, off),
-        lanes(row, 1, off),
-        lanes(row, 2, off),
-        lanes(row, 3, off),
+        lanes::<HALVES>(row, 0, off),
+        lanes::<HALVES>(row, 1, off),
+        lanes::<HALVES>(row, 2, off),
+        lanes::<HALVES>(row, 3, off),
     ];
     _mm512_unpacklo_epi64(
         _mm512_unpacklo_epi32(z[0], z[1]),
@@ -307,11 +332,15 @@ fn gathers(ws: usize) -> bool {
 /// [`gathers`] allows.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-unsafe fn scales_f16(row: &[*const u8; ROWS], off: usize, gather: bool) -> __m512 {
+unsafe fn scales_f16<const HALVES: bool>(
+    row: &[*const u8; ROWS],
+    off: usize,
+    gather: bool,
+) -> __m512 {
     let dwords = if gather {
         gather_dwords(row, off)
     } else {
-        dword0(row, off)
+        dword0::<HALVES>(row, off)
     };
     _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dwords))
 }
@@ -547,26 +576,40 @@ macro_rules! by_tokens {
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn rows_q4_0(n: usize, w: &[u8], ws: usize, pack: &[u8], nt: usize, out: &mut [f32]) {
+unsafe fn rows_q4_0<const HALVES: bool>(
+    n: usize,
+    w: &[u8],
+    ws: usize,
+    pack: &[u8],
+    nt: usize,
+    out: &mut [f32],
+) {
     let wb = q4_0::BLOCK_BYTES;
     let low = _mm512_set1_epi8(0x0F);
     let gather = gathers(ws);
     let block = |row: &[*const u8; ROWS], off: usize| {
         // As Q4_1's nibbles (below), two bytes in; the `+ 8` is the pack's correction.
-        let q = dwords4(row, off + 2);
+        let q = dwords4::<HALVES>(row, off + 2);
         let mut w = [_mm512_setzero_si512(); 8];
         for j in 0..4 {
             w[j] = _mm512_and_si512(q[j], low);
             w[4 + j] = _mm512_and_si512(_mm512_srli_epi16::<4>(q[j]), low);
         }
-        let d = scales_f16(row, off, gather);
+        let d = scales_f16::<HALVES>(row, off, gather);
         (w, d, d)
     };
     by_tokens!(nt, SDD, (n, w, ws, wb, pack, out, block))
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn rows_q5_0(n: usize, w: &[u8], ws: usize, pack: &[u8], nt: usize, out: &mut [f32]) {
+unsafe fn rows_q5_0<const HALVES: bool>(
+    n: usize,
+    w: &[u8],
+    ws: usize,
+    pack: &[u8],
+    nt: usize,
+    out: &mut [f32],
+) {
     let wb = q5_0::BLOCK_BYTES;
     let gather = gathers(ws);
     let low = _mm512_set1_epi8(0x0F);
@@ -586,11 +629,11 @@ unsafe fn rows_q5_0(n: usize, w: &[u8], ws: usize, pack: &[u8], nt: usize, out: 
         // As Q4_0's nibbles, six bytes in; quant dword `j`'s fifth bits are bits
         // `4j .. 4j + 4` (low nibbles) and `16 + 4j ..` (high) of `qh`: byte `j / 2` or
         // `2 + j / 2`, copied to each byte and tested against that byte's bit.
-        let q = dwords4(row, off + 6);
+        let q = dwords4::<HALVES>(row, off + 6);
         let qh = if gather {
             gather_dwords(row, off + 2)
         } else {
-            dword0(row, off + 2)
+            dword0::<HALVES>(row, off + 2)
         };
         let mut w = [_mm512_setzero_si512(); 8];
         for j in 0..4 {
@@ -605,44 +648,61 @@ unsafe fn rows_q5_0(n: usize, w: &[u8], ws: usize, pack: &[u8], nt: usize, out: 
             w[j] = _mm512_mask_add_epi8(lo, lo_set, lo, sixteen);
             w[4 + j] = _mm512_mask_add_epi8(hi, hi_set, hi, sixteen);
         }
-        let d = scales_f16(row, off, gather);
+        let d = scales_f16::<HALVES>(row, off, gather);
         (w, d, d)
     };
     by_tokens!(nt, SDD, (n, w, ws, wb, pack, out, block))
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn rows_q4_1(n: usize, w: &[u8], ws: usize, pack: &[u8], nt: usize, out: &mut [f32]) {
+unsafe fn rows_q4_1<const HALVES: bool>(
+    n: usize,
+    w: &[u8],
+    ws: usize,
+    pack: &[u8],
+    nt: usize,
+    out: &mut [f32],
+) {
     let wb = q4_1::BLOCK_BYTES;
     let low = _mm512_set1_epi8(0x0F);
     let block = |row: &[*const u8; ROWS], off: usize| {
         // Byte `b` of quant dword `j` holds element `4j + b` (low nibble) and `16 + 4j + b`
         // (high nibble): activation dwords `j` and `4 + j`.
-        let q = dwords4(row, off + 4);
+        let q = dwords4::<HALVES>(row, off + 4);
         let mut w = [_mm512_setzero_si512(); 8];
         for j in 0..4 {
             w[j] = _mm512_and_si512(q[j], low);
             w[4 + j] = _mm512_and_si512(_mm512_srli_epi16::<4>(q[j]), low);
         }
-        let (d, m) = f16_pair(dword0(row, off));
+        let (d, m) = f16_pair(dword0::<HALVES>(row, off));
         (w, d, m)
     };
     by_tokens!(nt, MIN, (n, w, ws, wb, pack, out, block))
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn rows_q8_0(n: usize, w: &[u8], ws: usize, pack: &[u8], nt: usize, out: &mut [f32]) {
+unsafe fn rows_q8_0<const HALVES: bool>(
+    n: usize,
+    w: &[u8],
+    ws: usize,
+    pack: &[u8],
+    nt: usize,
+    out: &mut [f32],
+) {
     let wb = q8_0::BLOCK_BYTES;
     let bias = _mm512_set1_epi8(0x80u8 as i8);
     let gather = gathers(ws);
     let block = |row: &[*const u8; ROWS], off: usize| {
-        let (q0, q1) = (dwords4(row, off + 2), dwords4(row, off + 18));
+        let (q0, q1) = (
+            dwords4::<HALVES>(row, off + 2),
+            dwords4::<HALVES>(row, off + 18),
+        );
         let mut w = [_mm512_setzero_si512(); 8];
         for j in 0..4 {
             w[j] = _mm512_xor_si512(q0[j], bias);
             w[4 + j] = _mm512_xor_si512(q1[j], bias);
         }
-        let d = scales_f16(row, off, gather);
+        let d = scales_f16::<HALVES>(row, off, gather);
         (w, d, d)
     };
     by_tokens!(nt, SPROD, (n, w, ws, wb, pack, out, block))
@@ -658,21 +718,28 @@ pub(super) unsafe fn iq4_table() -> __m512i {
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn rows_iq4_nl(n: usize, w: &[u8], ws: usize, pack: &[u8], nt: usize, out: &mut [f32]) {
+unsafe fn rows_iq4_nl<const HALVES: bool>(
+    n: usize,
+    w: &[u8],
+    ws: usize,
+    pack: &[u8],
+    nt: usize,
+    out: &mut [f32],
+) {
     let wb = iq4_nl::BLOCK_BYTES;
     let low = _mm512_set1_epi8(0x0F);
     let gather = gathers(ws);
     let table = iq4_table();
     let block = |row: &[*const u8; ROWS], off: usize| {
         // Q4_0's nibble layout, two bytes in; each nibble looked up in the table.
-        let q = dwords4(row, off + 2);
+        let q = dwords4::<HALVES>(row, off + 2);
         let mut w = [_mm512_setzero_si512(); 8];
         for j in 0..4 {
             w[j] = _mm512_shuffle_epi8(table, _mm512_and_si512(q[j], low));
             let high = _mm512_and_si512(_mm512_srli_epi16::<4>(q[j]), low);
             w[4 + j] = _mm512_shuffle_epi8(table, high);
         }
-        let d = scales_f16(row, off, gather);
+        let d = scales_f16::<HALVES>(row, off, gather);
         (w, d, d)
     };
     // llama.cpp's order, as Q8_0's: `isum · (d_w · d_a)`.
