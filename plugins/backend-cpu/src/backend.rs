@@ -10,8 +10,8 @@ use abi_stable::sabi_trait::TD_Opaque;
 use abi_stable::std_types::{RErr, ROk, RSlice, RSliceMut, RString};
 use prima_core::gguf::GgmlType;
 use prima_core::plugin::backend_abi::{
-    AttentionParams, Backend, BackendBox, BackendConfig, BackendResult, Backend_TO, KvSpec,
-    RopeParams, TensorView,
+    AttentionParams, AttentionSpan, Backend, BackendBox, BackendConfig, BackendResult, Backend_TO,
+    KvSpec, RopeParams, TensorView,
 };
 use std::sync::Mutex;
 
@@ -205,6 +205,29 @@ impl Backend for CpuBackend {
             &mut scratch,
             &self.kv,
             kv,
+            q.as_slice(),
+            k.as_slice(),
+            v.as_slice(),
+            &params,
+            out.as_mut_slice(),
+        ))
+    }
+
+    fn attention_spans(
+        &self,
+        spans: RSlice<'_, AttentionSpan>,
+        q: RSlice<'_, f32>,
+        k: RSlice<'_, f32>,
+        v: RSlice<'_, f32>,
+        params: AttentionParams,
+        mut out: RSliceMut<'_, f32>,
+    ) -> BackendResult<()> {
+        let mut scratch = lock(&self.scratch);
+        to_abi(attention::attention_spans(
+            &self.pool,
+            &mut scratch,
+            &self.kv,
+            spans.as_slice(),
             q.as_slice(),
             k.as_slice(),
             v.as_slice(),

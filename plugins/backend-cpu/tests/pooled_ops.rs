@@ -8,12 +8,16 @@
 //!   heads per KV head, head lengths with and without a 16-lane tail) of a prompt, then a
 //!   second prompt on top of it with a sliding window and soft-capping, 1 vs 2 and 3
 //!   threads.
+//! - `attention_spans_match_one_call_per_span`: a continuous-batching step (three
+//!   requests' caches at different lengths, spans of 1, 3 and 1 rows) through one
+//!   `attention_spans` call gives the bits of one `attention` call per span, with and
+//!   without a window and soft-capping; bad spans are errors that change no cache.
 
 use abi_stable::std_types::{RNone, RSlice, RSliceMut, RSome};
 use prima_backend_cpu::CpuBackend;
 use prima_core::gguf::GgmlType;
 use prima_core::plugin::backend_abi::{
-    AttentionParams, Backend, BackendConfig, KvSpec, RopeParams, TensorView,
+    AttentionParams, AttentionSpan, Backend, BackendConfig, KvSpec, RopeParams, TensorView,
 };
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -160,5 +164,157 @@ fn attention_split_over_the_pool_matches_one_thread() {
         for threads in [2, 3] {
             assert!(want == run(&backend(threads)), "dk {dk}, {threads} threads");
         }
+    }
+}
+
+#[test]
+fn attention_spans_match_one_call_per_span() {
+    let mut rng = ChaCha8Rng::seed_from_u64(47);
+    let (n_head, n_head_kv, dk, dv) = (6u32, 2u32, 40u32, 24u32);
+    let spec = KvSpec {
+        n_layers: 2,
+        n_ctx: 64,
+        n_head_kv,
+        head_dim_k: dk,
+        head_dim_v: dv,
+    };
+    let (q_row, k_row, v_row, o_row) = (
+        (n_head * dk) as usize,
+        (n_head_kv * dk) as usize,
+        (n_head_kv * dv) as usize,
+        (n_head * dv) as usize,
+    );
+    let params = |n_tokens, start_pos, window, softcap| AttentionParams {
+        layer: 1,
+        n_tokens,
+        start_pos,
+        n_head,
+        n_head_kv,
+        head_dim_k: dk,
+        head_dim_v: dv,
+        scale: 0.125,
+        sliding_window: window,
+        softcap,
+    };
+    // Three requests' prompts (5, 9 and 13 tokens), then two batched steps of 1, 3 and 1
+    // rows each: plain, then with a window of 7 and soft-capping.
+    let prompts = [5u32, 9, 13];
+    let steps = [[1u32, 3, 1], [1, 3, 1]];
+    let mut rows = |n: u32| {
+        let n = n as usize;
+        (
+            rand_vec(&mut rng, n * q_row, 2.0),
+            rand_vec(&mut rng, n * k_row, 2.0),
+            rand_vec(&mut rng, n * v_row, 2.0),
+        )
+    };
+    let prompt_rows: Vec<_> = prompts.iter().map(|&n| rows(n)).collect();
+    let step_rows: Vec<Vec<_>> = steps
+        .iter()
+        .map(|s| s.iter().map(|&n| rows(n)).collect())
+        .collect();
+    let concat = |parts: &[(Vec<f32>, Vec<f32>, Vec<f32>)]| {
+        let mut all = (Vec::new(), Vec::new(), Vec::new());
+        for (q, k, v) in parts {
+            all.0.extend_from_slice(q);
+            all.1.extend_from_slice(k);
+            all.2.extend_from_slice(v);
+        }
+        all
+    };
+    // Each request's prompt, one call each, on a fresh backend; its caches.
+    let start = |b: &CpuBackend| {
+        prompts
+            .iter()
+            .zip(&prompt_rows)
+            .map(|(&n, (q, k, v))| {
+                let kv = b.kv_create(spec).unwrap();
+                let mut out = vec![0f32; n as usize * o_row];
+                b.attention(
+                    kv,
+                    RSlice::from_slice(q),
+                    RSlice::from_slice(k),
+                    RSlice::from_slice(v),
+                    params(n, 0, 0, 0.0),
+                    RSliceMut::from_mut_slice(&mut out),
+                )
+                .unwrap();
+                kv
+            })
+            .collect::<Vec<u64>>()
+    };
+    let step_params = |i: usize| if i == 0 { (0, 0.0) } else { (7, 20.0) };
+
+    // Reference: one thread, one call per span.
+    let one = backend(1);
+    let kvs = start(&one);
+    let mut want = Vec::new();
+    let mut pos = prompts;
+    for (i, (sizes, parts)) in steps.iter().zip(&step_rows).enumerate() {
+        let (window, softcap) = step_params(i);
+        for (r, (&n, (q, k, v))) in sizes.iter().zip(parts).enumerate() {
+            let mut out = vec![0f32; n as usize * o_row];
+            one.attention(
+                kvs[r],
+                RSlice::from_slice(q),
+                RSlice::from_slice(k),
+                RSlice::from_slice(v),
+                params(n, pos[r], window, softcap),
+                RSliceMut::from_mut_slice(&mut out),
+            )
+            .unwrap();
+            want.extend(bits(&out));
+            pos[r] += n;
+        }
+    }
+
+    for threads in [1, 2, 3] {
+        let b = backend(threads);
+        let kvs = start(&b);
+        let mut got = Vec::new();
+        let mut pos = prompts;
+        for (i, (sizes, parts)) in steps.iter().zip(&step_rows).enumerate() {
+            let (window, softcap) = step_params(i);
+            let (q, k, v) = concat(parts);
+            let spans: Vec<AttentionSpan> = (0..3)
+                .map(|r| AttentionSpan {
+                    kv: kvs[r],
+                    n_tokens: sizes[r],
+                    start_pos: pos[r],
+                })
+                .collect();
+            let n_rows: u32 = sizes.iter().sum();
+            let mut out = vec![0f32; n_rows as usize * o_row];
+            let call = |spans: &[AttentionSpan], q: &[f32], out: &mut [f32]| {
+                b.attention_spans(
+                    RSlice::from_slice(spans),
+                    RSlice::from_slice(q),
+                    RSlice::from_slice(&k),
+                    RSlice::from_slice(&v),
+                    params(0, 0, window, softcap),
+                    RSliceMut::from_mut_slice(out),
+                )
+                .into_result()
+            };
+            // Bad calls first: each an error naming what is wrong, no cache changed (the
+            // good call after them must still give the reference's bits).
+            let mut twice = spans.clone();
+            twice[2].kv = twice[0].kv;
+            let e = call(&twice, &q, &mut out).unwrap_err();
+            assert!(e.contains("share KV cache handle"), "{e}");
+            let e = call(&spans, &q[1..], &mut out).unwrap_err();
+            assert!(e.contains("q length"), "{e}");
+            let mut gap = spans.clone();
+            gap[1].start_pos += 1;
+            let e = call(&gap, &q, &mut out).unwrap_err();
+            assert!(e.contains("leaves a gap"), "{e}");
+
+            call(&spans, &q, &mut out).unwrap();
+            got.extend(bits(&out));
+            for (p, n) in pos.iter_mut().zip(sizes) {
+                *p += n;
+            }
+        }
+        assert!(want == got, "{threads} threads");
     }
 }

@@ -20,7 +20,8 @@
 //! attention, norms and activations follow the CPU step for step and RoPE's cos/sin come
 //! from the host, so results agree bit for bit (see tests/gpu.rs).
 //!
-//! Status (phase 1): the host-slice ABI v2 in full on one GPU; weights live in VRAM in
+//! Status (phase 1): the host-slice ABI (v3; `attention_spans` by the trait's default,
+//! one `attention` per span) in full on one GPU; weights live in VRAM in
 //! their stored blocks, the KV cache is F16 in VRAM, activations cross the bus on every
 //! operation. See ARCHITECTURE.md for what the device-resident ABI (phase 2) changes.
 

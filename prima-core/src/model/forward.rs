@@ -6,7 +6,7 @@ use abi_stable::std_types::{RNone, RResult, RSlice, RSliceMut, RSome, RString};
 use super::arch::{AttentionScale, FfnActivation};
 use super::{HyperParams, Model, ModelError, RopeScaling};
 use crate::batch::{check_entries, check_rows, plan_batches, Piece, SeqSpan, SeqTokens};
-use crate::plugin::backend_abi::{AttentionParams, BackendBox, KvSpec, RopeParams};
+use crate::plugin::backend_abi::{AttentionParams, AttentionSpan, BackendBox, KvSpec, RopeParams};
 
 /// Turns a backend result into a model error that names the operation.
 fn op(result: RResult<(), RString>, name: &'static str) -> Result<(), ModelError> {
@@ -123,6 +123,8 @@ pub struct Session<'m> {
     /// tokens have logits there; empty: one row per entry, its last
     /// ([`Session::start_entries`]).
     entry_rows: Vec<(usize, usize)>,
+    /// The batch's spans as one attention call takes them, rebuilt each layer.
+    attn_spans: Vec<AttentionSpan>,
 }
 
 /// Which of a session's backends runs a held layer.
@@ -258,6 +260,7 @@ impl<'m> Session<'m> {
             out_rows: Vec::new(),
             entry_logits: Vec::new(),
             entry_rows: Vec::new(),
+            attn_spans: Vec::with_capacity(n_slots),
         };
         for side in [Side::Main, Side::Gpu] {
             let n_layers = held[side as usize];
@@ -895,31 +898,26 @@ impl<'m> Session<'m> {
             },
             softcap: 0.0,
         };
-        // Attention per span: each slot's rows against its own cache and positions.
-        let mut row = 0;
-        for s in &self.batch {
+        // Every span's rows in one call, each against its slot's cache and positions.
+        let spans = &mut self.attn_spans;
+        spans.clear();
+        spans.extend(self.batch.iter().map(|s| AttentionSpan {
             // A layer is only run when it is held, so every slot has its cache.
-            let kv = kvs.get(s.slot).copied().unwrap_or_default();
-            let rows = row..row + s.len;
-            row += s.len;
-            let params = AttentionParams {
-                n_tokens: s.len as u32,
-                start_pos: s.start as u32,
-                ..params
-            };
-            let out = &mut b.attn[rows.start * attn_dim..rows.end * attn_dim];
-            op(
-                be.attention(
-                    kv,
-                    rs(rows_of(q, &rows, qd)),
-                    rs(rows_of(k, &rows, kd)),
-                    rs(rows_of(v, &rows, vd)),
-                    params,
-                    rm(out),
-                ),
-                "attention",
-            )?;
-        }
+            kv: kvs.get(s.slot).copied().unwrap_or_default(),
+            n_tokens: s.len as u32,
+            start_pos: s.start as u32,
+        }));
+        op(
+            be.attention_spans(
+                RSlice::from_slice(spans),
+                rs(q),
+                rs(k),
+                rs(v),
+                params,
+                rm(&mut b.attn[..n * attn_dim]),
+            ),
+            "attention",
+        )?;
         let attn = &mut b.attn[..n * attn_dim];
         op(
             be.matmul(model.view(&w.wo), rs(attn), nt, rm(h)),
@@ -984,11 +982,6 @@ fn check_layer_types(model: &Model, backend: &BackendBox, il: usize) -> Result<(
         }),
         None => Ok(()),
     }
-}
-
-/// Rows `rows` of `x`, rows of `dim` floats.
-fn rows_of<'a>(x: &'a [f32], rows: &std::ops::Range<usize>, dim: usize) -> &'a [f32] {
-    &x[rows.start * dim..rows.end * dim]
 }
 
 /// `x += post_norm(h)`, or `x += h` without a post-norm.

@@ -1,4 +1,4 @@
-//! Backend plugin ABI, version 2: the only way the engine reaches compute.
+//! Backend plugin ABI, version 3: the only way the engine reaches compute.
 //!
 //! A backend is a small table of operations over host memory — matrix products against
 //! quantized weights, norms, RoPE, attention over a backend-owned KV cache — in the spirit
@@ -24,7 +24,7 @@ use abi_stable::{
 
 /// Version of the backend ABI defined in this file. A plugin built for another version is
 /// refused at load time.
-pub const BACKEND_ABI_VERSION: u32 = 2;
+pub const BACKEND_ABI_VERSION: u32 = 3;
 
 /// A weight tensor as it lies in the GGUF mapping.
 #[repr(C)]
@@ -239,6 +239,43 @@ impl AttentionParams {
     }
 }
 
+/// One request's rows in a batched attention call ([`Backend::attention_spans`]): its
+/// `n_tokens` rows, next after the previous span's, go to KV cache `kv` at positions from
+/// `start_pos`.
+#[repr(C)]
+#[derive(StableAbi, Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttentionSpan {
+    pub kv: u64,
+    pub n_tokens: u32,
+    pub start_pos: u32,
+}
+
+/// The rows of `data` that span `i` of `spans` owns, `row` values a row, for each span in
+/// order; an error naming the slice (`what`) when its length is not the spans' rows.
+pub fn span_rows<'a, T>(
+    spans: &[AttentionSpan],
+    data: &'a [T],
+    row: usize,
+    what: &str,
+) -> Result<Vec<&'a [T]>, String> {
+    let total: usize = spans.iter().map(|s| s.n_tokens as usize).sum();
+    if total.checked_mul(row) != Some(data.len()) {
+        return Err(format!(
+            "attention: {what} length is {}, expected {total} tokens × {row}",
+            data.len()
+        ));
+    }
+    let mut at = 0;
+    Ok(spans
+        .iter()
+        .map(|s| {
+            let n = s.n_tokens as usize * row;
+            at += n;
+            &data[at - n..at]
+        })
+        .collect())
+}
+
 /// A GPU's memory as its backend plugin sees it (see [`BackendPlugin::gpu_memory`]): what
 /// profiles give Halda as the VRAM bound of the device's GPU layers.
 #[repr(C)]
@@ -343,6 +380,58 @@ pub trait Backend: Send + Sync {
         params: AttentionParams,
         out: RSliceMut<'_, f32>,
     ) -> BackendResult<()>;
+
+    /// [`Backend::attention`] for several requests' rows in one call: span after span,
+    /// each with its own cache and positions (`params`' `n_tokens` and `start_pos` are the
+    /// span's; the others are shared). A continuous-batching step has one span per
+    /// request; a backend can spread all their heads over its threads at once. The
+    /// default calls `attention` span by span.
+    fn attention_spans(
+        &self,
+        spans: RSlice<'_, AttentionSpan>,
+        q: RSlice<'_, f32>,
+        k: RSlice<'_, f32>,
+        v: RSlice<'_, f32>,
+        params: AttentionParams,
+        mut out: RSliceMut<'_, f32>,
+    ) -> BackendResult<()> {
+        let (dk, dv) = (params.head_dim_k as usize, params.head_dim_v as usize);
+        let (n_head, n_head_kv) = (params.n_head as usize, params.n_head_kv as usize);
+        let rows = (|| {
+            Ok::<_, String>((
+                span_rows(&spans, &q, n_head * dk, "q")?,
+                span_rows(&spans, &k, n_head_kv * dk, "k")?,
+                span_rows(&spans, &v, n_head_kv * dv, "v")?,
+                span_rows(&spans, &out, n_head * dv, "out")?.len(),
+            ))
+        })();
+        let (qs, ks, vs, _) = match rows {
+            Ok(r) => r,
+            Err(e) => return RResult::RErr(e.into()),
+        };
+        let mut rest: &mut [f32] = &mut out;
+        for (i, s) in spans.iter().enumerate() {
+            let (o, tail) = rest.split_at_mut(s.n_tokens as usize * n_head * dv);
+            rest = tail;
+            let params = AttentionParams {
+                n_tokens: s.n_tokens,
+                start_pos: s.start_pos,
+                ..params
+            };
+            let done = self.attention(
+                s.kv,
+                qs[i].into(),
+                ks[i].into(),
+                vs[i].into(),
+                params,
+                o.into(),
+            );
+            if done.is_err() {
+                return done;
+            }
+        }
+        RResult::ROk(())
+    }
 
     /// A hint that no operation follows for a while (a ring device has passed its
     /// activations on and waits for the next round): release the cores now, e.g. put

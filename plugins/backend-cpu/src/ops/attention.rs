@@ -22,7 +22,7 @@ use crate::formats::{dispatch, AttentionF16};
 use crate::pool::{sized, ChunkRunner, Scratch};
 use half::{f16, slice::HalfFloatSliceExt};
 use prima_core::gguf::GgmlType;
-use prima_core::plugin::backend_abi::AttentionParams;
+use prima_core::plugin::backend_abi::{span_rows, AttentionParams, AttentionSpan};
 use std::cell::RefCell;
 
 thread_local! {
@@ -43,25 +43,104 @@ pub fn attention(
     p: &AttentionParams,
     out: &mut [f32],
 ) -> OpResult<()> {
+    let span = AttentionSpan {
+        kv,
+        n_tokens: p.n_tokens,
+        start_pos: p.start_pos,
+    };
+    attention_spans(pool, scratch, store, &[span], q, k, v, p, out)
+}
+
+/// [`attention`] for several requests' rows at once (`Backend::attention_spans`): every
+/// span's keys and values stored, then all their (token, KV head) items in one pool round,
+/// so a decode step of four requests is one round a layer, not four of three items each
+/// (SmolLM2: three KV heads on two threads left one idle for a third of each round).
+#[allow(clippy::too_many_arguments)]
+pub fn attention_spans(
+    pool: &impl ChunkRunner,
+    scratch: &mut Scratch,
+    store: &KvStore,
+    spans: &[AttentionSpan],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    p: &AttentionParams,
+    out: &mut [f32],
+) -> OpResult<()> {
     const OP: &str = "attention";
-    let cache = store.get(OP, kv)?;
-    let mut cache = lock(&cache);
-    let spec = cache.spec;
-    let (n_tokens, n_head, n_head_kv) =
-        (p.n_tokens as usize, p.n_head as usize, p.n_head_kv as usize);
+    let (n_head, n_head_kv) = (p.n_head as usize, p.n_head_kv as usize);
     let (dk, dv) = (p.head_dim_k as usize, p.head_dim_v as usize);
-    let (layer, start) = (p.layer as usize, p.start_pos as usize);
-    p.check(&spec, MAX_HEAD_DIM, [q.len(), k.len(), v.len(), out.len()])?;
-    if start > cache.len(layer) {
-        return Err(format!(
-            "{OP}: start_pos {start} leaves a gap: layer {layer} holds {} positions",
-            cache.len(layer)
-        ));
+    let layer = p.layer as usize;
+    let (q_row, k_row, v_row) = (n_head * dk, n_head_kv * dk, n_head_kv * dv);
+    let (ks, vs) = (
+        span_rows(spans, k, k_row, "k")?,
+        span_rows(spans, v, v_row, "v")?,
+    );
+    span_rows(spans, q, q_row, "q")?;
+    span_rows(spans, out, n_head * dv, "out")?;
+    for (i, s) in spans.iter().enumerate() {
+        if spans[..i].iter().any(|o| o.kv == s.kv) {
+            return Err(format!(
+                "{OP}: spans {i} and {} share KV cache handle {}",
+                spans[..i].iter().position(|o| o.kv == s.kv).unwrap_or(0),
+                s.kv
+            ));
+        }
     }
-    if n_tokens == 0 {
+    // Every span's cache locked for the call, in handle order (a call holding several locks
+    // never waits on one holding them in another order).
+    let handles: Vec<_> = spans
+        .iter()
+        .map(|s| store.get(OP, s.kv))
+        .collect::<OpResult<_>>()?;
+    let mut order: Vec<usize> = (0..spans.len()).collect();
+    order.sort_by_key(|&i| spans[i].kv);
+    let mut guards: Vec<_> = (0..spans.len()).map(|_| None).collect();
+    for &i in &order {
+        guards[i] = Some(lock(&handles[i]));
+    }
+    let mut caches: Vec<_> = guards.into_iter().flatten().collect();
+    let mut firsts = Vec::with_capacity(spans.len());
+    let mut first_row = 0;
+    for (i, (s, cache)) in spans.iter().zip(caches.iter_mut()).enumerate() {
+        let (n_tokens, start) = (s.n_tokens as usize, s.start_pos as usize);
+        let ps = AttentionParams {
+            n_tokens: s.n_tokens,
+            start_pos: s.start_pos,
+            ..*p
+        };
+        let lens = [
+            n_tokens * q_row,
+            ks[i].len(),
+            vs[i].len(),
+            n_tokens * n_head * dv,
+        ];
+        ps.check(&cache.spec, MAX_HEAD_DIM, lens)?;
+        if start > cache.len(layer) {
+            return Err(format!(
+                "{OP}: start_pos {start} leaves a gap: layer {layer} holds {} positions",
+                cache.len(layer)
+            ));
+        }
+        firsts.push(first_row);
+        first_row += n_tokens;
+    }
+    for (i, cache) in caches.iter_mut().enumerate() {
+        let s = &spans[i];
+        if s.n_tokens > 0 {
+            cache.write(
+                layer,
+                s.start_pos as usize,
+                s.n_tokens as usize,
+                ks[i],
+                vs[i],
+            );
+        }
+    }
+    let n_rows = first_row;
+    if n_rows == 0 || dv == 0 {
         return Ok(());
     }
-    cache.write(layer, start, n_tokens, k, v);
 
     let queries = sized(&mut scratch.queries, 2 * q.len());
     // The level's F16 activation quantizer: `put_f16`'s bytes, vectorised.
@@ -71,32 +150,33 @@ pub fn attention(
     to_f16(q, queries);
     let queries: &[u8] = queries;
     let products = dispatch::attention_f16();
-    let cache: &KvCache = &cache;
-    if dv == 0 {
-        return Ok(());
-    }
+    let caches: Vec<&KvCache> = caches.iter().map(|c| &**c).collect();
     let group = n_head / n_head_kv;
-    // (token, KV head) items, each with the query heads that share that KV head (one
-    // pass over its keys and values for all of them), a few chunks of items per thread.
-    // A token's items cost in proportion to the positions it attends to, so the chunks are
-    // claimed last token first: the costliest go first and the cheapest fill the gaps at
-    // the end (claimed first token first, the last chunk, the costliest, left one core
-    // idle: a third of the main thread's waiting in pp128 on 2 threads, F16 SmolLM2).
-    let n_items = n_tokens * n_head_kv;
+    // (row, KV head) items over every span, each with the query heads that share that KV
+    // head (one pass over its keys and values for all of them), a few chunks of items per
+    // thread. A row's items cost in proportion to the positions it attends to, so within a
+    // span the chunks are claimed last row first: the costliest go first and the cheapest
+    // fill the gaps at the end (claimed first row first, the last chunk, the costliest,
+    // left one core idle: a third of the main thread's waiting in pp128 on 2 threads, F16
+    // SmolLM2).
+    let n_items = n_rows * n_head_kv;
     let per_chunk = n_items.div_ceil(pool.threads() * 8).max(1);
     let n_chunks = n_items.div_ceil(per_chunk);
     let dst = SharedOut(out.as_mut_ptr());
     pool.run(n_chunks, &|c| {
         let first = (n_chunks - 1 - c) * per_chunk;
         for idx in first..(first + per_chunk).min(n_items) {
-            let (t, g) = (idx / n_head_kv, idx % n_head_kv);
-            let h0 = t * n_head + g * group;
+            let (row, g) = (idx / n_head_kv, idx % n_head_kv);
+            // The span holding `row`: the last whose first row is at or before it.
+            let span = firsts.partition_point(|&f| f <= row) - 1;
+            let pos = spans[span].start_pos as usize + (row - firsts[span]);
+            let h0 = row * n_head + g * group;
             // SAFETY: item `idx` owns `out[h0·dv .. (h0 + group)·dv]` (its query heads' rows),
-            // disjoint across items, and `out` (checked to be n_tokens·n_head·dv long)
+            // disjoint across items, and `out` (checked to be n_rows·n_head·dv long)
             // outlives `run`, which returns when all chunks are done.
             let o = unsafe { std::slice::from_raw_parts_mut(dst.ptr().add(h0 * dv), group * dv) };
             let qh = &queries[2 * h0 * dk..2 * (h0 + group) * dk];
-            attend_group(cache, layer, start + t, g, qh, group, products, p, o);
+            attend_group(caches[span], layer, pos, g, qh, group, products, p, o);
         }
     });
     Ok(())

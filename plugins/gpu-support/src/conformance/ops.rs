@@ -3,7 +3,7 @@
 use abi_stable::std_types::{RSlice, RSliceMut};
 use prima_core::gguf::GgmlType;
 use prima_core::plugin::backend_abi::{
-    AttentionParams, BackendBox, KvSpec, RopeParams, TensorView,
+    AttentionParams, AttentionSpan, BackendBox, KvSpec, RopeParams, TensorView,
 };
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -297,6 +297,73 @@ pub fn attention_variants(t: &Target) {
             .unwrap();
             worst = worst.max(max_abs_diff(&a, &b));
             pos += n_tokens;
+        }
+        // A continuous-batching step: this cache (at `pos`) and two fresh ones with short
+        // prompts, spans of 1, 3 and 2 rows in one `attention_spans` call (the GPU's the
+        // trait's default, one `attention` per span; the CPU's one pool round).
+        let p = |n_tokens, start_pos| AttentionParams {
+            layer: 1,
+            n_tokens,
+            start_pos,
+            n_head,
+            n_head_kv,
+            head_dim_k: dk,
+            head_dim_v: dk,
+            scale: 1.0 / (dk as f32).sqrt(),
+            sliding_window: window,
+            softcap,
+        };
+        let mut spans = (vec![], vec![]);
+        let (mut qs, mut ks, mut vs) = (vec![], vec![], vec![]);
+        for (prompt, n_tokens) in [(0u32, 1u32), (5, 3), (9, 2)] {
+            let (c, g, start) = if prompt == 0 {
+                (kc, kg, pos)
+            } else {
+                let (c, g) = (cpu.kv_create(spec).unwrap(), gpu.kv_create(spec).unwrap());
+                let q = randn(&mut rng, (prompt * n_head * dk) as usize);
+                let k = randn(&mut rng, (prompt * n_head_kv * dk) as usize);
+                let v = randn(&mut rng, (prompt * n_head_kv * dk) as usize);
+                for (be, kv) in [(&cpu, c), (gpu, g)] {
+                    let mut o = vec![0f32; q.len()];
+                    be.attention(
+                        kv,
+                        RSlice::from_slice(&q),
+                        RSlice::from_slice(&k),
+                        RSlice::from_slice(&v),
+                        p(prompt, 0),
+                        RSliceMut::from_mut_slice(&mut o),
+                    )
+                    .unwrap();
+                }
+                (c, g, prompt)
+            };
+            let span = |kv| AttentionSpan {
+                kv,
+                n_tokens,
+                start_pos: start,
+            };
+            spans.0.push(span(c));
+            spans.1.push(span(g));
+            qs.extend(randn(&mut rng, (n_tokens * n_head * dk) as usize));
+            ks.extend(randn(&mut rng, (n_tokens * n_head_kv * dk) as usize));
+            vs.extend(randn(&mut rng, (n_tokens * n_head_kv * dk) as usize));
+        }
+        let (mut a, mut b) = (vec![0f32; qs.len()], vec![0f32; qs.len()]);
+        for (be, spans, out) in [(&cpu, &spans.0, &mut a), (gpu, &spans.1, &mut b)] {
+            be.attention_spans(
+                RSlice::from_slice(spans),
+                RSlice::from_slice(&qs),
+                RSlice::from_slice(&ks),
+                RSlice::from_slice(&vs),
+                p(0, 0),
+                RSliceMut::from_mut_slice(out),
+            )
+            .unwrap();
+        }
+        worst = worst.max(max_abs_diff(&a, &b));
+        for (c, g) in spans.0.iter().zip(&spans.1).skip(1) {
+            cpu.kv_drop(c.kv);
+            gpu.kv_drop(g.kv);
         }
         // Truncation, then a re-evaluation of the dropped positions.
         cpu.kv_truncate(kc, 10).unwrap();
