@@ -258,49 +258,6 @@ pub fn attention_variants(t: &Target) {
             head_dim_v: dk,
         };
         let (kc, kg) = (cpu.kv_create(spec).unwrap(), gpu.kv_create(spec).unwrap());
-        let mut worst = 0.0f32;
-        let mut pos = 0;
-        for n_tokens in [7u32, 1, 1, 12, 1] {
-            let p = AttentionParams {
-                layer: 1,
-                n_tokens,
-                start_pos: pos,
-                n_head,
-                n_head_kv,
-                head_dim_k: dk,
-                head_dim_v: dk,
-                scale: 1.0 / (dk as f32).sqrt(),
-                sliding_window: window,
-                softcap,
-            };
-            let q = randn(&mut rng, (n_tokens * n_head * dk) as usize);
-            let k = randn(&mut rng, (n_tokens * n_head_kv * dk) as usize);
-            let v = randn(&mut rng, (n_tokens * n_head_kv * dk) as usize);
-            let (mut a, mut b) = (vec![0f32; q.len()], vec![0f32; q.len()]);
-            cpu.attention(
-                kc,
-                RSlice::from_slice(&q),
-                RSlice::from_slice(&k),
-                RSlice::from_slice(&v),
-                p,
-                RSliceMut::from_mut_slice(&mut a),
-            )
-            .unwrap();
-            gpu.attention(
-                kg,
-                RSlice::from_slice(&q),
-                RSlice::from_slice(&k),
-                RSlice::from_slice(&v),
-                p,
-                RSliceMut::from_mut_slice(&mut b),
-            )
-            .unwrap();
-            worst = worst.max(max_abs_diff(&a, &b));
-            pos += n_tokens;
-        }
-        // A continuous-batching step: this cache (at `pos`) and two fresh ones with short
-        // prompts, spans of 1, 3 and 2 rows in one `attention_spans` call (the GPU's the
-        // trait's default, one `attention` per span; the CPU's one pool round).
         let p = |n_tokens, start_pos| AttentionParams {
             layer: 1,
             n_tokens,
@@ -313,6 +270,37 @@ pub fn attention_variants(t: &Target) {
             sliding_window: window,
             softcap,
         };
+        let mut worst = 0.0f32;
+        let mut pos = 0;
+        for n_tokens in [7u32, 1, 1, 12, 1] {
+            let q = randn(&mut rng, (n_tokens * n_head * dk) as usize);
+            let k = randn(&mut rng, (n_tokens * n_head_kv * dk) as usize);
+            let v = randn(&mut rng, (n_tokens * n_head_kv * dk) as usize);
+            let (mut a, mut b) = (vec![0f32; q.len()], vec![0f32; q.len()]);
+            cpu.attention(
+                kc,
+                RSlice::from_slice(&q),
+                RSlice::from_slice(&k),
+                RSlice::from_slice(&v),
+                p(n_tokens, pos),
+                RSliceMut::from_mut_slice(&mut a),
+            )
+            .unwrap();
+            gpu.attention(
+                kg,
+                RSlice::from_slice(&q),
+                RSlice::from_slice(&k),
+                RSlice::from_slice(&v),
+                p(n_tokens, pos),
+                RSliceMut::from_mut_slice(&mut b),
+            )
+            .unwrap();
+            worst = worst.max(max_abs_diff(&a, &b));
+            pos += n_tokens;
+        }
+        // A continuous-batching step: this cache (at `pos`) and two fresh ones with short
+        // prompts, spans of 1, 3 and 2 rows in one `attention_spans` call (the GPU's the
+        // trait's default, one `attention` per span; the CPU's one pool round).
         let mut spans = (vec![], vec![]);
         let (mut qs, mut ks, mut vs) = (vec![], vec![], vec![]);
         for (prompt, n_tokens) in [(0u32, 1u32), (5, 3), (9, 2)] {
