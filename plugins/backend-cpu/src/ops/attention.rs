@@ -11,8 +11,10 @@
 //! fixtures record (measured: this takes F32 models from 3e-3 to 5e-4 max |Δlogit| against
 //! llama.cpp). `q · k_j` is the F16 weight format's `vec_dot` at the selected kernel level
 //! (16 f32 lanes, see `formats::float`), so attention shares the matmul's numerics and
-//! speed. Heads × tokens run on the SpinPool; each worker thread keeps its score buffer
-//! between calls, so steady-state calls allocate nothing.
+//! speed. The (row, KV head) items of every span run on the SpinPool in one round; each
+//! worker thread keeps its score buffer between calls, so the work per position and head
+//! allocates nothing (a call allocates only its short per-span lists: the spans' caches,
+//! locks and first rows).
 
 use super::activation;
 use super::kv_cache::{lock, KvCache, KvStore};
