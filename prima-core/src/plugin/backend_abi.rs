@@ -212,6 +212,23 @@ impl AttentionParams {
                 "{OP}: n_head {n_head} is not a positive multiple of n_head_kv {n_head_kv}"
             ));
         }
+        self.check_lengths(n_tokens, lens)?;
+        let start = self.start_pos as usize;
+        let end = start.saturating_add(n_tokens);
+        if end > spec.n_ctx as usize {
+            return Err(format!(
+                "{OP}: positions {start}..{end} exceed the cache's n_ctx {}",
+                spec.n_ctx
+            ));
+        }
+        Ok(())
+    }
+
+    /// Checks the lengths of `q`, `k`, `v` and `out` against `n_tokens` rows of this
+    /// call's heads (part of [`AttentionParams::check`]).
+    fn check_lengths(&self, n_tokens: usize, lens: [usize; 4]) -> Result<(), String> {
+        let (n_head, n_head_kv) = (self.n_head as usize, self.n_head_kv as usize);
+        let (dk, dv) = (self.head_dim_k as usize, self.head_dim_v as usize);
         let [q, k, v, out] = lens;
         for (what, got, heads, dim) in [
             ("q length", q, n_head, dk),
@@ -222,20 +239,25 @@ impl AttentionParams {
             let want = heads
                 .checked_mul(dim)
                 .and_then(|x| x.checked_mul(n_tokens))
-                .ok_or_else(|| format!("{OP}: size {n_tokens} × {heads} × {dim} overflows"))?;
+                .ok_or_else(|| format!("attention: size {n_tokens} × {heads} × {dim} overflows"))?;
             if got != want {
-                return Err(format!("{OP}: {what} is {got}, expected {want}"));
+                return Err(format!("attention: {what} is {got}, expected {want}"));
             }
         }
-        let start = self.start_pos as usize;
-        let end = start.saturating_add(n_tokens);
-        if end > spec.n_ctx as usize {
-            return Err(format!(
-                "{OP}: positions {start}..{end} exceed the cache's n_ctx {}",
-                spec.n_ctx
-            ));
-        }
         Ok(())
+    }
+
+    /// Checks the lengths of `q`, `k`, `v` and `out` of a batched call
+    /// ([`Backend::attention_spans`]) against all the spans' rows, and returns how many
+    /// rows that is; each span is then checked against its cache by [`AttentionParams::check`].
+    pub fn check_span_lengths(
+        &self,
+        spans: &[AttentionSpan],
+        lens: [usize; 4],
+    ) -> Result<usize, String> {
+        let rows = spans.iter().map(|s| s.n_tokens as usize).sum();
+        self.check_lengths(rows, lens)?;
+        Ok(rows)
     }
 }
 
@@ -248,32 +270,6 @@ pub struct AttentionSpan {
     pub kv: u64,
     pub n_tokens: u32,
     pub start_pos: u32,
-}
-
-/// The rows of `data` that span `i` of `spans` owns, `row` values a row, for each span in
-/// order; an error naming the slice (`what`) when its length is not the spans' rows.
-pub fn span_rows<'a, T>(
-    spans: &[AttentionSpan],
-    data: &'a [T],
-    row: usize,
-    what: &str,
-) -> Result<Vec<&'a [T]>, String> {
-    let total: usize = spans.iter().map(|s| s.n_tokens as usize).sum();
-    if total.checked_mul(row) != Some(data.len()) {
-        return Err(format!(
-            "attention: {what} length is {}, expected {total} tokens × {row}",
-            data.len()
-        ));
-    }
-    let mut at = 0;
-    Ok(spans
-        .iter()
-        .map(|s| {
-            let n = s.n_tokens as usize * row;
-            at += n;
-            &data[at - n..at]
-        })
-        .collect())
 }
 
 /// A GPU's memory as its backend plugin sees it (see [`BackendPlugin::gpu_memory`]): what
@@ -395,37 +391,37 @@ pub trait Backend: Send + Sync {
         params: AttentionParams,
         mut out: RSliceMut<'_, f32>,
     ) -> BackendResult<()> {
-        let (dk, dv) = (params.head_dim_k as usize, params.head_dim_v as usize);
-        let (n_head, n_head_kv) = (params.n_head as usize, params.n_head_kv as usize);
-        let rows = (|| {
-            Ok::<_, String>((
-                span_rows(&spans, &q, n_head * dk, "q")?,
-                span_rows(&spans, &k, n_head_kv * dk, "k")?,
-                span_rows(&spans, &v, n_head_kv * dv, "v")?,
-                span_rows(&spans, &out, n_head * dv, "out")?.len(),
-            ))
-        })();
-        let (qs, ks, vs, _) = match rows {
-            Ok(r) => r,
-            Err(e) => return RResult::RErr(e.into()),
-        };
-        let mut rest: &mut [f32] = &mut out;
-        for (i, s) in spans.iter().enumerate() {
-            let (o, tail) = rest.split_at_mut(s.n_tokens as usize * n_head * dv);
-            rest = tail;
+        let lens = [q.len(), k.len(), v.len(), out.len()];
+        if let Err(e) = params.check_span_lengths(&spans, lens) {
+            return RResult::RErr(e.into());
+        }
+        // Row sizes of q, k, v and out; each span takes its rows off the front of each.
+        let [n_head, n_head_kv, dk, dv] = [
+            params.n_head,
+            params.n_head_kv,
+            params.head_dim_k,
+            params.head_dim_v,
+        ]
+        .map(|x| x as usize);
+        let row = [n_head * dk, n_head_kv * dk, n_head_kv * dv, n_head * dv];
+        let (mut q, mut k, mut v): (&[f32], &[f32], &[f32]) = (&q, &k, &v);
+        let mut out: &mut [f32] = &mut out;
+        for s in spans.iter() {
+            let n = s.n_tokens as usize;
+            let ((qs, qr), (ks, kr), (vs, vr)) = (
+                q.split_at(n * row[0]),
+                k.split_at(n * row[1]),
+                v.split_at(n * row[2]),
+            );
+            (q, k, v) = (qr, kr, vr);
+            let (os, or) = std::mem::take(&mut out).split_at_mut(n * row[3]);
+            out = or;
             let params = AttentionParams {
                 n_tokens: s.n_tokens,
                 start_pos: s.start_pos,
                 ..params
             };
-            let done = self.attention(
-                s.kv,
-                qs[i].into(),
-                ks[i].into(),
-                vs[i].into(),
-                params,
-                o.into(),
-            );
+            let done = self.attention(s.kv, qs.into(), ks.into(), vs.into(), params, os.into());
             if done.is_err() {
                 return done;
             }

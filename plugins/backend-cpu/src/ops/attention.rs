@@ -24,7 +24,7 @@ use crate::formats::{dispatch, AttentionF16};
 use crate::pool::{sized, ChunkRunner, Scratch};
 use half::{f16, slice::HalfFloatSliceExt};
 use prima_core::gguf::GgmlType;
-use prima_core::plugin::backend_abi::{span_rows, AttentionParams, AttentionSpan};
+use prima_core::plugin::backend_abi::{AttentionParams, AttentionSpan};
 use std::cell::RefCell;
 
 thread_local! {
@@ -73,38 +73,33 @@ pub fn attention_spans(
     let (n_head, n_head_kv) = (p.n_head as usize, p.n_head_kv as usize);
     let (dk, dv) = (p.head_dim_k as usize, p.head_dim_v as usize);
     let layer = p.layer as usize;
-    let (q_row, k_row, v_row) = (n_head * dk, n_head_kv * dk, n_head_kv * dv);
-    let (ks, vs) = (
-        span_rows(spans, k, k_row, "k")?,
-        span_rows(spans, v, v_row, "v")?,
-    );
-    span_rows(spans, q, q_row, "q")?;
-    span_rows(spans, out, n_head * dv, "out")?;
-    for (i, s) in spans.iter().enumerate() {
-        if spans[..i].iter().any(|o| o.kv == s.kv) {
-            return Err(format!(
-                "{OP}: spans {i} and {} share KV cache handle {}",
-                spans[..i].iter().position(|o| o.kv == s.kv).unwrap_or(0),
-                s.kv
-            ));
-        }
-    }
+    let (k_row, v_row) = (n_head_kv * dk, n_head_kv * dv);
+    let n_rows = p.check_span_lengths(spans, [q.len(), k.len(), v.len(), out.len()])?;
     // Every span's cache locked for the call, in handle order (a call holding several locks
-    // never waits on one holding them in another order).
+    // never waits on one holding them in another order); that order also shows a handle
+    // given twice.
+    let mut order: Vec<usize> = (0..spans.len()).collect();
+    order.sort_by_key(|&i| spans[i].kv);
+    if let Some(w) = order.windows(2).find(|w| spans[w[0]].kv == spans[w[1]].kv) {
+        let (a, b) = (w[0].min(w[1]), w[0].max(w[1]));
+        return Err(format!(
+            "{OP}: spans {a} and {b} share KV cache handle {}",
+            spans[a].kv
+        ));
+    }
     let handles: Vec<_> = spans
         .iter()
         .map(|s| store.get(OP, s.kv))
         .collect::<OpResult<_>>()?;
-    let mut order: Vec<usize> = (0..spans.len()).collect();
-    order.sort_by_key(|&i| spans[i].kv);
     let mut guards: Vec<_> = (0..spans.len()).map(|_| None).collect();
     for &i in &order {
         guards[i] = Some(lock(&handles[i]));
     }
     let mut caches: Vec<_> = guards.into_iter().flatten().collect();
+    // Each span checked against its cache before any is written; its first row.
     let mut firsts = Vec::with_capacity(spans.len());
     let mut first_row = 0;
-    for (i, (s, cache)) in spans.iter().zip(caches.iter_mut()).enumerate() {
+    for (s, cache) in spans.iter().zip(&caches) {
         let (n_tokens, start) = (s.n_tokens as usize, s.start_pos as usize);
         let ps = AttentionParams {
             n_tokens: s.n_tokens,
@@ -112,9 +107,9 @@ pub fn attention_spans(
             ..*p
         };
         let lens = [
-            n_tokens * q_row,
-            ks[i].len(),
-            vs[i].len(),
+            n_tokens * n_head * dk,
+            n_tokens * k_row,
+            n_tokens * v_row,
             n_tokens * n_head * dv,
         ];
         ps.check(&cache.spec, MAX_HEAD_DIM, lens)?;
@@ -127,19 +122,16 @@ pub fn attention_spans(
         firsts.push(first_row);
         first_row += n_tokens;
     }
-    for (i, cache) in caches.iter_mut().enumerate() {
-        let s = &spans[i];
-        if s.n_tokens > 0 {
-            cache.write(
-                layer,
-                s.start_pos as usize,
-                s.n_tokens as usize,
-                ks[i],
-                vs[i],
+    for ((s, cache), &first) in spans.iter().zip(&mut caches).zip(&firsts) {
+        let n = s.n_tokens as usize;
+        if n > 0 {
+            let (ks, vs) = (
+                &k[first * k_row..(first + n) * k_row],
+                &v[first * v_row..(first + n) * v_row],
             );
+            cache.write(layer, s.start_pos as usize, n, ks, vs);
         }
     }
-    let n_rows = first_row;
     if n_rows == 0 || dv == 0 {
         return Ok(());
     }
