@@ -273,14 +273,18 @@ unsafe fn lanes<const HALVES: bool>(row: &[*const u8; ROWS], k: usize, off: usiz
     _mm512_inserti32x4::<3>(v, _mm_loadu_si128(at(12 + k)))
 }
 
+/// [`dwords4_by`] with the inserts: for the decode and panel kernels of other modules.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+pub(super) unsafe fn dwords4(row: &[*const u8; ROWS], off: usize) -> [__m512i; 4] {
+    dwords4_by::<false>(row, off)
+}
+
 /// Dwords `0 ..= 3` of the 16 bytes at `off` of each row: lane `r` of vector `j` is row
 /// `r`'s dword `j` (a 4 × 4 transpose in each 128-bit lane of [`lanes`]).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-pub(super) unsafe fn dwords4<const HALVES: bool>(
-    row: &[*const u8; ROWS],
-    off: usize,
-) -> [__m512i; 4] {
+unsafe fn dwords4_by<const HALVES: bool>(row: &[*const u8; ROWS], off: usize) -> [__m512i; 4] {
     // Spelled out, not `map`ped: the closure was not always inlined (measured: a fifth of a
     // decode step in its calls).
     let z = [
@@ -589,7 +593,7 @@ unsafe fn rows_q4_0<const HALVES: bool>(
     let gather = gathers(ws);
     let block = |row: &[*const u8; ROWS], off: usize| {
         // As Q4_1's nibbles (below), two bytes in; the `+ 8` is the pack's correction.
-        let q = dwords4::<HALVES>(row, off + 2);
+        let q = dwords4_by::<HALVES>(row, off + 2);
         let mut w = [_mm512_setzero_si512(); 8];
         for j in 0..4 {
             w[j] = _mm512_and_si512(q[j], low);
@@ -629,7 +633,7 @@ unsafe fn rows_q5_0<const HALVES: bool>(
         // As Q4_0's nibbles, six bytes in; quant dword `j`'s fifth bits are bits
         // `4j .. 4j + 4` (low nibbles) and `16 + 4j ..` (high) of `qh`: byte `j / 2` or
         // `2 + j / 2`, copied to each byte and tested against that byte's bit.
-        let q = dwords4::<HALVES>(row, off + 6);
+        let q = dwords4_by::<HALVES>(row, off + 6);
         let qh = if gather {
             gather_dwords(row, off + 2)
         } else {
@@ -668,7 +672,7 @@ unsafe fn rows_q4_1<const HALVES: bool>(
     let block = |row: &[*const u8; ROWS], off: usize| {
         // Byte `b` of quant dword `j` holds element `4j + b` (low nibble) and `16 + 4j + b`
         // (high nibble): activation dwords `j` and `4 + j`.
-        let q = dwords4::<HALVES>(row, off + 4);
+        let q = dwords4_by::<HALVES>(row, off + 4);
         let mut w = [_mm512_setzero_si512(); 8];
         for j in 0..4 {
             w[j] = _mm512_and_si512(q[j], low);
@@ -694,8 +698,8 @@ unsafe fn rows_q8_0<const HALVES: bool>(
     let gather = gathers(ws);
     let block = |row: &[*const u8; ROWS], off: usize| {
         let (q0, q1) = (
-            dwords4::<HALVES>(row, off + 2),
-            dwords4::<HALVES>(row, off + 18),
+            dwords4_by::<HALVES>(row, off + 2),
+            dwords4_by::<HALVES>(row, off + 18),
         );
         let mut w = [_mm512_setzero_si512(); 8];
         for j in 0..4 {
@@ -732,7 +736,7 @@ unsafe fn rows_iq4_nl<const HALVES: bool>(
     let table = iq4_table();
     let block = |row: &[*const u8; ROWS], off: usize| {
         // Q4_0's nibble layout, two bytes in; each nibble looked up in the table.
-        let q = dwords4::<HALVES>(row, off + 2);
+        let q = dwords4_by::<HALVES>(row, off + 2);
         let mut w = [_mm512_setzero_si512(); 8];
         for j in 0..4 {
             w[j] = _mm512_shuffle_epi8(table, _mm512_and_si512(q[j], low));

@@ -208,7 +208,7 @@ unsafe fn rows_q4_k(n: usize, w: &[u8], ws: usize, pack: &[u8], out: &mut [f32])
             let blk = pack.as_ptr().add(i * PACK_BLOCK);
             // Dword 0: d, dmin; dwords 1 ..= 3: the 12 scale bytes (`unpack_scale_min_k4`,
             // four sub-blocks a dword, in the lanes).
-            let [dm, s1, s2, s3] = dwords4::<false>(&row, off);
+            let [dm, s1, s2, s3] = dwords4(&row, off);
             let [sc_lo, sc_hi, mn_lo, mn_hi] = k4_scales_mins(s1, s2, s3);
             let (sl, sh) = (bytes4(sc_lo), bytes4(sc_hi));
             let sc = [sl[0], sl[1], sl[2], sl[3], sh[0], sh[1], sh[2], sh[3]];
@@ -216,8 +216,8 @@ unsafe fn rows_q4_k(n: usize, w: &[u8], ws: usize, pack: &[u8], out: &mut [f32])
             for c in 0..4 {
                 // Bytes 32c .. 32c + 32 of `qs`: dword j's low nibbles are elements
                 // 64c + 4j .. (sub-block 2c), its high nibbles 64c + 32 + 4j .. (2c + 1).
-                let q0 = dwords4::<false>(&row, off + 16 + 32 * c);
-                let q1 = dwords4::<false>(&row, off + 32 + 32 * c);
+                let q0 = dwords4(&row, off + 16 + 32 * c);
+                let q1 = dwords4(&row, off + 32 + 32 * c);
                 let (mut lo, mut hi) = (_mm512_setzero_si512(), _mm512_setzero_si512());
                 for j in 0..8 {
                     let q = if j < 4 { q0[j] } else { q1[j - 4] };
@@ -281,12 +281,12 @@ unsafe fn rows_iq4_xs(n: usize, w: &[u8], ws: usize, pack: &[u8], out: &mut [f32
             let blk = pack.as_ptr().add(i * PACK_BLOCK);
             let sub = blk.add(SUB_PAIRS);
             // Dword 0: d and scales_h; dword 1: scales_l (sub-block s in its nibble s).
-            let [dh, sl, _, _] = dwords4::<false>(&row, off);
+            let [dh, sl, _, _] = dwords4(&row, off);
             let sh = _mm512_srli_epi32::<16>(dh);
             let mut isum = _mm512_setzero_si512();
             for s in 0..8 {
                 // Dword j's low nibbles are elements 32s + 4j .., its high ones 32s + 16 + 4j ..
-                let q = dwords4::<false>(&row, off + iq4_xs::QS + 16 * s);
+                let q = dwords4(&row, off + iq4_xs::QS + 16 * s);
                 let mut sums = _mm512_set1_epi32(-128 * sub_sum(sub, s));
                 for (j, &q) in q.iter().enumerate() {
                     let ql = _mm512_shuffle_epi8(table, _mm512_and_si512(q, low));
@@ -342,14 +342,14 @@ unsafe fn rows_q2_k(n: usize, w: &[u8], ws: usize, pack: &[u8], out: &mut [f32])
             prefetch_l2(next.wrapping_add(i * ROWS * wb), ROWS * wb);
             let blk = pack.as_ptr().add(i * PACK_BLOCK);
             // Byte b of sv[k]: group 4k + b's scale (low nibble) and min (high nibble).
-            let sv = dwords4::<false>(&row, off);
+            let sv = dwords4(&row, off);
             let mut isum = _mm512_setzero_si512();
             for h in 0..2 {
                 // qs dword j (< 8) of half h: bit pair s of each byte is the quant of
                 // elements 128h + 32s + 4j .., activation dword 32h + 8s + j.
                 let (q0, q1) = (
-                    dwords4::<false>(&row, off + q2_k::QS + 32 * h),
-                    dwords4::<false>(&row, off + q2_k::QS + 32 * h + 16),
+                    dwords4(&row, off + q2_k::QS + 32 * h),
+                    dwords4(&row, off + q2_k::QS + 32 * h + 16),
                 );
                 let mut q = [q0[0], q0[1], q0[2], q0[3], q1[0], q1[1], q1[2], q1[3]];
                 for s in 0..4 {
@@ -384,7 +384,7 @@ unsafe fn rows_q2_k(n: usize, w: &[u8], ws: usize, pack: &[u8], out: &mut [f32])
                 msum = _mm512_dpwssd_epi32(msum, odd, bcast(pairs, 2 * k + 1));
             }
             // d, dmin: the last dword of the block.
-            let (d, dmin) = f16_pair(dwords4::<false>(&row, off + q2_k::D - 12)[3]);
+            let (d, dmin) = f16_pair(dwords4(&row, off + q2_k::D - 12)[3]);
             let da = _mm512_set1_ps((blk.add(D_A) as *const f32).read_unaligned());
             // d_a·d·isum − d_a·dmin·msum, as the scalar kernel orders it.
             let term = _mm512_sub_ps(

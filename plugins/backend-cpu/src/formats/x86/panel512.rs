@@ -220,7 +220,7 @@ unsafe fn pack_legacy_16<const F: u8>(n: usize, w: &[u8], w_stride: usize, panel
             let flip = _mm512_set1_epi8(-128);
             dwords8(&row, off + qs).map(|v| _mm512_xor_si512(v, flip))
         } else {
-            let [v0, v1, v2, v3] = dwords4::<false>(&row, off + qs);
+            let [v0, v1, v2, v3] = dwords4(&row, off + qs);
             let hi = |v: __m512i| _mm512_and_si512(_mm512_srli_epi16::<4>(v), low);
             let mut q = [
                 _mm512_and_si512(v0, low),
@@ -233,7 +233,7 @@ unsafe fn pack_legacy_16<const F: u8>(n: usize, w: &[u8], w_stride: usize, panel
                 hi(v3),
             ];
             if F == Q5_0 || F == Q5_1 {
-                let qh = dwords4::<false>(&row, off + qh_at)[0];
+                let qh = dwords4(&row, off + qh_at)[0];
                 for (g, v) in q.iter_mut().enumerate() {
                     let set = _mm512_test_epi8_mask(
                         _mm512_shuffle_epi8(qh, spread_byte(g as i32 / 2)),
@@ -248,7 +248,7 @@ unsafe fn pack_legacy_16<const F: u8>(n: usize, w: &[u8], w_stride: usize, panel
             _mm512_storeu_si512(dst.add(64 * g) as *mut _, v);
         }
         // Dword 0 of the block: d, and the `_1` formats' m.
-        let (d, m) = f16_pair(dwords4::<false>(&row, off)[0]);
+        let (d, m) = f16_pair(dwords4(&row, off)[0]);
         let m = if F == Q4_1 || F == Q5_1 {
             m
         } else {
@@ -605,7 +605,7 @@ unsafe fn pack_q4_k_16<const F: u8>(n: usize, w: &[u8], w_stride: usize, panel: 
         let dst = panel.as_mut_ptr().add(b * K4_BLOCK);
         let put = |at: usize, v: __m512i| _mm512_storeu_si512(dst.add(at) as *mut _, v);
         // Dword 0: d, dmin; dwords 1 ..= 3: the 12 scale bytes (`unpack_scale_min_k4`).
-        let [dm, s1, s2, s3] = dwords4::<false>(&row, off);
+        let [dm, s1, s2, s3] = dwords4(&row, off);
         let [sc_lo, sc_hi, mn_lo, mn_hi] = k4_scales_mins(s1, s2, s3);
         for (h, sc) in [sc_lo, sc_hi].into_iter().enumerate() {
             for (j, v) in bytes4(sc).into_iter().enumerate() {
@@ -636,8 +636,8 @@ unsafe fn pack_q4_k_16<const F: u8>(n: usize, w: &[u8], w_stride: usize, panel: 
         _mm512_storeu_ps(dst.add(K4_DMIN) as *mut f32, dmin);
         // Q5_K's fifth bits: dword g of `qh`, bit s of each byte for sub-block s.
         let qh = if F == Q5K {
-            let [a0, a1, a2, a3] = dwords4::<false>(&row, off + q5_k::QH);
-            let [a4, a5, a6, a7] = dwords4::<false>(&row, off + q5_k::QH + 16);
+            let [a0, a1, a2, a3] = dwords4(&row, off + q5_k::QH);
+            let [a4, a5, a6, a7] = dwords4(&row, off + q5_k::QH + 16);
             [a0, a1, a2, a3, a4, a5, a6, a7]
         } else {
             [_mm512_setzero_si512(); 8]
@@ -650,7 +650,7 @@ unsafe fn pack_q4_k_16<const F: u8>(n: usize, w: &[u8], w_stride: usize, panel: 
             // Bytes 32c .. 32c + 32 of the quants: dword g's low nibbles are group g of
             // sub-block 2c, its high nibbles group g of 2c + 1.
             for h in 0..2 {
-                let v = dwords4::<false>(&row, off + qs + 32 * c + 16 * h);
+                let v = dwords4(&row, off + qs + 32 * c + 16 * h);
                 for (j, q) in v.into_iter().enumerate() {
                     let g = 4 * h + j;
                     let mut lo = _mm512_and_si512(q, low);
@@ -882,8 +882,8 @@ pub(super) unsafe fn pack_k16<const L: usize, const F: u8>(
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
 unsafe fn dwords8(row: &[*const u8; ROWS], off: usize) -> [__m512i; 8] {
-    let [a0, a1, a2, a3] = dwords4::<false>(row, off);
-    let [a4, a5, a6, a7] = dwords4::<false>(row, off + 16);
+    let [a0, a1, a2, a3] = dwords4(row, off);
+    let [a4, a5, a6, a7] = dwords4(row, off + 16);
     [a0, a1, a2, a3, a4, a5, a6, a7]
 }
 
@@ -960,7 +960,7 @@ unsafe fn pack_k16_16<const F: u8>(n: usize, w: &[u8], w_stride: usize, panel: &
         // The 16 group scales as i32 lanes and the pair lanes (scales, or Q2_K's mins).
         let (sc, pair_of): ([__m512i; 16], [__m512i; 16]) = match F {
             Q6K => {
-                let v = dwords4::<false>(&row, off + q6_k::SCALES);
+                let v = dwords4(&row, off + q6_k::SCALES);
                 let sc = core::array::from_fn(|g| {
                     let shifted =
                         _mm512_sll_epi32(v[g / 4], _mm_cvtsi32_si128(24 - 8 * (g % 4) as i32));
@@ -980,7 +980,7 @@ unsafe fn pack_k16_16<const F: u8>(n: usize, w: &[u8], w_stride: usize, panel: &
                 (sc, sc)
             }
             _ => {
-                let v = dwords4::<false>(&row, off);
+                let v = dwords4(&row, off);
                 let nib = |g: usize, hi: i32| {
                     let by = _mm_cvtsi32_si128(8 * (g % 4) as i32 + hi);
                     _mm512_and_si512(_mm512_srl_epi32(v[g / 4], by), _mm512_set1_epi32(0x0F))
@@ -1003,7 +1003,7 @@ unsafe fn pack_k16_16<const F: u8>(n: usize, w: &[u8], w_stride: usize, panel: &
         }
         // The 16 bytes ending at the block's end hold d (and Q2_K's dmin) in dword 3, read
         // there so that no row is read past its last block.
-        let tail = dwords4::<false>(&row, off + wbb - 16)[3];
+        let tail = dwords4(&row, off + wbb - 16)[3];
         let (d, dmin) = match F {
             Q2K => f16_pair(tail),
             _ => (f16_pair(tail).1, _mm512_setzero_ps()),

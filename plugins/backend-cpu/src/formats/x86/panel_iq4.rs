@@ -207,7 +207,7 @@ unsafe fn pack_xs_16(n: usize, w: &[u8], w_stride: usize, panel: &mut [u8]) {
         let dst = panel.as_mut_ptr().add(b * pb);
         let put = |at: usize, v: __m512i| _mm512_storeu_si512(dst.add(64 * at) as *mut _, v);
         // Dword 0: d and scales_h; dword 1: scales_l.
-        let [dh, sl, _, _] = dwords4::<false>(&row, off);
+        let [dh, sl, _, _] = dwords4(&row, off);
         // ls_s − 32: the low four bits at bit 4s of scales_l, the high two at bit 2s of
         // scales_h (bit 16 + 2s of dword 0).
         let ls: [__m512i; 8] = core::array::from_fn(|s| {
@@ -236,7 +236,7 @@ unsafe fn pack_xs_16(n: usize, w: &[u8], w_stride: usize, panel: &mut [u8]) {
         for s in 0..8 {
             // Sub-block s: 16 bytes, dword g's low nibbles are group g, its high nibbles
             // group 4 + g.
-            let v = dwords4::<false>(&row, off + iq4_xs::QS + 16 * s);
+            let v = dwords4(&row, off + iq4_xs::QS + 16 * s);
             for (g, q) in v.into_iter().enumerate() {
                 let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(q), low);
                 put(8 * s + g, _mm512_shuffle_epi8(t, _mm512_and_si512(q, low)));
