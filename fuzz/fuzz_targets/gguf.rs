@@ -1,4 +1,4 @@
 #![no_main]
-//! See `prima_core::fuzzing::gguf`.
+//! See `prima_server::fuzzing::gguf`.
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| prima_core::fuzzing::gguf(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| prima_server::fuzzing::gguf(data));

@@ -1,4 +1,4 @@
 #![no_main]
-//! See `prima_core::fuzzing::manifest`.
+//! See `prima_server::fuzzing::manifest`.
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| prima_core::fuzzing::manifest(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| prima_server::fuzzing::manifest(data));

@@ -1,4 +1,4 @@
 #![no_main]
-//! See `prima_core::fuzzing::openai_request`.
+//! See `prima_server::fuzzing::openai_request`.
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| prima_core::fuzzing::openai_request(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| prima_server::fuzzing::openai_request(data));

@@ -1,4 +1,4 @@
 #![no_main]
-//! See `prima_core::fuzzing::ring_frame`.
+//! See `prima_server::fuzzing::ring_frame`.
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| prima_core::fuzzing::ring_frame(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| prima_server::fuzzing::ring_frame(data));

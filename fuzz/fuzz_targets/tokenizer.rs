@@ -1,4 +1,4 @@
 #![no_main]
-//! See `prima_core::fuzzing::tokenizer`.
+//! See `prima_server::fuzzing::tokenizer`.
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| prima_core::fuzzing::tokenizer(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| prima_server::fuzzing::tokenizer(data));

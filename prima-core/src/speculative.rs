@@ -313,7 +313,7 @@ pub fn generate_speculative_after<T: RowLogits, D: Forward>(
 }
 
 /// The draft's sampler: the target's settings (so q is shaped like p), its own RNG.
-pub(crate) fn draft_sampler_for(sampler: &Sampler) -> Sampler {
+pub fn draft_sampler_for(sampler: &Sampler) -> Sampler {
     Sampler::new(SamplerConfig {
         seed: sampler.config().seed ^ DRAFT_SEED,
         ..sampler.config().clone()
@@ -371,9 +371,9 @@ impl<F: FnMut(&str) -> ControlFlow<()>> Output<'_, F> {
 
 /// One round's buffers, reused.
 #[derive(Default)]
-pub(crate) struct Round {
+pub struct Round {
     /// The tokens the draft proposed.
-    pub(crate) drafted: Vec<u32>,
+    pub drafted: Vec<u32>,
     /// q: the draft's distribution at each drafted position (sampled decoding only).
     q: Vec<Vec<TokenProb>>,
     /// What the target evaluates: the last accepted token, then the drafted ones.
@@ -386,7 +386,7 @@ pub(crate) struct Round {
 
 /// A drafted token kept, or the token that replaces it (or follows a fully accepted draft).
 #[derive(Clone, Copy)]
-pub(crate) enum Verdict {
+pub enum Verdict {
     Accept(u32),
     Replace(u32),
 }
@@ -427,12 +427,7 @@ impl Round {
 
     /// Drafts the next token from the draft's `logits` (pushed to `drafted`, its q kept
     /// when sampling), or `None` when the draft is less sure than `p_min`.
-    pub(crate) fn pick(
-        &mut self,
-        draft_sampler: &mut Sampler,
-        logits: &[f32],
-        p_min: f32,
-    ) -> Option<u32> {
+    pub fn pick(&mut self, draft_sampler: &mut Sampler, logits: &[f32], p_min: f32) -> Option<u32> {
         let i = self.drafted.len();
         let x = if draft_sampler.is_greedy() {
             if p_min > 0.0 && top_probability(logits) < p_min {
@@ -458,7 +453,7 @@ impl Round {
     }
 
     /// Decides drafted token `i` from the target's logits `row` at its position.
-    pub(crate) fn verify(&mut self, i: usize, row: &[f32], sampler: &mut Sampler) -> Verdict {
+    pub fn verify(&mut self, i: usize, row: &[f32], sampler: &mut Sampler) -> Verdict {
         let x = self.drafted[i];
         if sampler.is_greedy() {
             let t = sampler.sample(row);

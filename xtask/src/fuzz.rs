@@ -1,11 +1,11 @@
 //! `cargo xtask fuzz`: every cargo-fuzz target in `fuzz/` for a fixed time each, one
 //! after another, with a figure per target (executions, executions per second).
 //!
-//! The targets (`prima_core::fuzzing`) take arbitrary bytes down each input path: the
+//! The targets (`prima_server::fuzzing`) take arbitrary bytes down each input path: the
 //! GGUF reader and model loader, the manifest parser, the ring frames a node receives,
 //! both tokenizers, and the OpenAI request parser. Each target's corpus
 //! (`fuzz/corpus/<target>/`, git-ignored) is seeded first: the built-in seeds
-//! (`prima_core::fuzzing::seeds`), the manifests under `manifests/`, and the header of the
+//! (`prima_server::fuzzing::seeds`), the manifests under `manifests/`, and the header of the
 //! fetched SmolLM2 model (its metadata and tensor index, the tensor data cut off) where
 //! it has been fetched. A crash leaves its input in `fuzz/artifacts/<target>/` and fails
 //! the run; its bytes then belong in `prima-core/tests/fuzz_regressions.rs`.
@@ -21,8 +21,8 @@ use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use prima_core::fuzzing;
 use prima_core::gguf::GgufFile;
+use prima_server::fuzzing;
 
 use crate::layout::Layout;
 

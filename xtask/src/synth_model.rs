@@ -4,7 +4,7 @@
 //! takes a few megabytes of disk. Written under `<derived models>/synth/`, never the repo.
 
 use anyhow::{Context, Result};
-use prima_core::halda::synth::PAPER_MODELS;
+use prima_cluster::halda::synth::PAPER_MODELS;
 
 use crate::layout::Layout;
 

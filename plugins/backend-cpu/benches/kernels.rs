@@ -16,12 +16,12 @@
 
 use abi_stable::std_types::RSlice;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use prima_abi::backend::TensorView;
+use prima_abi::GgmlType;
 use prima_backend_cpu::formats::dispatch::{available_levels, KernelLevel};
 use prima_backend_cpu::ops::matmul::{dot_rows, matmul, KernelLookup};
 use prima_backend_cpu::ops::Weight;
 use prima_backend_cpu::pool::{build_pool, ChunkRunner, Scratch, SpinPool};
-use prima_core::gguf::GgmlType;
-use prima_core::plugin::backend_abi::TensorView;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::hint::black_box;

@@ -8,11 +8,11 @@ use crate::ops::{attention, elementwise, get_rows, matmul, norm, rope, OpResult}
 use crate::pool::{ChunkRunner, Scratch, SpinPool};
 use abi_stable::sabi_trait::TD_Opaque;
 use abi_stable::std_types::{RErr, ROk, RSlice, RSliceMut, RString};
-use prima_core::gguf::GgmlType;
-use prima_core::plugin::backend_abi::{
+use prima_abi::backend::{
     AttentionParams, AttentionSpan, Backend, BackendBox, BackendConfig, BackendResult, Backend_TO,
     KvSpec, RopeParams, TensorView,
 };
+use prima_abi::GgmlType;
 use std::sync::Mutex;
 
 /// The CPU backend: a thread pool, reusable scratch, the KV caches, and a kernel table.

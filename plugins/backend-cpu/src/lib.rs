@@ -14,4 +14,4 @@ pub mod pool;
 
 pub use backend::{create_backend, CpuBackend};
 
-prima_core::export_backend_plugin!(name = "cpu", create = create_backend);
+prima_abi::export_backend_plugin!(name = "cpu", create = create_backend);

@@ -49,13 +49,13 @@ fn thread_count(threads: u32) -> usize {
 /// execution units and its load bandwidth, so a second thread per core mostly adds
 /// synchronisation. [`threads_for`] holds the rule; the physical cores are the distinct
 /// (package, core) pairs under /sys/devices/system/cpu (Linux, Android), and the cores the
-/// process may use are the device profile's (`prima_core::profile::device_cores`: the
+/// process may use are the device profile's (`prima_host::device_cores`: the
 /// affinity mask, lowered by a cgroup CPU quota, so a container allowed half a core does
 /// not start a thread per host core).
 pub fn default_threads() -> usize {
     threads_for(
         physical_cores(std::path::Path::new("/sys/devices/system/cpu")),
-        prima_core::profile::device_cores().cores,
+        prima_host::device_cores().cores,
     )
 }
 

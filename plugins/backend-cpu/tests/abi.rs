@@ -3,10 +3,8 @@
 //! object only.
 
 use abi_stable::std_types::{RSlice, RSliceMut};
-use prima_core::gguf::GgmlType;
-use prima_core::plugin::backend_abi::{
-    AttentionParams, BackendBox, BackendConfig, KvSpec, TensorView,
-};
+use prima_abi::backend::{AttentionParams, BackendBox, BackendConfig, KvSpec, TensorView};
+use prima_abi::GgmlType;
 
 fn create(threads: u32) -> BackendBox {
     let root = prima_backend_cpu::__prima_backend_root();
@@ -18,7 +16,7 @@ fn create(threads: u32) -> BackendBox {
 fn exported_create_gives_a_working_backend() {
     assert_eq!(
         prima_backend_cpu::prima_plugin_abi_version(),
-        prima_core::plugin::backend_abi::BACKEND_ABI_VERSION
+        prima_abi::backend::BACKEND_ABI_VERSION
     );
     let b = create(2);
     assert_eq!(b.name().as_str(), "cpu");

@@ -11,8 +11,8 @@
 //!   Q4_1/Q5_1, the f16 rounding of Q8_1's `s`), and the unquantized f64 dot within the
 //!   activation quantization step.
 
+use prima_abi::GgmlType;
 use prima_backend_cpu::formats::{k_quants::q8_k, q8_0, q8_1, scalar};
-use prima_core::gguf::GgmlType;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 

@@ -13,12 +13,10 @@
 //!   softmax over f16-rounded q/k/v and probabilities; truncate and rewrite; shape and position errors.
 
 use abi_stable::std_types::{RNone, ROption, RSlice, RSliceMut, RSome};
+use prima_abi::backend::{AttentionParams, Backend, BackendConfig, KvSpec, RopeParams, TensorView};
+use prima_abi::GgmlType;
 use prima_backend_cpu::formats::scalar;
 use prima_backend_cpu::CpuBackend;
-use prima_core::gguf::GgmlType;
-use prima_core::plugin::backend_abi::{
-    AttentionParams, Backend, BackendConfig, KvSpec, RopeParams, TensorView,
-};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 

@@ -14,11 +14,11 @@
 //!   without a window and soft-capping; bad spans are errors that change no cache.
 
 use abi_stable::std_types::{RNone, RSlice, RSliceMut, RSome};
-use prima_backend_cpu::CpuBackend;
-use prima_core::gguf::GgmlType;
-use prima_core::plugin::backend_abi::{
+use prima_abi::backend::{
     AttentionParams, AttentionSpan, Backend, BackendConfig, KvSpec, RopeParams, TensorView,
 };
+use prima_abi::GgmlType;
+use prima_backend_cpu::CpuBackend;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 

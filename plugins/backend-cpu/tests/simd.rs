@@ -49,12 +49,12 @@
 //! - `dispatch_selection`: `PRIMA_CPU_KERNELS` parsing and fallbacks.
 
 use abi_stable::std_types::RSlice;
+use prima_abi::backend::TensorView;
+use prima_abi::GgmlType;
 use prima_backend_cpu::formats::dispatch::{self, KernelLevel};
 use prima_backend_cpu::formats::scalar;
 use prima_backend_cpu::ops::matmul::{matmul, KernelLookup};
 use prima_backend_cpu::pool::{build_pool, ChunkRunner, Scratch, SpinPool};
-use prima_core::gguf::GgmlType;
-use prima_core::plugin::backend_abi::TensorView;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -582,7 +582,7 @@ fn default_threads_count_physical_cores() {
     assert_eq!(threads_for(None, 2), 2);
     assert_eq!(threads_for(Some(0), 0), 1);
     let n = default_threads();
-    let usable = prima_core::profile::device_cores().cores;
+    let usable = prima_host::device_cores().cores;
     assert!(
         n >= 1 && n <= usable,
         "{n} threads of {usable} usable cores"

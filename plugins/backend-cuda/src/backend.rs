@@ -2,7 +2,7 @@
 //! [`prima_gpu_support::backend::GpuBackend`] over [`crate::ops::State`].
 
 use abi_stable::std_types::{ROption, RString};
-use prima_core::plugin::backend_abi::{BackendBox, BackendConfig, BackendResult, GpuMemory};
+use prima_abi::backend::{BackendBox, BackendConfig, BackendResult, GpuMemory};
 use prima_gpu_support::backend::{self as glue, GpuBackend};
 
 use crate::device::{self, Gpu};
@@ -36,7 +36,7 @@ pub extern "C" fn unavailable() -> ROption<RString> {
     device::unavailable().map(RString::from).into()
 }
 
-/// The plugin's answer to [`prima_core::plugin::backend_abi::BackendPlugin::gpu_memory`]:
+/// The plugin's answer to [`prima_abi::backend::BackendPlugin::gpu_memory`]:
 /// device 0's VRAM, or `None` where the backend cannot run.
 pub extern "C" fn gpu_memory() -> ROption<GpuMemory> {
     device::memory().into()

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DriverError};
 use cudarc::nvrtc::Ptx;
 
-use prima_core::plugin::backend_abi::GpuMemory;
+use prima_abi::backend::GpuMemory;
 
 use crate::compile;
 use crate::kernels::Family;

@@ -36,7 +36,7 @@ pub use prima_gpu_support::formats;
 
 pub use backend::{create_backend, CudaBackend};
 
-prima_core::export_backend_plugin!(
+prima_abi::export_backend_plugin!(
     name = "cuda",
     create = create_backend,
     unavailable = backend::unavailable,

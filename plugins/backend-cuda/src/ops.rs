@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
-use prima_core::plugin::backend_abi::{AttentionParams, KvSpec, RopeParams, TensorView};
+use prima_abi::backend::{AttentionParams, KvSpec, RopeParams, TensorView};
 
 use crate::device::{drv, grid_1d, Gpu};
 use crate::formats::{Activation, WeightShape};

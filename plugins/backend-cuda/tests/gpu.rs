@@ -10,10 +10,10 @@
 //! `prima run` comparisons; `PRIMA_GPU_REAL_MODELS=<a.gguf,b.gguf>` compares real models
 //! the same way (e.g. SmolLM2 cut to a few layers, small enough to carry to a GPU machine).
 
+use prima_abi::backend::BackendConfig;
+use prima_abi::GgmlType;
 use prima_backend_cuda::device::unavailable;
-use prima_core::gguf::GgmlType;
 use prima_core::model::{Model, Session};
-use prima_core::plugin::backend_abi::BackendConfig;
 use prima_gpu_support::conformance::models::{self, ModelShape, MIXED};
 use prima_gpu_support::conformance::{self as suite, argmax, max_abs_diff, Target};
 

@@ -5,8 +5,8 @@
 use std::time::Instant;
 
 use abi_stable::std_types::{RSlice, RSliceMut};
-use prima_core::gguf::GgmlType;
-use prima_core::plugin::backend_abi::{Backend, BackendConfig, TensorView};
+use prima_abi::backend::{Backend, BackendConfig, TensorView};
+use prima_abi::GgmlType;
 
 fn median_ms(mut f: impl FnMut()) -> f64 {
     f();

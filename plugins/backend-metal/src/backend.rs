@@ -3,7 +3,7 @@
 //! `guarded` collects wgpu's out-of-band errors.
 
 use abi_stable::std_types::{ROption, RString};
-use prima_core::plugin::backend_abi::{BackendBox, BackendConfig, BackendResult, GpuMemory};
+use prima_abi::backend::{BackendBox, BackendConfig, BackendResult, GpuMemory};
 use prima_gpu_support::backend::{self as glue, GpuBackend};
 
 use crate::device::{self, Gpu};

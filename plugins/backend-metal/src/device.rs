@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 
-use prima_core::plugin::backend_abi::GpuMemory;
+use prima_abi::backend::GpuMemory;
 use wgpu::{Adapter, Backends, DeviceType};
 
 use crate::kernels;
@@ -133,7 +133,7 @@ pub fn memory() -> Option<GpuMemory> {
 
 /// Unified memory's figures: this process's RAM, cgroups included.
 fn ram_memory() -> Option<GpuMemory> {
-    let mem = prima_core::profile::device_memory().ok()?.effective;
+    let mem = prima_host::device_memory().ok()?.effective;
     let bytes = |gib: f64| (gib * (1u64 << 30) as f64) as u64;
     Some(GpuMemory {
         total_bytes: bytes(mem.total_gib),

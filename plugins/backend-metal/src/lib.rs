@@ -47,7 +47,7 @@ pub use prima_gpu_support::formats;
 
 pub use backend::{create_backend, WgpuBackend};
 
-prima_core::export_backend_plugin!(
+prima_abi::export_backend_plugin!(
     name = "wgpu",
     create = create_backend,
     unavailable = backend::unavailable,

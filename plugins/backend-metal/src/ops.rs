@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 
-use prima_core::plugin::backend_abi::{AttentionParams, KvSpec, RopeParams, TensorView};
+use prima_abi::backend::{AttentionParams, KvSpec, RopeParams, TensorView};
 use wgpu::util::DeviceExt;
 
 use crate::device::Gpu;

@@ -11,10 +11,10 @@
 
 use abi_stable::sabi_trait::TD_Opaque;
 use abi_stable::std_types::{RSlice, RSliceMut};
+use prima_abi::backend::{Backend, BackendConfig, Backend_TO, KvSpec};
+use prima_abi::GgmlType;
 use prima_backend_metal::device::unavailable;
-use prima_core::gguf::GgmlType;
 use prima_core::model::{Model, Session};
-use prima_core::plugin::backend_abi::{Backend, BackendConfig, Backend_TO, KvSpec};
 use prima_core::tokenizer::Tokenizer;
 use prima_gpu_support::conformance::models::{self, ModelShape, MIXED, MIXED_HEAD};
 use prima_gpu_support::conformance::{self as suite, Target, GAP};

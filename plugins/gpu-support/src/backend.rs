@@ -7,7 +7,7 @@ use std::sync::Mutex;
 
 use abi_stable::sabi_trait::TD_Opaque;
 use abi_stable::std_types::{RErr, ROk, RSlice, RSliceMut, RString};
-use prima_core::plugin::backend_abi::{
+use prima_abi::backend::{
     AttentionParams, Backend, BackendBox, BackendResult, Backend_TO, KvSpec, RopeParams, TensorView,
 };
 
@@ -251,7 +251,7 @@ impl<S: GpuOps> Backend for GpuBackend<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use prima_core::gguf::GgmlType;
+    use prima_abi::GgmlType;
 
     /// A state whose `add` panics and whose `scale` fails: the glue must turn both into
     /// errors, and report the poisoned lock afterwards rather than panic again.

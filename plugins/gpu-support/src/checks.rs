@@ -1,7 +1,7 @@
 //! Argument checks shared by every GPU operation, worded as the CPU backend words them.
 
-use prima_core::gguf::GgmlType;
-use prima_core::plugin::backend_abi::{RopeParams, TensorView};
+use prima_abi::backend::{RopeParams, TensorView};
+use prima_abi::GgmlType;
 
 /// An operation's result on the host side: errors are messages that name the operation.
 pub type OpResult<T> = Result<T, String>;

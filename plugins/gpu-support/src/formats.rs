@@ -3,8 +3,8 @@
 //! before it is uploaded. Block layouts themselves live in each plugin's kernels, checked
 //! against the CPU backend by the conformance suite.
 
-use prima_core::gguf::GgmlType;
-use prima_core::plugin::backend_abi::TensorView;
+use prima_abi::backend::TensorView;
+use prima_abi::GgmlType;
 
 use crate::checks::{expect_len, mul};
 

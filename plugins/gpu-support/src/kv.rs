@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::ops::Range;
 
-use prima_core::plugin::backend_abi::{AttentionParams, KvSpec};
+use prima_abi::backend::{AttentionParams, KvSpec};
 
 use crate::checks::{mul, OpResult};
 

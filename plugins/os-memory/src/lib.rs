@@ -1,6 +1,6 @@
 //! Prima's OS memory plugin: how Linux, macOS (with and without Metal) and Android treat a
 //! model's mmapped weights under memory pressure — the paper's Cases 1–3, the part of
-//! Halda's LDA model that differs per platform (`prima_core::plugin::os_abi`).
+//! Halda's LDA model that differs per platform (`prima_abi::os`).
 //!
 //! One file per OS, each an [`OsMemoryModel`]; [`model`] picks one for an OS and GPU. A
 //! further OS ships as a plugin of its own, beside this one.
@@ -11,7 +11,7 @@ mod macos;
 
 use abi_stable::sabi_trait::TD_Opaque;
 use abi_stable::std_types::{RResult, RStr, RString, RVec};
-use prima_core::plugin::os_abi::{
+use prima_abi::os::{
     MemoryTerms, OsGpu, OsMemoryModelBox, OsMemoryModel_TO, OverloadedCoefficients, RamForm,
 };
 
@@ -19,7 +19,7 @@ pub use android::Android;
 pub use linux::Linux;
 pub use macos::{MacosMetal, MacosNoMetal};
 
-prima_core::export_os_memory_plugin!(name = "standard", covers = covers, model = model);
+prima_abi::export_os_memory_plugin!(name = "standard", covers = covers, model = model);
 
 /// The OS names this plugin has models for.
 pub const COVERS: [&str; 3] = ["linux", "macos", "android"];
@@ -71,8 +71,8 @@ fn incremental_coefficients(
 mod tests {
     use super::*;
     use abi_stable::std_types::RStr;
-    use prima_core::halda::os::{device_memory, LdaSet, MemoryBehaviour};
-    use prima_core::profile::{DeviceProfile, GpuKind, Os, QuantRates, GB, GIB};
+    use prima_cluster::halda::os::{device_memory, LdaSet, MemoryBehaviour};
+    use prima_cluster::profile::{DeviceProfile, GpuKind, Os, QuantRates, GB, GIB};
 
     /// The behaviour Halda gets for `d`: this plugin's model behind the engine's adapter.
     fn behaviour_for(d: &DeviceProfile) -> MemoryBehaviour {

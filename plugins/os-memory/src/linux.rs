@@ -3,10 +3,10 @@
 //! weights it holds in VRAM, so only CPU layers occupy RAM.
 
 use abi_stable::std_types::RString;
-use prima_core::plugin::os_abi::{
+use prima_abi::os::{
     DeviceMemory, MemoryTerms, OsMemoryModel, OverloadSet, OverloadedCoefficients, RamForm,
 };
-use prima_core::profile::{GB, GIB};
+use prima_host::{GB, GIB};
 
 use crate::{incremental_coefficients, incremental_reload};
 

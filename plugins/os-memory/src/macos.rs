@@ -7,10 +7,10 @@
 //! reloads all of its weights, l_m·b (+ b_i/V + b_o on the head), every token.
 
 use abi_stable::std_types::RString;
-use prima_core::plugin::os_abi::{
+use prima_abi::os::{
     DeviceMemory, MemoryTerms, OsMemoryModel, OverloadSet, OverloadedCoefficients, RamForm,
 };
-use prima_core::profile::{GB, GIB};
+use prima_host::{GB, GIB};
 
 use crate::{incremental_coefficients, incremental_reload};
 

@@ -1,5 +1,5 @@
 //! Prima's solver plugin: solves the generic mixed-integer linear programs of
-//! `prima_core::plugin::solver_abi` with HiGHS (through the `highs` crate).
+//! `prima_abi::solver` with HiGHS (through the `highs` crate).
 //!
 //! This crate only translates: ABI columns and rows become a HiGHS `RowProblem`, HiGHS'
 //! model status becomes an ABI [`MilpStatus`]. What the programs mean (Halda's LDA model)
@@ -7,9 +7,9 @@
 
 use abi_stable::std_types::{RResult, RString, RVec};
 use highs::{HighsModelStatus, RowProblem, Sense};
-use prima_core::plugin::solver_abi::{MilpProblem, MilpSolution, MilpStatus};
+use prima_abi::solver::{MilpProblem, MilpSolution, MilpStatus};
 
-prima_core::export_solver_plugin!(name = "highs", solve = solve_ffi);
+prima_abi::export_solver_plugin!(name = "highs", solve = solve_ffi);
 
 extern "C" fn solve_ffi(problem: &MilpProblem) -> RResult<MilpSolution, RString> {
     // A panic must not cross the C ABI; turn it into an error for the caller.

@@ -21,7 +21,7 @@ use std::time::Duration;
 use abi_stable::sabi_trait::TD_Opaque;
 use abi_stable::std_types::{RErr, RNone, ROk, ROption, RSlice, RSome, RString, RVec};
 use bytes::BytesMut;
-use prima_core::plugin::transport_abi::{
+use prima_abi::transport::{
     Connection, ConnectionBox, Connection_TO, Listener, ListenerBox, Listener_TO, Transport,
     TransportBox, TransportConfig, TransportResult, Transport_TO, NO_TIMEOUT,
 };
@@ -133,7 +133,7 @@ impl Transport for TcpTransport {
     }
 
     fn connect(&self, addr: RString, timeout_ms: u64) -> TransportResult<ConnectionBox> {
-        if addr.contains(prima_core::plugin::transport_abi::VIA) {
+        if addr.contains(prima_abi::transport::VIA) {
             return RErr(
                 format!("connecting to {addr}: the tcp transport cannot go through a relay (use the vpn-proxy transport)")
                     .into(),

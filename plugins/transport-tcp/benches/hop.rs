@@ -4,7 +4,7 @@
 
 use abi_stable::std_types::{RSlice, RString};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use prima_core::plugin::transport_abi::{Transport, TransportConfig, NO_TIMEOUT};
+use prima_abi::transport::{Transport, TransportConfig, NO_TIMEOUT};
 use prima_transport_tcp::TcpTransport;
 
 fn round_trip(c: &mut Criterion) {

@@ -4,4 +4,4 @@
 
 pub use prima_tcp_wire::*;
 
-prima_core::export_transport_plugin!(name = "tcp", create = create_transport);
+prima_abi::export_transport_plugin!(name = "tcp", create = create_transport);

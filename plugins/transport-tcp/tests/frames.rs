@@ -4,7 +4,7 @@
 //! connection, and refused with a clear error when over the frame limit.
 
 use abi_stable::std_types::{RSlice, RString};
-use prima_core::plugin::transport_abi::{ConnectionBox, Transport, TransportConfig, NO_TIMEOUT};
+use prima_abi::transport::{ConnectionBox, Transport, TransportConfig, NO_TIMEOUT};
 use prima_transport_tcp::TcpTransport;
 
 const LIMIT: u64 = 64 << 20;

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use abi_stable::sabi_trait::TD_Opaque;
 use abi_stable::std_types::{RErr, ROk, RString, RVec};
-use prima_core::plugin::transport_abi::{
+use prima_abi::transport::{
     split_via, ConnectionBox, ListenerBox, Relay, RelayBox, Relay_TO, Transport, TransportBox,
     TransportConfig, TransportResult, Transport_TO, NO_TIMEOUT, VIA,
 };
@@ -26,7 +26,7 @@ use prima_tcp_wire::{connect_over, TcpTransport};
 
 use relay::RelayServer;
 
-prima_core::export_transport_plugin!(
+prima_abi::export_transport_plugin!(
     name = "vpn-proxy",
     create = create_transport,
     relay = start_relay

@@ -8,7 +8,7 @@ use std::net::TcpStream;
 use std::sync::Arc;
 
 use abi_stable::std_types::{RSlice, RString};
-use prima_core::plugin::transport_abi::{relayed, Transport, TransportConfig};
+use prima_abi::transport::{relayed, Transport, TransportConfig};
 use prima_transport_tcp::TcpTransport;
 use prima_transport_vpn_proxy::relay::RelayServer;
 use prima_transport_vpn_proxy::VpnProxyTransport;

@@ -6,7 +6,6 @@
 
 mod cursor;
 mod error;
-mod ggml_type;
 mod pages;
 mod parse;
 mod read_ahead;
@@ -18,8 +17,8 @@ mod writer;
 mod tests;
 
 pub use error::GgufError;
-pub use ggml_type::{GgmlType, QK_K};
 pub use pages::PageHint;
+pub use prima_abi::{GgmlType, QK_K};
 pub use read_ahead::ReadAhead;
 pub use reader::{GgufFile, TensorInfo};
 pub use value::Value;

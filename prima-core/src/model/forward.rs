@@ -6,7 +6,7 @@ use abi_stable::std_types::{RNone, RResult, RSlice, RSliceMut, RSome, RString};
 use super::arch::{AttentionScale, FfnActivation};
 use super::{HyperParams, Model, ModelError, RopeScaling};
 use crate::batch::{check_entries, check_rows, plan_batches, Piece, SeqSpan, SeqTokens};
-use crate::plugin::backend_abi::{AttentionParams, AttentionSpan, BackendBox, KvSpec, RopeParams};
+use prima_abi::backend::{AttentionParams, AttentionSpan, BackendBox, KvSpec, RopeParams};
 
 /// Turns a backend result into a model error that names the operation.
 fn op(result: RResult<(), RString>, name: &'static str) -> Result<(), ModelError> {
@@ -138,7 +138,7 @@ enum Side {
 
 /// A GPU backend and the held layers it runs: the paper's n_m GPU layers of each of the
 /// device's windows (prima.cpp's choice, which Halda's l_m^{gpu} assumes: a window's first
-/// layers, see [`crate::prp::windows`]). Layers not held by the session are an error.
+/// layers, see `prima_cluster::prp::windows`). Layers not held by the session are an error.
 #[derive(Clone, Copy)]
 pub struct GpuLayers<'m, 'a> {
     pub backend: &'m BackendBox,

@@ -1,7 +1,7 @@
 //! Transformer models over a compute backend: hyper-parameters and weights from GGUF,
 //! one small file per architecture, and the forward pass shared by all of them.
 //!
-//! The forward pass is written only in terms of [`Backend`](crate::plugin::backend_abi::Backend)
+//! The forward pass is written only in terms of [`Backend`](prima_abi::backend::Backend)
 //! operations; it holds weights as views into the GGUF mapping and never copies them.
 
 mod arch;

@@ -7,7 +7,7 @@ use abi_stable::std_types::RSlice;
 
 use super::{Architecture, HyperParams, ModelError};
 use crate::gguf::{GgmlType, GgufError, GgufFile, TensorInfo};
-use crate::plugin::backend_abi::{BackendBox, TensorView};
+use prima_abi::backend::{BackendBox, TensorView};
 
 /// The weights of one decoder layer (tensor infos; the bytes stay in the mapping).
 #[derive(Debug, Clone)]
@@ -222,7 +222,7 @@ impl Model {
     }
 
     /// The weight as the backend sees it: a slice of the mapping, no copy.
-    pub(crate) fn view(&self, t: &TensorInfo) -> TensorView<'_> {
+    pub fn view(&self, t: &TensorInfo) -> TensorView<'_> {
         TensorView {
             data: RSlice::from_slice(self.gguf.tensor_data(t)),
             ggml_type: t.ggml_type.id(),

@@ -11,8 +11,8 @@
 //! - PPL = exp(mean NLL), its error PPL · σ(NLL)/√(N − 1) ([`stats::NllStats`]).
 //!
 //! Evaluation goes through [`RowLogits`], so one device ([`Session`](crate::model::Session),
-//! [`LocalSession`](crate::prp::alone::LocalSession)) and a ring head
-//! ([`RingHead`](crate::prp::RingHead)) score alike. Not for: llama-perplexity's strided
+//! `LocalSession` (prima-cluster)) and a ring head
+//! (`RingHead`, prima-cluster) score alike. Not for: llama-perplexity's strided
 //! mode (`--ppl-stride`), HellaSwag, WinoGrande and multiple-choice scores.
 
 pub mod logits_file;

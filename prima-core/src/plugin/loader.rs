@@ -7,11 +7,11 @@ use std::path::{Path, PathBuf};
 use abi_stable::library::{lib_header_from_path, RootModule};
 use abi_stable::std_types::{RResult, RString};
 
-use super::backend_abi::{
+use super::PluginKind;
+use prima_abi::backend::{
     BackendBox, BackendConfig, BackendPluginRef, GpuMemory, BACKEND_ABI_VERSION,
 };
-use super::solver_abi::{MilpProblem, MilpSolution, SolverPluginRef, SOLVER_ABI_VERSION};
-use super::PluginKind;
+use prima_abi::solver::{MilpProblem, MilpSolution, SolverPluginRef, SOLVER_ABI_VERSION};
 
 /// Environment variable naming the plugin directories (separated like `PATH`).
 pub const PLUGIN_DIR_ENV: &str = "PRIMA_PLUGIN_DIR";

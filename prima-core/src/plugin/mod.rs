@@ -1,4 +1,5 @@
-//! Plugins: the stable ABI the core defines, and the loader that finds plugins at run time.
+//! The plugin host: finds plugin libraries at run time and loads them through the ABIs
+//! that `prima-abi` defines.
 //!
 //! Backends, transports, solvers and OS memory models are `cdylib`s loaded from a plugin
 //! directory, so a user swaps or adds one without rebuilding `prima`. Each plugin exports
@@ -6,12 +7,8 @@
 //! `prima_plugin_kind() -> u32` and `prima_plugin_abi_version() -> u32`. Only when both
 //! match does `abi_stable` load the root module and check every type's layout.
 
-pub mod backend_abi;
 mod loader;
-pub mod os_abi;
 mod os_loader;
-pub mod solver_abi;
-pub mod transport_abi;
 mod transport_loader;
 
 pub use loader::{
@@ -21,51 +18,4 @@ pub use loader::{discover_in, load_solver, load_solver_from, LoadedSolver};
 pub use os_loader::{load_os_models, load_os_models_from, LoadedOsModels};
 pub use transport_loader::{load_relay, load_transport, LoadedTransport};
 
-/// What a plugin library provides.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u32)]
-pub enum PluginKind {
-    Backend = 1,
-    Transport = 2,
-    Solver = 3,
-    OsMemory = 4,
-}
-
-impl PluginKind {
-    pub fn from_id(id: u32) -> Option<PluginKind> {
-        match id {
-            1 => Some(PluginKind::Backend),
-            2 => Some(PluginKind::Transport),
-            3 => Some(PluginKind::Solver),
-            4 => Some(PluginKind::OsMemory),
-            _ => None,
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            PluginKind::Backend => "backend",
-            PluginKind::Transport => "transport",
-            PluginKind::Solver => "solver",
-            PluginKind::OsMemory => "os-memory",
-        }
-    }
-}
-
-/// Used by [`export_backend_plugin!`](crate::export_backend_plugin) when a test builds a
-/// plugin that claims another ABI version.
-#[doc(hidden)]
-pub const fn parse_fake_abi_version(s: &str) -> u32 {
-    let bytes = s.as_bytes();
-    let mut value = 0u32;
-    let mut i = 0;
-    while i < bytes.len() {
-        let d = bytes[i];
-        if d < b'0' || d > b'9' {
-            return u32::MAX;
-        }
-        value = value.wrapping_mul(10).wrapping_add((d - b'0') as u32);
-        i += 1;
-    }
-    value
-}
+pub use prima_abi::PluginKind;

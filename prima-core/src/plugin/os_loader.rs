@@ -7,8 +7,8 @@ use abi_stable::library::RootModule;
 use abi_stable::std_types::{RResult, RStr};
 
 use super::loader::{discover_in, open_root};
-use super::os_abi::{OsGpu, OsMemoryModelBox, OsMemoryPluginRef, OS_MEMORY_ABI_VERSION};
 use super::{plugin_dirs, PluginKind};
+use prima_abi::os::{OsGpu, OsMemoryModelBox, OsMemoryPluginRef, OS_MEMORY_ABI_VERSION};
 
 /// The name, version and covered OSes of an OS memory plugin, or why it cannot be used.
 pub(super) fn inspect_os_memory(

@@ -8,10 +8,10 @@ use abi_stable::std_types::RResult;
 use super::loader::{find_plugin, open_root};
 use abi_stable::std_types::{RString, RVec};
 
-use super::transport_abi::{
+use super::{plugin_dirs, PluginError, PluginKind};
+use prima_abi::transport::{
     RelayBox, TransportBox, TransportConfig, TransportPluginRef, TRANSPORT_ABI_VERSION,
 };
-use super::{plugin_dirs, PluginError, PluginKind};
 
 /// A transport loaded from a plugin, with where it came from.
 pub struct LoadedTransport {

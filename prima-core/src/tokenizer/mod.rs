@@ -599,9 +599,10 @@ fn render(text: &str, kind: TokenKind, spm: bool) -> Vec<u8> {
 mod tests;
 
 /// `<|endoftext|>` (id 0, BOS and EOS) then the letters a–z, one token each: the toy
-/// vocabulary of the scheduler's, the server's and speculative decoding's unit tests.
-#[cfg(test)]
-pub(crate) fn letters() -> Tokenizer {
+/// vocabulary of the scheduler's, the server's and speculative decoding's unit tests
+/// (in this crate and in `prima-server`).
+#[doc(hidden)]
+pub fn letters() -> Tokenizer {
     let mut tokens = vec!["<|endoftext|>".to_string()];
     tokens.extend(('a'..='z').map(String::from));
     let mut token_types = vec![1; tokens.len()];

@@ -27,9 +27,9 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use prima_core::halda::{ModelProfile, NoMemoryModel};
+use prima_cluster::halda::{ModelProfile, NoMemoryModel};
+use prima_cluster::profile::{DeviceProfile, DeviceProfiles};
 use prima_core::plugin::{load_os_models_from, LoadedOsModels};
-use prima_core::profile::{DeviceProfile, DeviceProfiles};
 
 use self::report::{DeviceMemory, RingDevice, RowResult, Status, Table};
 use self::rows::{Experiment, Row, RowRun};

@@ -331,7 +331,7 @@ fn build(hierarchies: &Hierarchies, bed: &Testbed, arg: &str, bin: &Path) -> Res
     // The bed's cluster key: every device's links are sealed with it.
     let key = key_file(&st);
     let _ = std::fs::remove_file(&key);
-    prima_core::prp::key::ClusterKey::generate().write_new(&key)?;
+    prima_cluster::prp::key::ClusterKey::generate().write_new(&key)?;
     for i in 0..bed.devices.len() {
         let d = &bed.devices[i];
         if d.head {

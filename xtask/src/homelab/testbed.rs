@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use prima_core::manifest::Size;
+use prima_cluster::manifest::Size;
 use serde::Deserialize;
 
 /// The longest device name: it becomes part of namespace and cgroup names.

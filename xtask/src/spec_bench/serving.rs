@@ -11,20 +11,20 @@ use std::path::Path;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
+use prima_abi::backend::BackendConfig;
+use prima_abi::transport::TransportConfig;
+use prima_cluster::prp::key::LinkSecurity;
+use prima_cluster::prp::{NextRoute, RingHead, RingOptions};
 use prima_core::batch::BatchRowLogits;
 use prima_core::model::{Model, Session};
-use prima_core::plugin::backend_abi::BackendConfig;
-use prima_core::plugin::transport_abi::TransportConfig;
 use prima_core::plugin::{load_backend, load_transport};
-use prima_core::prp::key::LinkSecurity;
-use prima_core::prp::{NextRoute, RingHead, RingOptions};
 use prima_core::sampler::SamplerConfig;
-use prima_core::server::{
+use prima_core::speculative::DraftOptions;
+use prima_core::tokenizer::Tokenizer;
+use prima_server::{
     job_queue, run_scheduler, run_speculative_scheduler, Drafting, Event, GenerationRequest,
     Prompt, SchedulerOptions, Submitted,
 };
-use prima_core::speculative::DraftOptions;
-use prima_core::tokenizer::Tokenizer;
 
 const PROMPTS: &[&str] = &[
     "The history of the printing press begins in the fifteenth century, when",

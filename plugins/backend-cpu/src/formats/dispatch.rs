@@ -12,7 +12,7 @@
 //! probed.
 
 use super::{float, scalar, AttentionF16, AxpyF16Fn, FormatKernels};
-use prima_core::gguf::GgmlType;
+use prima_abi::GgmlType;
 use std::sync::OnceLock;
 
 /// The environment variable that caps the kernel level.

@@ -29,7 +29,7 @@ pub mod scalar;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
-use prima_core::gguf::GgmlType;
+use prima_abi::GgmlType;
 
 /// Every weight format this backend computes (the activation-only Q8_1/Q8_K are not).
 pub const WEIGHT_TYPES: [GgmlType; 15] = [

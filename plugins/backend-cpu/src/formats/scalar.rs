@@ -8,7 +8,7 @@ use super::k_quants::{q2_k, q3_k, q4_k, q5_k, q6_k, q8_k};
 use super::{
     float, iq4_nl, iq4_xs, q4_0, q4_1, q5_0, q5_1, q8_0, q8_1, DequantizeRowFn, FormatKernels,
 };
-use prima_core::gguf::GgmlType;
+use prima_abi::GgmlType;
 
 /// The scalar kernels for weights of type `t`, or `None` when `t` is not a weight type
 /// this backend computes with (Q8_1 and Q8_K are activation-only).

@@ -23,8 +23,8 @@ use super::OpResult;
 use crate::formats::{dispatch, AttentionF16};
 use crate::pool::{sized, ChunkRunner, Scratch};
 use half::{f16, slice::HalfFloatSliceExt};
-use prima_core::gguf::GgmlType;
-use prima_core::plugin::backend_abi::{AttentionParams, AttentionSpan};
+use prima_abi::backend::{AttentionParams, AttentionSpan};
+use prima_abi::GgmlType;
 use std::cell::RefCell;
 
 thread_local! {

@@ -4,7 +4,7 @@ use super::activation::{self, Gate};
 use super::matmul::SharedOut;
 use super::{expect_len, OpResult, Weight};
 use crate::pool::ChunkRunner;
-use prima_core::plugin::backend_abi::TensorView;
+use prima_abi::backend::TensorView;
 
 /// Elements per pool chunk of a gated activation; shorter inputs (a decode step's
 /// activations) run on the calling thread, where the hand-off would cost more than it saves.

@@ -2,7 +2,7 @@
 
 use super::{expect_len, mul, OpResult, Weight};
 use crate::formats::scalar;
-use prima_core::plugin::backend_abi::TensorView;
+use prima_abi::backend::TensorView;
 
 /// `out[i] = dequantize(table row ids[i])`.
 pub fn get_rows(table: &TensorView<'_>, ids: &[u32], out: &mut [f32]) -> OpResult<()> {

@@ -8,7 +8,7 @@ use super::{mul, OpResult};
 use half::f16;
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 use memmap2::MmapMut;
-use prima_core::plugin::backend_abi::KvSpec;
+use prima_abi::backend::KvSpec;
 use std::collections::HashMap;
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicU64, Ordering};

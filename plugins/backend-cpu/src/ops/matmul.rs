@@ -28,8 +28,8 @@
 use super::{expect_len, mul, OpResult, Weight};
 use crate::formats::{FormatKernels, PanelKernels};
 use crate::pool::{sized, ChunkRunner, Scratch};
-use prima_core::gguf::GgmlType;
-use prima_core::plugin::backend_abi::TensorView;
+use prima_abi::backend::TensorView;
+use prima_abi::GgmlType;
 use std::cell::RefCell;
 
 /// Chunks per thread: enough to balance uneven progress, few enough to keep tasks long.

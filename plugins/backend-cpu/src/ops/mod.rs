@@ -14,8 +14,8 @@ pub mod matmul;
 pub mod norm;
 pub mod rope;
 
-use prima_core::gguf::GgmlType;
-use prima_core::plugin::backend_abi::TensorView;
+use prima_abi::backend::TensorView;
+use prima_abi::GgmlType;
 
 /// A message for people naming the op and what was wrong.
 pub type OpError = String;

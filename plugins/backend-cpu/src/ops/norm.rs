@@ -4,7 +4,7 @@
 use super::matmul::SharedOut;
 use super::{expect_len, OpResult, Weight};
 use crate::pool::ChunkRunner;
-use prima_core::plugin::backend_abi::TensorView;
+use prima_abi::backend::TensorView;
 
 /// Fewest rows (tokens) worth splitting over the pool: a row is a few hundred nanoseconds
 /// of f64 sum, which the hand-off would eat for fewer.

@@ -11,7 +11,7 @@
 use super::matmul::SharedOut;
 use super::{expect_len, mul, OpResult};
 use crate::pool::{sized, ChunkRunner};
-use prima_core::plugin::backend_abi::RopeParams;
+use prima_abi::backend::RopeParams;
 use std::cell::RefCell;
 
 /// Fewest positions worth splitting over the pool (a prompt's tokens).

@@ -21,8 +21,8 @@ use std::path::{Path, PathBuf};
 
 use abi_stable::std_types::{RSlice, RSliceMut};
 use half::{bf16, f16};
-use prima_core::gguf::GgmlType;
-use prima_core::plugin::backend_abi::{BackendBox, BackendConfig, TensorView};
+use prima_abi::backend::{BackendBox, BackendConfig, TensorView};
+use prima_abi::GgmlType;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 

@@ -4,9 +4,9 @@
 use std::path::Path;
 use std::time::Instant;
 
+use prima_abi::backend::BackendBox;
 use prima_core::gguf::{GgmlType, GgufWriter, Value};
 use prima_core::model::{Model, Session};
-use prima_core::plugin::backend_abi::BackendBox;
 use prima_core::tokenizer::Tokenizer;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;

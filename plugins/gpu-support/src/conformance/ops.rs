@@ -1,10 +1,10 @@
 //! The operations one by one against the CPU backend, on random inputs.
 
 use abi_stable::std_types::{RSlice, RSliceMut};
-use prima_core::gguf::GgmlType;
-use prima_core::plugin::backend_abi::{
+use prima_abi::backend::{
     AttentionParams, AttentionSpan, BackendBox, KvSpec, RopeParams, TensorView,
 };
+use prima_abi::GgmlType;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 

@@ -7,11 +7,11 @@ use std::sync::{Arc, Mutex};
 
 use abi_stable::sabi_trait::TD_Opaque;
 use abi_stable::std_types::{RResult::ROk, RSlice, RSliceMut, RString};
-use prima_core::gguf::GgmlType;
-use prima_core::model::{Model, Session};
-use prima_core::plugin::backend_abi::{
+use prima_abi::backend::{
     AttentionParams, Backend, BackendBox, BackendResult, Backend_TO, KvSpec, RopeParams, TensorView,
 };
+use prima_abi::GgmlType;
+use prima_core::model::{Model, Session};
 
 use super::{argmax, max_abs_diff};
 

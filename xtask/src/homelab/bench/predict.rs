@@ -3,8 +3,8 @@
 //! bed's links, which live profiles do not measure. Labelled as the model's figure in
 //! every table; nothing here is a measurement, and nothing here runs anything.
 
-use prima_core::halda::{Lda, MemoryModels, ModelProfile, NoMemoryModel, PlanOptions};
-use prima_core::profile::{DeviceProfile, LinkProfile};
+use prima_cluster::halda::{Lda, MemoryModels, ModelProfile, NoMemoryModel, PlanOptions};
+use prima_cluster::profile::{DeviceProfile, LinkProfile};
 
 /// Halda's own figure for `windows` (w_m per device, ring order, CPU only) on devices
 /// with these `profiles` (same order), with `n_kv` tokens of KV cache as `prima apply`
@@ -86,9 +86,9 @@ fn score(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use prima_core::halda::{plan, Scheduler};
+    use prima_cluster::halda::{plan, Scheduler};
+    use prima_cluster::profile::{DeviceProfiles, GpuKind};
     use prima_core::plugin::{load_os_models_from, LoadedOsModels};
-    use prima_core::profile::{DeviceProfiles, GpuKind};
 
     /// The OS memory plugin, from beside this test binary (a workspace build puts it there).
     fn os() -> LoadedOsModels {
@@ -102,7 +102,7 @@ mod tests {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
         let dir = std::env::temp_dir().join(format!("prima-xtask-{test}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let spec = prima_core::halda::synth::spec("llama3-8b-q4_k").expect("the 8B spec");
+        let spec = prima_cluster::halda::synth::spec("llama3-8b-q4_k").expect("the 8B spec");
         let path = spec.write_to(&dir).unwrap();
         let model = ModelProfile::open(&path).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();

@@ -13,7 +13,7 @@
 use crate::formats::k_quants::{q2_k, q3_k, q4_k, q5_k, q6_k, q8_k, unpack_scale_min_k4, QK_K};
 use crate::formats::{f16_at, f32_at, q4_0, q4_1, q5_0, q5_1, q8_0, q8_1, FormatKernels};
 use core::arch::aarch64::*;
-use prima_core::gguf::GgmlType;
+use prima_abi::GgmlType;
 
 /// Replaces the functions of `k` (the scalar table) that have a NEON version; with
 /// `dotprod`, the builds that use `sdot`.

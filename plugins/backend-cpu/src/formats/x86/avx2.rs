@@ -7,7 +7,7 @@
 use crate::formats::k_quants::{q2_k, q3_k, q4_k, q5_k, q6_k, q8_k, QK_K};
 use crate::formats::{put_f16, q4_0, q4_1, q5_0, q5_1, q8_0, q8_1, FormatKernels};
 use core::arch::x86_64::*;
-use prima_core::gguf::GgmlType;
+use prima_abi::GgmlType;
 
 /// Replaces the functions of `k` (the scalar table) that have an AVX2 version.
 pub(in crate::formats) fn overlay(mut k: FormatKernels) -> FormatKernels {

@@ -13,7 +13,7 @@ use super::avx2::{
 use crate::formats::k_quants::{q4_k, q6_k, q8_k, QK_K};
 use crate::formats::{q4_0, q4_1, q5_0, q8_0, q8_1, FormatKernels};
 use core::arch::x86_64::*;
-use prima_core::gguf::GgmlType;
+use prima_abi::GgmlType;
 
 /// Replaces the functions of `k` (the AVX2 table) that have an AVX-512 version.
 pub(in crate::formats) fn overlay(mut k: FormatKernels) -> FormatKernels {

@@ -16,7 +16,7 @@ use super::few::{
 };
 use crate::formats::{q4_0, q4_1, q5_0, q5_1, q8_0, FewKernels};
 use core::arch::x86_64::*;
-use prima_core::gguf::GgmlType;
+use prima_abi::GgmlType;
 
 /// The small-batch kernels of weight type `t` at this level, if it has them.
 pub(in crate::formats) fn kernels(t: GgmlType) -> Option<FewKernels> {

@@ -32,7 +32,7 @@
 use super::few::MAX_TOKENS;
 use crate::formats::{iq4_nl, q4_0, q4_1, q5_0, q8_0, q8_1, FewKernels};
 use core::arch::x86_64::*;
-use prima_core::gguf::GgmlType;
+use prima_abi::GgmlType;
 
 /// Rows one step computes: one per i32 lane of a 512-bit vector.
 pub(super) const ROWS: usize = 16;

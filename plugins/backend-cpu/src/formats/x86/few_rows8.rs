@@ -17,7 +17,7 @@
 use super::few_rows16::{pack_bytes, pack_q4_0, TOKEN_BLOCK};
 use crate::formats::{q4_0, FewKernels};
 use core::arch::x86_64::*;
-use prima_core::gguf::GgmlType;
+use prima_abi::GgmlType;
 
 /// Rows one step computes: one per i32 lane of a 256-bit vector.
 pub(super) const ROWS: usize = 8;

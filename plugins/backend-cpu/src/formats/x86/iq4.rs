@@ -13,7 +13,7 @@ use super::avx512::{dot_i8_i8_512, fold, load_pair, nibbles32_pair, sum_block_pa
 use crate::formats::k_quants::{q8_k, QK_K};
 use crate::formats::{iq4_nl, iq4_xs, q8_0, FormatKernels};
 use core::arch::x86_64::*;
-use prima_core::gguf::GgmlType;
+use prima_abi::GgmlType;
 
 /// AVX2's IQ4 kernels over `k`.
 pub(super) fn overlay_avx2(mut k: FormatKernels) -> FormatKernels {

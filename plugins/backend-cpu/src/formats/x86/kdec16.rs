@@ -41,7 +41,7 @@ use crate::formats::iq4_xs;
 use crate::formats::k_quants::{q2_k, q4_k, q8_k, QK_K};
 use crate::formats::FewKernels;
 use core::arch::x86_64::*;
-use prima_core::gguf::GgmlType;
+use prima_abi::GgmlType;
 
 /// Pack bytes of one super-block of the token: its 256 quants, `d_a` (f32), the `bsums`
 /// as eight i16 pairs (`GROUP_PAIRS`), and the 32-quant sums as four i16 pairs

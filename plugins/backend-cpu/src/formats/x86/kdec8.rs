@@ -19,7 +19,7 @@ use super::kdec16::{pack_bytes, pack_q8_k, prefetch_l2, D_A, GROUP_PAIRS, PACK_B
 use crate::formats::k_quants::{q2_k, q4_k, QK_K};
 use crate::formats::FewKernels;
 use core::arch::x86_64::*;
-use prima_core::gguf::GgmlType;
+use prima_abi::GgmlType;
 
 /// The decode kernels of weight type `t` at this level, if it has them.
 pub(in crate::formats) fn decode_kernels(t: GgmlType) -> Option<FewKernels> {

@@ -20,7 +20,7 @@ use crate::formats::float::bf16_products_exact;
 use crate::formats::k_quants::{q8_k, QK_K};
 use crate::formats::{q8_0, q8_1, PanelKernels};
 use core::arch::x86_64::*;
-use prima_core::gguf::GgmlType;
+use prima_abi::GgmlType;
 
 /// Weight rows per panel: the lanes of a 256-bit vector of i32.
 const ROWS: usize = 8;

@@ -25,7 +25,7 @@ use super::kdec16::{bytes4, k4_scales_mins};
 use crate::formats::k_quants::{q2_k, q3_k, q4_k, q5_k, q6_k, q8_k, unpack_scale_min_k4, QK_K};
 use crate::formats::{q4_0, q4_1, q5_0, q5_1, q8_0, q8_1, PanelKernels};
 use core::arch::x86_64::*;
-use prima_core::gguf::GgmlType;
+use prima_abi::GgmlType;
 
 /// Weight rows per panel: the lanes of a 512-bit vector of i32.
 const ROWS: usize = 16;

@@ -30,7 +30,7 @@ use super::panel512::{i16_pair, prep_q8_k, put_lane, put_quants32, scaled_sub_bl
 use crate::formats::k_quants::{q8_k, QK_K};
 use crate::formats::{iq4_nl, iq4_xs, q8_0, PanelKernels};
 use core::arch::x86_64::*;
-use prima_core::gguf::GgmlType;
+use prima_abi::GgmlType;
 use std::cell::RefCell;
 
 /// Q8_0's panel kernels at a level with IQ4_NL's pack in place of Q8_0's.

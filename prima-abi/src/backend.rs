@@ -1,0 +1,594 @@
+//! Backend plugin ABI, version 3: the only way the engine reaches compute.
+//!
+//! A backend is a small table of operations over host memory — matrix products against
+//! quantized weights, norms, RoPE, attention over a backend-owned KV cache — in the spirit
+//! of ggml's backend interface. The model code composes these operations and never knows
+//! which hardware runs them. Weights are passed as [`TensorView`]s: byte slices of the
+//! memory-mapped GGUF file, never copies.
+//!
+//! Every type crossing the boundary derives `StableAbi`, so `abi_stable` checks the layout
+//! when a plugin is loaded; [`BACKEND_ABI_VERSION`] is checked before that and must be
+//! bumped whenever anything in this file changes meaning.
+
+// abi_stable's `sabi_trait` expands to impls inside a const block.
+#![allow(non_local_definitions)]
+
+use abi_stable::{
+    declare_root_module_statics,
+    library::RootModule,
+    package_version_strings, sabi_trait,
+    sabi_types::VersionStrings,
+    std_types::{RBox, ROption, RResult, RSlice, RSliceMut, RString},
+    StableAbi,
+};
+
+/// Version of the backend ABI defined in this file. A plugin built for another version is
+/// refused at load time.
+pub const BACKEND_ABI_VERSION: u32 = 3;
+
+/// A weight tensor as it lies in the GGUF mapping.
+#[repr(C)]
+#[derive(StableAbi, Clone, Copy, Debug)]
+pub struct TensorView<'a> {
+    /// The tensor's bytes, exactly `rows * row_bytes(cols)` long.
+    pub data: RSlice<'a, u8>,
+    /// GGUF type id (see [`crate::GgmlType`]).
+    pub ggml_type: u32,
+    /// Elements per row (GGUF `ne[0]`).
+    pub cols: u64,
+    /// Number of rows (the product of the other dimensions).
+    pub rows: u64,
+}
+
+/// How a backend instance is created.
+#[repr(C)]
+#[derive(StableAbi, Clone, Copy, Debug)]
+pub struct BackendConfig {
+    /// Worker threads for compute; 0 lets the backend choose.
+    pub threads: u32,
+}
+
+/// Rotary position embedding parameters, from the model's GGUF metadata.
+#[repr(C)]
+#[derive(StableAbi, Clone, Copy, Debug)]
+pub struct RopeParams<'a> {
+    /// Leading dimensions of each head that are rotated.
+    pub n_rot: u32,
+    pub freq_base: f32,
+    /// 1 / linear scaling factor.
+    pub freq_scale: f32,
+    /// NeoX ordering rotates pairs (i, i + n_rot/2); the normal ordering rotates (2i, 2i+1).
+    pub neox: bool,
+    /// Per-dimension frequency divisors (the `rope_freqs` tensor of Llama 3.1+), n_rot/2 long.
+    pub freq_factors: ROption<RSlice<'a, f32>>,
+    /// YaRN extrapolation mix; 0 disables YaRN.
+    pub ext_factor: f32,
+    /// Magnitude scaling applied to the rotated values.
+    pub attn_factor: f32,
+    pub beta_fast: f32,
+    pub beta_slow: f32,
+    /// Context length the model was trained with (for YaRN).
+    pub n_ctx_orig: u32,
+}
+
+impl RopeParams<'_> {
+    /// `[low, high]` dims between which YaRN ramps from extrapolation to interpolation.
+    pub fn yarn_corr_dims(&self, n_dims: usize) -> [f32; 2] {
+        use std::f32::consts::PI;
+        let corr_dim = |n_rot: f32| {
+            n_dims as f32 * (self.n_ctx_orig as f32 / (n_rot * 2.0 * PI)).ln()
+                / (2.0 * self.freq_base.ln())
+        };
+        let start = corr_dim(self.beta_fast).floor();
+        let end = corr_dim(self.beta_slow).ceil();
+        [start.max(0.0), end.min(n_dims as f32 - 1.0)]
+    }
+
+    /// `[cos, sin]` of every pair (`n_rot / 2` of them) of every position, token-major
+    /// (`table[(t · n_rot/2 + i) · 2 ..]`), by [`Self::fill_cos_sin`]: the table a GPU
+    /// backend uploads so that only the rotation runs on the GPU and it turns by the CPU's
+    /// bits. Small: n_tokens × n_rot floats.
+    pub fn cos_sin_table(&self, positions: &[u32], n_rot: usize) -> Vec<f32> {
+        let half = n_rot / 2;
+        let corr = self.yarn_corr_dims(n_rot);
+        let mut out = vec![0f32; positions.len() * 2 * half];
+        for (&pos, cs_pos) in positions.iter().zip(out.chunks_exact_mut(2 * half)) {
+            self.fill_cos_sin(cs_pos, pos, n_rot, corr);
+        }
+        out
+    }
+
+    /// Fills `cos_sin` with the `[cos, sin]` of each pair (`n_rot / 2`) at position `pos`:
+    /// θ_i = pos · base^(−2i/n_rot), the power accumulated by repeated f32 multiplication
+    /// as ggml does, over `freq_factors[i]`; YaRN mixes by the ramp over `corr`
+    /// ([`Self::yarn_corr_dims`]). Every backend computes its angles here, in the host's
+    /// f32, so they rotate by the same bits (a GPU's cos/sin are an ulp off now and then).
+    pub fn fill_cos_sin(&self, cos_sin: &mut [f32], pos: u32, n_rot: usize, corr: [f32; 2]) {
+        let ramp = |pair: usize| {
+            let y = (pair as f32 - corr[0]) / (corr[1] - corr[0]).max(0.001);
+            1.0 - y.clamp(0.0, 1.0)
+        };
+        let theta_scale = self.freq_base.powf(-2.0 / n_rot as f32);
+        let factors = self
+            .freq_factors
+            .as_ref()
+            .map(|f| f.as_slice())
+            .into_option();
+        let mut theta = pos as f32;
+        for (i, cs) in cos_sin.chunks_exact_mut(2).enumerate() {
+            let ff = factors.map_or(1.0, |f| f[i]);
+            let theta_extrap = theta / ff;
+            let theta_interp = self.freq_scale * theta_extrap;
+            let (mut angle, mut mscale) = (theta_interp, self.attn_factor);
+            if self.ext_factor != 0.0 {
+                let mix = ramp(i) * self.ext_factor;
+                angle = theta_interp * (1.0 - mix) + theta_extrap * mix;
+                mscale *= 1.0 + 0.1 * (1.0 / self.freq_scale).ln();
+            }
+            cs[0] = angle.cos() * mscale;
+            cs[1] = angle.sin() * mscale;
+            theta *= theta_scale;
+        }
+    }
+}
+
+/// Shape of a KV cache the backend allocates and owns.
+#[repr(C)]
+#[derive(StableAbi, Clone, Copy, Debug)]
+pub struct KvSpec {
+    pub n_layers: u32,
+    /// Positions the cache can hold.
+    pub n_ctx: u32,
+    pub n_head_kv: u32,
+    pub head_dim_k: u32,
+    pub head_dim_v: u32,
+}
+
+/// One attention call: store the new keys and values of `n_tokens` positions starting at
+/// `start_pos` into layer `layer` of the cache, then attend causally.
+#[repr(C)]
+#[derive(StableAbi, Clone, Copy, Debug)]
+pub struct AttentionParams {
+    pub layer: u32,
+    pub n_tokens: u32,
+    pub start_pos: u32,
+    pub n_head: u32,
+    pub n_head_kv: u32,
+    pub head_dim_k: u32,
+    pub head_dim_v: u32,
+    /// Multiplier of q·k before the softmax (usually 1/sqrt(head_dim_k)).
+    pub scale: f32,
+    /// Attend only to the last `sliding_window` positions; 0 means unlimited.
+    pub sliding_window: u32,
+    /// Logit soft-capping value; 0 disables it.
+    pub softcap: f32,
+}
+
+impl AttentionParams {
+    /// Checks one attention call against the contract every backend keeps: the layer and
+    /// head shapes against the cache's `spec`, head sizes up to the backend's
+    /// `max_head_dim`, the lengths of `q`, `k`, `v` and `out`, and the positions against
+    /// the cache's context. The error names what is wrong.
+    pub fn check(
+        &self,
+        spec: &KvSpec,
+        max_head_dim: usize,
+        lens: [usize; 4],
+    ) -> Result<(), String> {
+        const OP: &str = "attention";
+        let (n_tokens, n_head, n_head_kv) = (
+            self.n_tokens as usize,
+            self.n_head as usize,
+            self.n_head_kv as usize,
+        );
+        let (dk, dv) = (self.head_dim_k as usize, self.head_dim_v as usize);
+        if self.layer >= spec.n_layers {
+            return Err(format!(
+                "{OP}: layer {} is out of range for a cache of {} layers",
+                self.layer, spec.n_layers
+            ));
+        }
+        if self.n_head_kv != spec.n_head_kv
+            || self.head_dim_k != spec.head_dim_k
+            || self.head_dim_v != spec.head_dim_v
+        {
+            return Err(format!(
+                "{OP}: n_head_kv/head_dim_k/head_dim_v {}/{}/{} differ from the cache's {}/{}/{}",
+                self.n_head_kv,
+                self.head_dim_k,
+                self.head_dim_v,
+                spec.n_head_kv,
+                spec.head_dim_k,
+                spec.head_dim_v
+            ));
+        }
+        if dk > max_head_dim || dv > max_head_dim {
+            return Err(format!(
+                "{OP}: head sizes {dk}/{dv} exceed the supported {max_head_dim}"
+            ));
+        }
+        if n_head == 0 || n_head_kv == 0 || n_head % n_head_kv != 0 {
+            return Err(format!(
+                "{OP}: n_head {n_head} is not a positive multiple of n_head_kv {n_head_kv}"
+            ));
+        }
+        self.check_lengths(n_tokens, lens)?;
+        let start = self.start_pos as usize;
+        let end = start.saturating_add(n_tokens);
+        if end > spec.n_ctx as usize {
+            return Err(format!(
+                "{OP}: positions {start}..{end} exceed the cache's n_ctx {}",
+                spec.n_ctx
+            ));
+        }
+        Ok(())
+    }
+
+    /// Checks the lengths of `q`, `k`, `v` and `out` against `n_tokens` rows of this
+    /// call's heads (part of [`AttentionParams::check`]).
+    fn check_lengths(&self, n_tokens: usize, lens: [usize; 4]) -> Result<(), String> {
+        let (n_head, n_head_kv) = (self.n_head as usize, self.n_head_kv as usize);
+        let (dk, dv) = (self.head_dim_k as usize, self.head_dim_v as usize);
+        let [q, k, v, out] = lens;
+        for (what, got, heads, dim) in [
+            ("q length", q, n_head, dk),
+            ("k length", k, n_head_kv, dk),
+            ("v length", v, n_head_kv, dv),
+            ("out length", out, n_head, dv),
+        ] {
+            let want = heads
+                .checked_mul(dim)
+                .and_then(|x| x.checked_mul(n_tokens))
+                .ok_or_else(|| format!("attention: size {n_tokens} × {heads} × {dim} overflows"))?;
+            if got != want {
+                return Err(format!("attention: {what} is {got}, expected {want}"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks the lengths of `q`, `k`, `v` and `out` of a batched call
+    /// ([`Backend::attention_spans`]) against all the spans' rows, and returns how many
+    /// rows that is; each span is then checked against its cache by [`AttentionParams::check`].
+    pub fn check_span_lengths(
+        &self,
+        spans: &[AttentionSpan],
+        lens: [usize; 4],
+    ) -> Result<usize, String> {
+        let rows = spans.iter().map(|s| s.n_tokens as usize).sum();
+        self.check_lengths(rows, lens)?;
+        Ok(rows)
+    }
+}
+
+/// One request's rows in a batched attention call ([`Backend::attention_spans`]): its
+/// `n_tokens` rows, next after the previous span's, go to KV cache `kv` at positions from
+/// `start_pos`.
+#[repr(C)]
+#[derive(StableAbi, Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttentionSpan {
+    pub kv: u64,
+    pub n_tokens: u32,
+    pub start_pos: u32,
+}
+
+/// A GPU's memory as its backend plugin sees it (see [`BackendPlugin::gpu_memory`]): what
+/// profiles give Halda as the VRAM bound of the device's GPU layers.
+#[repr(C)]
+#[derive(StableAbi, Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GpuMemory {
+    pub total_bytes: u64,
+    /// Free now (CUDA's `cuMemGetInfo`; on unified memory, what the GPU may still take).
+    pub free_bytes: u64,
+    /// CPU and GPU share RAM (Apple GPUs): no copy crosses a bus, and the figures are RAM's.
+    pub unified: bool,
+}
+
+/// Result type of every fallible backend operation; the error names what was wrong.
+pub type BackendResult<T> = RResult<T, RString>;
+
+/// The operations a compute backend provides.
+///
+/// Activations are row-major f32 with one row per token. Operations validate their
+/// arguments and return an error rather than panic.
+#[sabi_trait]
+pub trait Backend: Send + Sync {
+    /// Short name, e.g. `cpu`.
+    fn name(&self) -> RString;
+
+    /// One line for people: instruction sets, threads, memory.
+    fn describe(&self) -> RString;
+
+    /// Whether weights of this GGUF type id can be used by `matmul` and `get_rows`.
+    fn supports(&self, ggml_type: u32) -> bool;
+
+    /// `out[i] = dequantize(table row ids[i])`; `out` is `ids.len() × table.cols`.
+    fn get_rows(
+        &self,
+        table: TensorView<'_>,
+        ids: RSlice<'_, u32>,
+        out: RSliceMut<'_, f32>,
+    ) -> BackendResult<()>;
+
+    /// `out = x · wᵀ`: `x` is `n_tokens × w.cols`, `out` is `n_tokens × w.rows`.
+    fn matmul(
+        &self,
+        w: TensorView<'_>,
+        x: RSlice<'_, f32>,
+        n_tokens: u32,
+        out: RSliceMut<'_, f32>,
+    ) -> BackendResult<()>;
+
+    /// RMS-normalises each row of `x` (row length = `weight.cols`) and multiplies it by the
+    /// F32 `weight`.
+    fn rms_norm(
+        &self,
+        x: RSlice<'_, f32>,
+        weight: TensorView<'_>,
+        eps: f32,
+        out: RSliceMut<'_, f32>,
+    ) -> BackendResult<()>;
+
+    /// `acc += x`, element-wise.
+    fn add(&self, acc: RSliceMut<'_, f32>, x: RSlice<'_, f32>) -> BackendResult<()>;
+
+    /// Adds the F32 vector `bias` (length = row length) to every row of `x`.
+    fn add_bias(&self, x: RSliceMut<'_, f32>, bias: TensorView<'_>) -> BackendResult<()>;
+
+    /// `x *= s`, element-wise.
+    fn scale(&self, x: RSliceMut<'_, f32>, s: f32) -> BackendResult<()>;
+
+    /// Rotates each head of each row of `x` (`positions.len()` rows of `n_head × head_dim`).
+    fn rope(
+        &self,
+        x: RSliceMut<'_, f32>,
+        n_head: u32,
+        head_dim: u32,
+        positions: RSlice<'_, u32>,
+        params: RopeParams<'_>,
+    ) -> BackendResult<()>;
+
+    /// `gate = silu(gate) * up`, element-wise (SwiGLU).
+    fn swiglu(&self, gate: RSliceMut<'_, f32>, up: RSlice<'_, f32>) -> BackendResult<()>;
+
+    /// `gate = gelu_tanh(gate) * up`, element-wise (GeGLU).
+    fn geglu(&self, gate: RSliceMut<'_, f32>, up: RSlice<'_, f32>) -> BackendResult<()>;
+
+    /// Allocates a KV cache and returns its handle.
+    fn kv_create(&self, spec: KvSpec) -> BackendResult<u64>;
+
+    /// Frees a KV cache; unknown handles are ignored.
+    fn kv_drop(&self, kv: u64);
+
+    /// Forgets every position at or after `n_pos`.
+    fn kv_truncate(&self, kv: u64, n_pos: u32) -> BackendResult<()>;
+
+    /// Stores `k` and `v` (`n_tokens × n_head_kv × head_dim`) into the cache and writes the
+    /// causal attention of `q` (`n_tokens × n_head × head_dim_k`) to `out`
+    /// (`n_tokens × n_head × head_dim_v`). Query heads share KV heads in groups
+    /// (grouped-query attention).
+    fn attention(
+        &self,
+        kv: u64,
+        q: RSlice<'_, f32>,
+        k: RSlice<'_, f32>,
+        v: RSlice<'_, f32>,
+        params: AttentionParams,
+        out: RSliceMut<'_, f32>,
+    ) -> BackendResult<()>;
+
+    /// [`Backend::attention`] for several requests' rows in one call: span after span,
+    /// each with its own cache and positions (`params`' `n_tokens` and `start_pos` are the
+    /// span's; the others are shared). A continuous-batching step has one span per
+    /// request; a backend can spread all their heads over its threads at once. The
+    /// default calls `attention` span by span.
+    fn attention_spans(
+        &self,
+        spans: RSlice<'_, AttentionSpan>,
+        q: RSlice<'_, f32>,
+        k: RSlice<'_, f32>,
+        v: RSlice<'_, f32>,
+        params: AttentionParams,
+        mut out: RSliceMut<'_, f32>,
+    ) -> BackendResult<()> {
+        let lens = [q.len(), k.len(), v.len(), out.len()];
+        if let Err(e) = params.check_span_lengths(&spans, lens) {
+            return RResult::RErr(e.into());
+        }
+        // Row sizes of q, k, v and out; each span takes its rows off the front of each.
+        let [n_head, n_head_kv, dk, dv] = [
+            params.n_head,
+            params.n_head_kv,
+            params.head_dim_k,
+            params.head_dim_v,
+        ]
+        .map(|x| x as usize);
+        let row = [n_head * dk, n_head_kv * dk, n_head_kv * dv, n_head * dv];
+        let (mut q, mut k, mut v): (&[f32], &[f32], &[f32]) = (&q, &k, &v);
+        let mut out: &mut [f32] = &mut out;
+        for s in spans.iter() {
+            let n = s.n_tokens as usize;
+            let ((qs, qr), (ks, kr), (vs, vr)) = (
+                q.split_at(n * row[0]),
+                k.split_at(n * row[1]),
+                v.split_at(n * row[2]),
+            );
+            (q, k, v) = (qr, kr, vr);
+            let (os, or) = std::mem::take(&mut out).split_at_mut(n * row[3]);
+            out = or;
+            let params = AttentionParams {
+                n_tokens: s.n_tokens,
+                start_pos: s.start_pos,
+                ..params
+            };
+            let done = self.attention(s.kv, qs.into(), ks.into(), vs.into(), params, os.into());
+            if done.is_err() {
+                return done;
+            }
+        }
+        RResult::ROk(())
+    }
+
+    /// A hint that no operation follows for a while (a ring device has passed its
+    /// activations on and waits for the next round): release the cores now, e.g. put
+    /// worker threads to sleep instead of letting them poll for the next operation.
+    fn idle(&self);
+}
+
+/// An owned backend instance behind the ABI.
+pub type BackendBox = Backend_TO<'static, RBox<()>>;
+
+/// The root module a backend plugin exports.
+#[repr(C)]
+#[derive(StableAbi)]
+#[sabi(kind(Prefix(prefix_ref = BackendPluginRef)))]
+#[sabi(missing_field(panic))]
+pub struct BackendPlugin {
+    /// The plugin's name, e.g. `cpu`.
+    pub name: extern "C" fn() -> RString,
+    /// The plugin crate's own version.
+    pub plugin_version: extern "C" fn() -> RString,
+    /// Creates a backend instance.
+    #[sabi(last_prefix_field)]
+    pub create: extern "C" fn(BackendConfig) -> BackendResult<BackendBox>,
+    /// Whether this machine can run the backend at all, asked without creating one:
+    /// `None` if it can, else why not (e.g. `libcuda.so not found`). Cheap; never panics.
+    /// Appended after the prefix, so plugins built before it still load (as available).
+    #[sabi(missing_field(option))]
+    pub unavailable: extern "C" fn() -> ROption<RString>,
+    /// The GPU's memory, asked without creating a backend: `None` for a backend that is
+    /// not a GPU's (the CPU's) or cannot run here. A plugin answering `Some` is a GPU
+    /// plugin: `--gpu-layers` and `prima profile` pick it without being told its name.
+    /// Appended after `unavailable`, so plugins built before it still load (as no GPU).
+    #[sabi(missing_field(option))]
+    pub gpu_memory: extern "C" fn() -> ROption<GpuMemory>,
+}
+
+impl RootModule for BackendPluginRef {
+    declare_root_module_statics! {BackendPluginRef}
+    const BASE_NAME: &'static str = "prima_backend";
+    const NAME: &'static str = "prima_backend";
+    const VERSION_STRINGS: VersionStrings = package_version_strings!();
+}
+
+/// Exports a backend plugin from a `cdylib` crate.
+///
+/// ```ignore
+/// prima_abi::export_backend_plugin!(name = "cpu", create = my_create_fn);
+/// ```
+/// where `my_create_fn: extern "C" fn(BackendConfig) -> BackendResult<BackendBox>`.
+/// A backend that needs hardware or a driver also names
+/// `unavailable = my_probe_fn` (`extern "C" fn() -> ROption<RString>`, see
+/// [`BackendPlugin::unavailable`]); without it the plugin is always available. A GPU's
+/// backend also names `gpu_memory = my_memory_fn` (`extern "C" fn() ->
+/// ROption<GpuMemory>`, see [`BackendPlugin::gpu_memory`]).
+#[macro_export]
+macro_rules! export_backend_plugin {
+    (name = $name:expr, create = $create:path, unavailable = $unavailable:path) => {
+        extern "C" fn __prima_plugin_no_gpu_memory(
+        ) -> ::abi_stable::std_types::ROption<$crate::backend::GpuMemory> {
+            ::abi_stable::std_types::ROption::RNone
+        }
+        $crate::export_backend_plugin!(
+            name = $name,
+            create = $create,
+            unavailable = $unavailable,
+            gpu_memory = __prima_plugin_no_gpu_memory
+        );
+    };
+    (name = $name:expr, create = $create:path) => {
+        extern "C" fn __prima_plugin_always_available(
+        ) -> ::abi_stable::std_types::ROption<::abi_stable::std_types::RString> {
+            ::abi_stable::std_types::ROption::RNone
+        }
+        $crate::export_backend_plugin!(
+            name = $name,
+            create = $create,
+            unavailable = __prima_plugin_always_available
+        );
+    };
+    (name = $name:expr, create = $create:path, unavailable = $unavailable:path, gpu_memory = $gpu_memory:path) => {
+        /// Read by the loader with plain `libloading` before any `abi_stable` check.
+        #[no_mangle]
+        pub extern "C" fn prima_plugin_abi_version() -> u32 {
+            match option_env!("PRIMA_FAKE_PLUGIN_ABI_VERSION") {
+                // Only the plugin-ABI test builds a plugin with this set, to show refusal.
+                Some(v) => $crate::parse_fake_abi_version(v),
+                None => $crate::backend::BACKEND_ABI_VERSION,
+            }
+        }
+
+        /// Which kind of plugin this library is.
+        #[no_mangle]
+        pub extern "C" fn prima_plugin_kind() -> u32 {
+            $crate::PluginKind::Backend as u32
+        }
+
+        extern "C" fn __prima_plugin_name() -> ::abi_stable::std_types::RString {
+            ::abi_stable::std_types::RString::from($name)
+        }
+
+        extern "C" fn __prima_plugin_version() -> ::abi_stable::std_types::RString {
+            ::abi_stable::std_types::RString::from(env!("CARGO_PKG_VERSION"))
+        }
+
+        #[::abi_stable::export_root_module]
+        pub fn __prima_backend_root() -> $crate::backend::BackendPluginRef {
+            use ::abi_stable::prefix_type::PrefixTypeTrait;
+            $crate::backend::BackendPlugin {
+                name: __prima_plugin_name,
+                plugin_version: __prima_plugin_version,
+                create: $create,
+                unavailable: $unavailable,
+                gpu_memory: $gpu_memory,
+            }
+            .leak_into_prefix()
+        }
+    };
+}
+
+#[cfg(test)]
+mod rope_table_tests {
+    use super::RopeParams;
+    use abi_stable::std_types::{ROption, RSlice};
+
+    fn params(freq_factors: Option<&[f32]>) -> RopeParams<'_> {
+        RopeParams {
+            n_rot: 8,
+            freq_base: 10_000.0,
+            freq_scale: 1.0,
+            neox: false,
+            freq_factors: match freq_factors {
+                Some(f) => ROption::RSome(RSlice::from_slice(f)),
+                None => ROption::RNone,
+            },
+            ext_factor: 0.0,
+            attn_factor: 1.0,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            n_ctx_orig: 4096,
+        }
+    }
+
+    #[test]
+    fn position_zero_is_the_identity_and_pair_zero_turns_by_the_position() {
+        let t = params(None).cos_sin_table(&[0, 3], 8);
+        assert_eq!(t.len(), 2 * 8);
+        for cs in t[..8].chunks_exact(2) {
+            assert_eq!(cs, [1.0, 0.0]);
+        }
+        // Pair 0 of position 3: θ = 3.
+        assert_eq!(&t[8..10], &[3.0f32.cos(), 3.0f32.sin()]);
+        // Pair 1: θ = 3 · 10000^(−1/4).
+        let theta = 3.0 * 10_000f32.powf(-2.0 / 8.0);
+        assert_eq!(&t[10..12], &[theta.cos(), theta.sin()]);
+    }
+
+    #[test]
+    fn frequency_factors_divide_the_angle() {
+        let f = [1.0, 2.0, 4.0, 8.0];
+        let t = params(Some(&f)).cos_sin_table(&[5], 8);
+        let theta = 5.0 * 10_000f32.powf(-2.0 / 8.0) * 10_000f32.powf(-2.0 / 8.0);
+        assert_eq!(t[4], (theta / 4.0).cos());
+    }
+}

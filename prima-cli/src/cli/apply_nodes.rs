@@ -1,0 +1,243 @@
+//! The local nodes `prima apply` runs: started on loopback for every `local` device, and
+//! stopped when apply exits — unless `--keep-nodes`, which leaves them running and records
+//! them, so the next apply of the same manifest reuses every node whose configuration is
+//! unchanged and restarts or stops the others.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// What a local node is started with; a node is reused only if all of it is unchanged.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct NodeSpec {
+    pub name: String,
+    pub model: PathBuf,
+    pub threads: Option<u32>,
+    pub mem_budget: Option<u64>,
+    pub backend: Option<String>,
+    /// GPU backend plugin for the GPU layers the plan gives the node.
+    pub gpu_backend: Option<String>,
+    /// Transport plugin (default: the node's choice, the first found).
+    pub transport: Option<String>,
+    /// The cluster key file, passed by path so the key never shows in `ps`; `None`:
+    /// `--insecure`.
+    pub key_file: Option<PathBuf>,
+    /// The key's fingerprint: a node started with another key at the same path is not
+    /// reused.
+    pub key_fingerprint: Option<String>,
+}
+
+impl NodeSpec {
+    fn config_hash(&self) -> String {
+        let exe = std::env::current_exe().unwrap_or_default();
+        let text = serde_json::to_string(&(self, exe)).unwrap_or_default();
+        hex::encode(&Sha256::digest(text.as_bytes())[..8])
+    }
+}
+
+/// A running node and how to reach it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunningNode {
+    pub name: String,
+    pub addr: String,
+    pub pid: u32,
+    pub config: String,
+    pub log: PathBuf,
+}
+
+impl RunningNode {
+    /// Whether the process is still the node we started (pid reuse is checked through its
+    /// command line where the OS shows it: `node_process`).
+    fn alive(&self) -> bool {
+        super::node_process::is_node(self.pid)
+    }
+
+    fn stop(&self) {
+        super::node_process::stop(self.pid);
+    }
+}
+
+/// The local nodes of one apply.
+pub struct LocalNodes {
+    nodes: Vec<(RunningNode, Option<std::process::Child>)>,
+    state: PathBuf,
+    keep: bool,
+    reused: Vec<String>,
+}
+
+fn cache_dir() -> PathBuf {
+    PathBuf::from(prima_cluster::profile::home_dir()).join(".cache/prima/apply")
+}
+
+/// Where the nodes of the manifest at `path` are recorded.
+fn state_path(manifest: &Path) -> PathBuf {
+    let canonical = std::fs::canonicalize(manifest).unwrap_or_else(|_| manifest.to_path_buf());
+    let key = hex::encode(&Sha256::digest(canonical.to_string_lossy().as_bytes())[..8]);
+    cache_dir().join(format!("{key}.json"))
+}
+
+impl LocalNodes {
+    /// Starts (or, from a kept earlier run, reuses) one node per spec.
+    pub fn start(manifest: &Path, specs: &[NodeSpec], keep: bool) -> anyhow::Result<LocalNodes> {
+        let state = state_path(manifest);
+        let recorded: Vec<RunningNode> = std::fs::read(&state)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default();
+        let mut nodes = LocalNodes {
+            nodes: Vec::new(),
+            state,
+            keep,
+            reused: Vec::new(),
+        };
+        for old in &recorded {
+            let wanted = specs
+                .iter()
+                .any(|s| s.name == old.name && s.config_hash() == old.config);
+            if wanted && old.alive() {
+                nodes.reused.push(old.name.clone());
+                nodes.nodes.push((old.clone(), None));
+            } else {
+                old.stop();
+            }
+        }
+        for spec in specs {
+            if nodes.nodes.iter().any(|(n, _)| n.name == spec.name) {
+                continue;
+            }
+            let (node, child) = spawn(spec, keep)?;
+            nodes.nodes.push((node, Some(child)));
+        }
+        Ok(nodes)
+    }
+
+    pub fn addr_of(&self, name: &str) -> Option<String> {
+        self.nodes
+            .iter()
+            .find(|(n, _)| n.name == name)
+            .map(|(n, _)| n.addr.clone())
+    }
+
+    /// Names of the nodes reused from an earlier `--keep-nodes` run.
+    pub fn reused(&self) -> &[String] {
+        &self.reused
+    }
+
+    pub fn running(&self) -> impl Iterator<Item = &RunningNode> {
+        self.nodes.iter().map(|(n, _)| n)
+    }
+}
+
+impl Drop for LocalNodes {
+    fn drop(&mut self) {
+        if self.keep {
+            let list: Vec<&RunningNode> = self.running().collect();
+            let _ = std::fs::create_dir_all(cache_dir());
+            if let Ok(json) = serde_json::to_vec_pretty(&list) {
+                let _ = std::fs::write(&self.state, json);
+            }
+            return;
+        }
+        for (node, child) in &mut self.nodes {
+            match child {
+                Some(c) => {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                }
+                None => node.stop(),
+            }
+        }
+        let _ = std::fs::remove_file(&self.state);
+    }
+}
+
+/// Starts `prima node` for `spec` on a free loopback port, its log in the cache.
+fn spawn(spec: &NodeSpec, keep: bool) -> anyhow::Result<(RunningNode, std::process::Child)> {
+    let name = &spec.name;
+    std::fs::create_dir_all(cache_dir())
+        .with_context(|| format!("cannot create {}", cache_dir().display()))?;
+    let log = cache_dir().join(format!("node-{name}-{}.log", std::process::id()));
+    let log_file =
+        std::fs::File::create(&log).with_context(|| format!("cannot create {}", log.display()))?;
+    let exe = std::env::current_exe().context("cannot find the prima binary")?;
+    let mut cmd = Command::new(exe);
+    cmd.args(["node", "--listen", "127.0.0.1:0", "-m"])
+        .arg(&spec.model);
+    if let Some(t) = spec.threads {
+        cmd.args(["-t", &t.to_string()]);
+    }
+    if let Some(b) = spec.mem_budget {
+        cmd.args(["--mem-budget", &b.to_string()]);
+    }
+    if let Some(b) = &spec.backend {
+        cmd.args(["--backend", b]);
+    }
+    if let Some(b) = &spec.gpu_backend {
+        cmd.args(["--gpu-backend", b]);
+    }
+    if let Some(t) = &spec.transport {
+        cmd.args(["--transport", t]);
+    }
+    match &spec.key_file {
+        Some(key) => cmd.arg("--key-file").arg(key),
+        None => cmd.arg("--insecure"),
+    };
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(log_file));
+    // Elsewhere no signal follows the parent's death: only `LocalNodes`' drop stops them.
+    #[cfg(not(any(target_os = "linux", target_os = "android")))]
+    let _ = keep;
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    if !keep {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: the closure runs in the forked child before exec and only calls prctl,
+        // which is async-signal-safe; it makes the node die with this process.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                Ok(())
+            });
+        }
+    }
+    let mut child = cmd
+        .spawn()
+        .with_context(|| format!("device '{name}': cannot start a local node"))?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        // Whole lines only: stderr is unbuffered, so the node's line may be half written.
+        let whole = &text[..text.rfind('\n').map_or(0, |i| i + 1)];
+        if let Some(line) = whole
+            .lines()
+            .find_map(|l| l.strip_prefix("node: listening on "))
+        {
+            let addr = line.split(' ').next().unwrap_or_default().to_string();
+            let node = RunningNode {
+                name: name.clone(),
+                addr,
+                pid: child.id(),
+                config: spec.config_hash(),
+                log,
+            };
+            return Ok((node, child));
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            let why = text
+                .lines()
+                .find_map(|l| l.strip_prefix("error: "))
+                .unwrap_or("it exited")
+                .to_string();
+            bail!("device '{name}': the local node failed to start ({status}): {why}");
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            bail!("device '{name}': the local node did not start within 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

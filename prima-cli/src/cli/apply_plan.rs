@@ -1,0 +1,489 @@
+//! The plan `prima apply` launches: devices in ring order (the head first), each device's
+//! window size w_m and GPU layers n_m, and which devices were pruned and why.
+
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use indicatif::{ProgressBar, ProgressStyle};
+use prima_abi::transport::TransportBox;
+use prima_cluster::halda::{self, ModelProfile, PlanOptions};
+use prima_cluster::manifest::routes;
+use prima_cluster::manifest::{LoadedManifest, Rounds, Scheduler};
+use prima_cluster::profile::{DeviceProfile, DeviceProfiles, ProfileOptions, GIB};
+use prima_cluster::prp::head::request_profile;
+use prima_cluster::prp::key::LinkSecurity;
+use prima_cluster::prp::{layer_counts, NextRoute};
+use prima_core::model::Model;
+use prima_core::plugin::{load_os_models, load_solver, LoadedBackend};
+
+use super::node::with_budget;
+
+/// One device's part of the plan.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct DevicePlan {
+    pub name: String,
+    /// Where the head reaches it ("head" for the head itself).
+    pub addr: String,
+    /// Window size w_m and GPU layers n_m.
+    pub w: usize,
+    pub n: usize,
+    /// Layers it runs per token, l_m.
+    pub layers: usize,
+    pub relay: bool,
+    /// Why it takes no part, if it doesn't.
+    pub pruned: Option<String>,
+    pub mem_budget: Option<u64>,
+    /// Halda's set (M1–M4) for the device, when Halda planned.
+    pub set: Option<&'static str>,
+    /// A relay device: the networks it joins (`lan-a<->lan-b`). Not a ring device.
+    pub forwards: Option<String>,
+    /// How this node reaches the next ring device, where not as the head reaches it.
+    #[serde(skip)]
+    pub next_route: NextRoute,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Plan {
+    pub scheduler: &'static str,
+    pub k: usize,
+    pub predicted_tpot_ms: Option<f64>,
+    pub solve_ms: f64,
+    /// Every device, in ring order from the head; pruned ones included (and skipped by
+    /// [`Plan::ring`]).
+    pub devices: Vec<DevicePlan>,
+    /// The profiles planned with (none for the manual scheduler), so the ring can be
+    /// planned again without asking the devices (`apply_failover.rs`).
+    #[serde(skip)]
+    pub profiles: Vec<DeviceProfile>,
+}
+
+impl Plan {
+    /// The devices in the ring, head first.
+    pub fn ring(&self) -> impl Iterator<Item = &DevicePlan> {
+        self.devices
+            .iter()
+            .filter(|d| d.pruned.is_none() && d.forwards.is_none())
+    }
+
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "scheduler": self.scheduler,
+            "k": self.k,
+            "predicted_tpot_ms": self.predicted_tpot_ms,
+            "solve_ms": self.solve_ms,
+            "devices": self.devices.iter().map(|d| serde_json::json!({
+                "name": d.name,
+                "addr": d.addr,
+                "w": d.w,
+                "n": d.n,
+                "layers": d.layers,
+                "pruned": d.pruned.is_some(),
+                "pruned_reason": d.pruned,
+                "relay": d.relay,
+                "forwards": d.forwards,
+                "set": d.set,
+            })).collect::<Vec<_>>(),
+        })
+    }
+
+    pub fn print_table(&self) {
+        let total: usize = self.devices.iter().map(|d| d.layers).sum::<usize>().max(1);
+        eprintln!(
+            "plan ({} scheduler, k = {}{}):",
+            self.scheduler,
+            self.k,
+            self.predicted_tpot_ms
+                .map(|t| format!(", predicted TPOT {t:.1} ms"))
+                .unwrap_or_default()
+        );
+        // Relayed addresses (`TARGET via RELAY`) are long: the column fits the longest.
+        let width = self
+            .devices
+            .iter()
+            .map(|d| d.addr.len())
+            .max()
+            .unwrap_or(0)
+            .max(22);
+        eprintln!(
+            "  {:<12} {:<width$} {:>4} {:>4} {:>4} {:>7} {:>7}  note",
+            "device", "address", "set", "w", "n", "layers", "share"
+        );
+        for d in &self.devices {
+            let note = match (&d.pruned, d.relay) {
+                (Some(why), _) => format!("pruned: {why}"),
+                (None, _) if d.forwards.is_some() => {
+                    format!("relay {}", d.forwards.as_deref().unwrap_or_default())
+                }
+                (None, true) => "relay only".to_string(),
+                _ => String::new(),
+            };
+            eprintln!(
+                "  {:<12} {:<width$} {:>4} {:>4} {:>4} {:>7} {:>6.0}%  {}",
+                d.name,
+                d.addr,
+                d.set.unwrap_or("-"),
+                d.w,
+                d.n,
+                d.layers,
+                100.0 * d.layers as f64 / total as f64,
+                note
+            );
+        }
+    }
+}
+
+/// What planning needs besides the manifest: the head's model and backend, the transport
+/// (to ask nodes for their profiles), and the addresses of the nodes apply started.
+pub struct PlanInputs<'a> {
+    pub manifest: &'a LoadedManifest,
+    pub model: &'a Model,
+    pub head: usize,
+    /// The head's backend and the transport; absent when the manifest gives profiles.
+    pub backend: Option<&'a LoadedBackend>,
+    /// The head's GPU backend, profiled beside `backend` when there is one.
+    pub gpu: Option<&'a LoadedBackend>,
+    pub transport: Option<&'a TransportBox>,
+    pub addr_of: &'a dyn Fn(&str) -> Option<String>,
+    /// Profiles already collected (by device name); when every device has one, none is
+    /// measured again.
+    pub known: &'a [DeviceProfile],
+    /// How the links to the nodes are protected (profiling connects to them too).
+    pub security: &'a LinkSecurity,
+}
+
+pub fn spinner(msg: String) -> ProgressBar {
+    let bar = ProgressBar::new_spinner();
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+    );
+    bar.set_message(msg);
+    bar.enable_steady_tick(std::time::Duration::from_millis(120));
+    bar
+}
+
+/// Profiles every device in ring order: the head here, the nodes over the ring protocol
+/// (each measures itself; results are cached on the device).
+fn collect_profiles(
+    inputs: &PlanInputs<'_>,
+    order: &[usize],
+    reach: &[Option<String>],
+) -> anyhow::Result<Vec<DeviceProfile>> {
+    let m = &inputs.manifest.manifest;
+    if let Some(file) = &m.policy.profiles {
+        let path = inputs.manifest.resolve(file);
+        let fixtures = DeviceProfiles::load(&path)?;
+        return order
+            .iter()
+            .map(|&i| {
+                let d = &m.devices[i];
+                let mut p = fixtures
+                    .device
+                    .iter()
+                    .find(|p| p.name == d.name)
+                    .cloned()
+                    .with_context(|| {
+                        format!(
+                            "policy.profiles: {} has no device named '{}'",
+                            path.display(),
+                            d.name
+                        )
+                    })?;
+                p.relay = p.relay || d.relay_only;
+                Ok(p)
+            })
+            .collect();
+    }
+    let known = |i: usize| inputs.known.iter().find(|p| p.name == m.devices[i].name);
+    if let Some(all) = order.iter().map(|&i| known(i).cloned()).collect() {
+        return Ok(all);
+    }
+    let (Some(backend), Some(transport)) = (inputs.backend, inputs.transport) else {
+        bail!("profiling the devices needs the head's backend and a transport");
+    };
+    let mut profiles = Vec::with_capacity(order.len());
+    for (pos, &i) in order.iter().enumerate() {
+        let d = &m.devices[i];
+        let bar = spinner(format!("profiling '{}'", d.name));
+        let profile = if pos == 0 {
+            let options = ProfileOptions {
+                name: Some(d.name.clone()),
+                ..ProfileOptions::default()
+            };
+            let report = super::profile::profile_with(
+                backend,
+                inputs.gpu,
+                &inputs.manifest.model_path(&d.name),
+                &options,
+            )
+            .with_context(|| format!("device '{}': profiling", d.name))?;
+            with_budget(report.profile, d.mem_budget.map(|s| s.0))
+        } else {
+            let addr = reach[pos]
+                .clone()
+                .with_context(|| format!("device '{}': no address", d.name))?;
+            let value = request_profile(transport, &addr, 120_000, inputs.security)
+                .map_err(|e| anyhow::anyhow!("device '{}' ({addr}): {e}", d.name))?;
+            serde_json::from_value::<DeviceProfile>(value)
+                .with_context(|| format!("device '{}' ({addr}): unreadable profile", d.name))?
+        };
+        bar.finish_and_clear();
+        let mut profile = profile;
+        profile.name = d.name.clone();
+        profile.relay = d.relay_only;
+        // `vram_budget`: the GPU memory Halda may fill (d_{m,gpu}^{avail}), at most.
+        if let (Some(v), true) = (d.vram_budget, profile.has_gpu()) {
+            profile.gpu_available_gib = profile.gpu_available_gib.min(v.0 as f64 / GIB);
+        }
+        profiles.push(profile);
+    }
+    Ok(profiles)
+}
+
+/// Plans the manifest's devices for the model.
+pub fn plan(inputs: &PlanInputs<'_>) -> anyhow::Result<Plan> {
+    let started = Instant::now();
+    let manifest = inputs.manifest;
+    let m = &manifest.manifest;
+    // Ring order: the head, then the manifest's order after it, wrapping round; across
+    // networks, the head's network first (`routes.rs`). Relays are no ring devices.
+    let order = routes::ring_order(m, inputs.head);
+    let n_devices = order.len();
+    let net = |i: usize| routes::network_of(m, inputs.head, &m.devices[i]);
+    let home = net(inputs.head);
+    // Each device's own address, and how the head reaches it.
+    let own: Vec<Option<String>> = order
+        .iter()
+        .map(|&i| {
+            let d = &m.devices[i];
+            d.address.clone().or_else(|| (inputs.addr_of)(&d.name))
+        })
+        .collect();
+    let reach: Vec<Option<String>> = order
+        .iter()
+        .zip(&own)
+        .map(|(&i, a)| a.as_ref().map(|a| routes::reach(m, home, net(i), a).0))
+        .collect();
+    let n_layers = inputs.model.hparams().n_layers;
+    let mut sets: Vec<Option<&'static str>> = vec![None; n_devices];
+    let mut reasons: Vec<Option<String>> = vec![None; n_devices];
+    let mut relays: Vec<bool> = order.iter().map(|&i| m.devices[i].relay_only).collect();
+    let mut predicted = None;
+    let mut gpu = vec![0usize; n_devices];
+    let mut planned_with = Vec::new();
+    let mut w: Vec<usize> = match m.policy.scheduler {
+        Scheduler::Manual => {
+            let given = m.policy.windows.as_deref().unwrap_or(&[]);
+            order
+                .iter()
+                .map(|&i| given.get(i).copied().unwrap_or(0))
+                .collect()
+        }
+        scheduler => {
+            let mut profiles = collect_profiles(inputs, &order, &reach)?;
+            planned_with = profiles.clone();
+            // The head also holds the draft model (weights, a KV cache per slot): less
+            // of its memory is left for the target's layers.
+            if let (Some(path), Some(head)) = (manifest.draft_path(), profiles.first_mut()) {
+                let draft = Model::load(&path)
+                    .with_context(|| format!("model.draft {}", path.display()))?;
+                let bytes = super::run::draft_memory(
+                    &draft,
+                    m.policy.ctx,
+                    m.policy.batch,
+                    m.server.parallel,
+                );
+                let gib = bytes as f64 / GIB;
+                head.ram_available_gib = (head.ram_available_gib - gib).max(0.0);
+                head.ram_total_gib = (head.ram_total_gib - gib).max(0.0);
+            }
+            // A link through a relay is two hops: twice the latency, half the rate.
+            for (pos, p) in profiles.iter_mut().enumerate() {
+                let next = order[(pos + 1) % n_devices];
+                if let (Some(link), true) = (&mut p.link, net(order[pos]) != net(next)) {
+                    link.rtt_ms *= 2.0;
+                    link.bytes_per_s /= 2.0;
+                }
+            }
+            let model_profile = ModelProfile::from_gguf(inputs.model.gguf())?;
+            let which = match scheduler {
+                Scheduler::Mem => halda::Scheduler::Mem,
+                Scheduler::Perf => halda::Scheduler::Perf,
+                _ => halda::Scheduler::Halda,
+            };
+            let solver = match which {
+                halda::Scheduler::Halda => Some(load_solver(None)?),
+                _ => None,
+            };
+            let options = PlanOptions {
+                n_kv: m.policy.ctx as f64,
+                // Every device keeps a KV cache per slot of its layers.
+                n_slots: m.server.parallel,
+                ..PlanOptions::default()
+            };
+            let planned = halda::plan(
+                &model_profile,
+                &profiles,
+                which,
+                solver.as_ref().map(|s| s as &dyn halda::MilpSolver),
+                &load_os_models(),
+                &options,
+            )?;
+            predicted = Some(planned.predicted_tpot_ms);
+            let mut w = vec![0; n_devices];
+            for (pos, d) in planned.devices.iter().enumerate() {
+                w[pos] = d.w as usize;
+                gpu[pos] = d.n as usize;
+                sets[pos] = d.set.map(|s| s.name());
+                reasons[pos] = d.reason.clone();
+                relays[pos] = relays[pos] || d.relay;
+            }
+            rescale_to_k(&mut w, planned.k as usize, m.policy.k);
+            w
+        }
+    };
+    if m.policy.scheduler == Scheduler::Manual {
+        let planned_k = n_layers.div_ceil(w.iter().sum::<usize>().max(1));
+        rescale_to_k(&mut w, planned_k, m.policy.k);
+    }
+    for (pos, &i) in order.iter().enumerate() {
+        if m.devices[i].relay_only {
+            w[pos] = 0;
+        }
+    }
+    if w.iter().all(|&x| x == 0) {
+        bail!(
+            "{}: the plan gives no device any layer",
+            manifest.path.display()
+        );
+    }
+    // A device's own n_m (`gpu_layers`) in place of Halda's.
+    for (pos, &i) in order.iter().enumerate() {
+        if let Some(n) = m.devices[i].gpu_layers {
+            gpu[pos] = n;
+        }
+    }
+    let capped: Vec<usize> = gpu.iter().zip(&w).map(|(&g, &x)| g.min(x)).collect();
+    let counts = layer_counts(n_layers, &w, &capped)?;
+    let k = n_layers.div_ceil(w.iter().sum::<usize>());
+    let mut devices: Vec<DevicePlan> = order
+        .iter()
+        .enumerate()
+        .map(|(pos, &i)| {
+            let d = &m.devices[i];
+            let addr = if pos == 0 {
+                "head".to_string()
+            } else {
+                reach[pos].clone().unwrap_or_default()
+            };
+            let pruned = (counts[pos].0 == 0 && !relays[pos] && pos != 0).then(|| {
+                reasons[pos]
+                    .clone()
+                    .unwrap_or_else(|| "no layers assigned".to_string())
+            });
+            DevicePlan {
+                name: d.name.clone(),
+                addr,
+                w: w[pos],
+                n: gpu[pos].min(w[pos]),
+                layers: counts[pos].0,
+                relay: relays[pos] && counts[pos].0 == 0,
+                pruned,
+                mem_budget: d.mem_budget.map(|s| s.0),
+                set: sets[pos],
+                forwards: None,
+                next_route: NextRoute::AsHead,
+            }
+        })
+        .collect();
+    let needed = route_ring(m, inputs.head, &order, &own, &mut devices);
+    for (i, d) in m
+        .devices
+        .iter()
+        .enumerate()
+        .filter(|(_, d)| d.relay.is_some())
+    {
+        let legs: Vec<&str> = d.relay.iter().flatten().map(|(_, a)| a.as_str()).collect();
+        devices.push(DevicePlan {
+            name: d.name.clone(),
+            addr: legs.join(", "),
+            w: 0,
+            n: 0,
+            layers: 0,
+            relay: true,
+            pruned: (!needed.contains(&i)).then(|| "no route of the ring needs it".to_string()),
+            mem_budget: None,
+            set: None,
+            forwards: Some(routes::legs_label(d)),
+            next_route: NextRoute::AsHead,
+        });
+    }
+    Ok(Plan {
+        scheduler: match m.policy.scheduler {
+            Scheduler::Halda => "halda",
+            Scheduler::Mem => "mem",
+            Scheduler::Perf => "perf",
+            Scheduler::Manual => "manual",
+        },
+        k,
+        predicted_tpot_ms: predicted,
+        solve_ms: started.elapsed().as_secs_f64() * 1e3,
+        devices,
+        profiles: planned_with,
+    })
+}
+
+/// Routes the ring's devices (the plan's first `order.len()` rows, pruned ones skipped):
+/// each node's next hop where it is not how the head reaches that device, and the relays
+/// the crossings use — ring links and the head's control channels. The relays needed.
+fn route_ring(
+    m: &prima_cluster::manifest::Manifest,
+    head: usize,
+    order: &[usize],
+    own: &[Option<String>],
+    devices: &mut [DevicePlan],
+) -> Vec<usize> {
+    let net = |i: usize| routes::network_of(m, head, &m.devices[i]);
+    let home = net(head);
+    let ring: Vec<usize> = (0..order.len())
+        .filter(|&pos| devices[pos].pruned.is_none())
+        .collect();
+    let mut needed = Vec::new();
+    for (j, &pos) in ring.iter().enumerate() {
+        let (from, to_pos) = (order[pos], ring[(j + 1) % ring.len()]);
+        let to = order[to_pos];
+        for crossing in [(home, net(from)), (net(from), net(to))] {
+            if let Some((relay, _)) = routes::relay_between(m, crossing.0, crossing.1)
+                .filter(|_| crossing.0 != crossing.1)
+            {
+                if !needed.contains(&relay) {
+                    needed.push(relay);
+                }
+            }
+        }
+        if pos == 0 || net(from) == net(to) {
+            continue;
+        }
+        devices[pos].next_route = match (to_pos, &own[to_pos]) {
+            (0, _) => match routes::relay_between(m, net(from), home) {
+                Some((_, leg)) => NextRoute::HeadVia(leg.to_string()),
+                None => NextRoute::AsHead,
+            },
+            (_, Some(addr)) => NextRoute::Addr(routes::reach(m, net(from), net(to), addr).0),
+            (_, None) => NextRoute::AsHead,
+        };
+    }
+    needed
+}
+
+/// Applies a fixed k from the manifest to windows planned for `planned_k` rounds: each
+/// device keeps its share of layers, cut into k windows.
+fn rescale_to_k(w: &mut [usize], planned_k: usize, wanted: Rounds) {
+    let Rounds::Fixed(k) = wanted else { return };
+    if k == planned_k || k == 0 {
+        return;
+    }
+    for x in w.iter_mut().filter(|x| **x > 0) {
+        *x = (*x * planned_k).div_ceil(k).max(1);
+    }
+}

@@ -1,0 +1,685 @@
+//! `prima run`: generate from a prompt on this device, streaming the continuation to
+//! stdout and the timings to stderr.
+
+use std::io::Write;
+use std::ops::ControlFlow;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use anyhow::Context;
+use prima_abi::transport::TransportConfig;
+use prima_cluster::prp::alone::LocalSession;
+use prima_cluster::prp::protocol::{ReleaseMethod, ReleasePolicy, WireType};
+use prima_cluster::prp::{DeviceStats, NextRoute, RingGpus, RingHead, RingOptions};
+use prima_core::chat::{render_chat, ChatMessage};
+use prima_core::generate::{generate, Forward, GenerateOptions, GenerationStats, RowLogits};
+use prima_core::model::{Model, Session};
+use prima_core::plugin::{load_transport, LoadedTransport};
+use prima_core::sampler::{Sampler, SamplerConfig};
+use prima_core::speculative::{
+    check_vocabularies, generate_speculative, DraftOptions, DraftStats, SpeculativeError,
+};
+use prima_core::tokenizer::Tokenizer;
+
+use super::engine::{Engine, EngineArgs, Streaming};
+use super::keygen::KeyArgs;
+use super::node::MAX_FRAME_BYTES;
+use prima_cluster::prp::budget::MemBudget;
+
+/// Running the layers on a ring of devices instead of this one alone.
+#[derive(clap::Args, Debug)]
+pub struct RingArgs {
+    /// Addresses of the other ring devices (`prima node`), in ring order after this head.
+    #[arg(long, value_delimiter = ',')]
+    ring: Vec<String>,
+    /// Window size w_m of every device, the head's first (e.g. 10,10,10).
+    #[arg(long, value_delimiter = ',', requires = "ring")]
+    windows: Vec<usize>,
+    /// Where the head accepts the last device's data connection (default: every
+    /// address, a free port).
+    #[arg(long, value_name = "ADDR", requires = "ring")]
+    listen: Option<String>,
+    /// How each node reaches the device after it (the last node: the head), one per
+    /// node in ring order, where that is not its --ring address (a forwarded port, the
+    /// head's --listen seen from elsewhere); `-` keeps it.
+    #[arg(long, value_delimiter = ',', value_name = "ADDR", requires = "ring")]
+    next_hop: Vec<String>,
+    /// How the links to the ring devices are protected.
+    #[command(flatten)]
+    key: KeyArgs,
+    /// Read each device's next streamed window ahead while others compute (alone: the
+    /// streamed chunk after next while this one is computed).
+    #[arg(long, value_enum, default_value = "on")]
+    prefetch: OnOff,
+    /// Release a streamed window (alone: chunk) right after use (mru) or leave eviction
+    /// to the kernel.
+    #[arg(long, value_enum, default_value = "mru")]
+    release: ReleaseArg,
+    /// How a release is asked of the kernel.
+    #[arg(long, value_enum, default_value = "pageout")]
+    release_method: ReleaseMethodArg,
+    /// Activation format between devices (f16 halves the bytes but rounds).
+    #[arg(long, value_enum, default_value = "f32")]
+    wire: WireArg,
+    /// Bytes of weights to keep in memory (e.g. 1G), `auto` or `none`. Alone, layers
+    /// beyond it are streamed from disk each token; `auto` is what this device has
+    /// available (inside its cgroup limits) less room for the KV cache, buffers and the
+    /// process. On a ring, the head's budget for its own windows (`auto` also keeps room for
+    /// the output head).
+    #[arg(long, default_value = "auto", value_parser = MemBudget::parse)]
+    mem_budget: MemBudget,
+    /// Transport plugin (default: the first one found).
+    #[arg(long)]
+    transport: Option<String>,
+    /// Print per-device timing (compute, send, wait, page faults, disk reads).
+    #[arg(short = 'v', long)]
+    verbose: bool,
+    /// Write the timing of every device and pass as JSON to this file.
+    #[arg(long)]
+    stats_json: Option<std::path::PathBuf>,
+}
+
+impl RingArgs {
+    /// Whether the layers run round a ring (`--ring`) rather than on this device alone.
+    pub(super) fn is_ring(&self) -> bool {
+        !self.ring.is_empty()
+    }
+
+    fn streaming(&self) -> Streaming {
+        Streaming {
+            prefetch: matches!(self.prefetch, OnOff::On),
+            release: self.release_policy(),
+            method: self.release_method(),
+        }
+    }
+
+    fn release_policy(&self) -> ReleasePolicy {
+        match self.release {
+            ReleaseArg::Mru => ReleasePolicy::Mru,
+            ReleaseArg::None => ReleasePolicy::None,
+        }
+    }
+
+    fn release_method(&self) -> ReleaseMethod {
+        match self.release_method {
+            ReleaseMethodArg::Pageout => ReleaseMethod::Pageout,
+            ReleaseMethodArg::Cold => ReleaseMethod::Cold,
+            ReleaseMethodArg::Dontneed => ReleaseMethod::Dontneed,
+        }
+    }
+
+    /// This device alone, streaming what does not fit its memory budget less `reserved`
+    /// bytes the process holds beside the model (a draft and its KV cache).
+    pub(super) fn local_session<'e>(
+        &self,
+        engine: &'e Engine,
+        n_ctx: usize,
+        n_batch: usize,
+        reserved: u64,
+    ) -> anyhow::Result<LocalSession<'e>> {
+        engine.local_slots_beside(
+            self.mem_budget,
+            n_ctx,
+            n_batch,
+            1,
+            self.streaming(),
+            reserved,
+        )
+    }
+
+    /// The transport plugin the ring runs over (kept alive while the ring is).
+    pub(super) fn transport(&self) -> anyhow::Result<LoadedTransport> {
+        Ok(load_transport(
+            self.transport.as_deref(),
+            TransportConfig {
+                max_frame_bytes: MAX_FRAME_BYTES,
+            },
+        )?)
+    }
+
+    /// Connects the ring this device heads, its window planned in its memory budget less
+    /// `reserved` bytes the process holds beside the model (a draft and its KV cache).
+    pub(super) fn connect<'e>(
+        &self,
+        engine: &'e Engine,
+        transport: &LoadedTransport,
+        n_ctx: usize,
+        n_batch: usize,
+        reserved: u64,
+    ) -> anyhow::Result<RingHead<'e>> {
+        anyhow::ensure!(
+            !self.windows.is_empty(),
+            "--ring needs --windows: one window size per device, the head's first"
+        );
+        let mut options = RingOptions {
+            n_ctx,
+            n_batch,
+            prefetch: matches!(self.prefetch, OnOff::On),
+            release: self.release_policy(),
+            release_method: self.release_method(),
+            wire: match self.wire {
+                WireArg::F32 => WireType::F32,
+                WireArg::F16 => WireType::F16,
+            },
+            mem_budget: self.mem_budget,
+            security: self.key.security()?,
+            head_reserved: reserved,
+            ..RingOptions::default()
+        };
+        if let Some(listen) = &self.listen {
+            options.listen = listen.clone();
+        }
+        options.next_routes = self
+            .next_hop
+            .iter()
+            .map(|a| match a.as_str() {
+                "-" => NextRoute::AsHead,
+                _ => NextRoute::Addr(a.clone()),
+            })
+            .collect();
+        // The head's own n_m (--gpu-layers); each node takes its own.
+        let gpus = RingGpus {
+            head: engine.gpu.as_ref().map(|g| &g.backend),
+            n: engine
+                .gpu_layers
+                .map(|n| n.min(self.windows[0]))
+                .into_iter()
+                .collect(),
+        };
+        Ok(RingHead::connect_with_gpus(
+            &engine.model,
+            &engine.backend.backend,
+            &transport.transport,
+            &self.ring,
+            &self.windows,
+            &gpus,
+            &options,
+        )?)
+    }
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum OnOff {
+    On,
+    Off,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum ReleaseArg {
+    Mru,
+    None,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum ReleaseMethodArg {
+    Pageout,
+    Cold,
+    Dontneed,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum WireArg {
+    F32,
+    F16,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
+    #[command(flatten)]
+    engine: EngineArgs,
+    /// The prompt.
+    #[arg(short = 'p', long)]
+    prompt: String,
+    /// Tokens to generate at most.
+    #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
+    n_predict: usize,
+    /// Sampling temperature; 0 is greedy.
+    #[arg(long, default_value_t = 0.8)]
+    temp: f32,
+    /// Keep the K most likely tokens (0: all).
+    #[arg(long, default_value_t = 40)]
+    top_k: usize,
+    /// Keep the smallest set of tokens whose probability reaches P (1: all).
+    #[arg(long, default_value_t = 0.95)]
+    top_p: f32,
+    /// Drop tokens less likely than P × the most likely one (0: off).
+    #[arg(long, default_value_t = 0.05)]
+    min_p: f32,
+    /// Penalise tokens seen in the last --repeat-last-n tokens (1: off).
+    #[arg(long, default_value_t = 1.0)]
+    repeat_penalty: f32,
+    #[arg(long, default_value_t = 64)]
+    repeat_last_n: usize,
+    /// Subtract from the logit of every token already seen (0: off).
+    #[arg(long, default_value_t = 0.0)]
+    presence_penalty: f32,
+    /// RNG seed (default: random); the same seed gives the same text.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Wrap the prompt as a user message in the model's chat template.
+    #[arg(long)]
+    chat: bool,
+    /// Context length in tokens.
+    #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
+    ctx_size: usize,
+    /// Prompt tokens processed per batch.
+    #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
+    batch_size: usize,
+    /// Keep generating past end-of-generation tokens.
+    #[arg(long)]
+    ignore_eos: bool,
+    #[command(flatten)]
+    draft: DraftArgs,
+    #[command(flatten)]
+    ring: RingArgs,
+}
+
+/// Speculative decoding: a small model with the target's vocabulary drafts on this device.
+#[derive(clap::Args, Debug, Clone)]
+pub struct DraftArgs {
+    /// A draft model (GGUF) with the same vocabulary: it proposes tokens on this device
+    /// and the model (or the ring) checks them all in one evaluation.
+    #[arg(long, value_name = "MODEL")]
+    pub draft: Option<std::path::PathBuf>,
+    /// Tokens the draft proposes per round at most.
+    #[arg(long, default_value_t = DraftOptions::default().max, requires = "draft")]
+    pub draft_max: usize,
+    /// Stop drafting when the draft's most likely token is less likely than this (0:
+    /// always draft --draft-max).
+    #[arg(long, default_value_t = DraftOptions::default().p_min, requires = "draft")]
+    pub draft_p_min: f32,
+}
+
+impl DraftArgs {
+    pub fn options(&self) -> DraftOptions {
+        DraftOptions {
+            max: self.draft_max,
+            p_min: self.draft_p_min,
+        }
+    }
+}
+
+/// A draft model opened for a target, its vocabulary checked.
+pub struct DraftModel {
+    pub path: std::path::PathBuf,
+    pub model: Model,
+    pub options: DraftOptions,
+}
+
+impl DraftModel {
+    /// Opens `path` and refuses it unless its vocabulary is `engine`'s.
+    pub fn open(
+        path: &std::path::Path,
+        options: DraftOptions,
+        engine: &Engine,
+    ) -> anyhow::Result<DraftModel> {
+        let model = Model::load(path)?;
+        let tokenizer = Tokenizer::from_gguf(model.gguf())
+            .with_context(|| format!("{}: reading the tokenizer", path.display()))?;
+        check_vocabularies(
+            &engine.tokenizer,
+            engine.model.hparams().n_vocab,
+            &tokenizer,
+            model.hparams().n_vocab,
+        )
+        .with_context(|| {
+            format!(
+                "--draft {} cannot draft for {}",
+                path.display(),
+                engine.path.display()
+            )
+        })?;
+        Ok(DraftModel {
+            path: path.to_path_buf(),
+            model,
+            options,
+        })
+    }
+
+    /// Bytes the draft holds on the head beside the target: see [`draft_memory`].
+    pub fn memory_bytes(&self, n_ctx: usize, n_batch: usize, n_slots: usize) -> u64 {
+        draft_memory(&self.model, n_ctx, n_batch, n_slots)
+    }
+
+    /// A session of the draft on `engine`'s backend, with a slot (a KV cache) for each of
+    /// the target's `n_slots`.
+    pub fn session<'d>(
+        &'d self,
+        engine: &'d Engine,
+        n_ctx: usize,
+        n_batch: usize,
+        n_slots: usize,
+    ) -> anyhow::Result<Session<'d>> {
+        let n_ctx = n_ctx.min(self.model.hparams().n_ctx_train.max(1));
+        Session::with_slots(
+            &self.model,
+            &engine.backend.backend,
+            n_ctx,
+            n_batch,
+            n_slots,
+        )
+        .with_context(|| format!("{}: the draft model's session", self.path.display()))
+    }
+}
+
+/// Memory a draft model takes on the head: its weights (read every drafted token, so
+/// resident) and, as the target's, a KV cache of `n_ctx` positions per slot and its
+/// buffers; the target's budget leaves room for it.
+pub fn draft_memory(model: &Model, n_ctx: usize, n_batch: usize, n_slots: usize) -> u64 {
+    use prima_cluster::prp::budget::{memory_margin, PROCESS_OVERHEAD};
+    let n_ctx = n_ctx.min(model.hparams().n_ctx_train.max(1));
+    let weights: u64 = model.weight_tensors().map(|t| t.n_bytes).sum();
+    // One process holds both models: its overhead is in the target's margin already.
+    let margin = memory_margin(model.hparams(), n_ctx, n_batch, n_slots) - PROCESS_OVERHEAD;
+    weights + margin
+}
+
+pub fn run(args: RunArgs) -> anyhow::Result<()> {
+    let distributed = args.ring.is_ring();
+    let engine = Engine::open(&args.engine)?;
+    let tok = &engine.tokenizer;
+
+    let text = if args.chat {
+        let template = tok.chat_template().with_context(|| {
+            format!(
+                "{}: --chat needs tokenizer.chat_template, which the model lacks",
+                args.engine.model.display()
+            )
+        })?;
+        let messages = [ChatMessage {
+            role: "user".into(),
+            content: args.prompt.clone(),
+        }];
+        render_chat(template, &messages, true, tok.bos_text(), tok.eos_text())?
+    } else {
+        args.prompt.clone()
+    };
+    // A chat template writes its own BOS text; parse it as the special token.
+    let add_bos = tok.add_bos_default()
+        && !(args.chat && text.starts_with(tok.bos_text()) && !tok.bos_text().is_empty());
+    let prompt = tok.encode(&text, add_bos, true);
+    anyhow::ensure!(!prompt.is_empty(), "the prompt is empty after tokenization");
+
+    let n_ctx = args.ctx_size.min(engine.model.hparams().n_ctx_train.max(1));
+    anyhow::ensure!(
+        prompt.len() < n_ctx,
+        "the prompt has {} tokens but the context holds {n_ctx} (raise --ctx-size)",
+        prompt.len()
+    );
+    let seed = args.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0)
+    });
+    let mut sampler = Sampler::new(SamplerConfig {
+        temperature: args.temp,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        min_p: args.min_p,
+        repeat_penalty: args.repeat_penalty,
+        repeat_last_n: args.repeat_last_n,
+        presence_penalty: args.presence_penalty,
+        frequency_penalty: 0.0,
+        seed,
+    });
+    let options = GenerateOptions {
+        max_tokens: args.n_predict,
+        ignore_eos: args.ignore_eos,
+    };
+    let backend = engine.describe_backends();
+    let ring = &args.ring;
+    let draft = match &args.draft.draft {
+        Some(path) => Some(DraftModel::open(path, args.draft.options(), &engine)?),
+        None => None,
+    };
+    let mut draft_session = match &draft {
+        Some(d) => Some(d.session(&engine, n_ctx, args.batch_size, 1)?),
+        None => None,
+    };
+    // The draft's weights and KV cache are kept out of the target's memory budget.
+    let reserved = draft
+        .as_ref()
+        .map_or(0, |d| d.memory_bytes(n_ctx, args.batch_size, 1));
+    let cancel = AtomicBool::new(false);
+    if !distributed {
+        let mut session = ring.local_session(&engine, n_ctx, args.batch_size, reserved)?;
+        let (stats, draft_stats) = stream_maybe_draft(
+            &mut session,
+            draft_session
+                .as_mut()
+                .zip(draft.as_ref().map(|d| d.options)),
+            tok,
+            &mut sampler,
+            &prompt,
+            options,
+            &cancel,
+        )?;
+        print_summary(&stats, seed, &backend);
+        if let Some(d) = &draft_stats {
+            print_draft_summary(d, &stats);
+        }
+        return Ok(());
+    }
+
+    let transport = ring.transport()?;
+    let mut head = ring.connect(&engine, &transport, n_ctx, args.batch_size, reserved)?;
+    let (stats, draft_stats) = stream_maybe_draft(
+        &mut head,
+        draft_session
+            .as_mut()
+            .zip(draft.as_ref().map(|d| d.options)),
+        tok,
+        &mut sampler,
+        &prompt,
+        options,
+        &cancel,
+    )?;
+    print_summary(
+        &stats,
+        seed,
+        &format!(
+            "{backend} | ring of {} devices, k = {}",
+            ring.windows.len(),
+            head.rounds()
+        ),
+    );
+    if let Some(d) = &draft_stats {
+        print_draft_summary(d, &stats);
+    }
+    if ring.verbose || ring.stats_json.is_some() {
+        let devices = head.collect_stats()?;
+        if ring.verbose {
+            print_device_table(&devices);
+        }
+        if let Some(path) = &ring.stats_json {
+            let json = serde_json::json!({
+                "prompt_tokens": stats.prompt_tokens,
+                "generated_tokens": stats.generated_tokens,
+                "ttft_ms": stats.time_to_first_token.as_secs_f64() * 1e3,
+                "tpot_ms": stats.tpot_ms(),
+                "rounds": head.rounds(),
+                "draft": draft_stats.map(|d| serde_json::json!({
+                    "drafted": d.drafted,
+                    "accepted": d.accepted,
+                    "target_evals": d.target_evals,
+                })),
+                "devices": devices,
+            });
+            std::fs::write(path, serde_json::to_vec_pretty(&json)?)
+                .with_context(|| format!("writing {}", path.display()))?;
+        }
+    }
+    head.shutdown(false);
+    Ok(())
+}
+
+/// Generates, streaming the text to stdout, until done or `cancel` is set.
+pub(super) fn stream<F: Forward>(
+    forward: &mut F,
+    tok: &Tokenizer,
+    sampler: &mut Sampler,
+    prompt: &[u32],
+    options: GenerateOptions,
+    cancel: &AtomicBool,
+) -> anyhow::Result<GenerationStats> {
+    let mut out = StdoutText::new(cancel);
+    let (_, stats) = generate(forward, tok, sampler, prompt, options, |piece| {
+        out.push(piece)
+    })?;
+    out.finish();
+    Ok(stats)
+}
+
+/// [`stream`], with a draft model and its options when given (speculative decoding).
+pub(super) fn stream_maybe_draft<F: RowLogits>(
+    forward: &mut F,
+    draft: Option<(&mut Session<'_>, DraftOptions)>,
+    tok: &Tokenizer,
+    sampler: &mut Sampler,
+    prompt: &[u32],
+    options: GenerateOptions,
+    cancel: &AtomicBool,
+) -> anyhow::Result<(GenerationStats, Option<DraftStats>)>
+where
+    anyhow::Error: From<F::Error>,
+{
+    let Some((draft, draft_options)) = draft else {
+        return Ok((
+            stream(forward, tok, sampler, prompt, options, cancel)?,
+            None,
+        ));
+    };
+    let mut out = StdoutText::new(cancel);
+    let result = generate_speculative(
+        forward,
+        draft,
+        tok,
+        sampler,
+        prompt,
+        options,
+        draft_options,
+        |piece| out.push(piece),
+    );
+    let (_, stats, draft_stats) = match result {
+        Ok(r) => r,
+        // The target's errors as they are (apply names a lost ring device from them).
+        Err(SpeculativeError::Target(e)) => return Err(e.into()),
+        Err(e @ SpeculativeError::Draft(_)) => return Err(anyhow::anyhow!("{e}")),
+    };
+    out.finish();
+    Ok((stats, Some(draft_stats)))
+}
+
+/// Generated text on stdout as it comes; a closed pipe or `cancel` ends generation.
+struct StdoutText<'c> {
+    out: std::io::StdoutLock<'static>,
+    write_error: Option<std::io::Error>,
+    cancel: &'c AtomicBool,
+}
+
+impl<'c> StdoutText<'c> {
+    fn new(cancel: &'c AtomicBool) -> StdoutText<'c> {
+        StdoutText {
+            out: std::io::stdout().lock(),
+            write_error: None,
+            cancel,
+        }
+    }
+
+    fn push(&mut self, piece: &str) -> ControlFlow<()> {
+        if self.cancel.load(Ordering::Relaxed) {
+            return ControlFlow::Break(());
+        }
+        match self
+            .out
+            .write_all(piece.as_bytes())
+            .and_then(|_| self.out.flush())
+        {
+            Ok(()) => ControlFlow::Continue(()),
+            Err(e) => {
+                // A closed pipe (e.g. `| head`) ends generation quietly.
+                self.write_error = Some(e);
+                ControlFlow::Break(())
+            }
+        }
+    }
+
+    fn finish(mut self) {
+        if self.write_error.is_none() {
+            let _ = writeln!(self.out);
+        }
+    }
+}
+
+pub(super) fn print_summary(stats: &GenerationStats, seed: u64, backend: &str) {
+    eprintln!(
+        "prompt: {} tokens, {:.1} tok/s | TTFT {:.1} ms | generated {} tokens, TPOT {:.2} ms ({:.1} tok/s) | seed {seed} | {backend}",
+        stats.prompt_tokens,
+        stats.prompt_tokens_per_s(),
+        stats.time_to_first_token.as_secs_f64() * 1e3,
+        stats.generated_tokens,
+        stats.tpot_ms(),
+        if stats.tpot_ms() > 0.0 { 1e3 / stats.tpot_ms() } else { 0.0 },
+    );
+}
+
+/// The draft's acceptance and what it saved: tokens per trip of the target (round the ring).
+pub(super) fn print_draft_summary(draft: &DraftStats, stats: &GenerationStats) {
+    let after_first = stats.generated_tokens.saturating_sub(1);
+    eprintln!(
+        "draft: accepted {}/{} drafted tokens ({:.1}%) | {} target evaluations for {} tokens after the first ({:.2} tokens each) | effective {:.1} tok/s",
+        draft.accepted,
+        draft.drafted,
+        draft.acceptance() * 100.0,
+        draft.target_evals,
+        after_first,
+        after_first as f64 / draft.target_evals.max(1) as f64,
+        if stats.tpot_ms() > 0.0 { 1e3 / stats.tpot_ms() } else { 0.0 },
+    );
+}
+
+/// Per device, the mean per generated token (one-token batches, all rounds summed).
+pub(super) fn print_device_table(devices: &[DeviceStats]) {
+    eprintln!(
+        "{:<8} {:<22} {:>8} {:>11} {:>9} {:>9} {:>12} {:>12} {:>10}",
+        "device",
+        "address",
+        "tokens",
+        "compute ms",
+        "send ms",
+        "wait ms",
+        "major flt",
+        "disk MB",
+        "mem press"
+    );
+    for d in devices {
+        let mut per_token: std::collections::BTreeMap<u64, [f64; 5]> = Default::default();
+        for p in d.passes.iter().filter(|p| p.n_tokens == 1) {
+            let t = per_token.entry(p.seq).or_default();
+            t[0] += p.compute_ms;
+            t[1] += p.send_ms;
+            t[2] += p.wait_ms;
+            t[3] += p.major_faults as f64;
+            t[4] += p.disk_read_bytes as f64 / 1e6;
+        }
+        let n = per_token.len().max(1) as f64;
+        let mut sum = [0.0; 5];
+        for t in per_token.values() {
+            for i in 0..5 {
+                sum[i] += t[i];
+            }
+        }
+        eprintln!(
+            "{:<8} {:<22} {:>8} {:>11.3} {:>9.3} {:>9.3} {:>12.1} {:>12.2} {:>9.1}%",
+            d.device,
+            d.addr,
+            per_token.len(),
+            sum[0] / n,
+            sum[1] / n,
+            sum[2] / n,
+            sum[3] / n,
+            sum[4] / n,
+            d.peak_memory_pressure * 100.0
+        );
+    }
+}

@@ -1,0 +1,166 @@
+//! `prima serve`: the OpenAI-compatible server on this device alone (the ring head serves
+//! the same API through `prima apply`).
+
+use anyhow::Context;
+use prima_cluster::manifest::MAX_PARALLEL;
+use prima_cluster::prp::budget::MemBudget;
+use prima_server::{
+    serve_blocking, serve_blocking_batch, serve_blocking_speculative, Drafting, SchedulerOptions,
+};
+
+use super::engine::{Engine, EngineArgs, Streaming};
+use super::run::{DraftArgs, DraftModel};
+
+#[derive(clap::Args, Debug)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    engine: EngineArgs,
+    /// Address to listen on (port 0: any free port; the address is printed on stderr).
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    listen: String,
+    /// Context length in tokens, shared by the conversation and the reply (per slot).
+    #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
+    ctx_size: usize,
+    /// Requests generated at once, each in a slot with its own KV cache of --ctx-size
+    /// positions, batched together every step (llama.cpp's -np); the others queue.
+    #[arg(long, default_value_t = 1, value_parser = parse_parallel)]
+    parallel: usize,
+    /// Prompt tokens processed per batch.
+    #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
+    batch_size: usize,
+    /// Bytes of weights to keep in memory (e.g. 1G), `auto` or `none`; layers beyond it
+    /// are streamed from disk each token (see `prima run --mem-budget`).
+    #[arg(long, default_value = "auto", value_parser = MemBudget::parse)]
+    mem_budget: MemBudget,
+    /// The model's name in `/v1/models` and in responses (default: the file name).
+    #[arg(long)]
+    alias: Option<String>,
+    /// Speculative decoding: with --parallel N, every slot drafts and one batch verifies
+    /// all the slots' drafts.
+    #[command(flatten)]
+    draft: DraftArgs,
+}
+
+pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    check_draft_args(&args.draft, args.batch_size)?;
+    let engine = Engine::open(&args.engine)?;
+    let draft = match &args.draft.draft {
+        Some(path) => Some(DraftModel::open(path, args.draft.options(), &engine)?),
+        None => None,
+    };
+    let n_ctx = args.ctx_size.min(engine.model.hparams().n_ctx_train.max(1));
+    // The draft's weights and its KV cache per slot are kept out of the target's budget.
+    let reserved = draft
+        .as_ref()
+        .map_or(0, |d| d.memory_bytes(n_ctx, args.batch_size, args.parallel));
+    let mut session = engine.local_slots_beside(
+        args.mem_budget,
+        n_ctx,
+        args.batch_size,
+        args.parallel,
+        Streaming::default(),
+        reserved,
+    )?;
+    let name = args
+        .alias
+        .clone()
+        .unwrap_or_else(|| model_name(&args.engine.model));
+    let listener = std::net::TcpListener::bind(&args.listen)
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    let addr = listener.local_addr()?;
+    let slots = match args.parallel {
+        1 => String::new(),
+        n => format!(" in each of {n} slots"),
+    };
+    eprintln!(
+        "serve: listening on http://{addr} (model {name}, context {n_ctx} tokens{slots}, {})",
+        engine.describe_backends()
+    );
+    if let Some(draft) = &draft {
+        let mut draft_session = draft.session(&engine, n_ctx, args.batch_size, args.parallel)?;
+        let model = Drafting {
+            target: &mut session,
+            draft: &mut draft_session,
+            options: draft.options,
+        };
+        eprintln!("serve: drafting with {}", draft.path.display());
+        serve_blocking_speculative(
+            model,
+            &engine.tokenizer,
+            &name,
+            listener,
+            None,
+            SchedulerOptions::default(),
+            |_| {},
+        )
+    } else if args.parallel == 1 {
+        serve_blocking(
+            &mut session,
+            &engine.tokenizer,
+            &name,
+            listener,
+            None,
+            |_| {},
+        )
+    } else {
+        serve_blocking_batch(
+            &mut session,
+            &engine.tokenizer,
+            &name,
+            listener,
+            None,
+            SchedulerOptions::default(),
+            |_| {},
+        )
+    }
+    .context("serving")?;
+    eprintln!("serve: stopped");
+    Ok(())
+}
+
+/// The file name without `.gguf`.
+pub fn model_name(path: &std::path::Path) -> String {
+    let file = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "model".into());
+    file.strip_suffix(".gguf").unwrap_or(&file).to_string()
+}
+
+/// Refuses draft settings that cannot work, before any model loads: a verification
+/// batch holds a slot's last token and its drafts, so `--draft-max` must leave room in a
+/// batch of `n_batch`. (With several slots decoding, each drafts at most its share of a
+/// batch.)
+pub fn check_draft_args(draft: &DraftArgs, n_batch: usize) -> anyhow::Result<()> {
+    if draft.draft.is_none() {
+        return Ok(());
+    }
+    anyhow::ensure!(
+        (0.0..=1.0).contains(&draft.draft_p_min),
+        "--draft-p-min {} is not a probability (0 to 1)",
+        draft.draft_p_min
+    );
+    anyhow::ensure!(
+        draft.draft_max >= 1,
+        "--draft-max 0 drafts nothing: give at least 1, or no --draft"
+    );
+    anyhow::ensure!(
+        draft.draft_max < n_batch,
+        "--draft-max {} needs batches of {} tokens (the last token and its drafts), but \
+         --batch-size is {n_batch}",
+        draft.draft_max,
+        draft.draft_max.saturating_add(1)
+    );
+    Ok(())
+}
+
+/// `--parallel`: 1 to [`MAX_PARALLEL`] slots.
+pub fn parse_parallel(s: &str) -> Result<usize, String> {
+    let n: usize = s
+        .parse()
+        .map_err(|_| format!("'{s}' is not a number of slots"))?;
+    if !(1..=MAX_PARALLEL).contains(&n) {
+        return Err(format!("must be between 1 and {MAX_PARALLEL}"));
+    }
+    Ok(n)
+}

@@ -1,0 +1,533 @@
+//! `prima apply` end to end: a manifest with three local devices generates what one device
+//! generates and leaves no node behind; each kind of bad input is a one-line error that
+//! names what is wrong.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use common::{derived_models, model_or_skip, workspace_models};
+
+/// A scratch directory holding a manifest and a link to the model, removed when dropped.
+struct Scratch {
+    dir: PathBuf,
+}
+
+impl Scratch {
+    fn new(tag: &str) -> Scratch {
+        let dir = std::env::temp_dir().join(format!("prima-apply-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch { dir }
+    }
+
+    /// Links `model` into the scratch directory as `name`, so node command lines name it.
+    fn link_model(&self, model: &Path, name: &str) -> PathBuf {
+        let link = self.dir.join(name);
+        std::os::unix::fs::symlink(model, &link).unwrap();
+        link
+    }
+
+    fn manifest(&self, text: &str) -> PathBuf {
+        let path = self.dir.join("cluster.toml");
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    /// Processes whose command line mentions this directory (nodes started for it).
+    fn processes_left(&self) -> Vec<String> {
+        let needle = self.dir.to_string_lossy().into_owned();
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+                continue;
+            };
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            if cmdline.contains(&needle) && cmdline.contains(" node ") {
+                found.push(cmdline);
+            }
+        }
+        found
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn prima(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_prima"))
+        .args(args)
+        .output()
+        .expect("run prima")
+}
+
+fn three_local(windows: &str) -> String {
+    format!(
+        r#"
+[model]
+path = "model.gguf"
+
+[[device]]
+name = "desktop"
+head = true
+local = true
+threads = 1
+
+[[device]]
+name = "laptop"
+local = true
+threads = 1
+mem_budget = "40M"
+
+[[device]]
+name = "tablet"
+local = true
+threads = 1
+
+[policy]
+{windows}
+ctx = 256
+"#
+    )
+}
+
+fn smollm2() -> Option<PathBuf> {
+    model_or_skip(workspace_models().join("SmolLM2-135M-Instruct.Q4_1.gguf"))
+}
+
+#[test]
+fn apply_runs_a_prompt_on_three_local_devices_and_leaves_no_node_behind() {
+    let Some(model) = smollm2() else { return };
+    let scratch = Scratch::new("e2e");
+    scratch.link_model(&model, "model.gguf");
+    let manifest = scratch.manifest(&three_local("scheduler = \"manual\"\nwindows = [4, 3, 3]"));
+    let prompt = "The three primary colours are";
+    let out = prima(&[
+        "apply",
+        manifest.to_str().unwrap(),
+        "--prompt",
+        prompt,
+        "-n",
+        "16",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("plan (manual scheduler, k = 3)"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("laptop") && stderr.contains("tablet"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("ring of 3 devices, k = 3"), "{stderr}");
+
+    let single = prima(&[
+        "run",
+        "-m",
+        model.to_str().unwrap(),
+        "-p",
+        prompt,
+        "-n",
+        "16",
+        "--temp",
+        "0",
+        "-t",
+        "1",
+        "-c",
+        "256",
+    ]);
+    assert!(single.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&single.stdout),
+        "the ring generates what one device generates"
+    );
+    assert!(
+        scratch.processes_left().is_empty(),
+        "{:?}",
+        scratch.processes_left()
+    );
+}
+
+#[test]
+fn dry_run_prints_the_plan_as_json() {
+    let Some(model) = smollm2() else { return };
+    let scratch = Scratch::new("dry");
+    scratch.link_model(&model, "model.gguf");
+    let manifest = scratch.manifest(&three_local(
+        "scheduler = \"manual\"\nwindows = [10, 10, 10]",
+    ));
+    let out = prima(&["apply", manifest.to_str().unwrap(), "--dry-run", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(plan["k"], 1);
+    let devices = plan["devices"].as_array().unwrap();
+    let names: Vec<&str> = devices
+        .iter()
+        .map(|d| d["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["desktop", "laptop", "tablet"]);
+    assert!(devices.iter().all(|d| d["w"] == 10 && d["pruned"] == false));
+    assert!(scratch.processes_left().is_empty());
+}
+
+#[test]
+fn bad_manifests_are_named_errors() {
+    let Some(model) = smollm2() else { return };
+    let scratch = Scratch::new("bad");
+    scratch.link_model(&model, "model.gguf");
+
+    let apply = |text: &str| {
+        let manifest = scratch.manifest(text);
+        let out = prima(&["apply", manifest.to_str().unwrap(), "--dry-run"]);
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let good = three_local("scheduler = \"manual\"\nwindows = [10, 10, 10]");
+
+    let err = apply(&good.replace(
+        "threads = 1\nmem_budget",
+        "threads = 1\ncolour = \"red\"\nmem_budget",
+    ));
+    assert!(
+        err.contains("cluster.toml") && err.contains("colour") && err.contains("line 15"),
+        "{err}"
+    );
+
+    let err = apply(&good.replace("model.gguf", "absent.gguf"));
+    assert!(
+        err.contains("device 'desktop': model file") && err.contains("absent.gguf"),
+        "{err}"
+    );
+
+    let err = apply(&good.replace("windows = [10, 10, 10]", "windows = [10, 10]"));
+    assert!(
+        err.contains("policy.windows: 2 window sizes for 3 devices"),
+        "{err}"
+    );
+
+    // A device nobody listens for (port 1 on loopback refuses at once).
+    let unreachable = good.replace(
+        "name = \"tablet\"\nlocal = true",
+        "name = \"tablet\"\naddress = \"127.0.0.1:1\"",
+    );
+    let manifest = scratch.manifest(&unreachable);
+    let out = prima(&[
+        "apply",
+        manifest.to_str().unwrap(),
+        "--prompt",
+        "hi",
+        "-n",
+        "2",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("device 'tablet' (127.0.0.1:1)"), "{err}");
+    assert!(
+        scratch.processes_left().is_empty(),
+        "{:?}",
+        scratch.processes_left()
+    );
+}
+
+#[test]
+fn a_device_with_another_model_is_refused_by_name() {
+    let Some(model) = smollm2() else { return };
+    let Some(other) = model_or_skip(derived_models().join("smollm2-135m-q8_0.gguf")) else {
+        return;
+    };
+    let scratch = Scratch::new("mismatch");
+    scratch.link_model(&model, "model.gguf");
+    scratch.link_model(&other, "other.gguf");
+    let text = three_local("scheduler = \"manual\"\nwindows = [10, 10, 10]").replace(
+        "path = \"model.gguf\"",
+        "path = \"model.gguf\"\npaths = { tablet = \"other.gguf\" }",
+    );
+    let manifest = scratch.manifest(&text);
+    let out = prima(&[
+        "apply",
+        manifest.to_str().unwrap(),
+        "--prompt",
+        "hi",
+        "-n",
+        "2",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("device 'tablet'") && err.contains("model mismatch"),
+        "{err}"
+    );
+    assert!(
+        scratch.processes_left().is_empty(),
+        "{:?}",
+        scratch.processes_left()
+    );
+}
+
+/// `name on ADDR (pid N)` lines of apply's stderr, as (verb, name, pid).
+fn node_lines(stderr: &str) -> Vec<(String, String, u32)> {
+    stderr
+        .lines()
+        .filter_map(|l| {
+            let mut words = l.split_whitespace();
+            let verb = words.next()?;
+            if verb != "started" && verb != "reused" {
+                return None;
+            }
+            let name = words.next()?.to_string();
+            let pid = l
+                .rsplit("(pid ")
+                .next()?
+                .trim_end_matches(')')
+                .parse()
+                .ok()?;
+            Some((verb.to_string(), name, pid))
+        })
+        .collect()
+}
+
+#[test]
+fn kept_nodes_are_reused_when_their_configuration_is_unchanged() {
+    let Some(model) = smollm2() else { return };
+    let scratch = Scratch::new("keep");
+    scratch.link_model(&model, "model.gguf");
+    let text = three_local("scheduler = \"manual\"\nwindows = [10, 10, 10]");
+    let manifest = scratch.manifest(&text);
+    let m = manifest.to_str().unwrap();
+
+    let first = prima(&["apply", m, "--dry-run", "--keep-nodes"]);
+    let first = node_lines(&String::from_utf8_lossy(&first.stderr));
+    assert_eq!(first.len(), 2, "{first:?}");
+    assert!(first.iter().all(|(verb, _, _)| verb == "started"));
+    assert_eq!(scratch.processes_left().len(), 2, "kept running");
+
+    // Edit one device: the other node is reused, the edited one restarted.
+    scratch.manifest(&text.replace(
+        "threads = 1\n\n[policy]",
+        "threads = 1\nmem_budget = \"30M\"\n\n[policy]",
+    ));
+    let second = prima(&["apply", m, "--dry-run", "--keep-nodes"]);
+    let second = node_lines(&String::from_utf8_lossy(&second.stderr));
+    let find = |lines: &[(String, String, u32)], name: &str| {
+        lines.iter().find(|(_, n, _)| n == name).cloned().unwrap()
+    };
+    let (verb, _, pid) = find(&second, "laptop");
+    assert_eq!((verb.as_str(), pid), ("reused", find(&first, "laptop").2));
+    let (verb, _, pid) = find(&second, "tablet");
+    assert_eq!(verb, "started");
+    assert_ne!(pid, find(&first, "tablet").2);
+    assert_eq!(
+        scratch.processes_left().len(),
+        2,
+        "the old tablet node was stopped"
+    );
+
+    // Without --keep-nodes, apply stops every node when it exits, reused ones included.
+    let last = prima(&["apply", m, "--dry-run"]);
+    let last = node_lines(&String::from_utf8_lossy(&last.stderr));
+    assert!(last.iter().all(|(verb, _, _)| verb == "reused"), "{last:?}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !scratch.processes_left().is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(
+        scratch.processes_left().is_empty(),
+        "{:?}",
+        scratch.processes_left()
+    );
+}
+
+/// Plans a testbed manifest with --dry-run --json (writing its sparse model if missing).
+fn testbed_plan(manifest: &str, model_tag: &str) -> serde_json::Value {
+    let synth = derived_models().join("synth");
+    if !synth.join(format!("{model_tag}.gguf")).exists() {
+        prima_cluster::halda::synth::spec(model_tag)
+            .unwrap()
+            .write_to(&synth)
+            .unwrap();
+    }
+    let path = common::workspace_root()
+        .join("manifests/testbeds")
+        .join(manifest);
+    let out = Command::new(env!("CARGO_BIN_EXE_prima"))
+        .args(["apply", path.to_str().unwrap(), "--dry-run", "--json"])
+        .env("HOME", std::env::var_os("HOME").unwrap())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn with_layers(plan: &serde_json::Value) -> Vec<String> {
+    plan["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|d| d["layers"].as_u64().unwrap() > 0)
+        .map(|d| d["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn testbed_manifests_plan_as_the_paper_reports() {
+    // 8B on D1–D4 goes entirely to D3's GPU; D2 and D4 are pruned.
+    let plan = testbed_plan("d1-d4-llama3-8b.toml", "llama3-8b-q4_k");
+    assert_eq!(with_layers(&plan), ["D3"]);
+    let d3 = &plan["devices"][2];
+    assert_eq!((d3["w"].as_u64(), d3["n"].as_u64()), (Some(32), Some(32)));
+    let pruned: Vec<&str> = plan["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|d| d["pruned"] == true)
+        .map(|d| d["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(pruned, ["D2", "D4"]);
+
+    // 70B needs every device of D1–D4.
+    let plan = testbed_plan("d1-d4-llama3-70b.toml", "llama3-70b-q4_k");
+    assert_eq!(with_layers(&plan), ["D1", "D2", "D3", "D4"]);
+    assert!(plan["predicted_tpot_ms"].as_f64().unwrap() > 0.0);
+
+    // On the ten-node bed, 70B uses few devices and drops the weak ones.
+    let plan = testbed_plan("ten-node-llama3-70b.toml", "llama3-70b-q4_k");
+    let used = with_layers(&plan);
+    assert!(used.len() <= 4, "{used:?}");
+    let layers: u64 = plan["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["layers"].as_u64().unwrap())
+        .sum();
+    assert_eq!(layers, 80);
+}
+
+mod server_support;
+
+#[test]
+fn apply_serves_the_openai_api_over_the_ring_and_stops_cleanly() {
+    let Some(model) = smollm2() else { return };
+    let scratch = Scratch::new("serve");
+    scratch.link_model(&model, "model.gguf");
+    let text = three_local("scheduler = \"manual\"\nwindows = [10, 10, 10]")
+        + "\n[server]\nlisten = \"127.0.0.1:0\"\n";
+    let manifest = scratch.manifest(&text);
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_prima"));
+    cmd.args(["apply", manifest.to_str().unwrap()]);
+    let mut server = server_support::Server::spawn(cmd);
+    let (status, reply) = server.post_json(
+        "/v1/chat/completions",
+        &serde_json::json!({
+            "model": "model",
+            "messages": [{"role": "user", "content": "Name a colour."}],
+            "max_tokens": 8,
+            "temperature": 0
+        }),
+    );
+    assert_eq!(status, 200, "{reply}");
+    let content = reply["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(!content.is_empty(), "{reply}");
+    // Each device's compute time reaches the metrics after the request.
+    let series = "prima_device_compute_microseconds_total{device=\"tablet\"}";
+    assert!(server.wait_for_metric(series, 1.0) > 0.0, "{series}");
+    assert_eq!(
+        scratch.processes_left().len(),
+        2,
+        "two local nodes while serving"
+    );
+
+    let (exit, lines) = server.interrupt();
+    assert!(exit.success(), "{exit}: {lines:?}");
+    assert!(
+        lines.iter().any(|l| l.contains("serve: stopped")),
+        "{lines:?}"
+    );
+    assert!(
+        scratch.processes_left().is_empty(),
+        "{:?}",
+        scratch.processes_left()
+    );
+}
+
+/// Each device's GPU layers (`gpu_backend`, `gpu_layers`; a second CPU backend instance
+/// stands in for the GPU) reach the head and, through the ring's setup, the nodes: the
+/// plan shows them and the text is still exactly one device's.
+#[test]
+fn apply_runs_each_devices_gpu_layers() {
+    let Some(model) = smollm2() else { return };
+    let scratch = Scratch::new("gpu-layers");
+    scratch.link_model(&model, "model.gguf");
+    let mut text = three_local("scheduler = \"manual\"\nwindows = [4, 3, 3]");
+    for (name, n) in [("desktop", 2), ("laptop", 1), ("tablet", 3)] {
+        text = text.replace(
+            &format!("name = \"{name}\"\n"),
+            &format!("name = \"{name}\"\ngpu_backend = \"cpu\"\ngpu_layers = {n}\n"),
+        );
+    }
+    let manifest = scratch.manifest(&text);
+    let prompt = "The three primary colours are";
+    let out = prima(&[
+        "apply",
+        manifest.to_str().unwrap(),
+        "--prompt",
+        prompt,
+        "-n",
+        "12",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    for (name, w, n) in [("desktop", 4, 2), ("laptop", 3, 1), ("tablet", 3, 3)] {
+        let row = stderr
+            .lines()
+            .find(|l| l.trim_start().starts_with(name) && l.contains('%'))
+            .unwrap_or_else(|| panic!("no plan row for {name}: {stderr}"));
+        // … w n layers share: counted back from the share column.
+        let cols: Vec<&str> = row.split_whitespace().collect();
+        let share = cols.iter().position(|c| c.ends_with('%')).unwrap();
+        assert_eq!(
+            (cols[share - 3], cols[share - 2]),
+            (w.to_string().as_str(), n.to_string().as_str()),
+            "{row}"
+        );
+    }
+    let single = prima(&[
+        "run",
+        "-m",
+        model.to_str().unwrap(),
+        "-p",
+        prompt,
+        "-n",
+        "12",
+        "--temp",
+        "0",
+        "-t",
+        "1",
+        "-c",
+        "256",
+    ]);
+    assert!(single.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&single.stdout),
+        "the ring with GPU layers generates what one device generates"
+    );
+    assert!(
+        scratch.processes_left().is_empty(),
+        "{:?}",
+        scratch.processes_left()
+    );
+}

@@ -1,0 +1,342 @@
+//! Halda: decides, for every device, how many layers it takes per window (w_m), how many
+//! of those run on its GPU (n_m), the number of rounds k, and which devices should not
+//! take part at all — from the devices' profiles and the model's profile.
+//!
+//! - [`model_profile`]: the model profiler (per-layer FLOPs and bytes from GGUF metadata).
+//! - [`os`]: per-platform memory behaviour, from the OS memory plugins (one model per OS).
+//! - [`lda`]: the LDA model of the paper's appendix (α, β, ξ, κ, a, b, c, z, z^{gpu}) and
+//!   the latency prediction every plan is scored with.
+//! - [`ilp`]: the ILP for one k; [`iteration`]: the set iteration with calibration.
+//! - [`baselines`]: MemSched and PerfSched, for the paper's ablations.
+//!
+//! This module does no I/O and knows no solver: it builds [`MilpProblem`]s and hands
+//! them to a [`MilpSolver`] (in the binary, the `solver-highs` plugin), and it asks
+//! [`MemoryModels`] (in the binary, the OS memory plugins) how each device's OS behaves.
+
+pub mod baselines;
+pub mod ilp;
+pub mod iteration;
+pub mod lda;
+pub mod model_profile;
+pub mod os;
+pub mod synth;
+
+use std::time::Instant;
+
+use serde::Serialize;
+
+pub use iteration::{HaldaError, HaldaSolution};
+pub use lda::{Cost, Lda, PlanOptions, Prediction};
+pub use model_profile::ModelProfile;
+pub use os::{LdaSet, MemoryModels, NoMemoryModel};
+
+use crate::profile::DeviceProfile;
+use prima_abi::solver::{MilpProblem, MilpSolution};
+use prima_core::plugin::LoadedSolver;
+
+/// Anything that solves a generic MILP; the solver plugin, or a test double.
+pub trait MilpSolver {
+    fn solve(&self, problem: &MilpProblem) -> Result<MilpSolution, String>;
+}
+
+impl MilpSolver for LoadedSolver {
+    fn solve(&self, problem: &MilpProblem) -> Result<MilpSolution, String> {
+        LoadedSolver::solve(self, problem)
+    }
+}
+
+/// Which partitioning rule produced a plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Scheduler {
+    /// The LDA model solved by set iteration over per-k ILPs, with device pruning.
+    Halda,
+    /// Layers in proportion to memory (exo; prima.cpp without Halda).
+    Mem,
+    /// Layers in proportion to compute, then memory fixes (Galaxy).
+    Perf,
+}
+
+/// One device's part in a plan.
+#[derive(Debug, Clone, Serialize)]
+pub struct PlannedDevice {
+    pub name: String,
+    /// w_m and n_m (0 for a pruned device).
+    pub w: u32,
+    pub n: u32,
+    /// The set the device is in (none when pruned).
+    pub set: Option<LdaSet>,
+    pub pruned: bool,
+    /// Pruned but kept in the ring as a hop, without layers.
+    pub relay: bool,
+    /// Why it was pruned.
+    pub reason: Option<String>,
+    /// What it does under the plan (absent when pruned).
+    pub load: Option<lda::DeviceLoad>,
+}
+
+/// The predicted time per token split as the paper splits it, in milliseconds.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct BreakdownMs {
+    pub compute_ms: f64,
+    pub memory_ms: f64,
+    pub disk_ms: f64,
+    pub network_ms: f64,
+}
+
+/// A layer-to-device assignment and its predicted time per token.
+#[derive(Debug, Clone, Serialize)]
+pub struct Plan {
+    pub scheduler: Scheduler,
+    pub model: String,
+    pub n_layers: u32,
+    /// k: rounds per token (windows per device).
+    pub k: u32,
+    pub predicted_tpot_ms: f64,
+    pub breakdown: BreakdownMs,
+    pub solve_ms: f64,
+    /// Set-assignment rounds and ILPs of the final Halda solve (0 for baselines).
+    pub iterations: u32,
+    pub ilps: u32,
+    pub devices: Vec<PlannedDevice>,
+}
+
+impl Plan {
+    /// The devices that take layers.
+    pub fn active(&self) -> impl Iterator<Item = &PlannedDevice> {
+        self.devices.iter().filter(|d| !d.pruned)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error("model {model} has {layers} layers, fewer than the {devices} devices")]
+    TooFewLayers {
+        model: String,
+        layers: u32,
+        devices: usize,
+    },
+    #[error("the halda scheduler needs a solver plugin")]
+    NoSolver,
+    #[error(transparent)]
+    Halda(#[from] HaldaError),
+    #[error(transparent)]
+    NoMemoryModel(#[from] NoMemoryModel),
+}
+
+/// Plans `model` on `devices` (ring order, the first is the head) with `scheduler`, each
+/// device's memory behaviour from `os`.
+pub fn plan(
+    model: &ModelProfile,
+    devices: &[DeviceProfile],
+    scheduler: Scheduler,
+    solver: Option<&dyn MilpSolver>,
+    os: &dyn MemoryModels,
+    opts: &PlanOptions,
+) -> Result<Plan, PlanError> {
+    if (model.n_layers as usize) < devices.len() {
+        return Err(PlanError::TooFewLayers {
+            model: model.name.clone(),
+            layers: model.n_layers,
+            devices: devices.len(),
+        });
+    }
+    let start = Instant::now();
+    let all: Vec<&DeviceProfile> = devices.iter().collect();
+    match scheduler {
+        Scheduler::Halda => {
+            let solver = solver.ok_or(PlanError::NoSolver)?;
+            let (active, solution, reasons) = halda_with_pruning(model, &all, solver, os, opts)?;
+            let relays: Vec<&DeviceProfile> = pruned_relays(&all, &active);
+            let act: Vec<&DeviceProfile> = active.iter().map(|&i| all[i]).collect();
+            let lda = Lda::new(model, &act, &relays, os, opts)?;
+            let prediction = lda.predict(&solution.w, &solution.n);
+            let solve_ms = start.elapsed().as_secs_f64() * 1e3;
+            Ok(assemble(
+                model,
+                &all,
+                scheduler,
+                &active,
+                &solution.w,
+                &solution.n,
+                &solution.sets,
+                solution.k,
+                prediction,
+                solve_ms,
+                (solution.iterations, solution.ilps),
+                &reasons,
+            ))
+        }
+        Scheduler::Mem | Scheduler::Perf => {
+            let lda = Lda::new(model, &all, &[], os, opts)?;
+            let placement = if scheduler == Scheduler::Mem {
+                baselines::mem_sched(&lda, &baselines::memory_weights(&all))
+            } else {
+                baselines::perf_sched(&lda)
+            };
+            let prediction = lda.predict(&placement.w, &placement.n);
+            let wf: Vec<f64> = placement.w.iter().map(|&v| v as f64).collect();
+            let nf: Vec<f64> = placement.n.iter().map(|&v| v as f64).collect();
+            let sets = lda.assign_sets(&wf, &nf, &vec![false; all.len()]);
+            let active: Vec<usize> = (0..all.len()).collect();
+            let solve_ms = start.elapsed().as_secs_f64() * 1e3;
+            Ok(assemble(
+                model,
+                &all,
+                scheduler,
+                &active,
+                &placement.w,
+                &placement.n,
+                &sets,
+                1,
+                prediction,
+                solve_ms,
+                (0, 0),
+                &[],
+            ))
+        }
+    }
+}
+
+fn pruned_relays<'a>(all: &[&'a DeviceProfile], active: &[usize]) -> Vec<&'a DeviceProfile> {
+    all.iter()
+        .enumerate()
+        .filter(|(i, d)| d.relay && !active.contains(i))
+        .map(|(_, d)| *d)
+        .collect()
+}
+
+/// What device selection settled on: the active devices (indices into the full list),
+/// their solution, and why each removed device was removed.
+type Selection = (Vec<usize>, HaldaSolution, Vec<(usize, String)>);
+
+/// Device selection: devices left with a single layer per window are removed and the
+/// problem solved again, for as long as removing them does not make T worse — a device
+/// the solver keeps at w_m = 1 because the others lack memory is needed, not weak.
+fn halda_with_pruning(
+    model: &ModelProfile,
+    all: &[&DeviceProfile],
+    solver: &dyn MilpSolver,
+    os: &dyn MemoryModels,
+    opts: &PlanOptions,
+) -> Result<Selection, PlanError> {
+    let solve_on = |active: &[usize]| -> Result<HaldaSolution, PlanError> {
+        let act: Vec<&DeviceProfile> = active.iter().map(|&i| all[i]).collect();
+        let relays = pruned_relays(all, active);
+        let lda = Lda::new(model, &act, &relays, os, opts)?;
+        Ok(iteration::solve_with_overlap(&lda, solver, opts)?)
+    };
+    let mut active: Vec<usize> = (0..all.len()).collect();
+    let mut solution = solve_on(&active)?;
+    let mut reasons = Vec::new();
+    loop {
+        let ones: Vec<usize> = (0..active.len()).filter(|&j| solution.w[j] == 1).collect();
+        if ones.is_empty() || active.len() == 1 {
+            break;
+        }
+        // All single-layer devices at once, as the paper does; if that makes T worse (or
+        // leaves nobody), each of them alone.
+        let mut tries: Vec<Vec<usize>> = Vec::new();
+        if ones.len() < active.len() {
+            tries.push(ones.clone());
+        }
+        if ones.len() > 1 {
+            tries.extend(ones.iter().map(|&j| vec![j]));
+        }
+        let mut accepted = None;
+        for removed in tries {
+            let keep: Vec<usize> = (0..active.len())
+                .filter(|j| !removed.contains(j))
+                .map(|j| active[j])
+                .collect();
+            match solve_on(&keep) {
+                Ok(c) if c.objective <= solution.objective => {
+                    accepted = Some((removed, keep, c));
+                    break;
+                }
+                Ok(_) | Err(PlanError::Halda(HaldaError::Infeasible)) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        let Some((removed, keep, candidate)) = accepted else {
+            break;
+        };
+        for &j in &removed {
+            reasons.push((
+                active[j],
+                format!(
+                    "left with one layer per window; without it T = {:.1} ms (was {:.1} ms)",
+                    candidate.objective * 1e3,
+                    solution.objective * 1e3
+                ),
+            ));
+        }
+        active = keep;
+        solution = candidate;
+    }
+    Ok((active, solution, reasons))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn assemble(
+    model: &ModelProfile,
+    all: &[&DeviceProfile],
+    scheduler: Scheduler,
+    active: &[usize],
+    w: &[u32],
+    n: &[u32],
+    sets: &[LdaSet],
+    k: u32,
+    prediction: Prediction,
+    solve_ms: f64,
+    (iterations, ilps): (u32, u32),
+    reasons: &[(usize, String)],
+) -> Plan {
+    let devices = all
+        .iter()
+        .enumerate()
+        .map(|(i, d)| match active.iter().position(|&a| a == i) {
+            Some(j) => PlannedDevice {
+                name: d.name.clone(),
+                w: w[j],
+                n: n[j],
+                set: Some(sets[j]),
+                pruned: false,
+                relay: false,
+                reason: None,
+                load: Some(prediction.devices[j].clone()),
+            },
+            None => PlannedDevice {
+                name: d.name.clone(),
+                w: 0,
+                n: 0,
+                set: None,
+                pruned: true,
+                relay: d.relay,
+                reason: reasons
+                    .iter()
+                    .find(|(r, _)| *r == i)
+                    .map(|(_, why)| why.clone()),
+                load: None,
+            },
+        })
+        .collect();
+    let ms = |s: f64| s * 1e3;
+    Plan {
+        scheduler,
+        model: model.name.clone(),
+        n_layers: model.n_layers,
+        k,
+        predicted_tpot_ms: ms(prediction.total_s),
+        breakdown: BreakdownMs {
+            compute_ms: ms(prediction.breakdown.compute_s),
+            memory_ms: ms(prediction.breakdown.memory_s),
+            disk_ms: ms(prediction.breakdown.disk_s),
+            network_ms: ms(prediction.breakdown.network_s),
+        },
+        solve_ms,
+        iterations,
+        ilps,
+        devices,
+    }
+}
