@@ -188,7 +188,7 @@ pub fn openai_request(data: &[u8]) {
     let Ok(parsed) = parse_request(api, body) else {
         return;
     };
-    let _ = crate::worker::tokenize(toy_bpe(), &parsed.generation.prompt);
+    let _ = crate::job::tokenize(toy_bpe(), &parsed.generation.prompt);
 }
 
 /// Seed inputs for target `name` (empty for an unknown one): valid inputs of each kind

@@ -18,7 +18,8 @@ use serde_json::{json, Value};
 
 use super::metrics::{record_request, record_request_error};
 use super::openai::{error_body, parse_request, Api, BadRequest, ResponseHeader};
-use super::worker::{Completion, Event, JobQueue, Submitted, WorkerError};
+use crate::job::{Completion, Event, WorkerError};
+use crate::queue::{JobQueue, Submitted};
 
 /// What every request handler shares.
 #[derive(Clone)]

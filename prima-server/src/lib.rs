@@ -21,14 +21,16 @@
 
 pub mod fuzzing;
 mod http;
+mod job;
 pub mod metrics;
 mod one_slot;
 pub(crate) mod openai;
+mod queue;
 mod scheduler;
 mod slot;
 mod speculative;
 mod stop;
-pub(crate) mod worker;
+mod worker;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -37,13 +39,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use http::{serve, ServerState};
+pub use job::{Completion, Event, FinishReason, GenerationRequest, Prompt, Usage, WorkerError};
 pub use one_slot::{OneSlot, OneSlotError};
+pub use queue::{job_queue, Job, JobQueue, JobReceiver, Submitted};
 pub use scheduler::{run_scheduler, SchedulerOptions};
 pub use speculative::{run_speculative_scheduler, Drafting};
-pub use worker::{
-    job_queue, run_worker, run_worker_with, Completion, Event, FinishReason, GenerationRequest,
-    Job, JobQueue, JobReceiver, Prompt, Submitted, Usage, WorkerError,
-};
+pub use worker::{run_worker, run_worker_with};
 
 use prima_core::batch::{BatchForward, BatchRowLogits};
 use prima_core::generate::Forward;

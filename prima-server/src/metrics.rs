@@ -10,7 +10,7 @@ use std::time::Duration;
 use metrics::{counter, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
-use super::worker::{Completion, WorkerError};
+use crate::job::{Completion, WorkerError};
 use prima_cluster::prp::failover::FailoverEvent;
 use prima_cluster::prp::DeviceStats;
 

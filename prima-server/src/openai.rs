@@ -4,7 +4,7 @@
 
 use serde_json::{json, Map, Value};
 
-use super::worker::{Completion, GenerationRequest, Prompt, Usage};
+use crate::job::{Completion, GenerationRequest, Prompt, Usage};
 use prima_core::chat::ChatMessage;
 use prima_core::sampler::SamplerConfig;
 

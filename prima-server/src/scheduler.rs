@@ -25,8 +25,9 @@ use std::ops::ControlFlow;
 
 use super::metrics;
 use super::slot::Running;
-use super::worker::{common_prefix, tokenize, FinishReason, Job, JobReceiver, WorkerError};
 use super::Event;
+use crate::job::{common_prefix, tokenize, FinishReason, WorkerError};
+use crate::queue::{Job, JobReceiver};
 use prima_core::batch::{BatchForward, SeqTokens};
 use prima_core::tokenizer::Tokenizer;
 
@@ -374,8 +375,9 @@ mod tests {
     use std::sync::{Arc, Mutex};
 
     use super::*;
-    use crate::worker::tests::{letters, outcomes};
-    use crate::worker::{job_queue, Completion, GenerationRequest, Prompt, Submitted};
+    use crate::job::{Completion, GenerationRequest, Prompt};
+    use crate::queue::testing::{letters, outcomes};
+    use crate::queue::{job_queue, Submitted};
     use prima_core::sampler::SamplerConfig;
 
     type Hook = Box<dyn FnMut(usize)>;

@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 
 use super::metrics;
 use super::stop::StopMatcher;
-use super::worker::{Completion, Event, FinishReason, Job, Usage, WorkerError};
+use crate::job::{Completion, Event, FinishReason, Usage, WorkerError};
+use crate::queue::Job;
 use prima_core::sampler::Sampler;
 use prima_core::speculative::DraftStats;
 use prima_core::tokenizer::{StreamDecoder, Tokenizer};

@@ -27,7 +27,7 @@ use std::ops::ControlFlow;
 use super::metrics;
 use super::scheduler::{fail_planned, plan_batch, schedule, SchedulerOptions, Slot, Step};
 use super::slot::Running;
-use super::worker::JobReceiver;
+use crate::queue::JobReceiver;
 use prima_core::batch::{BatchForward, BatchRowLogits, SeqTokens};
 use prima_core::speculative::{draft_sampler_for, DraftOptions, Round, Verdict};
 use prima_core::tokenizer::Tokenizer;

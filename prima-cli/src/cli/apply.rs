@@ -8,8 +8,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use prima_abi::transport::TransportConfig;
-use prima_cluster::discovery::fill_addresses;
-use prima_cluster::manifest::{LoadedManifest, Release};
+use prima_cluster::manifest::{fill_addresses, LoadedManifest, Release};
 use prima_cluster::prp::budget::MemBudget;
 use prima_cluster::prp::failover::ResilientRing;
 use prima_cluster::prp::key::LinkSecurity;

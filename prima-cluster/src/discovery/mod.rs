@@ -1,7 +1,8 @@
 //! Opt-in discovery of ring nodes on the local network with mDNS / DNS-SD: a `prima node
 //! --advertise` announces itself (`advertise.rs`), `prima discover` and a manifest's
 //! `[discovery]` section look for such nodes (`browse.rs`), keep those of their cluster
-//! (`membership.rs`) and fill in the addresses a manifest leaves out (`addresses.rs`).
+//! (`membership.rs`); the manifest fills in the addresses it leaves out from what is found
+//! (`manifest/addresses.rs`).
 //!
 //! Discovery is a LAN service beside the ring, like the HTTP server: it speaks multicast
 //! DNS on its own sockets (the `mdns-sd` crate's thread) and never carries ring traffic,
@@ -9,13 +10,11 @@
 //! always win; discovery only fills in what a manifest leaves out, and fails where
 //! multicast does not cross (VPNs, VLANs, one-way multicast).
 
-mod addresses;
 mod advertise;
 mod browse;
 mod membership;
 mod record;
 
-pub use addresses::fill_addresses;
 pub use advertise::Advertiser;
 pub use browse::{browse, classify, Discovery, FoundNode, IgnoredNode, Sighting};
 pub use membership::{ClusterFilter, IgnoreReason};

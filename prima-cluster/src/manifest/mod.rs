@@ -6,7 +6,11 @@
 //! come after parsing and name the device or field. Every field is documented in
 //! `manifests/README.md`.
 
+mod addresses;
 pub mod routes;
+
+pub use addresses::fill_addresses;
+pub use prima_host::parse_size;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -136,31 +140,6 @@ impl TryFrom<SizeText> for Size {
             SizeText::Text(t) => parse_size(&t).map(Size),
         }
     }
-}
-
-/// Parses "4096", "512M", "1.5G", "2GiB" (units are powers of 1024).
-pub fn parse_size(text: &str) -> Result<u64, String> {
-    let t = text.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (number, unit) = t.split_at(split);
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("'{text}' is not a size (try 512M, 2G or a byte count)"))?;
-    let scale: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kb" | "kib" => 1 << 10,
-        "m" | "mb" | "mib" => 1 << 20,
-        "g" | "gb" | "gib" => 1 << 30,
-        "t" | "tb" | "tib" => 1 << 40,
-        other => {
-            return Err(format!(
-                "'{text}': unknown size unit '{other}' (use K, M, G or T)"
-            ))
-        }
-    };
-    Ok((value * scale as f64).round() as u64)
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]

@@ -40,7 +40,7 @@ impl MemBudget {
         match text.trim().to_ascii_lowercase().as_str() {
             "auto" => Ok(MemBudget::Auto),
             "none" | "off" | "unlimited" => Ok(MemBudget::Off),
-            _ => crate::manifest::parse_size(text)
+            _ => prima_host::parse_size(text)
                 .map(MemBudget::Bytes)
                 .map_err(|e| format!("{e}, or auto, or none")),
         }

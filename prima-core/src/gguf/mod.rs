@@ -10,6 +10,7 @@ mod pages;
 mod parse;
 mod read_ahead;
 mod reader;
+mod tensor_info;
 mod value;
 mod writer;
 
@@ -20,6 +21,7 @@ pub use error::GgufError;
 pub use pages::PageHint;
 pub use prima_abi::{GgmlType, QK_K};
 pub use read_ahead::ReadAhead;
-pub use reader::{GgufFile, TensorInfo};
+pub use reader::GgufFile;
+pub use tensor_info::TensorInfo;
 pub use value::Value;
 pub use writer::GgufWriter;

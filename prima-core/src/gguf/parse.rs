@@ -9,7 +9,7 @@ use std::path::Path;
 
 use super::cursor::{Cursor, What};
 use super::error::{printable, GgufError};
-use super::reader::TensorInfo;
+use super::tensor_info::TensorInfo;
 use super::value::{min_encoded_size, type_id, Value};
 use super::GgmlType;
 

@@ -7,14 +7,15 @@
 //! `prima_plugin_kind() -> u32` and `prima_plugin_abi_version() -> u32`. Only when both
 //! match does `abi_stable` load the root module and check every type's layout.
 
+mod library;
 mod loader;
 mod os_loader;
 mod transport_loader;
 
+pub use library::{discover, discover_in, plugin_dirs, PluginError, PluginInfo, PLUGIN_DIR_ENV};
 pub use loader::{
-    discover, first_gpu_backend, load_backend, plugin_dirs, LoadedBackend, PluginError, PluginInfo,
+    first_gpu_backend, load_backend, load_solver, load_solver_from, LoadedBackend, LoadedSolver,
 };
-pub use loader::{discover_in, load_solver, load_solver_from, LoadedSolver};
 pub use os_loader::{load_os_models, load_os_models_from, LoadedOsModels};
 pub use transport_loader::{load_relay, load_transport, LoadedTransport};
 

@@ -1,35 +1,14 @@
 //! Loads OS memory plugins (found by the same discovery as backends): every usable one,
 //! since each covers its own OSes; the first found that covers an OS answers for it.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use abi_stable::library::RootModule;
 use abi_stable::std_types::{RResult, RStr};
 
-use super::loader::{discover_in, open_root};
-use super::{plugin_dirs, PluginKind};
-use prima_abi::os::{OsGpu, OsMemoryModelBox, OsMemoryPluginRef, OS_MEMORY_ABI_VERSION};
-
-/// The name, version and covered OSes of an OS memory plugin, or why it cannot be used.
-pub(super) fn inspect_os_memory(
-    path: &Path,
-    abi: u32,
-) -> Result<(String, String, Vec<String>), String> {
-    if abi != OS_MEMORY_ABI_VERSION {
-        return Err(format!(
-            "built for os-memory ABI v{abi}, this prima speaks v{OS_MEMORY_ABI_VERSION}; rebuild the plugin against this release"
-        ));
-    }
-    let root = open_root::<OsMemoryPluginRef>(path)?;
-    Ok((
-        root.name()().into_string(),
-        root.plugin_version()().into_string(),
-        root.covers()()
-            .into_iter()
-            .map(|os| os.into_string())
-            .collect(),
-    ))
-}
+use super::library::{discover_in, open_root, plugin_dirs};
+use super::PluginKind;
+use prima_abi::os::{OsGpu, OsMemoryModelBox, OsMemoryPluginRef};
 
 /// One usable OS memory plugin.
 #[derive(Clone)]

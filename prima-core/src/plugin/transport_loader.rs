@@ -1,37 +1,22 @@
 //! Loads transport plugins (found by the same discovery as backends).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use abi_stable::library::RootModule;
 use abi_stable::std_types::RResult;
 
-use super::loader::{find_plugin, open_root};
+use super::library::find_plugin;
 use abi_stable::std_types::{RString, RVec};
 
-use super::{plugin_dirs, PluginError, PluginKind};
-use prima_abi::transport::{
-    RelayBox, TransportBox, TransportConfig, TransportPluginRef, TRANSPORT_ABI_VERSION,
-};
+use super::library::{plugin_dirs, PluginError};
+use super::PluginKind;
+use prima_abi::transport::{RelayBox, TransportBox, TransportConfig, TransportPluginRef};
 
 /// A transport loaded from a plugin, with where it came from.
 pub struct LoadedTransport {
     pub transport: TransportBox,
     pub plugin_name: String,
     pub path: PathBuf,
-}
-
-/// The name and version of a transport plugin, or why it cannot be used.
-pub(super) fn inspect_transport(path: &Path, abi: u32) -> Result<(String, String), String> {
-    if abi != TRANSPORT_ABI_VERSION {
-        return Err(format!(
-            "built for transport ABI v{abi}, this prima speaks v{TRANSPORT_ABI_VERSION}; rebuild the plugin against this release"
-        ));
-    }
-    let root = open_root::<TransportPluginRef>(path)?;
-    Ok((
-        root.name()().into_string(),
-        root.plugin_version()().into_string(),
-    ))
 }
 
 /// Loads the transport plugin named `name` (or the first usable one).

@@ -6,9 +6,10 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use super::*;
+use crate::job::{Completion, FinishReason, GenerationRequest, Prompt};
+use crate::queue::testing::{letters, outcomes};
+use crate::queue::{job_queue, Submitted};
 use crate::scheduler::run_scheduler;
-use crate::worker::tests::{letters, outcomes};
-use crate::worker::{job_queue, Completion, FinishReason, GenerationRequest, Prompt, Submitted};
 use prima_core::sampler::SamplerConfig;
 
 const N_VOCAB: usize = 27;

@@ -4,12 +4,10 @@
 
 use std::time::Duration;
 
-use crate::manifest::{Device, Manifest};
+use crate::discovery::{browse, ClusterFilter, Discovery, DiscoveryError};
 use crate::prp::key::LinkSecurity;
 
-use super::browse::{browse, Discovery};
-use super::membership::ClusterFilter;
-use super::DiscoveryError;
+use super::{Device, Manifest};
 
 /// Fills in the missing addresses of `manifest`'s remote devices when its `[discovery]`
 /// is enabled; returns (device, address) for each one filled. Only nodes announcing the
