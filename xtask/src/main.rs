@@ -18,6 +18,7 @@ mod fetch_models;
 mod fixture_cases;
 mod fuzz;
 mod homelab;
+mod layering;
 mod layout;
 mod llama_cpp;
 mod reference;
@@ -98,6 +99,9 @@ enum Task {
     /// Run every cargo-fuzz target in fuzz/ for a while (nightly; installs cargo-fuzz
     /// when missing), seeded from the real inputs; a crash fails.
     Fuzz(fuzz::FuzzArgs),
+    /// Check the one-way flow: crate layers, each crate's module layers, no import
+    /// circles anywhere, no plugin depending on the engine (also run by `test`).
+    Layering,
     /// Write sparse GGUF files with the paper's model shapes (for `prima plan`).
     SynthModel {
         /// Only the models whose tag contains this text.
@@ -140,6 +144,7 @@ fn run(cli: Cli) -> Result<u8> {
             let code = cross_check::run(&layout, &args)?;
             return Ok(u8::try_from(code).unwrap_or(1));
         }
+        Task::Layering => layering::run(&layout)?,
         Task::SynthModel { only } => synth_model::run(&layout, only.as_deref())?,
         Task::Dist(args) => dist::run(&layout, &args)?,
         Task::Soak(args) => return soak::run(&layout, &args),

@@ -1,4 +1,5 @@
-//! `cargo xtask test`: the project's full test run — make the test models,
+//! `cargo xtask test`: the project's full test run — check the layering (`layering.rs`),
+//! make the test models,
 //! check formatting and lints, then build and test the whole workspace in
 //! release mode (every test binary runs even when an earlier one fails).
 //! Model-level tests are told that their models must exist
@@ -33,6 +34,8 @@ use crate::vulkan;
 
 /// Returns the exit code of the first cargo step that fails, 0 otherwise.
 pub fn run(layout: &Layout) -> Result<i32> {
+    // The layout's one-way flow first: a wrong import fails in seconds, before any build.
+    crate::layering::run(layout)?;
     build_tools::ensure_for_cargo(layout)?;
     test_models::run(layout)?;
     // The server tests drive `prima serve` with the official client.

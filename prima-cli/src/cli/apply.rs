@@ -8,13 +8,14 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use prima_abi::transport::TransportConfig;
-use prima_cluster::manifest::{fill_addresses, LoadedManifest, Release};
-use prima_cluster::prp::budget::MemBudget;
+use prima_cluster::controller::{
+    self, local_node_specs, name_devices, ring_options, LaunchSettings, LocalNodes, Plan,
+    PlanInputs, MAX_FRAME_BYTES,
+};
+use prima_cluster::manifest::{fill_addresses, LoadedManifest};
 use prima_cluster::prp::failover::ResilientRing;
-use prima_cluster::prp::key::LinkSecurity;
 use prima_cluster::prp::micro_batch::MicroBatches;
-use prima_cluster::prp::protocol::{ReleaseMethod, ReleasePolicy, WireType};
-use prima_cluster::prp::{RingError, RingGpus, RingHead, RingOptions};
+use prima_cluster::prp::{RingError, RingOptions};
 use prima_core::chat::{render_chat, ChatMessage};
 use prima_core::generate::GenerateOptions;
 use prima_core::model::Model;
@@ -26,15 +27,12 @@ use prima_server::{
     SchedulerOptions,
 };
 
-use super::apply_failover::{layout_of, replanner};
-use super::apply_nodes::{LocalNodes, NodeSpec};
-use super::apply_plan::{plan, spinner, DevicePlan, Plan, PlanInputs};
 use super::engine::{Engine, EngineArgs};
 use super::keygen::manifest_security;
-use super::node::MAX_FRAME_BYTES;
 use super::run::{
     print_device_table, print_draft_summary, print_summary, stream_maybe_draft, DraftModel,
 };
+use super::spinner;
 
 #[derive(clap::Args, Debug)]
 pub struct ApplyArgs {
@@ -92,28 +90,6 @@ pub struct ApplyArgs {
     micro_batches: Option<MicroBatches>,
 }
 
-/// Renames a ring error's device index to its manifest name.
-fn name_devices(e: RingError, plan: &Plan) -> anyhow::Error {
-    let ring: Vec<&DevicePlan> = plan.ring().collect();
-    let name = |m: usize| ring.get(m).map(|d| d.name.clone()).unwrap_or_default();
-    match e {
-        RingError::DeviceLost {
-            device,
-            addr,
-            reason,
-        } => anyhow::anyhow!("device '{}' ({addr}) is gone: {reason}", name(device)),
-        RingError::Refused {
-            device,
-            addr,
-            reason,
-        } => anyhow::anyhow!(
-            "device '{}' ({addr}) refused the setup: {reason}",
-            name(device)
-        ),
-        other => other.into(),
-    }
-}
-
 pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
     let mut manifest = match &args.manifest {
         Some(path) => LoadedManifest::load(path)?,
@@ -164,31 +140,17 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
         let _ = ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst));
     }
 
-    // A ring across networks needs a transport that goes through relays.
-    let transport_name = m.policy.transport.clone().or_else(|| {
-        prima_cluster::manifest::routes::crosses_networks(m, head).then(|| "vpn-proxy".to_string())
-    });
-    let model = Model::load(&head_model)?;
-    let key_fingerprint = match &security {
-        LinkSecurity::Key(key) => Some(key.fingerprint()),
-        LinkSecurity::Insecure => None,
-    };
-    let specs: Vec<NodeSpec> = m
-        .devices
-        .iter()
-        .filter(|d| d.local && d.name != head_name)
-        .map(|d| NodeSpec {
-            name: d.name.clone(),
-            model: manifest.model_path(&d.name),
-            threads: d.threads,
-            mem_budget: d.mem_budget.map(|s| s.0),
-            backend: d.backend.clone(),
-            gpu_backend: d.gpu_backend.clone(),
-            transport: transport_name.clone(),
-            key_file: key_file.clone(),
-            key_fingerprint: key_fingerprint.clone(),
-        })
-        .collect();
+    // The controller: local nodes, profiles and plan, then the ring (`prima_cluster::controller`).
+    let transport_name = controller::transport_for(&manifest, head);
+    let exe = std::env::current_exe().context("cannot find the prima binary")?;
+    let specs = local_node_specs(
+        &manifest,
+        head,
+        &exe,
+        transport_name.as_deref(),
+        key_file.as_deref(),
+        &security,
+    );
     let bar = spinner(format!("starting {} local nodes", specs.len()));
     let local_nodes = LocalNodes::start(&manifest.path, &specs, args.keep_nodes);
     bar.finish_and_clear();
@@ -211,26 +173,53 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
         gpu_layers: None,
         gpu_backend: head_device.gpu_backend.clone(),
     };
-    // With profiles from a file, a dry run needs neither a backend nor a transport.
+    // With profiles from a file, a dry run needs neither a backend nor a transport, and
+    // the model is read for its shapes alone; otherwise the engine loads it, once.
     let fixtures_only = m.policy.profiles.is_some() && args.dry_run;
-    let engine = if fixtures_only {
-        None
+    let (engine, shapes_only) = if fixtures_only {
+        (None, Some(Model::load(&head_model)?))
     } else {
-        Some(Engine::open_planned(&engine_args)?)
+        (Some(Engine::open_planned(&engine_args)?), None)
     };
-    let transport = if fixtures_only {
-        None
-    } else {
-        Some(load_transport(
+    let model: &Model = match (&engine, &shapes_only) {
+        (Some(e), _) => &e.model,
+        (None, Some(m)) => m,
+        (None, None) => unreachable!("one of the two is loaded above"),
+    };
+    let transport = match &engine {
+        None => None,
+        Some(_) => Some(load_transport(
             transport_name.as_deref(),
             TransportConfig {
                 max_frame_bytes: MAX_FRAME_BYTES,
             },
-        )?)
+        )?),
     };
-    let plan = plan(&PlanInputs {
+    let policy = &m.policy;
+    // Speculative decoding: the draft, opened once, is checked before anything is planned
+    // (the plan leaves room for it on the head).
+    let draft = match (manifest.draft_path(), &engine) {
+        (Some(path), Some(engine)) => {
+            let defaults = prima_core::speculative::DraftOptions::default();
+            let options = prima_core::speculative::DraftOptions {
+                max: args.draft_max.or(m.model.draft_max).unwrap_or(defaults.max),
+                ..defaults
+            };
+            Some(DraftModel::open(&path, options, engine)?)
+        }
+        _ => None,
+    };
+    let draft_shapes = match (manifest.draft_path(), &draft) {
+        (Some(path), None) => {
+            Some(Model::load(&path).with_context(|| format!("model.draft {}", path.display()))?)
+        }
+        _ => None,
+    };
+    let draft_model = draft.as_ref().map(|d| &d.model).or(draft_shapes.as_ref());
+    let bar = spinner("planning".to_string());
+    let plan = controller::plan(&PlanInputs {
         manifest: &manifest,
-        model: &model,
+        model,
         head,
         backend: engine.as_ref().map(|e| &e.backend),
         gpu: engine.as_ref().and_then(|e| e.gpu.as_ref()),
@@ -238,11 +227,14 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
         addr_of: &addr_of,
         known: &[],
         security: &security,
-    })?;
+        draft: draft_model,
+    });
+    bar.finish_and_clear();
+    let plan = plan?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&plan.to_json())?);
     } else {
-        plan.print_table();
+        eprint!("{}", plan.table());
     }
     let (Some(engine), Some(transport)) = (engine, transport) else {
         return Ok(());
@@ -251,21 +243,7 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
         return Ok(());
     }
 
-    let policy = &m.policy;
     let n_ctx = policy.ctx.min(engine.model.hparams().n_ctx_train.max(1));
-    // Speculative decoding: the draft is checked before the ring is launched.
-    let draft = match manifest.draft_path() {
-        Some(path) => {
-            let defaults = prima_core::speculative::DraftOptions::default();
-            let options = prima_core::speculative::DraftOptions {
-                max: args.draft_max.or(m.model.draft_max).unwrap_or(defaults.max),
-                ..defaults
-            };
-            Some(DraftModel::open(&path, options, &engine)?)
-        }
-        None => None,
-    };
-    let nodes: Vec<String> = plan.ring().skip(1).map(|d| d.addr.clone()).collect();
     let parallel = m.server.parallel;
     if let Some(d) = &draft {
         anyhow::ensure!(
@@ -277,82 +255,59 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
         );
     }
     let windows: Vec<usize> = plan.ring().map(|d| d.w).collect();
-    let options = RingOptions {
-        n_ctx,
-        n_batch: policy.batch,
-        n_slots: parallel,
-        prefetch: policy.prefetch,
-        release: match policy.release {
-            Release::Mru => ReleasePolicy::Mru,
-            Release::None => ReleasePolicy::None,
+    let options = ring_options(
+        &manifest,
+        head,
+        &plan,
+        LaunchSettings {
+            n_ctx,
+            micro_batches: match args.micro_batches.or(policy.micro_batches) {
+                Some(m) => m.count(),
+                None => micro_batches_from_env()?,
+            },
+            // The draft's weights and KV caches live on the head beside its windows.
+            head_reserved: draft
+                .as_ref()
+                .map_or(0, |d| d.memory_bytes(n_ctx, policy.batch, parallel)),
+            security,
         },
-        release_method: ReleaseMethod::Pageout,
-        wire: WireType::F32,
-        mem_budget: head_device
-            .mem_budget
-            .map_or(MemBudget::Auto, |s| MemBudget::Bytes(s.0)),
-        // Across networks the last device reaches the head at its given address.
-        listen: head_device
-            .address
-            .clone()
-            .unwrap_or_else(|| RingOptions::default().listen),
-        next_routes: plan.ring().skip(1).map(|d| d.next_route.clone()).collect(),
-        security,
-        micro_batches: match args.micro_batches.or(policy.micro_batches) {
-            Some(m) => m.count(),
-            None => micro_batches_from_env()?,
-        },
-        // The draft's weights and KV caches live on the head beside its windows.
-        head_reserved: draft
-            .as_ref()
-            .map_or(0, |d| d.memory_bytes(n_ctx, policy.batch, parallel)),
-    };
+    );
     let head_gpu_layers = plan.ring().next().map_or(0, |d| d.n);
     if engine.gpu.is_none() && head_gpu_layers > 0 {
         eprintln!(
             "the plan puts {head_gpu_layers} layers per window on the head's GPU, but it has no usable GPU backend plugin: they run on its backend"
         );
     }
-    let bar = spinner(format!("launching the ring ({} devices)", windows.len()));
-    let head_ring = if nodes.is_empty() {
-        None
-    } else {
-        Some(
-            RingHead::connect_with_gpus(
-                &engine.model,
-                &engine.backend.backend,
-                &transport.transport,
-                &nodes,
-                &windows,
-                &RingGpus {
-                    head: engine.gpu.as_ref().map(|g| &g.backend),
-                    n: plan.ring().map(|d| d.n).collect(),
-                },
-                &options,
-            )
-            .map_err(|e| name_devices(e, &plan))?,
-        )
-    };
-    bar.finish_and_clear();
     // A lost device is planned out (and back in when it answers again) without losing
-    // the request: `apply_failover.rs`, `prp/failover.rs`.
-    let head_ring = head_ring.map(|head| {
-        ResilientRing::new(
-            head,
+    // the request (`controller::replanner`, `prp/failover.rs`).
+    let on_replan = |lost: &[String], planned: &Plan| {
+        if lost.is_empty() {
+            eprintln!("failover: new plan over every device");
+        } else {
+            eprintln!("failover: new plan without {}", lost.join(", "));
+        }
+        eprint!("{}", planned.table());
+    };
+    let bar = spinner(format!("launching the ring ({} devices)", windows.len()));
+    let head_ring = controller::launch(
+        &engine.model,
+        &engine.backend.backend,
+        engine.gpu.as_ref().map(|g| &g.backend),
+        &transport.transport,
+        &plan,
+        &options,
+        controller::replanner(
+            &manifest,
             &engine.model,
-            &engine.backend.backend,
-            &transport.transport,
-            layout_of(&plan),
-            options.clone(),
-            replanner(
-                &manifest,
-                &model,
-                &addr_of,
-                plan.profiles.clone(),
-                &options.security,
-            ),
-        )
-    });
+            &addr_of,
+            plan.profiles.clone(),
+            &options.security,
+            draft.as_ref().map(|d| &d.model),
+            &on_replan,
+        ),
+    );
+    bar.finish_and_clear();
+    let head_ring = head_ring?;
 
     let Some(prompt_text) = &args.prompt else {
         return serve_until_interrupted(

@@ -2,16 +2,12 @@
 //! one-line messages with a non-zero exit code.
 
 mod apply;
-mod apply_failover;
-mod apply_nodes;
-mod apply_plan;
 mod bench;
 mod chat;
 mod discover;
 mod engine;
 mod keygen;
 mod node;
-mod node_process;
 mod perplexity;
 mod plan;
 mod plugins;
@@ -113,4 +109,16 @@ fn one_line(e: &anyhow::Error) -> String {
         }
     }
     line.replace('\n', " ")
+}
+
+/// A spinner on stderr while a step runs (cleared with `finish_and_clear`).
+pub fn spinner(msg: String) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new_spinner();
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{spinner} {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
+    );
+    bar.set_message(msg);
+    bar.enable_steady_tick(std::time::Duration::from_millis(120));
+    bar
 }

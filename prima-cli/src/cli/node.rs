@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use prima_abi::transport::TransportConfig;
 use prima_cluster::discovery::{Advertiser, NodeRecord, DEFAULT_CLUSTER};
-use prima_cluster::profile::{hostname, DeviceProfile, ProfileOptions, GIB};
+use prima_cluster::profile::{hostname, ProfileOptions};
 use prima_cluster::prp::budget::MemBudget;
 use prima_cluster::prp::key::LinkSecurity;
 use prima_cluster::prp::node::{serve, NodeConfig, NodeGpu};
@@ -17,7 +17,6 @@ use super::engine::{Engine, EngineArgs};
 use super::keygen::{describe, KeyArgs};
 
 /// Largest frame a node accepts: a full prompt batch of activations of a large model.
-pub const MAX_FRAME_BYTES: u64 = 1 << 30;
 
 #[derive(clap::Args, Debug)]
 pub struct NodeArgs {
@@ -56,7 +55,7 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
     let transport = load_transport(
         args.transport.as_deref(),
         TransportConfig {
-            max_frame_bytes: MAX_FRAME_BYTES,
+            max_frame_bytes: prima_cluster::controller::MAX_FRAME_BYTES,
         },
     )?;
     let listener = transport
@@ -79,7 +78,7 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
     };
     let profiler = || -> Result<serde_json::Value, String> {
         let options = ProfileOptions::default();
-        let report = super::profile::profile_with(
+        let report = prima_cluster::profile::profile_with(
             &engine.backend,
             engine.gpu.as_ref(),
             &args.engine.model,
@@ -90,7 +89,7 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
             MemBudget::Bytes(b) => Some(b),
             MemBudget::Auto | MemBudget::Off => None,
         };
-        let profile = with_budget(report.profile, flag);
+        let profile = prima_cluster::profile::with_budget(report.profile, flag);
         serde_json::to_value(&profile).map_err(|e| e.to_string())
     };
     let config = NodeConfig {
@@ -162,15 +161,4 @@ fn advertise(
             .unwrap_or_default()
     );
     Ok(advertiser)
-}
-
-/// The profile of a device that may use only `budget` bytes of memory for weights: its
-/// RAM, as the planner sees it, is the smaller of what it has and the budget.
-pub fn with_budget(mut profile: DeviceProfile, budget: Option<u64>) -> DeviceProfile {
-    if let Some(b) = budget {
-        let gib = b as f64 / GIB;
-        profile.ram_available_gib = profile.ram_available_gib.min(gib);
-        profile.ram_total_gib = profile.ram_total_gib.min(gib);
-    }
-    profile
 }

@@ -7,10 +7,9 @@ use std::path::PathBuf;
 use anyhow::Context;
 use prima_abi::backend::BackendConfig;
 use prima_cluster::profile::{
-    profile_device_with_gpu, DeviceProfiles, GpuKind, GpuProbe, ProfileError, ProfileOptions,
-    ProfileReport, QuantClass, GIB,
+    profile_with, DeviceProfiles, GpuKind, ProfileOptions, QuantClass, GIB,
 };
-use prima_core::plugin::{first_gpu_backend, load_backend, LoadedBackend};
+use prima_core::plugin::{first_gpu_backend, load_backend};
 
 #[derive(clap::Args, Debug)]
 pub struct ProfileArgs {
@@ -190,29 +189,4 @@ pub fn run(args: ProfileArgs) -> anyhow::Result<()> {
             .unwrap_or_default()
     );
     Ok(())
-}
-
-/// Profiles this device with `backend` and, when `gpu` is a GPU's (its plugin reports GPU
-/// memory), the GPU beside it: what `prima profile`, a node's profile answer and
-/// `prima apply`'s head measure.
-pub fn profile_with(
-    backend: &LoadedBackend,
-    gpu: Option<&LoadedBackend>,
-    disk_file: &std::path::Path,
-    opts: &ProfileOptions,
-) -> Result<ProfileReport, ProfileError> {
-    let probe = gpu.and_then(|g| {
-        g.gpu_memory().map(|memory| GpuProbe {
-            backend: &g.backend,
-            name: &g.plugin_name,
-            memory,
-        })
-    });
-    profile_device_with_gpu(
-        &backend.backend,
-        &backend.plugin_name,
-        probe,
-        disk_file,
-        opts,
-    )
 }

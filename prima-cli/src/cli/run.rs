@@ -22,7 +22,7 @@ use prima_core::tokenizer::Tokenizer;
 
 use super::engine::{Engine, EngineArgs, Streaming};
 use super::keygen::KeyArgs;
-use super::node::MAX_FRAME_BYTES;
+use prima_cluster::controller::MAX_FRAME_BYTES;
 use prima_cluster::prp::budget::MemBudget;
 
 /// Running the layers on a ring of devices instead of this one alone.
@@ -335,9 +335,9 @@ impl DraftModel {
         })
     }
 
-    /// Bytes the draft holds on the head beside the target: see [`draft_memory`].
+    /// Bytes the draft holds on the head beside the target: see `prima_cluster::prp::budget::draft_memory`.
     pub fn memory_bytes(&self, n_ctx: usize, n_batch: usize, n_slots: usize) -> u64 {
-        draft_memory(&self.model, n_ctx, n_batch, n_slots)
+        prima_cluster::prp::budget::draft_memory(&self.model, n_ctx, n_batch, n_slots)
     }
 
     /// A session of the draft on `engine`'s backend, with a slot (a KV cache) for each of
@@ -359,18 +359,6 @@ impl DraftModel {
         )
         .with_context(|| format!("{}: the draft model's session", self.path.display()))
     }
-}
-
-/// Memory a draft model takes on the head: its weights (read every drafted token, so
-/// resident) and, as the target's, a KV cache of `n_ctx` positions per slot and its
-/// buffers; the target's budget leaves room for it.
-pub fn draft_memory(model: &Model, n_ctx: usize, n_batch: usize, n_slots: usize) -> u64 {
-    use prima_cluster::prp::budget::{memory_margin, PROCESS_OVERHEAD};
-    let n_ctx = n_ctx.min(model.hparams().n_ctx_train.max(1));
-    let weights: u64 = model.weight_tensors().map(|t| t.n_bytes).sum();
-    // One process holds both models: its overhead is in the target's margin already.
-    let margin = memory_margin(model.hparams(), n_ctx, n_batch, n_slots) - PROCESS_OVERHEAD;
-    weights + margin
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<()> {

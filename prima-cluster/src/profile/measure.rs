@@ -299,3 +299,38 @@ fn measure(backend: &BackendBox, disk_file: &Path) -> Result<Measured, ProfileEr
         gpu: None,
     })
 }
+
+/// Profiles this device with `backend` and, when `gpu` is a GPU's (its plugin reports GPU
+/// memory), the GPU beside it: what `prima profile`, a node's profile answer and
+/// `prima apply`'s head measure.
+pub fn profile_with(
+    backend: &prima_core::plugin::LoadedBackend,
+    gpu: Option<&prima_core::plugin::LoadedBackend>,
+    disk_file: &std::path::Path,
+    opts: &ProfileOptions,
+) -> Result<ProfileReport, ProfileError> {
+    let probe = gpu.and_then(|g| {
+        g.gpu_memory().map(|memory| GpuProbe {
+            backend: &g.backend,
+            name: &g.plugin_name,
+            memory,
+        })
+    });
+    profile_device_with_gpu(
+        &backend.backend,
+        &backend.plugin_name,
+        probe,
+        disk_file,
+        opts,
+    )
+}
+/// The profile of a device that may use only `budget` bytes of memory for weights: its
+/// RAM, as the planner sees it, is the smaller of what it has and the budget.
+pub fn with_budget(mut profile: DeviceProfile, budget: Option<u64>) -> DeviceProfile {
+    if let Some(b) = budget {
+        let gib = b as f64 / GIB;
+        profile.ram_available_gib = profile.ram_available_gib.min(gib);
+        profile.ram_total_gib = profile.ram_total_gib.min(gib);
+    }
+    profile
+}

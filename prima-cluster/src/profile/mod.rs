@@ -25,8 +25,8 @@ pub use device::{
 pub use disk::{disk_read_rates, DiskRates};
 pub use gpu::{measure_gpu, GpuMeasured, GpuProbe};
 pub use measure::{
-    cache_dir, profile_device, profile_device_with_gpu, ProfileError, ProfileOptions,
-    ProfileReport, PROFILE_DIR_ENV,
+    cache_dir, profile_device, profile_device_with_gpu, profile_with, with_budget, ProfileError,
+    ProfileOptions, ProfileReport, PROFILE_DIR_ENV,
 };
 pub use memory::{memory_read_bandwidth, MemoryBandwidth};
 pub use prima_host::{

@@ -215,6 +215,17 @@ impl fmt::Display for WeightBudget {
     }
 }
 
+/// Memory a draft model takes on the head: its weights (read every drafted token, so
+/// resident) and, as the target's, a KV cache of `n_ctx` positions per slot and its
+/// buffers; the target's budget leaves room for it.
+pub fn draft_memory(model: &Model, n_ctx: usize, n_batch: usize, n_slots: usize) -> u64 {
+    let n_ctx = n_ctx.min(model.hparams().n_ctx_train.max(1));
+    let weights: u64 = model.weight_tensors().map(|t| t.n_bytes).sum();
+    // One process holds both models: its overhead is in the target's margin already.
+    let margin = memory_margin(model.hparams(), n_ctx, n_batch, n_slots) - PROCESS_OVERHEAD;
+    weights + margin
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -15,6 +15,8 @@ use sha2::{Digest, Sha256};
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct NodeSpec {
     pub name: String,
+    /// The `prima` binary that runs the node (the one running `apply`, as a rule).
+    pub exe: PathBuf,
     pub model: PathBuf,
     pub threads: Option<u32>,
     pub mem_budget: Option<u64>,
@@ -33,8 +35,7 @@ pub struct NodeSpec {
 
 impl NodeSpec {
     fn config_hash(&self) -> String {
-        let exe = std::env::current_exe().unwrap_or_default();
-        let text = serde_json::to_string(&(self, exe)).unwrap_or_default();
+        let text = serde_json::to_string(self).unwrap_or_default();
         hex::encode(&Sha256::digest(text.as_bytes())[..8])
     }
 }
@@ -70,7 +71,7 @@ pub struct LocalNodes {
 }
 
 fn cache_dir() -> PathBuf {
-    PathBuf::from(prima_cluster::profile::home_dir()).join(".cache/prima/apply")
+    PathBuf::from(crate::profile::home_dir()).join(".cache/prima/apply")
 }
 
 /// Where the nodes of the manifest at `path` are recorded.
@@ -163,8 +164,7 @@ fn spawn(spec: &NodeSpec, keep: bool) -> anyhow::Result<(RunningNode, std::proce
     let log = cache_dir().join(format!("node-{name}-{}.log", std::process::id()));
     let log_file =
         std::fs::File::create(&log).with_context(|| format!("cannot create {}", log.display()))?;
-    let exe = std::env::current_exe().context("cannot find the prima binary")?;
-    let mut cmd = Command::new(exe);
+    let mut cmd = Command::new(&spec.exe);
     cmd.args(["node", "--listen", "127.0.0.1:0", "-m"])
         .arg(&spec.model);
     if let Some(t) = spec.threads {

@@ -1,16 +1,16 @@
 //! What `prima apply` gives the ring so that a lost device costs no request: the plan as
 //! a [`RingLayout`], and a [`Replan`] that plans again over the manifest's devices less
 //! the lost ones — Halda with the profiles already collected, pruning and relays as
-//! usual — and prints the new plan.
+//! usual — and tells the caller the new plan.
 
-use prima_cluster::manifest::LoadedManifest;
-use prima_cluster::profile::{DeviceProfile, GIB};
-use prima_cluster::prp::failover::{Replan, RingDevice, RingLayout};
-use prima_cluster::prp::head::NextRoute;
-use prima_cluster::prp::key::LinkSecurity;
+use crate::manifest::LoadedManifest;
+use crate::profile::{DeviceProfile, GIB};
+use crate::prp::failover::{Replan, RingDevice, RingLayout};
+use crate::prp::head::NextRoute;
+use crate::prp::key::LinkSecurity;
 use prima_core::model::Model;
 
-use super::apply_plan::{plan, Plan, PlanInputs};
+use super::plan::{plan, Plan, PlanInputs};
 
 /// The ring of `plan`, as the failover connects it.
 pub fn layout_of(plan: &Plan) -> RingLayout {
@@ -41,6 +41,8 @@ pub fn replanner<'a>(
     addr_of: &'a dyn Fn(&str) -> Option<String>,
     profiles: Vec<DeviceProfile>,
     security: &'a LinkSecurity,
+    draft: Option<&'a Model>,
+    on_replan: &'a dyn Fn(&[String], &Plan),
 ) -> Replan<'a> {
     Box::new(move |lost: &[String]| {
         let mut left = manifest.clone();
@@ -67,6 +69,7 @@ pub fn replanner<'a>(
             addr_of,
             known: &profiles,
             security,
+            draft,
         })
         .map_err(|e| format!("{e:#}"))?;
         if planned.ring().count() == 1 {
@@ -84,12 +87,7 @@ pub fn replanner<'a>(
                 ));
             }
         }
-        if lost.is_empty() {
-            eprintln!("failover: new plan over every device");
-        } else {
-            eprintln!("failover: new plan without {}", lost.join(", "));
-        }
-        planned.print_table();
+        on_replan(lost, &planned);
         Ok(layout_of(&planned))
     })
 }

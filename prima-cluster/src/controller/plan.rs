@@ -1,22 +1,25 @@
-//! The plan `prima apply` launches: devices in ring order (the head first), each device's
-//! window size w_m and GPU layers n_m, and which devices were pruned and why.
+//! The plan a manifest launches: devices in ring order (the head first), each device's
+//! window size w_m and GPU layers n_m, and which devices were pruned and why. Profiles
+//! come from the manifest's fixture file, from profiles already collected, or are measured
+//! (the head here, each node over the ring protocol); Halda (or the manifest's scheduler)
+//! turns them into windows.
 
 use std::time::Instant;
 
+use crate::halda::{self, ModelProfile, PlanOptions};
+use crate::manifest::routes;
+use crate::manifest::{LoadedManifest, Rounds, Scheduler};
+use crate::profile::{DeviceProfile, DeviceProfiles, ProfileOptions, GIB};
+use crate::prp::head::request_profile;
+use crate::prp::key::LinkSecurity;
+use crate::prp::{layer_counts, NextRoute};
 use anyhow::{bail, Context};
-use indicatif::{ProgressBar, ProgressStyle};
 use prima_abi::transport::TransportBox;
-use prima_cluster::halda::{self, ModelProfile, PlanOptions};
-use prima_cluster::manifest::routes;
-use prima_cluster::manifest::{LoadedManifest, Rounds, Scheduler};
-use prima_cluster::profile::{DeviceProfile, DeviceProfiles, ProfileOptions, GIB};
-use prima_cluster::prp::head::request_profile;
-use prima_cluster::prp::key::LinkSecurity;
-use prima_cluster::prp::{layer_counts, NextRoute};
 use prima_core::model::Model;
 use prima_core::plugin::{load_os_models, load_solver, LoadedBackend};
 
-use super::node::with_budget;
+use crate::profile::{profile_with, with_budget};
+use crate::prp::budget::draft_memory;
 
 /// One device's part of the plan.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -86,16 +89,21 @@ impl Plan {
         })
     }
 
-    pub fn print_table(&self) {
+    /// The plan as a table for people: one line per device.
+    pub fn table(&self) -> String {
+        use std::fmt::Write as _;
+        let mut out = String::new();
         let total: usize = self.devices.iter().map(|d| d.layers).sum::<usize>().max(1);
-        eprintln!(
+        writeln!(
+            out,
             "plan ({} scheduler, k = {}{}):",
             self.scheduler,
             self.k,
             self.predicted_tpot_ms
                 .map(|t| format!(", predicted TPOT {t:.1} ms"))
                 .unwrap_or_default()
-        );
+        )
+        .unwrap();
         // Relayed addresses (`TARGET via RELAY`) are long: the column fits the longest.
         let width = self
             .devices
@@ -104,10 +112,12 @@ impl Plan {
             .max()
             .unwrap_or(0)
             .max(22);
-        eprintln!(
+        writeln!(
+            out,
             "  {:<12} {:<width$} {:>4} {:>4} {:>4} {:>7} {:>7}  note",
             "device", "address", "set", "w", "n", "layers", "share"
-        );
+        )
+        .unwrap();
         for d in &self.devices {
             let note = match (&d.pruned, d.relay) {
                 (Some(why), _) => format!("pruned: {why}"),
@@ -117,7 +127,8 @@ impl Plan {
                 (None, true) => "relay only".to_string(),
                 _ => String::new(),
             };
-            eprintln!(
+            writeln!(
+                out,
                 "  {:<12} {:<width$} {:>4} {:>4} {:>4} {:>7} {:>6.0}%  {}",
                 d.name,
                 d.addr,
@@ -127,8 +138,10 @@ impl Plan {
                 d.layers,
                 100.0 * d.layers as f64 / total as f64,
                 note
-            );
+            )
+            .unwrap();
         }
+        out
     }
 }
 
@@ -149,17 +162,9 @@ pub struct PlanInputs<'a> {
     pub known: &'a [DeviceProfile],
     /// How the links to the nodes are protected (profiling connects to them too).
     pub security: &'a LinkSecurity,
-}
-
-pub fn spinner(msg: String) -> ProgressBar {
-    let bar = ProgressBar::new_spinner();
-    bar.set_style(
-        ProgressStyle::with_template("{spinner} {msg}")
-            .unwrap_or_else(|_| ProgressStyle::default_spinner()),
-    );
-    bar.set_message(msg);
-    bar.enable_steady_tick(std::time::Duration::from_millis(120));
-    bar
+    /// The manifest's draft model (`model.draft`), opened once by the caller: the head
+    /// holds it beside its windows.
+    pub draft: Option<&'a Model>,
 }
 
 /// Profiles every device in ring order: the head here, the nodes over the ring protocol
@@ -204,13 +209,12 @@ fn collect_profiles(
     let mut profiles = Vec::with_capacity(order.len());
     for (pos, &i) in order.iter().enumerate() {
         let d = &m.devices[i];
-        let bar = spinner(format!("profiling '{}'", d.name));
         let profile = if pos == 0 {
             let options = ProfileOptions {
                 name: Some(d.name.clone()),
                 ..ProfileOptions::default()
             };
-            let report = super::profile::profile_with(
+            let report = profile_with(
                 backend,
                 inputs.gpu,
                 &inputs.manifest.model_path(&d.name),
@@ -227,7 +231,6 @@ fn collect_profiles(
             serde_json::from_value::<DeviceProfile>(value)
                 .with_context(|| format!("device '{}' ({addr}): unreadable profile", d.name))?
         };
-        bar.finish_and_clear();
         let mut profile = profile;
         profile.name = d.name.clone();
         profile.relay = d.relay_only;
@@ -284,15 +287,8 @@ pub fn plan(inputs: &PlanInputs<'_>) -> anyhow::Result<Plan> {
             planned_with = profiles.clone();
             // The head also holds the draft model (weights, a KV cache per slot): less
             // of its memory is left for the target's layers.
-            if let (Some(path), Some(head)) = (manifest.draft_path(), profiles.first_mut()) {
-                let draft = Model::load(&path)
-                    .with_context(|| format!("model.draft {}", path.display()))?;
-                let bytes = super::run::draft_memory(
-                    &draft,
-                    m.policy.ctx,
-                    m.policy.batch,
-                    m.server.parallel,
-                );
+            if let (Some(draft), Some(head)) = (inputs.draft, profiles.first_mut()) {
+                let bytes = draft_memory(draft, m.policy.ctx, m.policy.batch, m.server.parallel);
                 let gib = bytes as f64 / GIB;
                 head.ram_available_gib = (head.ram_available_gib - gib).max(0.0);
                 head.ram_total_gib = (head.ram_total_gib - gib).max(0.0);
@@ -437,7 +433,7 @@ pub fn plan(inputs: &PlanInputs<'_>) -> anyhow::Result<Plan> {
 /// each node's next hop where it is not how the head reaches that device, and the relays
 /// the crossings use — ring links and the head's control channels. The relays needed.
 fn route_ring(
-    m: &prima_cluster::manifest::Manifest,
+    m: &crate::manifest::Manifest,
     head: usize,
     order: &[usize],
     own: &[Option<String>],
