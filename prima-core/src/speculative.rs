@@ -49,9 +49,9 @@ pub struct DraftOptions {
 }
 
 /// Measured on a loopback ring with 5 ms per hop (`cargo xtask spec-bench`, SmolLM2-135M
-/// F16 target; ARCHITECTURE.md has the figures): p_min 0.2 was the best compromise — a
-/// good draft (Q4_1) lost little to it, a poor one (Q2_K) was spared most of its wasted
-/// drafts (0.82× instead of 0.44× without it), where 0.5 cut a good draft's gain too.
+/// F16 target): p_min 0.2 was the best compromise — a good draft (Q4_1) lost little to it,
+/// a poor one (Q2_K) was spared most of its wasted drafts (0.82× instead of 0.44× without
+/// it), where 0.5 cut a good draft's gain too.
 impl Default for DraftOptions {
     fn default() -> Self {
         DraftOptions { max: 8, p_min: 0.2 }

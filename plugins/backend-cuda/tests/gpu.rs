@@ -125,7 +125,7 @@ fn a_generated_quantized_model_gives_the_cpus_logits_and_tokens() {
 }
 
 /// The GGUF files `PRIMA_GPU_REAL_MODELS` lists (comma-separated), e.g. SmolLM2 cut to its
-/// first layers (see the README's GPU notes).
+/// first layers (see docs/backends.md, "The CUDA backend").
 fn real_models() -> Vec<std::path::PathBuf> {
     std::env::var_os("PRIMA_GPU_REAL_MODELS")
         .map(|list| {

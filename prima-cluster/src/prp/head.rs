@@ -76,8 +76,8 @@ pub struct RingOptions {
     /// Micro-batches a [`BatchForward::eval_batch`] keeps in flight (see [`RingHead`]);
     /// `None`: from one to one per device, whichever the head measures fastest
     /// ([`super::micro_batch`]). Default 1, one batch at a time: on a loopback ring of
-    /// three on two shared cores, more paid only at 2 concurrent requests (ARCHITECTURE.md,
-    /// "Micro-batches in flight").
+    /// three on two shared cores, more paid only at 2 concurrent requests (`cargo xtask
+    /// bench-serve --ring --micro-batches default,2,tuned` measures it).
     pub micro_batches: Option<usize>,
     /// Bytes the head's process holds beside this model (a draft model, its KV cache
     /// per slot), kept out of an `auto` `mem_budget`.
