@@ -219,7 +219,7 @@ fn build_prima(layout: &Layout) -> Result<PathBuf> {
             "build",
             "--release",
             "-p",
-            "prima-core",
+            "prima-cli",
             "-p",
             "prima-backend-cpu",
         ])

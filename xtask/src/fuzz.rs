@@ -8,7 +8,7 @@
 //! (`prima_server::fuzzing::seeds`), the manifests under `manifests/`, and the header of the
 //! fetched SmolLM2 model (its metadata and tensor index, the tensor data cut off) where
 //! it has been fetched. A crash leaves its input in `fuzz/artifacts/<target>/` and fails
-//! the run; its bytes then belong in `prima-core/tests/fuzz_regressions.rs`.
+//! the run; its bytes then belong in `prima-cli/tests/fuzz_regressions.rs`.
 //!
 //! Built without a sanitizer (`-s none`): the code is safe Rust, so what the fuzzer looks
 //! for is panics, overflows (debug assertions are on), hangs and runaway allocations,

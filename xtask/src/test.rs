@@ -12,8 +12,8 @@
 //! bed up), and the CPU backend's kernel tests built for aarch64 under qemu-user, so
 //! the NEON kernels are checked against the scalar ones on an x86-64 machine
 //! (`.ci/run` installs the target, the cross linker and qemu). Likewise mDNS discovery between network
-//! namespaces on a bridge (`prima-core/tests/discovery_netns.rs`) and the ring across
-//! two namespaces joined by a relay (`prima-core/tests/two_lans.rs`), where root can
+//! namespaces on a bridge (`prima-cli/tests/discovery_netns.rs`) and the ring across
+//! two namespaces joined by a relay (`prima-cli/tests/two_lans.rs`), where root can
 //! make namespaces. Last, the workspace type-checked for macOS, Windows and Android
 //! (`cross_check.rs`), skipped where the Rust targets cannot be added, and every fuzz
 //! target for 20 s (`fuzz.rs`), skipped without a nightly toolchain.
@@ -207,7 +207,7 @@ fn homelab_smoke_bed(layout: &Layout, cargo: &std::ffi::OsStr) -> Result<Optiona
 }
 
 /// `prima node --advertise` in namespaces on one bridge, found by `prima discover` and
-/// `prima apply` (`prima-core/tests/discovery_netns.rs`, `#[ignore]`d like the smoke
+/// `prima apply` (`prima-cli/tests/discovery_netns.rs`, `#[ignore]`d like the smoke
 /// bed), where this machine can make network namespaces.
 fn discovery_netns(layout: &Layout, cargo: &std::ffi::OsStr) -> Result<Optional> {
     if let Err(why) = can_make_namespaces() {
@@ -218,7 +218,7 @@ fn discovery_netns(layout: &Layout, cargo: &std::ffi::OsStr) -> Result<Optional>
             "test",
             "--release",
             "-p",
-            "prima-core",
+            "prima-cli",
             "--test",
             "discovery_netns",
         ])
@@ -252,7 +252,7 @@ fn can_make_namespaces() -> std::result::Result<(), String> {
 }
 
 /// The ring across two network namespaces joined by a relay
-/// (`prima-core/tests/two_lans.rs`, `#[ignore]`d like the smoke bed), where this machine
+/// (`prima-cli/tests/two_lans.rs`, `#[ignore]`d like the smoke bed), where this machine
 /// can make network namespaces.
 fn relay_two_lans(layout: &Layout, cargo: &std::ffi::OsStr) -> Result<Optional> {
     if let Err(why) = can_make_namespaces() {
@@ -263,7 +263,7 @@ fn relay_two_lans(layout: &Layout, cargo: &std::ffi::OsStr) -> Result<Optional> 
             "test",
             "--release",
             "-p",
-            "prima-core",
+            "prima-cli",
             "--test",
             "two_lans",
         ])

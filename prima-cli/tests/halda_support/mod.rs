@@ -88,7 +88,7 @@ pub fn example_plugin(stem: &str) -> PathBuf {
             "--quiet",
             "--release",
             "-p",
-            "prima-core",
+            "prima-cli",
             "--example",
             stem,
         ])
