@@ -4,8 +4,8 @@
 use abi_stable::std_types::{RNone, RResult, RSlice, RSliceMut, RSome, RString};
 
 use super::arch::{AttentionScale, FfnActivation};
+use super::batch_plan::{check_entries, check_rows, plan_batches, Piece, SeqSpan, SeqTokens};
 use super::{HyperParams, Model, ModelError, RopeScaling};
-use crate::batch::{check_entries, check_rows, plan_batches, Piece, SeqSpan, SeqTokens};
 use crate::plugin::backend_abi::{AttentionParams, AttentionSpan, BackendBox, KvSpec, RopeParams};
 
 /// Turns a backend result into a model error that names the operation.
@@ -436,7 +436,7 @@ impl<'m> Session<'m> {
     }
 
     /// [`Session::eval_batch_with`] returning the logits of the last `rows[i]` tokens of
-    /// entry `i`, entry after entry (see [`crate::batch::BatchRowLogits`]).
+    /// entry `i`, entry after entry (what `crate::batch::BatchRowLogits` returns).
     pub fn eval_batch_rows_with<E: From<ModelError>>(
         &mut self,
         seqs: &[SeqTokens<'_>],

@@ -5,12 +5,14 @@
 //! operations; it holds weights as views into the GGUF mapping and never copies them.
 
 mod arch;
+mod batch_plan;
 mod error;
 mod forward;
 mod hparams;
 mod weights;
 
 pub use arch::Architecture;
+pub use batch_plan::{check_entries, check_rows, plan_batches, Piece, SeqSpan, SeqTokens};
 pub use error::ModelError;
 pub use forward::{GpuLayers, Session};
 pub use hparams::{HyperParams, RopeScaling};
