@@ -1,5 +1,5 @@
 //! Prima against llama.cpp on real and derived models (SmolLM2 in every format, Gemma 3
-//! 270M, tiny random llama / qwen2 / qwen3 / gemma3 models): the same prompt token ids, the
+//! 270M, tiny random llama / qwen2 / qwen3 / gemma3 / qwen3moe models): the same prompt token ids, the
 //! last-position logits within a stated tolerance, and the same greedy tokens.
 //!
 //! Fixtures come from `cargo xtask reference` (llama.cpp built from the llama-cpp-python
@@ -231,4 +231,12 @@ golden! {
     // the 40-token case runs far past the window, so sliding-window attention is checked.
     tiny_gemma3_f32 => "tiny-gemma3-f32.json",
     tiny_qwen3_f32 => "tiny-qwen3-f32.json",
+    // qwen3moe, random weights with a skewed router (xtask/src/random_moe.rs): 8 experts
+    // top-2 and 16 experts top-4, F32 and llama-quantize's Q8_0 and Q4_K_M.
+    tiny_qwen3moe_8x2_f32 => "tiny-qwen3moe-8x2-f32.json",
+    tiny_qwen3moe_8x2_q8_0 => "tiny-qwen3moe-8x2-q8_0.json",
+    tiny_qwen3moe_8x2_q4_k_m => "tiny-qwen3moe-8x2-q4_k_m.json",
+    tiny_qwen3moe_16x4_f32 => "tiny-qwen3moe-16x4-f32.json",
+    tiny_qwen3moe_16x4_q8_0 => "tiny-qwen3moe-16x4-q8_0.json",
+    tiny_qwen3moe_16x4_q4_k_m => "tiny-qwen3moe-16x4-q4_k_m.json",
 }

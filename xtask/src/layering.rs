@@ -530,12 +530,11 @@ mod tests {
     fn a_plugin_that_reaches_the_engine_is_a_fault() {
         let mut deps = BTreeMap::new();
         deps.insert("prima-core".to_string(), vec!["prima-abi".to_string()]);
-        deps.insert("prima-gpu-x".to_string(), vec!["prima-core".to_string()]);
-        deps.insert(
-            "prima-backend-x".to_string(),
-            vec!["prima-gpu-x".to_string()],
-        );
-        let faults = check_crates(&deps, &["prima-backend-x".to_string()]);
+        let tree: BTreeSet<String> = ["prima-gpu-x", "prima-core", "prima-abi"]
+            .map(String::from)
+            .into();
+        let trees = BTreeMap::from([("prima-backend-x".to_string(), tree)]);
+        let faults = check_crates(&deps, &trees);
         assert!(
             faults
                 .iter()

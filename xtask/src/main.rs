@@ -21,6 +21,7 @@ mod homelab;
 mod layering;
 mod layout;
 mod llama_cpp;
+mod random_moe;
 mod reference;
 mod ring_bench;
 mod shell;
@@ -74,7 +75,7 @@ enum Task {
     /// --parallel N` beside `llama-server -np N` (and a loopback ring with --ring).
     BenchServe(bench_serve::BenchServeArgs),
     /// Make the generated benchmark models (random weights): Llama-shaped 1B (Q4_K_M,
-    /// Q8_0), 3B and 8B (Q4_K_M).
+    /// Q8_0), 3B and 8B (Q4_K_M), and a Qwen3-MoE-shaped one (Q4_K_M).
     BenchModels(bench_models::BenchModelsArgs),
     /// Ring experiments on loopback: overhead per hop, idle nodes, prefetch and release
     /// under a cgroup memory limit (needs root for the cgroup).

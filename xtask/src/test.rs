@@ -259,14 +259,7 @@ fn relay_two_lans(layout: &Layout, cargo: &std::ffi::OsStr) -> Result<Optional> 
         return Ok(Optional::Skipped(why));
     }
     let status = Command::new(cargo)
-        .args([
-            "test",
-            "--release",
-            "-p",
-            "prima-cli",
-            "--test",
-            "two_lans",
-        ])
+        .args(["test", "--release", "-p", "prima-cli", "--test", "two_lans"])
         .args(["--", "--ignored", "--nocapture"])
         .current_dir(&layout.workspace)
         .env("PRIMA_REQUIRE_MODELS", "1")

@@ -19,6 +19,7 @@ use crate::digest;
 use crate::fetch_models;
 use crate::layout::Layout;
 use crate::llama_cpp::LlamaCpp;
+use crate::random_moe::{self, MoeShape};
 use crate::shell;
 
 const TINY_SCRIPT: &str = "tests/fixtures/models/make_tiny_models.py";
@@ -30,10 +31,35 @@ pub fn run(layout: &Layout) -> Result<()> {
     fs::create_dir_all(&layout.derived_models)?;
     make_tiny_models(layout, &llama)?;
     for spec in MODELS {
-        if let Origin::Requantized { .. } = spec.origin {
-            requantize(layout, &llama, spec)?;
+        match spec.origin {
+            Origin::Requantized { .. } => requantize(layout, &llama, spec)?,
+            Origin::RandomMoe(shape) => make_random_moe(layout, spec, shape)?,
+            Origin::Fetched | Origin::Tiny => {}
         }
     }
+    Ok(())
+}
+
+/// The models of `random_moe`: remade when the generator or the shape changed.
+fn make_random_moe(layout: &Layout, spec: &ModelSpec, shape: &MoeShape) -> Result<()> {
+    let recipe = format!(
+        "xtask/src/random_moe.rs sha256={} {}\n",
+        digest::hash_reader(random_moe::SOURCE.as_bytes())?,
+        shape.describe()
+    );
+    let path = spec.path(layout);
+    if recipe_matches(&path, &recipe) {
+        return Ok(());
+    }
+    let tmp = path.with_extension("gguf.tmp");
+    let size = random_moe::write(shape, &tmp)?;
+    fs::rename(&tmp, &path)?;
+    write_recipe(&path, &recipe)?;
+    println!(
+        "made      {} ({:.1} MB)",
+        layout.display(&path),
+        size as f64 / 1e6
+    );
     Ok(())
 }
 

@@ -20,6 +20,14 @@ pub enum ModelError {
         ty: String,
         backend: String,
     },
+    #[error("{path}: tensor '{tensor}' holds {found} experts, but {key} = {expected}")]
+    ExpertCount {
+        path: PathBuf,
+        tensor: String,
+        found: u64,
+        key: String,
+        expected: usize,
+    },
     #[error("{path}: invalid hyper-parameter: {what}")]
     BadHyperParameter { path: PathBuf, what: String },
     #[error("backend operation {op} failed: {message}")]

@@ -3,13 +3,14 @@
 
 use abi_stable::std_types::{RNone, RResult, RSlice, RSliceMut, RSome, RString};
 
-use super::arch::{AttentionScale, FfnActivation};
-use super::{HyperParams, Model, ModelError, RopeScaling};
-use crate::batch::{check_entries, check_rows, plan_batches, Piece, SeqSpan, SeqTokens};
+use super::arch::AttentionScale;
+use super::batch_plan::{check_entries, check_rows, plan_batches, Piece, SeqSpan, SeqTokens};
+use super::ffn::{FfnContext, FfnScratch};
+use super::{Model, ModelError, RopeScaling};
 use prima_abi::backend::{AttentionParams, AttentionSpan, BackendBox, KvSpec, RopeParams};
 
 /// Turns a backend result into a model error that names the operation.
-fn op(result: RResult<(), RString>, name: &'static str) -> Result<(), ModelError> {
+pub(super) fn op(result: RResult<(), RString>, name: &'static str) -> Result<(), ModelError> {
     match result {
         RResult::ROk(()) => Ok(()),
         RResult::RErr(message) => Err(ModelError::Backend {
@@ -19,11 +20,11 @@ fn op(result: RResult<(), RString>, name: &'static str) -> Result<(), ModelError
     }
 }
 
-fn rs(v: &[f32]) -> RSlice<'_, f32> {
+pub(super) fn rs(v: &[f32]) -> RSlice<'_, f32> {
     RSlice::from_slice(v)
 }
 
-fn rm(v: &mut [f32]) -> RSliceMut<'_, f32> {
+pub(super) fn rm(v: &mut [f32]) -> RSliceMut<'_, f32> {
     RSliceMut::from_mut_slice(v)
 }
 
@@ -42,14 +43,15 @@ struct Scratch {
     k_normed: Vec<f32>,
     /// Post-normed block output, `n × n_embd` (empty without post-norms).
     post: Vec<f32>,
-    gate: Vec<f32>,
-    up: Vec<f32>,
+    /// The feed-forward block's own buffers.
+    ffn: FfnScratch,
     positions: Vec<u32>,
     logits: Vec<f32>,
 }
 
 impl Scratch {
-    fn new(hp: &HyperParams, n_batch: usize) -> Scratch {
+    fn new(model: &Model, n_batch: usize) -> Scratch {
+        let hp = model.hparams();
         let spec = hp.arch.spec();
         let sized = |wanted: bool, len: usize| if wanted { vec![0.0; len] } else { Vec::new() };
         Scratch {
@@ -62,8 +64,7 @@ impl Scratch {
             q_normed: sized(spec.qk_norm, n_batch * hp.q_dim()),
             k_normed: sized(spec.qk_norm, n_batch * hp.k_dim()),
             post: sized(spec.post_norms, n_batch * hp.n_embd),
-            gate: vec![0.0; n_batch * hp.n_ff],
-            up: vec![0.0; n_batch * hp.n_ff],
+            ffn: FfnScratch::new(hp, model.experts(), n_batch),
             positions: vec![0; n_batch],
             logits: vec![0.0; hp.n_vocab],
         }
@@ -255,7 +256,7 @@ impl<'m> Session<'m> {
             batch: Vec::with_capacity(n_slots),
             batch_len: 0,
             last: Vec::with_capacity(n_slots),
-            buf: Scratch::new(hp, n_batch),
+            buf: Scratch::new(model, n_batch),
             batch_tokens: Vec::new(),
             out_rows: Vec::new(),
             entry_logits: Vec::new(),
@@ -436,7 +437,7 @@ impl<'m> Session<'m> {
     }
 
     /// [`Session::eval_batch_with`] returning the logits of the last `rows[i]` tokens of
-    /// entry `i`, entry after entry (see [`crate::batch::BatchRowLogits`]).
+    /// entry `i`, entry after entry (what `crate::batch::BatchRowLogits` returns).
     pub fn eval_batch_rows_with<E: From<ModelError>>(
         &mut self,
         seqs: &[SeqTokens<'_>],
@@ -827,7 +828,7 @@ impl<'m> Session<'m> {
         let spec = hp.arch.spec();
         let rope = self.rope_params(il);
         let b = &mut self.buf;
-        let (d, qd, kd, vd, ff) = (hp.n_embd, hp.q_dim(), hp.k_dim(), hp.v_dim(), hp.n_ff);
+        let (d, qd, kd, vd) = (hp.n_embd, hp.q_dim(), hp.k_dim(), hp.v_dim());
         let attn_dim = hp.n_head * hp.head_dim_v;
         let nt = n as u32;
 
@@ -925,28 +926,17 @@ impl<'m> Session<'m> {
         )?;
         add_residual(be, model, &w.attn_post_norm, hp.rms_eps, x, h, &mut b.post)?;
 
-        // Feed-forward block.
+        // Feed-forward block: dense or experts, each kind its own code.
         op(
             be.rms_norm(rs(x), model.view(&w.ffn_norm), hp.rms_eps, rm(h)),
             "rms_norm",
         )?;
-        let (gate, up) = (&mut b.gate[..n * ff], &mut b.up[..n * ff]);
-        op(
-            be.matmul(model.view(&w.ffn_gate), rs(h), nt, rm(gate)),
-            "matmul ffn_gate",
-        )?;
-        op(
-            be.matmul(model.view(&w.ffn_up), rs(h), nt, rm(up)),
-            "matmul ffn_up",
-        )?;
-        match spec.ffn {
-            FfnActivation::Silu => op(be.swiglu(rm(gate), rs(up)), "swiglu")?,
-            FfnActivation::GeluTanh => op(be.geglu(rm(gate), rs(up)), "geglu")?,
-        }
-        op(
-            be.matmul(model.view(&w.ffn_down), rs(gate), nt, rm(h)),
-            "matmul ffn_down",
-        )?;
+        let cx = FfnContext {
+            be,
+            model,
+            act: spec.ffn,
+        };
+        w.ffn.forward(cx, h, n, &mut b.ffn)?;
         add_residual(be, model, &w.ffn_post_norm, hp.rms_eps, x, h, &mut b.post)
     }
 

@@ -12,6 +12,70 @@ pub enum RopeScaling {
     Yarn { factor: f32, original_context: u32 },
 }
 
+/// The shape of a mixture-of-experts feed-forward block (every layer's, in the
+/// architectures Prima runs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExpertParams {
+    /// Experts per layer (`<arch>.expert_count`).
+    pub n_expert: usize,
+    /// Experts each token goes to (`<arch>.expert_used_count`), 1 to `n_expert`.
+    pub n_expert_used: usize,
+    /// Hidden width of one expert (`<arch>.expert_feed_forward_length`, or
+    /// `feed_forward_length / n_expert_used` without it).
+    pub n_ff_exp: usize,
+}
+
+impl ExpertParams {
+    /// The expert shape of `arch`'s file, `None` for a dense architecture. A count of 0 or
+    /// more experts used than there are is an error naming the key.
+    pub fn from_gguf(g: &GgufFile, arch: Architecture) -> Result<Option<Self>, ModelError> {
+        if arch.spec().experts.is_none() {
+            return Ok(None);
+        }
+        let a = arch.spec().name;
+        let key = |k: &str| format!("{a}.{k}");
+        let bad = |what: String| ModelError::BadHyperParameter {
+            path: g.path().to_path_buf(),
+            what,
+        };
+        let req = |k: &str| -> Result<usize, ModelError> {
+            let v = g.require_u64(&key(k))?;
+            usize::try_from(v)
+                .ok()
+                .filter(|v| *v > 0)
+                .ok_or_else(|| bad(format!("{} = {v} must be a positive size", key(k))))
+        };
+        let n_expert = req("expert_count")?;
+        let n_expert_used = req("expert_used_count")?;
+        if n_expert_used > n_expert {
+            return Err(bad(format!(
+                "{} = {n_expert_used} is larger than {} = {n_expert}",
+                key("expert_used_count"),
+                key("expert_count")
+            )));
+        }
+        // Without its own key, an expert is the dense width split between the experts
+        // used (llama.cpp's default).
+        let n_ff_exp = match g.get_u64(&key("expert_feed_forward_length"))? {
+            Some(_) => req("expert_feed_forward_length")?,
+            None => req("feed_forward_length")? / n_expert_used,
+        };
+        if n_ff_exp == 0 {
+            return Err(bad(format!(
+                "{} is absent and {} is below {} = {n_expert_used}",
+                key("expert_feed_forward_length"),
+                key("feed_forward_length"),
+                key("expert_used_count")
+            )));
+        }
+        Ok(Some(ExpertParams {
+            n_expert,
+            n_expert_used,
+            n_ff_exp,
+        }))
+    }
+}
+
 /// The shape of a decoder-only transformer.
 #[derive(Debug, Clone)]
 pub struct HyperParams {
@@ -19,6 +83,9 @@ pub struct HyperParams {
     pub n_layers: usize,
     pub n_ctx_train: usize,
     pub n_embd: usize,
+    /// Hidden width of the dense feed-forward block (for a mixture of experts, the
+    /// file's `feed_forward_length`, else one expert's width: for budgets only; the
+    /// expert shapes are [`ExpertParams`]).
     pub n_ff: usize,
     pub n_head: usize,
     pub n_head_kv: usize,
@@ -62,7 +129,13 @@ impl HyperParams {
 
         let n_layers = req("block_count")?;
         let n_embd = req("embedding_length")?;
-        let n_ff = req("feed_forward_length")?;
+        let spec = arch.spec();
+        let n_ff = match ExpertParams::from_gguf(g, arch)? {
+            Some(e) => opt("feed_forward_length")?
+                .filter(|&n| n > 0)
+                .unwrap_or(e.n_ff_exp),
+            None => req("feed_forward_length")?,
+        };
         let n_head = req("attention.head_count")?;
         let n_head_kv = opt("attention.head_count_kv")?.unwrap_or(n_head);
         let n_ctx_train = opt("context_length")?.unwrap_or(2048);
@@ -134,7 +207,6 @@ impl HyperParams {
             }
         };
 
-        let spec = arch.spec();
         let attention_scale = match spec.attention_scale {
             AttentionScale::InvSqrtHeadDim => 1.0 / (head_dim_k as f32).sqrt(),
             AttentionScale::Gemma3QueryPreAttn if n_layers == 62 => {

@@ -5,7 +5,9 @@ use std::path::Path;
 
 use abi_stable::std_types::RSlice;
 
-use super::{Architecture, HyperParams, ModelError};
+use super::ffn::{DenseFfn, FeedForward};
+use super::moe::MoeFfn;
+use super::{Architecture, ExpertParams, HyperParams, ModelError};
 use crate::gguf::{GgmlType, GgufError, GgufFile, TensorInfo};
 use prima_abi::backend::{BackendBox, TensorView};
 
@@ -27,9 +29,8 @@ pub struct LayerWeights {
     /// RMSNorm of the attention output before the residual add (Gemma's post-norm).
     pub attn_post_norm: Option<TensorInfo>,
     pub ffn_norm: TensorInfo,
-    pub ffn_gate: TensorInfo,
-    pub ffn_up: TensorInfo,
-    pub ffn_down: TensorInfo,
+    /// The feed-forward block: one dense MLP, or a mixture of experts.
+    pub ffn: FeedForward,
     /// RMSNorm of the feed-forward output before the residual add.
     pub ffn_post_norm: Option<TensorInfo>,
 }
@@ -45,6 +46,8 @@ pub struct Model {
     /// Llama 3.1+ RoPE frequency factors (n_rot/2 floats, copied: a few hundred bytes).
     pub(crate) rope_freqs: Option<Vec<f32>>,
     pub(crate) layers: Vec<LayerWeights>,
+    /// The expert shape of a mixture-of-experts model.
+    experts: Option<ExpertParams>,
 }
 
 impl Model {
@@ -64,6 +67,7 @@ impl Model {
             }
         })?;
         let hp = HyperParams::from_gguf(&gguf, arch)?;
+        let experts = ExpertParams::from_gguf(&gguf, arch)?;
         let spec = arch.spec();
         let (d, ff) = (hp.n_embd as u64, hp.n_ff as u64);
         let (qd, kd, vd) = (hp.q_dim() as u64, hp.k_dim() as u64, hp.v_dim() as u64);
@@ -112,9 +116,39 @@ impl Model {
                 attn_k_norm: opt(spec.qk_norm, "attn_k_norm.weight", hk)?,
                 attn_post_norm: opt(spec.post_norms, "post_attention_norm.weight", d)?,
                 ffn_norm: t("ffn_norm.weight", &[d])?,
-                ffn_gate: t("ffn_gate.weight", &[d, ff])?,
-                ffn_up: t("ffn_up.weight", &[d, ff])?,
-                ffn_down: t("ffn_down.weight", &[ff, d])?,
+                ffn: match (experts, spec.experts) {
+                    (Some(shape), Some(routing)) => FeedForward::Moe(MoeFfn {
+                        router: t("ffn_gate_inp.weight", &[d, shape.n_expert as u64])?,
+                        gate_exps: expert_tensor(
+                            &gguf,
+                            &name("ffn_gate_exps.weight"),
+                            [d, shape.n_ff_exp as u64],
+                            arch,
+                            shape,
+                        )?,
+                        up_exps: expert_tensor(
+                            &gguf,
+                            &name("ffn_up_exps.weight"),
+                            [d, shape.n_ff_exp as u64],
+                            arch,
+                            shape,
+                        )?,
+                        down_exps: expert_tensor(
+                            &gguf,
+                            &name("ffn_down_exps.weight"),
+                            [shape.n_ff_exp as u64, d],
+                            arch,
+                            shape,
+                        )?,
+                        shape,
+                        normalize_weights: routing.normalize_weights,
+                    }),
+                    _ => FeedForward::Dense(DenseFfn {
+                        gate: t("ffn_gate.weight", &[d, ff])?,
+                        up: t("ffn_up.weight", &[d, ff])?,
+                        down: t("ffn_down.weight", &[ff, d])?,
+                    }),
+                },
                 ffn_post_norm: opt(spec.post_norms, "post_ffw_norm.weight", d)?,
             });
         }
@@ -127,11 +161,17 @@ impl Model {
             output,
             rope_freqs,
             layers,
+            experts,
         })
     }
 
     pub fn hparams(&self) -> &HyperParams {
         &self.hparams
+    }
+
+    /// The expert shape, `None` for a dense model.
+    pub fn experts(&self) -> Option<ExpertParams> {
+        self.experts
     }
 
     pub fn gguf(&self) -> &GgufFile {
@@ -179,25 +219,16 @@ impl Model {
     /// The weight tensors of layer `il` (none when out of range).
     pub fn layer_tensors(&self, il: usize) -> impl Iterator<Item = &TensorInfo> {
         self.layers.get(il).into_iter().flat_map(|l| {
-            [
-                &l.attn_norm,
-                &l.wq,
-                &l.wk,
-                &l.wv,
-                &l.wo,
-                &l.ffn_norm,
-                &l.ffn_gate,
-                &l.ffn_up,
-                &l.ffn_down,
-            ]
-            .into_iter()
-            .chain(l.bq.iter())
-            .chain(l.bk.iter())
-            .chain(l.bv.iter())
-            .chain(l.attn_q_norm.iter())
-            .chain(l.attn_k_norm.iter())
-            .chain(l.attn_post_norm.iter())
-            .chain(l.ffn_post_norm.iter())
+            [&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_norm]
+                .into_iter()
+                .chain(l.ffn.tensors())
+                .chain(l.bq.iter())
+                .chain(l.bk.iter())
+                .chain(l.bv.iter())
+                .chain(l.attn_q_norm.iter())
+                .chain(l.attn_k_norm.iter())
+                .chain(l.attn_post_norm.iter())
+                .chain(l.ffn_post_norm.iter())
         })
     }
 
@@ -230,6 +261,50 @@ impl Model {
             rows: t.rows(),
         }
     }
+}
+
+impl Model {
+    /// Expert `e`'s matrix of the 3-D expert tensor `t` (`[cols, rows, n_expert]`): its
+    /// `e`-th slab of `rows` consecutive rows, a slice of the mapping as [`Model::view`].
+    /// `t`'s shape was checked at load; an `e` out of range is a caller's bug.
+    pub(crate) fn expert_view(&self, t: &TensorInfo, e: usize) -> TensorView<'_> {
+        let data = self.gguf.tensor_data(t);
+        let n_expert = t.dims.get(2).copied().unwrap_or(1).max(1) as usize;
+        let slab = data.len() / n_expert;
+        TensorView {
+            data: RSlice::from_slice(&data[e * slab..(e + 1) * slab]),
+            ggml_type: t.ggml_type.id(),
+            cols: t.cols(),
+            rows: t.dims.get(1).copied().unwrap_or(1),
+        }
+    }
+}
+
+/// Looks up a 3-D expert tensor `name` and checks it is `[matrix[0], matrix[1],
+/// n_expert]`: a third dimension other than `<arch>.expert_count` is an error naming
+/// both the tensor and the key, any other shape a [`GgufError::BadShape`].
+fn expert_tensor(
+    g: &GgufFile,
+    name: &str,
+    matrix: [u64; 2],
+    arch: Architecture,
+    shape: ExpertParams,
+) -> Result<TensorInfo, ModelError> {
+    let t = g.require_tensor(name)?;
+    if t.dims.len() == 3 && t.dims[..2] == matrix && t.dims[2] != shape.n_expert as u64 {
+        return Err(ModelError::ExpertCount {
+            path: g.path().to_path_buf(),
+            tensor: name.to_string(),
+            found: t.dims[2],
+            key: format!("{}.expert_count", arch.spec().name),
+            expected: shape.n_expert,
+        });
+    }
+    Ok(shaped(
+        g,
+        name,
+        &[matrix[0], matrix[1], shape.n_expert as u64],
+    )?)
 }
 
 /// Looks up a tensor and checks its dimensions (GGUF order: row length first).

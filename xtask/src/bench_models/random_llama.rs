@@ -129,7 +129,7 @@ impl LlamaShape {
 /// tokens, one real merge (llama.cpp refuses a BPE vocabulary without merges), filler
 /// tokens, and `<|endoftext|>` last as BOS and EOS. Any text tokenizes; the filler ids
 /// only make the embedding and output head as large as a real vocabulary's.
-fn add_stub_tokenizer(w: &mut GgufWriter, n_vocab: u64) {
+pub(crate) fn add_stub_tokenizer(w: &mut GgufWriter, n_vocab: u64) {
     let n_vocab = usize::try_from(n_vocab).expect("vocabulary fits usize");
     let mut tokens: Vec<String> = byte_to_unicode().into_iter().map(String::from).collect();
     tokens.push("\u{0120}t".into());
@@ -281,10 +281,10 @@ fn f16_bits(x: f32) -> u16 {
 }
 
 /// SplitMix64 (Steele, Lea & Flood 2014): tiny, fast and well mixed; one stream per tensor.
-struct SplitMix64(u64);
+pub(crate) struct SplitMix64(u64);
 
 impl SplitMix64 {
-    fn for_tensor(seed: u64, name: &str) -> SplitMix64 {
+    pub(crate) fn for_tensor(seed: u64, name: &str) -> SplitMix64 {
         let digest = Sha256::new()
             .chain_update(seed.to_le_bytes())
             .chain_update(name.as_bytes())
@@ -292,7 +292,7 @@ impl SplitMix64 {
         SplitMix64(u64::from_le_bytes(digest[..8].try_into().expect("8 bytes")))
     }
 
-    fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);

@@ -30,4 +30,5 @@ pub const SPEC: ArchSpec = ArchSpec {
         default_period: 6,
         default_local_freq_base: 10_000.0,
     }),
+    experts: None,
 };

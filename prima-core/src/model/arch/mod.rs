@@ -5,6 +5,7 @@ mod gemma3;
 mod llama;
 mod qwen2;
 mod qwen3;
+mod qwen3moe;
 
 /// A supported model architecture (`general.architecture` in GGUF).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -12,6 +13,7 @@ pub enum Architecture {
     Llama,
     Qwen2,
     Qwen3,
+    Qwen3Moe,
     Gemma3,
 }
 
@@ -22,6 +24,15 @@ pub enum FfnActivation {
     Silu,
     /// GeGLU: `gelu_tanh(gate) * up`.
     GeluTanh,
+}
+
+/// How a mixture-of-experts block turns router logits into expert weights. The router
+/// always takes a softmax over every expert and keeps the `expert_used_count` largest
+/// probabilities (the architectures Prima runs gate so).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExpertRouting {
+    /// Divide the kept probabilities by their sum, so each token's weights add up to 1.
+    pub normalize_weights: bool,
 }
 
 /// The multiplier of q·k before the softmax.
@@ -67,6 +78,9 @@ pub struct ArchSpec {
     /// `None`: every layer attends to the whole context (the sliding-window keys are
     /// ignored).
     pub sliding_window: Option<SlidingWindowSpec>,
+    /// `Some`: the feed-forward block is a mixture of experts (`ffn_gate_inp`,
+    /// `ffn_{gate,up,down}_exps`) instead of one dense MLP (`ffn_{gate,up,down}`).
+    pub experts: Option<ExpertRouting>,
 }
 
 impl ArchSpec {
@@ -81,14 +95,16 @@ impl ArchSpec {
         scale_embeddings: false,
         attention_scale: AttentionScale::InvSqrtHeadDim,
         sliding_window: None,
+        experts: None,
     };
 }
 
 impl Architecture {
-    pub const ALL: [Architecture; 4] = [
+    pub const ALL: [Architecture; 5] = [
         Architecture::Llama,
         Architecture::Qwen2,
         Architecture::Qwen3,
+        Architecture::Qwen3Moe,
         Architecture::Gemma3,
     ];
 
@@ -103,6 +119,7 @@ impl Architecture {
             Architecture::Llama => llama::SPEC,
             Architecture::Qwen2 => qwen2::SPEC,
             Architecture::Qwen3 => qwen3::SPEC,
+            Architecture::Qwen3Moe => qwen3moe::SPEC,
             Architecture::Gemma3 => gemma3::SPEC,
         }
     }

@@ -1,0 +1,129 @@
+//! The feed-forward block of a decoder layer, behind one interface: the rows of the
+//! normed residual stream in, the block's output rows out, in place.
+//!
+//! A block differs in kind between architectures, not in a flag: a dense block
+//! ([`DenseFfn`]) runs one gated MLP over every row; a mixture of experts
+//! ([`MoeFfn`](super::moe::MoeFfn)) routes each row to a few of its experts. Each kind is
+//! its own code; [`FeedForward`] only says which one a layer has. The norm before the
+//! block and the residual add after it are the layer's, shared by both kinds.
+
+use super::arch::FfnActivation;
+use super::forward::{op, rm, rs};
+use super::moe::{MoeFfn, MoeScratch};
+use super::{ExpertParams, HyperParams, Model, ModelError};
+use crate::gguf::TensorInfo;
+use prima_abi::backend::BackendBox;
+
+/// What a feed-forward block computes with: the backend of the layer's side, the model
+/// whose mapping holds the weights, and the gate's activation.
+#[derive(Clone, Copy)]
+pub(crate) struct FfnContext<'a> {
+    pub be: &'a BackendBox,
+    pub model: &'a Model,
+    pub act: FfnActivation,
+}
+
+impl FfnContext<'_> {
+    /// `gate = act(gate) * up`, the gated activation of every kind of block.
+    pub fn gated(&self, gate: &mut [f32], up: &[f32]) -> Result<(), ModelError> {
+        match self.act {
+            FfnActivation::Silu => op(self.be.swiglu(rm(gate), rs(up)), "swiglu"),
+            FfnActivation::GeluTanh => op(self.be.geglu(rm(gate), rs(up)), "geglu"),
+        }
+    }
+}
+
+/// A layer's feed-forward block.
+#[derive(Debug, Clone)]
+pub enum FeedForward {
+    Dense(DenseFfn),
+    Moe(MoeFfn),
+}
+
+impl FeedForward {
+    /// Replaces the `n` rows of `h` (`n × n_embd`, the normed residual stream) by the
+    /// block's output.
+    pub(crate) fn forward(
+        &self,
+        cx: FfnContext<'_>,
+        h: &mut [f32],
+        n: usize,
+        scratch: &mut FfnScratch,
+    ) -> Result<(), ModelError> {
+        match self {
+            FeedForward::Dense(ffn) => ffn.forward(cx, h, n, scratch),
+            FeedForward::Moe(ffn) => ffn.forward(cx, h, n, scratch),
+        }
+    }
+
+    /// The block's weight tensors.
+    pub fn tensors(&self) -> impl Iterator<Item = &TensorInfo> {
+        let (dense, moe) = match self {
+            FeedForward::Dense(f) => (Some([&f.gate, &f.up, &f.down]), None),
+            FeedForward::Moe(f) => (
+                None,
+                Some([&f.router, &f.gate_exps, &f.up_exps, &f.down_exps]),
+            ),
+        };
+        dense.into_iter().flatten().chain(moe.into_iter().flatten())
+    }
+}
+
+/// One gated MLP over every row: `down(act(gate · h) * (up · h))`.
+#[derive(Debug, Clone)]
+pub struct DenseFfn {
+    pub gate: TensorInfo,
+    pub up: TensorInfo,
+    pub down: TensorInfo,
+}
+
+impl DenseFfn {
+    fn forward(
+        &self,
+        cx: FfnContext<'_>,
+        h: &mut [f32],
+        n: usize,
+        s: &mut FfnScratch,
+    ) -> Result<(), ModelError> {
+        let (be, model) = (cx.be, cx.model);
+        let ff = self.gate.rows() as usize;
+        let nt = n as u32;
+        let (gate, up) = (&mut s.gate[..n * ff], &mut s.up[..n * ff]);
+        op(
+            be.matmul(model.view(&self.gate), rs(h), nt, rm(gate)),
+            "matmul ffn_gate",
+        )?;
+        op(
+            be.matmul(model.view(&self.up), rs(h), nt, rm(up)),
+            "matmul ffn_up",
+        )?;
+        cx.gated(gate, up)?;
+        op(
+            be.matmul(model.view(&self.down), rs(gate), nt, rm(h)),
+            "matmul ffn_down",
+        )
+    }
+}
+
+/// The feed-forward block's activation buffers for batches of up to `n_batch` rows,
+/// allocated once per session.
+pub(crate) struct FfnScratch {
+    /// Gate and up projections (dense: `n × n_ff`; experts: their rows × `n_ff_exp`).
+    pub gate: Vec<f32>,
+    pub up: Vec<f32>,
+    /// Routing and per-expert buffers (empty for a dense model).
+    pub moe: MoeScratch,
+}
+
+impl FfnScratch {
+    pub fn new(hp: &HyperParams, experts: Option<ExpertParams>, n_batch: usize) -> FfnScratch {
+        let width = experts.map_or(hp.n_ff, |e| e.n_ff_exp);
+        FfnScratch {
+            gate: vec![0.0; n_batch * width],
+            up: vec![0.0; n_batch * width],
+            moe: experts.map_or_else(MoeScratch::default, |e| {
+                MoeScratch::new(hp.n_embd, e, n_batch)
+            }),
+        }
+    }
+}
