@@ -21,6 +21,7 @@ mod homelab;
 mod layering;
 mod layout;
 mod llama_cpp;
+mod random_gguf;
 mod random_moe;
 mod reference;
 mod ring_bench;

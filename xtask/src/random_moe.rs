@@ -26,7 +26,7 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use prima_core::gguf::{GgmlType, GgufFile, GgufWriter, Value};
 
-use crate::bench_models::random_llama::{add_stub_tokenizer, SplitMix64};
+use crate::random_gguf::{add_stub_tokenizer, SplitMix64};
 
 /// The generator's own source: part of each model's recipe.
 pub const SOURCE: &str = include_str!("random_moe.rs");

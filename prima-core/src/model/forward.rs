@@ -1,32 +1,14 @@
 //! The forward pass: token ids in, logits of the last position out, one backend
 //! operation at a time over buffers allocated once per session.
 
-use abi_stable::std_types::{RNone, RResult, RSlice, RSliceMut, RSome, RString};
+use abi_stable::std_types::{RNone, RResult, RSlice, RSome};
 
 use super::arch::AttentionScale;
+use super::backend_call::{op, rm, rs};
 use super::batch_plan::{check_entries, check_rows, plan_batches, Piece, SeqSpan, SeqTokens};
 use super::ffn::{FfnContext, FfnScratch};
 use super::{Model, ModelError, RopeScaling};
 use prima_abi::backend::{AttentionParams, AttentionSpan, BackendBox, KvSpec, RopeParams};
-
-/// Turns a backend result into a model error that names the operation.
-pub(super) fn op(result: RResult<(), RString>, name: &'static str) -> Result<(), ModelError> {
-    match result {
-        RResult::ROk(()) => Ok(()),
-        RResult::RErr(message) => Err(ModelError::Backend {
-            op: name,
-            message: message.into_string(),
-        }),
-    }
-}
-
-pub(super) fn rs(v: &[f32]) -> RSlice<'_, f32> {
-    RSlice::from_slice(v)
-}
-
-pub(super) fn rm(v: &mut [f32]) -> RSliceMut<'_, f32> {
-    RSliceMut::from_mut_slice(v)
-}
 
 /// Activation buffers sized for `n_batch` tokens, reused by every step.
 struct Scratch {

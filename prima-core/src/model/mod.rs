@@ -5,19 +5,19 @@
 //! operations; it holds weights as views into the GGUF mapping and never copies them.
 
 mod arch;
+mod backend_call;
 mod batch_plan;
 mod error;
 mod ffn;
 mod forward;
 mod hparams;
-mod moe;
 mod weights;
 
 pub use arch::Architecture;
 pub use batch_plan::{check_entries, check_rows, plan_batches, Piece, SeqSpan, SeqTokens};
 pub use error::ModelError;
+pub use ffn::MoeFfn;
 pub use ffn::{DenseFfn, FeedForward};
 pub use forward::{GpuLayers, Session};
 pub use hparams::{ExpertParams, HyperParams, RopeScaling};
-pub use moe::MoeFfn;
 pub use weights::{LayerWeights, Model};

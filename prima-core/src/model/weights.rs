@@ -5,8 +5,7 @@ use std::path::Path;
 
 use abi_stable::std_types::RSlice;
 
-use super::ffn::{DenseFfn, FeedForward};
-use super::moe::MoeFfn;
+use super::ffn::{DenseFfn, FeedForward, MoeFfn};
 use super::{Architecture, ExpertParams, HyperParams, ModelError};
 use crate::gguf::{GgmlType, GgufError, GgufFile, TensorInfo};
 use prima_abi::backend::{BackendBox, TensorView};

@@ -3,15 +3,18 @@
 //!
 //! A block differs in kind between architectures, not in a flag: a dense block
 //! ([`DenseFfn`]) runs one gated MLP over every row; a mixture of experts
-//! ([`MoeFfn`](super::moe::MoeFfn)) routes each row to a few of its experts. Each kind is
+//! ([`MoeFfn`](moe::MoeFfn)) routes each row to a few of its experts. Each kind is
 //! its own code; [`FeedForward`] only says which one a layer has. The norm before the
 //! block and the residual add after it are the layer's, shared by both kinds.
 
-use super::arch::FfnActivation;
-use super::forward::{op, rm, rs};
-use super::moe::{MoeFfn, MoeScratch};
-use super::{ExpertParams, HyperParams, Model, ModelError};
+mod moe;
+
 use crate::gguf::TensorInfo;
+use crate::model::arch::FfnActivation;
+use crate::model::backend_call::{op, rm, rs};
+use crate::model::{ExpertParams, HyperParams, Model, ModelError};
+pub use moe::MoeFfn;
+use moe::MoeScratch;
 use prima_abi::backend::BackendBox;
 
 /// What a feed-forward block computes with: the backend of the layer's side, the model

@@ -20,10 +20,10 @@
 //! row per chosen expert. Every row's result is the one it gets alone, since the
 //! backend's products are row by row.
 
-use super::ffn::{FfnContext, FfnScratch};
-use super::forward::{op, rm, rs};
-use super::{ExpertParams, ModelError};
+use super::{FfnContext, FfnScratch};
 use crate::gguf::TensorInfo;
+use crate::model::backend_call::{op, rm, rs};
+use crate::model::{ExpertParams, ModelError};
 
 /// A layer's experts and their router.
 #[derive(Debug, Clone)]
