@@ -9,7 +9,6 @@
 //! (`|w| · sign(a, w)`), since biased bytes would saturate `vpmaddubsw`. Same numerics
 //! contract as `panel512`: exact integer block sums, the scalar float terms lane by lane.
 
-use super::avx2::f32_at;
 use super::panel512::{element, float_kernels, BF16, F16, F32, FLOAT_ROWS};
 use super::panel512::{
     k4_block, k6_block, legacy_block, pack_k16, pack_legacy, pack_q4_k_imp, prep_q8_0, prep_q8_1,
@@ -18,6 +17,7 @@ use super::panel512::{
 };
 use crate::formats::float::bf16_products_exact;
 use crate::formats::k_quants::{q8_k, QK_K};
+use crate::formats::x86::lanes256::f32_at;
 use crate::formats::{q8_0, q8_1, PanelKernels};
 use core::arch::x86_64::*;
 use prima_core::gguf::GgmlType;
