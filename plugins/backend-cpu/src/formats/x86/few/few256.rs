@@ -9,6 +9,10 @@
 //! time, and the pair's float terms are the shared lane-wise ones. Block sums are exact in
 //! integers and each lane adds its terms in block order from 0.0, so every result equals
 //! the scalar `vec_dot` bit for bit.
+//!
+//! Not for: AVX-512 CPUs (`few512`, `rows::few_rows16`). Kept apart from `few512`, not
+//! folded: its byte dots are `vpmaddubsw` + `vpmaddwd` with a `vphaddd` tree per block pair,
+//! where `few512` takes `vpdpbusd` on two blocks per vector, so the loops differ beyond width.
 
 use super::{
     layout, pack_q8_0, pack_q8_1, terms4, weight_scales, MAX_TOKENS, MIN, PAIR_QUANTS, SDD, SPROD,

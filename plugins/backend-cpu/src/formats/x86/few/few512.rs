@@ -17,6 +17,8 @@
 //! Signed formats (Q4_0, Q5_0) are packed with their activations biased to unsigned
 //! (`a + 128`, as `vpdpbusd` takes them), and each weight pair's accumulators start at
 //! `−128 · Σw`, which takes the bias back exactly.
+//!
+//! Not for: AVX2-only CPUs (`few256`), or Q4_1, Q8_0 and IQ4_NL (`rows::few_rows16`).
 
 use super::{
     layout, pack_q8_0_biased, pack_q8_1, terms4, weight_scales, MAX_TOKENS, MIN, PAIR_QUANTS, SDD,

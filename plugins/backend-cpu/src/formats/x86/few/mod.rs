@@ -159,12 +159,14 @@ pub(super) fn pack_q8_1(n: usize, acts: &[u8], a_stride: usize, n_tokens: usize,
     )
 }
 
-/// How a format's block term is computed from its integer sum `s`, in the scalar order.
+/// How a format's block term is computed from its integer sum `s`, in the scalar order;
+/// `rows::few_rows16` takes the same three (its Q8_0, Q4_0 and IQ4_NL sums starting at the
+/// pack's bias correction).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Terms {
     /// `s · d · d_a` (Q4_0, Q5_0).
     Sdd,
-    /// `s · (d · d_a)` (Q8_0).
+    /// `s · (d · d_a)` (Q8_0, IQ4_NL).
     SProd,
     /// `d · d_a · s + m · s_a` (Q4_1, Q5_1).
     Min,

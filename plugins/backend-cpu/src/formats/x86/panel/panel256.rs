@@ -8,6 +8,11 @@
 //! the lane's scale at once. Q8_0 keeps its signed quants and takes the sign trick
 //! (`|w| · sign(a, w)`), since biased bytes would saturate `vpmaddubsw`. Same numerics
 //! contract as `panel512`: exact integer block sums, the scalar float terms lane by lane.
+//!
+//! Not for: AVX-512 CPUs (`panel512`). Kept apart from `panel512`, not folded: its tiles add
+//! `vpmaddubsw` pairs in i16 and widen by `vpmaddwd` where `panel512` has `vpdpbusd`, and its
+//! float tiles are two 8-lane passes; the row packs, token side data and float layout are
+//! `panel512`'s own, imported.
 
 use super::panel512::{element, float_kernels, BF16, F16, F32, FLOAT_ROWS};
 use super::panel512::{

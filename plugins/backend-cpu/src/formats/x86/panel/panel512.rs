@@ -18,6 +18,9 @@
 //! `j` of every row), unpacking scales in the lanes: written four bytes at a time, row by
 //! row, the packs took a sixth of a prompt's time. The row-at-a-time packs here
 //! (`pack_legacy`, `pack_q4_k_imp`, `pack_k16`) are the AVX2 panels'.
+//!
+//! Not for: BF16 by `vdpbf16ps` (`panel512_bf16`), IQ4 (`panel_iq4`), or choosing between
+//! them (`levels`).
 
 use crate::formats::k_quants::{q2_k, q3_k, q4_k, q5_k, q6_k, q8_k, unpack_scale_min_k4, QK_K};
 use crate::formats::x86::lanes256::{bits32, f32_at, load, nibbles32, reduce16};

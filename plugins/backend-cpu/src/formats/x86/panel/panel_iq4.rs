@@ -23,6 +23,8 @@
 //!
 //! Each lane's integer is the scalar kernel's `isum` (|isum| < 2^31: 8·32·241·127·32), and
 //! its float term `(d · d_a) · isum` the scalar kernel's operations in order.
+//!
+//! Not for: IQ4 one-row dots (`vec_dot::iq4`).
 
 use super::panel512::{i16_pair, prep_q8_k, put_lane, put_quants32, scaled_sub_block_sums, K_AUX};
 use crate::formats::k_quants::{q8_k, QK_K};

@@ -28,9 +28,11 @@
 //! The sums come out a vector per token, so `out` is written token-major, as `matmul` wants
 //! it (`FewKernels::token_major`). The last step of a call takes its missing rows as copies
 //! of its last row and drops their results.
+//!
+//! Not for: the K-quants and IQ4_XS (`kdec16`), or AVX2 (`few_rows8`).
 
 use super::step_rows;
-use crate::formats::x86::few::MAX_TOKENS;
+use crate::formats::x86::few::{MAX_TOKENS, MIN, SDD, SPROD};
 use crate::formats::x86::lanes512::{dwords4_by, f16_pair, iq4_table, lane_rows, spread_byte};
 use crate::formats::{iq4_nl, q4_0, q4_1, q5_0, q8_0, q8_1, FewKernels};
 use core::arch::x86_64::*;
@@ -355,21 +357,6 @@ unsafe fn prefetch<const NEAR: bool>(p: *const u8, bytes: usize) {
         }
     }
 }
-
-/// How a format's block term is computed from its integer sum `s`, in the scalar order.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Terms {
-    /// `s · (d · d_a)` (Q8_0), the sums starting at the pack's correction.
-    SProd,
-    /// `s · d · d_a` (Q4_0), likewise.
-    Sdd,
-    /// `d · d_a · s + m · s_a` (Q4_1).
-    Min,
-}
-
-const SPROD: u8 = Terms::SProd as u8;
-const SDD: u8 = Terms::Sdd as u8;
-const MIN: u8 = Terms::Min as u8;
 
 /// One block of a step's rows as `block(rows, block offset)` returns it: quant vector `j`
 /// (lane `r`: row `r`'s four quants that meet the activations' dword `j`, unsigned), and

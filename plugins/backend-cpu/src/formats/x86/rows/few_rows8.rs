@@ -13,6 +13,10 @@
 //! activations, whose eight pair sums per lane stay below 2^15 (`8 · 2 · 15 · 127`), so
 //! they are added in i16 and widened once; the sums start at the pack's `−8 · Σa`. The
 //! activations are packed as for [`super::few_rows16`] (one token).
+//!
+//! Not for: small batches (AVX2 has `few::few256`). Kept apart from `few_rows16`, not
+//! folded: its sums are `vpmaddubsw` pairs added in i16, not `vpdpbusd`, and it has no masked
+//! stores; what is the same (the pack, `step_rows`, the wrappers) is shared.
 
 use super::few_rows16::{pack_bytes, pack_q4_0, TOKEN_BLOCK};
 use super::step_rows;

@@ -35,6 +35,8 @@
 //! by its per-row work, not by memory.
 //!
 //! [`pack_bytes`] and [`pack_q8_k`] are also [`super::kdec8`]'s (AVX2).
+//!
+//! Not for: the 32-element formats (`few_rows16`), or AVX2 (`kdec8`).
 
 use super::few_rows16::{store, ROWS};
 use super::step_rows;

@@ -13,6 +13,10 @@
 //! measured 2–10% slower than `vec_dot` decoding the 1B Q5_K_M model, and Q3_K's high bits
 //! cost too much without byte masks (as fast as `vec_dot` from cache): both stay on
 //! `vec_dot`, as Q6_K does.
+//!
+//! Not for: Q6_K, Q5_K, Q3_K (`vec_dot`). Kept apart from `kdec16`, not folded: its
+//! products are `vpmaddubsw` + `vpmaddwd` (scaled as they widen), not `vpdpbusd` + `vpmulld`,
+//! so the inner loops differ; the pack, its layout constants and the wrappers are shared.
 
 use super::few_rows8::{dwords4, store, ROWS};
 use super::kdec16::{pack_bytes, pack_q8_k, prefetch_l2, D_A, GROUP_PAIRS, PACK_BLOCK, SUB_PAIRS};

@@ -5,6 +5,8 @@
 //! −128, so the `|x| · sign(y, x)` byte dots are exact and `maddubs` pairs stay below 2^15.
 //! Same numerics contract as `formats::x86`: integer sums exact, float terms the scalar
 //! kernels' operations in their order.
+//!
+//! Not for: IQ4 prompt panels (`panel::panel_iq4`) or decode (`rows::few_rows16`, `rows::kdec16`).
 
 use crate::formats::k_quants::{q8_k, QK_K};
 use crate::formats::x86::lanes256::{

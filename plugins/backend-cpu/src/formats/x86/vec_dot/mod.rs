@@ -3,7 +3,10 @@
 //! `matmul` runs row by row for decode and for prompts without row panels.
 //!
 //! - `dot256`: AVX2, every weight format but the IQ4 ones; `dot512`: AVX-512 VNNI, the
-//!   formats where it pays; `iq4`: IQ4_NL and IQ4_XS at both levels.
+//!   formats where it pays; `iq4`: IQ4_NL and IQ4_XS at both levels. `dot256` and
+//!   `dot512` are not width twins (VNNI's `vpdpbusd` and two blocks a vector against
+//!   `maddubs` + `madd`); what they share, the in-order block sums and the block-term
+//!   helpers, is in `lanes256`.
 //!
 //! Not for: kernels that take many rows a step (`rows`, `panel`) or small batches (`few`);
 //! choosing among these (`levels`).
