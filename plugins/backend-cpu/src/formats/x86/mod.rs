@@ -9,7 +9,9 @@
 //!   batches, 2–8 tokens), `rows` (one weight row per lane: decode, and some small
 //!   batches), `panel` (prompts, weights repacked into row panels), `attention`.
 //! - `levels`: which kernel serves each weight format at each level, the only module that
-//!   names kernels of several shapes, and the only one `formats::dispatch` reads.
+//!   names kernels of several shapes; nothing in x86 imports it, and `formats::dispatch`
+//!   takes the format tables from it (attention's products and `axpy_f16` from
+//!   `attention`).
 //!
 //! Each level's table takes the table of the level below and replaces the functions it
 //! accelerates. The kernels are `#[target_feature]` functions behind safe wrappers; the
@@ -24,6 +26,9 @@
 //! its kernels use `vfmadd` (and F16's and exact BF16's may, their products being exact).
 //! Activation quantizers write the scalar bytes. Block-quant kernels assume activations
 //! came from the quantizers (|q| ≤ 127), as `maddubs`-based dots need.
+//!
+//! Not for: feature detection or the choice of level (`formats::dispatch`), or the scalar
+//! references the tests compare against (`formats::scalar`, `formats::float`).
 
 /// Safe `fn` wrappers, with the table signatures, around `#[target_feature]` kernels of
 /// either level: `vec_dot` (one row against one), `x4` (one row against four activation
