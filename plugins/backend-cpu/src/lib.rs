@@ -5,7 +5,7 @@
 //! - [`ops`]: the backend operations (matmul, get_rows, norms, RoPE, element-wise,
 //!   attention over the KV cache) as plain Rust over slices, validating their inputs.
 //! - [`pool`]: the persistent thread pool and reusable scratch buffers.
-//! - [`backend`]: the ABI glue implementing `prima_core`'s `Backend` trait.
+//! - [`backend`]: the ABI glue implementing `prima_abi`'s `Backend` trait.
 
 pub mod backend;
 pub mod formats;

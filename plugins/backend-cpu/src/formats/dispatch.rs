@@ -100,9 +100,9 @@ impl KernelLevel {
         Some(match self {
             KernelLevel::Scalar => base,
             #[cfg(target_arch = "x86_64")]
-            KernelLevel::Avx2 => super::x86::avx2::overlay(base),
+            KernelLevel::Avx2 => super::x86::levels::avx2(base),
             #[cfg(target_arch = "x86_64")]
-            KernelLevel::Avx512 => super::x86::avx512::overlay(super::x86::avx2::overlay(base)),
+            KernelLevel::Avx512 => super::x86::levels::avx512(super::x86::levels::avx2(base)),
             #[cfg(not(target_arch = "x86_64"))]
             KernelLevel::Avx2 | KernelLevel::Avx512 => base,
             #[cfg(target_arch = "aarch64")]
@@ -125,7 +125,7 @@ impl KernelLevel {
         }
         Some(match self {
             #[cfg(target_arch = "x86_64")]
-            KernelLevel::Avx2 | KernelLevel::Avx512 => super::x86::avx2::axpy_f16,
+            KernelLevel::Avx2 | KernelLevel::Avx512 => super::x86::attention::axpy_f16,
             _ => float::axpy_f16,
         })
     }

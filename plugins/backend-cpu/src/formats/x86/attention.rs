@@ -6,9 +6,12 @@
 //! `i % 16`, folded by halving, then the tail in order; F16 × F16 products are exact in
 //! f32, so a fused multiply-add rounds like the scalar multiply-then-add), and a weighted
 //! value sum adds `w · v` to each element row after row, a multiply then an add as
-//! `axpy_f16` does (the weight need not be an F16 value).
+//! `axpy_f16` does (the weight need not be an F16 value). [`axpy_f16`], that one-row
+//! weighted sum with F16C, is here too: `dispatch` hands it out at both levels.
+//!
+//! Not for: weight matmuls (`vec_dot`, `rows`, `panel`, `few`).
 
-use super::avx2::{f16_at, f32_at, reduce16};
+use crate::formats::x86::lanes256::{f16_at, f32_at, reduce16};
 use crate::formats::{float, AttentionF16};
 use core::arch::x86_64::*;
 
@@ -335,4 +338,30 @@ unsafe fn axpys512<const H: usize>(
         }
     }
     axpys_tail::<H>(n, blocks, v0, stride, n_rows, w, a);
+}
+
+/// [`crate::formats::float::axpy_f16`] with F16C: eight lanes at a time, each a multiply then
+/// an add, as the scalar loop does per element.
+pub(in crate::formats) fn axpy_f16(acc: &mut [f32], w: f32, v: &[u8]) {
+    // SAFETY: only handed out by `dispatch` (`KernelLevel::axpy_f16`) after detecting avx2,
+    // fma and f16c.
+    unsafe { axpy_f16_imp(acc, w, v) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn axpy_f16_imp(acc: &mut [f32], w: f32, v: &[u8]) {
+    let n = acc.len().min(v.len() / 2);
+    let full = n / 8 * 8;
+    let wv = _mm256_set1_ps(w);
+    let (a, b) = (acc.as_mut_ptr(), v.as_ptr());
+    let mut i = 0;
+    while i < full {
+        let x = _mm256_cvtph_ps(_mm_loadu_si128(b.add(2 * i) as *const __m128i));
+        let y = _mm256_add_ps(_mm256_loadu_ps(a.add(i)), _mm256_mul_ps(wv, x));
+        _mm256_storeu_ps(a.add(i), y);
+        i += 8;
+    }
+    for j in full..n {
+        *a.add(j) += w * f16_at(b.add(2 * j));
+    }
 }

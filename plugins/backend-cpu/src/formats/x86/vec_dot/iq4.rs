@@ -1,74 +1,28 @@
-//! IQ4_NL and IQ4_XS `vec_dot` at AVX2 and AVX-512: the 4-bit indices are turned into
+//! IQ4_NL and IQ4_XS `vec_dot` (one row) at AVX2 and AVX-512: the 4-bit indices are turned into
 //! their signed table values by one `vpshufb` through [`iq4_nl::KVALUES`] (16 bytes, so
 //! one 128-bit lane holds the whole table), then dotted as signed bytes like Q8_0 (IQ4_NL)
 //! or scaled per sub-block like Q4_K (IQ4_XS). The table's values lie in −127..=113, never
 //! −128, so the `|x| · sign(y, x)` byte dots are exact and `maddubs` pairs stay below 2^15.
 //! Same numerics contract as `formats::x86`: integer sums exact, float terms the scalar
 //! kernels' operations in their order.
+//!
+//! Not for: IQ4 prompt panels (`panel::panel_iq4`) or decode (`rows::few_rows16`, `rows::kdec16`).
 
-use super::avx2::{
+use crate::formats::k_quants::{q8_k, QK_K};
+use crate::formats::x86::lanes256::{
     blocks, dot_i8_i8, f16_at, f16_x4, f32_at, hsum, load, nibbles32, prefetch_ahead, sum_blocks,
 };
-use super::avx512::{dot_i8_i8_512, fold, load_pair, nibbles32_pair, sum_block_pairs};
-use crate::formats::k_quants::{q8_k, QK_K};
-use crate::formats::{iq4_nl, iq4_xs, q8_0, FormatKernels};
+use crate::formats::x86::lanes512::{
+    dot_i8_i8_512, fold, load_pair, nibbles32_pair, sum_block_pairs,
+};
+use crate::formats::{iq4_nl, iq4_xs, q8_0};
 use core::arch::x86_64::*;
-use prima_abi::GgmlType;
 
-/// AVX2's IQ4 kernels over `k`.
-pub(super) fn overlay_avx2(mut k: FormatKernels) -> FormatKernels {
-    match k.weight_type {
-        GgmlType::IQ4NL => {
-            k.vec_dot = vec_dot_iq4_nl_avx2;
-            let q8 = super::panel256::kernels(GgmlType::Q8_0);
-            k.panel = super::panel_iq4::iq4_nl_kernels(q8, super::panel_iq4::pack_avx2);
-        }
-        GgmlType::IQ4XS => {
-            k.vec_dot = vec_dot_iq4_xs_avx2;
-            k.panel = Some(super::panel_iq4::iq4_xs_avx2());
-        }
-        _ => {}
-    }
-    k
-}
-
-/// AVX-512's IQ4 kernels over `k` (the AVX2 table).
-pub(super) fn overlay_avx512(mut k: FormatKernels) -> FormatKernels {
-    match k.weight_type {
-        GgmlType::IQ4NL => {
-            k.vec_dot = vec_dot_iq4_nl_avx512;
-            let q8 = super::panel512::kernels(GgmlType::Q8_0);
-            k.panel = super::panel_iq4::iq4_nl_kernels(q8, super::panel_iq4::pack_avx512);
-        }
-        GgmlType::IQ4XS => {
-            k.vec_dot = vec_dot_iq4_xs_avx512;
-            k.panel = Some(super::panel_iq4::iq4_xs_avx512());
-        }
-        _ => {}
-    }
-    k
-}
-
-fn vec_dot_iq4_nl_avx2(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    // SAFETY: only reachable through `overlay_avx2`'s table, which `dispatch` hands out
-    // after detecting avx2, fma and f16c (AVX-512 tables include it).
-    unsafe { dot_iq4_nl_avx2(n, w, a) }
-}
-
-fn vec_dot_iq4_xs_avx2(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    // SAFETY: as above.
-    unsafe { dot_iq4_xs_avx2(n, w, a) }
-}
-
-fn vec_dot_iq4_nl_avx512(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    // SAFETY: only reachable through `overlay_avx512`'s table, which `dispatch` hands out
-    // after detecting avx2, fma, f16c, avx512f, avx512bw, avx512vl and avx512vnni.
-    unsafe { dot_iq4_nl_avx512(n, w, a) }
-}
-
-fn vec_dot_iq4_xs_avx512(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    // SAFETY: as above.
-    unsafe { dot_iq4_xs_avx512(n, w, a) }
+table_wrappers! {
+    vec_dot vec_dot_iq4_nl_avx2 => dot_iq4_nl_avx2;
+    vec_dot vec_dot_iq4_xs_avx2 => dot_iq4_xs_avx2;
+    vec_dot vec_dot_iq4_nl_avx512 => dot_iq4_nl_avx512;
+    vec_dot vec_dot_iq4_xs_avx512 => dot_iq4_xs_avx512;
 }
 
 /// The table in both 128-bit lanes, for `vpshufb`.

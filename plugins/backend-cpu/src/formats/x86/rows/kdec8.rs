@@ -13,9 +13,14 @@
 //! measured 2–10% slower than `vec_dot` decoding the 1B Q5_K_M model, and Q3_K's high bits
 //! cost too much without byte masks (as fast as `vec_dot` from cache): both stay on
 //! `vec_dot`, as Q6_K does.
+//!
+//! Not for: Q6_K, Q5_K, Q3_K (`vec_dot`). Kept apart from `kdec16`, not folded: its
+//! products are `vpmaddubsw` + `vpmaddwd` (scaled as they widen), not `vpdpbusd` + `vpmulld`,
+//! so the inner loops differ; the pack, its layout constants and the wrappers are shared.
 
-use super::few_rows8::{dwords4, step_rows, store, ROWS};
+use super::few_rows8::{dwords4, store, ROWS};
 use super::kdec16::{pack_bytes, pack_q8_k, prefetch_l2, D_A, GROUP_PAIRS, PACK_BLOCK, SUB_PAIRS};
+use super::step_rows;
 use crate::formats::k_quants::{q2_k, q4_k, QK_K};
 use crate::formats::FewKernels;
 use core::arch::x86_64::*;
@@ -37,29 +42,8 @@ pub(in crate::formats) fn decode_kernels(t: GgmlType) -> Option<FewKernels> {
     })
 }
 
-/// Safe wrappers with the table's signature around this module's kernels; they check the
-/// rows, the pack and `out`.
-macro_rules! dot_wrappers {
-    ($($name:ident => $imp:ident, $block:expr;)*) => {
-        $(fn $name(n: usize, w: &[u8], w_stride: usize, pack: &[u8], n_tokens: usize, out: &mut [f32]) {
-            let (nb, wb) = (n / QK_K, $block);
-            assert_eq!(n_tokens, 1, "K-quant decode dot: {n_tokens} tokens");
-            let rows = out.len();
-            assert!(
-                pack.len() >= pack_bytes(n, 1)
-                    && w_stride >= nb * wb
-                    && (rows == 0 || w.len() >= (rows - 1) * w_stride + nb * wb),
-                "K-quant decode dot: short rows, pack or output"
-            );
-            // SAFETY: only reachable through the AVX2 `overlay` table (and the AVX-512
-            // one, which includes it), handed out after detecting avx2, fma and f16c; the
-            // rows, the pack and `out` are in bounds (above).
-            unsafe { $imp(n, w, w_stride, pack, out) }
-        })*
-    };
-}
-
-dot_wrappers! {
+decode_wrappers! {
+    QK_K;
     dot_q4_k => rows_q4_k, q4_k::BLOCK_BYTES;
     dot_q2_k => rows_q2_k, q2_k::BLOCK_BYTES;
 }
@@ -110,7 +94,7 @@ unsafe fn rows_q4_k(n: usize, w: &[u8], ws: usize, pack: &[u8], out: &mut [f32])
     let (m6, top2) = (_mm256_set1_epi8(0x3F), _mm256_set1_epi8(0x30));
     let even16 = _mm256_set1_epi32(0x00FF_00FF);
     for first in (0..rows).step_by(ROWS) {
-        let row = step_rows(w, ws, first, rows);
+        let row = step_rows::<ROWS>(w, ws, first, rows);
         let mut acc = _mm256_setzero_ps();
         // The next step's rows, a super-block's share of them each super-block, into L2
         // (see `kdec16::prefetch_l2`).
@@ -186,7 +170,7 @@ unsafe fn rows_q2_k(n: usize, w: &[u8], ws: usize, pack: &[u8], out: &mut [f32])
     let (three, m4) = (_mm256_set1_epi8(3), _mm256_set1_epi8(0x0F));
     let even16 = _mm256_set1_epi32(0x00FF_00FF);
     for first in (0..rows).step_by(ROWS) {
-        let row = step_rows(w, ws, first, rows);
+        let row = step_rows::<ROWS>(w, ws, first, rows);
         let mut acc = _mm256_setzero_ps();
         let next = w.as_ptr().wrapping_add((first + ROWS) * ws);
         for i in 0..nb {

@@ -8,8 +8,12 @@
 //! the lane's scale at once. Q8_0 keeps its signed quants and takes the sign trick
 //! (`|w| · sign(a, w)`), since biased bytes would saturate `vpmaddubsw`. Same numerics
 //! contract as `panel512`: exact integer block sums, the scalar float terms lane by lane.
+//!
+//! Not for: AVX-512 CPUs (`panel512`). Kept apart from `panel512`, not folded: its tiles add
+//! `vpmaddubsw` pairs in i16 and widen by `vpmaddwd` where `panel512` has `vpdpbusd`, and its
+//! float tiles are two 8-lane passes; the row packs, token side data and float layout are
+//! `panel512`'s own, imported.
 
-use super::avx2::f32_at;
 use super::panel512::{element, float_kernels, BF16, F16, F32, FLOAT_ROWS};
 use super::panel512::{
     k4_block, k6_block, legacy_block, pack_k16, pack_legacy, pack_q4_k_imp, prep_q8_0, prep_q8_1,
@@ -18,6 +22,7 @@ use super::panel512::{
 };
 use crate::formats::float::bf16_products_exact;
 use crate::formats::k_quants::{q8_k, QK_K};
+use crate::formats::x86::lanes256::f32_at;
 use crate::formats::{q8_0, q8_1, PanelKernels};
 use core::arch::x86_64::*;
 use prima_abi::GgmlType;

@@ -1,5 +1,7 @@
-//! Shared parts of the x86 small-batch kernels (see [`crate::formats::FewKernels`]): the
-//! activation pack both levels read, and the per-pair float terms.
+//! Small-batch kernels (see [`crate::formats::FewKernels`]): weight rows against 2 ..= 8
+//! tokens, continuous batching's decode steps, with the weights read where they lie.
+//! This module holds what both levels share: the activation pack, the per-pair float
+//! terms and the safe wrappers; `few256` (AVX2) and `few512` (AVX-512 VNNI) the kernels.
 //!
 //! A pack holds, for each pair of blocks, each token's 64 quant bytes (two blocks)
 //! contiguous, so a token's dot with a weight pair reads one run; then per pair the
@@ -8,6 +10,9 @@
 //! step of two rows can take two tokens twice). Each lane's float term is the scalar
 //! kernel's expression in its order, so each result equals the scalar `vec_dot` bit for
 //! bit.
+//!
+//! Not for: the formats whose small batches take one row per lane (`rows::few_rows16`), or
+//! choosing kernels (`levels`).
 
 use crate::formats::{f16_at as f16_le, q8_0, q8_1};
 use core::arch::x86_64::*;
@@ -154,12 +159,14 @@ pub(super) fn pack_q8_1(n: usize, acts: &[u8], a_stride: usize, n_tokens: usize,
     )
 }
 
-/// How a format's block term is computed from its integer sum `s`, in the scalar order.
+/// How a format's block term is computed from its integer sum `s`, in the scalar order;
+/// `rows::few_rows16` takes the same three (its Q8_0, Q4_0 and IQ4_NL sums starting at the
+/// pack's bias correction).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Terms {
     /// `s · d · d_a` (Q4_0, Q5_0).
     Sdd,
-    /// `s · (d · d_a)` (Q8_0).
+    /// `s · (d · d_a)` (Q8_0, IQ4_NL).
     SProd,
     /// `d · d_a · s + m · s_a` (Q4_1, Q5_1).
     Min,
@@ -243,10 +250,13 @@ macro_rules! few_dot_wrappers {
                     && (rows == 0 || w.len() >= (rows - 1) * w_stride + nb * $block),
                 "few-token dot: short rows, pack or output"
             );
-            // SAFETY: only reachable through the level's `overlay` table, which `dispatch`
+            // SAFETY: only reachable through the level's `levels` table, which `dispatch`
             // hands out after detecting the level's features (those `$imp` enables); the
             // rows, the pack and `out` are in bounds (above).
             unsafe { $imp(n, w, w_stride, pack, n_tokens, out) }
         })*
     };
 }
+
+pub(super) mod few256;
+pub(super) mod few512;

@@ -35,10 +35,14 @@
 //! by its per-row work, not by memory.
 //!
 //! [`pack_bytes`] and [`pack_q8_k`] are also [`super::kdec8`]'s (AVX2).
+//!
+//! Not for: the 32-element formats (`few_rows16`), or AVX2 (`kdec8`).
 
-use super::few_rows16::{dwords4, f16_pair, iq4_table, step_rows, store, ROWS};
+use super::few_rows16::{store, ROWS};
+use super::step_rows;
 use crate::formats::iq4_xs;
 use crate::formats::k_quants::{q2_k, q4_k, q8_k, QK_K};
+use crate::formats::x86::lanes512::{bytes4, dwords4, f16_pair, iq4_table, k4_scales_mins};
 use crate::formats::FewKernels;
 use core::arch::x86_64::*;
 use prima_abi::GgmlType;
@@ -106,67 +110,11 @@ pub(super) fn pack_q8_k(n: usize, acts: &[u8], _a_stride: usize, n_tokens: usize
     }
 }
 
-/// Safe wrappers with the table's signature around this module's kernels; they check the
-/// rows, the pack and `out`.
-macro_rules! dot_wrappers {
-    ($($name:ident => $imp:ident, $block:expr;)*) => {
-        $(fn $name(n: usize, w: &[u8], w_stride: usize, pack: &[u8], n_tokens: usize, out: &mut [f32]) {
-            let (nb, wb) = (n / QK_K, $block);
-            assert_eq!(n_tokens, 1, "K-quant decode dot: {n_tokens} tokens");
-            let rows = out.len();
-            assert!(
-                pack.len() >= pack_bytes(n, 1)
-                    && w_stride >= nb * wb
-                    && (rows == 0 || w.len() >= (rows - 1) * w_stride + nb * wb),
-                "K-quant decode dot: short rows, pack or output"
-            );
-            // SAFETY: only reachable through the AVX-512 `overlay` table, which `dispatch`
-            // hands out after detecting the features `$imp` enables; the rows, the pack and
-            // `out` are in bounds (above).
-            unsafe { $imp(n, w, w_stride, pack, out) }
-        })*
-    };
-}
-
-dot_wrappers! {
+decode_wrappers! {
+    QK_K;
     dot_q4_k => rows_q4_k, q4_k::BLOCK_BYTES;
     dot_q2_k => rows_q2_k, q2_k::BLOCK_BYTES;
     dot_iq4_xs => rows_iq4_xs, iq4_xs::BLOCK_BYTES;
-}
-
-/// The byte `b` of each lane's dword, zero-extended.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-#[inline]
-pub(super) unsafe fn bytes4(v: __m512i) -> [__m512i; 4] {
-    let ff = _mm512_set1_epi32(0xFF);
-    [
-        _mm512_and_si512(v, ff),
-        _mm512_and_si512(_mm512_srli_epi32::<8>(v), ff),
-        _mm512_and_si512(_mm512_srli_epi32::<16>(v), ff),
-        _mm512_srli_epi32::<24>(v),
-    ]
-}
-
-/// A K4 super-block's six-bit scales and mins (`unpack_scale_min_k4`) from its scale
-/// dwords 1 ..= 3 (`s1`, `s2`, `s3`), sixteen rows in the lanes: `[scales 0–3, scales 4–7,
-/// mins 0–3, mins 4–7]`, one per byte of each lane's dword.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-#[inline]
-pub(super) unsafe fn k4_scales_mins(s1: __m512i, s2: __m512i, s3: __m512i) -> [__m512i; 4] {
-    let (m6, m4, top2) = (
-        _mm512_set1_epi8(0x3F),
-        _mm512_set1_epi8(0x0F),
-        _mm512_set1_epi8(0x30),
-    );
-    let high = |s: __m512i, low: __m512i| {
-        _mm512_or_si512(low, _mm512_and_si512(_mm512_srli_epi32::<2>(s), top2))
-    };
-    [
-        _mm512_and_si512(s1, m6),
-        high(s1, _mm512_and_si512(s3, m4)),
-        _mm512_and_si512(s2, m6),
-        high(s2, _mm512_and_si512(_mm512_srli_epi32::<4>(s3), m4)),
-    ]
 }
 
 /// Prefetches the cache lines of `p .. p + bytes` into L2, not L1: a step's next rows
@@ -197,7 +145,7 @@ unsafe fn rows_q4_k(n: usize, w: &[u8], ws: usize, pack: &[u8], out: &mut [f32])
     let low = _mm512_set1_epi8(0x0F);
     let even16 = _mm512_set1_epi32(0x00FF_00FF);
     for first in (0..rows).step_by(ROWS) {
-        let row = step_rows(w, ws, first, rows);
+        let row = step_rows::<ROWS>(w, ws, first, rows);
         let mut acc = _mm512_setzero_ps();
         // The next step's rows, a super-block's share of them each super-block (see
         // `few_rows16::rows_n`).
@@ -270,7 +218,7 @@ unsafe fn rows_iq4_xs(n: usize, w: &[u8], ws: usize, pack: &[u8], out: &mut [f32
     let table = iq4_table();
     let (four_bits, two_bits) = (_mm512_set1_epi32(0x0F), _mm512_set1_epi32(3));
     for first in (0..rows).step_by(ROWS) {
-        let row = step_rows(w, ws, first, rows);
+        let row = step_rows::<ROWS>(w, ws, first, rows);
         let mut acc = _mm512_setzero_ps();
         // The next step's rows, a super-block's share of them each super-block (see
         // `few_rows16::rows_n`).
@@ -334,7 +282,7 @@ unsafe fn rows_q2_k(n: usize, w: &[u8], ws: usize, pack: &[u8], out: &mut [f32])
     let (three, m4) = (_mm512_set1_epi8(3), _mm512_set1_epi8(0x0F));
     let even16 = _mm512_set1_epi32(0x00FF_00FF);
     for first in (0..rows).step_by(ROWS) {
-        let row = step_rows(w, ws, first, rows);
+        let row = step_rows::<ROWS>(w, ws, first, rows);
         let mut acc = _mm512_setzero_ps();
         let next = w.as_ptr().wrapping_add((first + ROWS) * ws);
         for i in 0..nb {

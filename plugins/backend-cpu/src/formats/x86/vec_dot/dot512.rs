@@ -1,103 +1,42 @@
-//! AVX-512 (F/BW/VL) + VNNI kernels for the formats where they pay: VNNI's `vpdpbusd`
-//! fuses the byte dot and its widening sum in the 32-element quants, and Q4_K/Q6_K walk
-//! 64 quants per instruction (one token, and four tokens for prefill). For prefill the
-//! 32-element signed formats (Q4_0, Q5_0, Q8_0) have two-row × four-token tiles. Everything
-//! else keeps the AVX2 kernels (this level includes AVX2). Same numerics contract as `formats::x86`. (These intrinsics are stable since
-//! Rust 1.89, the workspace's `rust-version`.)
+//! AVX-512 (F/BW/VL) + VNNI one-row kernels for the formats where they pay: VNNI's
+//! `vpdpbusd` fuses the byte dot and its widening sum in the 32-element quants, and
+//! Q4_K/Q6_K walk 64 quants per instruction (one token, and four tokens for prefill). For
+//! prefill the 32-element signed formats (Q4_0, Q5_0, Q8_0) and Q4_K/Q6_K have two-row ×
+//! four-token tiles (`vec_dot_2x4`, `vec_dot_2x8`). Every other format keeps its AVX2
+//! kernel (`dot256`; this level includes AVX2). (These intrinsics are stable since Rust
+//! 1.89, the workspace's `rust-version`.)
+//!
+//! Not for: IQ4 formats (`vec_dot::iq4`), or kernels of many rows a step (`few`, `rows`,
+//! `panel`).
 
-use super::avx2::{
+use crate::formats::k_quants::{q4_k, q6_k, q8_k, QK_K};
+use crate::formats::x86::lanes256::{
     add_in_order, bits32, blocks, f16_at, f16_pairs4, f16_x4, f32_at, hsum, hsum4, k4_terms_x4,
     load, mins_x2, nibbles32, prefetch_ahead, q4_1_term, q6k_offset, q6k_terms_x4, q8k_d_x4,
     scales_mins_k4, terms4_q4_1, terms4_sdd,
 };
-use crate::formats::k_quants::{q4_k, q6_k, q8_k, QK_K};
-use crate::formats::{q4_0, q4_1, q5_0, q8_0, q8_1, FormatKernels};
+use crate::formats::x86::lanes512::{
+    dot_i8_i8_512, fold, join, load_pair, nibbles32_pair, sum_block_pairs,
+};
+use crate::formats::{q4_0, q4_1, q5_0, q8_0, q8_1};
 use core::arch::x86_64::*;
-use prima_abi::GgmlType;
 
-/// Replaces the functions of `k` (the AVX2 table) that have an AVX-512 version.
-pub(in crate::formats) fn overlay(mut k: FormatKernels) -> FormatKernels {
-    use GgmlType as T;
-    k.vec_dot = match k.weight_type {
-        T::Q4_0 => vec_dot_q4_0,
-        T::Q4_1 => vec_dot_q4_1,
-        T::Q5_0 => vec_dot_q5_0,
-        T::Q8_0 => vec_dot_q8_0,
-        T::Q4K => vec_dot_q4_k,
-        T::Q6K => vec_dot_q6_k,
-        _ => k.vec_dot,
-    };
-    k.vec_dot_x4 = match k.weight_type {
-        T::Q4K => Some(vec_dot_x4_q4_k),
-        T::Q6K => Some(vec_dot_x4_q6_k),
-        _ => k.vec_dot_x4,
-    };
-    k.vec_dot_2x8 = match k.weight_type {
-        T::Q4_0 => Some(vec_dot_2x8_q4_0),
-        T::Q5_0 => Some(vec_dot_2x8_q5_0),
-        T::Q8_0 => Some(vec_dot_2x8_q8_0),
-        T::Q4K => Some(vec_dot_2x8_q4_k),
-        _ => k.vec_dot_2x8,
-    };
-    k.vec_dot_2x4 = match k.weight_type {
-        T::Q4K => Some(vec_dot_2x4_q4_k),
-        T::Q6K => Some(vec_dot_2x4_q6_k),
-        T::Q4_0 => Some(vec_dot_2x4_q4_0),
-        T::Q5_0 => Some(vec_dot_2x4_q5_0),
-        T::Q8_0 => Some(vec_dot_2x4_q8_0),
-        _ => k.vec_dot_2x4,
-    };
-    k.panel = super::panel512::kernels(k.weight_type).or(k.panel);
-    k.few = super::few512::kernels(k.weight_type).or(k.few);
-    k.decode = super::few_rows16::decode_kernels(k.weight_type)
-        .or_else(|| super::kdec16::decode_kernels(k.weight_type))
-        .or(k.decode);
-    super::iq4::overlay_avx512(k)
-}
-
-macro_rules! wrappers {
-    ($($name:ident => $imp:ident;)*) => {
-        $(fn $name(n: usize, w: &[u8], a: &[u8]) -> f32 {
-            // SAFETY: only reachable through `overlay`'s table, which `dispatch` hands out
-            // after detecting avx2, fma, f16c, avx512f, avx512bw, avx512vl and avx512vnni.
-            unsafe { $imp(n, w, a) }
-        })*
-    };
-}
-
-wrappers! {
-    vec_dot_q4_0 => dot_q4_0;
-    vec_dot_q4_1 => dot_q4_1;
-    vec_dot_q5_0 => dot_q5_0;
-    vec_dot_q8_0 => dot_q8_0;
-    vec_dot_q4_k => dot_q4_k;
-    vec_dot_q6_k => dot_q6_k;
-}
-
-/// Safe wrappers of the four-token K-quant kernels; they check that the four rows are in
-/// bounds.
-macro_rules! x4_wrappers {
-    ($($name:ident => $imp:ident;)*) => {
-        $(fn $name(n: usize, w: &[u8], a: &[u8], a_stride: usize) -> [f32; 4] {
-            let row = (n / QK_K) * q8_k::BLOCK_BYTES;
-            assert!(a_stride >= row && a.len() >= 3 * a_stride + row, "vec_dot_x4: short rows");
-            // SAFETY: only reachable through `overlay`'s table, which `dispatch` hands out
-            // after detecting the AVX-512 features (and AVX2's); the rows are in bounds.
-            unsafe { $imp(n, w, a, a_stride) }
-        })*
-    };
-}
-
-x4_wrappers! {
-    vec_dot_x4_q4_k => dot_x4_q4_k;
-    vec_dot_x4_q6_k => dot_x4_q6_k;
+table_wrappers! {
+    vec_dot vec_dot_q4_0 => dot_q4_0;
+    vec_dot vec_dot_q4_1 => dot_q4_1;
+    vec_dot vec_dot_q5_0 => dot_q5_0;
+    vec_dot vec_dot_q8_0 => dot_q8_0;
+    vec_dot vec_dot_q4_k => dot_q4_k;
+    vec_dot vec_dot_q6_k => dot_q6_k;
+    x4 vec_dot_x4_q4_k => dot_x4_q4_k, QK_K, q8_k::BLOCK_BYTES;
+    x4 vec_dot_x4_q6_k => dot_x4_q6_k, QK_K, q8_k::BLOCK_BYTES;
 }
 
 /// Safe wrappers of the two-row, four-token kernels; they check that both weight rows and
 /// the four activation rows are in bounds.
 macro_rules! x2x4_wrappers {
     ($($name:ident => $imp:ident, $elems:expr, $w_block:expr, $act_block:expr;)*) => {
-        $(fn $name(n: usize, w: &[u8], w_stride: usize, a: &[u8], a_stride: usize) -> [f32; 8] {
+        $(pub(in crate::formats::x86) fn $name(n: usize, w: &[u8], w_stride: usize, a: &[u8], a_stride: usize) -> [f32; 8] {
             let (w_row, a_row) = ((n / $elems) * $w_block, (n / $elems) * $act_block);
             assert!(
                 w_stride >= w_row && w.len() >= w_stride + w_row,
@@ -107,7 +46,7 @@ macro_rules! x2x4_wrappers {
                 a_stride >= a_row && a.len() >= 3 * a_stride + a_row,
                 "vec_dot_2x4: short activation rows"
             );
-            // SAFETY: only reachable through `overlay`'s table, which `dispatch` hands out
+            // SAFETY: only reachable through the `levels` table, which `dispatch` hands out
             // after detecting the AVX-512 features (and AVX2's); the rows are in bounds.
             unsafe { $imp(n, w, w_stride, a, a_stride) }
         })*
@@ -130,7 +69,7 @@ macro_rules! x2xg_wrappers {
             // SAFETY: the caller (the `x2x4_wrappers` function) checked bounds and features.
             unsafe { $imp::<1>(n, w, ws, a, st)[0] }
         }
-        fn $name8(n: usize, w: &[u8], w_stride: usize, a: &[u8], a_stride: usize) -> [[f32; 8]; 2] {
+        pub(in crate::formats::x86) fn $name8(n: usize, w: &[u8], w_stride: usize, a: &[u8], a_stride: usize) -> [[f32; 8]; 2] {
             let (w_row, a_row) = ((n / $elems) * $w_block, (n / $elems) * $a_block);
             assert!(
                 w_stride >= w_row && w.len() >= w_stride + w_row,
@@ -140,7 +79,7 @@ macro_rules! x2xg_wrappers {
                 a_stride >= a_row && a.len() >= 7 * a_stride + a_row,
                 "vec_dot_2x8: short activation rows"
             );
-            // SAFETY: only reachable through `overlay`'s table, which `dispatch` hands out
+            // SAFETY: only reachable through the `levels` table, which `dispatch` hands out
             // after detecting the AVX-512 features (and AVX2's); the rows are in bounds.
             unsafe { $imp::<2>(n, w, w_stride, a, a_stride) }
         })*
@@ -166,72 +105,6 @@ unsafe fn dot_u8_i8(u: __m256i, s: __m256i) -> __m256i {
 #[inline]
 unsafe fn dot_i8_i8(x: __m256i, y: __m256i) -> __m256i {
     dot_u8_i8(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x))
-}
-
-/// `Σ term(i, Σ partial(i))` over blocks `0..nb` as `avx2::sum_blocks` computes it (float
-/// terms added in block order), but taking two blocks' integer dots per 512-bit vector:
-/// `pair(i)` holds block `i` in its low eight i32 lanes and block `i + 1` in its high eight.
-/// `single(i)` serves the last block of an odd count.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-#[inline]
-pub(super) unsafe fn sum_block_pairs(
-    nb: usize,
-    mut pair: impl FnMut(usize) -> __m512i,
-    mut single: impl FnMut(usize) -> __m256i,
-    mut term: impl FnMut(usize, i32) -> f32,
-    mut terms4: impl FnMut(usize, __m128) -> __m128,
-) -> f32 {
-    let halves = |v: __m512i| (_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
-    let mut sum = 0.0f32;
-    let mut i = 0;
-    while i + 4 <= nb {
-        let (p0, p1) = halves(pair(i));
-        let (p2, p3) = halves(pair(i + 2));
-        sum = add_in_order(sum, terms4(i, _mm_cvtepi32_ps(hsum4([p0, p1, p2, p3]))));
-        i += 4;
-    }
-    if i + 2 <= nb {
-        let (p0, p1) = halves(pair(i));
-        sum += term(i, hsum(p0));
-        sum += term(i + 1, hsum(p1));
-        i += 2;
-    }
-    if i < nb {
-        sum += term(i, hsum(single(i)));
-    }
-    sum
-}
-
-/// The 32 nibbles of each of the 16-byte runs at `p` and `p + stride`, as
-/// `[low nibbles, high nibbles]` of the first, then of the second (two blocks' quants in
-/// element order).
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-#[inline]
-pub(super) unsafe fn nibbles32_pair(p: *const u8, stride: usize) -> __m512i {
-    let t0 = _mm_loadu_si128(p as *const __m128i);
-    let t1 = _mm_loadu_si128(p.add(stride) as *const __m128i);
-    let t = _mm512_inserti32x4(_mm512_castsi128_si512(t0), t1, 2);
-    // [t0, t0, t1, t1], then the second copy of each shifted to its high nibbles.
-    let t = _mm512_shuffle_i32x4(t, t, 0b10_10_00_00);
-    let t = _mm512_mask_srli_epi16(t, 0xFF00_FF00, t, 4);
-    _mm512_and_si512(t, _mm512_set1_epi8(0x0F))
-}
-
-/// The 32-byte runs at `p` and `p + stride` as one vector.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-#[inline]
-pub(super) unsafe fn load_pair(p: *const u8, stride: usize) -> __m512i {
-    join(load(p), load(p.add(stride)))
-}
-
-/// `Σ x·y` of signed bytes (y ≠ −128) in groups of four, as 16 i32s: `|x| · (±y)` with the
-/// sign moved onto y by a mask (AVX-512 has no `vpsignb`).
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-#[inline]
-pub(super) unsafe fn dot_i8_i8_512(x: __m512i, y: __m512i) -> __m512i {
-    let neg = _mm512_movepi8_mask(x);
-    let y = _mm512_mask_sub_epi8(y, neg, _mm512_setzero_si512(), y);
-    _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(x), y)
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -338,13 +211,6 @@ unsafe fn dot_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
             )
         },
     )
-}
-
-/// `[lo | hi]` as one 512-bit vector.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-#[inline]
-unsafe fn join(lo: __m256i, hi: __m256i) -> __m512i {
-    _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)
 }
 
 /// `vpshufb` indices that widen bytes `2c` and `2c + 1` of a broadcast u64 into
@@ -541,12 +407,6 @@ unsafe fn scale_quarters(scales16: __m256i, q: usize) -> __m512i {
     _mm512_permutexvar_epi16(idx, _mm512_castsi256_si512(scales16))
 }
 
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-#[inline]
-pub(super) unsafe fn fold(v: __m512i) -> __m256i {
-    _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1))
-}
-
 /// One Q4_K row against four tokens, 64 quants per instruction: each 32-byte slice of
 /// quants is split into its two sub-blocks once and dotted against all four tokens.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -610,7 +470,6 @@ unsafe fn dot_x4_q6_k(n: usize, w: &[u8], a: &[u8], st: usize) -> [f32; 4] {
     out
 }
 
-// ---- two rows × four tokens, 32-element blocks with signed quants ----
 //
 // (A one-row, four-token VNNI kernel measured no faster than AVX2's sign/maddubs one: the
 // per-block reduction and scale terms dominate. Sharing each token's activation loads, bias
@@ -789,8 +648,6 @@ unsafe fn dot_2x4g_q8_0<const G: usize>(
         },
     )
 }
-
-// ---- two rows × four tokens, Q4_K and Q6_K ----
 
 /// Four tokens' 16-lane accumulators of one row folded pairwise to `[tokens 0,1; tokens 2,3]`
 /// with each token's 8 partial sums in one 256-bit half, as [`reduce_2x4`] takes them.

@@ -1,96 +1,20 @@
-//! AVX2 + FMA + F16C kernels: every weight format's `vec_dot`, and the Q8_0, Q8_1 and Q8_K
-//! activation quantizers.
+//! AVX2 + FMA + F16C one-row kernels: every weight format's `vec_dot` (one weight row
+//! against one activation row) and the four-token `vec_dot_x4` of Q4_0, Q4_1, Q5_0, Q8_0,
+//! Q4_K and Q6_K.
 //!
-//! All functions here are `unsafe` only because they use these instructions; see
-//! `formats::x86` for the numerics contract and how the safe wrappers are guarded.
+//! Not for: activation quantizers (`x86::quantize`), IQ4 formats (`vec_dot::iq4`), or the
+//! kernels that take many rows or tokens a step (`few`, `rows`, `panel`).
 
 use crate::formats::k_quants::{q2_k, q3_k, q4_k, q5_k, q6_k, q8_k, QK_K};
-use crate::formats::{put_f16, q4_0, q4_1, q5_0, q5_1, q8_0, q8_1, FormatKernels};
+use crate::formats::x86::lanes256::{
+    bits32, blocks, dot_i8_i8, dot_u8_i8, f16_at, f16_pairs4, f16_x4, f32_at, hsum, hsum4,
+    k4_terms_x4, load, nibbles32, prefetch_ahead, q4_1_term, q6k_offset, q6k_terms_x4, reduce16,
+    scales_mins_k4, sum_blocks, terms4_q4_1, terms4_sdd,
+};
+use crate::formats::{q4_0, q4_1, q5_0, q5_1, q8_0, q8_1};
 use core::arch::x86_64::*;
-use prima_abi::GgmlType;
 
-/// Replaces the functions of `k` (the scalar table) that have an AVX2 version.
-pub(in crate::formats) fn overlay(mut k: FormatKernels) -> FormatKernels {
-    use GgmlType as T;
-    k.vec_dot = match k.weight_type {
-        T::F32 => vec_dot_f32,
-        T::F16 => vec_dot_f16,
-        T::BF16 => vec_dot_bf16,
-        T::Q4_0 => vec_dot_q4_0,
-        T::Q4_1 => vec_dot_q4_1,
-        T::Q5_0 => vec_dot_q5_0,
-        T::Q5_1 => vec_dot_q5_1,
-        T::Q8_0 => vec_dot_q8_0,
-        T::Q2K => vec_dot_q2_k,
-        T::Q3K => vec_dot_q3_k,
-        T::Q4K => vec_dot_q4_k,
-        T::Q5K => vec_dot_q5_k,
-        T::Q6K => vec_dot_q6_k,
-        T::IQ4NL | T::IQ4XS | T::Q8_1 | T::Q8K => k.vec_dot,
-    };
-    k.vec_dot_x4 = match k.weight_type {
-        T::Q4_0 => Some(vec_dot_x4_q4_0),
-        T::Q4_1 => Some(vec_dot_x4_q4_1),
-        T::Q5_0 => Some(vec_dot_x4_q5_0),
-        T::Q8_0 => Some(vec_dot_x4_q8_0),
-        T::Q4K => Some(vec_dot_x4_q4_k),
-        T::Q6K => Some(vec_dot_x4_q6_k),
-        _ => k.vec_dot_x4,
-    };
-    k.quantize_activation = match k.vec_dot_type {
-        T::Q8_0 => quantize_row_q8_0,
-        T::Q8_1 => quantize_row_q8_1,
-        T::Q8K => quantize_row_q8_k,
-        T::F16 => quantize_row_f16,
-        _ => k.quantize_activation,
-    };
-    k.panel = super::panel256::kernels(k.weight_type).or(k.panel);
-    k.few = super::few256::kernels(k.weight_type).or(k.few);
-    k.decode = super::few_rows8::decode_kernels(k.weight_type)
-        .or_else(|| super::kdec8::decode_kernels(k.weight_type))
-        .or(k.decode);
-    super::iq4::overlay_avx2(k)
-}
-
-/// Safe `fn` wrappers with the table signatures around the `#[target_feature]` kernels.
-macro_rules! wrappers {
-    ($(vec_dot $name:ident => $imp:ident;)* $(quantize $qname:ident => $qimp:ident;)*) => {
-        $(fn $name(n: usize, w: &[u8], a: &[u8]) -> f32 {
-            // SAFETY: only reachable through `overlay`'s table, which `dispatch` hands out
-            // after detecting avx2, fma and f16c (AVX-512 tables include it).
-            unsafe { $imp(n, w, a) }
-        })*
-        $(fn $qname(x: &[f32], out: &mut [u8]) {
-            // SAFETY: as for the vec_dot wrappers above.
-            unsafe { $qimp(x, out) }
-        })*
-    };
-}
-
-/// Safe wrappers of the four-token kernels; they check that the four rows are in bounds.
-/// `$elems` and `$act_block` are the activation type's block elements and bytes.
-macro_rules! x4_wrappers {
-    ($($name:ident => $imp:ident, $elems:expr, $act_block:expr;)*) => {
-        $(fn $name(n: usize, w: &[u8], a: &[u8], a_stride: usize) -> [f32; 4] {
-            let row = (n / $elems) * $act_block;
-            assert!(a_stride >= row && a.len() >= 3 * a_stride + row, "vec_dot_x4: short rows");
-            // SAFETY: only reachable through `overlay`'s table, which `dispatch` hands out
-            // after detecting avx2, fma and f16c; the four rows are in bounds (above).
-            unsafe { $imp(n, w, a, a_stride) }
-        })*
-    };
-}
-
-x4_wrappers! {
-    vec_dot_x4_q4_0 => dot_x4_q4_0, 32, q8_0::BLOCK_BYTES;
-    vec_dot_x4_q4_1 => dot_x4_q4_1, 32, q8_1::BLOCK_BYTES;
-    vec_dot_x4_q5_0 => dot_x4_q5_0, 32, q8_0::BLOCK_BYTES;
-    vec_dot_x4_q8_0 => dot_x4_q8_0, 32, q8_0::BLOCK_BYTES;
-    vec_dot_x4_q4_k => dot_x4_q4_k, QK_K, q8_k::BLOCK_BYTES;
-    vec_dot_x4_q6_k => dot_x4_q6_k, QK_K, q8_k::BLOCK_BYTES;
-}
-
-wrappers! {
+table_wrappers! {
     vec_dot vec_dot_f32 => dot_f32;
     vec_dot vec_dot_f16 => dot_f16;
     vec_dot vec_dot_bf16 => dot_bf16;
@@ -104,231 +28,13 @@ wrappers! {
     vec_dot vec_dot_q4_k => dot_q4_k;
     vec_dot vec_dot_q5_k => dot_q5_k;
     vec_dot vec_dot_q6_k => dot_q6_k;
-    quantize quantize_row_q8_0 => quantize_q8_0;
-    quantize quantize_row_q8_1 => quantize_q8_1;
-    quantize quantize_row_q8_k => quantize_q8_k;
-    quantize quantize_row_f16 => quantize_f16;
+    x4 vec_dot_x4_q4_0 => dot_x4_q4_0, 32, q8_0::BLOCK_BYTES;
+    x4 vec_dot_x4_q4_1 => dot_x4_q4_1, 32, q8_1::BLOCK_BYTES;
+    x4 vec_dot_x4_q5_0 => dot_x4_q5_0, 32, q8_0::BLOCK_BYTES;
+    x4 vec_dot_x4_q8_0 => dot_x4_q8_0, 32, q8_0::BLOCK_BYTES;
+    x4 vec_dot_x4_q4_k => dot_x4_q4_k, QK_K, q8_k::BLOCK_BYTES;
+    x4 vec_dot_x4_q6_k => dot_x4_q6_k, QK_K, q8_k::BLOCK_BYTES;
 }
-
-/// [`crate::formats::float::axpy_f16`] with F16C: eight lanes at a time, each a multiply then
-/// an add, as the scalar loop does per element.
-pub(in crate::formats) fn axpy_f16(acc: &mut [f32], w: f32, v: &[u8]) {
-    // SAFETY: only handed out by `dispatch` (`KernelLevel::axpy_f16`) after detecting avx2,
-    // fma and f16c.
-    unsafe { axpy_f16_imp(acc, w, v) }
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn axpy_f16_imp(acc: &mut [f32], w: f32, v: &[u8]) {
-    let n = acc.len().min(v.len() / 2);
-    let full = n / 8 * 8;
-    let wv = _mm256_set1_ps(w);
-    let (a, b) = (acc.as_mut_ptr(), v.as_ptr());
-    let mut i = 0;
-    while i < full {
-        let x = _mm256_cvtph_ps(_mm_loadu_si128(b.add(2 * i) as *const __m128i));
-        let y = _mm256_add_ps(_mm256_loadu_ps(a.add(i)), _mm256_mul_ps(wv, x));
-        _mm256_storeu_ps(a.add(i), y);
-        i += 8;
-    }
-    for j in full..n {
-        *a.add(j) += w * f16_at(b.add(2 * j));
-    }
-}
-
-// ---- helpers (shared with the AVX-512 level) ----
-
-/// Whole blocks both rows hold, as the scalar kernels' `zip(..).take(n / elems)` counts.
-#[inline(always)]
-pub(super) fn blocks(n: usize, elems: usize, w: &[u8], wbb: usize, a: &[u8], abb: usize) -> usize {
-    (n / elems).min(w.len() / wbb).min(a.len() / abb)
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-pub(super) unsafe fn f16_at(p: *const u8) -> f32 {
-    let bits = (p as *const u16).read_unaligned();
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
-}
-
-#[inline(always)]
-pub(super) unsafe fn f32_at(p: *const u8) -> f32 {
-    (p as *const f32).read_unaligned()
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-pub(super) unsafe fn load(p: *const u8) -> __m256i {
-    _mm256_loadu_si256(p as *const __m256i)
-}
-
-/// The 32 nibbles of 16 bytes as bytes: low nibbles first, then high nibbles.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-pub(super) unsafe fn nibbles32(p: *const u8) -> __m256i {
-    let t = _mm_loadu_si128(p as *const __m128i);
-    let both = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
-    _mm256_and_si256(both, _mm256_set1_epi8(0x0F))
-}
-
-/// Bit `i` of the little-endian u32 at `p` as byte `i`: 0xFF when set, 0 when clear.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-pub(super) unsafe fn bits32(p: *const u8) -> __m256i {
-    let x = (p as *const u32).read_unaligned();
-    let spread = _mm256_shuffle_epi8(
-        _mm256_set1_epi32(x as i32),
-        _mm256_set_epi64x(
-            0x0303030303030303,
-            0x0202020202020202,
-            0x0101010101010101,
-            0,
-        ),
-    );
-    let others = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe);
-    _mm256_cmpeq_epi8(_mm256_or_si256(spread, others), _mm256_set1_epi64x(-1))
-}
-
-/// Pairwise `u · s` (u unsigned ≤ 255, s signed, no i16 overflow) summed to 8 i32s.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-pub(super) unsafe fn dot_u8_i8(u: __m256i, s: __m256i) -> __m256i {
-    _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
-}
-
-/// Pairwise `x · y` of signed bytes (y ≠ −128) summed to 8 i32s.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-pub(super) unsafe fn dot_i8_i8(x: __m256i, y: __m256i) -> __m256i {
-    dot_u8_i8(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x))
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-pub(super) unsafe fn hsum(v: __m256i) -> i32 {
-    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
-    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01));
-    _mm_cvtsi128_si32(s)
-}
-
-/// The sums of four vectors of 8 i32s.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-pub(super) unsafe fn hsum4(p: [__m256i; 4]) -> __m128i {
-    let h = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
-    _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1))
-}
-
-/// `sum + t[0] + t[1] + t[2] + t[3]`, one addition at a time: four blocks' terms added in
-/// block order, as the scalar kernels add them.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-pub(super) unsafe fn add_in_order(mut sum: f32, t: __m128) -> f32 {
-    sum += _mm_cvtss_f32(t);
-    sum += _mm_cvtss_f32(_mm_movehdup_ps(t));
-    sum += _mm_cvtss_f32(_mm_movehl_ps(t, t));
-    sum += _mm_cvtss_f32(_mm_shuffle_ps(t, t, 0b11));
-    sum
-}
-
-/// `Σ term(i, Σ partial(i))` over blocks `0..nb`, the float sum in block order.
-///
-/// `partial(i)` is block `i`'s integer dot as 8 i32 lanes; `term` turns its sum into the
-/// block's float contribution exactly as the scalar kernel does, and `terms4(i, sums)` does
-/// the same for blocks `i..i + 4` at once in vector lanes (same operations per lane).
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-pub(super) unsafe fn sum_blocks(
-    nb: usize,
-    mut partial: impl FnMut(usize) -> __m256i,
-    mut term: impl FnMut(usize, i32) -> f32,
-    mut terms4: impl FnMut(usize, __m128) -> __m128,
-) -> f32 {
-    let mut sum = 0.0f32;
-    let mut i = 0;
-    while i + 4 <= nb {
-        let s = hsum4([partial(i), partial(i + 1), partial(i + 2), partial(i + 3)]);
-        sum = add_in_order(sum, terms4(i, _mm_cvtepi32_ps(s)));
-        i += 4;
-    }
-    while i < nb {
-        sum += term(i, hsum(partial(i)));
-        i += 1;
-    }
-    sum
-}
-
-/// The f16 pairs at the starts of four blocks `stride` bytes apart, as f32s:
-/// `[x0, y0, x1, y1, x2, y2, x3, y3]` (`x` at offset 0, `y` at offset 2).
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-pub(super) unsafe fn f16_pairs4(p: *const u8, stride: usize) -> __m256 {
-    let at = |k: usize| (p.add(k * stride) as *const i32).read_unaligned();
-    _mm256_cvtph_ps(_mm_setr_epi32(at(0), at(1), at(2), at(3)))
-}
-
-/// The f16 at the start of four blocks `stride` bytes apart, as f32s.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-pub(super) unsafe fn f16_x4(p: *const u8, stride: usize) -> __m128 {
-    // Assembled in a general register: four word inserts would queue on the shuffle ports
-    // that the block reductions need.
-    let at = |k: usize| (p.add(k * stride) as *const u16).read_unaligned() as u64;
-    let x = at(0) | at(1) << 16 | at(2) << 32 | at(3) << 48;
-    _mm_cvtph_ps(_mm_cvtsi64_si128(x as i64))
-}
-
-/// `isum · dw · da` (Q4_0, Q5_0) of blocks `i..i + 4`, in that order.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-pub(super) unsafe fn terms4_sdd(
-    w: *const u8,
-    wb: usize,
-    a: *const u8,
-    ab: usize,
-    s: __m128,
-) -> __m128 {
-    _mm_mul_ps(_mm_mul_ps(s, f16_x4(w, wb)), f16_x4(a, ab))
-}
-
-/// `d · d_a · isum + m · s_a` (Q4_1, Q5_1) of four blocks, in that order.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-pub(super) unsafe fn terms4_q4_1(
-    w: *const u8,
-    wb: usize,
-    a: *const u8,
-    ab: usize,
-    s: __m128,
-) -> __m128 {
-    // [d·d_a, m·s_a] per block, then gathered as [d·d_a × 4 | m·s_a × 4].
-    let prod = _mm256_mul_ps(f16_pairs4(w, wb), f16_pairs4(a, ab));
-    let prod = _mm256_permutevar8x32_ps(prod, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
-    let (dd, ms) = (_mm256_castps256_ps128(prod), _mm256_extractf128_ps(prod, 1));
-    _mm_add_ps(_mm_mul_ps(dd, s), ms)
-}
-
-/// How far ahead of their reads the decode kernels prefetch weight rows. The hardware
-/// prefetchers alone leave decoding well short of the memory bandwidth here (a decode
-/// step streams each row once); 4 KiB ahead was best of 1, 2, 4 and 8 KiB on SmolLM2 and
-/// the 1B model (+17% on SmolLM2 over none).
-const PREFETCH_AHEAD: usize = 4096;
-
-/// Prefetches the cache lines `PREFETCH_AHEAD` bytes past `p .. p + bytes` (the weights a
-/// kernel step is about to read), one per 64 bytes.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-pub(super) unsafe fn prefetch_ahead(p: *const u8, bytes: usize) {
-    let mut off = 0;
-    while off < bytes {
-        // Wrapping: the address may lie past the mapping; a prefetch never faults.
-        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_AHEAD + off) as *const i8);
-        off += 64;
-    }
-}
-
-// ---- 32-element block quants ----
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q4_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
@@ -361,15 +67,6 @@ unsafe fn dot_q4_1(n: usize, w: &[u8], a: &[u8]) -> f32 {
         |i, s| q4_1_term(w.add(i * wb), a.add(i * ab), s),
         |i, s| terms4_q4_1(w.add(i * wb), wb, a.add(i * ab), ab, s),
     )
-}
-
-/// `d · d_a · Σ q q_a + m · s_a`, the Q4_1/Q5_1 block term in the scalar order.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-pub(super) unsafe fn q4_1_term(w: *const u8, a: *const u8, s: i32) -> f32 {
-    let (d, m) = (f16_at(w), f16_at(w.add(2)));
-    let (d_a, s_a) = (f16_at(a), f16_at(a.add(2)));
-    d * d_a * s as f32 + m * s_a
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -431,8 +128,6 @@ unsafe fn dot_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
         },
     )
 }
-
-// ---- four tokens at once ----
 
 /// Per token `k`, `Σ_i terms(i, Σ partial(i, k))[k]` over blocks `0..nb`: four running
 /// sums in the lanes of one vector, each in block order as the one-token kernels.
@@ -550,74 +245,6 @@ unsafe fn dot_x4_q8_0(n: usize, w: &[u8], a: &[u8], st: usize) -> [f32; 4] {
     )
 }
 
-// ---- K-quants ----
-
-/// The Q8_K `d` of four activation blocks `stride` bytes apart.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-pub(super) unsafe fn q8k_d_x4(ab: *const u8, stride: usize) -> __m128 {
-    _mm_setr_ps(
-        f32_at(ab),
-        f32_at(ab.add(stride)),
-        f32_at(ab.add(2 * stride)),
-        f32_at(ab.add(3 * stride)),
-    )
-}
-
-/// The mins of a Q4_K/Q5_K super-block widened to i16, each twice: `[m0, m0, m1, m1, …]`,
-/// facing the 16 Q8_K `bsums` (two per 32-element sub-block).
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-pub(super) unsafe fn mins_x2(mn: [u8; 8]) -> __m256i {
-    let m = _mm_cvtsi64_si128(i64::from_le_bytes(mn));
-    _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m, m))
-}
-
-/// Four tokens' Q4_K/Q5_K super-block terms, `d_a·d·isum − d_a·dmin·msum` per lane in the
-/// scalar kernel's float order; `isum` holds the four integer sums, `ab` the first token's
-/// Q8_K block (the others `st` bytes apart), `wb` the weight block.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-pub(super) unsafe fn k4_terms_x4(
-    wb: *const u8,
-    ab: *const u8,
-    st: usize,
-    isum: __m128i,
-    mn: [u8; 8],
-) -> __m128 {
-    let m = mins_x2(mn);
-    let msum = hsum4(core::array::from_fn(|k| {
-        _mm256_madd_epi16(load(ab.add(k * st + q8_k::BSUMS)), m)
-    }));
-    let d_a = q8k_d_x4(ab, st);
-    let (d, dmin) = (_mm_set1_ps(f16_at(wb)), _mm_set1_ps(f16_at(wb.add(2))));
-    _mm_sub_ps(
-        _mm_mul_ps(_mm_mul_ps(d_a, d), _mm_cvtepi32_ps(isum)),
-        _mm_mul_ps(_mm_mul_ps(d_a, dmin), _mm_cvtepi32_ps(msum)),
-    )
-}
-
-/// `32 · Σ_g scale_g · bsum_g` of the Q8_K block at `ab` (as 8 i32 lanes), the part of a
-/// Q6_K dot that its −32 offset contributes: `Σ (q − 32)·a = Σ q·a − 32·Σ a`, per group.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-pub(super) unsafe fn q6k_offset(ab: *const u8, scales16: __m256i) -> __m256i {
-    _mm256_slli_epi32(_mm256_madd_epi16(load(ab.add(q8_k::BSUMS)), scales16), 5)
-}
-
-/// Four tokens' Q6_K super-block terms `d_a·d·isum`, in the scalar order.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-pub(super) unsafe fn q6k_terms_x4(
-    wb: *const u8,
-    ab: *const u8,
-    st: usize,
-    isum: __m128i,
-) -> __m128 {
-    let d = _mm_set1_ps(f16_at(wb.add(208)));
-    _mm_mul_ps(_mm_mul_ps(q8k_d_x4(ab, st), d), _mm_cvtepi32_ps(isum))
-}
-
 /// One Q4_K row against four tokens: each 32-byte slice of quants is split into nibbles
 /// once and dotted against all four tokens' activations.
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -700,41 +327,18 @@ unsafe fn dot_x4_q6_k(n: usize, w: &[u8], a: &[u8], st: usize) -> [f32; 4] {
 /// `[s0 × 8, s1 × 8]` as i16s: the scales of two 16-element groups for `madd`.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-pub(super) unsafe fn scale_pair(s0: i32, s1: i32) -> __m256i {
+unsafe fn scale_pair(s0: i32, s1: i32) -> __m256i {
     _mm256_set_m128i(_mm_set1_epi16(s1 as i16), _mm_set1_epi16(s0 as i16))
 }
 
 /// `Σ_g mins[g] · (bsum(2g) + bsum(2g+1))` of the Q8_K block at `ab` (Q4_K, Q5_K mins).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-pub(super) unsafe fn min_sum_k4(ab: *const u8, mn: [u8; 8]) -> i32 {
+unsafe fn min_sum_k4(ab: *const u8, mn: [u8; 8]) -> i32 {
     let bsums = load(ab.add(q8_k::BSUMS));
     let m = _mm_cvtsi64_si128(i64::from_le_bytes(mn));
     let m = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m, m));
     hsum(_mm256_madd_epi16(bsums, m))
-}
-
-/// [`crate::formats::k_quants::unpack_scale_min_k4`] on 32-bit words (as llama.cpp's kmask trick).
-#[inline(always)]
-pub(super) fn scales_mins_k4(packed: &[u8]) -> ([u8; 8], [u8; 8]) {
-    const M1: u32 = 0x3f3f3f3f;
-    const M2: u32 = 0x0f0f0f0f;
-    const M3: u32 = 0x03030303;
-    let word = |k: usize| {
-        u32::from_le_bytes([
-            packed[4 * k],
-            packed[4 * k + 1],
-            packed[4 * k + 2],
-            packed[4 * k + 3],
-        ])
-    };
-    let (u0, u1, u2) = (word(0), word(1), word(2));
-    let sc_lo = u0 & M1;
-    let sc_hi = (u2 & M2) | (((u0 >> 6) & M3) << 4);
-    let mn_lo = u1 & M1;
-    let mn_hi = ((u2 >> 4) & M2) | (((u1 >> 6) & M3) << 4);
-    let join = |a: u32, b: u32| ((b as u64) << 32 | a as u64).to_le_bytes();
-    (join(sc_lo, sc_hi), join(mn_lo, mn_hi))
 }
 
 /// One pair of 32-quant sub-blocks of a Q4_K/Q5_K super-block: `acc += sc_lo·(lo·a[0..32])
@@ -877,7 +481,7 @@ unsafe fn dot_q6_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
 /// two bits from bits `2k ..= 2k + 1` of each byte of word 2.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-pub(super) unsafe fn q3k_scales16(packed: *const u8) -> __m256i {
+unsafe fn q3k_scales16(packed: *const u8) -> __m256i {
     const LOW: u32 = 0x0F0F_0F0F;
     const TOP: u32 = 0x0303_0303;
     let word = |k: usize| (packed.add(4 * k) as *const u32).read_unaligned();
@@ -968,7 +572,14 @@ unsafe fn dot_q2_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
         let scales = &wb[..16];
         let (qs, aq) = (wb.as_ptr().add(16), ab.as_ptr().add(q8_k::QS));
         let mut acc = _mm256_setzero_si256();
-        for h in 0..2 {
+        // The scales of groups `8h ..= 8h + 7` (bytes `2j`, `2j + 1` at bits `16s`, `16s + 8`),
+        // read as two u64s: taken byte by byte from the vector that the `msum` loop loads,
+        // they cost 15 `vpextrb`s a super-block, ~20% of this kernel.
+        let sc = [
+            u64::from_le_bytes(scales[..8].try_into().unwrap()),
+            u64::from_le_bytes(scales[8..].try_into().unwrap()),
+        ];
+        for (h, sc) in sc.into_iter().enumerate() {
             let qv = load(qs.add(32 * h));
             for s in 0..4 {
                 let j = 4 * h + s;
@@ -976,33 +587,23 @@ unsafe fn dot_q2_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
                     _mm256_and_si256(_mm256_srl_epi16(qv, _mm_cvtsi32_si128(2 * s as i32)), low2);
                 let p = _mm256_maddubs_epi16(q, load(aq.add(32 * j)));
                 let sp = scale_pair(
-                    (scales[2 * j] & 0x0F) as i32,
-                    (scales[2 * j + 1] & 0x0F) as i32,
+                    ((sc >> (16 * s)) & 0x0F) as i32,
+                    ((sc >> (16 * s + 8)) & 0x0F) as i32,
                 );
                 acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, sp));
             }
         }
-        let msum: i32 = (0..16)
-            .map(|g| (scales[g] >> 4) as i32 * q8_k::bsum(ab, g))
-            .sum();
+        // A loop, not `map(..).sum()`: moved here from `avx2.rs`, that closure stopped
+        // being inlined (16 calls a super-block).
+        let mut msum = 0i32;
+        for (g, &sc) in scales.iter().enumerate() {
+            msum += (sc >> 4) as i32 * q8_k::bsum(ab, g);
+        }
         let d_a = q8_k::d(ab);
         sum += d_a * f16_at(wb.as_ptr().add(80)) * hsum(acc) as f32
             - d_a * f16_at(wb.as_ptr().add(82)) * msum as f32;
     }
     sum
-}
-
-// ---- F32 / F16 / BF16: 16 lanes, as `formats::float` sums (F32 fused) ----
-
-/// Lanes `0..8` and `8..16` folded as the scalar reduction does: `l + l+8`, `l + l+4`,
-/// `l + l+2`, `l + l+1`.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-pub(super) unsafe fn reduce16(lo: __m256, hi: __m256) -> f32 {
-    let v = _mm256_add_ps(lo, hi);
-    let v = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    let v = _mm_add_ps(v, _mm_movehl_ps(v, v));
-    _mm_cvtss_f32(_mm_add_ss(v, _mm_movehdup_ps(v)))
 }
 
 /// `Σ w·a` over 16 lanes, `load(p, i)` reading 8 f32s of row `p` at element `i`; each term
@@ -1078,157 +679,4 @@ unsafe fn dot_bf16(n: usize, w: &[u8], a: &[u8]) -> f32 {
         },
         |p, i| f32::from_bits(((p.add(2 * i) as *const u16).read_unaligned() as u32) << 16),
     )
-}
-
-// ---- activation quantizers ----
-
-/// `max |x|` of 8 lanes with NaNs ignored, as `f32::max` folds.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn abs_no_nan(v: __m256) -> __m256 {
-    let abs = _mm256_andnot_ps(_mm256_set1_ps(-0.0), v);
-    _mm256_and_ps(abs, _mm256_cmp_ps(v, v, _CMP_ORD_Q))
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn hmax(v: __m256) -> f32 {
-    let m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)))
-}
-
-/// `x as i8` after rounding: saturates to −128..=127 and maps NaN to 0, as Rust's cast.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn saturate_i32(r: __m256) -> __m256i {
-    let c = _mm256_min_ps(
-        _mm256_max_ps(r, _mm256_set1_ps(-128.0)),
-        _mm256_set1_ps(127.0),
-    );
-    let c = _mm256_and_ps(c, _mm256_cmp_ps(r, r, _CMP_ORD_Q));
-    _mm256_cvttps_epi32(c)
-}
-
-/// Rounds half away from zero (`f32::round`): truncates `x + copysign(0.5⁻, x)`.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn round_half_away(x: __m256) -> __m256 {
-    let half = _mm256_or_ps(
-        _mm256_and_ps(x, _mm256_set1_ps(-0.0)),
-        _mm256_set1_ps(0.499_999_97),
-    );
-    _mm256_round_ps(
-        _mm256_add_ps(x, half),
-        _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC,
-    )
-}
-
-/// Four vectors of 8 i32s (each in −128..=127) packed to 32 bytes in order.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn pack32(q: [__m256i; 4]) -> __m256i {
-    let a = _mm256_packs_epi32(q[0], q[1]);
-    let b = _mm256_packs_epi32(q[2], q[3]);
-    let p = _mm256_packs_epi16(a, b);
-    _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
-}
-
-/// One 32-element Q8_0/Q8_1 block, as the scalar quantizers: `d = max|x| / 127`, quants
-/// `round(x / d)` half away from zero, written at `q`; returns `(d, Σ q)`.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn quantize_block32(x: *const f32, q: *mut u8) -> (f32, i32) {
-    let v: [__m256; 4] = core::array::from_fn(|k| _mm256_loadu_ps(x.add(8 * k)));
-    let m = _mm256_max_ps(
-        _mm256_max_ps(abs_no_nan(v[0]), abs_no_nan(v[1])),
-        _mm256_max_ps(abs_no_nan(v[2]), abs_no_nan(v[3])),
-    );
-    let d = hmax(m) / 127.0;
-    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-    let idv = _mm256_set1_ps(id);
-    let qi: [__m256i; 4] =
-        core::array::from_fn(|k| saturate_i32(round_half_away(_mm256_mul_ps(v[k], idv))));
-    _mm256_storeu_si256(q as *mut __m256i, pack32(qi));
-    let s = _mm256_add_epi32(
-        _mm256_add_epi32(qi[0], qi[1]),
-        _mm256_add_epi32(qi[2], qi[3]),
-    );
-    (d, hsum(s))
-}
-
-/// F32 → F16, round to nearest even: F16C's `vcvtps2ph`, which the `half` conversion of
-/// the scalar quantizer is (it uses F16C itself where the CPU has it).
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn quantize_f16(x: &[f32], out: &mut [u8]) {
-    let n = x.len().min(out.len() / 2);
-    let full = n / 8 * 8;
-    for i in (0..full).step_by(8) {
-        let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(x.as_ptr().add(i)));
-        _mm_storeu_si128(out.as_mut_ptr().add(2 * i) as *mut __m128i, h);
-    }
-    for (i, v) in x.iter().enumerate().take(n).skip(full) {
-        crate::formats::put_f16(out, 2 * i, *v);
-    }
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn quantize_q8_0(x: &[f32], out: &mut [u8]) {
-    let nb = (x.len() / 32).min(out.len() / q8_0::BLOCK_BYTES);
-    for (i, block) in out.chunks_exact_mut(q8_0::BLOCK_BYTES).take(nb).enumerate() {
-        let (d, _) = quantize_block32(x.as_ptr().add(32 * i), block.as_mut_ptr().add(2));
-        put_f16(block, 0, d);
-    }
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn quantize_q8_1(x: &[f32], out: &mut [u8]) {
-    let nb = (x.len() / 32).min(out.len() / q8_1::BLOCK_BYTES);
-    for (i, block) in out.chunks_exact_mut(q8_1::BLOCK_BYTES).take(nb).enumerate() {
-        let (d, qsum) = quantize_block32(x.as_ptr().add(32 * i), block.as_mut_ptr().add(4));
-        put_f16(block, 0, d);
-        put_f16(block, 2, qsum as f32 * d);
-    }
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn quantize_q8_k(x: &[f32], out: &mut [u8]) {
-    let nb = (x.len() / QK_K).min(out.len() / q8_k::BLOCK_BYTES);
-    for (xs, block) in x
-        .chunks_exact(QK_K)
-        .zip(out.chunks_exact_mut(q8_k::BLOCK_BYTES))
-        .take(nb)
-    {
-        let mut m = _mm256_setzero_ps();
-        for k in 0..QK_K / 8 {
-            m = _mm256_max_ps(m, abs_no_nan(_mm256_loadu_ps(xs.as_ptr().add(8 * k))));
-        }
-        let amax = hmax(m);
-        if amax == 0.0 {
-            block.fill(0);
-            continue;
-        }
-        // The first element of largest magnitude, with its sign (as the scalar scan).
-        let max = *xs.iter().find(|v| v.abs() == amax).unwrap_or(&amax);
-        let iscale = -127.0 / max;
-        let is = _mm256_set1_ps(iscale);
-        let q = block.as_mut_ptr().add(q8_k::QS);
-        for g in 0..QK_K / 32 {
-            // The scalar `min(127, r as i32) as i8`: +∞ saturates to 127, while −∞ and NaN
-            // (possible once `iscale` overflows) become i32::MIN, whose low byte is 0.
-            let qi: [__m256i; 4] = core::array::from_fn(|k| {
-                let v = _mm256_mul_ps(is, _mm256_loadu_ps(xs.as_ptr().add(32 * g + 8 * k)));
-                let r = _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-                let i = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_set1_ps(127.0), r));
-                _mm256_srai_epi32(_mm256_slli_epi32(i, 24), 24)
-            });
-            _mm256_storeu_si256(q.add(32 * g) as *mut __m256i, pack32(qi));
-            let s0 = hsum(_mm256_add_epi32(qi[0], qi[1])) as i16;
-            let s1 = hsum(_mm256_add_epi32(qi[2], qi[3])) as i16;
-            let at = q8_k::BSUMS + 4 * g;
-            block[at..at + 2].copy_from_slice(&s0.to_le_bytes());
-            block[at + 2..at + 4].copy_from_slice(&s1.to_le_bytes());
-        }
-        block[0..4].copy_from_slice(&(1.0 / iscale).to_le_bytes());
-    }
 }

@@ -23,29 +23,34 @@
 //!
 //! Each lane's integer is the scalar kernel's `isum` (|isum| < 2^31: 8·32·241·127·32), and
 //! its float term `(d · d_a) · isum` the scalar kernel's operations in order.
+//!
+//! Not for: IQ4 one-row dots (`vec_dot::iq4`).
 
-use super::avx2::f32_at;
-use super::few_rows16::{dwords4, f16_pair};
 use super::panel512::{i16_pair, prep_q8_k, put_lane, put_quants32, scaled_sub_block_sums, K_AUX};
 use crate::formats::k_quants::{q8_k, QK_K};
+use crate::formats::x86::lanes256::{f32_at, nibbles32};
+use crate::formats::x86::lanes512::{dwords4, f16_pair};
 use crate::formats::{iq4_nl, iq4_xs, q8_0, PanelKernels};
 use core::arch::x86_64::*;
 use prima_abi::GgmlType;
 use std::cell::RefCell;
 
 /// Q8_0's panel kernels at a level with IQ4_NL's pack in place of Q8_0's.
-pub(super) fn iq4_nl_kernels(q8: Option<PanelKernels>, pack: PackFn) -> Option<PanelKernels> {
+pub(in crate::formats::x86) fn iq4_nl_kernels(
+    q8: Option<PanelKernels>,
+    pack: PackFn,
+) -> Option<PanelKernels> {
     q8.map(|k| PanelKernels { pack, ..k })
 }
 
 type PackFn = fn(n: usize, w: &[u8], w_stride: usize, panel: &mut [u8]);
 
-pub(super) fn pack_avx512(n: usize, w: &[u8], w_stride: usize, panel: &mut [u8]) {
+pub(in crate::formats::x86) fn pack_avx512(n: usize, w: &[u8], w_stride: usize, panel: &mut [u8]) {
     let q8 = super::panel512::kernels(GgmlType::Q8_0).expect("Q8_0 has AVX-512 panels");
     pack_as_q8_0(q8, n, w, w_stride, panel);
 }
 
-pub(super) fn pack_avx2(n: usize, w: &[u8], w_stride: usize, panel: &mut [u8]) {
+pub(in crate::formats::x86) fn pack_avx2(n: usize, w: &[u8], w_stride: usize, panel: &mut [u8]) {
     let q8 = super::panel256::kernels(GgmlType::Q8_0).expect("Q8_0 has AVX2 panels");
     pack_as_q8_0(q8, n, w, w_stride, panel);
 }
@@ -84,7 +89,7 @@ unsafe fn row_as_q8_0(src: &[u8], dst: &mut [u8]) {
     for (sb, db) in blocks.zip(dst.chunks_exact_mut(q8_0::BLOCK_BYTES)) {
         db[..2].copy_from_slice(&sb[..2]);
         // `sb` holds 2 + 16 bytes and `db` 2 + 32 (whole blocks of each).
-        let v = _mm256_shuffle_epi8(t, super::avx2::nibbles32(sb.as_ptr().add(2)));
+        let v = _mm256_shuffle_epi8(t, nibbles32(sb.as_ptr().add(2)));
         _mm256_storeu_si256(db.as_mut_ptr().add(2) as *mut __m256i, v);
     }
 }
@@ -123,11 +128,11 @@ fn xs_kernels(
     }
 }
 
-pub(super) fn iq4_xs_avx512() -> PanelKernels {
+pub(in crate::formats::x86) fn iq4_xs_avx512() -> PanelKernels {
     xs_kernels(16, 8, pack_xs_avx512, gemm_xs_avx512)
 }
 
-pub(super) fn iq4_xs_avx2() -> PanelKernels {
+pub(in crate::formats::x86) fn iq4_xs_avx2() -> PanelKernels {
     xs_kernels(8, 4, pack_xs_avx2, gemm_xs_avx2)
 }
 
@@ -158,10 +163,7 @@ unsafe fn pack_xs<const L: usize>(n: usize, w: &[u8], w_stride: usize, panel: &m
         for (b, wb) in row.chunks_exact(wbb).enumerate() {
             let dst = &mut panel[b * pb..(b + 1) * pb];
             for s in 0..8 {
-                let v = _mm256_shuffle_epi8(
-                    t,
-                    super::avx2::nibbles32(wb.as_ptr().add(iq4_xs::QS + 16 * s)),
-                );
+                let v = _mm256_shuffle_epi8(t, nibbles32(wb.as_ptr().add(iq4_xs::QS + 16 * s)));
                 put_quants32::<L>(dst.as_mut_ptr().add(lane * 8 * s), r, v);
             }
             let ls = iq4_xs::scales(wb);

@@ -13,8 +13,13 @@
 //! activations, whose eight pair sums per lane stay below 2^15 (`8 · 2 · 15 · 127`), so
 //! they are added in i16 and widened once; the sums start at the pack's `−8 · Σa`. The
 //! activations are packed as for [`super::few_rows16`] (one token).
+//!
+//! Not for: small batches (AVX2 has `few::few256`). Kept apart from `few_rows16`, not
+//! folded: its sums are `vpmaddubsw` pairs added in i16, not `vpdpbusd`, and it has no masked
+//! stores; what is the same (the pack, `step_rows`, the wrappers) is shared.
 
 use super::few_rows16::{pack_bytes, pack_q4_0, TOKEN_BLOCK};
+use super::step_rows;
 use crate::formats::{q4_0, FewKernels};
 use core::arch::x86_64::*;
 use prima_abi::GgmlType;
@@ -37,29 +42,8 @@ pub(in crate::formats) fn decode_kernels(t: GgmlType) -> Option<FewKernels> {
     })
 }
 
-/// Safe wrappers with the table's signature around this module's kernels; they check the
-/// rows, the pack and `out`.
-macro_rules! dot_wrappers {
-    ($($name:ident => $imp:ident, $block:expr;)*) => {
-        $(fn $name(n: usize, w: &[u8], w_stride: usize, pack: &[u8], n_tokens: usize, out: &mut [f32]) {
-            let (nb, wb) = (n / 32, $block);
-            assert_eq!(n_tokens, 1, "decode dot: {n_tokens} tokens");
-            let rows = out.len();
-            assert!(
-                pack.len() >= pack_bytes(n, 1)
-                    && w_stride >= nb * wb
-                    && (rows == 0 || w.len() >= (rows - 1) * w_stride + nb * wb),
-                "decode dot: short rows, pack or output"
-            );
-            // SAFETY: only reachable through the AVX2 `overlay` table (and the AVX-512
-            // one, which includes it), handed out after detecting avx2, fma and f16c; the
-            // rows, the pack and `out` are in bounds (above).
-            unsafe { $imp(n, w, w_stride, pack, out) }
-        })*
-    };
-}
-
-dot_wrappers! {
+decode_wrappers! {
+    32;
     dot_q4_0 => rows_q4_0, q4_0::BLOCK_BYTES;
 }
 
@@ -110,16 +94,6 @@ unsafe fn f16_rows(row: &[*const u8; ROWS], off: usize) -> __m256 {
     _mm256_cvtph_ps(_mm_set_epi64x(hi, lo))
 }
 
-/// The row pointers of the step at row `first`: past the last row, the last row again.
-#[inline(always)]
-pub(super) fn step_rows(w: &[u8], ws: usize, first: usize, rows: usize) -> [*const u8; ROWS] {
-    let mut row = [w.as_ptr(); ROWS];
-    for (k, r) in row.iter_mut().enumerate() {
-        *r = w[(first + k).min(rows - 1) * ws..].as_ptr();
-    }
-    row
-}
-
 /// Writes the step's sums (lane `k`: row `first + k`) into `out`, the rows below its
 /// length only.
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -152,7 +126,7 @@ unsafe fn rows_q4_0(n: usize, w: &[u8], ws: usize, pack: &[u8], out: &mut [f32])
     let low = _mm256_set1_epi8(0x0F);
     let ones = _mm256_set1_epi16(1);
     for first in (0..rows).step_by(ROWS) {
-        let row = step_rows(w, ws, first, rows);
+        let row = step_rows::<ROWS>(w, ws, first, rows);
         let mut acc = _mm256_setzero_ps();
         // The next step's rows (contiguous when `ws` is the row's bytes), a block's share
         // of them each block: eight rows read a few bytes at a time each are eight

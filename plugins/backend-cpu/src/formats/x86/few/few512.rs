@@ -1,5 +1,5 @@
 //! AVX-512 VNNI small-batch kernels (see [`crate::formats::FewKernels`] and the pack in
-//! [`super::few`]): weight rows against 2 ..= 8 tokens, for continuous batching's decode
+//! [`super`]): weight rows against 2 ..= 8 tokens, for continuous batching's decode
 //! steps, where a batch holds one token per request and repacking weight panels costs
 //! more than it saves.
 //!
@@ -11,19 +11,21 @@
 //! block order from 0.0, as the scalar loop does, so every result equals the scalar
 //! `vec_dot` bit for bit, whatever the batch.
 //!
-//! Q4_1 and Q8_0 take [`super::few_rows16`] instead (16 rows a step, no reductions); its
-//! pack and kernels are handed out here.
+//! Q4_1, Q8_0 and IQ4_NL take [`crate::formats::x86::rows::few_rows16`]'s kernels instead
+//! (16 rows a step, no reductions; `levels` makes that choice).
 //!
 //! Signed formats (Q4_0, Q5_0) are packed with their activations biased to unsigned
 //! (`a + 128`, as `vpdpbusd` takes them), and each weight pair's accumulators start at
 //! `−128 · Σw`, which takes the bias back exactly.
+//!
+//! Not for: AVX2-only CPUs (`few256`), or Q4_1, Q8_0 and IQ4_NL (`rows::few_rows16`).
 
-use super::avx2::{nibbles32, prefetch_ahead};
-use super::avx512::nibbles32_pair;
-use super::few::{
+use super::{
     layout, pack_q8_0_biased, pack_q8_1, terms4, weight_scales, MAX_TOKENS, MIN, PAIR_QUANTS, SDD,
     SPROD,
 };
+use crate::formats::x86::lanes256::{nibbles32, prefetch_ahead};
+use crate::formats::x86::lanes512::nibbles32_pair;
 use crate::formats::{q4_0, q5_0, q5_1, FewKernels};
 use core::arch::x86_64::*;
 use prima_abi::GgmlType;
@@ -33,7 +35,7 @@ pub(in crate::formats) fn kernels(t: GgmlType) -> Option<FewKernels> {
     use GgmlType as T;
     let few = |pack, dot| FewKernels {
         max_tokens: MAX_TOKENS,
-        pack_bytes: super::few::pack_bytes,
+        pack_bytes: super::pack_bytes,
         pack,
         dot,
         token_major: false,
@@ -41,9 +43,6 @@ pub(in crate::formats) fn kernels(t: GgmlType) -> Option<FewKernels> {
     Some(match t {
         T::Q4_0 => few(pack_q8_0_biased, dot_q4_0),
         T::Q5_0 => few(pack_q8_0_biased, dot_q5_0),
-        T::Q8_0 => super::few_rows16::q8_0_kernels(),
-        T::Q4_1 => super::few_rows16::q4_1_kernels(),
-        T::IQ4NL => super::few_rows16::iq4_nl_kernels(),
         T::Q5_1 => few(pack_q8_1, dot_q5_1),
         _ => return None,
     })

@@ -1,5 +1,5 @@
 //! AVX2 small-batch kernels (see [`crate::formats::FewKernels`] and the pack in
-//! [`super::few`]): weight rows against 2 ..= 8 tokens, as the AVX-512 ones
+//! [`super`]): weight rows against 2 ..= 8 tokens, as the AVX-512 ones
 //! (`super::few512`) but a block per 256-bit vector and `vpmaddubsw` + `vpmaddwd` for the
 //! byte dots.
 //!
@@ -9,11 +9,15 @@
 //! time, and the pair's float terms are the shared lane-wise ones. Block sums are exact in
 //! integers and each lane adds its terms in block order from 0.0, so every result equals
 //! the scalar `vec_dot` bit for bit.
+//!
+//! Not for: AVX-512 CPUs (`few512`, `rows::few_rows16`). Kept apart from `few512`, not
+//! folded: its byte dots are `vpmaddubsw` + `vpmaddwd` with a `vphaddd` tree per block pair,
+//! where `few512` takes `vpdpbusd` on two blocks per vector, so the loops differ beyond width.
 
-use super::avx2::{bits32, load, nibbles32, prefetch_ahead};
-use super::few::{
+use super::{
     layout, pack_q8_0, pack_q8_1, terms4, weight_scales, MAX_TOKENS, MIN, PAIR_QUANTS, SDD, SPROD,
 };
+use crate::formats::x86::lanes256::{bits32, load, nibbles32, prefetch_ahead};
 use crate::formats::{q4_0, q4_1, q5_0, q5_1, q8_0, FewKernels};
 use core::arch::x86_64::*;
 use prima_abi::GgmlType;
@@ -23,7 +27,7 @@ pub(in crate::formats) fn kernels(t: GgmlType) -> Option<FewKernels> {
     use GgmlType as T;
     let few = |pack, dot| FewKernels {
         max_tokens: MAX_TOKENS,
-        pack_bytes: super::few::pack_bytes,
+        pack_bytes: super::pack_bytes,
         pack,
         dot,
         token_major: false,

@@ -19,9 +19,9 @@
 //!
 //! Not for: F16 and F32 (`panel512`'s float panels).
 
-use super::avx2::f32_at;
 use super::panel512::{fold16, fold16x16, FLOAT_ROWS as ROWS};
 use crate::formats::float::{self, Bf16Range};
+use crate::formats::x86::lanes256::f32_at;
 use crate::formats::PanelKernels;
 use core::arch::x86_64::*;
 use std::sync::OnceLock;
@@ -51,7 +51,7 @@ fn aux_bytes(n: usize) -> usize {
 
 /// The kernels, where this CPU has `avx512bf16` and its `vdpbf16ps` computes as the
 /// scalar order does (checked once).
-pub(super) fn kernels() -> Option<PanelKernels> {
+pub(in crate::formats::x86) fn kernels() -> Option<PanelKernels> {
     available().then_some(PanelKernels {
         rows: ROWS,
         tokens: TOKENS,

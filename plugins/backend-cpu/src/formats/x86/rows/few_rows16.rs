@@ -2,7 +2,7 @@
 //! (see [`crate::formats::FewKernels`]): continuous batching's decode steps of 2 ..= 8
 //! requests.
 //!
-//! [`super::few512`] gives each lane a group of four quants of one row, so every block's
+//! [`crate::formats::x86::few::few512`] gives each lane a group of four quants of one row, so every block's
 //! sum needs a horizontal reduction: measured, those shuffles, not the `vpdpbusd`s, bound
 //! it. Here each lane is a row: the sixteen rows' blocks are transposed (four 128-bit loads
 //! per vector, a 4 × 4 dword transpose in each lane), so that vector `j` holds quant group
@@ -23,13 +23,17 @@
 //! still spare every block's reductions and add its float terms sixteen rows at once, so
 //! these kernels are also the decode kernels of Q4_0, Q4_1, Q5_0, Q8_0 and IQ4_NL
 //! ([`crate::formats::FormatKernels::decode`]); Q4_0 and Q5_0 only there (their small
-//! batches keep [`super::few512`]).
+//! batches keep [`crate::formats::x86::few::few512`]).
 //!
 //! The sums come out a vector per token, so `out` is written token-major, as `matmul` wants
 //! it (`FewKernels::token_major`). The last step of a call takes its missing rows as copies
 //! of its last row and drops their results.
+//!
+//! Not for: the K-quants and IQ4_XS (`kdec16`), or AVX2 (`few_rows8`).
 
-use super::few::MAX_TOKENS;
+use super::step_rows;
+use crate::formats::x86::few::{MAX_TOKENS, MIN, SDD, SPROD};
+use crate::formats::x86::lanes512::{dwords4_by, f16_pair, iq4_table, lane_rows, spread_byte};
 use crate::formats::{iq4_nl, q4_0, q4_1, q5_0, q8_0, q8_1, FewKernels};
 use core::arch::x86_64::*;
 use prima_abi::GgmlType;
@@ -41,7 +45,7 @@ pub(super) const ROWS: usize = 16;
 pub(super) const TOKEN_BLOCK: usize = 32 + 4 + 4;
 
 /// The kernels for Q4_1 weights (Q8_1 activations).
-pub(super) fn q4_1_kernels() -> FewKernels {
+pub(in crate::formats::x86) fn q4_1_kernels() -> FewKernels {
     FewKernels {
         max_tokens: MAX_TOKENS,
         pack_bytes,
@@ -52,7 +56,7 @@ pub(super) fn q4_1_kernels() -> FewKernels {
 }
 
 /// The decode kernels of weight type `t` (see the module notes), if this module has them.
-pub(super) fn decode_kernels(t: GgmlType) -> Option<FewKernels> {
+pub(in crate::formats::x86) fn decode_kernels(t: GgmlType) -> Option<FewKernels> {
     use GgmlType as T;
     match t {
         T::Q4_0 => Some(q4_0_kernels()),
@@ -72,7 +76,7 @@ pub(super) fn decode_kernels(t: GgmlType) -> Option<FewKernels> {
 
 /// The kernels for IQ4_NL weights (Q8_0 activations, as Q8_0's: the table's values are
 /// moved to unsigned by `+ 128`).
-pub(super) fn iq4_nl_kernels() -> FewKernels {
+pub(in crate::formats::x86) fn iq4_nl_kernels() -> FewKernels {
     FewKernels {
         max_tokens: MAX_TOKENS,
         pack_bytes,
@@ -94,7 +98,7 @@ pub(super) fn q4_0_kernels() -> FewKernels {
 }
 
 /// The kernels for Q8_0 weights (Q8_0 activations).
-pub(super) fn q8_0_kernels() -> FewKernels {
+pub(in crate::formats::x86) fn q8_0_kernels() -> FewKernels {
     FewKernels {
         max_tokens: MAX_TOKENS,
         pack_bytes,
@@ -223,7 +227,7 @@ macro_rules! dot_wrappers {
                     && (rows == 0 || w.len() >= (rows - 1) * w_stride + nb * wb),
                 "few-token dot: short rows, pack or output"
             );
-            // SAFETY: only reachable through the AVX-512 `overlay` table, which `dispatch`
+            // SAFETY: only reachable through the AVX-512 `levels` table, which `dispatch`
             // hands out after detecting the features `$imp` enables; the rows, the pack and
             // `out` are in bounds (above).
             unsafe {
@@ -245,79 +249,15 @@ dot_wrappers! {
     dot_iq4_nl => rows_iq4_nl, iq4_nl::BLOCK_BYTES;
 }
 
-/// The 16 bytes at `off` of rows `k`, `4 + k`, `8 + k` and `12 + k` as the four 128-bit
-/// lanes. `HALVES`: two 256-bit halves joined by one 512-bit insert, else three 512-bit
-/// inserts. On Zen 4 a 512-bit shuffle costs two 256-bit ones, and the halves made the
-/// small batches faster (`few_1t` Q4_1 and Q8_0: 4–12% in cache; `prima bench --parallel
-/// 4` 1.06×, 14 of 20 interleaved pairs) but one token's decode slower (0.955×, 23 of 30
-/// pairs against): the small-batch kernels take the halves, one token and the other users
-/// of [`dwords4`] the inserts.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-#[inline]
-unsafe fn lanes<const HALVES: bool>(row: &[*const u8; ROWS], k: usize, off: usize) -> __m512i {
-    let at = |r: usize| row[r].add(off) as *const __m128i;
-    if HALVES {
-        let lo = _mm256_inserti128_si256::<1>(
-            _mm256_castsi128_si256(_mm_loadu_si128(at(k))),
-            _mm_loadu_si128(at(4 + k)),
-        );
-        let hi = _mm256_inserti128_si256::<1>(
-            _mm256_castsi128_si256(_mm_loadu_si128(at(8 + k))),
-            _mm_loadu_si128(at(12 + k)),
-        );
-        return _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
-    }
-    let v = _mm512_castsi128_si512(_mm_loadu_si128(at(k)));
-    let v = _mm512_inserti32x4::<1>(v, _mm_loadu_si128(at(4 + k)));
-    let v = _mm512_inserti32x4::<2>(v, _mm_loadu_si128(at(8 + k)));
-    _mm512_inserti32x4::<3>(v, _mm_loadu_si128(at(12 + k)))
-}
-
-/// [`dwords4_by`] with the inserts: for the decode and panel kernels of other modules.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-#[inline]
-pub(super) unsafe fn dwords4(row: &[*const u8; ROWS], off: usize) -> [__m512i; 4] {
-    dwords4_by::<false>(row, off)
-}
-
-/// Dwords `0 ..= 3` of the 16 bytes at `off` of each row: lane `r` of vector `j` is row
-/// `r`'s dword `j` (a 4 × 4 transpose in each 128-bit lane of [`lanes`]).
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-#[inline]
-unsafe fn dwords4_by<const HALVES: bool>(row: &[*const u8; ROWS], off: usize) -> [__m512i; 4] {
-    // Spelled out, not `map`ped: the closure was not always inlined (measured: a fifth of a
-    // decode step in its calls).
-    let z = [
-        lanes::<HALVES>(row, 0, off),
-        lanes::<HALVES>(row, 1, off),
-        lanes::<HALVES>(row, 2, off),
-        lanes::<HALVES>(row, 3, off),
-    ];
-    let (a, b) = (
-        _mm512_unpacklo_epi32(z[0], z[1]),
-        _mm512_unpackhi_epi32(z[0], z[1]),
-    );
-    let (c, d) = (
-        _mm512_unpacklo_epi32(z[2], z[3]),
-        _mm512_unpackhi_epi32(z[2], z[3]),
-    );
-    [
-        _mm512_unpacklo_epi64(a, c),
-        _mm512_unpackhi_epi64(a, c),
-        _mm512_unpacklo_epi64(b, d),
-        _mm512_unpackhi_epi64(b, d),
-    ]
-}
-
 /// Dword 0 of the 16 bytes at `off` of each row: lane `r` is row `r`'s.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
 unsafe fn dword0<const HALVES: bool>(row: &[*const u8; ROWS], off: usize) -> __m512i {
     let z = [
-        lanes::<HALVES>(row, 0, off),
-        lanes::<HALVES>(row, 1, off),
-        lanes::<HALVES>(row, 2, off),
-        lanes::<HALVES>(row, 3, off),
+        lane_rows::<HALVES>(row, 0, off),
+        lane_rows::<HALVES>(row, 1, off),
+        lane_rows::<HALVES>(row, 2, off),
+        lane_rows::<HALVES>(row, 3, off),
     ];
     _mm512_unpacklo_epi64(
         _mm512_unpacklo_epi32(z[0], z[1]),
@@ -377,26 +317,6 @@ unsafe fn gather_dwords(row: &[*const u8; ROWS], off: usize) -> __m512i {
     _mm512_i32gather_epi32::<1>(idx, base.add(off) as *const _)
 }
 
-/// `vpshufb` indices that copy byte `c` of each dword into all four of its bytes.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-#[inline]
-pub(super) unsafe fn spread_byte(c: i32) -> __m512i {
-    _mm512_add_epi8(
-        _mm512_set1_epi32(c * 0x0101_0101),
-        _mm512_set4_epi32(0x0C0C_0C0C, 0x0808_0808, 0x0404_0404, 0),
-    )
-}
-
-/// The f16 halves of each lane's dword as f32s: `(low, high)`.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-#[inline]
-pub(super) unsafe fn f16_pair(x: __m512i) -> (__m512, __m512) {
-    (
-        _mm512_cvtph_ps(_mm512_cvtepi32_epi16(x)),
-        _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(x))),
-    )
-}
-
 /// Writes the sums `acc[t]` (lane `k`: row `first + k`) into token-major `out` (`rows` a
 /// token), the rows below `rows` only.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -437,31 +357,6 @@ unsafe fn prefetch<const NEAR: bool>(p: *const u8, bytes: usize) {
         }
     }
 }
-
-/// The row pointers of the step at row `first`: past the last row, the last row again.
-#[inline(always)]
-pub(super) fn step_rows(w: &[u8], ws: usize, first: usize, rows: usize) -> [*const u8; ROWS] {
-    let mut row = [w.as_ptr(); ROWS];
-    for (k, r) in row.iter_mut().enumerate() {
-        *r = w[(first + k).min(rows - 1) * ws..].as_ptr();
-    }
-    row
-}
-
-/// How a format's block term is computed from its integer sum `s`, in the scalar order.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Terms {
-    /// `s · (d · d_a)` (Q8_0), the sums starting at the pack's correction.
-    SProd,
-    /// `s · d · d_a` (Q4_0), likewise.
-    Sdd,
-    /// `d · d_a · s + m · s_a` (Q4_1).
-    Min,
-}
-
-const SPROD: u8 = Terms::SProd as u8;
-const SDD: u8 = Terms::Sdd as u8;
-const MIN: u8 = Terms::Min as u8;
 
 /// One block of a step's rows as `block(rows, block offset)` returns it: quant vector `j`
 /// (lane `r`: row `r`'s four quants that meet the activations' dword `j`, unsigned), and
@@ -521,7 +416,7 @@ unsafe fn rows_hinted<
     let nb = n / 32;
     let rows = out.len() / N;
     for first in (0..rows).step_by(ROWS) {
-        let row = step_rows(w, ws, first, rows);
+        let row = step_rows::<ROWS>(w, ws, first, rows);
         let mut acc = [_mm512_setzero_ps(); N];
         // The next step's rows (contiguous when `ws` is the row's bytes), a block's share
         // of them each block: sixteen rows read a few bytes at a time each are sixteen
@@ -710,15 +605,6 @@ unsafe fn rows_q8_0<const HALVES: bool>(
         (w, d, d)
     };
     by_tokens!(nt, SPROD, (n, w, ws, wb, pack, out, block))
-}
-
-/// IQ4_NL's table plus 128 (1 ..= 241, unsigned for `vpdpbusd`) in each 128-bit lane, for
-/// `vpshufb` (IQ4_NL's and IQ4_XS's decode kernels).
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-#[inline]
-pub(super) unsafe fn iq4_table() -> __m512i {
-    let biased: [u8; 16] = core::array::from_fn(|i| (iq4_nl::KVALUES[i] as i32 + 128) as u8);
-    _mm512_broadcast_i32x4(_mm_loadu_si128(biased.as_ptr() as *const __m128i))
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]

@@ -18,11 +18,13 @@
 //! `j` of every row), unpacking scales in the lanes: written four bytes at a time, row by
 //! row, the packs took a sixth of a prompt's time. The row-at-a-time packs here
 //! (`pack_legacy`, `pack_q4_k_imp`, `pack_k16`) are the AVX2 panels'.
+//!
+//! Not for: BF16 by `vdpbf16ps` (`panel512_bf16`), IQ4 (`panel_iq4`), or choosing between
+//! them (`levels`).
 
-use super::avx2::{bits32, f32_at, load, nibbles32, reduce16};
-use super::few_rows16::{dwords4, f16_pair, spread_byte};
-use super::kdec16::{bytes4, k4_scales_mins};
 use crate::formats::k_quants::{q2_k, q3_k, q4_k, q5_k, q6_k, q8_k, unpack_scale_min_k4, QK_K};
+use crate::formats::x86::lanes256::{bits32, f32_at, load, nibbles32, reduce16};
+use crate::formats::x86::lanes512::{bytes4, dwords4, f16_pair, k4_scales_mins, spread_byte};
 use crate::formats::{q4_0, q4_1, q5_0, q5_1, q8_0, q8_1, PanelKernels};
 use core::arch::x86_64::*;
 use prima_abi::GgmlType;
@@ -67,9 +69,8 @@ pub(in crate::formats) fn kernels(t: GgmlType) -> Option<PanelKernels> {
         T::Q3K => k(|n| n / QK_K * K6_BLOCK, pack_q3_k, gemm_k16::<Q3K>),
         T::Q2K => k(|n| n / QK_K * K6_BLOCK, pack_q2_k, gemm_k16::<Q2K>),
         T::F16 => float_kernels(FLOAT_TOKENS, pack_f16, prep_f16, gemm_f16),
-        // `vdpbf16ps` where this CPU has it and reproduces the scalar order.
-        T::BF16 => super::panel512_bf16::kernels()
-            .unwrap_or_else(|| float_kernels(FLOAT_TOKENS, pack_bf16, prep_bf16, gemm_bf16)),
+        // `levels` takes `panel512_bf16`'s where this CPU has them.
+        T::BF16 => float_kernels(FLOAT_TOKENS, pack_bf16, prep_bf16, gemm_bf16),
         T::F32 => float_kernels(FLOAT_TOKENS, pack_f32, prep_f32, gemm_f32),
         _ => return None,
     })
