@@ -26,7 +26,7 @@ pub(in crate::formats) fn overlay(mut k: FormatKernels) -> FormatKernels {
         T::Q4K => vec_dot_q4_k,
         T::Q5K => vec_dot_q5_k,
         T::Q6K => vec_dot_q6_k,
-        T::IQ4NL | T::IQ4XS | T::Q8_1 | T::Q8K => k.vec_dot,
+        T::IQ4NL | T::IQ4XS | T::MXFP4 | T::Q8_1 | T::Q8K => k.vec_dot,
     };
     k.vec_dot_x4 = match k.weight_type {
         T::Q4_0 => Some(vec_dot_x4_q4_0),
@@ -49,7 +49,7 @@ pub(in crate::formats) fn overlay(mut k: FormatKernels) -> FormatKernels {
     k.decode = super::few_rows8::decode_kernels(k.weight_type)
         .or_else(|| super::kdec8::decode_kernels(k.weight_type))
         .or(k.decode);
-    super::iq4::overlay_avx2(k)
+    super::mxfp4::overlay_avx2(super::iq4::overlay_avx2(k))
 }
 
 /// Safe `fn` wrappers with the table signatures around the `#[target_feature]` kernels.

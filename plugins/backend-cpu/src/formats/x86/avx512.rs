@@ -52,7 +52,7 @@ pub(in crate::formats) fn overlay(mut k: FormatKernels) -> FormatKernels {
     k.decode = super::few_rows16::decode_kernels(k.weight_type)
         .or_else(|| super::kdec16::decode_kernels(k.weight_type))
         .or(k.decode);
-    super::iq4::overlay_avx512(k)
+    super::mxfp4::overlay_avx512(super::iq4::overlay_avx512(k))
 }
 
 macro_rules! wrappers {

@@ -48,6 +48,7 @@ mod few_rows8;
 mod iq4;
 mod kdec16;
 mod kdec8;
+mod mxfp4;
 mod panel256;
 mod panel512;
 mod panel512_bf16;

@@ -1,0 +1,128 @@
+//! MXFP4 `vec_dot` at AVX2 and AVX-512: IQ4_NL's kernels (`x86::iq4`) with MXFP4's table
+//! and scale. The 4-bit codes become their doubled E2M1 values by one `vpshufb` through
+//! [`mxfp4::KVALUES`] (16 bytes: one 128-bit lane holds the table), then are dotted as
+//! signed bytes against the Q8_0 activations. The values lie in −12..=12, so the
+//! `|x| · sign(y, x)` byte dots are exact and `maddubs` pairs stay far below 2^15.
+//!
+//! The block scale is `2^(e − 128)` ([`mxfp4::e8m0_half`]); four blocks' scales are built
+//! in vector lanes from their exponent bytes, bit for bit as the scalar function builds
+//! them (the subnormal patterns for `e` < 2, `(e − 1) << 23` above).
+//!
+//! Prefill (several tokens) calls `vec_dot` per row and token: there are no MXFP4 tiles,
+//! panels or small-batch kernels yet. Same numerics contract as `formats::x86`: integer
+//! sums exact, float terms the scalar kernel's operations in its order.
+
+use super::avx2::{blocks, dot_i8_i8, f16_at, f16_x4, load, nibbles32, prefetch_ahead, sum_blocks};
+use super::avx512::{dot_i8_i8_512, load_pair, nibbles32_pair, sum_block_pairs};
+use crate::formats::{mxfp4, q8_0, FormatKernels};
+use core::arch::x86_64::*;
+use prima_abi::GgmlType;
+
+/// AVX2's MXFP4 kernels over `k`.
+pub(super) fn overlay_avx2(mut k: FormatKernels) -> FormatKernels {
+    if k.weight_type == GgmlType::MXFP4 {
+        k.vec_dot = vec_dot_avx2;
+    }
+    k
+}
+
+/// AVX-512's MXFP4 kernels over `k` (the AVX2 table).
+pub(super) fn overlay_avx512(mut k: FormatKernels) -> FormatKernels {
+    if k.weight_type == GgmlType::MXFP4 {
+        k.vec_dot = vec_dot_avx512;
+    }
+    k
+}
+
+fn vec_dot_avx2(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    // SAFETY: only reachable through `overlay_avx2`'s table, which `dispatch` hands out
+    // after detecting avx2, fma and f16c (AVX-512 tables include it).
+    unsafe { dot_avx2(n, w, a) }
+}
+
+fn vec_dot_avx512(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    // SAFETY: only reachable through `overlay_avx512`'s table, which `dispatch` hands out
+    // after detecting avx2, fma, f16c, avx512f, avx512bw, avx512vl and avx512vnni.
+    unsafe { dot_avx512(n, w, a) }
+}
+
+/// The table in both 128-bit lanes, for `vpshufb`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn table256() -> __m256i {
+    _mm256_broadcastsi128_si256(_mm_loadu_si128(mxfp4::KVALUES.as_ptr() as *const __m128i))
+}
+
+/// The table in all four 128-bit lanes.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn table512() -> __m512i {
+    _mm512_broadcast_i32x4(_mm_loadu_si128(mxfp4::KVALUES.as_ptr() as *const __m128i))
+}
+
+/// The 32 table values of the 16 code bytes at `p`, in element order.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn values32(table: __m256i, p: *const u8) -> __m256i {
+    _mm256_shuffle_epi8(table, nibbles32(p))
+}
+
+/// [`mxfp4::e8m0_half`] of the exponent bytes at the start of four blocks `stride` bytes
+/// apart, as f32 lanes.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn e8m0_half_x4(p: *const u8, stride: usize) -> __m128 {
+    // Assembled in a general register, as `f16_x4` does.
+    let at = |k: usize| *p.add(k * stride) as u32;
+    let x = at(0) | at(1) << 8 | at(2) << 16 | at(3) << 24;
+    let e = _mm_cvtepu8_epi32(_mm_cvtsi32_si128(x as i32));
+    let normal = _mm_slli_epi32(_mm_sub_epi32(e, _mm_set1_epi32(1)), 23);
+    let subnormal = _mm_sllv_epi32(_mm_set1_epi32(0x0020_0000), e);
+    let small = _mm_cmplt_epi32(e, _mm_set1_epi32(2));
+    _mm_castsi128_ps(_mm_blendv_epi8(normal, subnormal, small))
+}
+
+/// `isum · (e8m0_half(e) · d_a)` of blocks `i..i + 4` (the block pointers `w`, `a`).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn terms4(w: *const u8, a: *const u8, s: __m128) -> __m128 {
+    let (wb, ab) = (mxfp4::BLOCK_BYTES, q8_0::BLOCK_BYTES);
+    _mm_mul_ps(s, _mm_mul_ps(e8m0_half_x4(w, wb), f16_x4(a, ab)))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_avx2(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let (wb, ab) = (mxfp4::BLOCK_BYTES, q8_0::BLOCK_BYTES);
+    let nb = blocks(n, 32, w, wb, a, ab);
+    let (w, a) = (w.as_ptr(), a.as_ptr());
+    let table = table256();
+    sum_blocks(
+        nb,
+        |i| {
+            prefetch_ahead(w.add(i * wb), wb);
+            dot_i8_i8(values32(table, w.add(i * wb + 1)), load(a.add(i * ab + 2)))
+        },
+        |i, s| s as f32 * (mxfp4::e8m0_half(*w.add(i * wb)) * f16_at(a.add(i * ab))),
+        |i, s| terms4(w.add(i * wb), a.add(i * ab), s),
+    )
+}
+
+/// Two blocks (64 values) per `vpdpbusd`, their float terms four at a time in block order.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn dot_avx512(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let (wb, ab) = (mxfp4::BLOCK_BYTES, q8_0::BLOCK_BYTES);
+    let nb = blocks(n, 32, w, wb, a, ab);
+    let (w, a) = (w.as_ptr(), a.as_ptr());
+    let (t256, t512) = (table256(), table512());
+    sum_block_pairs(
+        nb,
+        |i| {
+            prefetch_ahead(w.add(i * wb), 2 * wb);
+            let q = _mm512_shuffle_epi8(t512, nibbles32_pair(w.add(i * wb + 1), wb));
+            dot_i8_i8_512(q, load_pair(a.add(i * ab + 2), ab))
+        },
+        |i| dot_i8_i8(values32(t256, w.add(i * wb + 1)), load(a.add(i * ab + 2))),
+        |i, s| s as f32 * (mxfp4::e8m0_half(*w.add(i * wb)) * f16_at(a.add(i * ab))),
+        |i, s| terms4(w.add(i * wb), a.add(i * ab), s),
+    )
+}
