@@ -300,11 +300,7 @@ fn mxfp4_hand_checked() {
     mxfp4::dequantize_row(&block, &mut got);
     for (i, g) in got.iter().enumerate() {
         let c = if i < 16 { i } else { 15 - (i - 16) };
-        assert_eq!(
-            g.to_bits(),
-            (code(c) as f32).to_bits(),
-            "e=127 element {i}"
-        );
+        assert_eq!(g.to_bits(), (code(c) as f32).to_bits(), "e=127 element {i}");
     }
     // e = 130: scale 2^3 (element 7: code 7, 6 · 8 = 48; element 16: code 15, −48).
     block[0] = 130;
