@@ -5,8 +5,7 @@
 //! `|x| · sign(y, x)` byte dots are exact and `maddubs` pairs stay far below 2^15.
 //!
 //! The block scale is `2^(e − 128)` ([`mxfp4::e8m0_half`]); four blocks' scales are built
-//! in vector lanes from their exponent bytes, bit for bit as the scalar function builds
-//! them (the subnormal patterns for `e` < 2, `(e − 1) << 23` above).
+//! in vector lanes from their exponent bytes, the same f32s as the scalar function's.
 //!
 //! Prefill (several tokens) calls `vec_dot` per row and token: there are no MXFP4 tiles,
 //! panels or small-batch kernels yet. Same numerics contract as `formats::x86`: integer
@@ -68,7 +67,12 @@ unsafe fn values32(table: __m256i, p: *const u8) -> __m256i {
 }
 
 /// [`mxfp4::e8m0_half`] of the exponent bytes at the start of four blocks `stride` bytes
-/// apart, as f32 lanes.
+/// apart, as f32 lanes: `2^(e − 127)` as the f32 whose exponent field is `e`, halved. The
+/// halving is exact (`e` = 1 gives the subnormal 2^-127); the two ends are clamped into
+/// place: `e` = 0 reads as 0 (wanted: 2^-128, below every other result, so a `max`) and
+/// `e` = 255 as infinity (wanted: 2^127, above every other result, so a `min`). Building
+/// the bits instead (a shift, a variable shift and a blend) left the AVX2 dot ~1.4× IQ4_NL's
+/// time on the 8192×2048 matvec bench; this is within ~10% of it.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn e8m0_half_x4(p: *const u8, stride: usize) -> __m128 {
@@ -76,10 +80,11 @@ unsafe fn e8m0_half_x4(p: *const u8, stride: usize) -> __m128 {
     let at = |k: usize| *p.add(k * stride) as u32;
     let x = at(0) | at(1) << 8 | at(2) << 16 | at(3) << 24;
     let e = _mm_cvtepu8_epi32(_mm_cvtsi32_si128(x as i32));
-    let normal = _mm_slli_epi32(_mm_sub_epi32(e, _mm_set1_epi32(1)), 23);
-    let subnormal = _mm_sllv_epi32(_mm_set1_epi32(0x0020_0000), e);
-    let small = _mm_cmplt_epi32(e, _mm_set1_epi32(2));
-    _mm_castsi128_ps(_mm_blendv_epi8(normal, subnormal, small))
+    let pow = _mm_castsi128_ps(_mm_slli_epi32(e, 23));
+    let half = _mm_mul_ps(pow, _mm_set1_ps(0.5));
+    let lowest = _mm_set1_ps(f32::from_bits(0x0020_0000)); // 2^-128
+    let highest = _mm_set1_ps(f32::from_bits(254 << 23)); // 2^127
+    _mm_min_ps(_mm_max_ps(half, lowest), highest)
 }
 
 /// `isum · (e8m0_half(e) · d_a)` of blocks `i..i + 4` (the block pointers `w`, `a`).
@@ -125,4 +130,35 @@ unsafe fn dot_avx512(n: usize, w: &[u8], a: &[u8]) -> f32 {
         |i, s| s as f32 * (mxfp4::e8m0_half(*w.add(i * wb)) * f16_at(a.add(i * ab))),
         |i, s| terms4(w.add(i * wb), a.add(i * ab), s),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn e8m0_half_x4_matches_scalar_for_every_byte() {
+        if !crate::formats::dispatch::KernelLevel::Avx2.is_available() {
+            return;
+        }
+        // Four blocks' worth of bytes, exponents at 0, 17, 34, 51.
+        let mut blocks = [0u8; 4 * mxfp4::BLOCK_BYTES];
+        for e in 0..=255u8 {
+            for (k, b) in blocks.chunks_exact_mut(mxfp4::BLOCK_BYTES).enumerate() {
+                b[0] = e.wrapping_add(k as u8 * 64);
+            }
+            let mut got = [0f32; 4];
+            // SAFETY: AVX2, FMA and F16C were detected above; the four blocks are in bounds.
+            unsafe {
+                _mm_storeu_ps(
+                    got.as_mut_ptr(),
+                    e8m0_half_x4(blocks.as_ptr(), mxfp4::BLOCK_BYTES),
+                )
+            };
+            for (k, g) in got.iter().enumerate() {
+                let want = mxfp4::e8m0_half(blocks[k * mxfp4::BLOCK_BYTES]);
+                assert_eq!(g.to_bits(), want.to_bits(), "e = {}", blocks[k * 17]);
+            }
+        }
+    }
 }
