@@ -2,7 +2,8 @@
 //! and scale. The 4-bit codes become their doubled E2M1 values by one `vpshufb` through
 //! [`mxfp4::KVALUES`] (16 bytes: one 128-bit lane holds the table), then are dotted as
 //! signed bytes against the Q8_0 activations. The values lie in −12..=12, so the
-//! `|x| · sign(y, x)` byte dots are exact and `maddubs` pairs stay far below 2^15.
+//! `|x| · sign(y, x)` byte dots are exact and `maddubs` pairs stay far below 2^15. The
+//! AVX-512 level keeps 256-bit vectors and fuses the byte dot's sums with VNNI.
 //!
 //! The block scale is `2^(e − 128)` ([`mxfp4::e8m0_half`]); four blocks' scales are built
 //! in vector lanes from their exponent bytes, the same f32s as the scalar function's.
@@ -12,7 +13,6 @@
 //! sums exact, float terms the scalar kernel's operations in its order.
 
 use super::avx2::{blocks, dot_i8_i8, f16_at, f16_x4, load, nibbles32, prefetch_ahead, sum_blocks};
-use super::avx512::{dot_i8_i8_512, load_pair, nibbles32_pair, sum_block_pairs};
 use crate::formats::{mxfp4, q8_0, FormatKernels};
 use core::arch::x86_64::*;
 use prima_abi::GgmlType;
@@ -50,13 +50,6 @@ fn vec_dot_avx512(n: usize, w: &[u8], a: &[u8]) -> f32 {
 #[inline]
 unsafe fn table256() -> __m256i {
     _mm256_broadcastsi128_si256(_mm_loadu_si128(mxfp4::KVALUES.as_ptr() as *const __m128i))
-}
-
-/// The table in all four 128-bit lanes.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-#[inline]
-unsafe fn table512() -> __m512i {
-    _mm512_broadcast_i32x4(_mm_loadu_si128(mxfp4::KVALUES.as_ptr() as *const __m128i))
 }
 
 /// The 32 table values of the 16 code bytes at `p`, in element order.
@@ -112,21 +105,26 @@ unsafe fn dot_avx2(n: usize, w: &[u8], a: &[u8]) -> f32 {
     )
 }
 
-/// Two blocks (64 values) per `vpdpbusd`, their float terms four at a time in block order.
+/// AVX2's walk, one block per step, with each block's byte dot and its widening sum fused
+/// in one 256-bit `vpdpbusd` (AVX-512 VL + VNNI). Two blocks per 512-bit step, as IQ4_NL's
+/// AVX-512 kernel takes them, measured ~20% slower than AVX2's kernel on the matvec bench
+/// here; this is ~10% faster than it.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn dot_avx512(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let (wb, ab) = (mxfp4::BLOCK_BYTES, q8_0::BLOCK_BYTES);
     let nb = blocks(n, 32, w, wb, a, ab);
     let (w, a) = (w.as_ptr(), a.as_ptr());
-    let (t256, t512) = (table256(), table512());
-    sum_block_pairs(
+    let table = table256();
+    sum_blocks(
         nb,
         |i| {
-            prefetch_ahead(w.add(i * wb), 2 * wb);
-            let q = _mm512_shuffle_epi8(t512, nibbles32_pair(w.add(i * wb + 1), wb));
-            dot_i8_i8_512(q, load_pair(a.add(i * ab + 2), ab))
+            prefetch_ahead(w.add(i * wb), wb);
+            let q = values32(table, w.add(i * wb + 1));
+            let y = load(a.add(i * ab + 2));
+            // |q| · sign(y, q), exact: |q| ≤ 12, y ≠ −128.
+            let (u, s) = (_mm256_sign_epi8(q, q), _mm256_sign_epi8(y, q));
+            _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s)
         },
-        |i| dot_i8_i8(values32(t256, w.add(i * wb + 1)), load(a.add(i * ab + 2))),
         |i, s| s as f32 * (mxfp4::e8m0_half(*w.add(i * wb)) * f16_at(a.add(i * ab))),
         |i, s| terms4(w.add(i * wb), a.add(i * ab), s),
     )
