@@ -26,6 +26,7 @@ pub enum GgmlType {
     IQ4NL = 20,
     IQ4XS = 23,
     BF16 = 30,
+    MXFP4 = 39,
 }
 
 /// Elements per super-block of the K-quant formats.
@@ -33,7 +34,7 @@ pub const QK_K: usize = 256;
 
 impl GgmlType {
     /// Every type this engine can read.
-    pub const ALL: [GgmlType; 17] = [
+    pub const ALL: [GgmlType; 18] = [
         GgmlType::F32,
         GgmlType::F16,
         GgmlType::Q4_0,
@@ -51,6 +52,7 @@ impl GgmlType {
         GgmlType::IQ4NL,
         GgmlType::IQ4XS,
         GgmlType::BF16,
+        GgmlType::MXFP4,
     ];
 
     /// Maps a GGUF type id to a type, or `None` for ids this engine does not support.
@@ -68,7 +70,7 @@ impl GgmlType {
         match self {
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1,
             GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 => 32,
-            GgmlType::Q8_0 | GgmlType::Q8_1 | GgmlType::IQ4NL => 32,
+            GgmlType::Q8_0 | GgmlType::Q8_1 | GgmlType::IQ4NL | GgmlType::MXFP4 => 32,
             GgmlType::Q2K | GgmlType::Q3K | GgmlType::Q4K | GgmlType::Q5K => QK_K,
             GgmlType::Q6K | GgmlType::Q8K | GgmlType::IQ4XS => QK_K,
         }
@@ -96,6 +98,9 @@ impl GgmlType {
             // d, scales_h (2 high bits of 8 sub-block scales), scales_l (4 low bits each),
             // then the nibbles.
             GgmlType::IQ4XS => 2 + 2 + QK_K / 64 + QK_K / 2,
+            // e (an E8M0 power-of-two scale, one byte), then 16 bytes of nibbles (FP4 E2M1
+            // codes).
+            GgmlType::MXFP4 => 1 + 16,
         }
     }
 
@@ -128,6 +133,7 @@ impl GgmlType {
             GgmlType::IQ4NL => "IQ4_NL",
             GgmlType::IQ4XS => "IQ4_XS",
             GgmlType::BF16 => "BF16",
+            GgmlType::MXFP4 => "MXFP4",
         }
     }
 }
@@ -160,6 +166,7 @@ mod tests {
             (GgmlType::Q8K, 292),
             (GgmlType::IQ4NL, 18),
             (GgmlType::IQ4XS, 136),
+            (GgmlType::MXFP4, 17),
         ];
         for (t, bytes) in expected {
             assert_eq!(t.block_bytes(), bytes, "{t}");

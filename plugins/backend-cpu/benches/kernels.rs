@@ -39,7 +39,7 @@ fn shape_for(t: GgmlType, (rows, cols): (usize, usize)) -> (usize, usize) {
     }
 }
 
-const FORMATS: [GgmlType; 13] = [
+const FORMATS: [GgmlType; 15] = [
     GgmlType::Q4_1,
     GgmlType::Q8_0,
     GgmlType::Q4K,
@@ -53,6 +53,9 @@ const FORMATS: [GgmlType; 13] = [
     GgmlType::F16,
     GgmlType::BF16,
     GgmlType::F32,
+    // The 16-entry table formats (32-element blocks, Q8_0 activations, as Q4_0).
+    GgmlType::IQ4NL,
+    GgmlType::MXFP4,
 ];
 
 fn weights(rng: &mut ChaCha8Rng, t: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
@@ -81,11 +84,17 @@ fn weights(rng: &mut ChaCha8Rng, t: GgmlType, rows: usize, cols: usize) -> Vec<u
                 GgmlType::Q2K => &[80, 82],
                 GgmlType::Q3K => &[108],
                 GgmlType::Q6K => &[208],
+                GgmlType::IQ4NL => &[0],
+                GgmlType::MXFP4 => &[],
                 _ => &[0, 2],
             };
             for block in data.chunks_exact_mut(t.block_bytes()) {
                 for &off in fields {
                     block[off..off + 2].copy_from_slice(&f16(rng.gen_range(-0.05..0.05)));
+                }
+                if t == GgmlType::MXFP4 {
+                    // The E8M0 exponent: half-scales 2^-10 ..= 2^2.
+                    block[0] = rng.gen_range(118..=130);
                 }
             }
         }

@@ -58,6 +58,7 @@ fn random_weights(rng: &mut ChaCha8Rng, t: GgmlType, rows: usize, cols: usize) -
                 GgmlType::Q2K => &[80, 82],
                 GgmlType::Q3K => &[108],
                 GgmlType::Q6K => &[208],
+                GgmlType::MXFP4 => &[],
                 _ => &[0, 2],
             };
             let mut data = vec![0u8; rows * t.row_bytes(cols).unwrap()];
@@ -67,6 +68,10 @@ fn random_weights(rng: &mut ChaCha8Rng, t: GgmlType, rows: usize, cols: usize) -
                     block[off..off + 2].copy_from_slice(
                         &half::f16::from_f32(rng.gen_range(-0.05..0.05)).to_le_bytes(),
                     );
+                }
+                if t == GgmlType::MXFP4 {
+                    // The E8M0 exponent: half-scales 2^-10 ..= 2^2.
+                    block[0] = rng.gen_range(118..=130);
                 }
             }
             data

@@ -6,6 +6,10 @@
 //! - `vec_dot_matches_scalar`: each level's `vec_dot` of every weight type returns the
 //!   scalar result bit for bit (the kernels keep the scalar summation order), for the same
 //!   row lengths, weight scales of ±65504, f16 subnormals and zero, and those activations.
+//!   (MXFP4's E8M0 scales: the largest, 254 and 255, and the f32-subnormal 0 and 1.)
+//! - `mxfp4_extreme_scales_match_scalar`: each level's MXFP4 `vec_dot` returns the scalar
+//!   result bit for bit when every block, or each block independently, has one of the
+//!   extreme E8M0 exponents (0, 1, 2, 127, 128, 254, 255), so vector lanes mix them.
 //! - `vec_dot_x4_matches_scalar`: each level's four-token kernel returns, per token, the
 //!   scalar `vec_dot` bit for bit, for the same row lengths and weight scales, with four
 //!   different activation kinds side by side and rows padded apart (strides beyond a row).
@@ -95,6 +99,7 @@ fn scale_fields(t: GgmlType) -> &'static [usize] {
     match t {
         GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => &[0],
         GgmlType::IQ4NL | GgmlType::IQ4XS => &[0],
+        GgmlType::MXFP4 => &[],
         GgmlType::Q2K => &[80, 82],
         GgmlType::Q3K => &[108],
         GgmlType::Q6K => &[208],
@@ -132,9 +137,24 @@ fn random_row(rng: &mut ChaCha8Rng, t: GgmlType, n: usize, scales: Scales) -> Ve
                 for &off in scale_fields(t) {
                     block[off..off + 2].copy_from_slice(&f16(pick(rng)));
                 }
+                if t == GgmlType::MXFP4 {
+                    block[0] = mxfp4_exponent(rng, scales);
+                }
             }
             data
         }
+    }
+}
+
+/// An MXFP4 block's E8M0 exponent for `scales`: MXFP4 has no zero scale, so `Zero` draws
+/// any byte; `Max` and `Subnormal` give the largest scales (255 is E8M0's NaN, which
+/// llama.cpp computes with as 2^127) and the f32-subnormal ones (`e8m0_half` of 0 and 1).
+fn mxfp4_exponent(rng: &mut ChaCha8Rng, scales: Scales) -> u8 {
+    match scales {
+        Scales::Normal => rng.gen_range(118..=130),
+        Scales::Max => [254, 255][rng.gen_range(0..2)],
+        Scales::Subnormal => [0, 1, 2][rng.gen_range(0..3)],
+        Scales::Zero => rng.gen(),
     }
 }
 
@@ -226,6 +246,38 @@ fn vec_dot_matches_scalar() {
                             level.name()
                         );
                     }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn mxfp4_extreme_scales_match_scalar() {
+    const EXTREME_E: [u8; 7] = [0, 1, 2, 127, 128, 254, 255];
+    let t = GgmlType::MXFP4;
+    let mut rng = ChaCha8Rng::seed_from_u64(17);
+    let want_k = scalar::kernels(t).unwrap();
+    for level in levels() {
+        let got_k = level.kernels(t).unwrap();
+        for n in lengths(t) {
+            // `None`: each block draws its own exponent.
+            for fixed in EXTREME_E.map(Some).into_iter().chain([None]) {
+                let mut w = vec![0u8; t.row_bytes(n).unwrap()];
+                rng.fill(&mut w[..]);
+                for block in w.chunks_exact_mut(t.block_bytes()) {
+                    block[0] = fixed.unwrap_or_else(|| EXTREME_E[rng.gen_range(0..7)]);
+                }
+                for (name, x) in activations(&mut rng, n) {
+                    let mut a = vec![0u8; want_k.vec_dot_type.row_bytes(n).unwrap()];
+                    (want_k.quantize_activation)(&x, &mut a);
+                    let want = (want_k.vec_dot)(n, &w, &a);
+                    let got = (got_k.vec_dot)(n, &w, &a);
+                    assert!(
+                        same(want, got),
+                        "{} MXFP4 n={n} e={fixed:?}, {name} activations: {got} vs scalar {want}",
+                        level.name()
+                    );
                 }
             }
         }

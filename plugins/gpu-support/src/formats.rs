@@ -257,8 +257,9 @@ mod tests {
     fn supported_formats_are_the_cpu_backends_weight_formats() {
         for ty in GgmlType::ALL {
             let activation_only = matches!(ty, GgmlType::Q8_1 | GgmlType::Q8K);
-            // The non-linear IQ4 formats have no GPU kernels yet: refused (see below).
-            let cpu_only = matches!(ty, GgmlType::IQ4NL | GgmlType::IQ4XS);
+            // The non-linear IQ4 formats and MXFP4 have no GPU kernels yet: refused (see
+            // below).
+            let cpu_only = matches!(ty, GgmlType::IQ4NL | GgmlType::IQ4XS | GgmlType::MXFP4);
             assert_eq!(
                 format_of(ty as u32).is_some(),
                 !activation_only && !cpu_only,
@@ -323,7 +324,7 @@ mod tests {
         assert!(e.contains("must be 288 bytes, got 144"), "{e}");
         let e = WeightShape::of("matmul", "test", &view(&data, GgmlType::Q8K, 256, 1)).unwrap_err();
         assert!(e.contains("Q8_K") && e.contains("not supported"), "{e}");
-        for ty in [GgmlType::IQ4NL, GgmlType::IQ4XS] {
+        for ty in [GgmlType::IQ4NL, GgmlType::IQ4XS, GgmlType::MXFP4] {
             let e = WeightShape::of("matmul", "test", &view(&data, ty, 256, 1)).unwrap_err();
             assert!(e.contains(ty.name()) && e.contains("not supported"), "{e}");
         }

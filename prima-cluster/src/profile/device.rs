@@ -154,7 +154,7 @@ impl QuantClass {
             GgmlType::Q4K | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q2K | GgmlType::Q3K => {
                 QuantClass::Q4K
             }
-            GgmlType::IQ4NL | GgmlType::IQ4XS => QuantClass::Q4K,
+            GgmlType::IQ4NL | GgmlType::IQ4XS | GgmlType::MXFP4 => QuantClass::Q4K,
             GgmlType::Q5K | GgmlType::Q5_0 | GgmlType::Q5_1 => QuantClass::Q5K,
             GgmlType::Q6K => QuantClass::Q6K,
             GgmlType::Q8_0 | GgmlType::Q8_1 | GgmlType::Q8K => QuantClass::Q80,

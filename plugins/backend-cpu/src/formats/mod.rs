@@ -19,6 +19,7 @@ pub mod float;
 pub mod iq4_nl;
 pub mod iq4_xs;
 pub mod k_quants;
+pub mod mxfp4;
 pub mod q4_0;
 pub mod q4_1;
 pub mod q5_0;
@@ -32,7 +33,7 @@ mod x86;
 use prima_abi::GgmlType;
 
 /// Every weight format this backend computes (the activation-only Q8_1/Q8_K are not).
-pub const WEIGHT_TYPES: [GgmlType; 15] = [
+pub const WEIGHT_TYPES: [GgmlType; 16] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
@@ -48,6 +49,7 @@ pub const WEIGHT_TYPES: [GgmlType; 15] = [
     GgmlType::Q6K,
     GgmlType::IQ4NL,
     GgmlType::IQ4XS,
+    GgmlType::MXFP4,
 ];
 
 /// `acc[i] += w · v[i]` with `v` an F16 row as little-endian bytes (see

@@ -6,7 +6,8 @@
 
 use super::k_quants::{q2_k, q3_k, q4_k, q5_k, q6_k, q8_k};
 use super::{
-    float, iq4_nl, iq4_xs, q4_0, q4_1, q5_0, q5_1, q8_0, q8_1, DequantizeRowFn, FormatKernels,
+    float, iq4_nl, iq4_xs, mxfp4, q4_0, q4_1, q5_0, q5_1, q8_0, q8_1, DequantizeRowFn,
+    FormatKernels,
 };
 use prima_abi::GgmlType;
 
@@ -118,6 +119,12 @@ pub fn kernels(t: GgmlType) -> Option<FormatKernels> {
             q8_k::quantize_row,
             iq4_xs::vec_dot,
         ),
+        T::MXFP4 => k(
+            T::Q8_0,
+            mxfp4::dequantize_row,
+            q8_0::quantize_row,
+            mxfp4::vec_dot,
+        ),
         T::Q8_1 | T::Q8K => return None,
     })
 }
@@ -144,5 +151,6 @@ pub fn dequantize_row(t: GgmlType) -> DequantizeRowFn {
         T::Q8K => q8_k::dequantize_row,
         T::IQ4NL => iq4_nl::dequantize_row,
         T::IQ4XS => iq4_xs::dequantize_row,
+        T::MXFP4 => mxfp4::dequantize_row,
     }
 }

@@ -1,5 +1,5 @@
 //! NEON kernels for every quantized weight format (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K to
-//! Q6_K) and F32: each block's products in vector lanes, the block's float
+//! Q6_K, MXFP4; not yet IQ4_NL/IQ4_XS) and F32: each block's products in vector lanes, the block's float
 //! term as the scalar kernel computes it. Each kernel comes in two builds that differ only
 //! in how 16 byte products reach four i32 lanes ([`Products`]): plain NEON (`vmull_s8` /
 //! `vmlal_high_s8` into i16, pairwise widening adds), or one `sdot` where the CPU has the
@@ -11,7 +11,7 @@
 //! compiler vectorises as it is.
 
 use crate::formats::k_quants::{q2_k, q3_k, q4_k, q5_k, q6_k, q8_k, unpack_scale_min_k4, QK_K};
-use crate::formats::{f16_at, f32_at, q4_0, q4_1, q5_0, q5_1, q8_0, q8_1, FormatKernels};
+use crate::formats::{f16_at, f32_at, mxfp4, q4_0, q4_1, q5_0, q5_1, q8_0, q8_1, FormatKernels};
 use core::arch::aarch64::*;
 use prima_abi::GgmlType;
 
@@ -44,6 +44,7 @@ fn kernel<P: Products>(t: GgmlType) -> Option<crate::formats::VecDotFn> {
         T::Q4K => dot_q4_k::<P>,
         T::Q5K => dot_q5_k::<P>,
         T::Q6K => dot_q6_k::<P>,
+        T::MXFP4 => dot_mxfp4::<P>,
         T::F32 => dot_f32,
         _ => return None,
     })
@@ -188,6 +189,31 @@ fn dot_q4_1<P: Products>(n: usize, w: &[u8], a: &[u8]) -> f32 {
     for (wb, ab) in blocks.take(n / 32) {
         let (lo, hi) = nibbles(&wb[4..], 0);
         sum += q4_1_term(wb, ab, dot32::<P>(lo, hi, &ab[4..]));
+    }
+    sum
+}
+
+/// MXFP4: each nibble looked up in the doubled E2M1 table ([`mxfp4::KVALUES`], one
+/// 16-byte `tbl`), then dotted as Q8_0 (values within ±12: the widening products cannot
+/// saturate); the block term is the scalar kernel's `isum · (e8m0_half(e) · d_a)`.
+fn dot_mxfp4<P: Products>(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    // SAFETY: NEON is baseline; the table holds 16 bytes.
+    let table = unsafe { vld1q_s8(mxfp4::KVALUES.as_ptr()) };
+    let mut sum = 0.0f32;
+    let blocks = w
+        .chunks_exact(mxfp4::BLOCK_BYTES)
+        .zip(a.chunks_exact(q8_0::BLOCK_BYTES));
+    for (wb, ab) in blocks.take(n / 32) {
+        let (lo, hi) = nibbles(&wb[1..], 0);
+        // SAFETY: NEON is baseline; the nibbles (0..16) index within the table.
+        let (lo, hi) = unsafe {
+            (
+                vqtbl1q_s8(table, vreinterpretq_u8_s8(lo)),
+                vqtbl1q_s8(table, vreinterpretq_u8_s8(hi)),
+            )
+        };
+        let isum = dot32::<P>(lo, hi, &ab[2..]);
+        sum += isum as f32 * (mxfp4::e8m0_half(wb[0]) * f16_at(ab, 0));
     }
     sum
 }

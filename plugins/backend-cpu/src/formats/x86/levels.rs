@@ -15,7 +15,7 @@ use super::few::{few256, few512};
 use super::panel::{panel256, panel512, panel512_bf16, panel_iq4};
 use super::quantize;
 use super::rows::{few_rows16, few_rows8, kdec16, kdec8};
-use super::vec_dot::{dot256, dot512, iq4};
+use super::vec_dot::{dot256, dot512, iq4, mxfp4};
 use crate::formats::FormatKernels;
 use prima_abi::GgmlType;
 
@@ -38,6 +38,7 @@ pub(in crate::formats) fn avx2(mut k: FormatKernels) -> FormatKernels {
         T::Q6K => dot256::vec_dot_q6_k,
         T::IQ4NL => iq4::vec_dot_iq4_nl_avx2,
         T::IQ4XS => iq4::vec_dot_iq4_xs_avx2,
+        T::MXFP4 => mxfp4::vec_dot_avx2,
         T::Q8_1 | T::Q8K => k.vec_dot,
     };
     k.vec_dot_x4 = match k.weight_type {
@@ -82,6 +83,7 @@ pub(in crate::formats) fn avx512(mut k: FormatKernels) -> FormatKernels {
         T::Q6K => dot512::vec_dot_q6_k,
         T::IQ4NL => iq4::vec_dot_iq4_nl_avx512,
         T::IQ4XS => iq4::vec_dot_iq4_xs_avx512,
+        T::MXFP4 => mxfp4::vec_dot_avx512,
         _ => k.vec_dot,
     };
     k.vec_dot_x4 = match k.weight_type {
