@@ -537,8 +537,8 @@ fn bad_tensor_infos_are_refused() {
         "tensor 'bb' has a zero dimension in shape [64, 0]",
     );
 
-    let bytes = with_tensor_info("bb", |b, at| put_u32(b, at + 20, 39));
-    assert_msg(&err(&bytes), "tensor 'bb' has unknown type id 39");
+    let bytes = with_tensor_info("bb", |b, at| put_u32(b, at + 20, 99));
+    assert_msg(&err(&bytes), "tensor 'bb' has unknown type id 99");
 
     let bytes = with_tensor_info("bb", |b, at| put_u64(b, at + 4, 48));
     assert_msg(
