@@ -104,7 +104,7 @@ pub fn run(layout: &Layout) -> Result<()> {
 /// Rule 1, from `cargo metadata`'s resolved graph (normal dependencies only).
 fn crate_faults(workspace: &Path) -> Result<Vec<String>> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let out = Command::new(cargo)
+    let out = Command::new(&cargo)
         .args(["metadata", "--format-version", "1"])
         .current_dir(workspace)
         .output()
@@ -148,8 +148,7 @@ fn crate_faults(workspace: &Path) -> Result<Vec<String>> {
     // graph unifies the features that test-only dependents turn on.
     let mut plugin_trees = BTreeMap::new();
     for plugin in plugin_names(&meta, workspace) {
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let out = Command::new(cargo)
+        let out = Command::new(&cargo)
             .args(["tree", "-p", &plugin, "-e", "normal", "--prefix", "none"])
             .current_dir(workspace)
             .output()
