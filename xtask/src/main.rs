@@ -21,6 +21,7 @@ mod homelab;
 mod layering;
 mod layout;
 mod llama_cpp;
+mod o200k_vocab;
 mod random_gguf;
 mod random_moe;
 mod reference;
@@ -67,6 +68,10 @@ enum Task {
     },
     /// Make every model the test suite needs (fetched, requantized, tiny).
     TestModels,
+    /// Write gpt-oss's vocabulary (o200k_harmony, from the js-tiktoken npm package) and
+    /// chat template as a vocabulary-only GGUF in the derived-model directory (also done
+    /// by test-models).
+    O200kVocab,
     /// test-models, then `cargo build --release` and `cargo test --release` on the workspace;
     /// the home-lab smoke bed and the aarch64 kernels where this machine can, else skipped.
     Test,
@@ -136,6 +141,9 @@ fn run(cli: Cli) -> Result<u8> {
             only,
         } => reference::run(&layout, fixtures_only, only.as_deref())?,
         Task::TestModels => test_models::run(&layout)?,
+        Task::O200kVocab => {
+            o200k_vocab::ensure(&layout)?;
+        }
         Task::Bench(args) => bench::run(&layout, &args)?,
         Task::BenchServe(args) => bench_serve::run(&layout, &args)?,
         Task::RingBench(args) => ring_bench::run(&layout, &args)?,
