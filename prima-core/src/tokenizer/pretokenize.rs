@@ -156,7 +156,10 @@ mod tests {
         // letter is not ASCII loses it); combining marks are not letters.
         assert_eq!(split("gpt-4o", "ÉCOLE école"), ["É", "COLE", " école"]);
         assert_eq!(split("gpt-4o", "\u{928}\u{93f}x"), ["\u{928}", "\u{93f}x"]);
-        assert_eq!(split("gpt-4o", "a/b\n\n  c"), ["a", "/b", "\n\n", " ", " c"]);
+        assert_eq!(
+            split("gpt-4o", "a/b\n\n  c"),
+            ["a", "/b", "\n\n", " ", " c"]
+        );
         // With marks inside words the same text stays whole.
         assert_eq!(
             split("granite-embed-multi-97m", "\u{928}\u{93f}x"),
