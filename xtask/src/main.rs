@@ -71,7 +71,11 @@ enum Task {
     /// Write gpt-oss's vocabulary (o200k_harmony, from the js-tiktoken npm package) and
     /// chat template as a vocabulary-only GGUF in the derived-model directory (also done
     /// by test-models).
-    O200kVocab,
+    O200kVocab {
+        /// Also regenerate its tokenizer and chat fixtures (as `reference` does).
+        #[arg(long)]
+        fixtures: bool,
+    },
     /// test-models, then `cargo build --release` and `cargo test --release` on the workspace;
     /// the home-lab smoke bed and the aarch64 kernels where this machine can, else skipped.
     Test,
@@ -141,8 +145,13 @@ fn run(cli: Cli) -> Result<u8> {
             only,
         } => reference::run(&layout, fixtures_only, only.as_deref())?,
         Task::TestModels => test_models::run(&layout)?,
-        Task::O200kVocab => {
+        Task::O200kVocab { fixtures } => {
             o200k_vocab::ensure(&layout)?;
+            if fixtures {
+                let llama = llama_cpp::LlamaCpp::new(&layout);
+                llama.require_built()?;
+                o200k_vocab::fixtures(&layout, &llama)?;
+            }
         }
         Task::Bench(args) => bench::run(&layout, &args)?,
         Task::BenchServe(args) => bench_serve::run(&layout, &args)?,
