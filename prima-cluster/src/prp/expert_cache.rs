@@ -9,8 +9,8 @@
 //! known, so the reads of a layer's later experts overlap the products of its first) and
 //! released right after their down-projection (MRU, as streamed layers are). Use is
 //! counted as requests run ([`ExpertUse`]); the hot set starts uniform (every layer keeps
-//! as many experts) and is re-planned from the counts every [`REPLAN_ROWS`] routed rows,
-//! with hysteresis: an expert replaces a resident one only when it was used
+//! as many experts) and is re-planned from the counts after [`FIRST_REPLAN_ROWS`] routed
+//! rows, then at doubling intervals up to every [`REPLAN_ROWS`], with hysteresis: an expert replaces a resident one only when it was used
 //! [`SWAP_MARGIN`] times as much, so a set that is about right stays put.
 //!
 //! **Page sharing.** An expert's slab in each of `ffn_{gate,up,down}_exps` is rarely page
@@ -32,7 +32,12 @@ use prima_core::model::{ExpertPolicy, ExpertUse, Model, Routing};
 
 use super::protocol::{ReleaseMethod, ReleasePolicy};
 
-/// Rows routed (summed over the device's MoE layers) between two re-plans of the hot set.
+/// Rows routed (summed over the device's MoE layers) before the first re-plan of the hot
+/// set; the interval then doubles up to [`REPLAN_ROWS`], so the set leaves the uniform
+/// guess soon and then changes seldom.
+pub const FIRST_REPLAN_ROWS: u64 = 256;
+
+/// Rows routed between two re-plans once the counts have settled.
 pub const REPLAN_ROWS: u64 = 4096;
 
 /// How much more an expert must have been used than the resident one it replaces.
@@ -171,8 +176,9 @@ impl ExpertCacheStats {
 
 /// The hot set as it changes: which experts are resident, by model layer.
 struct HotSet {
-    /// Rows routed when the set was last planned.
+    /// Rows routed when the set was last planned, and until the next plan.
     planned_at: u64,
+    interval: u64,
     /// The budget's bytes in use.
     resident_bytes: u64,
 }
@@ -336,6 +342,16 @@ impl<'m> ExpertCache<'m> {
         } else {
             None
         };
+        // A streamed expert is read alone: the kernel's read-around (its readahead window,
+        // MiBs on some disks) would pull its neighbours in too, evicting resident ones.
+        for &il in &layers {
+            for t in model.layer_tensors(il).filter(|t| t.dims.len() == 3) {
+                let range = t.offset..t.offset + t.n_bytes;
+                if let Err(e) = model.gguf().advise_pages(range, PageHint::Random) {
+                    tracing::debug!(error = %e, "random-access hint refused");
+                }
+            }
+        }
         let hint = match hints.method {
             ReleaseMethod::Pageout => PageHint::PageOut,
             ReleaseMethod::Cold => PageHint::Cold,
@@ -352,6 +368,7 @@ impl<'m> ExpertCache<'m> {
             routed_rows: AtomicU64::new(0),
             hot: Mutex::new(HotSet {
                 planned_at: 0,
+                interval: FIRST_REPLAN_ROWS,
                 resident_bytes,
             }),
             hits: AtomicU64::new(0),
@@ -543,8 +560,9 @@ impl ExpertPolicy for ExpertCache<'_> {
         }
         let total = self.routed_rows.fetch_add(rows, Ordering::Relaxed) + rows;
         if let Ok(mut hot) = self.hot.try_lock() {
-            if total >= hot.planned_at + REPLAN_ROWS {
+            if total >= hot.planned_at + hot.interval {
                 hot.planned_at = total;
+                hot.interval = (2 * hot.interval).min(REPLAN_ROWS);
                 self.replan(&mut hot);
             }
         }
