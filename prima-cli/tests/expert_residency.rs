@@ -201,3 +201,76 @@ fn releasing_a_streamed_expert_never_drops_a_page_a_resident_neighbour_shares() 
         }
     }
 }
+
+fn prima_run(model: &std::path::Path, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_prima"))
+        .args(["run", "-t", "1", "--temp", "0", "-n", "12", "-c", "256"])
+        .args(["-p", "The experts of a ring node are streamed", "-m"])
+        .arg(model)
+        .arg("--key-file")
+        .arg(&common::test_key().0)
+        .args(args)
+        .output()
+        .expect("run prima")
+}
+
+/// A ring node whose budget holds its layers' shared parts but few experts streams
+/// experts, prints the same tokens as one device with everything resident, and reports
+/// its cache per device (`-v`, `--stats-json`).
+#[test]
+fn a_ring_node_streams_experts_and_reports_its_cache() {
+    let Some(path) = model_or_skip(derived_models().join(MODELS[1])) else {
+        return;
+    };
+    let model = Model::load(&path).unwrap();
+    let n = model.hparams().n_layers;
+    let (head_layers, node_layers) = (n / 2, n - n / 2);
+    let shared: u64 = (head_layers..n)
+        .map(|il| model.layer_shared_bytes(il))
+        .sum();
+    let budget = shared + ExpertCache::room(&model) + 2 * model.expert_bytes(n - 1);
+    let node = common::Node::start_with(&path, &["--mem-budget", &budget.to_string()]);
+    let single = prima_run(&path, &["--mem-budget", "none"]);
+    assert!(single.status.success());
+    let stats =
+        std::env::temp_dir().join(format!("prima-expert-stats-{}.json", std::process::id()));
+    let windows = format!("{head_layers},{node_layers}");
+    let stats_arg = stats.to_string_lossy().into_owned();
+    let ringed = prima_run(
+        &path,
+        &[
+            "--ring",
+            &node.addr,
+            "--windows",
+            &windows,
+            "--mem-budget",
+            "none",
+            "-v",
+            "--stats-json",
+            &stats_arg,
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&ringed.stderr);
+    assert!(ringed.status.success(), "{stderr}");
+    assert_eq!(ringed.stdout, single.stdout, "{stderr}");
+    assert!(stderr.contains("expert hit"), "{stderr}");
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&stats);
+    let devices = json["devices"].as_array().unwrap();
+    let sum = |d: &serde_json::Value, key: &str| -> u64 {
+        d["passes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p[key].as_u64().unwrap_or(0))
+            .sum()
+    };
+    // The head keeps everything; the node streams experts and counts them.
+    assert_eq!(sum(&devices[0], "expert_misses"), 0);
+    let (hits, misses) = (
+        sum(&devices[1], "expert_hits"),
+        sum(&devices[1], "expert_misses"),
+    );
+    assert!(misses > 0 && hits > 0, "{hits} hits, {misses} misses");
+    assert!(sum(&devices[1], "expert_streamed_bytes") > 0);
+}
