@@ -45,6 +45,7 @@ fn hints(release: ReleasePolicy) -> ExpertHints {
         prefetch: true,
         release,
         method: ReleaseMethod::Pageout,
+        predict: true,
     }
 }
 

@@ -10,7 +10,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use prima_abi::backend::BackendConfig;
 use prima_cluster::prp::alone::{describe_plan, LocalSession};
 use prima_cluster::prp::budget::{memory_margin_for_layers, resolve_budget, MemBudget};
-use prima_cluster::prp::expert_cache::{ExpertCache, ExpertHints};
+use prima_cluster::prp::expert_cache::{ExpertCache, ExpertHints, PREDICT_DEFAULT};
 use prima_cluster::prp::protocol::{ReleaseMethod, ReleasePolicy};
 use prima_cluster::prp::residency::Residency;
 use prima_core::model::{GpuLayers, Model, Session};
@@ -63,6 +63,8 @@ pub struct Streaming {
     /// A mixture of experts keeps and streams experts, not whole layers, when its
     /// layers' shared parts fit.
     pub experts: bool,
+    /// Guess the next layer's experts and read the streamed ones ahead.
+    pub expert_predict: bool,
 }
 
 impl Default for Streaming {
@@ -72,6 +74,7 @@ impl Default for Streaming {
             release: ReleasePolicy::Mru,
             method: ReleaseMethod::Pageout,
             experts: true,
+            expert_predict: PREDICT_DEFAULT,
         }
     }
 }
@@ -282,6 +285,7 @@ impl Engine {
                     prefetch: streaming.prefetch,
                     release: streaming.release,
                     method: streaming.method,
+                    predict: streaming.expert_predict,
                 };
                 let cache = ExpertCache::plan_alone(model, b.bytes, None, hints)?;
                 eprintln!(

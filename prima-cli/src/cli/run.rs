@@ -61,6 +61,10 @@ pub struct RingArgs {
     /// streams the others per use (on), or streams whole layers (off).
     #[arg(long, value_enum, default_value = "on")]
     expert_residency: OnOff,
+    /// With expert residency, guess each next layer's experts (its router on this
+    /// layer's rows) and read the streamed ones ahead; prints how often the guess was right.
+    #[arg(long, value_enum, default_value = "off")]
+    expert_predict: OnOff,
     /// Activation format between devices (f16 halves the bytes but rounds).
     #[arg(long, value_enum, default_value = "f32")]
     wire: WireArg,
@@ -94,6 +98,7 @@ impl RingArgs {
             release: self.release_policy(),
             method: self.release_method(),
             experts: matches!(self.expert_residency, OnOff::On),
+            expert_predict: matches!(self.expert_predict, OnOff::On),
         }
     }
 

@@ -18,7 +18,7 @@ use super::key::LinkSecurity;
 
 use super::budget::{report_budget, ring_device_budget, MemBudget};
 use super::counters::PassMeter;
-use super::expert_cache::{ExpertCache, ExpertHints};
+use super::expert_cache::{ExpertCache, ExpertHints, PREDICT_DEFAULT};
 use super::link::{
     decode_activations, expect_control, recv_control, recv_frame, send_control, send_frame,
 };
@@ -313,6 +313,7 @@ fn session(node: &Node<'_>, setup: Setup, control: &Link) -> Result<bool, RingEr
             prefetch: setup.prefetch,
             release: setup.release,
             method: setup.release_method,
+            predict: PREDICT_DEFAULT,
         };
         ExpertCache::plan_layers(model, &cpu_held, b.bytes, None, hints).map(Arc::new)
     });

@@ -17,17 +17,27 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::gguf::TensorInfo;
 use crate::model::Model;
 
-/// Which experts a layer's router chose for one batch, and for how many rows each.
+/// Which experts a layer's router chose for one batch, and for how many rows each, with
+/// the rows the router saw.
 #[derive(Debug, Clone, Copy)]
 pub struct Routing<'a> {
     /// Prefix sums: expert `e` has `start[e + 1] − start[e]` rows (0: not chosen).
     start: &'a [usize],
+    /// The block's input rows (the normed residual stream), `n × n_embd`.
+    input: &'a [f32],
 }
 
 impl<'a> Routing<'a> {
-    /// The routing whose expert `e` has `start[e + 1] − start[e]` rows.
-    pub fn from_starts(start: &'a [usize]) -> Routing<'a> {
-        Routing { start }
+    /// The routing whose expert `e` has `start[e + 1] − start[e]` rows, of the rows
+    /// `input` (empty where they do not matter).
+    pub fn from_starts(start: &'a [usize], input: &'a [f32]) -> Routing<'a> {
+        Routing { start, input }
+    }
+
+    /// The rows the router saw, one after another (a policy may apply the next layer's
+    /// router to them to guess its experts).
+    pub fn input(&self) -> &'a [f32] {
+        self.input
     }
 
     /// The layer's expert count.
@@ -157,6 +167,15 @@ impl Model {
         }
     }
 
+    /// Layer `il`'s router (`ffn_gate_inp`, `[n_embd, n_expert]`), `None` for a dense
+    /// layer.
+    pub fn router(&self, il: usize) -> Option<&TensorInfo> {
+        match self.layers.get(il).map(|l| &l.ffn) {
+            Some(crate::model::FeedForward::Moe(m)) => Some(&m.router),
+            _ => None,
+        }
+    }
+
     /// Bytes of one expert of layer `il` (0 for a dense layer).
     pub fn expert_bytes(&self, il: usize) -> u64 {
         self.expert_ranges(il, 0)
@@ -193,7 +212,7 @@ mod tests {
     #[test]
     fn routing_lists_the_chosen_experts_with_their_rows() {
         let start = [0usize, 2, 2, 5, 6];
-        let r = Routing::from_starts(&start);
+        let r = Routing::from_starts(&start, &[]);
         assert_eq!(r.n_expert(), 4);
         assert_eq!(r.chosen().collect::<Vec<_>>(), [(0, 2), (2, 3), (3, 1)]);
         assert_eq!(r.rows(9), 0);
@@ -203,9 +222,9 @@ mod tests {
     fn use_counts_add_rows_per_layer_and_merge() {
         let u = ExpertUse::new(2, 4);
         let start = [0usize, 2, 2, 5, 6];
-        u.record(1, Routing::from_starts(&start));
-        u.record(1, Routing::from_starts(&start));
-        u.record(7, Routing::from_starts(&start));
+        u.record(1, Routing::from_starts(&start, &[]));
+        u.record(1, Routing::from_starts(&start, &[]));
+        u.record(7, Routing::from_starts(&start, &[]));
         assert_eq!(u.layer(0), [0, 0, 0, 0]);
         assert_eq!(u.layer(1), [4, 0, 6, 2]);
         u.merge(&[vec![1, 1, 1, 1], vec![0, 9], vec![5]]);

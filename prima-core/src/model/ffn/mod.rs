@@ -40,10 +40,11 @@ impl FfnContext<'_> {
         }
     }
 
-    /// Tells the policy the layer's routing (before the experts' products).
-    pub fn routed(&self, start: &[usize]) {
+    /// Tells the policy the layer's routing of the rows `input` (before the experts'
+    /// products).
+    pub fn routed(&self, start: &[usize], input: &[f32]) {
         if let Some(p) = self.experts {
-            p.routed(self.layer, Routing::from_starts(start));
+            p.routed(self.layer, Routing::from_starts(start, input));
         }
     }
 

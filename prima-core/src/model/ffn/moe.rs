@@ -110,7 +110,7 @@ impl MoeFfn {
             );
         }
         group_by_expert(&m.chosen[..n * k], &mut m.start, &mut m.by_expert[..n * k]);
-        cx.routed(&m.start);
+        cx.routed(&m.start, &h[..n * d]);
 
         // 3. Each chosen expert once, over all its rows.
         for e in 0..n_expert {
