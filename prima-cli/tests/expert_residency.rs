@@ -275,3 +275,48 @@ fn a_ring_node_streams_experts_and_reports_its_cache() {
     assert!(misses > 0 && hits > 0, "{hits} hits, {misses} misses");
     assert!(sum(&devices[1], "expert_streamed_bytes") > 0);
 }
+
+/// Routes `rows` rows of layer `il` to expert `e` alone.
+fn route(cache: &ExpertCache<'_>, il: usize, e: usize, rows: usize) {
+    use prima_core::model::{ExpertPolicy, Routing};
+    let ne = cache.uses().n_expert();
+    let start: Vec<usize> = (0..=ne).map(|i| if i > e { rows } else { 0 }).collect();
+    cache.routed(il, Routing::from_starts(&start, &[]));
+    cache.computed(il, e);
+}
+
+#[test]
+fn the_hot_set_follows_the_counts_with_hysteresis() {
+    let Some(path) = model_or_skip(derived_models().join(MODELS[1])) else {
+        return;
+    };
+    let model = Model::load(&path).unwrap();
+    let n = model.hparams().n_layers;
+    let base = fixed_bytes(&model) + ExpertCache::room(&model);
+    // One expert per layer: expert 0 while nothing is counted.
+    let budget = base + n as u64 * model.expert_bytes(0);
+    let cache = ExpertCache::plan_alone(&model, budget, None, hints(ReleasePolicy::Mru)).unwrap();
+    assert!((0..n).all(|il| cache.is_resident(il, 0)));
+    // Expert 5 takes every layer's rows: it replaces expert 0.
+    for il in 0..n {
+        route(&cache, il, 5, 600);
+    }
+    cache.replan_now();
+    assert!((0..n).all(|il| cache.is_resident(il, 5) && !cache.is_resident(il, 0)));
+    let s = cache.stats();
+    assert_eq!((s.resident_experts, s.misses), (n as u64, n as u64));
+    assert_eq!(cache.uses().layer(0)[5], 600);
+    // Expert 6, used a little more (under 1.25×), does not displace it ...
+    for il in 0..n {
+        route(&cache, il, 6, 700);
+    }
+    cache.replan_now();
+    assert!((0..n).all(|il| cache.is_resident(il, 5) && !cache.is_resident(il, 6)));
+    // ... used twice as much, it does.
+    for il in 0..n {
+        route(&cache, il, 6, 700);
+    }
+    cache.replan_now();
+    assert!((0..n).all(|il| cache.is_resident(il, 6) && !cache.is_resident(il, 5)));
+    assert_eq!(cache.stats().resident_experts, n as u64);
+}

@@ -601,6 +601,13 @@ impl<'m> ExpertCache<'m> {
         std::hint::black_box(checksum);
     }
 
+    /// Re-plans the hot set from the counts now, as the router does every so many rows
+    /// (after merging counts from elsewhere, or in tests).
+    pub fn replan_now(&self) {
+        let mut hot = self.hot.lock().unwrap_or_else(|e| e.into_inner());
+        self.replan(&mut hot);
+    }
+
     /// Re-plans the hot set from the counts, swapping an expert in only for one used
     /// [`SWAP_MARGIN`] times less, and releases the experts that leave it.
     fn replan(&self, hot: &mut HotSet) {
