@@ -221,7 +221,7 @@ mod tests {
         assert_eq!((experts.n_expert, experts.n_expert_used), (8, 2));
         let f = GgufFile::open(&path)?;
         assert_eq!(
-            f.require_tensor("blk.0.ffn_down_exps.weight")?.ggml_type,
+            f.require_tensor("blk.1.ffn_down_exps.weight")?.ggml_type,
             GgmlType::Q6K
         );
         std::fs::remove_dir_all(&dir)?;
