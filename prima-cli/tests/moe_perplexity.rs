@@ -1,5 +1,7 @@
-//! The mixture-of-experts models (`tiny-qwen3moe-*`, random weights, F32, Q8_0, Q4_K_M)
-//! against llama.cpp on a text neither side was tuned to
+//! The mixture-of-experts models (`tiny-qwen3moe-*`, random weights, F32, Q8_0, Q4_K_M;
+//! `tiny-gptoss-*`, F32, Q8_0 and MXFP4_MOE — experts MXFP4, the rest Q8_0 — with
+//! sinks, biases, YaRN and alternating sliding windows) against llama.cpp on a text
+//! neither side was tuned to
 //! (`tests/fixtures/perplexity/python-types.txt`): `llama-perplexity` (flash attention
 //! off, as the golden fixtures) saves its logits, `prima perplexity --kl-divergence` reads
 //! them. Prima's distance to llama.cpp is set against llama.cpp's own drift: the same
@@ -24,6 +26,9 @@ const MODELS: &[&str] = &[
     "tiny-qwen3moe-16x4-f32",
     "tiny-qwen3moe-16x4-q8_0",
     "tiny-qwen3moe-16x4-q4_k_m",
+    "tiny-gptoss-8x4-f32",
+    "tiny-gptoss-8x4-q8_0",
+    "tiny-gptoss-8x4-mxfp4",
 ];
 const CTX: &str = "128";
 const CHUNKS: &str = "4";

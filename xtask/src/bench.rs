@@ -52,6 +52,7 @@ const DEFAULT_MODELS: &[&str] = &[
     bench_models::BENCH_1B,
     bench_models::BENCH_MOE,
     "tiny-qwen3moe-16x4-q4_k_m",
+    "tiny-gptoss-8x4-mxfp4",
 ];
 
 #[derive(Default, Clone, Copy)]

@@ -22,6 +22,7 @@ mod layering;
 mod layout;
 mod llama_cpp;
 mod random_gguf;
+mod random_gptoss;
 mod random_moe;
 mod reference;
 mod ring_bench;
