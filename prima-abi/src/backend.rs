@@ -12,6 +12,9 @@
 
 // abi_stable's `sabi_trait` expands to impls inside a const block.
 #![allow(non_local_definitions)]
+// An operation takes its buffers one by one (attention with sinks: eight), in the trait
+// and in what `sabi_trait` expands it to.
+#![allow(clippy::too_many_arguments)]
 
 use abi_stable::{
     declare_root_module_statics,

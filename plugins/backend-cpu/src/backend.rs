@@ -162,7 +162,7 @@ impl Backend for CpuBackend {
             &self.pool,
             gate.as_mut_slice(),
             up.as_slice(),
-            &elementwise::swiglu,
+            elementwise::swiglu,
         ))
     }
 
@@ -171,7 +171,7 @@ impl Backend for CpuBackend {
             &self.pool,
             gate.as_mut_slice(),
             up.as_slice(),
-            &elementwise::geglu,
+            elementwise::geglu,
         ))
     }
 
@@ -186,7 +186,7 @@ impl Backend for CpuBackend {
             &self.pool,
             gate.as_mut_slice(),
             up.as_slice(),
-            &|g: &mut [f32], u: &[f32]| elementwise::swiglu_oai(g, u, alpha, limit),
+            |g: &mut [f32], u: &[f32]| elementwise::swiglu_oai(g, u, alpha, limit),
         ))
     }
 

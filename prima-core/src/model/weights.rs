@@ -171,12 +171,12 @@ impl Model {
                         normalize_weights: routing.normalize_weights,
                         biases: if routing.biases {
                             let (ne, ff) = (shape.n_expert as u64, shape.n_ff_exp as u64);
-                            Some(ExpertBiases {
+                            Some(Box::new(ExpertBiases {
                                 router: f32_tensor(&gguf, &name("ffn_gate_inp.bias"), &[ne])?,
                                 gate: f32_tensor(&gguf, &name("ffn_gate_exps.bias"), &[ff, ne])?,
                                 up: f32_tensor(&gguf, &name("ffn_up_exps.bias"), &[ff, ne])?,
                                 down: f32_tensor(&gguf, &name("ffn_down_exps.bias"), &[d, ne])?,
-                            })
+                            }))
                         } else {
                             None
                         },

@@ -72,7 +72,7 @@ pub fn gated_on(
     pool: &impl ChunkRunner,
     gate: &mut [f32],
     up: &[f32],
-    act: &(dyn Fn(&mut [f32], &[f32]) -> OpResult<()> + Sync),
+    act: impl Fn(&mut [f32], &[f32]) -> OpResult<()> + Sync,
 ) -> OpResult<()> {
     expect_len("gated activation", "up length", up.len(), gate.len())?;
     if gate.len() < 2 * GATE_CHUNK || pool.threads() < 2 {

@@ -43,8 +43,9 @@ pub struct MoeFfn {
     pub gating: ExpertGating,
     /// Divide each row's kept probabilities by their sum.
     pub normalize_weights: bool,
-    /// The router's and the experts' biases (gpt-oss), F32.
-    pub biases: Option<ExpertBiases>,
+    /// The router's and the experts' biases (gpt-oss), F32; boxed, so a layer's block is
+    /// no larger for them.
+    pub biases: Option<Box<ExpertBiases>>,
 }
 
 /// A layer's expert biases: the router's, and one row per expert for each matrix.
