@@ -15,6 +15,10 @@
 //! - A mixture of experts (`bench-qwen3moe-q4_k_m`, ≈ 0.3 GB): Qwen3-30B-A3B's layout
 //!   scaled down (32 experts of width 512, 4 per token, 8 layers of width 1024, a 32k
 //!   vocabulary), random F16 from [`crate::random_moe`], then llama-quantize to Q4_K_M.
+//! - gpt-oss (`bench-gptoss-mxfp4`, ≈ 0.3 GB): the same scale in gpt-oss's layout (sinks,
+//!   biases, YaRN, alternating 128-position windows), random F16 from
+//!   [`crate::random_gptoss`], then llama-quantize to MXFP4_MOE (experts MXFP4, the rest
+//!   Q8_0, as the released files).
 
 pub(crate) mod random_llama;
 
@@ -29,6 +33,7 @@ use prima_core::gguf::GgmlType;
 use crate::digest;
 use crate::layout::Layout;
 use crate::llama_cpp::LlamaCpp;
+use crate::random_gptoss::{self, GptOssShape};
 use crate::random_moe::{self, MoeShape};
 use crate::shell;
 use random_llama::LlamaShape;
@@ -57,6 +62,25 @@ const SHAPE_MOE: MoeShape = MoeShape {
     n_ff_exp: 512,
     n_vocab: 32_000,
     seed: 3004,
+    ftype: GgmlType::F16,
+};
+
+/// gpt-oss-shaped, MXFP4 experts: about 0.1 B of its 0.5 B parameters active per token.
+pub const BENCH_GPTOSS: &str = "bench-gptoss-mxfp4";
+
+const SHAPE_GPTOSS: GptOssShape = GptOssShape {
+    name: "bench-gptoss",
+    n_layer: 8,
+    n_embd: 1024,
+    n_head: 16,
+    n_head_kv: 4,
+    head_dim: 64,
+    n_expert: 32,
+    n_expert_used: 4,
+    n_ff_exp: 512,
+    n_vocab: 32_000,
+    sliding_window: 128,
+    seed: 3005,
     ftype: GgmlType::F16,
 };
 
@@ -102,6 +126,9 @@ pub enum Size {
     /// bench-qwen3moe-q4_k_m (needs llama.cpp built).
     #[value(name = "moe")]
     Moe,
+    /// bench-gptoss-mxfp4 (needs llama.cpp built).
+    #[value(name = "gptoss")]
+    GptOss,
 }
 
 #[derive(clap::Args, Debug)]
@@ -121,7 +148,7 @@ pub fn path_q8(layout: &Layout) -> PathBuf {
 
 /// `cargo xtask bench-models [--only 1b,3b,8b]`.
 pub fn make(layout: &Layout, args: &BenchModelsArgs) -> Result<()> {
-    let all = [Size::B1, Size::B3, Size::B8, Size::Moe];
+    let all = [Size::B1, Size::B3, Size::B8, Size::Moe, Size::GptOss];
     let sizes = if args.only.is_empty() {
         &all[..]
     } else {
@@ -141,6 +168,9 @@ pub fn make(layout: &Layout, args: &BenchModelsArgs) -> Result<()> {
             Size::Moe => {
                 ensure_moe(layout)?;
             }
+            Size::GptOss => {
+                ensure_gptoss(layout)?;
+            }
         }
     }
     Ok(())
@@ -155,6 +185,7 @@ pub fn by_tag(layout: &Layout, tag: &str) -> Option<Result<PathBuf>> {
         BENCH_3B => Some(ensure_random(layout, BENCH_3B, &SHAPE_3B)),
         BENCH_8B => Some(ensure_random(layout, BENCH_8B, &SHAPE_8B)),
         BENCH_MOE => Some(ensure_moe(layout)),
+        BENCH_GPTOSS => Some(ensure_gptoss(layout)),
         _ => None,
     }
 }
@@ -261,6 +292,44 @@ fn ensure_moe(layout: &Layout) -> Result<PathBuf> {
             .arg(&f16)
             .arg(&tmp)
             .arg("Q4_K_M"),
+    )?;
+    fs::rename(&tmp, &out)?;
+    // The F16 source is only an intermediate.
+    let _ = fs::remove_file(&f16);
+    fs::write(&recipe_path, recipe)
+        .with_context(|| format!("writing {}", recipe_path.display()))?;
+    println!("made      {}", out.display());
+    Ok(out)
+}
+
+/// Makes the gpt-oss benchmark model (F16 from [`random_gptoss`], then llama-quantize's
+/// MXFP4_MOE) unless it exists with the current recipe.
+fn ensure_gptoss(layout: &Layout) -> Result<PathBuf> {
+    let out = layout.derived_models.join(format!("{BENCH_GPTOSS}.gguf"));
+    let recipe = format!(
+        "xtask/src/random_gptoss.rs sha256={} {} MXFP4_MOE\n",
+        digest::hash_reader(random_gptoss::SOURCE.as_bytes())?,
+        SHAPE_GPTOSS.describe()
+    );
+    let recipe_path = recipe_path(&out);
+    if out.exists() && fs::read_to_string(&recipe_path).is_ok_and(|r| r == recipe) {
+        println!("ok        {}", out.display());
+        return Ok(out);
+    }
+    let llama = LlamaCpp::new(layout);
+    llama.ensure_built()?;
+    fs::create_dir_all(&layout.derived_models)
+        .with_context(|| format!("cannot create {}", layout.derived_models.display()))?;
+    let _ = fs::remove_file(&recipe_path);
+    let f16 = layout.derived_models.join("bench-gptoss-f16.gguf");
+    random_gptoss::write(&SHAPE_GPTOSS, &f16)
+        .with_context(|| format!("generating {}", f16.display()))?;
+    let tmp = out.with_extension("gguf.tmp");
+    shell::run(
+        Command::new(llama.bin("llama-quantize"))
+            .arg(&f16)
+            .arg(&tmp)
+            .arg("MXFP4_MOE"),
     )?;
     fs::rename(&tmp, &out)?;
     // The F16 source is only an intermediate.

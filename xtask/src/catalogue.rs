@@ -127,6 +127,7 @@ pub const GPTOSS_8X4: GptOssShape = GptOssShape {
     n_vocab: 512,
     sliding_window: 32,
     seed: 8004,
+    ftype: GgmlType::F32,
 };
 
 /// A mixture-of-experts model quantized from its F32 source with llama-quantize's own

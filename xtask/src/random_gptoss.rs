@@ -1,6 +1,6 @@
-//! Random-weight `gpt-oss` GGUFs in F32: the sources of the gpt-oss test models, which
-//! llama-quantize then turns into MXFP4_MOE (experts MXFP4, the other matrices Q8_0, as
-//! the released files) and Q8_0. Real gpt-oss weights are far too large to carry, so these
+//! Random-weight `gpt-oss` GGUFs in F32 or F16: the sources of the gpt-oss test models
+//! (F32) and of the gpt-oss benchmark model (F16), which llama-quantize then turns into
+//! MXFP4_MOE (experts MXFP4, the other matrices Q8_0, as the released files) and Q8_0. Real gpt-oss weights are far too large to carry, so these
 //! stand in, with every part of the architecture switched on:
 //!
 //! - **biases everywhere gpt-oss has them** (Q, K, V, attention output, router, each
@@ -63,6 +63,9 @@ pub struct GptOssShape {
     /// Positions a local layer attends to.
     pub sliding_window: u64,
     pub seed: u64,
+    /// The type of the matrices: F32 (test sources) or F16 (a bench source). Norms,
+    /// sinks, biases and the router stay F32.
+    pub ftype: GgmlType,
 }
 
 impl GptOssShape {
@@ -77,8 +80,11 @@ impl GptOssShape {
         let a = |k: &str| format!("gpt-oss.{k}");
         w.add("general.architecture", Value::String("gpt-oss".into()))
             .add("general.name", Value::String(self.name.into()))
-            // ALL_F32.
-            .add("general.file_type", Value::U32(0))
+            // ALL_F32 or MOSTLY_F16.
+            .add(
+                "general.file_type",
+                Value::U32(u32::from(self.ftype == GgmlType::F16)),
+            )
             .add(&a("context_length"), u(131_072))
             .add(&a("embedding_length"), u(self.n_embd))
             .add(&a("block_count"), u(self.n_layer))
@@ -134,6 +140,15 @@ impl GptOssShape {
         out
     }
 
+    /// Norms, sinks, biases and the router stay F32 (llama-quantize leaves them so).
+    fn tensor_type(&self, name: &str, dims: &[u64]) -> GgmlType {
+        if dims.len() == 1 || name.ends_with(".bias") || name.ends_with("ffn_gate_inp.weight") {
+            GgmlType::F32
+        } else {
+            self.ftype
+        }
+    }
+
     /// Tensor `name`'s values, row after row.
     fn values(&self, name: &str, dims: &[u64]) -> Vec<f32> {
         let mut rng = Normal::new(self.seed, name);
@@ -179,13 +194,13 @@ impl GptOssShape {
     }
 }
 
-/// Writes the model to `path` (every tensor F32) and returns the file's size. Tensor by
-/// tensor at the offsets of the index, so memory holds one tensor whatever the model's
-/// size.
+/// Writes the model to `path` (matrices in `shape.ftype`, the rest F32) and returns the
+/// file's size. Tensor by tensor at the offsets of the index, so memory holds one tensor
+/// whatever the model's size.
 pub fn write(shape: &GptOssShape, path: &Path) -> Result<u64> {
     let mut w = shape.header();
     for (name, dims) in shape.tensors() {
-        w.add_tensor_unallocated(&name, &dims, GgmlType::F32)
+        w.add_tensor_unallocated(&name, &dims, shape.tensor_type(&name, &dims))
             .with_context(|| format!("indexing tensor {name}"))?;
     }
     w.write(path)
@@ -199,11 +214,14 @@ pub fn write(shape: &GptOssShape, path: &Path) -> Result<u64> {
         .open(path)
         .with_context(|| format!("opening {}", path.display()))?;
     for t in &index {
-        let bytes: Vec<u8> = shape
-            .values(&t.name, &t.dims)
-            .iter()
-            .flat_map(|v| v.to_le_bytes())
-            .collect();
+        let values = shape.values(&t.name, &t.dims);
+        let bytes: Vec<u8> = match t.ggml_type {
+            GgmlType::F16 => values
+                .iter()
+                .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
+                .collect(),
+            _ => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        };
         file.seek(SeekFrom::Start(t.offset))?;
         file.write_all(&bytes)
             .with_context(|| format!("writing tensor {} to {}", t.name, path.display()))?;
@@ -259,6 +277,7 @@ mod tests {
         n_vocab: 300,
         sliding_window: 8,
         seed: 7,
+        ftype: GgmlType::F16,
     };
 
     #[test]
