@@ -700,6 +700,62 @@ fn attention_matches_naive_softmax() {
     }
 }
 
+/// Attention sinks are one per query head: another count is an error naming both (checked
+/// before the keys are stored); the right count then works.
+#[test]
+fn attention_sinks_must_be_one_per_head() {
+    let b = backend(2);
+    let spec = KvSpec {
+        n_layers: 1,
+        n_ctx: 4,
+        n_head_kv: 1,
+        head_dim_k: 4,
+        head_dim_v: 4,
+    };
+    let kv = b.kv_create(spec).unwrap();
+    let p = AttentionParams {
+        layer: 0,
+        n_tokens: 1,
+        start_pos: 0,
+        n_head: 2,
+        n_head_kv: 1,
+        head_dim_k: 4,
+        head_dim_v: 4,
+        scale: 0.5,
+        sliding_window: 0,
+        softcap: 0.0,
+    };
+    let (q, kv_row, mut out) = ([0.5f32; 8], [0.25f32; 4], [0f32; 8]);
+    let span = [AttentionSpan {
+        kv,
+        n_tokens: 1,
+        start_pos: 0,
+    }];
+    let e = b
+        .attention_spans_sinks(
+            RSlice::from_slice(&span),
+            RSlice::from_slice(&q),
+            RSlice::from_slice(&kv_row),
+            RSlice::from_slice(&kv_row),
+            RSlice::from_slice(&[1.0, 2.0, 3.0]),
+            p,
+            RSliceMut::from_mut_slice(&mut out),
+        )
+        .unwrap_err();
+    assert!(e.contains("3 sinks for 2 query heads"), "{e}");
+    b.attention_spans_sinks(
+        RSlice::from_slice(&span),
+        RSlice::from_slice(&q),
+        RSlice::from_slice(&kv_row),
+        RSlice::from_slice(&kv_row),
+        RSlice::from_slice(&[1.0, 2.0]),
+        p,
+        RSliceMut::from_mut_slice(&mut out),
+    )
+    .unwrap();
+    b.kv_drop(kv);
+}
+
 #[test]
 fn attention_validates_and_truncates() {
     let b = backend(2);
