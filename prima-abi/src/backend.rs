@@ -1,4 +1,4 @@
-//! Backend plugin ABI, version 3: the only way the engine reaches compute.
+//! Backend plugin ABI, version 4: the only way the engine reaches compute.
 //!
 //! A backend is a small table of operations over host memory — matrix products against
 //! quantized weights, norms, RoPE, attention over a backend-owned KV cache — in the spirit
@@ -12,6 +12,9 @@
 
 // abi_stable's `sabi_trait` expands to impls inside a const block.
 #![allow(non_local_definitions)]
+// An operation takes its buffers one by one (attention with sinks: eight), in the trait
+// and in what `sabi_trait` expands it to.
+#![allow(clippy::too_many_arguments)]
 
 use abi_stable::{
     declare_root_module_statics,
@@ -24,7 +27,7 @@ use abi_stable::{
 
 /// Version of the backend ABI defined in this file. A plugin built for another version is
 /// refused at load time.
-pub const BACKEND_ABI_VERSION: u32 = 3;
+pub const BACKEND_ABI_VERSION: u32 = 4;
 
 /// A weight tensor as it lies in the GGUF mapping.
 #[repr(C)]
@@ -354,6 +357,32 @@ pub trait Backend: Send + Sync {
     /// `gate = gelu_tanh(gate) * up`, element-wise (GeGLU).
     fn geglu(&self, gate: RSliceMut<'_, f32>, up: RSlice<'_, f32>) -> BackendResult<()>;
 
+    /// gpt-oss's clamped SwiGLU (ggml's `swiglu_oai`), element-wise: with
+    /// `x = min(gate, limit)` and `y = clamp(up, −limit, limit)`,
+    /// `gate = x / (1 + e^(−alpha·x)) · (y + 1)`. The default computes it here, on the host
+    /// ([`swiglu_oai_host`]); activations are host memory in this ABI, so every backend
+    /// has it.
+    fn swiglu_oai(
+        &self,
+        mut gate: RSliceMut<'_, f32>,
+        up: RSlice<'_, f32>,
+        alpha: f32,
+        limit: f32,
+    ) -> BackendResult<()> {
+        if gate.len() != up.len() {
+            return RResult::RErr(
+                format!(
+                    "swiglu_oai: up length {} differs from gate length {}",
+                    up.len(),
+                    gate.len()
+                )
+                .into(),
+            );
+        }
+        swiglu_oai_host(&mut gate, &up, alpha, limit);
+        RResult::ROk(())
+    }
+
     /// Allocates a KV cache and returns its handle.
     fn kv_create(&self, spec: KvSpec) -> BackendResult<u64>;
 
@@ -429,10 +458,46 @@ pub trait Backend: Send + Sync {
         RResult::ROk(())
     }
 
+    /// [`Backend::attention_spans`] with attention sinks (gpt-oss): `sinks` holds one
+    /// logit per query head (`n_head` long) that joins each softmax's denominator — the
+    /// max is taken over the scores and the sink, and `e^(sink − max)` is added to the
+    /// sum — but weights no value, so a head may attend to nothing. The default refuses by
+    /// name: a backend without it cannot run a model that has sinks.
+    fn attention_spans_sinks(
+        &self,
+        spans: RSlice<'_, AttentionSpan>,
+        q: RSlice<'_, f32>,
+        k: RSlice<'_, f32>,
+        v: RSlice<'_, f32>,
+        sinks: RSlice<'_, f32>,
+        params: AttentionParams,
+        out: RSliceMut<'_, f32>,
+    ) -> BackendResult<()> {
+        let _ = (spans, q, k, v, sinks, params, out);
+        RResult::RErr(
+            format!(
+                "attention with sinks (gpt-oss's attn_sinks) is not supported by the {} backend",
+                self.name()
+            )
+            .into(),
+        )
+    }
+
     /// A hint that no operation follows for a while (a ring device has passed its
     /// activations on and waits for the next round): release the cores now, e.g. put
     /// worker threads to sleep instead of letting them poll for the next operation.
     fn idle(&self);
+}
+
+/// The clamped SwiGLU of [`Backend::swiglu_oai`] over `gate` and `up` (the shorter
+/// length), computed as ggml's CPU backend does: `e^x` by the platform's `expf`, a
+/// multiply and an add per step, no fused multiply-add.
+pub fn swiglu_oai_host(gate: &mut [f32], up: &[f32], alpha: f32, limit: f32) {
+    for (g, &u) in gate.iter_mut().zip(up) {
+        let x = g.min(limit);
+        let y = u.max(-limit).min(limit);
+        *g = x / (1.0 + (alpha * -x).exp()) * (y + 1.0);
+    }
 }
 
 /// An owned backend instance behind the ABI.

@@ -1,8 +1,9 @@
-//! The mixture-of-experts feed-forward block (`qwen3moe`) on small files built here with
-//! the GGUF writer: broken files are errors naming the key or tensor; a one-expert model
-//! computes exactly the dense `qwen3` block; a batch's rows (a prompt in one batch, several
-//! slots in one decode step) get exactly the logits each gets alone, however the rows
-//! are grouped by expert. Agreement with llama.cpp is `golden_generation.rs` and
+//! The mixture-of-experts feed-forward block (`qwen3moe`, `gpt-oss`) on small files built
+//! here with the GGUF writer: broken files are errors naming the key or tensor; a
+//! one-expert model computes exactly the dense `qwen3` block; a batch's rows (a prompt in
+//! one batch, several slots in one decode step) get exactly the logits each gets alone,
+//! however the rows are grouped by expert (gpt-oss: with its sinks, biases, sliding
+//! window and clamped SwiGLU too). Agreement with llama.cpp is `golden_generation.rs` and
 //! `perplexity.rs` (the generated `tiny-qwen3moe-*` models).
 
 mod common;
@@ -25,8 +26,8 @@ struct Variant {
     k: u64,
     /// The experts the 3-D tensors hold (`n_expert` in a valid file).
     tensor_experts: u64,
-    /// Leave `blk.1.ffn_up_exps.weight` out.
-    drop_up: bool,
+    /// Leave this tensor of layer 1 out (e.g. `ffn_up_exps.weight`).
+    drop: Option<&'static str>,
 }
 
 impl Variant {
@@ -35,7 +36,7 @@ impl Variant {
             n_expert,
             k,
             tensor_experts: n_expert,
-            drop_up: false,
+            drop: None,
         }
     }
 }
@@ -76,10 +77,19 @@ fn model_bytes(arch: &str, v: Variant) -> Vec<u8> {
     ] {
         w.add(&key(k), u(n));
     }
-    if arch == "qwen3moe" {
+    let moe = arch != "qwen3";
+    let oss = arch == "gpt-oss";
+    if moe {
         w.add(&key("expert_count"), u(v.n_expert));
         w.add(&key("expert_used_count"), u(v.k));
         w.add(&key("expert_feed_forward_length"), u(FF));
+    }
+    if oss {
+        // Layer 0 local (a window of 4 positions), layer 1 global; YaRN on both.
+        w.add(&key("attention.sliding_window"), u(4));
+        w.add(&key("rope.scaling.type"), Value::String("yarn".into()));
+        w.add(&key("rope.scaling.factor"), Value::F32(32.0));
+        w.add(&key("rope.scaling.original_context_length"), u(64));
     }
     w.add(&key("attention.layer_norm_rms_epsilon"), Value::F32(1e-6));
     w.add(&key("rope.freq_base"), Value::F32(1e6));
@@ -97,12 +107,24 @@ fn model_bytes(arch: &str, v: Variant) -> Vec<u8> {
     plain(&mut w, "token_embd.weight", &[D, VOCAB], 1.0, 0.0);
     for il in 0..2 {
         let t = |x: &str| format!("blk.{il}.{x}");
+        // Every tensor but the one the variant leaves out.
+        let kept = |x: &str| !(il == 1 && v.drop == Some(x));
         plain(&mut w, &t("attn_norm.weight"), &[D], 0.1, 1.0);
         plain(&mut w, &t("attn_q.weight"), &[D, 4 * HEAD], s(D), 0.0);
         plain(&mut w, &t("attn_k.weight"), &[D, 2 * HEAD], s(D), 0.0);
         plain(&mut w, &t("attn_v.weight"), &[D, 2 * HEAD], s(D), 0.0);
-        plain(&mut w, &t("attn_q_norm.weight"), &[HEAD], 0.1, 1.0);
-        plain(&mut w, &t("attn_k_norm.weight"), &[HEAD], 0.1, 1.0);
+        if oss {
+            plain(&mut w, &t("attn_q.bias"), &[4 * HEAD], 0.3, 0.0);
+            plain(&mut w, &t("attn_k.bias"), &[2 * HEAD], 0.3, 0.0);
+            plain(&mut w, &t("attn_v.bias"), &[2 * HEAD], 0.3, 0.0);
+            plain(&mut w, &t("attn_output.bias"), &[D], 0.3, 0.0);
+            if kept("attn_sinks.weight") {
+                plain(&mut w, &t("attn_sinks.weight"), &[4], 1.0, 1.0);
+            }
+        } else {
+            plain(&mut w, &t("attn_q_norm.weight"), &[HEAD], 0.1, 1.0);
+            plain(&mut w, &t("attn_k_norm.weight"), &[HEAD], 0.1, 1.0);
+        }
         plain(
             &mut w,
             &t("attn_output.weight"),
@@ -110,8 +132,26 @@ fn model_bytes(arch: &str, v: Variant) -> Vec<u8> {
             s(4 * HEAD),
             0.0,
         );
-        plain(&mut w, &t("ffn_norm.weight"), &[D], 0.1, 1.0);
-        if arch == "qwen3moe" {
+        let ffn_norm = if oss {
+            "post_attention_norm.weight"
+        } else {
+            "ffn_norm.weight"
+        };
+        plain(&mut w, &t(ffn_norm), &[D], 0.1, 1.0);
+        if oss {
+            let ne = v.n_expert;
+            plain(&mut w, &t("ffn_gate_inp.bias"), &[ne], 0.5, 0.0);
+            for (name, dims) in [
+                ("ffn_gate_exps.bias", [FF, ne]),
+                ("ffn_up_exps.bias", [FF, ne]),
+                ("ffn_down_exps.bias", [D, ne]),
+            ] {
+                if kept(name) {
+                    plain(&mut w, &t(name), &dims, 0.3, 0.0);
+                }
+            }
+        }
+        if moe {
             plain(
                 &mut w,
                 &t("ffn_gate_inp.weight"),
@@ -120,24 +160,26 @@ fn model_bytes(arch: &str, v: Variant) -> Vec<u8> {
                 0.0,
             );
             // Expert tensors under the dense names' seeds, so expert 0 of a one-expert
-            // file is the dense file's block.
+            // file is the dense file's block; gpt-oss's gate and up three times wider, so
+            // some values pass its SwiGLU's clamp.
             let ne = v.tensor_experts;
             let gate_up = [D, FF, ne];
+            let gain = if oss { 3.0 } else { 1.0 };
             add_tensor(
                 &mut w,
                 &t("ffn_gate_exps.weight"),
                 &t("ffn_gate.weight"),
                 &gate_up,
-                s(D),
+                gain * s(D),
                 0.0,
             );
-            if !(v.drop_up && il == 1) {
+            if kept("ffn_up_exps.weight") {
                 add_tensor(
                     &mut w,
                     &t("ffn_up_exps.weight"),
                     &t("ffn_up.weight"),
                     &gate_up,
-                    s(D),
+                    gain * s(D),
                     0.0,
                 );
             }
@@ -208,7 +250,7 @@ fn prompt(len: usize) -> Vec<u32> {
 #[test]
 fn broken_files_are_errors_naming_the_key_or_tensor() {
     let missing = Variant {
-        drop_up: true,
+        drop: Some("ffn_up_exps.weight"),
         ..Variant::valid(4, 2)
     };
     let err = load("missing.gguf", "qwen3moe", missing)
@@ -242,6 +284,63 @@ fn broken_files_are_errors_naming_the_key_or_tensor() {
     );
 
     assert!(load("valid.gguf", "qwen3moe", Variant::valid(4, 2)).is_ok());
+}
+
+/// A gpt-oss file without its attention sinks or an expert bias is an error naming the
+/// tensor; an expert bias of another type than F32 too.
+#[test]
+fn gpt_oss_without_sinks_or_expert_biases_is_an_error_naming_the_tensor() {
+    for tensor in [
+        "attn_sinks.weight",
+        "ffn_gate_exps.bias",
+        "ffn_up_exps.bias",
+        "ffn_down_exps.bias",
+    ] {
+        let v = Variant {
+            drop: Some(tensor),
+            ..Variant::valid(4, 2)
+        };
+        let err = load(&format!("oss-no-{tensor}.gguf"), "gpt-oss", v)
+            .err()
+            .unwrap_or_else(|| panic!("a file without blk.1.{tensor} loaded"))
+            .to_string();
+        assert!(err.contains(&format!("blk.1.{tensor}")), "{err}");
+    }
+    let model = load("oss.gguf", "gpt-oss", Variant::valid(4, 2)).unwrap();
+    let hp = model.hparams();
+    assert_eq!(
+        (hp.is_local(0), hp.is_local(1), hp.sliding_window),
+        (true, false, 4)
+    );
+}
+
+/// gpt-oss (8 experts, 2 per token; sinks, biases, a 4-position window on layer 0, YaRN,
+/// the clamped SwiGLU): a 24-token prompt in one batch gives each row the logits it gets
+/// token by token, and logits are finite and not flat.
+#[test]
+fn gpt_oss_batched_rows_equal_rows_alone() {
+    let backend = common::cpu_backend(2);
+    let model = load("oss-eight.gguf", "gpt-oss", Variant::valid(8, 2)).unwrap();
+    let tokens = prompt(24);
+    let mut one_by_one = Session::new(&model, &backend.backend, 64, 64).unwrap();
+    let mut alone = Vec::new();
+    for &t in &tokens {
+        alone.push(one_by_one.eval(&[t]).unwrap().to_vec());
+    }
+    let mut batched = Session::new(&model, &backend.backend, 64, 64).unwrap();
+    batched.eval(&tokens).unwrap();
+    let n_vocab = VOCAB as usize;
+    let mut rows = vec![0.0; tokens.len() * n_vocab];
+    batched.logits_rows(0..tokens.len(), &mut rows).unwrap();
+    for (i, want) in alone.iter().enumerate() {
+        assert_eq!(&rows[i * n_vocab..(i + 1) * n_vocab], &want[..], "row {i}");
+    }
+    let last = alone.last().unwrap();
+    assert!(last.iter().all(|x| x.is_finite()));
+    let (lo, hi) = last
+        .iter()
+        .fold((f32::MAX, f32::MIN), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+    assert!(hi - lo > 1.0, "flat logits {lo}..{hi}");
 }
 
 #[test]

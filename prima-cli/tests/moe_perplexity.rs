@@ -1,5 +1,7 @@
-//! The mixture-of-experts models (`tiny-qwen3moe-*`, random weights, F32, Q8_0, Q4_K_M)
-//! against llama.cpp on a text neither side was tuned to
+//! The mixture-of-experts models (`tiny-qwen3moe-*`, random weights, F32, Q8_0, Q4_K_M;
+//! `tiny-gptoss-*`, F32, Q8_0 and MXFP4_MOE — experts MXFP4, the rest Q8_0 — with
+//! sinks, biases, YaRN and alternating sliding windows) against llama.cpp on a text
+//! neither side was tuned to
 //! (`tests/fixtures/perplexity/python-types.txt`): `llama-perplexity` (flash attention
 //! off, as the golden fixtures) saves its logits, `prima perplexity --kl-divergence` reads
 //! them. Prima's distance to llama.cpp is set against llama.cpp's own drift: the same
@@ -9,7 +11,9 @@
 //! Checked per model: Prima's mean KL divergence is below [`KLD_BOUND`] and at most
 //! [`DRIFT_FACTOR`] times llama.cpp's drift (or [`KLD_FLOOR`], for the F32 files where
 //! that drift is rounding noise), and the same top token on at least [`SAME_TOP`]% of the
-//! scored positions. Needs the models (`cargo xtask test-models`) and llama.cpp's
+//! scored positions, or on as many as llama.cpp's own drift keeps where that is fewer
+//! (the quantized gpt-oss files: a small change of the activations moves a router's
+//! choice, and every layer's choices after it). Needs the models (`cargo xtask test-models`) and llama.cpp's
 //! build; skipped without them unless PRIMA_REQUIRE_MODELS is set.
 
 mod common;
@@ -24,6 +28,9 @@ const MODELS: &[&str] = &[
     "tiny-qwen3moe-16x4-f32",
     "tiny-qwen3moe-16x4-q8_0",
     "tiny-qwen3moe-16x4-q4_k_m",
+    "tiny-gptoss-8x4-f32",
+    "tiny-gptoss-8x4-q8_0",
+    "tiny-gptoss-8x4-mxfp4",
 ];
 const CTX: &str = "128";
 const CHUNKS: &str = "4";
@@ -68,12 +75,12 @@ fn number_after(text: &str, key: &str) -> f64 {
         .unwrap_or_else(|e| panic!("{key:?} followed by {:?}: {e}", &rest[..end]))
 }
 
-/// The output of a `--kl-divergence` run of llama-perplexity, run again (up to three
+/// The output of a `--kl-divergence` run of llama-perplexity, run again (up to five
 /// times) when its statistics are missing: its log is written by a thread of its own,
-/// and on this busy machine the last lines were once lost at exit (status 0).
+/// and on this busy machine the last lines are now and then lost at exit (status 0).
 fn with_statistics(cmd: &mut Command) -> String {
     let mut text = output(cmd);
-    for _ in 0..2 {
+    for _ in 0..4 {
         if text.contains("Mean    KLD: ") {
             break;
         }
@@ -137,9 +144,10 @@ fn moe_models_agree_with_llama_perplexity() {
             ours.0, ours.1, drift.0, drift.1
         );
         let bound = KLD_BOUND.min((DRIFT_FACTOR * drift.0).max(KLD_FLOOR));
-        if ours.0 > bound || ours.1 < SAME_TOP {
+        let same_top = SAME_TOP.min(drift.1);
+        if ours.0 > bound || ours.1 < same_top {
             failures.push(format!(
-                "{tag}: mean KLD {} (bound {bound}), same top {}% (at least {SAME_TOP}%)",
+                "{tag}: mean KLD {} (bound {bound}), same top {}% (at least {same_top}%)",
                 ours.0, ours.1
             ));
         }

@@ -240,6 +240,45 @@ fn three_devices_compute_exactly_what_one_does_on_a_mixture_of_experts() {
     }
 }
 
+/// gpt-oss (MXFP4 experts, sinks, biases, alternating sliding windows) on a ring of three:
+/// the same greedy tokens and logits, bit for bit, as one device, with one round and two.
+#[test]
+fn three_devices_compute_exactly_what_one_does_on_gpt_oss() {
+    let Some(path) = model_or_skip(derived_models().join("tiny-gptoss-8x4-mxfp4.gguf")) else {
+        return;
+    };
+    let model = Model::load(&path).unwrap();
+    assert_eq!(model.hparams().n_layers, 4);
+    let backend = cpu_backend(1);
+    let be = &backend.backend;
+    let transport = common::tcp_transport();
+    let nodes = [NodeProcess::start(&path), NodeProcess::start(&path)];
+    let addrs: Vec<String> = nodes.iter().map(|n| n.addr.clone()).collect();
+    for prompt in prompts(&model) {
+        let mut single = Session::new(&model, be, 256, 64).unwrap();
+        let (want_tokens, want_logits) = greedy(&mut single, &prompt, 8);
+        for windows in [[2, 1, 1], [1, 0, 1]] {
+            let mut head = RingHead::connect(
+                &model,
+                be,
+                &transport.transport,
+                &addrs,
+                &windows,
+                &options(),
+            )
+            .unwrap_or_else(|e| panic!("windows {windows:?}: {e}"));
+            let (tokens, logits) = greedy(&mut head, &prompt, 8);
+            assert_eq!(tokens, want_tokens, "windows {windows:?}");
+            assert!(
+                logits == want_logits,
+                "windows {windows:?}, prompt of {}: logits differ from one device's",
+                prompt.len()
+            );
+            head.shutdown(false);
+        }
+    }
+}
+
 #[test]
 fn idle_nodes_sleep() {
     let Some(path) = smollm2() else { return };

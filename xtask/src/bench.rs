@@ -51,7 +51,9 @@ const DEFAULT_MODELS: &[&str] = &[
     catalogue::GEMMA3_Q4_K_M,
     bench_models::BENCH_1B,
     bench_models::BENCH_MOE,
+    bench_models::BENCH_GPTOSS,
     "tiny-qwen3moe-16x4-q4_k_m",
+    "tiny-gptoss-8x4-mxfp4",
 ];
 
 #[derive(Default, Clone, Copy)]

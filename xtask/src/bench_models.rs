@@ -19,6 +19,10 @@
 //!   d1–d4 bed's memory): 34 layers of width 2048, 64 experts of width 768, 4 per token
 //!   (≈ 1.1 B of 10.8 B parameters active), skewed routing; random Q4_K / Q6_K blocks
 //!   written directly by [`random_qwen3moe`], as the 3B and 8B are.
+//! - gpt-oss (`bench-gptoss-mxfp4`, ≈ 0.3 GB): the same scale in gpt-oss's layout (sinks,
+//!   biases, YaRN, alternating 128-position windows), random F16 from
+//!   [`crate::random_gptoss`], then llama-quantize to MXFP4_MOE (experts MXFP4, the rest
+//!   Q8_0, as the released files).
 
 pub(crate) mod random_llama;
 pub(crate) mod random_qwen3moe;
@@ -34,6 +38,7 @@ use prima_core::gguf::GgmlType;
 use crate::digest;
 use crate::layout::Layout;
 use crate::llama_cpp::LlamaCpp;
+use crate::random_gptoss::{self, GptOssShape};
 use crate::random_moe::{self, MoeShape};
 use crate::shell;
 use random_llama::LlamaShape;
@@ -84,6 +89,25 @@ const SHAPE_MOE_11B: Qwen3MoeShape = Qwen3MoeShape {
     seed: 3036,
 };
 
+/// gpt-oss-shaped, MXFP4 experts: about 0.1 B of its 0.5 B parameters active per token.
+pub const BENCH_GPTOSS: &str = "bench-gptoss-mxfp4";
+
+const SHAPE_GPTOSS: GptOssShape = GptOssShape {
+    name: "bench-gptoss",
+    n_layer: 8,
+    n_embd: 1024,
+    n_head: 16,
+    n_head_kv: 4,
+    head_dim: 64,
+    n_expert: 32,
+    n_expert_used: 4,
+    n_ff_exp: 512,
+    n_vocab: 32_000,
+    sliding_window: 128,
+    seed: 3005,
+    ftype: GgmlType::F16,
+};
+
 /// Seed of the 3B and 8B generators (the 1B's is in its script).
 const SEED: u64 = 1234;
 /// Llama 3's vocabulary size: the embedding and output head are as large as the real ones.
@@ -129,6 +153,9 @@ pub enum Size {
     /// bench-qwen3moe-11b-a1b-q4_k_m (6.5 GB; the home lab's MoE).
     #[value(name = "moe-11b")]
     Moe11b,
+    /// bench-gptoss-mxfp4 (needs llama.cpp built).
+    #[value(name = "gptoss")]
+    GptOss,
 }
 
 #[derive(clap::Args, Debug)]
@@ -148,7 +175,7 @@ pub fn path_q8(layout: &Layout) -> PathBuf {
 
 /// `cargo xtask bench-models [--only 1b,3b,8b,moe,moe-11b]`.
 pub fn make(layout: &Layout, args: &BenchModelsArgs) -> Result<()> {
-    let all = [Size::B1, Size::B3, Size::B8, Size::Moe, Size::Moe11b];
+    let all = [Size::B1, Size::B3, Size::B8, Size::Moe, Size::Moe11b, Size::GptOss];
     let sizes = if args.only.is_empty() {
         &all[..]
     } else {
@@ -171,6 +198,9 @@ pub fn make(layout: &Layout, args: &BenchModelsArgs) -> Result<()> {
             Size::Moe11b => {
                 ensure_moe_direct(layout, BENCH_MOE_11B, &SHAPE_MOE_11B)?;
             }
+            Size::GptOss => {
+                ensure_gptoss(layout)?;
+            }
         }
     }
     Ok(())
@@ -186,6 +216,7 @@ pub fn by_tag(layout: &Layout, tag: &str) -> Option<Result<PathBuf>> {
         BENCH_8B => Some(ensure_random(layout, BENCH_8B, &SHAPE_8B)),
         BENCH_MOE => Some(ensure_moe(layout)),
         BENCH_MOE_11B => Some(ensure_moe_direct(layout, BENCH_MOE_11B, &SHAPE_MOE_11B)),
+        BENCH_GPTOSS => Some(ensure_gptoss(layout)),
         _ => None,
     }
 }
@@ -323,6 +354,44 @@ fn ensure_moe(layout: &Layout) -> Result<PathBuf> {
             .arg(&f16)
             .arg(&tmp)
             .arg("Q4_K_M"),
+    )?;
+    fs::rename(&tmp, &out)?;
+    // The F16 source is only an intermediate.
+    let _ = fs::remove_file(&f16);
+    fs::write(&recipe_path, recipe)
+        .with_context(|| format!("writing {}", recipe_path.display()))?;
+    println!("made      {}", out.display());
+    Ok(out)
+}
+
+/// Makes the gpt-oss benchmark model (F16 from [`random_gptoss`], then llama-quantize's
+/// MXFP4_MOE) unless it exists with the current recipe.
+fn ensure_gptoss(layout: &Layout) -> Result<PathBuf> {
+    let out = layout.derived_models.join(format!("{BENCH_GPTOSS}.gguf"));
+    let recipe = format!(
+        "xtask/src/random_gptoss.rs sha256={} {} MXFP4_MOE\n",
+        digest::hash_reader(random_gptoss::SOURCE.as_bytes())?,
+        SHAPE_GPTOSS.describe()
+    );
+    let recipe_path = recipe_path(&out);
+    if out.exists() && fs::read_to_string(&recipe_path).is_ok_and(|r| r == recipe) {
+        println!("ok        {}", out.display());
+        return Ok(out);
+    }
+    let llama = LlamaCpp::new(layout);
+    llama.ensure_built()?;
+    fs::create_dir_all(&layout.derived_models)
+        .with_context(|| format!("cannot create {}", layout.derived_models.display()))?;
+    let _ = fs::remove_file(&recipe_path);
+    let f16 = layout.derived_models.join("bench-gptoss-f16.gguf");
+    random_gptoss::write(&SHAPE_GPTOSS, &f16)
+        .with_context(|| format!("generating {}", f16.display()))?;
+    let tmp = out.with_extension("gguf.tmp");
+    shell::run(
+        Command::new(llama.bin("llama-quantize"))
+            .arg(&f16)
+            .arg(&tmp)
+            .arg("MXFP4_MOE"),
     )?;
     fs::rename(&tmp, &out)?;
     // The F16 source is only an intermediate.

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use prima_core::gguf::GgmlType;
 
 use crate::layout::Layout;
+use crate::random_gptoss::GptOssShape;
 use crate::random_moe::MoeShape;
 
 pub enum Origin {
@@ -17,6 +18,8 @@ pub enum Origin {
     Tiny,
     /// A random-weight F32 `qwen3moe` of this shape, written by [`crate::random_moe`].
     RandomMoe(&'static MoeShape),
+    /// A random-weight F32 `gpt-oss` of this shape, written by [`crate::random_gptoss`].
+    RandomGptOss(&'static GptOssShape),
     /// `llama-quantize [--pure] --allow-requantize <source> <file> <ftype>`.
     Requantized {
         source: &'static str,
@@ -106,6 +109,24 @@ pub const MOE_16X4: MoeShape = MoeShape {
     n_ff_exp: 256,
     n_vocab: 512,
     seed: 16004,
+    ftype: GgmlType::F32,
+};
+
+/// gpt-oss's layout in small: 8 experts, 4 per token, 4 layers alternating local (a
+/// 32-position window) and global, 8 query heads of 64 over 2 KV heads (≈ 37 MB in F32).
+pub const GPTOSS_8X4: GptOssShape = GptOssShape {
+    name: "tiny-gptoss-8x4",
+    n_layer: 4,
+    n_embd: 256,
+    n_head: 8,
+    n_head_kv: 2,
+    head_dim: 64,
+    n_expert: 8,
+    n_expert_used: 4,
+    n_ff_exp: 256,
+    n_vocab: 512,
+    sliding_window: 32,
+    seed: 8004,
     ftype: GgmlType::F32,
 };
 
@@ -218,6 +239,24 @@ pub const MODELS: &[ModelSpec] = &[
         "tiny-qwen3moe-16x4-q4_k_m.gguf",
         "tiny-qwen3moe-16x4-f32",
         "Q4_K_M",
+    ),
+    ModelSpec {
+        tag: "tiny-gptoss-8x4-f32",
+        file: "tiny-gptoss-8x4-f32.gguf",
+        origin: Origin::RandomGptOss(&GPTOSS_8X4),
+    },
+    // Experts MXFP4, the other matrices Q8_0: the released files' mixture.
+    moe(
+        "tiny-gptoss-8x4-mxfp4",
+        "tiny-gptoss-8x4-mxfp4.gguf",
+        "tiny-gptoss-8x4-f32",
+        "MXFP4_MOE",
+    ),
+    moe(
+        "tiny-gptoss-8x4-q8_0",
+        "tiny-gptoss-8x4-q8_0.gguf",
+        "tiny-gptoss-8x4-f32",
+        "Q8_0",
     ),
 ];
 

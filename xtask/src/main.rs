@@ -23,6 +23,7 @@ mod layout;
 mod llama_cpp;
 mod o200k_vocab;
 mod random_gguf;
+mod random_gptoss;
 mod random_moe;
 mod reference;
 mod ring_bench;

@@ -19,6 +19,7 @@ use crate::digest;
 use crate::fetch_models;
 use crate::layout::Layout;
 use crate::llama_cpp::LlamaCpp;
+use crate::random_gptoss::{self, GptOssShape};
 use crate::random_moe::{self, MoeShape};
 use crate::shell;
 
@@ -35,6 +36,7 @@ pub fn run(layout: &Layout) -> Result<()> {
         match spec.origin {
             Origin::Requantized { .. } => requantize(layout, &llama, spec)?,
             Origin::RandomMoe(shape) => make_random_moe(layout, spec, shape)?,
+            Origin::RandomGptOss(shape) => make_random_gptoss(layout, spec, shape)?,
             Origin::Fetched | Origin::Tiny => {}
         }
     }
@@ -54,6 +56,29 @@ fn make_random_moe(layout: &Layout, spec: &ModelSpec, shape: &MoeShape) -> Resul
     }
     let tmp = path.with_extension("gguf.tmp");
     let size = random_moe::write(shape, &tmp)?;
+    fs::rename(&tmp, &path)?;
+    write_recipe(&path, &recipe)?;
+    println!(
+        "made      {} ({:.1} MB)",
+        layout.display(&path),
+        size as f64 / 1e6
+    );
+    Ok(())
+}
+
+/// The models of `random_gptoss`: remade when the generator or the shape changed.
+fn make_random_gptoss(layout: &Layout, spec: &ModelSpec, shape: &GptOssShape) -> Result<()> {
+    let recipe = format!(
+        "xtask/src/random_gptoss.rs sha256={} {}\n",
+        digest::hash_reader(random_gptoss::SOURCE.as_bytes())?,
+        shape.describe()
+    );
+    let path = spec.path(layout);
+    if recipe_matches(&path, &recipe) {
+        return Ok(());
+    }
+    let tmp = path.with_extension("gguf.tmp");
+    let size = random_gptoss::write(shape, &tmp)?;
     fs::rename(&tmp, &path)?;
     write_recipe(&path, &recipe)?;
     println!(

@@ -175,6 +175,21 @@ impl Backend for CpuBackend {
         ))
     }
 
+    fn swiglu_oai(
+        &self,
+        mut gate: RSliceMut<'_, f32>,
+        up: RSlice<'_, f32>,
+        alpha: f32,
+        limit: f32,
+    ) -> BackendResult<()> {
+        to_abi(elementwise::gated_on(
+            &self.pool,
+            gate.as_mut_slice(),
+            up.as_slice(),
+            |g: &mut [f32], u: &[f32]| elementwise::swiglu_oai(g, u, alpha, limit),
+        ))
+    }
+
     fn kv_create(&self, spec: KvSpec) -> BackendResult<u64> {
         match self.kv.create(spec) {
             Ok(h) => ROk(h),
@@ -231,6 +246,32 @@ impl Backend for CpuBackend {
             q.as_slice(),
             k.as_slice(),
             v.as_slice(),
+            None,
+            &params,
+            out.as_mut_slice(),
+        ))
+    }
+
+    fn attention_spans_sinks(
+        &self,
+        spans: RSlice<'_, AttentionSpan>,
+        q: RSlice<'_, f32>,
+        k: RSlice<'_, f32>,
+        v: RSlice<'_, f32>,
+        sinks: RSlice<'_, f32>,
+        params: AttentionParams,
+        mut out: RSliceMut<'_, f32>,
+    ) -> BackendResult<()> {
+        let mut scratch = lock(&self.scratch);
+        to_abi(attention::attention_spans(
+            &self.pool,
+            &mut scratch,
+            &self.kv,
+            spans.as_slice(),
+            q.as_slice(),
+            k.as_slice(),
+            v.as_slice(),
+            Some(sinks.as_slice()),
             &params,
             out.as_mut_slice(),
         ))

@@ -13,7 +13,9 @@
 //!   softmax over f16-rounded q/k/v and probabilities; truncate and rewrite; shape and position errors.
 
 use abi_stable::std_types::{RNone, ROption, RSlice, RSliceMut, RSome};
-use prima_abi::backend::{AttentionParams, Backend, BackendConfig, KvSpec, RopeParams, TensorView};
+use prima_abi::backend::{
+    AttentionParams, AttentionSpan, Backend, BackendConfig, KvSpec, RopeParams, TensorView,
+};
 use prima_abi::GgmlType;
 use prima_backend_cpu::formats::scalar;
 use prima_backend_cpu::CpuBackend;
@@ -382,6 +384,51 @@ fn gated_activations_split_over_the_pool_match_elementwise() {
     }
 }
 
+/// gpt-oss's clamped SwiGLU: the formula in f64 (the gate clamped above at the limit, the
+/// up clamped both ways and shifted by one), bit for bit the ABI's host body at every pool
+/// split, and a length mismatch refused.
+#[test]
+fn clamped_swiglu_matches_the_formula_at_every_split() {
+    let mut rng = ChaCha8Rng::seed_from_u64(37);
+    let n = 3 * 16 * 1024 + 5;
+    // Spread past the limit (7) on both sides.
+    let up = rand_vec(&mut rng, n, 12.0);
+    let gate = rand_vec(&mut rng, n, 12.0);
+    let (alpha, limit) = (1.702f32, 7.0f32);
+    let mut host = gate.clone();
+    prima_abi::backend::swiglu_oai_host(&mut host, &up, alpha, limit);
+    for threads in [1, 3] {
+        let b = backend(threads);
+        let mut g = gate.clone();
+        b.swiglu_oai(
+            RSliceMut::from_mut_slice(&mut g),
+            RSlice::from_slice(&up),
+            alpha,
+            limit,
+        )
+        .unwrap();
+        for i in 0..n {
+            assert_eq!(g[i].to_bits(), host[i].to_bits(), "swiglu_oai {i}");
+            let x = (gate[i] as f64).min(limit as f64);
+            let y = (up[i] as f64).clamp(-(limit as f64), limit as f64);
+            let want = x / (1.0 + (-(alpha as f64) * x).exp()) * (y + 1.0);
+            assert!(
+                (g[i] as f64 - want).abs() <= 1e-5 * want.abs().max(1.0),
+                "swiglu_oai {i}: {} vs {want}",
+                g[i]
+            );
+        }
+        assert!(b
+            .swiglu_oai(
+                RSliceMut::from_mut_slice(&mut g[..10]),
+                RSlice::from_slice(&up[..9]),
+                alpha,
+                limit
+            )
+            .is_err());
+    }
+}
+
 fn rope_params(n_rot: u32, neox: bool, factors: Option<&[f32]>) -> RopeParams<'_> {
     RopeParams {
         n_rot,
@@ -508,6 +555,8 @@ fn f16r(v: f32) -> f64 {
 struct Naive {
     k: Vec<Vec<f32>>,
     v: Vec<Vec<f32>>,
+    /// One sink logit per query head (gpt-oss), or none.
+    sinks: Option<Vec<f32>>,
 }
 
 impl Naive {
@@ -531,9 +580,15 @@ impl Naive {
                 s
             })
             .collect();
-        let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let sink = self.sinks.as_ref().map(|s| s[h] as f64);
+        let max = scores
+            .iter()
+            .cloned()
+            .chain(sink)
+            .fold(f64::NEG_INFINITY, f64::max);
         let e: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
-        let z: f64 = e.iter().sum();
+        // A sink joins the denominator only.
+        let z: f64 = e.iter().sum::<f64>() + sink.map_or(0.0, |s| (s - max).exp());
         let mut out = vec![0f64; dv];
         for (&j, ej) in js.iter().zip(&e) {
             for (o, &v) in out.iter_mut().zip(&self.v[j][kvh * dv..(kvh + 1) * dv]) {
@@ -557,11 +612,20 @@ fn attention_matches_naive_softmax() {
         head_dim_k: dk,
         head_dim_v: dv,
     };
-    for (window, softcap) in [(0u32, 0.0f32), (3, 0.0), (0, 5.0)] {
+    // Sinks: one large enough to take most of a head's weight, one small, one negative.
+    let sinks = [4.0f32, -1.0, 0.5, -6.0];
+    for (window, softcap, sinks) in [
+        (0u32, 0.0f32, None),
+        (3, 0.0, None),
+        (0, 5.0, None),
+        (0, 0.0, Some(sinks)),
+        (3, 0.0, Some(sinks)),
+    ] {
         let kv = b.kv_create(spec).unwrap();
         let mut naive = Naive {
             k: vec![],
             v: vec![],
+            sinks: sinks.map(|s| s.to_vec()),
         };
         let layer = 1;
         // Prefill 5 tokens, then decode 2 one at a time.
@@ -591,14 +655,29 @@ fn attention_matches_naive_softmax() {
                     .push(v[t * nkv * dv as usize..(t + 1) * nkv * dv as usize].to_vec());
             }
             let mut out = vec![f32::NAN; nt * nh * dv as usize];
-            b.attention(
-                kv,
-                RSlice::from_slice(&q),
-                RSlice::from_slice(&k),
-                RSlice::from_slice(&v),
-                p,
-                RSliceMut::from_mut_slice(&mut out),
-            )
+            match &sinks {
+                None => b.attention(
+                    kv,
+                    RSlice::from_slice(&q),
+                    RSlice::from_slice(&k),
+                    RSlice::from_slice(&v),
+                    p,
+                    RSliceMut::from_mut_slice(&mut out),
+                ),
+                Some(sinks) => b.attention_spans_sinks(
+                    RSlice::from_slice(&[AttentionSpan {
+                        kv,
+                        n_tokens: n,
+                        start_pos: start,
+                    }]),
+                    RSlice::from_slice(&q),
+                    RSlice::from_slice(&k),
+                    RSlice::from_slice(&v),
+                    RSlice::from_slice(sinks),
+                    p,
+                    RSliceMut::from_mut_slice(&mut out),
+                ),
+            }
             .unwrap();
             for t in 0..nt {
                 for h in 0..nh {
@@ -608,7 +687,7 @@ fn attention_matches_naive_softmax() {
                     for d in 0..dv as usize {
                         assert!(
                             (got[d] as f64 - want[d]).abs() <= 1e-4 * want[d].abs().max(1.0),
-                            "window {window} softcap {softcap} pos {} head {h} dim {d}: {} vs {}",
+                            "window {window} softcap {softcap} sinks {sinks:?} pos {} head {h} dim {d}: {} vs {}",
                             start as usize + t,
                             got[d],
                             want[d]
@@ -619,6 +698,62 @@ fn attention_matches_naive_softmax() {
         }
         b.kv_drop(kv);
     }
+}
+
+/// Attention sinks are one per query head: another count is an error naming both (checked
+/// before the keys are stored); the right count then works.
+#[test]
+fn attention_sinks_must_be_one_per_head() {
+    let b = backend(2);
+    let spec = KvSpec {
+        n_layers: 1,
+        n_ctx: 4,
+        n_head_kv: 1,
+        head_dim_k: 4,
+        head_dim_v: 4,
+    };
+    let kv = b.kv_create(spec).unwrap();
+    let p = AttentionParams {
+        layer: 0,
+        n_tokens: 1,
+        start_pos: 0,
+        n_head: 2,
+        n_head_kv: 1,
+        head_dim_k: 4,
+        head_dim_v: 4,
+        scale: 0.5,
+        sliding_window: 0,
+        softcap: 0.0,
+    };
+    let (q, kv_row, mut out) = ([0.5f32; 8], [0.25f32; 4], [0f32; 8]);
+    let span = [AttentionSpan {
+        kv,
+        n_tokens: 1,
+        start_pos: 0,
+    }];
+    let e = b
+        .attention_spans_sinks(
+            RSlice::from_slice(&span),
+            RSlice::from_slice(&q),
+            RSlice::from_slice(&kv_row),
+            RSlice::from_slice(&kv_row),
+            RSlice::from_slice(&[1.0, 2.0, 3.0]),
+            p,
+            RSliceMut::from_mut_slice(&mut out),
+        )
+        .unwrap_err();
+    assert!(e.contains("3 sinks for 2 query heads"), "{e}");
+    b.attention_spans_sinks(
+        RSlice::from_slice(&span),
+        RSlice::from_slice(&q),
+        RSlice::from_slice(&kv_row),
+        RSlice::from_slice(&kv_row),
+        RSlice::from_slice(&[1.0, 2.0]),
+        p,
+        RSliceMut::from_mut_slice(&mut out),
+    )
+    .unwrap();
+    b.kv_drop(kv);
 }
 
 #[test]

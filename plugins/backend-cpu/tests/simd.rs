@@ -555,6 +555,49 @@ fn softmax_matches_portable_and_f64() {
     assert!(masked.iter().all(|g| g.is_nan() || *g == 0.0));
 }
 
+/// gpt-oss's attention sinks: every level gives the scalar softmax's bits, and the weights
+/// are the exact softmax with the sink in the denominator (so they sum to 1 − its share).
+#[test]
+fn softmax_with_a_sink_matches_portable_and_f64() {
+    use prima_backend_cpu::ops::activation::softmax_sink_at;
+    let mut rng = ChaCha8Rng::seed_from_u64(31);
+    for level in levels() {
+        for n in [1usize, 7, 9, 64, 257] {
+            for sink in [-20.0f32, -1.0, 0.0, 3.0, 40.0] {
+                let scores: Vec<f32> = (0..n).map(|_| rng.gen_range(-10.0..10.0)).collect();
+                let scale = 0.5f32;
+                let (mut want, mut got) = (scores.clone(), scores.clone());
+                softmax_sink_at(KernelLevel::Scalar, &mut want, scale, Some(sink));
+                softmax_sink_at(level, &mut got, scale, Some(sink));
+                assert!(
+                    want.iter().zip(&got).all(|(a, b)| same(*a, *b)),
+                    "{} softmax n={n} sink={sink}",
+                    level.name()
+                );
+                let s: Vec<f64> = scores.iter().map(|&x| (x * scale) as f64).collect();
+                let max = s.iter().cloned().fold(sink as f64, f64::max);
+                let total: f64 =
+                    s.iter().map(|x| (x - max).exp()).sum::<f64>() + (sink as f64 - max).exp();
+                for (x, g) in s.iter().zip(&got) {
+                    let exact = (x - max).exp() / total;
+                    let bound = 1e-6 + 1.2e-7 * (x - max).abs();
+                    assert!(
+                        (*g as f64 - exact).abs() <= bound * exact + 1e-30,
+                        "{} softmax n={n} sink={sink}: {g} vs {exact}",
+                        level.name()
+                    );
+                }
+            }
+        }
+    }
+    // Without a sink it is the plain softmax, bit for bit.
+    let scores: Vec<f32> = (0..33).map(|i| i as f32 * 0.37 - 5.0).collect();
+    let (mut plain, mut none) = (scores.clone(), scores);
+    prima_backend_cpu::ops::activation::softmax_at(KernelLevel::Scalar, &mut plain, 0.3);
+    softmax_sink_at(KernelLevel::Scalar, &mut none, 0.3, None);
+    assert!(plain.iter().zip(&none).all(|(a, b)| same(*a, *b)));
+}
+
 #[test]
 fn spin_pool_runs_every_chunk_once() {
     for threads in [1, 2, 3, 5] {

@@ -354,4 +354,51 @@ mod tests {
         assert_eq!(e.unwrap().as_str(), "creating the faulty backend panicked");
         assert!(b.supports(GgmlType::Q4K as u32) && !b.supports(GgmlType::Q8K as u32));
     }
+
+    /// gpt-oss's two operations through the ABI's default bodies: attention with sinks is
+    /// refused, naming the backend; the clamped SwiGLU runs on the host.
+    #[test]
+    fn sinks_are_refused_by_name_and_the_clamped_swiglu_runs_on_the_host() {
+        let b = create(|| Ok(GpuBackend::new(Faulty, "faulty: test".into()))).unwrap();
+        let params = AttentionParams {
+            layer: 0,
+            n_tokens: 1,
+            start_pos: 0,
+            n_head: 1,
+            n_head_kv: 1,
+            head_dim_k: 2,
+            head_dim_v: 2,
+            scale: 1.0,
+            sliding_window: 0,
+            softcap: 0.0,
+        };
+        let (q, mut out) = ([0.5f32; 2], [0f32; 2]);
+        let e = b
+            .attention_spans_sinks(
+                RSlice::from_slice(&[]),
+                RSlice::from_slice(&q),
+                RSlice::from_slice(&q),
+                RSlice::from_slice(&q),
+                RSlice::from_slice(&[1.0]),
+                params,
+                RSliceMut::from_mut_slice(&mut out),
+            )
+            .unwrap_err();
+        assert!(
+            e.contains("attention with sinks") && e.contains("faulty backend"),
+            "{e}"
+        );
+        let (mut gate, up) = ([9.0f32, -1.0], [8.0f32, 0.5]);
+        b.swiglu_oai(
+            RSliceMut::from_mut_slice(&mut gate),
+            RSlice::from_slice(&up),
+            1.702,
+            7.0,
+        )
+        .unwrap();
+        // The gate clamped to 7, the up to 7 (then + 1).
+        let want0 = 7.0 / (1.0 + (-1.702f32 * 7.0).exp()) * 8.0;
+        assert_eq!(gate[0], want0);
+        assert!((gate[1] - (-1.0 / (1.0 + 1.702f32.exp()) * 1.5)).abs() < 1e-6);
+    }
 }

@@ -302,6 +302,8 @@ mod tests {
             sliding_window: 0,
             local_layers: Vec::new(),
             rope_freq_base_local: 10000.0,
+            rope_scaling_local: false,
+            rope_attn_factor: 1.0,
         };
         let short = memory_margin(&hp, 256, 1, 1);
         let long = memory_margin(&hp, 4096, 1, 1);

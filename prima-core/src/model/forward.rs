@@ -766,12 +766,13 @@ impl<'m> Session<'m> {
         Ok(())
     }
 
-    /// RoPE of layer `il`. Local (sliding-window) layers use their own base and no
-    /// position scaling, as llama.cpp's `rope_freq_*_train_swa` defaults.
+    /// RoPE of layer `il`. Local (sliding-window) layers use their own base, and no
+    /// position scaling unless the architecture scales them as global ones
+    /// (llama.cpp's `rope_freq_*_train_swa`).
     fn rope_params(&self, il: usize) -> RopeParams<'m> {
         let hp = self.model.hparams();
         let local = hp.is_local(il);
-        let scaling = if local {
+        let scaling = if local && !hp.rope_scaling_local {
             RopeScaling::None
         } else {
             hp.rope_scaling
@@ -784,6 +785,7 @@ impl<'m> Session<'m> {
                 original_context,
             } => (1.0 / factor, 1.0, original_context),
         };
+        let attn_factor = yarn_attn_factor(freq_scale, ext_factor) * hp.rope_attn_factor;
         RopeParams {
             n_rot: hp.n_rot as u32,
             freq_base: if local {
@@ -798,7 +800,7 @@ impl<'m> Session<'m> {
                 None => RNone,
             },
             ext_factor,
-            attn_factor: 1.0,
+            attn_factor,
             beta_fast: 32.0,
             beta_slow: 1.0,
             n_ctx_orig,
@@ -900,22 +902,34 @@ impl<'m> Session<'m> {
             n_tokens: s.len as u32,
             start_pos: s.start as u32,
         }));
-        op(
-            be.attention_spans(
-                RSlice::from_slice(spans),
-                rs(q),
-                rs(k),
-                rs(v),
-                params,
-                rm(&mut b.attn[..n * attn_dim]),
-            ),
-            "attention",
-        )?;
+        let out = rm(&mut b.attn[..n * attn_dim]);
+        let spans = RSlice::from_slice(spans);
+        match &w.attn_sinks {
+            None => op(
+                be.attention_spans(spans, rs(q), rs(k), rs(v), params, out),
+                "attention",
+            )?,
+            Some(sinks) => op(
+                be.attention_spans_sinks(
+                    spans,
+                    rs(q),
+                    rs(k),
+                    rs(v),
+                    rs(&sinks.values),
+                    params,
+                    out,
+                ),
+                "attention",
+            )?,
+        }
         let attn = &mut b.attn[..n * attn_dim];
         op(
             be.matmul(model.view(&w.wo), rs(attn), nt, rm(h)),
             "matmul attn_output",
         )?;
+        if let Some(bo) = &w.bo {
+            op(be.add_bias(rm(h), model.view(bo)), "add_bias attn_output")?;
+        }
         add_residual(be, model, &w.attn_post_norm, hp.rms_eps, x, h, &mut b.post)?;
 
         // Feed-forward block: dense or experts, each kind its own code.
@@ -950,6 +964,24 @@ impl<'m> Session<'m> {
             "matmul output",
         )
     }
+}
+
+/// The attention factor llama.cpp gives RoPE under YaRN (`llama_context`'s
+/// `yarn_attn_factor`): `mscale(s) / (1 + 0.1 ln s)` for the scale `s = 1 / freq_scale`,
+/// with `mscale(s) = 1 + 0.1 ln s` above 1 — about 1, since the rotation multiplies by
+/// `1 + 0.1 ln s` again ([`RopeParams::fill_cos_sin`]); computed in f32 as there, so the
+/// rotated values round alike. 1 without YaRN.
+fn yarn_attn_factor(freq_scale: f32, ext_factor: f32) -> f32 {
+    if ext_factor == 0.0 {
+        return 1.0;
+    }
+    let factor = 1.0 / freq_scale;
+    let mscale = if factor <= 1.0 {
+        1.0
+    } else {
+        0.1 * factor.ln() + 1.0
+    };
+    mscale * (1.0 / (1.0 + 0.1 * factor.ln()))
 }
 
 /// Fails with the first weight of layer `il` whose type `backend` cannot compute.

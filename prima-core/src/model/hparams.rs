@@ -1,6 +1,6 @@
 //! Hyper-parameters read from GGUF metadata (`<arch>.*` keys).
 
-use super::arch::AttentionScale;
+use super::arch::{AttentionScale, LocalRope};
 use super::{Architecture, ModelError};
 use crate::gguf::GgufFile;
 
@@ -106,6 +106,12 @@ pub struct HyperParams {
     pub local_layers: Vec<bool>,
     /// RoPE base of local layers (`<arch>.rope.freq_base_swa`).
     pub rope_freq_base_local: f32,
+    /// Local layers scale positions as global ones do (`rope_scaling`); otherwise they
+    /// do not scale.
+    pub rope_scaling_local: bool,
+    /// `<arch>.rope.scaling.attn_factor` (1 when absent): a multiplier of the rotated
+    /// values, on top of YaRN's own.
+    pub rope_attn_factor: f32,
 }
 
 impl HyperParams {
@@ -226,6 +232,7 @@ impl HyperParams {
         let mut sliding_window = 0;
         let mut local_layers = Vec::new();
         let mut rope_freq_base_local = rope_freq_base;
+        let mut rope_scaling_local = true;
         if let Some(swa) = spec.sliding_window {
             let window = opt("attention.sliding_window")?.unwrap_or(0);
             if window > 0 {
@@ -237,9 +244,14 @@ impl HyperParams {
                     swa.default_period,
                 )
                 .map_err(bad)?;
+                let (default_base, scaled) = match swa.local_rope {
+                    LocalRope::Own { default_freq_base } => (default_freq_base, false),
+                    LocalRope::AsGlobal => (rope_freq_base, true),
+                };
                 rope_freq_base_local = g
                     .get_f32(&key("rope.freq_base_swa"))?
-                    .unwrap_or(swa.default_local_freq_base);
+                    .unwrap_or(default_base);
+                rope_scaling_local = scaled;
             }
         }
 
@@ -267,6 +279,8 @@ impl HyperParams {
             sliding_window,
             local_layers,
             rope_freq_base_local,
+            rope_scaling_local,
+            rope_attn_factor: g.get_f32(&key("rope.scaling.attn_factor"))?.unwrap_or(1.0),
         })
     }
 

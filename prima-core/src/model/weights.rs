@@ -5,7 +5,8 @@ use std::path::Path;
 
 use abi_stable::std_types::RSlice;
 
-use super::ffn::{DenseFfn, FeedForward, MoeFfn};
+use super::arch::AttentionBias;
+use super::ffn::{DenseFfn, ExpertBiases, FeedForward, MoeFfn};
 use super::{Architecture, ExpertParams, HyperParams, ModelError};
 use crate::gguf::{GgmlType, GgufError, GgufFile, TensorInfo};
 use prima_abi::backend::{BackendBox, TensorView};
@@ -21,6 +22,10 @@ pub struct LayerWeights {
     pub bq: Option<TensorInfo>,
     pub bk: Option<TensorInfo>,
     pub bv: Option<TensorInfo>,
+    /// Bias of the attention output projection (gpt-oss).
+    pub bo: Option<TensorInfo>,
+    /// Attention sinks, one logit per query head (gpt-oss).
+    pub attn_sinks: Option<AttentionSinks>,
     /// Per-head RMSNorm weights of queries and keys (head_dim_k long), when the
     /// architecture has them.
     pub attn_q_norm: Option<TensorInfo>,
@@ -32,6 +37,14 @@ pub struct LayerWeights {
     pub ffn: FeedForward,
     /// RMSNorm of the feed-forward output before the residual add.
     pub ffn_post_norm: Option<TensorInfo>,
+}
+
+/// A layer's attention sinks: the `attn_sinks.weight` tensor (F32, `n_head` long) and its
+/// values, copied at load (a few dozen floats) so they reach the backend as an f32 slice.
+#[derive(Debug, Clone)]
+pub struct AttentionSinks {
+    pub tensor: TensorInfo,
+    pub values: Vec<f32>,
 }
 
 /// A model ready to run: the mapped file plus a validated index of its weights.
@@ -99,6 +112,14 @@ impl Model {
                 }
             };
             let hk = hp.head_dim_k as u64;
+            let qkv_bias = spec.attn_bias != AttentionBias::None;
+            let attn_sinks = if spec.attn_sinks {
+                let tensor = t("attn_sinks.weight", &[hp.n_head as u64])?;
+                let values = f32_values(&gguf, &tensor)?;
+                Some(AttentionSinks { tensor, values })
+            } else {
+                None
+            };
             layers.push(LayerWeights {
                 attn_norm: t("attn_norm.weight", &[d])?,
                 wq: t("attn_q.weight", &[d, qd])?,
@@ -108,13 +129,19 @@ impl Model {
                     "attn_output.weight",
                     &[qd / hp.head_dim_k as u64 * hp.head_dim_v as u64, d],
                 )?,
-                bq: opt(spec.qkv_bias, "attn_q.bias", qd)?,
-                bk: opt(spec.qkv_bias, "attn_k.bias", kd)?,
-                bv: opt(spec.qkv_bias, "attn_v.bias", vd)?,
+                bq: opt(qkv_bias, "attn_q.bias", qd)?,
+                bk: opt(qkv_bias, "attn_k.bias", kd)?,
+                bv: opt(qkv_bias, "attn_v.bias", vd)?,
+                bo: opt(
+                    spec.attn_bias == AttentionBias::QkvOutput,
+                    "attn_output.bias",
+                    d,
+                )?,
+                attn_sinks,
                 attn_q_norm: opt(spec.qk_norm, "attn_q_norm.weight", hk)?,
                 attn_k_norm: opt(spec.qk_norm, "attn_k_norm.weight", hk)?,
                 attn_post_norm: opt(spec.post_norms, "post_attention_norm.weight", d)?,
-                ffn_norm: t("ffn_norm.weight", &[d])?,
+                ffn_norm: t(spec.ffn_norm, &[d])?,
                 ffn: match (experts, spec.experts) {
                     (Some(shape), Some(routing)) => FeedForward::Moe(MoeFfn {
                         router: t("ffn_gate_inp.weight", &[d, shape.n_expert as u64])?,
@@ -140,7 +167,19 @@ impl Model {
                             shape,
                         )?,
                         shape,
+                        gating: routing.gating,
                         normalize_weights: routing.normalize_weights,
+                        biases: if routing.biases {
+                            let (ne, ff) = (shape.n_expert as u64, shape.n_ff_exp as u64);
+                            Some(Box::new(ExpertBiases {
+                                router: f32_tensor(&gguf, &name("ffn_gate_inp.bias"), &[ne])?,
+                                gate: f32_tensor(&gguf, &name("ffn_gate_exps.bias"), &[ff, ne])?,
+                                up: f32_tensor(&gguf, &name("ffn_up_exps.bias"), &[ff, ne])?,
+                                down: f32_tensor(&gguf, &name("ffn_down_exps.bias"), &[d, ne])?,
+                            }))
+                        } else {
+                            None
+                        },
                     }),
                     _ => FeedForward::Dense(DenseFfn {
                         gate: t("ffn_gate.weight", &[d, ff])?,
@@ -224,6 +263,8 @@ impl Model {
                 .chain(l.bq.iter())
                 .chain(l.bk.iter())
                 .chain(l.bv.iter())
+                .chain(l.bo.iter())
+                .chain(l.attn_sinks.iter().map(|s| &s.tensor))
                 .chain(l.attn_q_norm.iter())
                 .chain(l.attn_k_norm.iter())
                 .chain(l.attn_post_norm.iter())
@@ -277,6 +318,37 @@ impl Model {
             rows: t.dims.get(1).copied().unwrap_or(1),
         }
     }
+}
+
+impl Model {
+    /// Row `e` of the 2-D F32 tensor `t` (an expert's bias): a one-row view of the
+    /// mapping. `t`'s shape and type were checked at load; an `e` out of range is a
+    /// caller's bug.
+    pub(crate) fn row_view(&self, t: &TensorInfo, e: usize) -> TensorView<'_> {
+        let data = self.gguf.tensor_data(t);
+        let row = data.len() / t.rows().max(1) as usize;
+        TensorView {
+            data: RSlice::from_slice(&data[e * row..(e + 1) * row]),
+            ggml_type: t.ggml_type.id(),
+            cols: t.cols(),
+            rows: 1,
+        }
+    }
+}
+
+/// Looks up a tensor that must be F32 (a bias) and checks its dimensions; another type is
+/// an error naming the tensor.
+fn f32_tensor(g: &GgufFile, name: &str, dims: &[u64]) -> Result<TensorInfo, ModelError> {
+    let t = shaped(g, name, dims)?;
+    if t.ggml_type != GgmlType::F32 {
+        return Err(ModelError::UnsupportedTensorType {
+            path: g.path().to_path_buf(),
+            tensor: t.name.clone(),
+            ty: t.ggml_type.name().to_string(),
+            backend: "model loader (expects F32)".to_string(),
+        });
+    }
+    Ok(t)
 }
 
 /// Looks up a 3-D expert tensor `name` and checks it is `[matrix[0], matrix[1],

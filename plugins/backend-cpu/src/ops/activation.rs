@@ -98,24 +98,36 @@ pub fn gate(act: Gate, gate: &mut [f32], up: &[f32]) {
 /// times `1 / sum` rounded to f32 (0 where the sum is 0), with the widest vectors the given
 /// level allows (same bits at every level).
 pub fn softmax_at(level: KernelLevel, xs: &mut [f32], scale: f32) {
+    softmax_sink_at(level, xs, scale, None)
+}
+
+/// [`softmax_at`] with an attention sink (gpt-oss): a logit `sink` (not scaled) that takes
+/// part in the max and adds `e^(sink − max)` to the sum after the scores' own, as ggml's
+/// `soft_max` with sinks does, but gets no output of its own.
+pub fn softmax_sink_at(level: KernelLevel, xs: &mut [f32], scale: f32, sink: Option<f32>) {
     match level {
         #[cfg(target_arch = "x86_64")]
         KernelLevel::Avx512 if level.is_available() => {
             // SAFETY: the level is available, so this CPU has AVX-512F (and AVX2).
-            unsafe { x86::softmax_avx512(xs, scale) }
+            unsafe { x86::softmax_avx512(xs, scale, sink) }
         }
         #[cfg(target_arch = "x86_64")]
         KernelLevel::Avx2 | KernelLevel::Avx512 if level.is_available() => {
             // SAFETY: the level is available, so this CPU has AVX2 and FMA.
-            unsafe { x86::softmax_avx2(xs, scale) }
+            unsafe { x86::softmax_avx2(xs, scale, sink) }
         }
-        _ => softmax_portable(xs, scale),
+        _ => softmax_portable(xs, scale, sink),
     }
 }
 
 /// [`softmax_at`] with the level `dispatch` selected.
 pub fn softmax(xs: &mut [f32], scale: f32) {
     softmax_at(dispatch::selection().level, xs, scale)
+}
+
+/// [`softmax_sink_at`] with the level `dispatch` selected.
+pub fn softmax_sink(xs: &mut [f32], scale: f32, sink: Option<f32>) {
+    softmax_sink_at(dispatch::selection().level, xs, scale, sink)
 }
 
 /// Lanes of the softmax's max and sum: element `i` goes to lane `i % 8`, so both are
@@ -142,17 +154,23 @@ fn fold_lanes<T: Copy>(xs: &[f32], init: T, f: impl Fn(T, f32) -> T) -> [T; LANE
 /// The one softmax of every level: the max is order-free, and the f64 sum's lanes fold in
 /// a fixed order, so every vector width gives the same bits.
 #[inline(always)]
-fn softmax_portable(xs: &mut [f32], scale: f32) {
+fn softmax_portable(xs: &mut [f32], scale: f32, sink: Option<f32>) {
     for x in xs.iter_mut() {
         *x *= scale;
     }
     let top = fold_lanes(xs, f32::NEG_INFINITY, |m, x| if x > m { x } else { m });
-    let max = top.into_iter().fold(f32::NEG_INFINITY, f32::max);
+    let mut max = top.into_iter().fold(f32::NEG_INFINITY, f32::max);
+    if let Some(sink) = sink {
+        max = max.max(sink);
+    }
     for x in xs.iter_mut() {
         *x = exp(*x - max);
     }
     let [a, b, c, d, e, f, g, h] = fold_lanes(xs, 0.0f64, |s, x| s + x as f64);
-    let total = ((a + e) + (c + g)) + ((b + f) + (d + h));
+    let mut total = ((a + e) + (c + g)) + ((b + f) + (d + h));
+    if let Some(sink) = sink {
+        total += f64::from(exp(sink - max));
+    }
     let norm = if total > 0.0 {
         (1.0 / total) as f32
     } else {
@@ -187,12 +205,12 @@ mod x86 {
     }
 
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn softmax_avx2(xs: &mut [f32], scale: f32) {
-        softmax_portable(xs, scale)
+    pub(super) unsafe fn softmax_avx2(xs: &mut [f32], scale: f32, sink: Option<f32>) {
+        softmax_portable(xs, scale, sink)
     }
 
     #[target_feature(enable = "avx2,fma,avx512f")]
-    pub(super) unsafe fn softmax_avx512(xs: &mut [f32], scale: f32) {
-        softmax_portable(xs, scale)
+    pub(super) unsafe fn softmax_avx512(xs: &mut [f32], scale: f32, sink: Option<f32>) {
+        softmax_portable(xs, scale, sink)
     }
 }

@@ -1,5 +1,5 @@
-//! Causal attention over a KV cache, with grouped-query heads, a sliding window and logit
-//! soft-capping.
+//! Causal attention over a KV cache, with grouped-query heads, a sliding window, logit
+//! soft-capping and attention sinks.
 //!
 //! For token `t` at position `p = start_pos + t` and head `h` (KV head `h / (n_head /
 //! n_head_kv)`), the scores over positions `j ≤ p` (and `j > p − sliding_window` when a
@@ -50,13 +50,16 @@ pub fn attention(
         n_tokens: p.n_tokens,
         start_pos: p.start_pos,
     };
-    attention_spans(pool, scratch, store, &[span], q, k, v, p, out)
+    attention_spans(pool, scratch, store, &[span], q, k, v, None, p, out)
 }
 
 /// [`attention`] for several requests' rows at once (`Backend::attention_spans`): every
 /// span's keys and values stored, then all their (token, KV head) items in one pool round,
 /// so a decode step of four requests is one round a layer, not four of three items each
 /// (SmolLM2: three KV heads on two threads left one idle for a third of each round).
+///
+/// `sinks`, when given, holds one logit per query head (`n_head` long): gpt-oss's attention
+/// sinks, which join each head's softmax denominator ([`activation::softmax_sink`]).
 #[allow(clippy::too_many_arguments)]
 pub fn attention_spans(
     pool: &impl ChunkRunner,
@@ -66,6 +69,7 @@ pub fn attention_spans(
     q: &[f32],
     k: &[f32],
     v: &[f32],
+    sinks: Option<&[f32]>,
     p: &AttentionParams,
     out: &mut [f32],
 ) -> OpResult<()> {
@@ -75,6 +79,14 @@ pub fn attention_spans(
     let layer = p.layer as usize;
     let (k_row, v_row) = (n_head_kv * dk, n_head_kv * dv);
     let n_rows = p.check_span_lengths(spans, [q.len(), k.len(), v.len(), out.len()])?;
+    if let Some(sinks) = sinks {
+        if sinks.len() != n_head {
+            return Err(format!(
+                "{OP}: {} sinks for {n_head} query heads (one per head)",
+                sinks.len()
+            ));
+        }
+    }
     // Every span's cache locked for the call, in handle order (a call holding several locks
     // never waits on one holding them in another order); that order also shows a handle
     // given twice.
@@ -170,7 +182,19 @@ pub fn attention_spans(
             // outlives `run`, which returns when all chunks are done.
             let o = unsafe { std::slice::from_raw_parts_mut(dst.ptr().add(h0 * dv), group * dv) };
             let qh = &queries[2 * h0 * dk..2 * (h0 + group) * dk];
-            attend_group(caches[span], layer, pos, g, qh, group, products, p, o);
+            let group_sinks = sinks.map(|s| &s[g * group..(g + 1) * group]);
+            attend_group(
+                caches[span],
+                layer,
+                pos,
+                g,
+                qh,
+                group,
+                group_sinks,
+                products,
+                p,
+                o,
+            );
         }
     });
     Ok(())
@@ -194,7 +218,8 @@ fn f16_bytes(bits: &[u16]) -> &[u8] {
 }
 
 /// The `group` query heads (`q`: their f16 bytes, head after head) at position `pos` that
-/// share KV head `kv_head`; writes their outputs, head after head, to `o`.
+/// share KV head `kv_head`; writes their outputs, head after head, to `o`. `sinks`: those
+/// heads' sink logits, when the model has them.
 #[allow(clippy::too_many_arguments)]
 fn attend_group(
     cache: &KvCache,
@@ -203,6 +228,7 @@ fn attend_group(
     kv_head: usize,
     q: &[u8],
     group: usize,
+    sinks: Option<&[f32]>,
     products: AttentionF16,
     p: &AttentionParams,
     o: &mut [f32],
@@ -222,14 +248,15 @@ fn attend_group(
         let keys = f16_bytes(cache.key_rows(layer, first, pos, kv_head));
         let k_stride = 2 * cache.row_stride_k();
         (products.dots)(dk, keys, k_stride, n_keys, q, group, scores);
-        for head in scores.chunks_exact_mut(n_keys) {
+        for (h, head) in scores.chunks_exact_mut(n_keys).enumerate() {
+            let sink = sinks.map(|s| s[h]);
             if p.softcap != 0.0 {
                 for s in head.iter_mut() {
                     *s = p.softcap * (*s * p.scale / p.softcap).tanh();
                 }
-                activation::softmax(head, 1.0);
+                activation::softmax_sink(head, 1.0, sink);
             } else {
-                activation::softmax(head, p.scale);
+                activation::softmax_sink(head, p.scale, sink);
             }
             // Rounded to f16 and back by `half`'s slice conversions: `f16::from_f32`'s
             // bits, vectorised where the CPU has F16C.

@@ -1,4 +1,5 @@
-//! Element-wise ops: add, add_bias, scale and the gated activations SwiGLU and GeGLU.
+//! Element-wise ops: add, add_bias, scale and the gated activations SwiGLU, GeGLU and
+//! gpt-oss's clamped SwiGLU.
 
 use super::activation::{self, Gate};
 use super::matmul::SharedOut;
@@ -56,13 +57,22 @@ pub fn geglu(gate: &mut [f32], up: &[f32]) -> OpResult<()> {
     Ok(())
 }
 
+/// gpt-oss's clamped SwiGLU (`Backend::swiglu_oai`): the host formula of the ABI
+/// ([`prima_abi::backend::swiglu_oai_host`]), with libm's `expf` as ggml's CPU backend
+/// uses, so its bits are llama.cpp's rather than [`activation::exp`]'s.
+pub fn swiglu_oai(gate: &mut [f32], up: &[f32], alpha: f32, limit: f32) -> OpResult<()> {
+    expect_len("swiglu_oai", "up length", up.len(), gate.len())?;
+    prima_abi::backend::swiglu_oai_host(gate, up, alpha, limit);
+    Ok(())
+}
+
 /// `gate = act(gate) · up` element-wise, split over `pool` for prompt-sized inputs (each
 /// element is computed alone, so the split does not change results).
 pub fn gated_on(
     pool: &impl ChunkRunner,
     gate: &mut [f32],
     up: &[f32],
-    act: fn(&mut [f32], &[f32]) -> OpResult<()>,
+    act: impl Fn(&mut [f32], &[f32]) -> OpResult<()> + Sync,
 ) -> OpResult<()> {
     expect_len("gated activation", "up length", up.len(), gate.len())?;
     if gate.len() < 2 * GATE_CHUNK || pool.threads() < 2 {

@@ -15,12 +15,11 @@
 //! The converter stores Gemma's norm weights with the `+1` already added, so the norms
 //! are the plain RMSNorm of the other architectures. The output head is tied.
 
-use super::{ArchSpec, AttentionScale, FfnActivation, SlidingWindowSpec};
+use super::{ArchSpec, AttentionScale, FfnActivation, LocalRope, SlidingWindowSpec};
 
 pub const SPEC: ArchSpec = ArchSpec {
     name: "gemma3",
     rope_neox: true,
-    qkv_bias: false,
     qk_norm: true,
     post_norms: true,
     ffn: FfnActivation::GeluTanh,
@@ -28,7 +27,9 @@ pub const SPEC: ArchSpec = ArchSpec {
     attention_scale: AttentionScale::Gemma3QueryPreAttn,
     sliding_window: Some(SlidingWindowSpec {
         default_period: 6,
-        default_local_freq_base: 10_000.0,
+        local_rope: LocalRope::Own {
+            default_freq_base: 10_000.0,
+        },
     }),
-    experts: None,
+    ..ArchSpec::LLAMA_LIKE
 };

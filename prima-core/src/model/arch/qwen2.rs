@@ -3,11 +3,11 @@
 //! The llama layer with two differences: Q, K and V projections have biases, and RoPE
 //! uses the NeoX ordering.
 
-use super::ArchSpec;
+use super::{ArchSpec, AttentionBias};
 
 pub const SPEC: ArchSpec = ArchSpec {
     name: "qwen2",
     rope_neox: true,
-    qkv_bias: true,
+    attn_bias: AttentionBias::Qkv,
     ..ArchSpec::LLAMA_LIKE
 };

@@ -7,14 +7,16 @@
 //! to the `qwen3moe.expert_used_count` most probable ones, and their outputs are summed
 //! weighted by those probabilities renormalised to sum to 1. No shared expert.
 
-use super::{ArchSpec, ExpertRouting};
+use super::{ArchSpec, ExpertGating, ExpertRouting};
 
 pub const SPEC: ArchSpec = ArchSpec {
     name: "qwen3moe",
     rope_neox: true,
     qk_norm: true,
     experts: Some(ExpertRouting {
+        gating: ExpertGating::Softmax,
         normalize_weights: true,
+        biases: false,
     }),
     ..ArchSpec::LLAMA_LIKE
 };

@@ -15,8 +15,8 @@ use crate::model::arch::FfnActivation;
 use crate::model::backend_call::{op, rm, rs};
 use crate::model::{ExpertParams, HyperParams, Model, ModelError};
 pub use experts::{ExpertPolicy, ExpertUse, Routing};
-pub use moe::MoeFfn;
 use moe::MoeScratch;
+pub use moe::{ExpertBiases, MoeFfn};
 use prima_abi::backend::BackendBox;
 
 /// What a feed-forward block computes with: the backend of the layer's side, the model
@@ -37,6 +37,15 @@ impl FfnContext<'_> {
         match self.act {
             FfnActivation::Silu => op(self.be.swiglu(rm(gate), rs(up)), "swiglu"),
             FfnActivation::GeluTanh => op(self.be.geglu(rm(gate), rs(up)), "geglu"),
+            FfnActivation::SwigluOai => op(
+                self.be.swiglu_oai(
+                    rm(gate),
+                    rs(up),
+                    FfnActivation::OAI_ALPHA,
+                    FfnActivation::OAI_LIMIT,
+                ),
+                "swiglu_oai",
+            ),
         }
     }
 
@@ -81,14 +90,21 @@ impl FeedForward {
 
     /// The block's weight tensors.
     pub fn tensors(&self) -> impl Iterator<Item = &TensorInfo> {
-        let (dense, moe) = match self {
-            FeedForward::Dense(f) => (Some([&f.gate, &f.up, &f.down]), None),
+        let (dense, moe, biases) = match self {
+            FeedForward::Dense(f) => (Some([&f.gate, &f.up, &f.down]), None, None),
             FeedForward::Moe(f) => (
                 None,
                 Some([&f.router, &f.gate_exps, &f.up_exps, &f.down_exps]),
+                f.biases
+                    .as_ref()
+                    .map(|b| [&b.router, &b.gate, &b.up, &b.down]),
             ),
         };
-        dense.into_iter().flatten().chain(moe.into_iter().flatten())
+        dense
+            .into_iter()
+            .flatten()
+            .chain(moe.into_iter().flatten())
+            .chain(biases.into_iter().flatten())
     }
 }
 

@@ -1,12 +1,15 @@
-//! The mixture-of-experts feed-forward block (`qwen3moe`), computed as llama.cpp's
-//! `build_moe_ffn` computes it with softmax gating:
+//! The mixture-of-experts feed-forward block (`qwen3moe`, `gpt-oss`), computed as
+//! llama.cpp's `build_moe_ffn` computes it:
 //!
-//! 1. router logits `ffn_gate_inp · h` for every row (one product over the batch);
-//! 2. per row, a softmax over all experts, the `k` largest probabilities kept (largest
-//!    first) and, when the architecture says so, divided by their sum;
+//! 1. router logits `ffn_gate_inp · h` (plus `ffn_gate_inp.bias` when the experts carry
+//!    biases) for every row, one product over the batch;
+//! 2. per row, the gating ([`ExpertGating`]): a softmax over all experts and the `k`
+//!    largest probabilities kept (largest first), or the `k` largest logits kept and a
+//!    softmax over those; then, when the architecture says so, divided by their sum;
 //! 3. per expert, the rows routed to it gathered into one batch and run through its
-//!    SwiGLU MLP — three products, so each expert's weights are read once per step
-//!    whatever the number of its rows; experts no row chose are not read at all;
+//!    gated MLP — three products (each followed by the expert's bias row, when it has
+//!    biases), so each expert's weights are read once per step whatever the number of its
+//!    rows; experts no row chose are not read at all;
 //! 4. each row's output is the sum of its `k` experts' outputs times their weights,
 //!    added in the order of step 2 (weight 0's term first), as llama.cpp adds them.
 //!
@@ -22,6 +25,7 @@
 
 use super::{FfnContext, FfnScratch};
 use crate::gguf::TensorInfo;
+use crate::model::arch::ExpertGating;
 use crate::model::backend_call::{op, rm, rs};
 use crate::model::{ExpertParams, ModelError};
 
@@ -36,8 +40,24 @@ pub struct MoeFfn {
     /// `ffn_down_exps`: `[n_ff_exp, n_embd, n_expert]`.
     pub down_exps: TensorInfo,
     pub shape: ExpertParams,
+    pub gating: ExpertGating,
     /// Divide each row's kept probabilities by their sum.
     pub normalize_weights: bool,
+    /// The router's and the experts' biases (gpt-oss), F32; boxed, so a layer's block is
+    /// no larger for them.
+    pub biases: Option<Box<ExpertBiases>>,
+}
+
+/// A layer's expert biases: the router's, and one row per expert for each matrix.
+#[derive(Debug, Clone)]
+pub struct ExpertBiases {
+    /// `ffn_gate_inp.bias`: `[n_expert]`.
+    pub router: TensorInfo,
+    /// `ffn_gate_exps.bias`, `ffn_up_exps.bias`: `[n_ff_exp, n_expert]`.
+    pub gate: TensorInfo,
+    pub up: TensorInfo,
+    /// `ffn_down_exps.bias`: `[n_embd, n_expert]`.
+    pub down: TensorInfo,
 }
 
 /// Routing tables and gathered rows for batches of up to `n_batch` rows.
@@ -101,9 +121,17 @@ impl MoeFfn {
             be.matmul(model.view(&self.router), rs(h), n as u32, rm(probs)),
             "matmul ffn_gate_inp",
         )?;
+        let biases = self.biases.as_ref();
+        if let Some(b) = biases {
+            op(
+                be.add_bias(rm(probs), model.view(&b.router)),
+                "add_bias ffn_gate_inp",
+            )?;
+        }
         for t in 0..n {
             route(
                 &mut probs[t * n_expert..(t + 1) * n_expert],
+                self.gating,
                 self.normalize_weights,
                 &mut m.chosen[t * k..(t + 1) * k],
                 &mut m.weights[t * k..(t + 1) * k],
@@ -139,6 +167,16 @@ impl MoeFfn {
                 be.matmul(model.expert_view(&self.up_exps, e), rs(rows_in), ct, rm(up)),
                 "matmul ffn_up_exps",
             )?;
+            if let Some(b) = biases {
+                op(
+                    be.add_bias(rm(up), model.row_view(&b.up, e)),
+                    "add_bias ffn_up_exps",
+                )?;
+                op(
+                    be.add_bias(rm(gate), model.row_view(&b.gate, e)),
+                    "add_bias ffn_gate_exps",
+                )?;
+            }
             cx.gated(gate, up)?;
             let rows_out = &mut m.rows_out[..c * d];
             op(
@@ -150,6 +188,12 @@ impl MoeFfn {
                 ),
                 "matmul ffn_down_exps",
             )?;
+            if let Some(b) = biases {
+                op(
+                    be.add_bias(rm(rows_out), model.row_view(&b.down, e)),
+                    "add_bias ffn_down_exps",
+                )?;
+            }
             cx.computed(e);
             for (row, &choice) in rows_out.chunks_exact(d).zip(choices) {
                 let choice = choice as usize;
@@ -175,40 +219,64 @@ impl MoeFfn {
     }
 }
 
-/// One row's routing: `logits` become the softmax over all experts (in place, as ggml:
-/// `exp(x − max)` in f32, their sum in f64, times the sum's f32 reciprocal); `chosen`
-/// gets the `chosen.len()` most probable experts, most probable first (ties: the lower
-/// index), and `weights` their probabilities, divided by their (f64-summed) total when
-/// `normalize`.
-pub(crate) fn route(logits: &mut [f32], normalize: bool, chosen: &mut [u32], weights: &mut [f32]) {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0.0f64;
-    for x in logits.iter_mut() {
-        *x = (*x - max).exp();
-        sum += f64::from(*x);
+/// One row's routing. [`ExpertGating::Softmax`]: `logits` become the softmax over all
+/// experts (in place, by [`softmax`]); `chosen` gets the `chosen.len()` most probable
+/// experts, most probable first (ties: the lower index), and `weights` their
+/// probabilities. [`ExpertGating::SoftmaxOfTopK`]: `chosen` gets the largest logits in
+/// that order, and `weights` their softmax. Then the weights are divided by their
+/// (f64-summed) total when `normalize`.
+pub(crate) fn route(
+    logits: &mut [f32],
+    gating: ExpertGating,
+    normalize: bool,
+    chosen: &mut [u32],
+    weights: &mut [f32],
+) {
+    if gating == ExpertGating::Softmax {
+        softmax(logits);
     }
-    let inv = (1.0 / sum) as f32;
-    for x in logits.iter_mut() {
-        *x *= inv;
-    }
-    for j in 0..chosen.len() {
-        let mut best: Option<usize> = None;
-        for (e, &p) in logits.iter().enumerate() {
-            let taken = chosen[..j].contains(&(e as u32));
-            if !taken && best.is_none_or(|b| p > logits[b]) {
-                best = Some(e);
-            }
-        }
-        // `chosen.len()` ≤ the expert count (checked at load), so one is always left.
-        let best = best.unwrap_or(0);
-        chosen[j] = best as u32;
-        weights[j] = logits[best];
+    top_k(logits, chosen, weights);
+    if gating == ExpertGating::SoftmaxOfTopK {
+        softmax(weights);
     }
     if normalize {
         let total = weights.iter().map(|&w| f64::from(w)).sum::<f64>() as f32;
         for w in weights.iter_mut() {
             *w /= total;
         }
+    }
+}
+
+/// A softmax in place, as ggml's: `exp(x − max)` in f32, their sum in f64, times the sum's
+/// f32 reciprocal.
+fn softmax(xs: &mut [f32]) {
+    let max = xs.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0f64;
+    for x in xs.iter_mut() {
+        *x = (*x - max).exp();
+        sum += f64::from(*x);
+    }
+    let inv = (1.0 / sum) as f32;
+    for x in xs.iter_mut() {
+        *x *= inv;
+    }
+}
+
+/// The `chosen.len()` largest of `scores`, largest first (ties: the lower index), into
+/// `chosen` and their values into `weights`.
+fn top_k(scores: &[f32], chosen: &mut [u32], weights: &mut [f32]) {
+    for j in 0..chosen.len() {
+        let mut best: Option<usize> = None;
+        for (e, &p) in scores.iter().enumerate() {
+            let taken = chosen[..j].contains(&(e as u32));
+            if !taken && best.is_none_or(|b| p > scores[b]) {
+                best = Some(e);
+            }
+        }
+        // `chosen.len()` ≤ the expert count (checked at load), so one is always left.
+        let best = best.unwrap_or(0);
+        chosen[j] = best as u32;
+        weights[j] = scores[best];
     }
 }
 
@@ -242,7 +310,13 @@ mod tests {
     fn route_keeps_the_largest_probabilities_renormalised() {
         let mut logits = [0.5f32, 3.0, -1.0, 2.0, 3.0];
         let (mut chosen, mut weights) = ([0u32; 3], [0f32; 3]);
-        route(&mut logits, true, &mut chosen, &mut weights);
+        route(
+            &mut logits,
+            ExpertGating::Softmax,
+            true,
+            &mut chosen,
+            &mut weights,
+        );
         // The tie between experts 1 and 4 goes to the lower index.
         assert_eq!(chosen, [1, 4, 3]);
         let (e3, e2) = (3.0f64.exp(), 2.0f64.exp());
@@ -259,9 +333,35 @@ mod tests {
 
         let mut logits = [1.0f32, 0.0];
         let (mut chosen, mut weights) = ([0u32; 1], [0f32; 1]);
-        route(&mut logits, false, &mut chosen, &mut weights);
+        route(
+            &mut logits,
+            ExpertGating::Softmax,
+            false,
+            &mut chosen,
+            &mut weights,
+        );
         assert_eq!(chosen, [0]);
         assert!((f64::from(weights[0]) - 1.0 / (1.0 + (-1.0f64).exp())).abs() < 1e-6);
+    }
+
+    #[test]
+    fn softmax_of_top_k_weighs_the_largest_logits_alone() {
+        let mut logits = [0.5f32, 3.0, -1.0, 2.0];
+        let (mut chosen, mut weights) = ([0u32; 2], [0f32; 2]);
+        route(
+            &mut logits,
+            ExpertGating::SoftmaxOfTopK,
+            false,
+            &mut chosen,
+            &mut weights,
+        );
+        assert_eq!(chosen, [1, 3]);
+        let e = (-1.0f64).exp();
+        for (w, x) in weights.iter().zip([1.0 / (1.0 + e), e / (1.0 + e)]) {
+            assert!((f64::from(*w) - x).abs() < 1e-6, "{weights:?}");
+        }
+        // The logits themselves are left as they were.
+        assert_eq!(logits, [0.5, 3.0, -1.0, 2.0]);
     }
 
     #[test]
