@@ -18,7 +18,8 @@ use serde_json::{json, Value};
 
 use super::metrics::{record_request, record_request_error};
 use super::openai::{error_body, parse_request, Api, BadRequest, ResponseHeader};
-use crate::job::{Completion, Event, WorkerError};
+use crate::harmony::{Delta, Reply, ReplyFormat, ReplyReader};
+use crate::job::{Event, WorkerError};
 use crate::queue::{JobQueue, Submitted};
 
 /// What every request handler shares.
@@ -31,6 +32,8 @@ struct Inner {
     model_name: String,
     queue: JobQueue,
     metrics: Option<PrometheusHandle>,
+    /// How chat replies are read (gpt-oss's harmony channels, or plain text).
+    reply_format: ReplyFormat,
     /// Unix seconds when the server started (the model's `created`).
     started: u64,
     next_id: AtomicU64,
@@ -49,10 +52,21 @@ impl ServerState {
                 model_name: model_name.into(),
                 queue,
                 metrics,
+                reply_format: ReplyFormat::Plain,
                 started: unix_now(),
                 next_id: AtomicU64::new(1),
             }),
         }
+    }
+
+    /// Chat replies read in `format` (from [`ReplyFormat::of`] the model's tokenizer);
+    /// plain text unless set. Call before the state is cloned.
+    pub fn with_reply_format(mut self, format: ReplyFormat) -> ServerState {
+        match Arc::get_mut(&mut self.inner) {
+            Some(inner) => inner.reply_format = format,
+            None => tracing::warn!("the reply format is set on a state already shared"),
+        }
+        self
     }
 
     pub fn queue(&self) -> &JobQueue {
@@ -201,6 +215,10 @@ async fn complete(state: ServerState, api: Api, body: Result<Bytes, BytesRejecti
             None => return worker_error(api, &WorkerError::ShuttingDown),
         }
     }
+    let reader = ReplyReader::new(match api {
+        Api::Chat => state.inner.reply_format,
+        Api::Text => ReplyFormat::Plain,
+    });
     let header = Header {
         api,
         id: state.inner.next_id.fetch_add(1, Ordering::Relaxed),
@@ -208,9 +226,9 @@ async fn complete(state: ServerState, api: Api, body: Result<Bytes, BytesRejecti
         model: state.inner.model_name.clone(),
     };
     if request.stream {
-        stream_response(header, submitted, request.include_usage)
+        stream_response(header, submitted, reader, request.include_usage)
     } else {
-        whole_response(header, submitted).await
+        whole_response(header, submitted, reader).await
     }
 }
 
@@ -233,12 +251,19 @@ impl Header {
     }
 }
 
-async fn whole_response(header: Header, mut submitted: Submitted) -> Response {
-    let mut text = String::new();
+async fn whole_response(
+    header: Header,
+    mut submitted: Submitted,
+    mut reader: ReplyReader,
+) -> Response {
+    let mut reply = Reply::default();
     while let Some(event) = submitted.events.recv().await {
         match event {
-            Event::Text(t) => text.push_str(&t),
-            Event::Done(c) => return Json(header.view().complete(&text, &c)).into_response(),
+            Event::Text(t) => reader.push(&t).into_iter().for_each(|d| reply.add(d)),
+            Event::Done(c) => {
+                reader.finish().into_iter().for_each(|d| reply.add(d));
+                return Json(header.view().complete(&reply, &c)).into_response();
+            }
             Event::Failed(e) => return worker_error(header.api, &e),
             Event::Started { .. } => {}
         }
@@ -246,58 +271,34 @@ async fn whole_response(header: Header, mut submitted: Submitted) -> Response {
     worker_error(header.api, &WorkerError::ShuttingDown)
 }
 
-/// Server-sent events: one `data: {chunk}` per text piece, then the finish chunk,
-/// the usage chunk if asked, and `data: [DONE]`. Dropping the stream (the client went
-/// away) drops `submitted`, which cancels the generation.
-fn stream_response(header: Header, submitted: Submitted, include_usage: bool) -> Response {
-    struct Stream {
-        header: Header,
-        submitted: Submitted,
-        include_usage: bool,
-        first: bool,
-        finished: bool,
-    }
+/// Server-sent events: one `data: {chunk}` per delta of the reply (reasoning, content,
+/// tool call), then the finish chunk, the usage chunk if asked, and `data: [DONE]`.
+/// Dropping the stream (the client went away) drops `submitted`, which cancels the
+/// generation.
+fn stream_response(
+    header: Header,
+    submitted: Submitted,
+    reader: ReplyReader,
+    include_usage: bool,
+) -> Response {
     let state = Stream {
         header,
         submitted,
+        reader,
         include_usage,
         first: true,
+        tool_calls: false,
         finished: false,
     };
     let body = futures_util::stream::unfold(state, |mut s| async move {
-        if s.finished {
-            return None;
-        }
-        let h = s.header.view();
-        let event = loop {
-            match s.submitted.events.recv().await {
-                Some(Event::Started { .. }) => continue,
-                other => break other,
-            }
-        };
-        let mut out = String::new();
-        match event {
-            Some(Event::Text(t)) => {
-                push_event(&mut out, &h.chunk(Some(&t), s.first, None));
-                s.first = false;
-            }
-            Some(Event::Done(c)) => {
-                finish_chunks(&mut out, &h, &c, s.first, s.include_usage);
-                s.finished = true;
-            }
-            Some(Event::Failed(e)) => {
-                push_event(&mut out, &worker_error_body(&e));
-                record_request_error(h.api.endpoint(), error_type(&e));
-                out.push_str("data: [DONE]\n\n");
-                s.finished = true;
-            }
-            Some(Event::Started { .. }) | None => {
-                push_event(&mut out, &worker_error_body(&WorkerError::ShuttingDown));
-                out.push_str("data: [DONE]\n\n");
-                s.finished = true;
+        // Events that give no delta (a marker, text held back) send nothing.
+        while !s.finished {
+            let out = s.next_events().await;
+            if !out.is_empty() {
+                return Some((Ok::<_, Infallible>(Bytes::from(out)), s));
             }
         }
-        Some((Ok::<_, Infallible>(Bytes::from(out)), s))
+        None
     });
     (
         [
@@ -309,12 +310,71 @@ fn stream_response(header: Header, submitted: Submitted, include_usage: bool) ->
         .into_response()
 }
 
-fn finish_chunks(out: &mut String, h: &ResponseHeader, c: &Completion, first: bool, usage: bool) {
-    push_event(out, &h.chunk(None, first, Some(c)));
-    if usage {
-        push_event(out, &h.usage_chunk(&c.usage));
+/// One streamed response in progress.
+struct Stream {
+    header: Header,
+    submitted: Submitted,
+    reader: ReplyReader,
+    include_usage: bool,
+    /// No chunk sent yet: the next carries the assistant role.
+    first: bool,
+    /// A tool call was sent: the finish reason is "tool_calls".
+    tool_calls: bool,
+    finished: bool,
+}
+
+impl Stream {
+    /// The server-sent events of the next worker event (possibly none).
+    async fn next_events(&mut self) -> String {
+        let event = loop {
+            match self.submitted.events.recv().await {
+                Some(Event::Started { .. }) => continue,
+                other => break other,
+            }
+        };
+        let mut out = String::new();
+        match event {
+            Some(Event::Text(t)) => {
+                let deltas = self.reader.push(&t);
+                self.deltas(&mut out, deltas);
+            }
+            Some(Event::Done(c)) => {
+                let deltas = self.reader.finish();
+                self.deltas(&mut out, deltas);
+                let h = self.header.view();
+                push_event(
+                    &mut out,
+                    &h.chunk(None, self.first, Some((&c, self.tool_calls))),
+                );
+                if self.include_usage {
+                    push_event(&mut out, &h.usage_chunk(&c.usage));
+                }
+                out.push_str("data: [DONE]\n\n");
+                self.finished = true;
+            }
+            Some(Event::Failed(e)) => {
+                push_event(&mut out, &worker_error_body(&e));
+                record_request_error(self.header.api.endpoint(), error_type(&e));
+                out.push_str("data: [DONE]\n\n");
+                self.finished = true;
+            }
+            Some(Event::Started { .. }) | None => {
+                push_event(&mut out, &worker_error_body(&WorkerError::ShuttingDown));
+                out.push_str("data: [DONE]\n\n");
+                self.finished = true;
+            }
+        }
+        out
     }
-    out.push_str("data: [DONE]\n\n");
+
+    fn deltas(&mut self, out: &mut String, deltas: Vec<Delta>) {
+        let h = self.header.view();
+        for d in &deltas {
+            push_event(out, &h.chunk(Some(d), self.first, None));
+            self.first = false;
+            self.tool_calls |= matches!(d, Delta::ToolCall(_));
+        }
+    }
 }
 
 fn push_event(out: &mut String, value: &Value) {
