@@ -428,3 +428,230 @@ fn unix_now() -> u64 {
         .map(|d| d.as_secs())
         .unwrap_or(0)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+    use std::time::Duration;
+
+    use serde_json::Value;
+
+    use super::*;
+    use crate::job::{Completion, FinishReason, Usage};
+    use crate::queue::{job_queue, JobReceiver};
+
+    /// A gpt-oss reply as the worker sends it: one piece per token.
+    const THINK_THEN_ANSWER: &[&str] = &[
+        "<|channel|>",
+        "analysis",
+        "<|message|>",
+        "Say",
+        " hi",
+        ".",
+        "<|end|>",
+        "<|start|>",
+        "assistant",
+        "<|channel|>",
+        "final",
+        "<|message|>",
+        "Hi",
+        "!",
+    ];
+    const CALL: &[&str] = &[
+        "<|channel|>",
+        "commentary",
+        " to",
+        "=functions",
+        ".get_weather",
+        " ",
+        "<|constrain|>",
+        "json",
+        "<|message|>",
+        "{\"city\":",
+        "\"Paris\"}",
+    ];
+
+    /// Serves `format` over HTTP with a worker that answers every job with `pieces` and
+    /// `reason`; runs `client` with the address, then shuts down.
+    fn with_server(
+        format: ReplyFormat,
+        pieces: &'static [&'static str],
+        reason: FinishReason,
+        client: impl FnOnce(std::net::SocketAddr),
+    ) {
+        let (queue, jobs) = job_queue();
+        let state = ServerState::new("gpt-oss", queue, None).with_reply_format(format);
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let http = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+                serve(listener, state, async move {
+                    let _ = stop_rx.await;
+                })
+                .await
+                .unwrap();
+            });
+        });
+        let worker = std::thread::spawn(move || fake_worker(jobs, pieces, reason));
+        client(addr);
+        stop_tx.send(()).unwrap();
+        http.join().unwrap();
+        worker.join().unwrap();
+    }
+
+    fn fake_worker(jobs: JobReceiver, pieces: &[&str], reason: FinishReason) {
+        while let Ok(job) = jobs.rx.recv() {
+            let _ = job.send(Event::Started { prompt_tokens: 3 });
+            for p in pieces {
+                let _ = job.send(Event::Text(p.to_string()));
+            }
+            let _ = job.send(Event::Done(Completion {
+                usage: Usage {
+                    prompt_tokens: 3,
+                    completion_tokens: pieces.len(),
+                },
+                finish_reason: reason,
+                cached_prompt_tokens: 0,
+                time_to_first_token: Duration::ZERO,
+                tpot_ms: 0.0,
+                draft: None,
+            }));
+        }
+    }
+
+    /// The body of an HTTP/1.0 POST (the server closes the connection after it).
+    fn post(addr: std::net::SocketAddr, path: &str, body: &str) -> String {
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        write!(
+            s,
+            "POST {path} HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut response = String::new();
+        s.read_to_string(&mut response).unwrap();
+        let (head, body) = response.split_once("\r\n\r\n").unwrap();
+        assert!(
+            head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200"),
+            "{head}"
+        );
+        body.to_string()
+    }
+
+    fn chat(stream: bool) -> String {
+        serde_json::json!({"messages": [{"role": "user", "content": "Hi"}], "stream": stream})
+            .to_string()
+    }
+
+    /// The `data:` events of a server-sent stream, up to `[DONE]`.
+    fn events(body: &str) -> Vec<Value> {
+        let data: Vec<&str> = body
+            .split("\n\n")
+            .filter_map(|e| e.strip_prefix("data: "))
+            .collect();
+        assert_eq!(data.last(), Some(&"[DONE]"), "{body}");
+        data[..data.len() - 1]
+            .iter()
+            .map(|d| serde_json::from_str(d).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn a_harmony_reply_is_split_into_reasoning_and_content() {
+        with_server(
+            ReplyFormat::Harmony,
+            THINK_THEN_ANSWER,
+            FinishReason::Stop,
+            |addr| {
+                let whole: Value =
+                    serde_json::from_str(&post(addr, "/v1/chat/completions", &chat(false)))
+                        .unwrap();
+                let choice = &whole["choices"][0];
+                assert_eq!(choice["message"]["reasoning_content"], "Say hi.", "{whole}");
+                assert_eq!(choice["message"]["content"], "Hi!", "{whole}");
+                assert_eq!(choice["finish_reason"], "stop");
+
+                let events = events(&post(addr, "/v1/chat/completions", &chat(true)));
+                let deltas: Vec<&Value> =
+                    events.iter().map(|e| &e["choices"][0]["delta"]).collect();
+                assert_eq!(deltas[0]["role"], "assistant");
+                let text = |field: &str| -> String {
+                    deltas.iter().filter_map(|d| d[field].as_str()).collect()
+                };
+                assert_eq!(text("reasoning_content"), "Say hi.");
+                assert_eq!(text("content"), "Hi!");
+                // Reasoning first, and no chunk without a delta but the last.
+                let first_content = deltas.iter().position(|d| d["content"].is_string());
+                let last_reasoning = deltas
+                    .iter()
+                    .rposition(|d| d["reasoning_content"].is_string());
+                assert!(last_reasoning < first_content, "{events:?}");
+                let (last, rest) = events.split_last().unwrap();
+                assert_eq!(last["choices"][0]["finish_reason"], "stop");
+                assert!(rest.iter().all(|e| e["choices"][0]["delta"]
+                    .as_object()
+                    .is_some_and(|d| !d.is_empty())));
+
+                // The completions API reads the text as it is.
+                let text: Value =
+                    serde_json::from_str(&post(addr, "/v1/completions", r#"{"prompt": "x"}"#))
+                        .unwrap();
+                assert_eq!(text["choices"][0]["text"], THINK_THEN_ANSWER.concat());
+            },
+        );
+    }
+
+    #[test]
+    fn a_call_to_a_function_is_answered_with_tool_calls() {
+        with_server(ReplyFormat::Harmony, CALL, FinishReason::Stop, |addr| {
+            let whole: Value =
+                serde_json::from_str(&post(addr, "/v1/chat/completions", &chat(false))).unwrap();
+            let choice = &whole["choices"][0];
+            assert_eq!(choice["finish_reason"], "tool_calls", "{whole}");
+            assert_eq!(choice["message"]["content"], Value::Null);
+            let call = &choice["message"]["tool_calls"][0];
+            assert_eq!(call["type"], "function");
+            assert_eq!(call["function"]["name"], "get_weather");
+            assert_eq!(call["function"]["arguments"], r#"{"city":"Paris"}"#);
+            assert!(call["id"].as_str().unwrap().starts_with("call_"));
+
+            let events = events(&post(addr, "/v1/chat/completions", &chat(true)));
+            let calls: Vec<&Value> = events
+                .iter()
+                .filter_map(|e| e["choices"][0]["delta"]["tool_calls"].get(0))
+                .collect();
+            assert_eq!(calls.len(), 1, "{events:?}");
+            assert_eq!(calls[0]["index"], 0);
+            assert_eq!(calls[0]["function"]["name"], "get_weather");
+            assert_eq!(
+                events.last().unwrap()["choices"][0]["finish_reason"],
+                "tool_calls"
+            );
+        });
+    }
+
+    #[test]
+    fn without_harmony_the_markers_are_plain_text() {
+        with_server(
+            ReplyFormat::Plain,
+            THINK_THEN_ANSWER,
+            FinishReason::Length,
+            |addr| {
+                let whole: Value =
+                    serde_json::from_str(&post(addr, "/v1/chat/completions", &chat(false)))
+                        .unwrap();
+                let message = &whole["choices"][0]["message"];
+                assert_eq!(message["content"], THINK_THEN_ANSWER.concat());
+                assert!(message.get("reasoning_content").is_none(), "{whole}");
+                assert_eq!(whole["choices"][0]["finish_reason"], "length");
+            },
+        );
+    }
+}

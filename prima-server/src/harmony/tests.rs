@@ -273,3 +273,40 @@ fn arbitrary_mixes_of_markers_never_panic_and_read_alike_in_any_cut() {
         assert_any_cut_reads_alike(&text);
     }
 }
+
+/// gpt-oss's real vocabulary and template (`cargo xtask o200k-vocab`), when it is there.
+fn gpt_oss_vocabulary() -> Option<Tokenizer> {
+    let dir = std::env::var_os("PRIMA_MODEL_DIR")
+        .map(std::path::PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".cache/prima/models"))
+        })?;
+    let path = dir.join("gpt-oss-o200k-vocab.gguf");
+    if !path.exists() {
+        eprintln!("note: skipping, {} is absent", path.display());
+        return None;
+    }
+    let g = prima_core::gguf::GgufFile::open(&path).unwrap();
+    Some(Tokenizer::from_gguf(&g).unwrap())
+}
+
+#[test]
+fn gpt_oss_vocabulary_is_read_as_harmony() {
+    let Some(t) = gpt_oss_vocabulary() else {
+        return;
+    };
+    assert_eq!(ReplyFormat::of(&t), ReplyFormat::Harmony);
+    let text = "<|channel|>analysis<|message|>The user greets in French; answer «bonjour».<|end|>\
+        <|start|>assistant<|channel|>final<|message|>Bonjour ! 😀";
+    let ids = t.encode(text, false, true);
+    let mut decoder = t.stream_decoder();
+    let mut pieces: Vec<String> = ids.iter().map(|&id| decoder.push(id)).collect();
+    pieces.push(decoder.finish());
+    assert_eq!(
+        streamed(pieces.iter().map(String::as_str)),
+        [
+            Delta::Reasoning("The user greets in French; answer «bonjour».".into()),
+            Delta::Content("Bonjour ! 😀".into())
+        ]
+    );
+}
