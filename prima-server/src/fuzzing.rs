@@ -641,4 +641,44 @@ mod tests {
         Tokenizer::from_gguf(&g).unwrap();
         let _ = tiny_model();
     }
+
+    /// A fixed stream of mutated seeds (bytes flipped, cut, spliced) through the text
+    /// targets: a quick stand-in for the fuzzer in the normal test suite.
+    #[test]
+    fn mutated_seeds_survive_the_text_targets() {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move |n: usize| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % n as u64) as usize
+        };
+        for name in ["tokenizer", "harmony_reply"] {
+            let seeds = seeds(name);
+            for _ in 0..2000 {
+                let mut input = seeds[next(seeds.len())].clone();
+                for _ in 0..1 + next(4) {
+                    match next(4) {
+                        0 if !input.is_empty() => {
+                            let i = next(input.len());
+                            input[i] = next(256) as u8;
+                        }
+                        1 if !input.is_empty() => input.truncate(next(input.len())),
+                        2 => {
+                            let other = &seeds[next(seeds.len())];
+                            let from = next(other.len());
+                            let at = next(input.len() + 1);
+                            input.splice(at..at, other[from..].iter().copied());
+                        }
+                        _ => {
+                            let at = next(input.len() + 1);
+                            input.insert(at, b"<|>\n "[next(5)]);
+                        }
+                    }
+                }
+                input.truncate(512);
+                assert!(run(name, &input));
+            }
+        }
+    }
 }
