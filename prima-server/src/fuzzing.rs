@@ -14,6 +14,7 @@
 use std::path::Path;
 use std::sync::OnceLock;
 
+use crate::harmony::{Reply, ReplyFormat, ReplyReader};
 use crate::openai::{parse_request, Api};
 use prima_cluster::manifest::LoadedManifest;
 use prima_cluster::prp::protocol::{
@@ -34,6 +35,7 @@ pub const TARGETS: &[&str] = &[
     "ring_frame",
     "tokenizer",
     "openai_request",
+    "harmony_reply",
 ];
 
 /// Runs target `name` on `data`; false for an unknown name.
@@ -44,6 +46,7 @@ pub fn run(name: &str, data: &[u8]) -> bool {
         "ring_frame" => ring_frame(data),
         "tokenizer" => tokenizer(data),
         "openai_request" => openai_request(data),
+        "harmony_reply" => harmony_reply(data),
         _ => return false,
     }
     true
@@ -139,14 +142,20 @@ pub fn ring_frame(data: &[u8]) {
     }
 }
 
-/// Arbitrary text through both kinds of tokenizer, and arbitrary ids back through the
-/// streaming detokenizer. The first byte picks the tokenizer and the flags; the rest is
-/// the text (lossy UTF-8) and, read as little-endian u16s, the ids.
+/// Arbitrary text through the three kinds of tokenizer (byte-level BPE with SmolLM2's
+/// pre-tokenizer, with gpt-oss's `gpt-4o` one and its harmony markers, SentencePiece), and
+/// arbitrary ids back through the streaming detokenizer. The first byte picks the
+/// tokenizer and the flags; the rest is the text (lossy UTF-8) and, read as little-endian
+/// u16s, the ids.
 pub fn tokenizer(data: &[u8]) {
     let Some((&mode, rest)) = data.split_first() else {
         return;
     };
-    let tok = if mode & 1 == 0 { toy_bpe() } else { toy_spm() };
+    let tok = match (mode & 1, mode & 16) {
+        (0, 0) => toy_bpe(),
+        (0, _) => toy_o200k(),
+        _ => toy_spm(),
+    };
     let (add_bos, parse_special) = (mode & 2 != 0, mode & 4 != 0);
     let text = String::from_utf8_lossy(rest);
     let ids = tok.encode(&text, add_bos, parse_special);
@@ -191,6 +200,43 @@ pub fn openai_request(data: &[u8]) {
     let _ = crate::job::tokenize(toy_bpe(), &parsed.generation.prompt);
 }
 
+/// A chat reply's text (lossy UTF-8 after the first byte) read as gpt-oss's harmony
+/// channels, whole and in pieces (the first byte sets their sizes, in characters): both
+/// must give the same reply, whatever the text.
+pub fn harmony_reply(data: &[u8]) {
+    let Some((&cuts, rest)) = data.split_first() else {
+        return;
+    };
+    let text = String::from_utf8_lossy(rest);
+    let whole = Reply::read(ReplyFormat::Harmony, &text);
+    let mut reader = ReplyReader::new(ReplyFormat::Harmony);
+    let mut streamed = Reply::default();
+    let chars: Vec<(usize, char)> = text.char_indices().collect();
+    let mut at = 0;
+    for (i, size) in [1, 2, 3, 5, 8, 13, 21, 34]
+        .iter()
+        .cycle()
+        .skip(usize::from(cuts % 8))
+        .enumerate()
+    {
+        if at >= chars.len() {
+            break;
+        }
+        let size = if cuts & (1 << (i % 8)) != 0 { 1 } else { *size };
+        let end = chars.get(at + size).map_or(text.len(), |c| c.0);
+        reader
+            .push(&text[chars[at].0..end])
+            .into_iter()
+            .for_each(|d| streamed.add(d));
+        at += size;
+    }
+    reader.finish().into_iter().for_each(|d| streamed.add(d));
+    assert_eq!(
+        streamed, whole,
+        "the reply read in pieces differs from the whole"
+    );
+}
+
 /// Seed inputs for target `name` (empty for an unknown one): valid inputs of each kind
 /// that the fuzzer mutates.
 pub fn seeds(name: &str) -> Vec<Vec<u8>> {
@@ -202,6 +248,8 @@ pub fn seeds(name: &str) -> Vec<Vec<u8>> {
             &b"\x00Hello world! h\xc3\xa9llo <|im_start|>user\n<tool>"[..],
             b"\x05 Hello   world\xe2\x96\x81 \xf0\x9f\x98\x80 123",
             b"\x0c\x03\x00\x01\x00\x45\x01\xff\xff\x80\x00",
+            b"\x10<|start|>assistant<|channel|>final<|message|>Hello's 123456 worlds!<|return|>\r\n",
+            b"\x1c\x07\x01\x0a\x01\x00\x01 I'm \xe4\xb8\xad\xe6\x96\x87 DON'T\t  x",
         ]
         .iter()
         .map(|s| s.to_vec())
@@ -211,6 +259,15 @@ pub fn seeds(name: &str) -> Vec<Vec<u8>> {
             r#"0{"model":"x","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}],"stop":["\n","<|im_end|>"],"seed":7,"top_p":0.9,"top_k":40}"#,
             r#"1{"prompt":"Once upon a time","max_tokens":16,"stop":"\n","n":1,"ignore_eos":true}"#,
             r#"1{"prompt":["a"],"min_p":0.05,"presence_penalty":1.5,"frequency_penalty":-1,"repeat_penalty":1.1}"#,
+        ]
+        .iter()
+        .map(|s| s.as_bytes().to_vec())
+        .collect(),
+        "harmony_reply" => [
+            "\x00<|channel|>analysis<|message|>Think.<|end|><|start|>assistant<|channel|>final<|message|>Answer.",
+            "\x05<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\":\"Paris\"}",
+            "\x2a to=functions.f<|channel|>commentary json<|message|>{}<|end|><|start|>assistant<|channel|>analysis<|message|>é <",
+            "\x7fPlain text, no markers.",
         ]
         .iter()
         .map(|s| s.as_bytes().to_vec())
@@ -509,6 +566,53 @@ fn toy_spm_parts() -> TokenizerParts {
     }
 }
 
+/// A byte-level BPE vocabulary in gpt-oss's style: the `gpt-4o` pre-tokenizer, the 256
+/// byte characters, a few merges and the harmony markers as its GGUF types them (control;
+/// the tokenizer makes the message markers user-defined and `<|return|>` the end).
+fn toy_o200k_parts() -> TokenizerParts {
+    let mut tokens: Vec<String> = (0..=255u8)
+        .map(|b| prima_core::tokenizer::byte_to_char(b).to_string())
+        .collect();
+    let mut token_types = vec![NORMAL; tokens.len()];
+    let merges = [
+        "H e", "l l", "He ll", "Hell o", "Ġ w", "Ġw o", "' s", "1 2", "12 3",
+    ];
+    for m in merges {
+        tokens.push(m.replace(' ', ""));
+        token_types.push(NORMAL);
+    }
+    let specials = [
+        "<|endoftext|>",
+        "<|return|>",
+        "<|constrain|>",
+        "<|channel|>",
+        "<|start|>",
+        "<|end|>",
+        "<|message|>",
+        "<|call|>",
+    ];
+    let first_special = tokens.len() as u32;
+    tokens.extend(specials.iter().map(|s| s.to_string()));
+    token_types.extend([CONTROL; 8]);
+    TokenizerParts {
+        model: "gpt2".into(),
+        pre: Some("gpt-4o".into()),
+        tokens,
+        token_types,
+        merges: merges.iter().map(|s| s.to_string()).collect(),
+        bos: Some(first_special),
+        eos: Some(first_special + 1),
+        chat_template: Some("{{ '<|start|>assistant<|channel|>final<|message|>' }}".into()),
+        ..Default::default()
+    }
+}
+
+fn toy_o200k() -> &'static Tokenizer {
+    static TOKENIZER: OnceLock<Tokenizer> = OnceLock::new();
+    TOKENIZER
+        .get_or_init(|| Tokenizer::from_parts(toy_o200k_parts()).expect("toy o200k vocabulary"))
+}
+
 fn toy_bpe() -> &'static Tokenizer {
     static TOKENIZER: OnceLock<Tokenizer> = OnceLock::new();
     TOKENIZER.get_or_init(|| Tokenizer::from_parts(toy_bpe_parts()).expect("toy BPE vocabulary"))
@@ -537,5 +641,45 @@ mod tests {
         let g = GgufFile::from_bytes("t.gguf", &tokenizer_gguf_bytes()).unwrap();
         Tokenizer::from_gguf(&g).unwrap();
         let _ = tiny_model();
+    }
+
+    /// A fixed stream of mutated seeds (bytes flipped, cut, spliced) through the text
+    /// targets: a quick stand-in for the fuzzer in the normal test suite.
+    #[test]
+    fn mutated_seeds_survive_the_text_targets() {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move |n: usize| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % n as u64) as usize
+        };
+        for name in ["tokenizer", "harmony_reply"] {
+            let seeds = seeds(name);
+            for _ in 0..2000 {
+                let mut input = seeds[next(seeds.len())].clone();
+                for _ in 0..1 + next(4) {
+                    match next(4) {
+                        0 if !input.is_empty() => {
+                            let i = next(input.len());
+                            input[i] = next(256) as u8;
+                        }
+                        1 if !input.is_empty() => input.truncate(next(input.len())),
+                        2 => {
+                            let other = &seeds[next(seeds.len())];
+                            let from = next(other.len());
+                            let at = next(input.len() + 1);
+                            input.splice(at..at, other[from..].iter().copied());
+                        }
+                        _ => {
+                            let at = next(input.len() + 1);
+                            input.insert(at, b"<|>\n "[next(5)]);
+                        }
+                    }
+                }
+                input.truncate(512);
+                assert!(run(name, &input));
+            }
+        }
     }
 }

@@ -17,9 +17,13 @@
 //! [`serve_blocking`] wires both together for a front end that just wants "serve this
 //! `Forward` until Ctrl-C" (`prima serve`, `prima apply`).
 //!
-//! Not here: tool calls, logprobs, embeddings.
+//! A gpt-oss model's replies (harmony channels, `harmony.rs`) are split into
+//! `reasoning_content`, `content` and `tool_calls`.
+//!
+//! Not here: tools in the prompt (a request's `tools`), logprobs, embeddings.
 
 pub mod fuzzing;
+mod harmony;
 mod http;
 mod job;
 pub mod metrics;
@@ -38,6 +42,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use harmony::ReplyFormat;
 pub use http::{serve, ServerState};
 pub use job::{Completion, Event, FinishReason, GenerationRequest, Prompt, Usage, WorkerError};
 pub use one_slot::{OneSlot, OneSlotError};
@@ -99,7 +104,8 @@ pub fn serve_blocking_batch<B: BatchForward>(
     options: SchedulerOptions,
     after_job: impl FnMut(&mut B),
 ) -> std::io::Result<()> {
-    serve_jobs(model_name, listener, shutdown, |jobs| {
+    let format = ReplyFormat::of(tokenizer);
+    serve_jobs(model_name, format, listener, shutdown, |jobs| {
         run_scheduler(model, tokenizer, jobs, options, after_job)
     })
 }
@@ -116,7 +122,8 @@ pub fn serve_blocking_speculative<T: BatchRowLogits, D: BatchForward>(
     options: SchedulerOptions,
     after_job: impl FnMut(&mut T),
 ) -> std::io::Result<()> {
-    serve_jobs(model_name, listener, shutdown, |jobs| {
+    let format = ReplyFormat::of(tokenizer);
+    serve_jobs(model_name, format, listener, shutdown, |jobs| {
         run_speculative_scheduler(model, tokenizer, jobs, options, after_job)
     })
 }
@@ -125,13 +132,14 @@ pub fn serve_blocking_speculative<T: BatchRowLogits, D: BatchForward>(
 /// loop over the queue's jobs) on the calling thread, until `shutdown` completes.
 fn serve_jobs(
     model_name: &str,
+    reply_format: ReplyFormat,
     listener: std::net::TcpListener,
     shutdown: Option<Shutdown>,
     work: impl FnOnce(JobReceiver),
 ) -> std::io::Result<()> {
     let metrics = metrics::install();
     let (queue, jobs) = job_queue();
-    let state = ServerState::new(model_name, queue, metrics);
+    let state = ServerState::new(model_name, queue, metrics).with_reply_format(reply_format);
     listener.set_nonblocking(true)?;
     std::thread::scope(|scope| {
         let http = scope.spawn(move || -> std::io::Result<()> {

@@ -4,7 +4,8 @@
 
 use serde_json::{json, Map, Value};
 
-use crate::job::{Completion, GenerationRequest, Prompt, Usage};
+use crate::harmony::{Delta, Reply, ToolCall};
+use crate::job::{Completion, FinishReason, GenerationRequest, Prompt, Usage};
 use prima_core::chat::ChatMessage;
 use prima_core::sampler::SamplerConfig;
 
@@ -321,19 +322,33 @@ impl ResponseHeader<'_> {
     }
 
     /// The whole answer of a non-streaming request.
-    pub(crate) fn complete(&self, text: &str, c: &Completion) -> Value {
+    pub(crate) fn complete(&self, reply: &Reply, c: &Completion) -> Value {
+        let finish_reason = finish_reason(c, !reply.tool_calls.is_empty());
         let choice = match self.api {
-            Api::Chat => json!({
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": null,
-                "finish_reason": c.finish_reason.as_str(),
-            }),
+            Api::Chat => {
+                let mut message = json!({"role": "assistant", "content": reply.content});
+                if !reply.reasoning.is_empty() {
+                    message["reasoning_content"] = reply.reasoning.as_str().into();
+                }
+                if !reply.tool_calls.is_empty() {
+                    if reply.content.is_empty() {
+                        message["content"] = Value::Null;
+                    }
+                    message["tool_calls"] =
+                        reply.tool_calls.iter().map(|t| self.tool_call(t)).collect();
+                }
+                json!({
+                    "index": 0,
+                    "message": message,
+                    "logprobs": null,
+                    "finish_reason": finish_reason,
+                })
+            }
             Api::Text => json!({
                 "index": 0,
-                "text": text,
+                "text": reply.content,
                 "logprobs": null,
-                "finish_reason": c.finish_reason.as_str(),
+                "finish_reason": finish_reason,
             }),
         };
         json!({
@@ -347,39 +362,59 @@ impl ResponseHeader<'_> {
         })
     }
 
-    /// A streamed chunk: `text` (with the assistant role on the first chat chunk), or the
-    /// end with `finish`.
+    /// A streamed chunk: one `delta` (with the assistant role on the first chat chunk), or
+    /// the end with `finish` (and whether the reply made tool calls).
     pub(crate) fn chunk(
         &self,
-        text: Option<&str>,
+        delta: Option<&Delta>,
         first: bool,
-        finish: Option<&Completion>,
+        finish: Option<(&Completion, bool)>,
     ) -> Value {
-        let finish_reason = finish.map(|c| c.finish_reason.as_str());
+        let finish_reason = finish.map(|(c, tool_calls)| finish_reason(c, tool_calls));
         let choice = match self.api {
             Api::Chat => {
-                let mut delta = Map::new();
+                let mut fields = Map::new();
                 if first {
-                    delta.insert("role".into(), "assistant".into());
+                    fields.insert("role".into(), "assistant".into());
                 }
-                if let Some(t) = text {
-                    delta.insert("content".into(), t.into());
+                match delta {
+                    Some(Delta::Content(t)) => {
+                        fields.insert("content".into(), t.as_str().into());
+                    }
+                    Some(Delta::Reasoning(t)) => {
+                        fields.insert("reasoning_content".into(), t.as_str().into());
+                    }
+                    Some(Delta::ToolCall(t)) => {
+                        let mut call = self.tool_call(t);
+                        call["index"] = t.index.into();
+                        fields.insert("tool_calls".into(), json!([call]));
+                    }
+                    None => {}
                 }
-                json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish_reason})
+                json!({"index": 0, "delta": fields, "logprobs": null, "finish_reason": finish_reason})
             }
             Api::Text => json!({
                 "index": 0,
-                "text": text.unwrap_or(""),
+                "text": match delta { Some(Delta::Content(t)) => t.as_str(), _ => "" },
                 "logprobs": null,
                 "finish_reason": finish_reason,
             }),
         };
         let mut chunk = self.chunk_shell();
         chunk["choices"] = json!([choice]);
-        if let Some(c) = finish {
+        if let Some((c, _)) = finish {
             chunk["timings"] = timings(c);
         }
         chunk
+    }
+
+    /// OpenAI's form of a tool call; its id names the response and the call's place.
+    fn tool_call(&self, t: &ToolCall) -> Value {
+        json!({
+            "id": format!("call_{}_{}", self.id, t.index),
+            "type": "function",
+            "function": {"name": t.name, "arguments": t.arguments},
+        })
     }
 
     /// The chunk with the usage and no choices (`stream_options.include_usage`).
@@ -397,6 +432,14 @@ impl ResponseHeader<'_> {
             "created": self.created,
             "model": self.model,
         })
+    }
+}
+
+/// A turn that ended by calling functions (`<|call|>`) finishes with "tool_calls".
+fn finish_reason(c: &Completion, tool_calls: bool) -> &'static str {
+    match c.finish_reason {
+        FinishReason::Stop if tool_calls => "tool_calls",
+        reason => reason.as_str(),
     }
 }
 

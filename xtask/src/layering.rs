@@ -57,7 +57,7 @@ const MODULE_LAYERS: &[(&str, &[&[&str]])] = &[
     (
         "prima-server/src",
         &[
-            &["job", "stop", "one_slot"],
+            &["job", "stop", "one_slot", "harmony"],
             &["metrics", "openai"],
             &["queue"],
             &["slot"],
