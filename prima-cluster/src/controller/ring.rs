@@ -135,26 +135,13 @@ pub fn connect<'m>(
     gpus: &RingGpus<'m>,
     options: &RingOptions,
 ) -> Result<RingHead<'m>, ControllerError> {
-    Ok(connect_layout(
-        model, backend, transport, layout, gpus, options,
-    )?)
-}
-
-fn connect_layout<'m>(
-    model: &'m Model,
-    backend: &'m BackendBox,
-    transport: &TransportBox,
-    layout: &RingLayout,
-    gpus: &RingGpus<'m>,
-    options: &RingOptions,
-) -> Result<RingHead<'m>, RingError> {
     let nodes: Vec<String> = layout
         .devices
         .iter()
         .skip(1)
         .map(|d| d.addr.clone())
         .collect();
-    RingHead::connect_with_gpus(
+    Ok(RingHead::connect_with_gpus(
         model,
         backend,
         transport,
@@ -162,7 +149,7 @@ fn connect_layout<'m>(
         &layout.windows,
         gpus,
         options,
-    )
+    )?)
 }
 
 /// Connects the ring of `plan` from the head and wraps it so that a lost device is
@@ -186,8 +173,11 @@ pub fn launch<'m>(
         head: head_gpu,
         n: plan.ring().map(|d| d.n).collect(),
     };
-    let head = connect_layout(model, backend, transport, &layout, &gpus, options)
-        .map_err(|e| name_devices(e, plan))?;
+    let head =
+        connect(model, backend, transport, &layout, &gpus, options).map_err(|e| match e {
+            ControllerError::Ring(e) => name_devices(e, plan),
+            other => other,
+        })?;
     Ok(Some(ResilientRing::new(
         head,
         model,

@@ -48,6 +48,9 @@ pub struct Setup {
     pub json: bool,
 }
 
+/// Where a device's local node listens, by its name.
+type AddrOf = Box<dyn Fn(&str) -> Option<String>>;
+
 /// A planned cluster, ready to launch: everything the ring borrows lives here.
 pub struct Cluster {
     pub manifest: LoadedManifest,
@@ -60,7 +63,7 @@ pub struct Cluster {
     /// Set by Ctrl-C or SIGTERM: the prompt or the server ends, and the nodes stop.
     pub interrupted: Arc<AtomicBool>,
     /// Where the local nodes listen, by device name (for re-plans after a loss).
-    addr_of: Box<dyn Fn(&str) -> Option<String>>,
+    addr_of: AddrOf,
     /// Stopped (or, with `--keep-nodes`, recorded) when the cluster is dropped.
     _nodes: LocalNodes,
 }
