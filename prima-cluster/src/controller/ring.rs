@@ -215,3 +215,74 @@ pub fn name_devices(e: RingError, plan: &Plan) -> ControllerError {
         other => ControllerError::Ring(other),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_manifests_policy_and_a_given_ring_make_the_same_kind_of_options() {
+        let text = r#"
+[model]
+path = "m.gguf"
+
+[[device]]
+name = "desktop"
+head = true
+address = "10.0.0.1:9000"
+mem_budget = "2G"
+
+[[device]]
+name = "laptop"
+address = "10.0.0.2:9000"
+
+[policy]
+batch = 64
+prefetch = false
+release = "none"
+
+[server]
+parallel = 3
+"#;
+        let manifest = LoadedManifest::parse(text, std::path::Path::new("cluster.toml")).unwrap();
+        let policy = RingPolicy::of_manifest(&manifest, 0);
+        let layout = given_layout(
+            &["10.0.0.2:9000".to_string()],
+            &[10, 20],
+            vec![NextRoute::Addr("10.0.0.1:7000".to_string())],
+        );
+        let settings = LaunchSettings {
+            n_ctx: 512,
+            micro_batches: Some(2),
+            head_reserved: 7,
+            security: LinkSecurity::Insecure,
+        };
+        let options = ring_options(&policy, &layout, settings);
+        assert_eq!(
+            (options.n_ctx, options.n_batch, options.n_slots),
+            (512, 64, 3)
+        );
+        assert!(!options.prefetch);
+        assert_eq!(options.release, ReleasePolicy::None);
+        assert_eq!(options.mem_budget, MemBudget::Bytes(2 << 30));
+        assert_eq!(options.listen, "10.0.0.1:9000");
+        assert_eq!(options.next_routes, layout.next_routes);
+        assert_eq!((options.micro_batches, options.head_reserved), (Some(2), 7));
+        let names: Vec<&str> = layout.devices.iter().map(|d| d.name.as_str()).collect();
+        assert_eq!(names, ["head", "10.0.0.2:9000"]);
+
+        // No listen address given: every address, a free port, as by default.
+        let policy = RingPolicy {
+            listen: None,
+            ..policy
+        };
+        let settings = LaunchSettings {
+            n_ctx: 512,
+            micro_batches: None,
+            head_reserved: 0,
+            security: LinkSecurity::Insecure,
+        };
+        let options = ring_options(&policy, &layout, settings);
+        assert_eq!(options.listen, RingOptions::default().listen);
+    }
+}
