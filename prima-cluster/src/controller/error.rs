@@ -30,12 +30,21 @@ pub enum ControllerError {
         #[source]
         source: ProfileError,
     },
-    /// A node could not be reached or asked, or gave an answer that is no profile.
-    #[error("device '{device}' ({addr}): {reason}")]
-    Device {
+    /// A node could not be reached, or asked for its profile.
+    #[error("device '{device}' ({addr}): {source}")]
+    Unreachable {
         device: String,
         addr: String,
-        reason: String,
+        #[source]
+        source: Box<RingError>,
+    },
+    /// A node's answer is no profile.
+    #[error("device '{device}' ({addr}): unreadable profile: {source}")]
+    BadProfile {
+        device: String,
+        addr: String,
+        #[source]
+        source: serde_json::Error,
     },
     /// A node to be profiled that has no address (none given, none started, none found).
     #[error("device '{device}': no address")]

@@ -229,15 +229,21 @@ fn collect_profiles(
                 .ok_or_else(|| ControllerError::NoAddress {
                     device: d.name.clone(),
                 })?;
-            let device = |reason: String| ControllerError::Device {
-                device: d.name.clone(),
-                addr: addr.clone(),
-                reason,
-            };
-            let value = request_profile(transport, &addr, 120_000, inputs.security)
-                .map_err(|e| device(e.to_string()))?;
-            serde_json::from_value::<DeviceProfile>(value)
-                .map_err(|e| device(format!("unreadable profile: {e}")))?
+            let value =
+                request_profile(transport, &addr, 120_000, inputs.security).map_err(|source| {
+                    ControllerError::Unreachable {
+                        device: d.name.clone(),
+                        addr: addr.clone(),
+                        source: Box::new(source),
+                    }
+                })?;
+            serde_json::from_value::<DeviceProfile>(value).map_err(|source| {
+                ControllerError::BadProfile {
+                    device: d.name.clone(),
+                    addr: addr.clone(),
+                    source,
+                }
+            })?
         };
         let mut profile = profile;
         profile.name = d.name.clone();
