@@ -35,6 +35,7 @@ fn small_model(n_layers: u32) -> ModelProfile {
         c_cpu: 20.0 * MIB,
         c_gpu: 10.0 * MIB,
         total_bytes: layer_bytes * n_layers as f64 + 86.0 * MIB,
+        moe: None,
     }
 }
 

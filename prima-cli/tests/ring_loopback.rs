@@ -182,6 +182,64 @@ fn three_devices_compute_exactly_what_one_does() {
     }
 }
 
+/// The same on mixtures of experts (qwen3moe: router, top-k, per-expert batches): a ring
+/// of three on loopback gives exactly one device's tokens and logits, Q8_0 and Q4_K_M,
+/// for windows that cut the layers every way, relays included.
+#[test]
+fn three_devices_compute_exactly_what_one_does_on_a_mixture_of_experts() {
+    let cases: [(&str, &[[usize; 3]]); 2] = [
+        (
+            "tiny-qwen3moe-8x2-q8_0.gguf",
+            &[[2, 1, 1], [1, 1, 1], [0, 2, 2], [1, 2, 1], [2, 2, 2]],
+        ),
+        (
+            "tiny-qwen3moe-16x4-q4_k_m.gguf",
+            &[[1, 1, 0], [0, 1, 1], [1, 0, 1], [1, 1, 1]],
+        ),
+    ];
+    let backend = cpu_backend(1);
+    let be = &backend.backend;
+    let transport = common::tcp_transport();
+    const GENERATE: usize = 6;
+    for (file, plans) in cases {
+        let Some(path) = model_or_skip(derived_models().join(file)) else {
+            continue;
+        };
+        let model = Model::load(&path).unwrap();
+        assert!(model.experts().is_some(), "{file} is a mixture of experts");
+        let nodes = [NodeProcess::start(&path), NodeProcess::start(&path)];
+        let addrs: Vec<String> = nodes.iter().map(|n| n.addr.clone()).collect();
+        for prompt in prompts(&model) {
+            let mut single = Session::new(&model, be, 256, 64).unwrap();
+            let (want_tokens, want_logits) = greedy(&mut single, &prompt, GENERATE);
+            for windows in plans {
+                let mut head = RingHead::connect(
+                    &model,
+                    be,
+                    &transport.transport,
+                    &addrs,
+                    windows,
+                    &options(),
+                )
+                .unwrap_or_else(|e| panic!("{file}, windows {windows:?}: {e}"));
+                let (tokens, logits) = greedy(&mut head, &prompt, GENERATE);
+                assert_eq!(
+                    tokens,
+                    want_tokens,
+                    "{file}, windows {windows:?}, prompt of {} tokens",
+                    prompt.len()
+                );
+                assert!(
+                    logits == want_logits,
+                    "{file}, windows {windows:?}, prompt of {}: logits differ from one device's",
+                    prompt.len()
+                );
+                head.shutdown(false);
+            }
+        }
+    }
+}
+
 #[test]
 fn idle_nodes_sleep() {
     let Some(path) = smollm2() else { return };

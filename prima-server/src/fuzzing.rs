@@ -258,6 +258,7 @@ fn ring_seeds() -> Vec<Vec<u8>> {
         major_faults: 0,
         disk_read_bytes: 0,
         mem_available: 1 << 30,
+        ..PassStats::default()
     };
     let controls = [
         Control::Hello {

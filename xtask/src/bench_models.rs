@@ -15,8 +15,13 @@
 //! - A mixture of experts (`bench-qwen3moe-q4_k_m`, ≈ 0.3 GB): Qwen3-30B-A3B's layout
 //!   scaled down (32 experts of width 512, 4 per token, 8 layers of width 1024, a 32k
 //!   vocabulary), random F16 from [`crate::random_moe`], then llama-quantize to Q4_K_M.
+//! - The home lab's mixture of experts (`bench-qwen3moe-11b-a1b-q4_k_m`, ≈ 6.5 GB, 1.5× the
+//!   d1–d4 bed's memory): 34 layers of width 2048, 64 experts of width 768, 4 per token
+//!   (≈ 1.1 B of 10.8 B parameters active), skewed routing; random Q4_K / Q6_K blocks
+//!   written directly by [`random_qwen3moe`], as the 3B and 8B are.
 
 pub(crate) mod random_llama;
+pub(crate) mod random_qwen3moe;
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -32,6 +37,7 @@ use crate::llama_cpp::LlamaCpp;
 use crate::random_moe::{self, MoeShape};
 use crate::shell;
 use random_llama::LlamaShape;
+use random_qwen3moe::Qwen3MoeShape;
 
 /// Tag and file of the benchmark model (`cargo xtask bench --model bench-llama-1b-q4_k_m`).
 pub const BENCH_1B: &str = "bench-llama-1b-q4_k_m";
@@ -58,6 +64,24 @@ const SHAPE_MOE: MoeShape = MoeShape {
     n_vocab: 32_000,
     seed: 3004,
     ftype: GgmlType::F16,
+};
+
+/// Qwen3-MoE-shaped, Q4_K_M, ≈ 6.5 GB: about 1.5× the d1–d4 home-lab bed's memory, with
+/// about a tenth of its parameters active per token.
+pub const BENCH_MOE_11B: &str = "bench-qwen3moe-11b-a1b-q4_k_m";
+
+const SHAPE_MOE_11B: Qwen3MoeShape = Qwen3MoeShape {
+    name: "bench-qwen3moe-11b-a1b",
+    n_layer: 34,
+    n_embd: 2048,
+    n_head: 16,
+    n_head_kv: 4,
+    head_dim: 128,
+    n_expert: 64,
+    n_expert_used: 4,
+    n_ff_exp: 768,
+    n_vocab: 32_000,
+    seed: 3036,
 };
 
 /// Seed of the 3B and 8B generators (the 1B's is in its script).
@@ -102,6 +126,9 @@ pub enum Size {
     /// bench-qwen3moe-q4_k_m (needs llama.cpp built).
     #[value(name = "moe")]
     Moe,
+    /// bench-qwen3moe-11b-a1b-q4_k_m (6.5 GB; the home lab's MoE).
+    #[value(name = "moe-11b")]
+    Moe11b,
 }
 
 #[derive(clap::Args, Debug)]
@@ -119,9 +146,9 @@ pub fn path_q8(layout: &Layout) -> PathBuf {
     layout.derived_models.join(format!("{BENCH_1B_Q8}.gguf"))
 }
 
-/// `cargo xtask bench-models [--only 1b,3b,8b]`.
+/// `cargo xtask bench-models [--only 1b,3b,8b,moe,moe-11b]`.
 pub fn make(layout: &Layout, args: &BenchModelsArgs) -> Result<()> {
-    let all = [Size::B1, Size::B3, Size::B8, Size::Moe];
+    let all = [Size::B1, Size::B3, Size::B8, Size::Moe, Size::Moe11b];
     let sizes = if args.only.is_empty() {
         &all[..]
     } else {
@@ -141,6 +168,9 @@ pub fn make(layout: &Layout, args: &BenchModelsArgs) -> Result<()> {
             Size::Moe => {
                 ensure_moe(layout)?;
             }
+            Size::Moe11b => {
+                ensure_moe_direct(layout, BENCH_MOE_11B, &SHAPE_MOE_11B)?;
+            }
         }
     }
     Ok(())
@@ -155,6 +185,7 @@ pub fn by_tag(layout: &Layout, tag: &str) -> Option<Result<PathBuf>> {
         BENCH_3B => Some(ensure_random(layout, BENCH_3B, &SHAPE_3B)),
         BENCH_8B => Some(ensure_random(layout, BENCH_8B, &SHAPE_8B)),
         BENCH_MOE => Some(ensure_moe(layout)),
+        BENCH_MOE_11B => Some(ensure_moe_direct(layout, BENCH_MOE_11B, &SHAPE_MOE_11B)),
         _ => None,
     }
 }
@@ -221,6 +252,37 @@ fn ensure_random(layout: &Layout, tag: &str, shape: &LlamaShape) -> Result<PathB
     let tmp = out.with_extension("gguf.tmp");
     let started = Instant::now();
     let size = random_llama::write(shape, SEED, &tmp)
+        .with_context(|| format!("generating {}", out.display()))?;
+    fs::rename(&tmp, &out)?;
+    fs::write(&recipe_path, recipe)
+        .with_context(|| format!("writing {}", recipe_path.display()))?;
+    println!(
+        "made      {} ({:.2} GB in {:.0?})",
+        out.display(),
+        size as f64 / 1e9,
+        started.elapsed()
+    );
+    Ok(out)
+}
+
+/// Makes `<tag>.gguf` with [`random_qwen3moe`] unless it exists with the current recipe.
+fn ensure_moe_direct(layout: &Layout, tag: &str, shape: &Qwen3MoeShape) -> Result<PathBuf> {
+    let out = layout.derived_models.join(format!("{tag}.gguf"));
+    let recipe = format!(
+        "xtask/src/bench_models/random_qwen3moe.rs sha256={} shape={shape:?}\n",
+        digest::hash_reader(random_qwen3moe::SOURCE.as_bytes())?,
+    );
+    let recipe_path = recipe_path(&out);
+    if out.exists() && fs::read_to_string(&recipe_path).is_ok_and(|r| r == recipe) {
+        println!("ok        {}", out.display());
+        return Ok(out);
+    }
+    fs::create_dir_all(&layout.derived_models)
+        .with_context(|| format!("cannot create {}", layout.derived_models.display()))?;
+    let _ = fs::remove_file(&recipe_path);
+    let tmp = out.with_extension("gguf.tmp");
+    let started = Instant::now();
+    let size = random_qwen3moe::write(shape, &tmp)
         .with_context(|| format!("generating {}", out.display()))?;
     fs::rename(&tmp, &out)?;
     fs::write(&recipe_path, recipe)

@@ -21,6 +21,7 @@ mod homelab;
 mod layering;
 mod layout;
 mod llama_cpp;
+mod o200k_vocab;
 mod random_gguf;
 mod random_moe;
 mod reference;
@@ -67,6 +68,14 @@ enum Task {
     },
     /// Make every model the test suite needs (fetched, requantized, tiny).
     TestModels,
+    /// Write gpt-oss's vocabulary (o200k_harmony, from the js-tiktoken npm package) and
+    /// chat template as a vocabulary-only GGUF in the derived-model directory (also done
+    /// by test-models).
+    O200kVocab {
+        /// Also regenerate its tokenizer and chat fixtures (as `reference` does).
+        #[arg(long)]
+        fixtures: bool,
+    },
     /// test-models, then `cargo build --release` and `cargo test --release` on the workspace;
     /// the home-lab smoke bed and the aarch64 kernels where this machine can, else skipped.
     Test,
@@ -136,6 +145,14 @@ fn run(cli: Cli) -> Result<u8> {
             only,
         } => reference::run(&layout, fixtures_only, only.as_deref())?,
         Task::TestModels => test_models::run(&layout)?,
+        Task::O200kVocab { fixtures } => {
+            o200k_vocab::ensure(&layout)?;
+            if fixtures {
+                let llama = llama_cpp::LlamaCpp::new(&layout);
+                llama.require_built()?;
+                o200k_vocab::fixtures(&layout, &llama)?;
+            }
+        }
         Task::Bench(args) => bench::run(&layout, &args)?,
         Task::BenchServe(args) => bench_serve::run(&layout, &args)?,
         Task::RingBench(args) => ring_bench::run(&layout, &args)?,

@@ -5,7 +5,8 @@
 //!   and greedy continuations recorded by `xtask/reference/dump_logits.c`
 //!   (schema in [`write_fixture`]).
 //! - `tests/fixtures/tokenizer/smollm2.json`, through that directory's own
-//!   `make_fixtures.py`, when it exists.
+//!   `make_fixtures.py`, when it exists; gpt-oss's tokenizer and chat fixtures
+//!   ([`crate::o200k_vocab::fixtures`]).
 //!
 //! `--only TEXT` limits the run to generation fixtures whose model tag
 //! contains TEXT (and skips the tokenizer fixture).
@@ -77,7 +78,8 @@ pub fn run(layout: &Layout, fixtures_only: bool, only: Option<&str>) -> Result<(
     if only.is_some() {
         return Ok(());
     }
-    tokenizer_fixture(layout, &llama)
+    tokenizer_fixture(layout, &llama)?;
+    crate::o200k_vocab::fixtures(layout, &llama)
 }
 
 fn fixture(

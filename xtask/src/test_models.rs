@@ -30,6 +30,7 @@ pub fn run(layout: &Layout) -> Result<()> {
     llama.ensure_built()?;
     fs::create_dir_all(&layout.derived_models)?;
     make_tiny_models(layout, &llama)?;
+    crate::o200k_vocab::ensure(layout)?;
     for spec in MODELS {
         match spec.origin {
             Origin::Requantized { .. } => requantize(layout, &llama, spec)?,

@@ -44,6 +44,10 @@ pub struct PlanArgs {
     /// Plan this many times and report the median solve time.
     #[arg(long, default_value_t = 1, value_name = "N")]
     pub repeat: u32,
+    /// A mixture of experts' routing profile, JSON: per layer, one use count or share per
+    /// expert (`[[…], …]` or `{"expert_use": [[…], …]}`). Default: uniform use.
+    #[arg(long, value_name = "FILE.json")]
+    pub expert_use: Option<PathBuf>,
 }
 
 #[derive(Serialize)]
@@ -68,8 +72,15 @@ struct JsonPlan<'a> {
 }
 
 pub fn run(args: PlanArgs) -> anyhow::Result<()> {
-    let model = ModelProfile::open(&args.model)
+    let mut model = ModelProfile::open(&args.model)
         .with_context(|| format!("profiling the model {}", args.model.display()))?;
+    if let Some(path) = &args.expert_use {
+        let json =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        model = model
+            .with_routing_json(&json)
+            .with_context(|| format!("{}", path.display()))?;
+    }
     let mut profiles = DeviceProfiles::load(&args.devices)?;
     if !args.only.is_empty() {
         if let Some(missing) = args

@@ -58,6 +58,14 @@ pub struct RingArgs {
     /// How a release is asked of the kernel.
     #[arg(long, value_enum, default_value = "pageout")]
     release_method: ReleaseMethodArg,
+    /// A mixture of experts that does not fit keeps its most used experts resident and
+    /// streams the others per use (on), or streams whole layers (off).
+    #[arg(long, value_enum, default_value = "on")]
+    expert_residency: OnOff,
+    /// With expert residency, guess each next layer's experts (its router on this
+    /// layer's rows) and read the streamed ones ahead; prints how often the guess was right.
+    #[arg(long, value_enum, default_value = "off")]
+    expert_predict: OnOff,
     /// Activation format between devices (f16 halves the bytes but rounds).
     #[arg(long, value_enum, default_value = "f32")]
     wire: WireArg,
@@ -90,6 +98,8 @@ impl RingArgs {
             prefetch: matches!(self.prefetch, OnOff::On),
             release: self.release_policy(),
             method: self.release_method(),
+            experts: matches!(self.expert_residency, OnOff::On),
+            expert_predict: matches!(self.expert_predict, OnOff::On),
         }
     }
 
@@ -452,6 +462,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         if let Some(d) = &draft_stats {
             print_draft_summary(d, &stats);
         }
+        if let Some(e) = session.expert_stats() {
+            eprintln!("{}", e.describe());
+        }
         return Ok(());
     }
 
@@ -635,7 +648,7 @@ pub(super) fn print_draft_summary(draft: &DraftStats, stats: &GenerationStats) {
 /// Per device, the mean per generated token (one-token batches, all rounds summed).
 pub(super) fn print_device_table(devices: &[DeviceStats]) {
     eprintln!(
-        "{:<8} {:<22} {:>8} {:>11} {:>9} {:>9} {:>12} {:>12} {:>10}",
+        "{:<8} {:<22} {:>8} {:>11} {:>9} {:>9} {:>12} {:>12} {:>10} {:>11}",
         "device",
         "address",
         "tokens",
@@ -644,7 +657,8 @@ pub(super) fn print_device_table(devices: &[DeviceStats]) {
         "wait ms",
         "major flt",
         "disk MB",
-        "mem press"
+        "mem press",
+        "expert hit"
     );
     for d in devices {
         let mut per_token: std::collections::BTreeMap<u64, [f64; 5]> = Default::default();
@@ -657,6 +671,16 @@ pub(super) fn print_device_table(devices: &[DeviceStats]) {
             t[4] += p.disk_read_bytes as f64 / 1e6;
         }
         let n = per_token.len().max(1) as f64;
+        // The resident-expert cache, over every pass (prompt and generation).
+        let (hits, misses) = d
+            .passes
+            .iter()
+            .fold((0, 0), |(h, m), p| (h + p.expert_hits, m + p.expert_misses));
+        let expert_hit = if hits + misses == 0 {
+            "-".to_string()
+        } else {
+            format!("{:.1}%", 100.0 * hits as f64 / (hits + misses) as f64)
+        };
         let mut sum = [0.0; 5];
         for t in per_token.values() {
             for i in 0..5 {
@@ -664,7 +688,7 @@ pub(super) fn print_device_table(devices: &[DeviceStats]) {
             }
         }
         eprintln!(
-            "{:<8} {:<22} {:>8} {:>11.3} {:>9.3} {:>9.3} {:>12.1} {:>12.2} {:>9.1}%",
+            "{:<8} {:<22} {:>8} {:>11.3} {:>9.3} {:>9.3} {:>12.1} {:>12.2} {:>9.1}% {:>11}",
             d.device,
             d.addr,
             per_token.len(),
@@ -673,7 +697,8 @@ pub(super) fn print_device_table(devices: &[DeviceStats]) {
             sum[2] / n,
             sum[3] / n,
             sum[4] / n,
-            d.peak_memory_pressure * 100.0
+            d.peak_memory_pressure * 100.0,
+            expert_hit
         );
     }
 }

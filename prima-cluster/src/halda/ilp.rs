@@ -193,8 +193,8 @@ pub fn build_exact(lda: &Lda, k: u32, time_limit_s: f64) -> MilpProblem {
         let f = d.behaviour.ram_form(&d.mem);
         if d.behaviour.overload_set() != LdaSet::M2 {
             // r ≥ (k·b'·(f_w·w + f_n·n) + b_cio + extra − budget)/s
-            let scale = kf * lda.b_prime / d.s_disk;
-            let constant = (d.mem.b_cio() + f.extra - d.budget) / d.s_disk;
+            let scale = kf * lda.b_prime / d.s_reload;
+            let constant = (d.mem.b_cio() + f.extra - d.budget) / d.s_reload;
             let mut terms = vec![(r, 1.0), (cc, -form.0 * scale)];
             if form.1 != 0.0 {
                 terms.push((nc, -form.1 * scale));
@@ -211,7 +211,7 @@ pub fn build_exact(lda: &Lda, k: u32, time_limit_s: f64) -> MilpProblem {
                 terms.push((nc, form.1));
             }
             p.add_row(f64::NEG_INFINITY, upper, &terms); // w ≤ ⌊W·z_m⌋ + U·z
-            let per_layer = kf * d.mem.b / d.s_disk;
+            let per_layer = kf * d.mem.b / d.s_reload;
             let io = d.mem.io / d.s_disk;
             let y = per_layer * big_w + io;
             // r − per_layer·(c + n) − Y·z ≥ io − Y

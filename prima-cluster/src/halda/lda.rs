@@ -5,7 +5,7 @@
 
 use serde::Serialize;
 
-use super::model_profile::ModelProfile;
+use super::model_profile::{ModelProfile, MoeProfile};
 use super::os::{LdaSet, MemoryBehaviour, MemoryModels, MemoryTerms, NoMemoryModel};
 use crate::profile::{DeviceProfile, GpuKind, QuantClass, GB, GIB};
 
@@ -72,6 +72,11 @@ pub struct DeviceTerms {
     pub xi: f64,
     /// s_m^{disk} as this platform's reloads see it.
     pub s_disk: f64,
+    /// What the linear cost terms (the ILPs' a_m, κ, and reload rows) divide a byte of
+    /// overload by: s_m^{disk} for a dense model, where every byte left out of memory is
+    /// read each token; s_m^{disk}·n/k for a mixture of experts, where the bytes left out
+    /// are experts and a token reads k/n of them on average ([`MoeProfile::read_fraction`]).
+    pub s_reload: f64,
     /// The memory budget before weights are evicted (d^{avail}, d^{avail}_{metal}, …).
     pub budget: f64,
     pub slow_disk: bool,
@@ -97,6 +102,8 @@ pub struct Lda {
     pub b_prime: f64,
     /// Σ t^{comm} of pruned devices kept as relays: paid once per window round.
     pub relay_hop_s: f64,
+    /// A mixture of experts' layout and routing (`None`: a dense model).
+    pub moe: Option<MoeProfile>,
 }
 
 /// Predicted time of one token on one device, split as the paper splits it.
@@ -170,6 +177,10 @@ impl Lda {
         let b = model.layer_bytes;
         let slots = opts.n_slots.max(1) as f64;
         let b_prime = model.layer_bytes_with_kv(n_kv * slots);
+        // What a token reads of a layer: b' for a dense model, the shared part and k
+        // experts (and the cache) for a mixture of experts.
+        let read_prime = model.layer_read_bytes_with_kv(n_kv * slots);
+        let read_fraction = model.moe.as_ref().map(MoeProfile::read_fraction);
         let f = model.layer_flops(n_kv);
         let hidden_bytes = 4.0 * model.n_embd as f64;
         // t^{kv_cpy}: each slot's new token is written to its cache every step.
@@ -196,12 +207,12 @@ impl Lda {
                 };
                 let cpu_layer_s = time(&d.cpu_gflops, &f);
                 let t_kv_cpu = kv_token / (d.memcpy_gb_s * GB);
-                let load_cpu_s = b_prime / (d.cpu_read_gb_s * GB);
+                let load_cpu_s = read_prime / (d.cpu_read_gb_s * GB);
                 let (gpu_layer_s, t_kv_gpu, load_gpu_s) = match (&d.gpu_gflops, d.gpu_read_gb_s) {
                     (Some(rates), Some(read)) if d.has_gpu() => (
                         time(rates, &f),
                         kv_token / (d.gpu_memcpy_gb_s.unwrap_or(read) * GB),
-                        b_prime / (read * GB),
+                        read_prime / (read * GB),
                     ),
                     _ => (0.0, 0.0, 0.0),
                 };
@@ -238,6 +249,10 @@ impl Lda {
                     c_gpu: model.c_gpu,
                 };
                 let s_disk = behaviour.disk_bytes_per_s(d);
+                let s_reload = match read_fraction {
+                    Some(f) if f > 0.0 => s_disk / f,
+                    _ => s_disk,
+                };
                 let budget = behaviour.budget_bytes(d);
                 let gpu_layer_bytes = match d.gpu {
                     GpuKind::None => 0.0,
@@ -277,6 +292,7 @@ impl Lda {
                     beta,
                     xi,
                     s_disk,
+                    s_reload,
                     budget,
                     slow_disk: s_disk < opts.disk_threshold,
                     mem,
@@ -292,6 +308,7 @@ impl Lda {
             devices: terms,
             b_prime,
             relay_hop_s: relays.iter().map(|d| comm(d)).sum(),
+            moe: model.moe.clone(),
         })
     }
 
@@ -387,7 +404,7 @@ impl Lda {
             } else {
                 let (am, bm, share) = d
                     .behaviour
-                    .overloaded_coefficients(d.alpha, d.beta, &d.mem, d.s_disk, d.budget);
+                    .overloaded_coefficients(d.alpha, d.beta, &d.mem, d.s_reload, d.budget);
                 kappa += share; // Σ_{M1∪M3} (c^{cpu} − d^{avail} − d^{swapout})/s^{disk}
                 (am, bm)
             };
@@ -410,6 +427,19 @@ impl Lda {
         self.predict_with(w, n, false)
     }
 
+    /// A MoE device's reads per token for `overload` bytes beyond its budget over `l`
+    /// layers: (shared bytes streamed whole, expected expert bytes read on misses).
+    /// The bytes left out are the coldest experts first (k × expert bytes × (1 − hit
+    /// rate) per layer), then shared parts.
+    fn moe_reads(&self, moe: &MoeProfile, overload: f64, l: f64) -> (f64, f64) {
+        if overload <= 0.0 || l <= 0.0 {
+            return (overload.max(0.0), 0.0);
+        }
+        let experts = l * moe.layer_expert_bytes();
+        let missing = overload.min(experts);
+        (overload - missing, moe.miss_bytes(l, missing))
+    }
+
     fn predict_with(&self, w: &[u32], n: &[u32], overlap: bool) -> Prediction {
         let l_total = self.n_layers;
         let big_w: u32 = w.iter().sum();
@@ -428,7 +458,15 @@ impl Lda {
             before += w[m].min(r);
             let lc = (l - l_gpu) as f64;
             let lg = l_gpu as f64;
-            let reload = d.behaviour.reload_bytes(l as f64, lg, &d.mem, d.budget);
+            let overload = d.behaviour.reload_bytes(l as f64, lg, &d.mem, d.budget);
+            // A dense device reads all it cannot hold each token. A MoE device keeps each
+            // layer's shared part and its hottest experts: only the shared bytes beyond
+            // all its experts stream whole; of the experts left out, a token reads the
+            // selected ones that miss, while its layer runs (not ahead, as layers are).
+            let (reload, expert_reads) = match &self.moe {
+                Some(moe) => self.moe_reads(moe, overload, l as f64),
+                None => (overload, 0.0),
+            };
             // With two or more rounds the read-ahead thread streams the excess while the
             // others compute (prima-core's Residency::plan): it leaves the sum of turns,
             // but the device's own cycle, its reads plus its compute, bounds T. The room
@@ -450,7 +488,8 @@ impl Lda {
                     d.lookup_bytes
                 } else {
                     reload.max(d.lookup_bytes)
-                } / d.s_disk,
+                } / d.s_disk
+                    + expert_reads / d.s_disk,
                 network_s: windows as f64 * d.t_comm,
             };
             breakdown.add(&cost);
@@ -466,7 +505,7 @@ impl Lda {
                     0.0
                 },
                 vram_capacity_bytes: d.gpu_layer_bytes + if d.has_gpu { d.mem.c_gpu } else { 0.0 },
-                reload_bytes: reload,
+                reload_bytes: reload + expert_reads,
                 cost,
             });
         }

@@ -45,6 +45,85 @@ pub struct ModelProfile {
     pub c_gpu: f64,
     /// Size of the file's weights, all tensors.
     pub total_bytes: f64,
+    /// A mixture of experts' layout and routing; `None` for a dense model.
+    pub moe: Option<MoeProfile>,
+}
+
+/// What Halda knows of a mixture-of-experts model: a layer's memory is all its experts,
+/// its per-token compute and reads are the shared part plus the k selected experts, and
+/// which experts are selected follows the routing profile.
+#[derive(Debug, Clone, Serialize)]
+pub struct MoeProfile {
+    /// n: experts per layer.
+    pub n_expert: u64,
+    /// k: experts each token selects per layer.
+    pub n_expert_used: u64,
+    /// Bytes of one expert's matrices (its slabs of `ffn_{gate,up,down}_exps`) in one
+    /// layer, the average over layers.
+    pub expert_bytes: f64,
+    /// Each layer's expert-use shares (non-negative, summing to 1): the fraction of the
+    /// layer's selections that pick each expert. `None`: uniform, 1/n each.
+    pub routing: Option<Vec<Vec<f64>>>,
+}
+
+impl MoeProfile {
+    /// n·(expert bytes): the part of a layer's bytes that are experts.
+    pub fn layer_expert_bytes(&self) -> f64 {
+        self.n_expert as f64 * self.expert_bytes
+    }
+
+    /// k/n: the bytes a token reads per byte of experts the device does not hold, when
+    /// the coldest are left out first and averaged from none to all (the secant of the
+    /// miss curve, whatever the skew: at both ends it is exact).
+    pub fn read_fraction(&self) -> f64 {
+        self.n_expert_used as f64 / self.n_expert as f64
+    }
+
+    /// H(r): the expected fraction of a token's expert selections that hit when each
+    /// layer keeps its `r` most used experts resident (r may be fractional: a part of
+    /// the next expert's share), averaged over the layers. Uniform routing gives r/n.
+    pub fn hit_rate(&self, resident_per_layer: f64) -> f64 {
+        let n = self.n_expert as f64;
+        let r = resident_per_layer.clamp(0.0, n);
+        let Some(routing) = &self.routing else {
+            return r / n;
+        };
+        if routing.is_empty() {
+            return r / n;
+        }
+        let whole = r.floor() as usize;
+        let part = r - r.floor();
+        let sum: f64 = routing
+            .iter()
+            .map(|shares| {
+                let mut sorted = shares.clone();
+                sorted.sort_by(|a, b| b.total_cmp(a));
+                let top: f64 = sorted.iter().take(whole).sum();
+                top + part * sorted.get(whole).copied().unwrap_or(0.0)
+            })
+            .sum();
+        (sum / routing.len() as f64).min(1.0)
+    }
+
+    /// Expected bytes one token reads from disk over `layers` layers whose expert bytes
+    /// leave `missing` bytes out of memory (the coldest experts, spread evenly over the
+    /// layers): k × expert bytes × (1 − hit rate) per layer.
+    pub fn miss_bytes(&self, layers: f64, missing: f64) -> f64 {
+        if layers <= 0.0 || missing <= 0.0 || self.expert_bytes <= 0.0 {
+            return 0.0;
+        }
+        let per_layer = (missing / layers).min(self.layer_expert_bytes());
+        let resident = self.n_expert as f64 - per_layer / self.expert_bytes;
+        layers
+            * self.n_expert_used as f64
+            * self.expert_bytes
+            * (1.0 - self.hit_rate(resident)).max(0.0)
+    }
+}
+
+/// Whether a tensor is one of a layer's experts (`ffn_{gate,up,down}_exps`, their biases).
+fn is_expert_tensor(name: &str) -> bool {
+    name.contains("_exps.")
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -56,6 +135,8 @@ pub enum ModelProfileError {
         path: std::path::PathBuf,
         what: String,
     },
+    #[error("expert-use profile: {0}")]
+    Routing(String),
 }
 
 impl ModelProfile {
@@ -94,6 +175,21 @@ impl ModelProfile {
             .unwrap_or(n_embd / n_head);
         let n_layers_u32 =
             u32::try_from(n_layers).map_err(|_| bad(format!("{n_layers} layers")))?;
+        let n_expert = g.get_u64(&key("expert_count"))?.unwrap_or(0);
+        let n_expert_used = g.get_u64(&key("expert_used_count"))?.unwrap_or(0);
+        if n_expert > 0 && !(1..=n_expert).contains(&n_expert_used) {
+            return Err(bad(format!(
+                "{} = {n_expert_used} must be between 1 and {} = {n_expert}",
+                key("expert_used_count"),
+                key("expert_count")
+            )));
+        }
+        // A token runs k of a layer's n experts: their FLOPs count k/n.
+        let expert_share = if n_expert > 0 {
+            n_expert_used as f64 / n_expert as f64
+        } else {
+            1.0
+        };
 
         let embd = g.require_tensor("token_embd.weight")?;
         let n_vocab = embd.rows();
@@ -103,6 +199,7 @@ impl ModelProfile {
         let mut output_bytes = 0.0f64;
         let mut has_output = false;
         let mut total_bytes = 0.0f64;
+        let mut expert_bytes = 0.0f64;
         for t in g.tensors() {
             total_bytes += t.n_bytes as f64;
             let class = QuantClass::of(t.ggml_type).index();
@@ -113,7 +210,12 @@ impl ModelProfile {
                 let layer: Option<u64> = rest.split('.').next().and_then(|s| s.parse().ok());
                 match layer {
                     Some(il) if il < n_layers => {
-                        layer_flops[class] += flops;
+                        if n_expert > 0 && is_expert_tensor(&t.name) {
+                            layer_flops[class] += flops * expert_share;
+                            expert_bytes += t.n_bytes as f64;
+                        } else {
+                            layer_flops[class] += flops;
+                        }
                         layer_bytes += t.n_bytes as f64;
                     }
                     _ => {
@@ -139,6 +241,12 @@ impl ModelProfile {
             *f /= l;
         }
         layer_bytes /= l;
+        let moe = (n_expert > 0).then(|| MoeProfile {
+            n_expert,
+            n_expert_used,
+            expert_bytes: expert_bytes / l / n_expert as f64,
+            routing: None,
+        });
         // q·kᵀ over each cached position and the weighted sum of values, per head.
         let attn_flops_per_ctx = 2.0 * n_head as f64 * (head_k + head_v) as f64;
         let kv_bytes_per_token = 2.0 * (n_head_kv * head_k + n_head_kv * head_v) as f64;
@@ -172,7 +280,71 @@ impl ModelProfile {
             c_cpu,
             c_gpu,
             total_bytes,
+            moe,
         })
+    }
+
+    /// The model with a measured routing profile: `expert_use[il][e]` is how much layer
+    /// il's expert e is used (counts or shares; each layer is normalised). A dense model,
+    /// a layer or expert count that does not match, or a negative, non-finite or all-zero
+    /// layer is an error naming it.
+    pub fn with_routing(mut self, expert_use: Vec<Vec<f64>>) -> Result<Self, ModelProfileError> {
+        let err = |what: String| ModelProfileError::Routing(what);
+        let Some(moe) = &mut self.moe else {
+            return Err(err(format!(
+                "model '{}' is not a mixture of experts",
+                self.name
+            )));
+        };
+        if expert_use.len() != self.n_layers as usize {
+            return Err(err(format!(
+                "{} layers given, the model has {}",
+                expert_use.len(),
+                self.n_layers
+            )));
+        }
+        let mut shares = Vec::with_capacity(expert_use.len());
+        for (il, layer) in expert_use.into_iter().enumerate() {
+            if layer.len() as u64 != moe.n_expert {
+                return Err(err(format!(
+                    "layer {il}: {} experts given, the model has {}",
+                    layer.len(),
+                    moe.n_expert
+                )));
+            }
+            if let Some(e) = layer.iter().position(|v| !v.is_finite() || *v < 0.0) {
+                return Err(err(format!(
+                    "layer {il}, expert {e}: {} is not a non-negative number",
+                    layer[e]
+                )));
+            }
+            let total: f64 = layer.iter().sum();
+            if total <= 0.0 {
+                return Err(err(format!("layer {il}: no expert is used")));
+            }
+            shares.push(layer.iter().map(|v| v / total).collect());
+        }
+        moe.routing = Some(shares);
+        Ok(self)
+    }
+
+    /// Reads an expert-use profile from JSON — an array of layers, each an array of one
+    /// number per expert (counts or shares), or an object with that array under
+    /// `expert_use` — and applies it with [`ModelProfile::with_routing`].
+    pub fn with_routing_json(self, json: &str) -> Result<Self, ModelProfileError> {
+        #[derive(serde::Deserialize)]
+        #[serde(untagged)]
+        enum Use {
+            Bare(Vec<Vec<f64>>),
+            Named { expert_use: Vec<Vec<f64>> },
+        }
+        let parsed: Use = serde_json::from_str(json).map_err(|e| {
+            ModelProfileError::Routing(format!("not an array of layers of per-expert numbers: {e}"))
+        })?;
+        let expert_use = match parsed {
+            Use::Bare(v) | Use::Named { expert_use: v } => v,
+        };
+        self.with_routing(expert_use)
     }
 
     /// f_m^q with attention over `n_kv` cached tokens counted in the f32 class.
@@ -185,6 +357,23 @@ impl ModelProfile {
     /// b' = b + 2(h_k·e_k + h_v·e_v)·n_kv: a layer's weights and its KV cache.
     pub fn layer_bytes_with_kv(&self, n_kv: f64) -> f64 {
         self.layer_bytes + self.kv_bytes_per_token * n_kv
+    }
+
+    /// The bytes one token reads from one layer, with its KV cache: b' for a dense model;
+    /// the shared part, k experts and the cache for a mixture of experts.
+    pub fn layer_read_bytes_with_kv(&self, n_kv: f64) -> f64 {
+        self.layer_read_bytes() + self.kv_bytes_per_token * n_kv
+    }
+
+    /// Bytes of one layer that one token reads: b for a dense model; for a mixture of
+    /// experts the shared part (attention, norms, router) and k of its n experts.
+    pub fn layer_read_bytes(&self) -> f64 {
+        match &self.moe {
+            Some(m) => {
+                self.layer_bytes - m.layer_expert_bytes() + m.n_expert_used as f64 * m.expert_bytes
+            }
+            None => self.layer_bytes,
+        }
     }
 
     /// b_i / V: one row of the embedding table, the input layer's per-token read.

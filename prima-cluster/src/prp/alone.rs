@@ -4,13 +4,20 @@
 //! released right after it (MRU), instead of leaving the kernel's LRU to evict under a
 //! cyclic access pattern, its worst case.
 //!
+//! A mixture-of-experts model is planned by expert instead when its layers' shared parts
+//! fit ([`ExpertCache::plan_alone`]): every layer's attention, norms and router stay
+//! resident, with the most used experts; the others are streamed per use.
+//!
 //! When everything fits, [`LocalSession`] is a plain [`Session`]: no hint, no extra work.
+
+use std::sync::Arc;
 
 use prima_core::batch::{BatchForward, BatchRowLogits, SeqTokens};
 use prima_core::generate::{Forward, RowLogits};
 use prima_core::model::{Model, ModelError, Session};
 
 use super::budget::mib;
+use super::expert_cache::{ExpertCache, ExpertCacheStats};
 use super::residency::Residency;
 
 /// One line on what a plan keeps resident and what it streams.
@@ -39,6 +46,8 @@ pub struct LocalSession<'m> {
     session: Session<'m>,
     /// Present only when some layer is streamed.
     residency: Option<Residency>,
+    /// Present when experts are streamed (the session's expert policy).
+    experts: Option<Arc<ExpertCache<'m>>>,
 }
 
 impl<'m> LocalSession<'m> {
@@ -47,7 +56,29 @@ impl<'m> LocalSession<'m> {
         LocalSession {
             session,
             residency: residency.filter(Residency::streams),
+            experts: None,
         }
+    }
+
+    /// Runs `session` with every layer resident but experts streamed by `cache`, which
+    /// becomes the session's expert policy.
+    pub fn with_experts(mut session: Session<'m>, cache: ExpertCache<'m>) -> LocalSession<'m> {
+        let cache = Arc::new(cache);
+        session.set_expert_policy(Some(cache.clone()));
+        LocalSession {
+            session,
+            residency: None,
+            experts: Some(cache),
+        }
+    }
+
+    /// What the resident-expert cache served (`None` when experts are not streamed).
+    pub fn expert_stats(&self) -> Option<ExpertCacheStats> {
+        self.experts.as_ref().map(|c| c.stats())
+    }
+
+    pub fn expert_cache(&self) -> Option<&ExpertCache<'m>> {
+        self.experts.as_deref()
     }
 
     pub fn residency(&self) -> Option<&Residency> {
@@ -128,7 +159,9 @@ impl BatchForward for LocalSession<'_> {
     }
 
     fn eval_batch(&mut self, seqs: &[SeqTokens<'_>]) -> Result<&[f32], ModelError> {
-        let LocalSession { session, residency } = self;
+        let LocalSession {
+            session, residency, ..
+        } = self;
         let Some(residency) = residency else {
             return session.eval_batch(seqs);
         };
@@ -149,7 +182,9 @@ impl BatchRowLogits for LocalSession<'_> {
         seqs: &[SeqTokens<'_>],
         rows: &[usize],
     ) -> Result<&[f32], ModelError> {
-        let LocalSession { session, residency } = self;
+        let LocalSession {
+            session, residency, ..
+        } = self;
         let Some(residency) = residency else {
             return session.eval_batch_rows(seqs, rows);
         };

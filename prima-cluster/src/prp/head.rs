@@ -823,6 +823,7 @@ impl Passes {
             major_faults: sent.major_faults,
             disk_read_bytes: sent.disk_read_bytes,
             mem_available: sent.mem_available,
+            ..PassStats::default()
         });
     }
 

@@ -20,6 +20,7 @@ pub mod alone;
 pub mod budget;
 pub mod counters;
 mod error;
+pub mod expert_cache;
 pub mod failover;
 pub mod head;
 pub mod key;

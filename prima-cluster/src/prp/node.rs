@@ -6,7 +6,7 @@
 //! requests and ends the session on shutdown or when the head goes away.
 
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use prima_abi::backend::BackendBox;
@@ -18,6 +18,7 @@ use super::key::LinkSecurity;
 
 use super::budget::{report_budget, ring_device_budget, MemBudget};
 use super::counters::PassMeter;
+use super::expert_cache::{ExpertCache, ExpertHints, PREDICT_DEFAULT};
 use super::link::{
     decode_activations, expect_control, recv_control, recv_frame, send_control, send_frame,
 };
@@ -300,17 +301,43 @@ fn session(node: &Node<'_>, setup: Setup, control: &Link) -> Result<bool, RingEr
         setup.n_batch,
         setup.n_slots,
     );
+    // A mixture of experts keeps its layers' shared parts and its hottest experts and
+    // streams the other experts per use, when the shared parts fit; else whole layers.
+    let cpu_held: Vec<usize> = held
+        .iter()
+        .copied()
+        .filter(|il| !on_gpu.contains(il))
+        .collect();
+    let experts = budget.as_ref().and_then(|b| {
+        let hints = ExpertHints {
+            prefetch: setup.prefetch,
+            release: setup.release,
+            method: setup.release_method,
+            predict: PREDICT_DEFAULT,
+        };
+        ExpertCache::plan_layers(model, &cpu_held, b.bytes, None, hints).map(Arc::new)
+    });
     let residency = Residency::plan_split(
         model,
         &setup.windows,
         &on_gpu,
-        budget.as_ref().map(|b| b.bytes),
+        budget
+            .as_ref()
+            .filter(|_| experts.is_none())
+            .map(|b| b.bytes),
         setup.prefetch,
         setup.release,
         setup.release_method,
     );
     report_budget("node", budget.as_ref(), &residency);
-    residency.warm(model);
+    match (&experts, &budget) {
+        (Some(cache), Some(b)) => {
+            eprintln!("node: memory: {b}; {}", cache.describe());
+            cache.warm();
+            session.set_expert_policy(Some(cache.clone()));
+        }
+        _ => residency.warm(model),
+    }
 
     let next_addr = match &setup.next {
         NextHop::Node { addr } => addr.clone(),
@@ -363,6 +390,7 @@ fn session(node: &Node<'_>, setup: Setup, control: &Link) -> Result<bool, RingEr
             model,
             &mut session,
             &residency,
+            experts.as_deref(),
             &setup,
             &data_in,
             &data_out,
@@ -476,6 +504,7 @@ fn compute_loop(
     model: &Model,
     session: &mut Session<'_>,
     residency: &Residency,
+    experts: Option<&ExpertCache<'_>>,
     setup: &Setup,
     data_in: &Link,
     data_out: &Link,
@@ -522,7 +551,9 @@ fn compute_loop(
             }
         })?;
 
+        let experts_before = experts.map(ExpertCache::stats).unwrap_or_default();
         let run = residency.run_round(model, session, &meter, round)?;
+        let experts_after = experts.map(ExpertCache::stats).unwrap_or_default();
 
         // Counters before the send, as on the head (`RingHead::pass`): after it, this
         // thread should only hint pages and go back to sleep.
@@ -540,6 +571,9 @@ fn compute_loop(
             major_faults: run.major_faults,
             disk_read_bytes,
             mem_available,
+            expert_hits: experts_after.hits - experts_before.hits,
+            expert_misses: experts_after.misses - experts_before.misses,
+            expert_streamed_bytes: experts_after.streamed_bytes - experts_before.streamed_bytes,
         };
         let logged = {
             let mut log = passes.lock().unwrap_or_else(|e| e.into_inner());

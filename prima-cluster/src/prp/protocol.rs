@@ -233,6 +233,14 @@ pub struct PassStats {
     /// The device's available memory after the pass, in bytes (0 where unknown): MemAvailable,
     /// or less under a cgroup limit.
     pub mem_available: u64,
+    /// Its resident-expert cache (a MoE model whose experts it streams; 0 otherwise):
+    /// chosen experts found resident, chosen experts streamed, and their bytes.
+    #[serde(default)]
+    pub expert_hits: u64,
+    #[serde(default)]
+    pub expert_misses: u64,
+    #[serde(default)]
+    pub expert_streamed_bytes: u64,
 }
 
 /// The device's memory when its session began (before it read its windows), the baseline

@@ -79,3 +79,26 @@ fn messages_round_trip_through_json() {
     let m: Vec<ChatMessage> = serde_json::from_str(r#"[{"role":"user","content":"hi"}]"#).unwrap();
     assert_eq!(m, [ChatMessage::new("user", "hi")]);
 }
+
+#[test]
+fn harmony_style_template_features() {
+    // What gpt-oss's template leans on: `in` over a message's keys, list slices,
+    // namespace() and whitespace control around blocks.
+    let t = "{%- if messages[0].role == 'system' %}{%- set rest = messages[1:] %}{%- else %}{%- set rest = messages %}{%- endif %}\n\
+             {%- set last = namespace(role=none) %}\n\
+             {%- for m in rest -%}\n\
+             {%- if 'thinking' in m %}T{% endif -%}\n\
+             {{- '<|start|>' + m.role + '<|message|>' + m.content + '<|end|>' }}\n\
+             {%- set last.role = m.role %}\n\
+             {%- endfor -%}\n\
+             {%- if add_generation_prompt -%}\n<|start|>assistant\n{%- endif -%}{{ last.role }}";
+    let msgs = [
+        ChatMessage::new("system", "s"),
+        ChatMessage::new("user", "hi"),
+    ];
+    let out = render_chat(t, &msgs, true, "", "").unwrap();
+    assert_eq!(
+        out,
+        "<|start|>user<|message|>hi<|end|><|start|>assistantuser"
+    );
+}

@@ -22,6 +22,11 @@ pub enum PageHint {
     /// Unmap the range from this process (`MADV_DONTNEED`), then ask the kernel to drop it
     /// from the page cache (`POSIX_FADV_DONTNEED`).
     DontNeed,
+    /// Read only what is touched (`MADV_RANDOM`, and `POSIX_FADV_RANDOM` for the file's
+    /// reads): no read-around on a fault. For ranges read in small pieces in no order,
+    /// such as streamed experts, where the kernel's readahead window (up to MiBs) would
+    /// pull in neighbours that are not needed and evict ones that are.
+    Random,
 }
 
 impl PageHint {
@@ -31,6 +36,7 @@ impl PageHint {
             PageHint::Cold => "cold",
             PageHint::PageOut => "pageout",
             PageHint::DontNeed => "dontneed",
+            PageHint::Random => "random",
         }
     }
 }
@@ -73,7 +79,7 @@ impl GgufFile {
         let len = map.len() as u64;
         let page = page_size();
         let (start, end) = match hint {
-            PageHint::WillNeed => (
+            PageHint::WillNeed | PageHint::Random => (
                 range.start / page * page,
                 range.end.min(len).div_ceil(page) * page,
             ),
@@ -124,6 +130,28 @@ unsafe fn os_hint(
     };
     match hint {
         PageHint::WillNeed => madvise(libc::MADV_WILLNEED),
+        PageHint::Random => {
+            madvise(libc::MADV_RANDOM)?;
+            #[cfg(any(target_os = "linux", target_os = "android"))]
+            {
+                use std::os::fd::AsRawFd;
+                // SAFETY: the descriptor is our open file; fadvise only hints the kernel
+                // (for the open file description, which the read-ahead thread's
+                // duplicate shares).
+                let rc = unsafe {
+                    libc::posix_fadvise(
+                        file.as_raw_fd(),
+                        offset as libc::off_t,
+                        n as libc::off_t,
+                        libc::POSIX_FADV_RANDOM,
+                    )
+                };
+                if rc != 0 {
+                    return Err(io::Error::from_raw_os_error(rc));
+                }
+            }
+            Ok(())
+        }
         #[cfg(any(target_os = "linux", target_os = "android"))]
         PageHint::Cold => madvise_or_dontneed(madvise, libc::MADV_COLD),
         #[cfg(any(target_os = "linux", target_os = "android"))]
@@ -203,6 +231,8 @@ unsafe fn os_hint(
                 Err(io::Error::last_os_error())
             }
         }
+        // The system's readahead is the system's own on Windows.
+        PageHint::Random => Ok(()),
         PageHint::Cold | PageHint::PageOut | PageHint::DontNeed => {
             // SAFETY: the range lies inside our mapping (the caller's contract) and was
             // never locked; unlocking it only trims it from the working set, and a trimmed

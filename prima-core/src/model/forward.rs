@@ -7,7 +7,7 @@ use super::arch::AttentionScale;
 use super::backend_call::{op, rm, rs};
 use super::batch_plan::{check_entries, check_rows, plan_batches, Piece, SeqSpan, SeqTokens};
 use super::ffn::{FfnContext, FfnScratch};
-use super::{Model, ModelError, RopeScaling};
+use super::{ExpertPolicy, Model, ModelError, RopeScaling};
 use prima_abi::backend::{AttentionParams, AttentionSpan, BackendBox, KvSpec, RopeParams};
 
 /// Activation buffers sized for `n_batch` tokens, reused by every step.
@@ -108,6 +108,8 @@ pub struct Session<'m> {
     entry_rows: Vec<(usize, usize)>,
     /// The batch's spans as one attention call takes them, rebuilt each layer.
     attn_spans: Vec<AttentionSpan>,
+    /// What the MoE layers tell about the experts they use (expert residency).
+    experts: Option<std::sync::Arc<dyn ExpertPolicy + 'm>>,
 }
 
 /// Which of a session's backends runs a held layer.
@@ -244,6 +246,7 @@ impl<'m> Session<'m> {
             entry_logits: Vec::new(),
             entry_rows: Vec::new(),
             attn_spans: Vec::with_capacity(n_slots),
+            experts: None,
         };
         for side in [Side::Main, Side::Gpu] {
             let n_layers = held[side as usize];
@@ -294,6 +297,13 @@ impl<'m> Session<'m> {
             .iter()
             .filter(|l| matches!(l, Some((Side::Gpu, _))))
             .count()
+    }
+
+    /// Gives the MoE layers an expert residency policy (`None`: none), told each layer's
+    /// routing and each expert's end of use. It only hints the page cache: the results
+    /// are the same bits with or without it.
+    pub fn set_expert_policy(&mut self, policy: Option<std::sync::Arc<dyn ExpertPolicy + 'm>>) {
+        self.experts = policy;
     }
 
     /// Positions slot 0 has cached.
@@ -917,6 +927,8 @@ impl<'m> Session<'m> {
             be,
             model,
             act: spec.ffn,
+            layer: il,
+            experts: self.experts.as_deref(),
         };
         w.ffn.forward(cx, h, n, &mut b.ffn)?;
         add_residual(be, model, &w.ffn_post_norm, hp.rms_eps, x, h, &mut b.post)

@@ -129,6 +129,10 @@ const END_MARKERS: &[&str] = &[
     "<end_of_utterance>",
 ];
 
+/// gpt-oss's (harmony's) message markers, which llama.cpp types as user-defined whatever
+/// the vocabulary says: they are part of the reply's text, not control tokens.
+const HARMONY_MARKERS: &[&str] = &["<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"];
+
 /// Everything a tokenizer is built from, as plain data: the GGUF `tokenizer.*` keys.
 #[derive(Debug, Clone, Default)]
 pub struct TokenizerParts {
@@ -313,8 +317,17 @@ impl Tokenizer {
                 kinds[id as usize] = TokenKind::Control;
             }
         }
-        // gpt-oss ends a message with <|end|> but keeps generating: with <|return|> and
-        // <|call|> present, <|end|> is not an end of generation.
+        // gpt-oss's harmony markers are always rendered and always found in text (even
+        // without parse_special), as llama.cpp treats them, so that a reply's channels
+        // can be read from its text.
+        for marker in HARMONY_MARKERS {
+            if let Some(&id) = ids.get(*marker) {
+                kinds[id as usize] = TokenKind::UserDefined;
+            }
+        }
+        // gpt-oss ends a message with <|end|> but keeps generating (an analysis message
+        // is followed by the final one): with <|return|> and <|call|> present, the
+        // assistant's turn ends at those two and <|end|> is not an end of generation.
         if let (Some(_), Some(_), Some(&end)) = (
             ids.get("<|return|>"),
             ids.get("<|call|>"),

@@ -22,6 +22,18 @@ const LLAMA3: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])
 /// Qwen2's pattern: Llama 3's with single digits.
 const QWEN2: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
+/// GPT-4o's (o200k, gpt-oss's) pattern as llama.cpp runs it. The original splits a word
+/// into an upper-case run and a lower-case run (`[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*` then
+/// `[\p{Ll}\p{Lm}\p{Lo}\p{M}]+`); llama.cpp, whose regexes see only a letter/number/
+/// punctuation class per non-ASCII character, approximates the runs as "letters other than
+/// a-z" then "letters other than A-Z", and leaves combining marks out of words. Its ids are
+/// the reference, so its reading is the one written here.
+const GPT4O: &str = r"[^\r\n\p{L}\p{N}]?[\p{L}&&[^a-z]]*[\p{L}&&[^A-Z]]+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|[^\r\n\p{L}\p{N}]?[\p{L}&&[^a-z]]+[\p{L}&&[^A-Z]]*(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// GPT-4o's pattern with combining marks inside words (llama.cpp's
+/// `granite-embed-multi-97m`): the runs are marks or letters other than a-z (resp. A-Z).
+const GPT4O_MARKS: &str = r"[^\r\n\p{L}\p{N}]?[[\p{L}\p{M}]&&[^a-z]]*[[\p{L}\p{M}]&&[^A-Z]]+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|[^\r\n\p{L}\p{N}]?[[\p{L}\p{M}]&&[^a-z]]+[[\p{L}\p{M}]&&[^A-Z]]*(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
 /// The regex list for a `tokenizer.ggml.pre` value, and whether a word found whole in
 /// the vocabulary skips the merges (llama.cpp's `ignore_merges`, set for Llama 3).
 fn patterns_for(pre: &str) -> Option<(&'static [&'static str], bool)> {
@@ -33,6 +45,9 @@ fn patterns_for(pre: &str) -> Option<(&'static [&'static str], bool)> {
         // SmolLM / StarCoder: digits split one by one first, then GPT-2's pattern.
         "smollm" | "starcoder" | "refact" | "codeshell" => (&[r"\p{N}", GPT2], false),
         "qwen2" | "deepseek-r1-qwen" | "stablelm2" | "megrez" => (&[QWEN2], false),
+        // o200k (gpt-oss, GPT-4o) and the vocabularies that reuse its split.
+        "gpt-4o" | "llama4" | "kanana2" | "talkie" => (&[GPT4O], false),
+        "granite-embed-multi-97m" => (&[GPT4O_MARKS], true),
         _ => return None,
     })
 }
@@ -129,6 +144,27 @@ mod tests {
     #[test]
     fn llama3_groups_digits_by_three() {
         assert_eq!(split("llama-bpe", "12345 I'M"), ["123", "45", " I", "'M"]);
+    }
+
+    #[test]
+    fn gpt4o_splits_case_runs_and_keeps_contractions() {
+        assert_eq!(
+            split("gpt-4o", "HelloWorld CamelCase I'M 1234567"),
+            ["Hello", "World", " Camel", "Case", " I'M", " ", "123", "456", "7"]
+        );
+        // Non-ASCII letters count as both cases (so an upper-case word whose first
+        // letter is not ASCII loses it); combining marks are not letters.
+        assert_eq!(split("gpt-4o", "ÉCOLE école"), ["É", "COLE", " école"]);
+        assert_eq!(split("gpt-4o", "\u{928}\u{93f}x"), ["\u{928}", "\u{93f}x"]);
+        assert_eq!(
+            split("gpt-4o", "a/b\n\n  c"),
+            ["a", "/b", "\n\n", " ", " c"]
+        );
+        // With marks inside words the same text stays whole.
+        assert_eq!(
+            split("granite-embed-multi-97m", "\u{928}\u{93f}x"),
+            ["\u{928}\u{93f}x"]
+        );
     }
 
     #[test]

@@ -164,3 +164,58 @@ fn errors_name_the_key() {
     });
     assert!(msg.contains("tokenizer.ggml.token_type"), "{msg}");
 }
+
+/// gpt-oss's harmony tokens, typed control as its GGUF types them.
+fn harmony() -> Tokenizer {
+    let specials = [
+        "<|return|>",
+        "<|constrain|>",
+        "<|channel|>",
+        "<|start|>",
+        "<|end|>",
+        "<|message|>",
+        "<|call|>",
+    ];
+    let mut tokens: Vec<String> = (0..=255u8)
+        .map(|b| byte_level::byte_to_char(b).to_string())
+        .collect();
+    let mut token_types = vec![1; tokens.len()];
+    tokens.extend(specials.iter().map(|s| s.to_string()));
+    token_types.extend([3; 7]);
+    Tokenizer::from_parts(TokenizerParts {
+        model: "gpt2".into(),
+        pre: Some("gpt-4o".into()),
+        tokens,
+        token_types,
+        eos: Some(256),
+        ..Default::default()
+    })
+    .unwrap()
+}
+
+#[test]
+fn harmony_turn_ends_at_return_and_call_not_end() {
+    let t = harmony();
+    assert!(t.is_end_of_generation(id(&t, "<|return|>")));
+    assert!(t.is_end_of_generation(id(&t, "<|call|>")));
+    assert!(!t.is_end_of_generation(id(&t, "<|end|>")));
+    assert!(!t.is_end_of_generation(id(&t, "<|start|>")));
+}
+
+#[test]
+fn harmony_markers_are_text_of_the_reply() {
+    let t = harmony();
+    let reply = "<|channel|>final<|message|>Hi<|end|>";
+    for parse_special in [true, false] {
+        let ids = t.encode(reply, false, parse_special);
+        assert_eq!(ids[0], id(&t, "<|channel|>"));
+        assert_eq!(*ids.last().unwrap(), id(&t, "<|end|>"));
+        assert_eq!(t.decode(&ids), reply);
+    }
+    // <|return|> stays a control token: cut out only when parsing specials, never shown.
+    assert_eq!(
+        t.encode("<|return|>", false, false).len(),
+        "<|return|>".len()
+    );
+    assert_eq!(t.decode(&[id(&t, "<|return|>")]), "");
+}

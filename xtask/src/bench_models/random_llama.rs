@@ -36,7 +36,7 @@ use prima_core::gguf::{GgmlType, GgufFile, GgufWriter, Value, QK_K};
 pub const SOURCE: &str = include_str!("random_llama.rs");
 
 /// `general.file_type` for MOSTLY_Q4_K_M.
-const FILE_TYPE_Q4_K_M: u32 = 15;
+pub(crate) const FILE_TYPE_Q4_K_M: u32 = 15;
 
 /// The shape of a Llama-3-style decoder (GQA, SwiGLU, RMSNorm, RoPE θ = 500 000).
 #[derive(Debug, Clone, Copy)]
@@ -176,7 +176,7 @@ pub fn write(shape: &LlamaShape, seed: u64, path: &Path) -> Result<u64> {
 /// sub-blocks of 32, then 128 bytes of 4-bit quants q. A weight is d·sc·q − dmin·m.
 /// With sc = m = 16 and dmin = 7.5·d the mean is 0 (q is uniform on 0..=15, mean 7.5)
 /// and the standard deviation d·16·√(255/12); d is chosen to make it σ.
-fn set_q4k_scales(blocks: &mut [u8], sigma: f32) {
+pub(crate) fn set_q4k_scales(blocks: &mut [u8], sigma: f32) {
     const SC: f32 = 16.0;
     // sc = m = 16 for all eight sub-blocks, packed as ggml's get_scale_min_k4 unpacks:
     // bytes 0..4 hold sc[0..4] and the top bits of sc[4..8], bytes 4..8 likewise for m,
@@ -196,7 +196,7 @@ fn set_q4k_scales(blocks: &mut [u8], sigma: f32) {
 /// 0..=63), 16 int8 scales for sub-blocks of 16, then d (f16). A weight is
 /// d·scale·(q − 32): standard deviation d·|scale|·√(4095/12). The scales alternate ±4,
 /// so the −0.5 offset of q − 32 cancels along a row.
-fn set_q6k_scales(blocks: &mut [u8], sigma: f32) {
+pub(crate) fn set_q6k_scales(blocks: &mut [u8], sigma: f32) {
     const SCALE: i8 = 4;
     let d = sigma / (f32::from(SCALE) * (4095.0f32 / 12.0).sqrt());
     let d16 = f16_bits(d);
@@ -212,7 +212,7 @@ fn set_q6k_scales(blocks: &mut [u8], sigma: f32) {
 
 /// RMSNorm weights: 1 + uniform noise of standard deviation 0.1 (the random bits in
 /// `values` become the noise).
-fn norm_weights(values: &mut [u8]) {
+pub(crate) fn norm_weights(values: &mut [u8]) {
     for v in values.chunks_exact_mut(4) {
         let bits = u32::from_le_bytes([v[0], v[1], v[2], v[3]]);
         let u = (bits >> 8) as f32 / (1u32 << 24) as f32; // uniform on [0, 1)

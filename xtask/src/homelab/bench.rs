@@ -49,8 +49,9 @@ pub struct BenchArgs {
     /// paper and links, homogeneous-4 for rounds).
     #[arg(long)]
     testbed: Option<String>,
-    /// Models: 1b, 3b, 8b (the bench-llama-*-q4_k_m models) or GGUF paths (default: 1b,3b
-    /// for paper, 8b for rounds and links).
+    /// Models: 1b, 3b, 8b (the bench-llama-*-q4_k_m models), moe (the 6.5 GB
+    /// bench-qwen3moe-11b-a1b-q4_k_m) or GGUF paths (default: 1b,3b for paper, 8b for
+    /// rounds and links).
     #[arg(long, value_delimiter = ',')]
     models: Vec<String>,
     /// Tokens to generate per row.
@@ -307,12 +308,19 @@ fn model_path(layout: &Layout, name: &str) -> Result<PathBuf> {
         "1b" | "3b" | "8b" => layout
             .derived_models
             .join(format!("bench-llama-{name}-q4_k_m.gguf")),
+        "moe" => layout
+            .derived_models
+            .join(format!("{}.gguf", crate::bench_models::BENCH_MOE_11B)),
         _ => PathBuf::from(name),
     };
     if !path.is_file() {
         match name {
             "1b" | "3b" | "8b" => bail!(
                 "model {} is missing (`cargo xtask bench-models --only {name}` makes it)",
+                path.display()
+            ),
+            "moe" => bail!(
+                "model {} is missing (`cargo xtask bench-models --only moe-11b` makes it)",
                 path.display()
             ),
             _ => bail!("model {} is missing", path.display()),

@@ -268,11 +268,16 @@ fn build(hierarchies: &Hierarchies, bed: &Testbed, arg: &str, bin: &Path) -> Res
     st.save()?;
 
     for (d, ds) in bed.devices.iter().zip(&st.devices) {
-        let bytes = model_copy::copy_uncached(&d.model, &ds.model_copy)?;
+        let (bytes, linked) = model_copy::copy_uncached(&d.model, &ds.model_copy)?;
         println!(
-            "homelab: {}: {} MB copy of {}, out of the page cache",
+            "homelab: {}: {} MB {} {}, out of the page cache",
             d.name,
             bytes >> 20,
+            if linked {
+                "hard link (no room for a copy) to"
+            } else {
+                "copy of"
+            },
             d.model.display()
         );
         hierarchies

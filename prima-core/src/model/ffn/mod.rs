@@ -7,23 +7,28 @@
 //! its own code; [`FeedForward`] only says which one a layer has. The norm before the
 //! block and the residual add after it are the layer's, shared by both kinds.
 
+mod experts;
 mod moe;
 
 use crate::gguf::TensorInfo;
 use crate::model::arch::FfnActivation;
 use crate::model::backend_call::{op, rm, rs};
 use crate::model::{ExpertParams, HyperParams, Model, ModelError};
+pub use experts::{ExpertPolicy, ExpertUse, Routing};
 pub use moe::MoeFfn;
 use moe::MoeScratch;
 use prima_abi::backend::BackendBox;
 
 /// What a feed-forward block computes with: the backend of the layer's side, the model
-/// whose mapping holds the weights, and the gate's activation.
+/// whose mapping holds the weights, the gate's activation, the layer's index and the
+/// session's expert residency policy, if any.
 #[derive(Clone, Copy)]
 pub(crate) struct FfnContext<'a> {
     pub be: &'a BackendBox,
     pub model: &'a Model,
     pub act: FfnActivation,
+    pub layer: usize,
+    pub experts: Option<&'a dyn ExpertPolicy>,
 }
 
 impl FfnContext<'_> {
@@ -32,6 +37,21 @@ impl FfnContext<'_> {
         match self.act {
             FfnActivation::Silu => op(self.be.swiglu(rm(gate), rs(up)), "swiglu"),
             FfnActivation::GeluTanh => op(self.be.geglu(rm(gate), rs(up)), "geglu"),
+        }
+    }
+
+    /// Tells the policy the layer's routing of the rows `input` (before the experts'
+    /// products).
+    pub fn routed(&self, start: &[usize], input: &[f32]) {
+        if let Some(p) = self.experts {
+            p.routed(self.layer, Routing::from_starts(start, input));
+        }
+    }
+
+    /// Tells the policy expert `e` has run its down-projection.
+    pub fn computed(&self, e: usize) {
+        if let Some(p) = self.experts {
+            p.computed(self.layer, e);
         }
     }
 }

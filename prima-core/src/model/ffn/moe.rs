@@ -110,6 +110,7 @@ impl MoeFfn {
             );
         }
         group_by_expert(&m.chosen[..n * k], &mut m.start, &mut m.by_expert[..n * k]);
+        cx.routed(&m.start, &h[..n * d]);
 
         // 3. Each chosen expert once, over all its rows.
         for e in 0..n_expert {
@@ -149,6 +150,7 @@ impl MoeFfn {
                 ),
                 "matmul ffn_down_exps",
             )?;
+            cx.computed(e);
             for (row, &choice) in rows_out.chunks_exact(d).zip(choices) {
                 let choice = choice as usize;
                 let w = m.weights[choice];
