@@ -35,7 +35,7 @@ pub struct BenchArgs {
     reps: usize,
     /// Sequences generating together in the generation test, each in a slot of its own,
     /// one batched step for all (llama.cpp's -np); tokens per second are theirs together.
-    #[arg(long, default_value_t = 1, value_parser = super::serve::parse_parallel)]
+    #[arg(long, default_value_t = 1, value_parser = super::parse_parallel)]
     parallel: usize,
     /// Print one JSON object instead of a table.
     #[arg(long)]

@@ -20,6 +20,7 @@ mod tokenize;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use prima_cluster::manifest::MAX_PARALLEL;
 
 #[derive(Parser)]
 #[command(
@@ -121,4 +122,15 @@ pub fn spinner(msg: String) -> indicatif::ProgressBar {
     bar.set_message(msg);
     bar.enable_steady_tick(std::time::Duration::from_millis(120));
     bar
+}
+
+/// `--parallel`: 1 to [`MAX_PARALLEL`] slots.
+pub fn parse_parallel(s: &str) -> Result<usize, String> {
+    let n: usize = s
+        .parse()
+        .map_err(|_| format!("'{s}' is not a number of slots"))?;
+    if !(1..=MAX_PARALLEL).contains(&n) {
+        return Err(format!("must be between 1 and {MAX_PARALLEL}"));
+    }
+    Ok(n)
 }

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::Context;
 use prima_abi::transport::TransportConfig;
+use prima_cluster::controller::{connect, given_layout, ring_options, LaunchSettings, RingPolicy};
 use prima_cluster::prp::alone::LocalSession;
 use prima_cluster::prp::protocol::{ReleaseMethod, ReleasePolicy, WireType};
 use prima_cluster::prp::{DeviceStats, NextRoute, RingGpus, RingHead, RingOptions};
@@ -160,9 +161,9 @@ impl RingArgs {
             !self.windows.is_empty(),
             "--ring needs --windows: one window size per device, the head's first"
         );
-        let mut options = RingOptions {
-            n_ctx,
+        let policy = RingPolicy {
             n_batch,
+            n_slots: 1,
             prefetch: matches!(self.prefetch, OnOff::On),
             release: self.release_policy(),
             release_method: self.release_method(),
@@ -171,14 +172,9 @@ impl RingArgs {
                 WireArg::F16 => WireType::F16,
             },
             mem_budget: self.mem_budget,
-            security: self.key.security()?,
-            head_reserved: reserved,
-            ..RingOptions::default()
+            listen: self.listen.clone(),
         };
-        if let Some(listen) = &self.listen {
-            options.listen = listen.clone();
-        }
-        options.next_routes = self
+        let next_routes = self
             .next_hop
             .iter()
             .map(|a| match a.as_str() {
@@ -186,6 +182,17 @@ impl RingArgs {
                 _ => NextRoute::Addr(a.clone()),
             })
             .collect();
+        let layout = given_layout(&self.ring, &self.windows, next_routes);
+        let options = ring_options(
+            &policy,
+            &layout,
+            LaunchSettings {
+                n_ctx,
+                micro_batches: RingOptions::default().micro_batches,
+                head_reserved: reserved,
+                security: self.key.security()?,
+            },
+        );
         // The head's own n_m (--gpu-layers); each node takes its own.
         let gpus = RingGpus {
             head: engine.gpu.as_ref().map(|g| &g.backend),
@@ -195,12 +202,11 @@ impl RingArgs {
                 .into_iter()
                 .collect(),
         };
-        Ok(RingHead::connect_with_gpus(
+        Ok(connect(
             &engine.model,
             &engine.backend.backend,
             &transport.transport,
-            &self.ring,
-            &self.windows,
+            &layout,
             &gpus,
             &options,
         )?)

@@ -1,8 +1,7 @@
-//! `prima serve`: the OpenAI-compatible server on this device alone (the ring head serves
-//! the same API through `prima apply`).
+//! `prima serve`: the OpenAI-compatible server on this device alone, or (`--manifest`)
+//! on the cluster a manifest declares, brought up as `prima apply` brings it up.
 
 use anyhow::Context;
-use prima_cluster::manifest::MAX_PARALLEL;
 use prima_cluster::prp::budget::MemBudget;
 use prima_server::{
     serve_blocking, serve_blocking_batch, serve_blocking_speculative, Drafting, SchedulerOptions,
@@ -12,9 +11,18 @@ use super::engine::{Engine, EngineArgs, Streaming};
 use super::run::{DraftArgs, DraftModel};
 
 #[derive(clap::Args, Debug)]
+#[command(group(clap::ArgGroup::new("source").required(true).args(["model", "manifest"])))]
 pub struct ServeArgs {
     #[command(flatten)]
-    engine: EngineArgs,
+    engine: Option<EngineArgs>,
+    /// Serve on the cluster this manifest declares (its local nodes started, planned and
+    /// launched as by `prima apply`); its `[server]` and `[policy]` give the address,
+    /// slots and context, so this device's flags do not apply.
+    #[arg(long, value_name = "PATH", conflicts_with_all = [
+        "listen", "ctx_size", "parallel", "batch_size", "mem_budget", "alias", "draft",
+        "threads", "backend", "gpu_layers", "gpu_backend",
+    ])]
+    manifest: Option<std::path::PathBuf>,
     /// Address to listen on (port 0: any free port; the address is printed on stderr).
     #[arg(long, default_value = "127.0.0.1:8080")]
     listen: String,
@@ -23,7 +31,7 @@ pub struct ServeArgs {
     ctx_size: usize,
     /// Requests generated at once, each in a slot with its own KV cache of --ctx-size
     /// positions, batched together every step (llama.cpp's -np); the others queue.
-    #[arg(long, default_value_t = 1, value_parser = parse_parallel)]
+    #[arg(long, default_value_t = 1, value_parser = super::parse_parallel)]
     parallel: usize,
     /// Prompt tokens processed per batch.
     #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
@@ -42,8 +50,13 @@ pub struct ServeArgs {
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let engine_args = match (&args.manifest, &args.engine) {
+        (Some(manifest), _) => return super::apply::serve_manifest(manifest.clone()),
+        (None, Some(engine)) => engine,
+        (None, None) => anyhow::bail!("serve needs --model PATH or --manifest PATH"),
+    };
     check_draft_args(&args.draft, args.batch_size)?;
-    let engine = Engine::open(&args.engine)?;
+    let engine = Engine::open(engine_args)?;
     let draft = match &args.draft.draft {
         Some(path) => Some(DraftModel::open(path, args.draft.options(), &engine)?),
         None => None,
@@ -64,7 +77,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let name = args
         .alias
         .clone()
-        .unwrap_or_else(|| model_name(&args.engine.model));
+        .unwrap_or_else(|| model_name(&engine_args.model));
     let listener = std::net::TcpListener::bind(&args.listen)
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     let addr = listener.local_addr()?;
@@ -152,15 +165,4 @@ pub fn check_draft_args(draft: &DraftArgs, n_batch: usize) -> anyhow::Result<()>
         draft.draft_max.saturating_add(1)
     );
     Ok(())
-}
-
-/// `--parallel`: 1 to [`MAX_PARALLEL`] slots.
-pub fn parse_parallel(s: &str) -> Result<usize, String> {
-    let n: usize = s
-        .parse()
-        .map_err(|_| format!("'{s}' is not a number of slots"))?;
-    if !(1..=MAX_PARALLEL).contains(&n) {
-        return Err(format!("must be between 1 and {MAX_PARALLEL}"));
-    }
-    Ok(n)
 }

@@ -71,7 +71,7 @@ pub fn replanner<'a>(
             security,
             draft,
         })
-        .map_err(|e| format!("{e:#}"))?;
+        .map_err(|e| e.to_string())?;
         if planned.ring().count() == 1 {
             let head_name = &left.manifest.devices[head].name;
             let weights: u64 = model.weight_tensors().map(|t| t.n_bytes).sum();

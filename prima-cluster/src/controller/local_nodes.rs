@@ -7,9 +7,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+
+use super::ControllerError;
 
 /// What a local node is started with; a node is reused only if all of it is unchanged.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -83,7 +84,11 @@ fn state_path(manifest: &Path) -> PathBuf {
 
 impl LocalNodes {
     /// Starts (or, from a kept earlier run, reuses) one node per spec.
-    pub fn start(manifest: &Path, specs: &[NodeSpec], keep: bool) -> anyhow::Result<LocalNodes> {
+    pub fn start(
+        manifest: &Path,
+        specs: &[NodeSpec],
+        keep: bool,
+    ) -> Result<LocalNodes, ControllerError> {
         let state = state_path(manifest);
         let recorded: Vec<RunningNode> = std::fs::read(&state)
             .ok()
@@ -157,13 +162,17 @@ impl Drop for LocalNodes {
 }
 
 /// Starts `prima node` for `spec` on a free loopback port, its log in the cache.
-fn spawn(spec: &NodeSpec, keep: bool) -> anyhow::Result<(RunningNode, std::process::Child)> {
+fn spawn(
+    spec: &NodeSpec,
+    keep: bool,
+) -> Result<(RunningNode, std::process::Child), ControllerError> {
     let name = &spec.name;
+    let io = |what: String| move |source| ControllerError::Io { what, source };
     std::fs::create_dir_all(cache_dir())
-        .with_context(|| format!("cannot create {}", cache_dir().display()))?;
+        .map_err(io(format!("cannot create {}", cache_dir().display())))?;
     let log = cache_dir().join(format!("node-{name}-{}.log", std::process::id()));
     let log_file =
-        std::fs::File::create(&log).with_context(|| format!("cannot create {}", log.display()))?;
+        std::fs::File::create(&log).map_err(io(format!("cannot create {}", log.display())))?;
     let mut cmd = Command::new(&spec.exe);
     cmd.args(["node", "--listen", "127.0.0.1:0", "-m"])
         .arg(&spec.model);
@@ -206,7 +215,7 @@ fn spawn(spec: &NodeSpec, keep: bool) -> anyhow::Result<(RunningNode, std::proce
     }
     let mut child = cmd
         .spawn()
-        .with_context(|| format!("device '{name}': cannot start a local node"))?;
+        .map_err(io(format!("device '{name}': cannot start a local node")))?;
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let text = std::fs::read_to_string(&log).unwrap_or_default();
@@ -232,11 +241,17 @@ fn spawn(spec: &NodeSpec, keep: bool) -> anyhow::Result<(RunningNode, std::proce
                 .find_map(|l| l.strip_prefix("error: "))
                 .unwrap_or("it exited")
                 .to_string();
-            bail!("device '{name}': the local node failed to start ({status}): {why}");
+            return Err(ControllerError::NodeFailed {
+                device: name.clone(),
+                status,
+                why,
+            });
         }
         if Instant::now() > deadline {
             let _ = child.kill();
-            bail!("device '{name}': the local node did not start within 60 s");
+            return Err(ControllerError::NodeTimeout {
+                device: name.clone(),
+            });
         }
         std::thread::sleep(Duration::from_millis(20));
     }

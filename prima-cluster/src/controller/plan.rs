@@ -13,13 +13,14 @@ use crate::profile::{DeviceProfile, DeviceProfiles, ProfileOptions, GIB};
 use crate::prp::head::request_profile;
 use crate::prp::key::LinkSecurity;
 use crate::prp::{layer_counts, NextRoute};
-use anyhow::{bail, Context};
 use prima_abi::transport::TransportBox;
 use prima_core::model::Model;
 use prima_core::plugin::{load_os_models, load_solver, LoadedBackend};
 
 use crate::profile::{profile_with, with_budget};
 use crate::prp::budget::draft_memory;
+
+use super::ControllerError;
 
 /// One device's part of the plan.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -173,7 +174,7 @@ fn collect_profiles(
     inputs: &PlanInputs<'_>,
     order: &[usize],
     reach: &[Option<String>],
-) -> anyhow::Result<Vec<DeviceProfile>> {
+) -> Result<Vec<DeviceProfile>, ControllerError> {
     let m = &inputs.manifest.manifest;
     if let Some(file) = &m.policy.profiles {
         let path = inputs.manifest.resolve(file);
@@ -187,12 +188,9 @@ fn collect_profiles(
                     .iter()
                     .find(|p| p.name == d.name)
                     .cloned()
-                    .with_context(|| {
-                        format!(
-                            "policy.profiles: {} has no device named '{}'",
-                            path.display(),
-                            d.name
-                        )
+                    .ok_or_else(|| ControllerError::NoProfile {
+                        path: path.clone(),
+                        device: d.name.clone(),
                     })?;
                 p.relay = p.relay || d.relay_only;
                 Ok(p)
@@ -204,7 +202,7 @@ fn collect_profiles(
         return Ok(all);
     }
     let (Some(backend), Some(transport)) = (inputs.backend, inputs.transport) else {
-        bail!("profiling the devices needs the head's backend and a transport");
+        return Err(ControllerError::NoBackend);
     };
     let mut profiles = Vec::with_capacity(order.len());
     for (pos, &i) in order.iter().enumerate() {
@@ -220,16 +218,32 @@ fn collect_profiles(
                 &inputs.manifest.model_path(&d.name),
                 &options,
             )
-            .with_context(|| format!("device '{}': profiling", d.name))?;
+            .map_err(|source| ControllerError::Profiling {
+                device: d.name.clone(),
+                source,
+            })?;
             with_budget(report.profile, d.mem_budget.map(|s| s.0))
         } else {
             let addr = reach[pos]
                 .clone()
-                .with_context(|| format!("device '{}': no address", d.name))?;
-            let value = request_profile(transport, &addr, 120_000, inputs.security)
-                .map_err(|e| anyhow::anyhow!("device '{}' ({addr}): {e}", d.name))?;
-            serde_json::from_value::<DeviceProfile>(value)
-                .with_context(|| format!("device '{}' ({addr}): unreadable profile", d.name))?
+                .ok_or_else(|| ControllerError::NoAddress {
+                    device: d.name.clone(),
+                })?;
+            let value =
+                request_profile(transport, &addr, 120_000, inputs.security).map_err(|source| {
+                    ControllerError::Unreachable {
+                        device: d.name.clone(),
+                        addr: addr.clone(),
+                        source: Box::new(source),
+                    }
+                })?;
+            serde_json::from_value::<DeviceProfile>(value).map_err(|source| {
+                ControllerError::BadProfile {
+                    device: d.name.clone(),
+                    addr: addr.clone(),
+                    source,
+                }
+            })?
         };
         let mut profile = profile;
         profile.name = d.name.clone();
@@ -244,7 +258,7 @@ fn collect_profiles(
 }
 
 /// Plans the manifest's devices for the model.
-pub fn plan(inputs: &PlanInputs<'_>) -> anyhow::Result<Plan> {
+pub fn plan(inputs: &PlanInputs<'_>) -> Result<Plan, ControllerError> {
     let started = Instant::now();
     let manifest = inputs.manifest;
     let m = &manifest.manifest;
@@ -348,10 +362,9 @@ pub fn plan(inputs: &PlanInputs<'_>) -> anyhow::Result<Plan> {
         }
     }
     if w.iter().all(|&x| x == 0) {
-        bail!(
-            "{}: the plan gives no device any layer",
-            manifest.path.display()
-        );
+        return Err(ControllerError::NoLayers {
+            manifest: manifest.path.clone(),
+        });
     }
     // A device's own n_m (`gpu_layers`) in place of Halda's.
     for (pos, &i) in order.iter().enumerate() {
