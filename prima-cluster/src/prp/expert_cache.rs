@@ -30,6 +30,7 @@ use std::sync::{Arc, Mutex};
 use prima_core::gguf::{PageHint, ReadAhead};
 use prima_core::model::{ExpertPolicy, ExpertUse, Model, Routing};
 
+use super::expert_use;
 use super::protocol::{ReleaseMethod, ReleasePolicy};
 
 /// Rows routed (summed over the device's MoE layers) before the first re-plan of the hot
@@ -233,6 +234,10 @@ pub struct ExpertCache<'m> {
     /// Ranges every token reads and this device keeps resident (shared parts, output
     /// head), read by [`ExpertCache::warm`].
     keep: Vec<Range<u64>>,
+    /// Where the counts are saved when the cache is dropped, and whether the first plan
+    /// came from it.
+    use_file: Option<std::path::PathBuf>,
+    learned: bool,
     model: &'m Model,
 }
 
@@ -256,6 +261,9 @@ pub struct ExpertHints {
     /// batches of up to [`PREDICT_ROWS`] rows), count how often the guess is right, and,
     /// with `prefetch`, read the guessed streamed experts ahead.
     pub predict: bool,
+    /// Start from the use counts saved by earlier runs (when the plan is given none) and
+    /// save the counts when the cache is dropped ([`super::expert_use`]).
+    pub persist: bool,
 }
 
 /// Whether devices guess the next layer's experts unless told otherwise: no. Measured on
@@ -352,6 +360,13 @@ impl<'m> ExpertCache<'m> {
         }
         let room = ExpertCache::room(model);
         let for_experts = budget.checked_sub(fixed + shared + room)?;
+        let use_file = hints.persist.then(|| expert_use::use_file(model)).flatten();
+        let saved = match (counts, &use_file) {
+            (None, Some(path)) => expert_use::load(path, n_layers, ne),
+            _ => None,
+        };
+        let learned = saved.is_some();
+        let counts = counts.or(saved.as_deref());
         let expert_bytes: Vec<u64> = (0..n_layers).map(|il| model.expert_bytes(il)).collect();
         let held_bytes: Vec<u64> = layers.iter().map(|&il| expert_bytes[il]).collect();
         let held_counts: Option<Vec<Vec<u64>>> = counts.map(|c| {
@@ -435,6 +450,8 @@ impl<'m> ExpertCache<'m> {
             }),
             prefetch: hints.prefetch,
             keep,
+            use_file,
+            learned,
             model,
         })
     }
@@ -569,8 +586,13 @@ impl<'m> ExpertCache<'m> {
             .iter()
             .map(|&il| model.layer_shared_bytes(il))
             .sum();
+        let start = if self.learned {
+            "hottest by earlier runs' counts"
+        } else {
+            "hottest first"
+        };
         format!(
-            "layers {}–{}: shared parts resident ({:.1} MiB), {} of {} experts resident ({:.1} MiB, hottest first), the rest streamed per use",
+            "layers {}–{}: shared parts resident ({:.1} MiB), {} of {} experts resident ({:.1} MiB, {start}), the rest streamed per use",
             self.layers.first().copied().unwrap_or(0),
             self.layers.last().copied().unwrap_or(0),
             shared as f64 / (1u64 << 20) as f64,
@@ -665,6 +687,24 @@ impl<'m> ExpertCache<'m> {
         }
     }
 
+    /// Saves the use counts of this device's layers to its use file, when it keeps one
+    /// (as dropping the cache does).
+    pub fn save_uses(&self) {
+        let Some(path) = &self.use_file else {
+            return;
+        };
+        let counts = self.uses.snapshot();
+        if let Err(why) = expert_use::save(path, self.model, &counts, &self.layers) {
+            tracing::warn!("expert use counts not saved: {why}");
+            eprintln!("warning: expert use counts not saved: {why}");
+        }
+    }
+
+    /// Whether the first hot set came from the counts of earlier runs.
+    pub fn learned(&self) -> bool {
+        self.learned
+    }
+
     fn release_expert(&self, il: usize, e: usize) {
         let ranges = &self.ranges[il * self.n_expert + e];
         if let Some(reader) = &self.reader {
@@ -678,6 +718,12 @@ impl<'m> ExpertCache<'m> {
                 }
             }
         }
+    }
+}
+
+impl Drop for ExpertCache<'_> {
+    fn drop(&mut self) {
+        self.save_uses();
     }
 }
 
