@@ -401,3 +401,36 @@ fn use_counts_persist_between_runs_and_a_corrupt_file_is_only_a_warning() {
     assert_eq!(again, once);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A prompt's streamed experts read in bulk, with or without waiting for the reads, or
+/// one by one: the same tokens.
+#[test]
+fn bulk_reads_of_a_prompt_give_the_same_tokens() {
+    let Some(path) = model_or_skip(derived_models().join(MODELS[0])) else {
+        return;
+    };
+    let model = Model::load(&path).unwrap();
+    let budget = fixed_bytes(&model) + ExpertCache::room(&model) + 2 * model.expert_bytes(0);
+    let run = |mode: &str| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_prima"))
+            .args(["run", "-t", "1", "--temp", "0", "-n", "6", "-c", "128"])
+            .args([
+                "-p",
+                "A prompt of more than a few rows reads its experts in bulk",
+                "-m",
+            ])
+            .arg(&path)
+            .args(["--mem-budget", &budget.to_string()])
+            .env("PRIMA_EXPERT_USE_DIR", "off")
+            .env("PRIMA_EXPERT_BULK", mode)
+            .output()
+            .expect("run prima");
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{stderr}");
+        assert!(stderr.contains("misses"), "{stderr}");
+        out.stdout
+    };
+    let read = run("read");
+    assert_eq!(run("wait"), read);
+    assert_eq!(run("off"), read);
+}
