@@ -46,6 +46,7 @@ fn hints(release: ReleasePolicy) -> ExpertHints {
         release,
         method: ReleaseMethod::Pageout,
         predict: true,
+        persist: false,
     }
 }
 
@@ -215,11 +216,11 @@ fn prima_run(model: &std::path::Path, args: &[&str]) -> std::process::Output {
         .expect("run prima")
 }
 
-/// A ring node whose budget holds its layers' shared parts but few experts streams
-/// experts, prints the same tokens as one device with everything resident, and reports
-/// its cache per device (`-v`, `--stats-json`).
+/// A ring head and node whose budgets hold their layers' shared parts but few experts
+/// stream experts, print the same tokens as one device with everything resident, and report
+/// their caches per device (`-v`, `--stats-json`).
 #[test]
-fn a_ring_node_streams_experts_and_reports_its_cache() {
+fn ring_devices_stream_experts_and_report_their_cache() {
     let Some(path) = model_or_skip(derived_models().join(MODELS[1])) else {
         return;
     };
@@ -230,6 +231,12 @@ fn a_ring_node_streams_experts_and_reports_its_cache() {
         .map(|il| model.layer_shared_bytes(il))
         .sum();
     let budget = shared + ExpertCache::room(&model) + 2 * model.expert_bytes(n - 1);
+    // The head's window too: its layers' shared parts and two experts.
+    let head_shared: u64 = (0..head_layers)
+        .map(|il| model.layer_shared_bytes(il))
+        .sum();
+    let head_budget =
+        (head_shared + ExpertCache::room(&model) + 2 * model.expert_bytes(0)).to_string();
     let node = common::Node::start_with(&path, &["--mem-budget", &budget.to_string()]);
     let single = prima_run(&path, &["--mem-budget", "none"]);
     assert!(single.status.success());
@@ -245,7 +252,7 @@ fn a_ring_node_streams_experts_and_reports_its_cache() {
             "--windows",
             &windows,
             "--mem-budget",
-            "none",
+            &head_budget,
             "-v",
             "--stats-json",
             &stats_arg,
@@ -266,14 +273,13 @@ fn a_ring_node_streams_experts_and_reports_its_cache() {
             .map(|p| p[key].as_u64().unwrap_or(0))
             .sum()
     };
-    // The head keeps everything; the node streams experts and counts them.
-    assert_eq!(sum(&devices[0], "expert_misses"), 0);
-    let (hits, misses) = (
-        sum(&devices[1], "expert_hits"),
-        sum(&devices[1], "expert_misses"),
-    );
-    assert!(misses > 0 && hits > 0, "{hits} hits, {misses} misses");
-    assert!(sum(&devices[1], "expert_streamed_bytes") > 0);
+    // The head and the node both stream experts and count them.
+    for device in &devices[..2] {
+        let (hits, misses) = (sum(device, "expert_hits"), sum(device, "expert_misses"));
+        assert!(misses > 0 && hits > 0, "{hits} hits, {misses} misses");
+        assert!(sum(device, "expert_streamed_bytes") > 0);
+    }
+    assert!(stderr.contains("head: memory:"), "{stderr}");
 }
 
 /// Routes `rows` rows of layer `il` to expert `e` alone.
@@ -319,4 +325,112 @@ fn the_hot_set_follows_the_counts_with_hysteresis() {
     cache.replan_now();
     assert!((0..n).all(|il| cache.is_resident(il, 6) && !cache.is_resident(il, 5)));
     assert_eq!(cache.stats().resident_experts, n as u64);
+}
+
+/// The use counts of a run are saved when it ends and give the next run its first hot
+/// set; a file that does not parse is a warning naming it, and is written anew.
+#[test]
+fn use_counts_persist_between_runs_and_a_corrupt_file_is_only_a_warning() {
+    let Some(path) = model_or_skip(derived_models().join(MODELS[1])) else {
+        return;
+    };
+    let model = Model::load(&path).unwrap();
+    let shape = model.experts().unwrap();
+    let (n_layers, n_expert) = (model.hparams().n_layers, shape.n_expert);
+    let budget = fixed_bytes(&model) + ExpertCache::room(&model) + 2 * model.expert_bytes(0);
+    let dir = std::env::temp_dir().join(format!("prima-expert-use-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let run = || {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_prima"))
+            .args(["run", "-t", "1", "--temp", "0", "-n", "8", "-c", "128"])
+            .args(["-p", "Counts are kept between runs", "-m"])
+            .arg(&path)
+            .args(["--mem-budget", &budget.to_string()])
+            .env("PRIMA_EXPERT_USE_DIR", &dir)
+            .output()
+            .expect("run prima");
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{stderr}");
+        (out.stdout, stderr)
+    };
+    // Per layer, the rows routed, each to k experts: the same in every layer.
+    let totals = || -> (std::path::PathBuf, Vec<u64>) {
+        let files: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        assert_eq!(files.len(), 1, "{files:?}");
+        let json: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&files[0]).unwrap()).unwrap();
+        let layers = json["expert_use"].as_array().unwrap();
+        assert_eq!(layers.len(), n_layers);
+        let totals = layers
+            .iter()
+            .map(|l| {
+                let l = l.as_array().unwrap();
+                assert_eq!(l.len(), n_expert);
+                l.iter().map(|c| c.as_u64().unwrap()).sum::<u64>()
+            })
+            .collect();
+        (files[0].clone(), totals)
+    };
+
+    let (first, stderr) = run();
+    assert!(stderr.contains("hottest first"), "{stderr}");
+    let (file, once) = totals();
+    assert!(
+        once[0] > 0 && once.iter().all(|&t| t == once[0]),
+        "{once:?}"
+    );
+    assert_eq!(once[0] % shape.n_expert_used as u64, 0);
+
+    // The second run starts from the first's counts and adds its own.
+    let (second, stderr) = run();
+    assert_eq!(second, first, "{stderr}");
+    assert!(stderr.contains("earlier runs' counts"), "{stderr}");
+    let (_, twice) = totals();
+    assert!(twice.iter().all(|&t| t == 2 * once[0]), "{twice:?}");
+
+    std::fs::write(&file, "{\"expert_use\": [[1, 2]").unwrap();
+    let (third, stderr) = run();
+    assert_eq!(third, first, "{stderr}");
+    assert!(stderr.contains("warning: expert use file"), "{stderr}");
+    assert!(stderr.contains(&file.display().to_string()), "{stderr}");
+    assert!(stderr.contains("hottest first"), "{stderr}");
+    let (_, again) = totals();
+    assert_eq!(again, once);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A prompt's streamed experts read in bulk, with or without waiting for the reads, or
+/// one by one: the same tokens.
+#[test]
+fn bulk_reads_of_a_prompt_give_the_same_tokens() {
+    let Some(path) = model_or_skip(derived_models().join(MODELS[0])) else {
+        return;
+    };
+    let model = Model::load(&path).unwrap();
+    let budget = fixed_bytes(&model) + ExpertCache::room(&model) + 2 * model.expert_bytes(0);
+    let run = |mode: &str| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_prima"))
+            .args(["run", "-t", "1", "--temp", "0", "-n", "6", "-c", "128"])
+            .args([
+                "-p",
+                "A prompt of more than a few rows reads its experts in bulk",
+                "-m",
+            ])
+            .arg(&path)
+            .args(["--mem-budget", &budget.to_string()])
+            .env("PRIMA_EXPERT_USE_DIR", "off")
+            .env("PRIMA_EXPERT_BULK", mode)
+            .output()
+            .expect("run prima");
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{stderr}");
+        assert!(stderr.contains("misses"), "{stderr}");
+        out.stdout
+    };
+    let read = run("read");
+    assert_eq!(run("wait"), read);
+    assert_eq!(run("off"), read);
 }

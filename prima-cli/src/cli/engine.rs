@@ -286,6 +286,7 @@ impl Engine {
                     release: streaming.release,
                     method: streaming.method,
                     predict: streaming.expert_predict,
+                    persist: true,
                 };
                 let cache = ExpertCache::plan_alone(model, b.bytes, None, hints)?;
                 eprintln!(

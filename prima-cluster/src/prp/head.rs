@@ -20,6 +20,7 @@ use prima_core::model::{GpuLayers, Model, Session};
 
 use super::budget::{report_budget, ring_device_budget, MemBudget};
 use super::counters::PassMeter;
+use super::expert_cache::{ExpertCache, ExpertCacheStats, ExpertHints, PREDICT_DEFAULT};
 use super::key::LinkSecurity;
 use super::link::{
     decode_activations, expect_control, recv_control, recv_frame, send_control, send_frame,
@@ -244,7 +245,7 @@ fn lost_at_connect(e: RingError, device: usize, addr: &str) -> RingError {
 /// entry.
 pub struct RingHead<'m> {
     session: Session<'m>,
-    ring: Passes,
+    ring: Passes<'m>,
     health: Option<JoinHandle<()>>,
     /// How many micro-batches an evaluation is cut into; `None`: as `tuner` finds
     /// fastest.
@@ -256,8 +257,11 @@ pub struct RingHead<'m> {
 
 /// What sends a batch round the ring: the head's windows, the data connections, the
 /// pass counter and the statistics of every pass.
-struct Passes {
+struct Passes<'m> {
     residency: Residency,
+    /// The head's resident-expert cache, when it streams experts (also the session's
+    /// expert policy).
+    experts: Option<Arc<ExpertCache<'m>>>,
     rounds: usize,
     wire: WireType,
     shared: Arc<Shared>,
@@ -290,6 +294,9 @@ struct Sent {
     seq: u64,
     round: usize,
     n_tokens: usize,
+    expert_hits: u64,
+    expert_misses: u64,
+    expert_streamed_bytes: u64,
     compute_ms: f64,
     send_ms: f64,
     major_faults: u64,
@@ -460,7 +467,7 @@ impl<'m> RingHead<'m> {
             Some(_) => gpu_layers_of(head_windows.iter().map(|w| &w.layers), |i| head_gpu[i]),
             None => Vec::new(),
         };
-        let session = Session::with_split(
+        let mut session = Session::with_split(
             model,
             backend,
             gpus.head.map(|backend| GpuLayers {
@@ -489,17 +496,44 @@ impl<'m> RingHead<'m> {
             }
             b
         });
+        // As on a node: a mixture of experts keeps its layers' shared parts and hottest
+        // experts and streams the other experts per use, when the shared parts fit.
+        let cpu_held: Vec<usize> = held
+            .iter()
+            .copied()
+            .filter(|il| !on_gpu.contains(il))
+            .collect();
+        let experts = budget.as_ref().and_then(|b| {
+            let hints = ExpertHints {
+                prefetch: options.prefetch,
+                release: options.release,
+                method: options.release_method,
+                predict: PREDICT_DEFAULT,
+                persist: true,
+            };
+            ExpertCache::plan_layers(model, &cpu_held, b.bytes, None, hints).map(Arc::new)
+        });
         let residency = Residency::plan_split(
             model,
             &head_windows,
             &on_gpu,
-            budget.as_ref().map(|b| b.bytes),
+            budget
+                .as_ref()
+                .filter(|_| experts.is_none())
+                .map(|b| b.bytes),
             options.prefetch,
             options.release,
             options.release_method,
         );
         report_budget("head", budget.as_ref(), &residency);
-        residency.warm(model);
+        match (&experts, &budget) {
+            (Some(cache), Some(b)) => {
+                eprintln!("head: memory: {b}; {}", cache.describe());
+                cache.warm();
+                session.set_expert_policy(Some(cache.clone()));
+            }
+            _ => residency.warm(model),
+        }
 
         let data_out = Link::connect(transport, &nodes[0], 10_000, &options.security)
             .map_err(|e| lost_at_connect(e, 1, &nodes[0]))?;
@@ -575,6 +609,7 @@ impl<'m> RingHead<'m> {
             tuner: MicroBatchTuner::new(links_len + 1),
             ring: Passes {
                 residency,
+                experts,
                 rounds,
                 wire: options.wire,
                 shared,
@@ -662,7 +697,7 @@ impl<'m> RingHead<'m> {
     }
 }
 
-impl Passes {
+impl Passes<'_> {
     /// Turns a transport failure into the health thread's verdict on who broke the ring,
     /// waiting a little for it.
     fn broken(&self, cause: RingError) -> RingError {
@@ -724,9 +759,11 @@ impl Passes {
         let model = session.model();
         let n_embd = model.hparams().n_embd;
         let n_tokens = session.hidden().len() / n_embd;
+        let experts_before = self.expert_stats();
         let run = self
             .residency
             .run_round(model, session, &self.meter, round)?;
+        let experts_after = self.expert_stats();
 
         let header = Activations {
             seq,
@@ -757,12 +794,20 @@ impl Passes {
             seq,
             round,
             n_tokens,
+            expert_hits: experts_after.hits - experts_before.hits,
+            expert_misses: experts_after.misses - experts_before.misses,
+            expert_streamed_bytes: experts_after.streamed_bytes - experts_before.streamed_bytes,
             compute_ms: run.compute_ms,
             send_ms,
             major_faults: run.major_faults,
             disk_read_bytes,
             mem_available,
         })
+    }
+
+    /// What the head's expert cache has served (zeros without one).
+    fn expert_stats(&self) -> ExpertCacheStats {
+        self.experts.as_ref().map(|c| c.stats()).unwrap_or_default()
     }
 
     /// The next frame from the last device, and how long the head waited for it.
@@ -823,7 +868,9 @@ impl Passes {
             major_faults: sent.major_faults,
             disk_read_bytes: sent.disk_read_bytes,
             mem_available: sent.mem_available,
-            ..PassStats::default()
+            expert_hits: sent.expert_hits,
+            expert_misses: sent.expert_misses,
+            expert_streamed_bytes: sent.expert_streamed_bytes,
         });
     }
 

@@ -14,6 +14,8 @@
 //!   the context and goes on.
 //! - [`alone`]: a device running the whole model alone, a ring of one, with the same
 //!   residency when its weights do not fit its memory.
+//! - [`expert_cache`]: experts as the unit of residency for a MoE model; [`expert_use`]:
+//!   their use counts kept between runs.
 //! - [`counters`]: page faults and disk reads, for the per-device timing.
 
 pub mod alone;
@@ -21,6 +23,7 @@ pub mod budget;
 pub mod counters;
 mod error;
 pub mod expert_cache;
+pub mod expert_use;
 pub mod failover;
 pub mod head;
 pub mod key;

@@ -314,6 +314,7 @@ fn session(node: &Node<'_>, setup: Setup, control: &Link) -> Result<bool, RingEr
             release: setup.release,
             method: setup.release_method,
             predict: PREDICT_DEFAULT,
+            persist: true,
         };
         ExpertCache::plan_layers(model, &cpu_held, b.bytes, None, hints).map(Arc::new)
     });

@@ -100,6 +100,21 @@ fn overlaps(a: &Range<u64>, b: &Range<u64>) -> bool {
     a.start < b.end && b.start < a.end
 }
 
+/// `a` less `b`: none, one or two ranges.
+fn subtract(a: &Range<u64>, b: &Range<u64>) -> Vec<Range<u64>> {
+    if !overlaps(a, b) {
+        return vec![a.clone()];
+    }
+    let mut out = Vec::new();
+    if a.start < b.start {
+        out.push(a.start..b.start);
+    }
+    if b.end < a.end {
+        out.push(b.end..a.end);
+    }
+    out
+}
+
 impl ReadAhead {
     /// Starts the reader on its own handle of `file`, holding at most `cap` bytes read
     /// ahead.
@@ -131,14 +146,27 @@ impl ReadAhead {
         self.shared.wake.notify_one();
     }
 
-    /// Drops every queued range that overlaps `ranges`, and the rest of the one being read
-    /// if it does: they were used (and are being released), and reading them now would
-    /// only evict others. What was read of them no longer counts against the cap.
+    /// Drops `ranges` from what is queued (a queued range that covers more keeps the
+    /// rest), and the rest of the range being read if `ranges` cover it: they were used
+    /// (and are being released), and reading them now would only evict others. What was
+    /// read of them no longer counts against the cap.
     pub fn forget(&self, ranges: &[Range<u64>]) {
         let mut q = self.shared.lock();
-        q.pending.retain(|p| !ranges.iter().any(|r| overlaps(p, r)));
+        let mut left: Vec<Range<u64>> = Vec::with_capacity(q.pending.len());
+        for p in q.pending.drain(..) {
+            let mut parts = vec![p];
+            for r in ranges {
+                parts = parts.into_iter().flat_map(|p| subtract(&p, r)).collect();
+            }
+            left.extend(parts);
+        }
+        q.pending = left.into();
         if let Some(c) = &q.current {
-            if ranges.iter().any(|r| overlaps(c, r)) {
+            let mut parts = vec![c.clone()];
+            for r in ranges {
+                parts = parts.into_iter().flat_map(|p| subtract(&p, r)).collect();
+            }
+            if parts.is_empty() {
                 q.drop_current = true;
             }
         }
@@ -147,6 +175,25 @@ impl ReadAhead {
         }
         drop(q);
         self.shared.wake.notify_all();
+    }
+
+    /// Waits until `ranges` are read, unless the reader cannot go on before the caller
+    /// does (what it holds fills its cap) or was told to stop: a wait never blocks on
+    /// the caller itself, and pages not read yet are simply faulted in.
+    pub fn wait_read(&self, ranges: &[Range<u64>]) {
+        let mut q = self.shared.lock();
+        loop {
+            let queued = q
+                .pending
+                .iter()
+                .any(|p| ranges.iter().any(|r| overlaps(p, r)))
+                || (q.current.as_ref())
+                    .is_some_and(|c| !q.drop_current && ranges.iter().any(|r| overlaps(c, r)));
+            if !queued || q.stop || q.held_bytes >= q.cap {
+                return;
+            }
+            q = self.shared.wake.wait(q).unwrap_or_else(|e| e.into_inner());
+        }
     }
 
     /// Bytes read ahead and not forgotten (for tests and reports).
@@ -222,7 +269,13 @@ fn read_loop(file: &File, shared: &Shared) {
                     // Forgotten while being read: these bytes do not count.
                     if !q.drop_current {
                         q.hold(done);
+                        // What has been read so far is no longer waited for.
+                        if let Some(c) = &mut q.current {
+                            c.start = range.start;
+                        }
                     }
+                    drop(q);
+                    shared.wake.notify_all();
                 }
             }
             if shared.lock().drop_current {
@@ -230,6 +283,7 @@ fn read_loop(file: &File, shared: &Shared) {
             }
         }
         shared.lock().current = None;
+        shared.wake.notify_all();
     }
 }
 
@@ -306,6 +360,42 @@ mod tests {
         // Forgetting the range being read drops the rest of it; dropping a reader
         // blocked on its cap ends it.
         r.forget(&[p..2 * p]);
+        drop(r);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    #[allow(clippy::single_range_in_vec_init)]
+    fn a_partly_forgotten_range_keeps_its_rest_and_a_wait_never_blocks_on_the_cap() {
+        let dir = std::env::temp_dir().join(format!("prima-read-wait-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("f.bin");
+        let p = PIECE as u64;
+        std::fs::File::create(&path)
+            .unwrap()
+            .write_all(&vec![7u8; 3 * PIECE])
+            .unwrap();
+        let file = File::open(&path).unwrap();
+        // Forgetting the middle of a queued (or half-read) range leaves its ends to read;
+        // a wait for the end returns once it is read.
+        let r = ReadAhead::spawn(&file, u64::MAX).unwrap();
+        r.read(&[0..3 * p]);
+        r.forget(&[p..2 * p]);
+        r.wait_read(&[2 * p..3 * p]);
+        wait_idle(&r);
+        let held = r.held_bytes();
+        assert!((2 * p..=3 * p).contains(&held), "{held}");
+        drop(r);
+        // A reader stopped at its cap cannot reach the last piece before the caller
+        // forgets something: the wait returns instead of blocking.
+        let r = ReadAhead::spawn(&file, p).unwrap();
+        r.read(&[0..3 * p]);
+        let start = Instant::now();
+        while r.held_bytes() < p {
+            assert!(start.elapsed() < Duration::from_secs(10), "reader stuck");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        r.wait_read(&[2 * p..3 * p]);
         drop(r);
         std::fs::remove_dir_all(&dir).unwrap();
     }

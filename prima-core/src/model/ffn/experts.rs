@@ -70,6 +70,12 @@ pub trait ExpertPolicy: Send + Sync {
     /// index order.
     fn routed(&self, layer: usize, routing: Routing<'_>);
 
+    /// Expert `expert` of layer `layer` is about to run its products (a policy may wait
+    /// here for its weights to be read). Nothing by default.
+    fn computing(&self, layer: usize, expert: usize) {
+        let _ = (layer, expert);
+    }
+
     /// Expert `expert` of layer `layer` has run its down-projection: this batch reads it
     /// no more.
     fn computed(&self, layer: usize, expert: usize);

@@ -57,6 +57,13 @@ impl FfnContext<'_> {
         }
     }
 
+    /// Tells the policy expert `e`'s products come next.
+    pub fn computing(&self, e: usize) {
+        if let Some(p) = self.experts {
+            p.computing(self.layer, e);
+        }
+    }
+
     /// Tells the policy expert `e` has run its down-projection.
     pub fn computed(&self, e: usize) {
         if let Some(p) = self.experts {

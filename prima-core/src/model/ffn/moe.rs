@@ -154,6 +154,7 @@ impl MoeFfn {
             }
             let (gate, up) = (&mut s.gate[..c * ff], &mut s.up[..c * ff]);
             let ct = c as u32;
+            cx.computing(e);
             op(
                 be.matmul(
                     model.expert_view(&self.gate_exps, e),
