@@ -175,7 +175,14 @@ pub fn path_q8(layout: &Layout) -> PathBuf {
 
 /// `cargo xtask bench-models [--only 1b,3b,8b,moe,moe-11b]`.
 pub fn make(layout: &Layout, args: &BenchModelsArgs) -> Result<()> {
-    let all = [Size::B1, Size::B3, Size::B8, Size::Moe, Size::Moe11b, Size::GptOss];
+    let all = [
+        Size::B1,
+        Size::B3,
+        Size::B8,
+        Size::Moe,
+        Size::Moe11b,
+        Size::GptOss,
+    ];
     let sizes = if args.only.is_empty() {
         &all[..]
     } else {

@@ -647,9 +647,19 @@ impl<'m> ExpertCache<'m> {
                 .filter(move |&e| self.is_resident(il, e))
                 .flat_map(move |e| self.ranges[il * self.n_expert + e].iter())
         });
+        // Expert tensors are hinted `Random` (no read-around), so touching their pages alone
+        // would read them one page per fault: read each range in large sequential reads
+        // first, then touch the (now cached) pages to map them.
+        let mut file = std::fs::File::open(self.model.gguf().path()).ok();
+        let mut buf = vec![0u8; 1 << 20];
         for r in self.keep.iter().chain(experts) {
             let end = (r.end as usize).min(bytes.len());
             let start = (r.start as usize).min(end);
+            if let Some(f) = file.as_mut() {
+                if read_through(f, start as u64, end as u64, &mut buf).is_err() {
+                    file = None;
+                }
+            }
             for page in bytes[start..end].chunks(PAGE) {
                 checksum ^= page[0];
             }
@@ -793,6 +803,25 @@ impl Drop for ExpertCache<'_> {
 }
 
 /// The byte ranges of `layers`' shared parts.
+/// Reads the file's bytes `start..end` into `buf`, chunk by chunk, only so that they are in
+/// the page cache.
+fn read_through(
+    f: &mut std::fs::File,
+    start: u64,
+    end: u64,
+    buf: &mut [u8],
+) -> std::io::Result<()> {
+    use std::io::{Read, Seek, SeekFrom};
+    f.seek(SeekFrom::Start(start))?;
+    let mut at = start;
+    while at < end {
+        let n = ((end - at) as usize).min(buf.len());
+        f.read_exact(&mut buf[..n])?;
+        at += n as u64;
+    }
+    Ok(())
+}
+
 fn shared_ranges(model: &Model, layers: &[usize]) -> Vec<Range<u64>> {
     layers
         .iter()
