@@ -61,10 +61,6 @@ pub(in crate::formats) fn avx2(mut k: FormatKernels) -> FormatKernels {
     k.panel = match k.weight_type {
         // IQ4_NL rows rewritten as Q8_0 rows run through Q8_0's panels.
         T::IQ4NL => panel_iq4::iq4_nl_kernels(panel256::kernels(T::Q8_0), panel_iq4::pack_avx2),
-        // MXFP4 likewise, its E8M0 scales written into the panel's f32 `d` lanes.
-        T::MXFP4 => {
-            panel_iq4::iq4_nl_kernels(panel256::kernels(T::Q8_0), panel_iq4::pack_mxfp4_avx2)
-        }
         T::IQ4XS => Some(panel_iq4::iq4_xs_avx2()),
         t => panel256::kernels(t),
     }
@@ -113,6 +109,8 @@ pub(in crate::formats) fn avx512(mut k: FormatKernels) -> FormatKernels {
     };
     k.panel = match k.weight_type {
         T::IQ4NL => panel_iq4::iq4_nl_kernels(panel512::kernels(T::Q8_0), panel_iq4::pack_avx512),
+        // MXFP4 likewise, its E8M0 scales written into the panel's f32 `d` lanes (AVX2's
+        // panels, in `panel256`, have a tile of their own).
         T::MXFP4 => {
             panel_iq4::iq4_nl_kernels(panel512::kernels(T::Q8_0), panel_iq4::pack_mxfp4_avx512)
         }

@@ -1,10 +1,17 @@
-//! Row-panel prefill kernels of IQ4_NL, at AVX-512 and AVX2, as Q8_0's panels: an IQ4_NL
-//! block is a Q8_0 block whose quants are table values (`d` the same f16, the values in
-//! −127..=113), and its scalar term, `isum · (d · d_a)`, is Q8_0's. So packing turns the
+//! Row-panel prefill kernels of IQ4_NL and MXFP4, at AVX-512 and AVX2, as Q8_0's panels: an
+//! IQ4_NL block is a Q8_0 block whose quants are table values (`d` the same f16, the values
+//! in −127..=113), and its scalar term, `isum · (d · d_a)`, is Q8_0's. So packing turns the
 //! panel's rows into Q8_0 rows (a per-thread scratch copy of `rows` rows, made once per
 //! panel) and hands them to Q8_0's pack; the gemm, the token side data and the panel
 //! layout are Q8_0's own (`panel512`, `panel256`), so every result is the Q8_0 panel's,
 //! which equals the Q8_0 — hence the IQ4_NL — scalar `vec_dot` bit for bit.
+//!
+//! MXFP4 is the same shape (the doubled E2M1 values −12..=12 as quants, scalar term
+//! `isum · (e8m0_half(e) · d_a)`), but its scale `2^(e − 128)` is an f16 only for
+//! `e` in 104..=143. The panel holds each block's `d` as an f32 lane, though, so after
+//! Q8_0's pack the MXFP4 pack writes `e8m0_half(e)` over those lanes: every exponent,
+//! 0 and 255 included, gets the scalar kernel's f32, with no fallback to the row path. At
+//! AVX2 its tile is `panel256`'s Q8_0 tile with wider i16 runs (the values are small).
 //!
 //! IQ4_XS's signed sub-block scales times table values do not fit a byte, so it has
 //! panels of its own, laid out like Q4_K's: per super-block, 64 groups of four columns'
@@ -24,7 +31,7 @@
 //! Each lane's integer is the scalar kernel's `isum` (|isum| < 2^31: 8·32·241·127·32), and
 //! its float term `(d · d_a) · isum` the scalar kernel's operations in order.
 //!
-//! Not for: IQ4 one-row dots (`vec_dot::iq4`).
+//! Not for: IQ4 and MXFP4 one-row dots (`vec_dot::iq4`, `vec_dot::mxfp4`).
 
 use super::panel512::{
     i16_pair, legacy_block, prep_q8_k, put_lane, put_quants32, scaled_sub_block_sums, K_AUX,
