@@ -26,6 +26,9 @@
 //! - `panel_matmul_matches_scalar`: the row-panel prefill kernels (whole panels and
 //!   the rows after them, 8-token tiles and single-token tails), with every weight scale
 //!   kind and every activation kind above, equal the scalar `vec_dot` bit for bit.
+//! - `mxfp4_panels_extreme_values_match_scalar`: MXFP4's panels (rows rewritten as Q8_0,
+//!   the E8M0 scales as f32 lanes) with every exponent mixed in the lanes, and the largest
+//!   values against same-signed ±127 activation quants, equal the scalar bits.
 //! - `panel_matmul_bf16_bounds`: BF16 panels, with weights and activations around the
 //!   bounds that let a tile fuse its multiply-adds (tiny, subnormal, huge, infinite, NaN
 //!   and zero elements), in tiles of one kind and of mixed kinds, equal the scalar bits.
@@ -874,6 +877,80 @@ fn panel_matmul_matches_scalar() {
                             );
                         }
                     }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn mxfp4_panels_extreme_values_match_scalar() {
+    // Every E8M0 exponent (f16-representable `2^(e − 128)` is only e in 104..=143: the
+    // panels carry the f32 scale) mixed within each panel's lanes, and the largest values
+    // (codes ±12) against ±127 activation quants of the same signs, the AVX2 tile's widest
+    // i16 sums (eight groups of 2·12·127 pairs).
+    let t = GgmlType::MXFP4;
+    let k = scalar::kernels(t).unwrap();
+    let mut rng = ChaCha8Rng::seed_from_u64(23);
+    for level in levels() {
+        let lookup: KernelLookup = match level {
+            KernelLevel::Avx2 => |t| KernelLevel::Avx2.kernels(t),
+            KernelLevel::Avx512 => |t| KernelLevel::Avx512.kernels(t),
+            _ => continue,
+        };
+        assert!(
+            lookup(t).unwrap().panel.is_some(),
+            "{}: no MXFP4 panels",
+            level.name()
+        );
+        let (rows, cols) = (37, 5 * t.block_elems());
+        let row_bytes = t.row_bytes(cols).unwrap();
+        for extreme in [false, true] {
+            let mut data = vec![0u8; rows * row_bytes];
+            rng.fill(&mut data[..]);
+            let mut e = 0u8;
+            for (i, block) in data.chunks_exact_mut(t.block_bytes()).enumerate() {
+                block[0] = e;
+                e = e.wrapping_add(if i % 3 == 0 { 1 } else { 97 });
+                if extreme {
+                    // 12 (code 7) in the low nibbles, −12 (code 15) in the high ones.
+                    block[1..].fill(0xF7);
+                }
+            }
+            // Whole tiles and single tokens; the extreme tokens' signs follow the weights'.
+            let n_tokens = 9;
+            let x: Vec<f32> = (0..n_tokens * cols)
+                .map(|i| {
+                    if extreme {
+                        if i % 32 < 16 {
+                            1.0
+                        } else {
+                            -1.0
+                        }
+                    } else {
+                        rng.gen_range(-2.0..2.0)
+                    }
+                })
+                .collect();
+            let w = TensorView {
+                data: RSlice::from_slice(&data),
+                ggml_type: t.id(),
+                cols: cols as u64,
+                rows: rows as u64,
+            };
+            let got = matmul_with(lookup, 2, w, &x, n_tokens);
+            let mut act = vec![0u8; k.vec_dot_type.row_bytes(cols).unwrap()];
+            for tok in 0..n_tokens {
+                (k.quantize_activation)(&x[tok * cols..(tok + 1) * cols], &mut act);
+                for r in 0..rows {
+                    let want = (k.vec_dot)(cols, &data[r * row_bytes..(r + 1) * row_bytes], &act);
+                    let g = got[tok * rows + r];
+                    assert!(
+                        same(g, want),
+                        "{} MXFP4 panels (extreme values: {extreme}) row {r} token {tok}: \
+                         {g} vs scalar {want}",
+                        level.name()
+                    );
                 }
             }
         }

@@ -4,7 +4,8 @@
 //! AVX-512 kernel of some shape keeps its AVX2 one.
 //!
 //! This is the only x86 module that picks between shapes (`vec_dot`, `few`, `rows`,
-//! `panel`) and between a format's own kernels and another's (IQ4_NL's panels are Q8_0's);
+//! `panel`) and between a format's own kernels and another's (IQ4_NL's and MXFP4's panels
+//! are Q8_0's);
 //! nothing in x86 imports it, and only `formats::dispatch` calls it, after detecting the
 //! level's features.
 //!
@@ -108,6 +109,11 @@ pub(in crate::formats) fn avx512(mut k: FormatKernels) -> FormatKernels {
     };
     k.panel = match k.weight_type {
         T::IQ4NL => panel_iq4::iq4_nl_kernels(panel512::kernels(T::Q8_0), panel_iq4::pack_avx512),
+        // MXFP4 likewise, its E8M0 scales written into the panel's f32 `d` lanes (AVX2's
+        // panels, in `panel256`, have a tile of their own).
+        T::MXFP4 => {
+            panel_iq4::iq4_nl_kernels(panel512::kernels(T::Q8_0), panel_iq4::pack_mxfp4_avx512)
+        }
         T::IQ4XS => Some(panel_iq4::iq4_xs_avx512()),
         // `vdpbf16ps` where this CPU has it and reproduces the scalar order.
         T::BF16 => panel512_bf16::kernels().or_else(|| panel512::kernels(T::BF16)),

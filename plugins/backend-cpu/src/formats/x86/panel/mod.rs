@@ -6,7 +6,7 @@
 //! - `panel512`: AVX-512 VNNI, every block quant and the float formats; `panel512_bf16`:
 //!   BF16 by `vdpbf16ps` where it keeps the scalar order; `panel256`: the same panels for
 //!   AVX2 (reusing `panel512`'s row-at-a-time packs and token side data); `panel_iq4`:
-//!   IQ4_NL (as Q8_0 panels) and IQ4_XS at both levels.
+//!   IQ4_NL and MXFP4 (as Q8_0 panels) and IQ4_XS at both levels.
 //!
 //! Not for: one-token or small-batch kernels (`vec_dot`, `rows`, `few`), or choosing
 //! kernels (`levels`).

@@ -59,6 +59,8 @@ pub(in crate::formats) fn kernels(t: GgmlType) -> Option<PanelKernels> {
         T::Q4_0 => legacy(pack_q4_0, prep_q8_0, gemm_q4_0),
         T::Q5_0 => legacy(pack_q5_0, prep_q8_0, gemm_q5_0),
         T::Q8_0 => legacy(pack_q8_0, prep_q8_0, gemm_q8_0),
+        // MXFP4 rows rewritten as Q8_0 rows (`panel_iq4`), with a tile of their own.
+        T::MXFP4 => legacy(super::panel_iq4::pack_mxfp4_avx2, prep_q8_0, gemm_mxfp4),
         T::Q4_1 => legacy(pack_q4_1, prep_q8_1, gemm_q4_1),
         T::Q5_1 => legacy(pack_q5_1, prep_q8_1, gemm_q5_1),
         T::Q4K => k(|n| n / QK_K * k4_block(ROWS), pack_q4_k, gemm_q4_k),
@@ -117,6 +119,10 @@ unsafe fn bcast(p: *const u8) -> __m256i {
     _mm256_set1_epi32((p as *const i32).read_unaligned())
 }
 
+/// MXFP4 packed as Q8_0 (signed): Q8_0's tile, but its values (−12 ..= 12) let eight
+/// groups' `vpmaddubsw` pairs (each at most 2·12·127) add in i16 before widening.
+const MXFP4_SIGNED: u8 = 6;
+
 /// `G` tokens against one legacy panel of format `F`; `out[8k ..]` gets token `k`.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
@@ -131,9 +137,10 @@ unsafe fn legacy_tile<const G: usize, const KIND: u8, const F: u8>(
     out: *mut f32,
 ) {
     // Column groups whose i16 pair sums are added before widening: 2·15·127 per group for
-    // 4-bit quants (×8 < 2^15), 2·31·127 for 5-bit (×4), 2·128·127 for Q8_0's sign trick.
+    // 4-bit quants (×8 < 2^15), 2·31·127 for 5-bit (×4), 2·128·127 for Q8_0's sign trick,
+    // 2·12·127 for MXFP4's (×8).
     let run = match F {
-        Q4_0 | Q4_1 => 8,
+        Q4_0 | Q4_1 | MXFP4_SIGNED => 8,
         Q5_0 | Q5_1 => 4,
         _ => 1,
     };
@@ -146,18 +153,11 @@ unsafe fn legacy_tile<const G: usize, const KIND: u8, const F: u8>(
         let mut part = [_mm256_setzero_si256(); G];
         for g in 0..8 {
             let w = _mm256_loadu_si256(p.add(4 * ROWS * g) as *const __m256i);
-            let u = if F == Q8_0_SIGNED {
-                _mm256_sign_epi8(w, w)
-            } else {
-                w
-            };
+            let signed = F == Q8_0_SIGNED || F == MXFP4_SIGNED;
+            let u = if signed { _mm256_sign_epi8(w, w) } else { w };
             for k in 0..G {
                 let x = bcast(acts.add(k * a_stride + b * a_block + q_off + 4 * g));
-                let x = if F == Q8_0_SIGNED {
-                    _mm256_sign_epi8(x, w)
-                } else {
-                    x
-                };
+                let x = if signed { _mm256_sign_epi8(x, w) } else { x };
                 let m = _mm256_maddubs_epi16(u, x);
                 part[k] = if g % run == 0 {
                     m
@@ -289,6 +289,7 @@ legacy_gemms! {
     gemm_q4_0 => SDD, Q4_0, q8_0::BLOCK_BYTES, 2, 8;
     gemm_q5_0 => SDD, Q5_0, q8_0::BLOCK_BYTES, 2, 16;
     gemm_q8_0 => S_DD, Q8_0_SIGNED, q8_0::BLOCK_BYTES, 2, 0;
+    gemm_mxfp4 => S_DD, MXFP4_SIGNED, q8_0::BLOCK_BYTES, 2, 0;
     gemm_q4_1 => DDSM, Q4_1, q8_1::BLOCK_BYTES, 4, 0;
     gemm_q5_1 => DDSM, Q5_1, q8_1::BLOCK_BYTES, 4, 0;
 }

@@ -1,10 +1,17 @@
-//! Row-panel prefill kernels of IQ4_NL, at AVX-512 and AVX2, as Q8_0's panels: an IQ4_NL
-//! block is a Q8_0 block whose quants are table values (`d` the same f16, the values in
-//! −127..=113), and its scalar term, `isum · (d · d_a)`, is Q8_0's. So packing turns the
+//! Row-panel prefill kernels of IQ4_NL and MXFP4, at AVX-512 and AVX2, as Q8_0's panels: an
+//! IQ4_NL block is a Q8_0 block whose quants are table values (`d` the same f16, the values
+//! in −127..=113), and its scalar term, `isum · (d · d_a)`, is Q8_0's. So packing turns the
 //! panel's rows into Q8_0 rows (a per-thread scratch copy of `rows` rows, made once per
 //! panel) and hands them to Q8_0's pack; the gemm, the token side data and the panel
 //! layout are Q8_0's own (`panel512`, `panel256`), so every result is the Q8_0 panel's,
 //! which equals the Q8_0 — hence the IQ4_NL — scalar `vec_dot` bit for bit.
+//!
+//! MXFP4 is the same shape (the doubled E2M1 values −12..=12 as quants, scalar term
+//! `isum · (e8m0_half(e) · d_a)`), but its scale `2^(e − 128)` is an f16 only for
+//! `e` in 104..=143. The panel holds each block's `d` as an f32 lane, though, so after
+//! Q8_0's pack the MXFP4 pack writes `e8m0_half(e)` over those lanes: every exponent,
+//! 0 and 255 included, gets the scalar kernel's f32, with no fallback to the row path. At
+//! AVX2 its tile is `panel256`'s Q8_0 tile with wider i16 runs (the values are small).
 //!
 //! IQ4_XS's signed sub-block scales times table values do not fit a byte, so it has
 //! panels of its own, laid out like Q4_K's: per super-block, 64 groups of four columns'
@@ -24,18 +31,20 @@
 //! Each lane's integer is the scalar kernel's `isum` (|isum| < 2^31: 8·32·241·127·32), and
 //! its float term `(d · d_a) · isum` the scalar kernel's operations in order.
 //!
-//! Not for: IQ4 one-row dots (`vec_dot::iq4`).
+//! Not for: IQ4 and MXFP4 one-row dots (`vec_dot::iq4`, `vec_dot::mxfp4`).
 
-use super::panel512::{i16_pair, prep_q8_k, put_lane, put_quants32, scaled_sub_block_sums, K_AUX};
+use super::panel512::{
+    i16_pair, legacy_block, prep_q8_k, put_lane, put_quants32, scaled_sub_block_sums, K_AUX,
+};
 use crate::formats::k_quants::{q8_k, QK_K};
 use crate::formats::x86::lanes256::{f32_at, nibbles32};
 use crate::formats::x86::lanes512::{dwords4, f16_pair};
-use crate::formats::{iq4_nl, iq4_xs, q8_0, PanelKernels};
+use crate::formats::{iq4_nl, iq4_xs, mxfp4, q8_0, PanelKernels};
 use core::arch::x86_64::*;
 use prima_abi::GgmlType;
 use std::cell::RefCell;
 
-/// Q8_0's panel kernels at a level with IQ4_NL's pack in place of Q8_0's.
+/// Q8_0's panel kernels at a level with IQ4_NL's (or MXFP4's) pack in place of Q8_0's.
 pub(in crate::formats::x86) fn iq4_nl_kernels(
     q8: Option<PanelKernels>,
     pack: PackFn,
@@ -47,24 +56,61 @@ type PackFn = fn(n: usize, w: &[u8], w_stride: usize, panel: &mut [u8]);
 
 pub(in crate::formats::x86) fn pack_avx512(n: usize, w: &[u8], w_stride: usize, panel: &mut [u8]) {
     let q8 = super::panel512::kernels(GgmlType::Q8_0).expect("Q8_0 has AVX-512 panels");
-    pack_as_q8_0(q8, n, w, w_stride, panel);
+    pack_as_q8_0::<IQ4_NL>(q8, n, w, w_stride, panel);
 }
 
 pub(in crate::formats::x86) fn pack_avx2(n: usize, w: &[u8], w_stride: usize, panel: &mut [u8]) {
     let q8 = super::panel256::kernels(GgmlType::Q8_0).expect("Q8_0 has AVX2 panels");
-    pack_as_q8_0(q8, n, w, w_stride, panel);
+    pack_as_q8_0::<IQ4_NL>(q8, n, w, w_stride, panel);
 }
+
+pub(in crate::formats::x86) fn pack_mxfp4_avx512(
+    n: usize,
+    w: &[u8],
+    w_stride: usize,
+    panel: &mut [u8],
+) {
+    let q8 = super::panel512::kernels(GgmlType::Q8_0).expect("Q8_0 has AVX-512 panels");
+    pack_as_q8_0::<MXFP4>(q8, n, w, w_stride, panel);
+}
+
+pub(in crate::formats::x86) fn pack_mxfp4_avx2(
+    n: usize,
+    w: &[u8],
+    w_stride: usize,
+    panel: &mut [u8],
+) {
+    let q8 = super::panel256::kernels(GgmlType::Q8_0).expect("Q8_0 has AVX2 panels");
+    pack_as_q8_0::<MXFP4>(q8, n, w, w_stride, panel);
+}
+
+/// The table formats packed as Q8_0, as const parameters of [`pack_as_q8_0`].
+const IQ4_NL: u8 = 0;
+const MXFP4: u8 = 1;
 
 thread_local! {
     /// The panel's rows as Q8_0, reused from panel to panel on each thread.
     static AS_Q8_0: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
-/// `q8.rows` IQ4_NL rows of `n` columns, `w_stride` bytes apart, rewritten as Q8_0 rows and
-/// packed by Q8_0's `pack`.
-fn pack_as_q8_0(q8: PanelKernels, n: usize, w: &[u8], w_stride: usize, panel: &mut [u8]) {
-    let nb = n / iq4_nl::BLOCK_ELEMS;
-    let (src_row, row) = (nb * iq4_nl::BLOCK_BYTES, nb * q8_0::BLOCK_BYTES);
+/// `q8.rows` rows of table format `F` (IQ4_NL or MXFP4) of `n` columns, `w_stride` bytes
+/// apart, rewritten as Q8_0 rows and packed by Q8_0's `pack`. MXFP4's scales are then
+/// written over the panel's `d` lanes as the f32s `e8m0_half(e)` (the Q8_0 rows carry
+/// `d` = 0): the legacy panel layout of both levels (`panel512::legacy_block`) keeps each
+/// block's `d` as f32 lanes after its eight quant groups.
+fn pack_as_q8_0<const F: u8>(
+    q8: PanelKernels,
+    n: usize,
+    w: &[u8],
+    w_stride: usize,
+    panel: &mut [u8],
+) {
+    let (block_elems, block_bytes) = match F {
+        IQ4_NL => (iq4_nl::BLOCK_ELEMS, iq4_nl::BLOCK_BYTES),
+        _ => (mxfp4::BLOCK_ELEMS, mxfp4::BLOCK_BYTES),
+    };
+    let nb = n / block_elems;
+    let (src_row, row) = (nb * block_bytes, nb * q8_0::BLOCK_BYTES);
     assert!(
         w.len() >= (q8.rows - 1) * w_stride + src_row,
         "panel pack: short weight rows"
@@ -74,10 +120,27 @@ fn pack_as_q8_0(q8: PanelKernels, n: usize, w: &[u8], w_stride: usize, panel: &m
         for (r, dst) in rows.chunks_exact_mut(row).enumerate() {
             let src = &w[r * w_stride..r * w_stride + src_row];
             // SAFETY: both levels that reach this pack include avx2, fma and f16c.
-            unsafe { row_as_q8_0(src, dst) };
+            unsafe {
+                if F == IQ4_NL {
+                    row_as_q8_0(src, dst)
+                } else {
+                    mxfp4_row_as_q8_0(src, dst)
+                }
+            };
         }
         (q8.pack)(n, rows, row, panel);
     });
+    if F == MXFP4 {
+        let (l, pb) = (q8.rows, legacy_block(q8.rows));
+        assert!(panel.len() >= nb * pb, "panel pack: short panel");
+        for r in 0..l {
+            let src = &w[r * w_stride..r * w_stride + src_row];
+            for (b, sb) in src.chunks_exact(block_bytes).enumerate() {
+                let at = b * pb + 32 * l + 4 * r;
+                panel[at..at + 4].copy_from_slice(&mxfp4::e8m0_half(sb[0]).to_le_bytes());
+            }
+        }
+    }
 }
 
 /// The IQ4_NL blocks of `src` as the Q8_0 blocks of `dst`: the same `d`, the table values
@@ -90,6 +153,20 @@ unsafe fn row_as_q8_0(src: &[u8], dst: &mut [u8]) {
         db[..2].copy_from_slice(&sb[..2]);
         // `sb` holds 2 + 16 bytes and `db` 2 + 32 (whole blocks of each).
         let v = _mm256_shuffle_epi8(t, nibbles32(sb.as_ptr().add(2)));
+        _mm256_storeu_si256(db.as_mut_ptr().add(2) as *mut __m256i, v);
+    }
+}
+
+/// The MXFP4 blocks of `src` as the Q8_0 blocks of `dst`: `d` = 0 (the pack writes the
+/// E8M0 scales into the panel), the doubled E2M1 values (−12 ..= 12) as quants.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn mxfp4_row_as_q8_0(src: &[u8], dst: &mut [u8]) {
+    let t = _mm256_broadcastsi128_si256(_mm_loadu_si128(mxfp4::KVALUES.as_ptr() as *const __m128i));
+    let blocks = src.chunks_exact(mxfp4::BLOCK_BYTES);
+    for (sb, db) in blocks.zip(dst.chunks_exact_mut(q8_0::BLOCK_BYTES)) {
+        db[..2].fill(0);
+        // `sb` holds 1 + 16 bytes and `db` 2 + 32 (whole blocks of each).
+        let v = _mm256_shuffle_epi8(t, nibbles32(sb.as_ptr().add(1)));
         _mm256_storeu_si256(db.as_mut_ptr().add(2) as *mut __m256i, v);
     }
 }

@@ -8,8 +8,9 @@
 //! The block scale is `2^(e − 128)` ([`mxfp4::e8m0_half`]); four blocks' scales are built
 //! in vector lanes from their exponent bytes, the same f32s as the scalar function's.
 //!
-//! Prefill (several tokens) calls `vec_dot` per row and token: there are no MXFP4 tiles,
-//! panels or small-batch kernels yet. Same numerics contract as `formats::x86`: integer
+//! Prompts take the row panels (`panel::panel_iq4`, as Q8_0's); small batches (2 ..= 8
+//! tokens) call `vec_dot` per row and token: there are no MXFP4 small-batch kernels yet.
+//! Same numerics contract as `formats::x86`: integer
 //! sums exact, float terms the scalar kernel's operations in its order.
 
 use crate::formats::x86::lanes256::{
