@@ -19,6 +19,7 @@ use prima_core::plugin::{load_os_models, load_solver, LoadedBackend};
 
 use crate::profile::{profile_with, with_budget};
 use crate::prp::budget::draft_memory;
+use crate::prp::expert_use;
 
 use super::ControllerError;
 
@@ -315,7 +316,8 @@ pub fn plan(inputs: &PlanInputs<'_>) -> Result<Plan, ControllerError> {
                     link.bytes_per_s /= 2.0;
                 }
             }
-            let model_profile = ModelProfile::from_gguf(inputs.model.gguf())?;
+            let model_profile =
+                with_learned_routing(ModelProfile::from_gguf(inputs.model.gguf())?, inputs.model);
             let which = match scheduler {
                 Scheduler::Mem => halda::Scheduler::Mem,
                 Scheduler::Perf => halda::Scheduler::Perf,
@@ -495,4 +497,30 @@ fn rescale_to_k(w: &mut [usize], planned_k: usize, wanted: Rounds) {
     for x in w.iter_mut().filter(|x| **x > 0) {
         *x = (*x * planned_k).div_ceil(k).max(1);
     }
+}
+
+/// A mixture of experts' routing as earlier runs counted it (`prp::expert_use`, the file
+/// the expert caches save), so the plan prices each device's hot experts as its cache
+/// will keep them; a layer no run has counted yet is taken as uniform. Without a file
+/// (or for a dense model) the profile stays uniform.
+fn with_learned_routing(profile: ModelProfile, model: &Model) -> ModelProfile {
+    let Some(e) = model.experts() else {
+        return profile;
+    };
+    let Some(counts) = expert_use::use_file(model)
+        .and_then(|path| expert_use::load(&path, model.hparams().n_layers, e.n_expert))
+    else {
+        return profile;
+    };
+    let shares = counts
+        .into_iter()
+        .map(|layer| {
+            if layer.iter().all(|&c| c == 0) {
+                vec![1.0; layer.len()]
+            } else {
+                layer.into_iter().map(|c| c as f64).collect()
+            }
+        })
+        .collect();
+    profile.clone().with_routing(shares).unwrap_or(profile)
 }
