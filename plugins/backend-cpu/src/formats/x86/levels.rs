@@ -62,6 +62,8 @@ pub(in crate::formats) fn avx2(mut k: FormatKernels) -> FormatKernels {
         // IQ4_NL rows rewritten as Q8_0 rows run through Q8_0's panels.
         T::IQ4NL => panel_iq4::iq4_nl_kernels(panel256::kernels(T::Q8_0), panel_iq4::pack_avx2),
         T::IQ4XS => Some(panel_iq4::iq4_xs_avx2()),
+        // MXFP4 likewise, with a tile of its own.
+        T::MXFP4 => panel256::mxfp4_kernels(panel_iq4::pack_mxfp4_avx2),
         t => panel256::kernels(t),
     }
     .or(k.panel);

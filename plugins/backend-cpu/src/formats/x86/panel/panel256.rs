@@ -32,6 +32,18 @@ const ROWS: usize = 8;
 /// Tokens per register tile (sixteen registers: partial sums, block sums and totals).
 const TOKENS: usize = 4;
 
+/// MXFP4's AVX2 panels: its rows rewritten as Q8_0 rows by `pack` (`panel_iq4`, which sits
+/// above this module), run by a tile of their own (`gemm_mxfp4`).
+pub(in crate::formats) fn mxfp4_kernels(
+    pack: fn(usize, &[u8], usize, &mut [u8]),
+) -> Option<PanelKernels> {
+    kernels(GgmlType::Q8_0).map(|q8| PanelKernels {
+        pack,
+        gemm: gemm_mxfp4,
+        ..q8
+    })
+}
+
 /// The AVX2 panel kernels of weight type `t`, if it has them.
 pub(in crate::formats) fn kernels(t: GgmlType) -> Option<PanelKernels> {
     use GgmlType as T;
@@ -59,8 +71,6 @@ pub(in crate::formats) fn kernels(t: GgmlType) -> Option<PanelKernels> {
         T::Q4_0 => legacy(pack_q4_0, prep_q8_0, gemm_q4_0),
         T::Q5_0 => legacy(pack_q5_0, prep_q8_0, gemm_q5_0),
         T::Q8_0 => legacy(pack_q8_0, prep_q8_0, gemm_q8_0),
-        // MXFP4 rows rewritten as Q8_0 rows (`panel_iq4`), with a tile of their own.
-        T::MXFP4 => legacy(super::panel_iq4::pack_mxfp4_avx2, prep_q8_0, gemm_mxfp4),
         T::Q4_1 => legacy(pack_q4_1, prep_q8_1, gemm_q4_1),
         T::Q5_1 => legacy(pack_q5_1, prep_q8_1, gemm_q5_1),
         T::Q4K => k(|n| n / QK_K * k4_block(ROWS), pack_q4_k, gemm_q4_k),
