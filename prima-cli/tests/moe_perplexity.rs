@@ -81,7 +81,8 @@ fn number_after(text: &str, key: &str) -> f64 {
 fn with_statistics(cmd: &mut Command) -> String {
     let mut text = output(cmd);
     for _ in 0..4 {
-        if text.contains("Mean    KLD: ") {
+        // The statistics end with the same-top line; any earlier cut loses it.
+        if text.contains("Mean    KLD: ") && text.contains("Same top p: ") {
             break;
         }
         text = output(cmd);
