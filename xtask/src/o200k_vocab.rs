@@ -2,7 +2,7 @@
 //! derived-model directory, for the tokenizer and chat-template tests.
 //!
 //! The ranks of OpenAI's `o200k_base` come from the npm package `js-tiktoken` (its
-//! `dist/ranks/o200k_base.js`), fetched with `npm pack` into `~/.cache/prima/npm/`; the
+//! `dist/ranks/o200k_base.js`), its registry tarball fetched into `~/.cache/prima/npm/`; the
 //! ranks are checked against the SHA-256 that tiktoken pins for `o200k_base.tiktoken`, so
 //! the file is the real vocabulary or nothing. From them this writes what llama.cpp's
 //! converter writes for gpt-oss: byte-level token texts, the merges recovered from the
@@ -33,7 +33,7 @@ pub const FILE: &str = "gpt-oss-o200k-vocab.gguf";
 
 const NPM_PACKAGE: &str = "js-tiktoken";
 const NPM_VERSION: &str = "1.0.21";
-/// SHA-256 of `js-tiktoken-1.0.21.tgz` as `npm pack` fetched it.
+/// SHA-256 of `js-tiktoken-1.0.21.tgz` as the npm registry serves it.
 const NPM_TARBALL_SHA256: &str = "3b1f24b185565ca9a8d8f51466dfc4f99d67f1f05bc009258710ddb7a8d810fa";
 const RANKS_IN_TARBALL: &str = "package/dist/ranks/o200k_base.js";
 /// tiktoken's `expected_hash` for `o200k_base.tiktoken` (`base64 rank` lines).
@@ -142,17 +142,21 @@ fn fetch_ranks(layout: &Layout) -> Result<Vec<Vec<u8>>> {
     fs::create_dir_all(&dir)?;
     let tarball = dir.join(format!("{NPM_PACKAGE}-{NPM_VERSION}.tgz"));
     if !tarball.exists() {
-        ensure!(
-            shell::on_path("npm"),
-            "npm is needed to fetch {NPM_PACKAGE} (o200k's ranks); install Node.js"
-        );
+        // The registry's own tarball (what `npm pack` fetches), read with Python's urllib:
+        // a bare machine has Python, not necessarily Node.js, and xtask's HTTP client has
+        // no TLS. Written beside and renamed, so a cut download is never taken for one.
+        let url =
+            format!("https://registry.npmjs.org/{NPM_PACKAGE}/-/{NPM_PACKAGE}-{NPM_VERSION}.tgz");
+        let part = tarball.with_extension("tgz.part");
         shell::run(
-            Command::new("npm")
-                .arg("pack")
-                .arg(format!("{NPM_PACKAGE}@{NPM_VERSION}"))
-                .arg("--pack-destination")
-                .arg(&dir),
-        )?;
+            Command::new("python3")
+                .arg("-c")
+                .arg("import sys, urllib.request; urllib.request.urlretrieve(sys.argv[1], sys.argv[2])")
+                .arg(&url)
+                .arg(&part),
+        )
+        .with_context(|| format!("downloading {url}"))?;
+        fs::rename(&part, &tarball)?;
     }
     let digest = sha256_hex(&fs::read(&tarball)?);
     if digest != NPM_TARBALL_SHA256 {
