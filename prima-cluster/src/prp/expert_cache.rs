@@ -639,32 +639,16 @@ impl<'m> ExpertCache<'m> {
     /// Reads every page kept resident (shared parts, output head, resident experts), so
     /// the first token does not fault them in.
     pub fn warm(&self) {
-        const PAGE: usize = 4096;
-        let bytes = self.model.gguf().bytes();
-        let mut checksum = 0u8;
         let experts = self.layers.iter().flat_map(|&il| {
             (0..self.n_expert)
                 .filter(move |&e| self.is_resident(il, e))
                 .flat_map(move |e| self.ranges[il * self.n_expert + e].iter())
         });
-        // Expert tensors are hinted `Random` (no read-around), so touching their pages alone
-        // would read them one page per fault: read each range in large sequential reads
-        // first, then touch the (now cached) pages to map them.
-        let mut file = std::fs::File::open(self.model.gguf().path()).ok();
-        let mut buf = vec![0u8; 1 << 20];
-        for r in self.keep.iter().chain(experts) {
-            let end = (r.end as usize).min(bytes.len());
-            let start = (r.start as usize).min(end);
-            if let Some(f) = file.as_mut() {
-                if read_through(f, start as u64, end as u64, &mut buf).is_err() {
-                    file = None;
-                }
-            }
-            for page in bytes[start..end].chunks(PAGE) {
-                checksum ^= page[0];
-            }
-        }
-        std::hint::black_box(checksum);
+        // Large preads first: expert tensors are hinted `Random`, so faults alone would
+        // bring them in a page at a time.
+        self.model
+            .gguf()
+            .load_pages(self.keep.iter().chain(experts));
     }
 
     /// Re-plans the hot set from the counts now, as the router does every so many rows
@@ -803,25 +787,6 @@ impl Drop for ExpertCache<'_> {
 }
 
 /// The byte ranges of `layers`' shared parts.
-/// Reads the file's bytes `start..end` into `buf`, chunk by chunk, only so that they are in
-/// the page cache.
-fn read_through(
-    f: &mut std::fs::File,
-    start: u64,
-    end: u64,
-    buf: &mut [u8],
-) -> std::io::Result<()> {
-    use std::io::{Read, Seek, SeekFrom};
-    f.seek(SeekFrom::Start(start))?;
-    let mut at = start;
-    while at < end {
-        let n = ((end - at) as usize).min(buf.len());
-        f.read_exact(&mut buf[..n])?;
-        at += n as u64;
-    }
-    Ok(())
-}
-
 fn shared_ranges(model: &Model, layers: &[usize]) -> Vec<Range<u64>> {
     layers
         .iter()

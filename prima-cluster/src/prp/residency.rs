@@ -440,18 +440,10 @@ impl Residency {
     /// Reads every resident page (so the first token does not fault them in) and starts
     /// reading the first streamed windows, as many as a prefetch reaches ahead.
     pub fn warm(&self, model: &Model) {
-        const PAGE: usize = 4096;
-        let bytes = model.gguf().bytes();
-        let mut checksum = 0u8;
         let resident = self.windows.iter().flat_map(|w| &w.resident_ranges);
-        for r in self.global_ranges.iter().chain(resident) {
-            let end = (r.end as usize).min(bytes.len());
-            let start = (r.start as usize).min(end);
-            for page in bytes[start..end].chunks(PAGE) {
-                checksum ^= page[0];
-            }
-        }
-        std::hint::black_box(checksum);
+        model
+            .gguf()
+            .load_pages(self.global_ranges.iter().chain(resident));
         match &self.reader {
             // The reader holds one token's streamed layers in order, and reads as far
             // as its cap lets it; each is queued again for the next token once used.

@@ -8,6 +8,7 @@
 use std::io;
 use std::ops::Range;
 
+use super::read_ahead::read_at;
 use super::{GgufFile, ReadAhead};
 
 /// What to tell the kernel about a range of the file.
@@ -66,6 +67,35 @@ impl GgufFile {
             Some(file) => ReadAhead::spawn(file, cap).map(Some),
             None => Ok(None),
         }
+    }
+
+    /// Brings the file bytes of `ranges` into memory now (a device's resident weights, at
+    /// start): each range is first read from the file in large preads, so that a range
+    /// hinted [`PageHint::Random`] (no read-around on a fault) does not come in a page per
+    /// fault, then each of its pages is touched so that it is mapped. A failed read only
+    /// leaves the touching to fault the pages in.
+    pub fn load_pages<'a>(&self, ranges: impl IntoIterator<Item = &'a Range<u64>>) {
+        const PAGE: usize = 4096;
+        let (map, mut file) = self.map_and_file();
+        let bytes: &[u8] = map;
+        let mut buf = vec![0u8; 1 << 20];
+        let mut checksum = 0u8;
+        for r in ranges {
+            let end = (r.end as usize).min(bytes.len());
+            let start = (r.start as usize).min(end);
+            let mut at = start;
+            while let (Some(f), true) = (file, at < end) {
+                let n = (end - at).min(buf.len());
+                match read_at(f, &mut buf[..n], at as u64) {
+                    Ok(read) if read > 0 => at += read,
+                    _ => file = None,
+                }
+            }
+            for page in bytes[start..end].chunks(PAGE) {
+                checksum ^= page[0];
+            }
+        }
+        std::hint::black_box(checksum);
     }
 
     /// Applies `hint` to the file bytes `range`. Reading ahead widens the range to whole
