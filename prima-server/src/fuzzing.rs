@@ -339,8 +339,14 @@ fn ring_seeds() -> Vec<Vec<u8>> {
         Control::Refused {
             reason: "busy".into(),
         },
-        Control::Ping { seq: 1 },
-        Control::Pong { seq: 1 },
+        Control::Ping {
+            seq: 1,
+            pad: String::new(),
+        },
+        Control::Pong {
+            seq: 1,
+            pad: "xx".into(),
+        },
         Control::ProfileRequest,
         Control::Profile {
             profile: serde_json::json!({"name": "a", "memory": 1}),

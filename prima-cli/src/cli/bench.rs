@@ -73,8 +73,21 @@ struct Report {
 }
 
 /// Bytes of weights a single decode step streams from memory.
-fn weight_bytes_per_token(g: &prima_core::gguf::GgufFile) -> u64 {
-    let total: u64 = g.tensors().iter().map(|t| t.n_bytes).sum();
+/// Weight bytes one generated token reads: every tensor, but of the embedding table only
+/// its row (when the output head is separate) and of a mixture's experts only the k of n
+/// a token selects.
+fn weight_bytes_per_token(model: &prima_core::model::Model) -> u64 {
+    let g = model.gguf();
+    let total: u64 = g
+        .tensors()
+        .iter()
+        .map(|t| match model.experts() {
+            Some(e) if t.name.contains("_exps.") && e.n_expert > 0 => {
+                t.n_bytes * e.n_expert_used as u64 / e.n_expert as u64
+            }
+            _ => t.n_bytes,
+        })
+        .sum();
     match (g.tensor("token_embd.weight"), g.tensor("output.weight")) {
         // Separate output head: the embedding table is only looked up, one row per token.
         (Some(embd), Some(_)) => total - embd.n_bytes + embd.n_bytes / embd.rows().max(1),
@@ -184,7 +197,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
 
     let (pp_mean, pp_sd) = mean_sd(&pp);
     let (tg_mean, tg_sd) = mean_sd(&tg);
-    let bytes_per_token = weight_bytes_per_token(engine.model.gguf());
+    let bytes_per_token = weight_bytes_per_token(&engine.model);
     let mem_bw = args.mem_bw.then(|| {
         let threads = args.engine.threads.map(|t| t as usize).unwrap_or_else(|| {
             std::thread::available_parallelism()

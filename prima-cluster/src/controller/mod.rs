@@ -16,6 +16,7 @@
 
 mod error;
 mod failover;
+mod links;
 mod local_nodes;
 mod node_process;
 mod plan;

@@ -6,12 +6,14 @@
 
 use std::time::Instant;
 
+use super::links;
 use crate::halda::{self, ModelProfile, PlanOptions};
 use crate::manifest::routes;
 use crate::manifest::{LoadedManifest, Rounds, Scheduler};
 use crate::profile::{DeviceProfile, DeviceProfiles, ProfileOptions, GIB};
-use crate::prp::head::request_profile;
+use crate::prp::head::request_profile_and_probe;
 use crate::prp::key::LinkSecurity;
+use crate::prp::probe::LinkProbe;
 use crate::prp::{layer_counts, NextRoute};
 use prima_abi::transport::TransportBox;
 use prima_core::model::Model;
@@ -45,6 +47,9 @@ pub struct DevicePlan {
     /// How this node reaches the next ring device, where not as the head reaches it.
     #[serde(skip)]
     pub next_route: NextRoute,
+    /// t_m^{comm} as planned: a hidden state's hop to the next device, ms (when the
+    /// link was timed or given).
+    pub hop_ms: Option<f64>,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -87,6 +92,7 @@ impl Plan {
                 "relay": d.relay,
                 "forwards": d.forwards,
                 "set": d.set,
+                "hop_ms": d.hop_ms,
             })).collect::<Vec<_>>(),
         })
     }
@@ -116,8 +122,8 @@ impl Plan {
             .max(22);
         writeln!(
             out,
-            "  {:<12} {:<width$} {:>4} {:>4} {:>4} {:>7} {:>7}  note",
-            "device", "address", "set", "w", "n", "layers", "share"
+            "  {:<12} {:<width$} {:>4} {:>4} {:>4} {:>7} {:>7} {:>7}  note",
+            "device", "address", "set", "w", "n", "layers", "share", "hop ms"
         )
         .unwrap();
         for d in &self.devices {
@@ -131,7 +137,7 @@ impl Plan {
             };
             writeln!(
                 out,
-                "  {:<12} {:<width$} {:>4} {:>4} {:>4} {:>7} {:>6.0}%  {}",
+                "  {:<12} {:<width$} {:>4} {:>4} {:>4} {:>7} {:>6.0}% {:>7}  {}",
                 d.name,
                 d.addr,
                 d.set.unwrap_or("-"),
@@ -139,6 +145,7 @@ impl Plan {
                 d.n,
                 d.layers,
                 100.0 * d.layers as f64 / total as f64,
+                d.hop_ms.map_or("-".to_string(), |t| format!("{t:.2}")),
                 note
             )
             .unwrap();
@@ -170,12 +177,13 @@ pub struct PlanInputs<'a> {
 }
 
 /// Profiles every device in ring order: the head here, the nodes over the ring protocol
-/// (each measures itself; results are cached on the device).
+/// (each measures itself; results are cached on the device), timing the head's link to
+/// each node on the way (none for profiles from a file or already known).
 fn collect_profiles(
     inputs: &PlanInputs<'_>,
     order: &[usize],
     reach: &[Option<String>],
-) -> Result<Vec<DeviceProfile>, ControllerError> {
+) -> Result<(Vec<DeviceProfile>, Vec<Option<LinkProbe>>), ControllerError> {
     let m = &inputs.manifest.manifest;
     if let Some(file) = &m.policy.profiles {
         let path = inputs.manifest.resolve(file);
@@ -196,19 +204,23 @@ fn collect_profiles(
                 p.relay = p.relay || d.relay_only;
                 Ok(p)
             })
-            .collect();
+            .collect::<Result<_, _>>()
+            .map(|all| (all, vec![None; order.len()]));
     }
     let known = |i: usize| inputs.known.iter().find(|p| p.name == m.devices[i].name);
     if let Some(all) = order.iter().map(|&i| known(i).cloned()).collect() {
-        return Ok(all);
+        return Ok((all, vec![None; order.len()]));
     }
     let (Some(backend), Some(transport)) = (inputs.backend, inputs.transport) else {
         return Err(ControllerError::NoBackend);
     };
+    // A probe the size of the hidden state a hop carries (4e bytes, as Halda's t^{comm}).
+    let probe_bytes = 4 * inputs.model.hparams().n_embd as usize;
     let mut profiles = Vec::with_capacity(order.len());
+    let mut probes = Vec::with_capacity(order.len());
     for (pos, &i) in order.iter().enumerate() {
         let d = &m.devices[i];
-        let profile = if pos == 0 {
+        let (profile, probe) = if pos == 0 {
             let options = ProfileOptions {
                 name: Some(d.name.clone()),
                 ..ProfileOptions::default()
@@ -223,28 +235,28 @@ fn collect_profiles(
                 device: d.name.clone(),
                 source,
             })?;
-            with_budget(report.profile, d.mem_budget.map(|s| s.0))
+            (with_budget(report.profile, d.mem_budget.map(|s| s.0)), None)
         } else {
             let addr = reach[pos]
                 .clone()
                 .ok_or_else(|| ControllerError::NoAddress {
                     device: d.name.clone(),
                 })?;
-            let value =
-                request_profile(transport, &addr, 120_000, inputs.security).map_err(|source| {
-                    ControllerError::Unreachable {
+            let (value, probe) =
+                request_profile_and_probe(transport, &addr, 120_000, inputs.security, probe_bytes)
+                    .map_err(|source| ControllerError::Unreachable {
                         device: d.name.clone(),
                         addr: addr.clone(),
                         source: Box::new(source),
-                    }
-                })?;
-            serde_json::from_value::<DeviceProfile>(value).map_err(|source| {
+                    })?;
+            let profile = serde_json::from_value::<DeviceProfile>(value).map_err(|source| {
                 ControllerError::BadProfile {
                     device: d.name.clone(),
                     addr: addr.clone(),
                     source,
                 }
-            })?
+            })?;
+            (profile, Some(probe))
         };
         let mut profile = profile;
         profile.name = d.name.clone();
@@ -254,8 +266,9 @@ fn collect_profiles(
             profile.gpu_available_gib = profile.gpu_available_gib.min(v.0 as f64 / GIB);
         }
         profiles.push(profile);
+        probes.push(probe);
     }
-    Ok(profiles)
+    Ok((profiles, probes))
 }
 
 /// Plans the manifest's devices for the model.
@@ -298,7 +311,11 @@ pub fn plan(inputs: &PlanInputs<'_>) -> Result<Plan, ControllerError> {
                 .collect()
         }
         scheduler => {
-            let mut profiles = collect_profiles(inputs, &order, &reach)?;
+            let (mut profiles, probes) = collect_profiles(inputs, &order, &reach)?;
+            // Timed links replace a profile's own (a live profile has none).
+            for (p, link) in profiles.iter_mut().zip(links::ring_links(&probes)) {
+                p.link = link.or(p.link);
+            }
             planned_with = profiles.clone();
             // The head also holds the draft model (weights, a KV cache per slot): less
             // of its memory is left for the target's layers.
@@ -308,10 +325,14 @@ pub fn plan(inputs: &PlanInputs<'_>) -> Result<Plan, ControllerError> {
                 head.ram_available_gib = (head.ram_available_gib - gib).max(0.0);
                 head.ram_total_gib = (head.ram_total_gib - gib).max(0.0);
             }
-            // A link through a relay is two hops: twice the latency, half the rate.
+            // A given link through a relay is two hops: twice the latency, half the rate
+            // (timed links went through the relay already).
+            let timed = probes.iter().any(Option::is_some);
             for (pos, p) in profiles.iter_mut().enumerate() {
                 let next = order[(pos + 1) % n_devices];
-                if let (Some(link), true) = (&mut p.link, net(order[pos]) != net(next)) {
+                if let (Some(link), true, false) =
+                    (&mut p.link, net(order[pos]) != net(next), timed)
+                {
                     link.rtt_ms *= 2.0;
                     link.bytes_per_s /= 2.0;
                 }
@@ -377,6 +398,7 @@ pub fn plan(inputs: &PlanInputs<'_>) -> Result<Plan, ControllerError> {
     let capped: Vec<usize> = gpu.iter().zip(&w).map(|(&g, &x)| g.min(x)).collect();
     let counts = layer_counts(n_layers, &w, &capped)?;
     let k = n_layers.div_ceil(w.iter().sum::<usize>());
+    let hidden_bytes = 4.0 * inputs.model.hparams().n_embd as f64;
     let mut devices: Vec<DevicePlan> = order
         .iter()
         .enumerate()
@@ -404,6 +426,10 @@ pub fn plan(inputs: &PlanInputs<'_>) -> Result<Plan, ControllerError> {
                 set: sets[pos],
                 forwards: None,
                 next_route: NextRoute::AsHead,
+                hop_ms: planned_with
+                    .get(pos)
+                    .and_then(|p| p.link)
+                    .map(|link| link.rtt_ms / 2.0 + 1e3 * hidden_bytes / link.bytes_per_s),
             }
         })
         .collect();
@@ -427,6 +453,7 @@ pub fn plan(inputs: &PlanInputs<'_>) -> Result<Plan, ControllerError> {
             set: None,
             forwards: Some(routes::legs_label(d)),
             next_route: NextRoute::AsHead,
+            hop_ms: None,
         });
     }
     Ok(Plan {

@@ -27,7 +27,7 @@ use serde::Serialize;
 
 pub use iteration::{HaldaError, HaldaSolution};
 pub use lda::{Cost, Lda, PlanOptions, Prediction};
-pub use model_profile::ModelProfile;
+pub use model_profile::{ModelProfile, UNFORESEEN_ROUTING};
 pub use os::{LdaSet, MemoryModels, NoMemoryModel};
 
 use crate::profile::DeviceProfile;

@@ -66,6 +66,13 @@ pub struct MoeProfile {
     pub routing: Option<Vec<Vec<f64>>>,
 }
 
+/// λ: the share of a token's expert selections a learned routing profile does not
+/// foresee — a new prompt's topic routes elsewhere than the texts the counts were learned
+/// on. Measured on the home lab's MoE: counts learned on one text, another prompt hit
+/// 93% on d3 where the counts alone said 100%, and 86% on d4 where they said 92%;
+/// λ = 0.1 puts both within two points.
+pub const UNFORESEEN_ROUTING: f64 = 0.1;
+
 impl MoeProfile {
     /// n·(expert bytes): the part of a layer's bytes that are experts.
     pub fn layer_expert_bytes(&self) -> f64 {
@@ -82,7 +89,22 @@ impl MoeProfile {
     /// H(r): the expected fraction of a token's expert selections that hit when each
     /// layer keeps its `r` most used experts resident (r may be fractional: a part of
     /// the next expert's share), averaged over the layers. Uniform routing gives r/n.
+    /// A learned profile is trusted for all but [`UNFORESEEN_ROUTING`] of the
+    /// selections, which are taken as uniform: H = (1 − λ)·H_learned(r) + λ·r/n.
     pub fn hit_rate(&self, resident_per_layer: f64) -> f64 {
+        let n = self.n_expert as f64;
+        let r = resident_per_layer.clamp(0.0, n);
+        match &self.routing {
+            Some(routing) if !routing.is_empty() => {
+                let lambda = UNFORESEEN_ROUTING;
+                (1.0 - lambda) * self.learned_hit_rate(r) + lambda * r / n
+            }
+            _ => r / n,
+        }
+    }
+
+    /// H_learned(r): the hit rate if every token routed as the profile says.
+    pub fn learned_hit_rate(&self, resident_per_layer: f64) -> f64 {
         let n = self.n_expert as f64;
         let r = resident_per_layer.clamp(0.0, n);
         let Some(routing) = &self.routing else {

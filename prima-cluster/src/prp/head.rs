@@ -26,6 +26,7 @@ use super::link::{
     decode_activations, expect_control, recv_control, recv_frame, send_control, send_frame,
 };
 use super::micro_batch::MicroBatchTuner;
+use super::probe::{probe, LinkProbe};
 use super::protocol::{
     encode_activations, read_payload, Activations, Control, MemoryBaseline, ModelFingerprint,
     NextHop, PassStats, Ready, ReleaseMethod, ReleasePolicy, Role, RoundWindow, Setup, WireType,
@@ -196,6 +197,31 @@ pub fn request_profile(
     timeout_ms: u64,
     security: &LinkSecurity,
 ) -> Result<serde_json::Value, RingError> {
+    profile_session(transport, addr, timeout_ms, security, None).map(|(p, _)| p)
+}
+
+/// [`request_profile`], after timing the link to the node with pings, empty and padded
+/// to `probe_bytes` (a hidden state's size): what Halda's link terms are built from.
+pub fn request_profile_and_probe(
+    transport: &TransportBox,
+    addr: &str,
+    timeout_ms: u64,
+    security: &LinkSecurity,
+    probe_bytes: usize,
+) -> Result<(serde_json::Value, LinkProbe), RingError> {
+    let (profile, link) =
+        profile_session(transport, addr, timeout_ms, security, Some(probe_bytes))?;
+    let link = link.ok_or_else(|| RingError::Setup(format!("{addr}: the link was not timed")))?;
+    Ok((profile, link))
+}
+
+fn profile_session(
+    transport: &TransportBox,
+    addr: &str,
+    timeout_ms: u64,
+    security: &LinkSecurity,
+    probe_bytes: Option<usize>,
+) -> Result<(serde_json::Value, Option<LinkProbe>), RingError> {
     let conn = Link::connect(transport, addr, 10_000, security)?;
     send_control(
         &conn,
@@ -204,11 +230,12 @@ pub fn request_profile(
             role: Role::Control,
         },
     )?;
+    let link = probe_bytes.map(|bytes| probe(&conn, bytes)).transpose()?;
     send_control(&conn, &Control::ProfileRequest)?;
     let reply = expect_control(&conn, timeout_ms, "a profile")?;
     conn.close();
     match reply {
-        Control::Profile { profile } => Ok(profile),
+        Control::Profile { profile } => Ok((profile, link)),
         Control::Refused { reason } => Err(RingError::Setup(format!(
             "{addr}: profiling failed: {reason}"
         ))),
@@ -1185,7 +1212,11 @@ fn health_loop(shared: &Shared) {
                 addr: link.addr.clone(),
                 reason,
             };
-            match link.ask(&Control::Ping { seq }, PONG_TIMEOUT_MS) {
+            let ping = Control::Ping {
+                seq,
+                pad: String::new(),
+            };
+            match link.ask(&ping, PONG_TIMEOUT_MS) {
                 Ok(Some(Control::Pong { .. })) => {}
                 Ok(Some(Control::Refused { reason })) => symptoms.push(verdict(reason)),
                 Ok(Some(other)) => {

@@ -30,6 +30,7 @@ pub mod key;
 mod link;
 pub mod micro_batch;
 pub mod node;
+pub mod probe;
 pub mod protocol;
 pub mod residency;
 pub mod secure;

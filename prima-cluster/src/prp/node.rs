@@ -137,7 +137,14 @@ pub fn serve(
             }
         }
         let head = conn.peer().into_string();
-        let first = match expect_control(&conn, SETUP_TIMEOUT_MS, "a setup or a profile request") {
+        // A head times its link to this node with pings before it asks for more.
+        let mut next = expect_control(&conn, SETUP_TIMEOUT_MS, "a setup or a profile request");
+        while let Ok(Control::Ping { seq, pad }) = next {
+            next = send_control(&conn, &Control::Pong { seq, pad }).and_then(|()| {
+                expect_control(&conn, SETUP_TIMEOUT_MS, "a setup or a profile request")
+            });
+        }
+        let first = match next {
             Ok(Control::ProfileRequest) => {
                 let reply = match (config.profiler)() {
                     Ok(profile) => Control::Profile { profile },
@@ -472,10 +479,10 @@ fn control_loop(
     loop {
         let reply = match recv_control(control, NO_TIMEOUT) {
             Ok(None) => continue,
-            Ok(Some(Control::Ping { seq })) => {
+            Ok(Some(Control::Ping { seq, pad })) => {
                 match failure.lock().unwrap_or_else(|e| e.into_inner()).clone() {
                     Some(reason) => Control::Refused { reason },
-                    None => Control::Pong { seq },
+                    None => Control::Pong { seq, pad },
                 }
             }
             Ok(Some(Control::StatsRequest)) => {

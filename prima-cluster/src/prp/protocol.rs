@@ -20,7 +20,9 @@ use prima_core::gguf::GgufFile;
 ///    the number of slots.
 /// 4: several batches (micro-batches of different slots) may be in the ring at once,
 ///    their frames interleaved; a frame's `seq` says which batch it belongs to.
-pub const PROTOCOL_VERSION: u32 = 4;
+/// 5: a node answers pings before a setup or profile request, echoing their padding
+///    (the head times its links with them before it plans).
+pub const PROTOCOL_VERSION: u32 = 5;
 
 const KIND_CONTROL: u8 = b'C';
 const KIND_ACTIVATIONS: u8 = b'A';
@@ -291,11 +293,16 @@ pub enum Control {
     Refused {
         reason: String,
     },
+    /// `pad` (echoed in the `Pong`) gives a link probe the size of a hidden state.
     Ping {
         seq: u64,
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        pad: String,
     },
     Pong {
         seq: u64,
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        pad: String,
     },
     /// Asks a node for its device profile (instead of a setup); answered with `Profile`.
     ProfileRequest,
@@ -591,7 +598,10 @@ mod tests {
 
     #[test]
     fn control_round_trips_and_garbage_is_named() {
-        let msg = Control::Ping { seq: 3 };
+        let msg = Control::Ping {
+            seq: 3,
+            pad: String::new(),
+        };
         let Frame::Control(back) = decode(&encode_control(&msg)).unwrap() else {
             panic!("not a control frame");
         };

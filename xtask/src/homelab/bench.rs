@@ -84,6 +84,46 @@ pub struct BenchArgs {
     no_build: bool,
 }
 
+/// The expert-use files (`prima_cluster::prp::expert_use`) as they were before a pass.
+struct LearnedUse {
+    dir: Option<PathBuf>,
+    files: Vec<(PathBuf, Vec<u8>)>,
+}
+
+impl LearnedUse {
+    fn take() -> LearnedUse {
+        let dir = match std::env::var_os(prima_cluster::prp::expert_use::EXPERT_USE_DIR_ENV) {
+            Some(d) if d == "off" => None,
+            Some(d) => Some(PathBuf::from(d)),
+            None => Some(
+                PathBuf::from(prima_cluster::profile::home_dir()).join(".cache/prima/expert-use"),
+            ),
+        };
+        let files = dir
+            .as_ref()
+            .and_then(|d| fs::read_dir(d).ok())
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| Some((e.path(), fs::read(e.path()).ok()?)))
+            .collect();
+        LearnedUse { dir, files }
+    }
+
+    /// Puts the files back as taken; files written since are removed.
+    fn restore(&self) {
+        let Some(dir) = &self.dir else { return };
+        for e in fs::read_dir(dir).into_iter().flatten().flatten() {
+            if !self.files.iter().any(|(p, _)| *p == e.path()) {
+                let _ = fs::remove_file(e.path());
+            }
+        }
+        for (path, bytes) in &self.files {
+            let _ = fs::write(path, bytes);
+        }
+    }
+}
+
 const BEST_DEVICE_RULE: &str =
     "the device with the most memory; threads = its CPU quota rounded up";
 
@@ -201,7 +241,11 @@ pub fn run(layout: &Layout, args: &BenchArgs) -> Result<()> {
                     os_models: load_os_models_from(std::slice::from_ref(&bin)),
                 };
                 bench.prepare(&mut table.notes);
+                // Every row starts from the same learned expert use: a row's own prompt
+                // would otherwise teach the next row which experts it needs.
+                let learned = LearnedUse::take();
                 for row in &pass.rows {
+                    learned.restore();
                     let mut r = bench.row(row);
                     r.latency_ms = pass.latency_ms;
                     r.link_mbit = pass.latency_ms.map(|_| args.link_mbit);
