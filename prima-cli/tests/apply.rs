@@ -462,3 +462,22 @@ fn apply_runs_each_devices_gpu_layers() {
         scratch.processes_left()
     );
 }
+
+/// Halda plans with the links the head timed: every device of a live ring gets a hop
+/// time (the head's pings to each node; a star model for the hops between nodes).
+#[test]
+fn halda_plans_with_the_links_the_head_timed() {
+    let Some(model) = smollm2() else { return };
+    let scratch = Scratch::new("links");
+    scratch.link_model(&model, "model.gguf");
+    let manifest = scratch.manifest(&three_local("scheduler = \"halda\""));
+    let out = prima(&["apply", manifest.to_str().unwrap(), "--dry-run", "--json"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for d in plan["devices"].as_array().unwrap() {
+        let hop = d["hop_ms"].as_f64();
+        assert!(hop.is_some_and(|t| t > 0.0 && t < 1000.0), "{d}");
+    }
+    assert!(scratch.processes_left().is_empty());
+}
