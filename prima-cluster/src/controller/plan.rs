@@ -215,7 +215,7 @@ fn collect_profiles(
         return Err(ControllerError::NoBackend);
     };
     // A probe the size of the hidden state a hop carries (4e bytes, as Halda's t^{comm}).
-    let probe_bytes = 4 * inputs.model.hparams().n_embd as usize;
+    let probe_bytes = 4 * inputs.model.hparams().n_embd;
     let mut profiles = Vec::with_capacity(order.len());
     let mut probes = Vec::with_capacity(order.len());
     for (pos, &i) in order.iter().enumerate() {
