@@ -20,8 +20,8 @@ use prima_core::tokenizer::Tokenizer;
 /// Options shared by every command that runs a model.
 #[derive(clap::Args, Debug, Clone)]
 pub struct EngineArgs {
-    /// GGUF model file.
-    #[arg(short = 'm', long, required_unless_present = "hf_repo")]
+    /// GGUF model file (or -hf REPO[:QUANT]; one of the two is needed).
+    #[arg(short = 'm', long)]
     pub model: Option<std::path::PathBuf>,
     /// A model from a Hugging Face repository instead of --model: the cached copy, else
     /// downloaded (`prima pull`); QUANT picks the file (default Q4_K_M). `-hf` as in llama.cpp.
