@@ -610,3 +610,59 @@ ctx = 256
     assert_eq!(ring, alone);
     std::fs::remove_dir_all(&cache).unwrap();
 }
+
+#[test]
+fn a_node_holding_another_model_is_told_the_hub_name() {
+    let Some(model) = model() else { return };
+    let Some(other) =
+        common::model_or_skip(common::derived_models().join("smollm2-135m-q8_0.gguf"))
+    else {
+        return;
+    };
+    let cache = scratch("mismatch");
+    let hub = Hub::start();
+    hub.add(REPO, FILE, &model);
+    let manifest = cache.join("cluster.toml");
+    std::fs::write(
+        &manifest,
+        format!(
+            r#"
+[model]
+hf = "{REPO}"
+paths = {{ laptop = "{}" }}
+
+[[device]]
+name = "desktop"
+head = true
+local = true
+threads = 1
+
+[[device]]
+name = "laptop"
+local = true
+threads = 1
+
+[policy]
+scheduler = "manual"
+windows = [15, 15]
+ctx = 256
+"#,
+            other.display()
+        ),
+    )
+    .unwrap();
+    let o = prima(
+        &cache,
+        &hub.endpoint(),
+        &["apply", manifest.to_str().unwrap(), "-p", "hi", "-n", "2"],
+    );
+    let (_, err) = text(&o);
+    assert!(!o.status.success());
+    assert!(
+        err.contains("device 'laptop'")
+            && err.contains("model mismatch")
+            && err.contains(&format!("start its node with `prima node -hf {REPO} …`")),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&cache).unwrap();
+}
