@@ -66,6 +66,8 @@ const MODULE_LAYERS: &[(&str, &[&[&str]])] = &[
             &["http", "fuzzing"],
         ],
     ),
+    // The binary: the hub client (I/O at the edge) below the commands that use it.
+    ("prima-cli/src", &[&["hub"], &["cli"]]),
 ];
 
 /// Where rule 3 looks: every source folder of the workspace's own crates.

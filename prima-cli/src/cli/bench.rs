@@ -207,7 +207,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         prima_cluster::profile::memory_read_bandwidth(1 << 30, threads, 5).bytes_per_s
     });
     let report = Report {
-        model: args.engine.model.display().to_string(),
+        model: engine.path.display().to_string(),
         backend: engine.describe_backends(),
         threads: args.engine.threads,
         n_prompt: args.n_prompt,

@@ -20,9 +20,14 @@ use prima_core::tokenizer::Tokenizer;
 /// Options shared by every command that runs a model.
 #[derive(clap::Args, Debug, Clone)]
 pub struct EngineArgs {
-    /// GGUF model file.
+    /// GGUF model file (or -hf REPO[:QUANT]; one of the two is needed).
     #[arg(short = 'm', long)]
-    pub model: std::path::PathBuf,
+    pub model: Option<std::path::PathBuf>,
+    /// A model from a Hugging Face repository instead of --model: the cached copy, else
+    /// downloaded (`prima pull`); QUANT picks the file (default Q4_K_M). `-hf` as in llama.cpp.
+    #[arg(long = "hf-repo", visible_alias = "hf", value_name = "REPO[:QUANT]",
+          conflicts_with = "model", value_parser = super::pull::parse_model)]
+    pub hf_repo: Option<crate::hub::name::ModelRef>,
     /// Compute threads (default: the backend's choice; the CPU backend uses one per physical core).
     #[arg(short = 't', long)]
     pub threads: Option<u32>,
@@ -40,6 +45,17 @@ pub struct EngineArgs {
     /// usable GPU plugin found, e.g. `cuda`).
     #[arg(long, value_name = "NAME")]
     pub gpu_backend: Option<String>,
+}
+
+impl EngineArgs {
+    /// The model file: `--model`, or `--hf-repo`'s cached copy (pulled first if missing).
+    pub fn model_path(&self) -> anyhow::Result<std::path::PathBuf> {
+        match (&self.model, &self.hf_repo) {
+            (Some(path), _) => Ok(path.clone()),
+            (None, Some(model)) => crate::hub::resolve(model),
+            (None, None) => anyhow::bail!("give the model: --model PATH or -hf REPO[:QUANT]"),
+        }
+    }
 }
 
 /// llama.cpp's `-ngl N` (and `-ngl=N`) as `--gpu-layers N`: clap has no multi-letter
@@ -142,14 +158,14 @@ impl Engine {
     /// Opens the model without touching a weight page: a device alone reads them in
     /// [`Engine::local_slots`], a ring device only its own layers, later.
     pub fn open(args: &EngineArgs) -> anyhow::Result<Engine> {
-        let model = Model::load(&args.model)?;
+        let model = Model::load(args.model_path()?)?;
         Engine::open_with(args, model, false)
     }
 
     /// [`Engine::open`] for a ring device (a node, or `prima apply`'s head): a usable GPU
     /// plugin is loaded even without `--gpu-layers`, for the GPU layers a plan may give it.
     pub fn open_planned(args: &EngineArgs) -> anyhow::Result<Engine> {
-        let model = Model::load(&args.model)?;
+        let model = Model::load(args.model_path()?)?;
         Engine::open_with(args, model, true)
     }
 
@@ -160,13 +176,13 @@ impl Engine {
         let backend = load_backend(backend_choice(args.backend.as_deref()).as_deref(), config)?;
         let gpu = open_gpu(args, config, auto_gpu)?;
         let tokenizer = Tokenizer::from_gguf(model.gguf())
-            .with_context(|| format!("{}: reading the tokenizer", args.model.display()))?;
+            .with_context(|| format!("{}: reading the tokenizer", model.gguf().path().display()))?;
         tracing::info!(backend = %backend.backend.describe(), "engine ready");
         if let Some(gpu) = &gpu {
             tracing::info!(gpu = %gpu.backend.describe(), layers = ?args.gpu_layers, "GPU backend ready");
         }
         Ok(Engine {
-            path: args.model.clone(),
+            path: model.gguf().path().to_path_buf(),
             model,
             backend,
             gpu,

@@ -12,6 +12,7 @@ mod perplexity;
 mod plan;
 mod plugins;
 mod profile;
+mod pull;
 mod relay;
 mod run;
 mod serve;
@@ -63,10 +64,17 @@ enum Command {
     Discover(discover::DiscoverArgs),
     /// Write a new cluster key: the secret that admits a device to the ring.
     Keygen(keygen::KeygenArgs),
+    /// Download a GGUF model from a Hugging Face repository into the cache (checked
+    /// against the repository's SHA-256, resumable); prints its path.
+    Pull(pull::PullArgs),
+    /// List the models in the cache.
+    List(pull::ListArgs),
+    /// Remove a model from the cache.
+    Rm(pull::RmArgs),
 }
 
 pub fn main() -> ExitCode {
-    let cli = Cli::parse_from(engine::ngl_alias(std::env::args_os()));
+    let cli = Cli::parse_from(pull::hf_alias(engine::ngl_alias(std::env::args_os())));
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_env("PRIMA_LOG"))
         .with_writer(std::io::stderr)
@@ -86,6 +94,9 @@ pub fn main() -> ExitCode {
         Command::Chat(args) => chat::run(args),
         Command::Discover(args) => discover::run(args),
         Command::Keygen(args) => keygen::run(args),
+        Command::Pull(args) => pull::run_pull(args),
+        Command::List(args) => pull::run_list(args),
+        Command::Rm(args) => pull::run_rm(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -67,7 +67,7 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
     eprintln!(
         "node: listening on {} | {} | {} | {}",
         listener.local_addr(),
-        args.engine.model.display(),
+        engine.path.display(),
         backend_desc,
         describe(&security)
     );
@@ -81,7 +81,7 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
         let report = prima_cluster::profile::profile_with(
             &engine.backend,
             engine.gpu.as_ref(),
-            &args.engine.model,
+            &engine.path,
             &options,
         )
         .map_err(|e| e.to_string())?;

@@ -70,7 +70,7 @@ impl Job {
 pub fn run(args: PerplexityArgs) -> anyhow::Result<()> {
     let engine = Engine::open(&args.engine)?;
     let tok = &engine.tokenizer;
-    let model_path = args.engine.model.display();
+    let model_path = engine.path.display();
     anyhow::ensure!(
         !tok.add_eos_default(),
         "{model_path}: the model asks for EOS after every input, which scoring a text \

@@ -386,7 +386,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         let template = tok.chat_template().with_context(|| {
             format!(
                 "{}: --chat needs tokenizer.chat_template, which the model lacks",
-                args.engine.model.display()
+                engine.path.display()
             )
         })?;
         let messages = [ChatMessage {

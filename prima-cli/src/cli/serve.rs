@@ -11,7 +11,7 @@ use super::engine::{Engine, EngineArgs, Streaming};
 use super::run::{DraftArgs, DraftModel};
 
 #[derive(clap::Args, Debug)]
-#[command(group(clap::ArgGroup::new("source").required(true).args(["model", "manifest"])))]
+#[command(group(clap::ArgGroup::new("source").required(true).args(["model", "hf_repo", "manifest"])))]
 pub struct ServeArgs {
     #[command(flatten)]
     engine: Option<EngineArgs>,
@@ -20,7 +20,7 @@ pub struct ServeArgs {
     /// slots and context, so this device's flags do not apply.
     #[arg(long, value_name = "PATH", conflicts_with_all = [
         "listen", "ctx_size", "parallel", "batch_size", "mem_budget", "alias", "draft",
-        "threads", "backend", "gpu_layers", "gpu_backend",
+        "threads", "backend", "gpu_layers", "gpu_backend", "hf_repo",
     ])]
     manifest: Option<std::path::PathBuf>,
     /// Address to listen on (port 0: any free port; the address is printed on stderr).
@@ -53,7 +53,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let engine_args = match (&args.manifest, &args.engine) {
         (Some(manifest), _) => return super::apply::serve_manifest(manifest.clone()),
         (None, Some(engine)) => engine,
-        (None, None) => anyhow::bail!("serve needs --model PATH or --manifest PATH"),
+        (None, None) => {
+            anyhow::bail!("serve needs --model PATH, -hf REPO[:QUANT] or --manifest PATH")
+        }
     };
     check_draft_args(&args.draft, args.batch_size)?;
     let engine = Engine::open(engine_args)?;
@@ -77,7 +79,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let name = args
         .alias
         .clone()
-        .unwrap_or_else(|| model_name(&engine_args.model));
+        .unwrap_or_else(|| model_name(&engine.path));
     let listener = std::net::TcpListener::bind(&args.listen)
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     let addr = listener.local_addr()?;

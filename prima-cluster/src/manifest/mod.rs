@@ -72,7 +72,11 @@ pub struct Security {
 #[serde(deny_unknown_fields)]
 pub struct ModelSection {
     /// The GGUF file, relative to the manifest's directory unless absolute.
+    #[serde(default)]
     pub path: PathBuf,
+    /// Instead of `path`: a model from a Hugging Face repository, `OWNER/NAME[:QUANT]`,
+    /// which `prima apply` takes from its cache or pulls (`prima pull`).
+    pub hf: Option<String>,
     /// Per-device paths, by device name, where a device keeps its copy elsewhere.
     #[serde(default)]
     pub paths: BTreeMap<String, PathBuf>,
@@ -440,6 +444,26 @@ impl LoadedManifest {
             crate::manifest::routes::check_networks(m, head)
                 .map_err(|(field, message)| self.invalid(field, message))?;
         }
+        match (&m.model.hf, m.model.path.as_os_str().is_empty()) {
+            (None, true) => {
+                return Err(self.invalid(
+                    "model",
+                    "give `path` (a GGUF file) or `hf` (OWNER/NAME[:QUANT])",
+                ))
+            }
+            (Some(_), false) => {
+                return Err(self.invalid("model", "`path` and `hf` both name the model; keep one"))
+            }
+            (Some(hf), true)
+                if hf
+                    .split(':')
+                    .next()
+                    .is_none_or(|r| r.split('/').count() != 2) =>
+            {
+                return Err(self.invalid("model.hf", format!("'{hf}' is not OWNER/NAME[:QUANT]")))
+            }
+            _ => {}
+        }
         for name in m.model.paths.keys() {
             if !m.devices.iter().any(|d| &d.name == name) {
                 return Err(self.invalid(format!("model.paths.{name}"), "names no declared device"));
@@ -520,6 +544,7 @@ impl LoadedManifest {
             message: e.to_string(),
         })?;
         self.manifest.model.path = absolute;
+        self.manifest.model.hf = None;
         self.manifest.model.paths.clear();
         Ok(())
     }
@@ -644,6 +669,36 @@ k = 2
         }
         m.override_model(Path::new("rel.gguf")).unwrap();
         assert!(m.model_path("laptop").is_absolute());
+    }
+
+    #[test]
+    fn a_model_is_a_path_or_a_hub_name() {
+        let hub = GOOD.replace(
+            "path = \"../models/x.gguf\"",
+            "hf = \"bartowski/SmolLM2-GGUF:Q8_0\"",
+        );
+        let m = parse(&hub).unwrap();
+        assert_eq!(
+            m.manifest.model.hf.as_deref(),
+            Some("bartowski/SmolLM2-GGUF:Q8_0")
+        );
+        for (text, wanted) in [
+            (
+                GOOD.replace("path = \"../models/x.gguf\"", ""),
+                "give `path`",
+            ),
+            (
+                GOOD.replace("path = \"../models/x.gguf\"", "path = \"x\"\nhf = \"a/b\""),
+                "keep one",
+            ),
+            (
+                GOOD.replace("path = \"../models/x.gguf\"", "hf = \"smollm\""),
+                "not OWNER/NAME",
+            ),
+        ] {
+            let err = parse(&text).unwrap_err().to_string();
+            assert!(err.contains(wanted), "{err}");
+        }
     }
 
     #[test]

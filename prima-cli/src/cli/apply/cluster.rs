@@ -105,7 +105,14 @@ impl Cluster {
             ),
         );
         bar.finish_and_clear();
-        Ok(ring?)
+        match (ring, &self.manifest.manifest.model.hf) {
+            (Err(e), Some(hf)) if e.to_string().contains("model mismatch") => {
+                Err(anyhow::Error::new(e).context(format!(
+                    "a device lacks the model {hf}: start its node with `prima node -hf {hf} …`"
+                )))
+            }
+            (ring, _) => Ok(ring?),
+        }
     }
 }
 
@@ -123,6 +130,11 @@ pub fn bring_up(setup: &Setup) -> anyhow::Result<Option<Cluster>> {
     }
     if let Some(model) = &setup.model {
         manifest.override_model(model)?;
+    } else if let Some(hf) = manifest.manifest.model.hf.clone() {
+        let name = crate::hub::name::ModelRef::parse(&hf)
+            .map_err(|e| anyhow::anyhow!("{}: model.hf: {e}", manifest.path.display()))?;
+        manifest.manifest.model.path = crate::hub::resolve(&name)?;
+        report::hub_model(&manifest, &name);
     }
     // The flags stand for their manifest fields from here on, so the plan (and every
     // re-plan after a loss) counts the slots' KV caches and the draft on the head.
@@ -173,7 +185,8 @@ pub fn bring_up(setup: &Setup) -> anyhow::Result<Option<Cluster>> {
     let head_device = &m.devices[head];
     let head_model = manifest.model_path(&head_device.name);
     let engine_args = EngineArgs {
-        model: head_model.clone(),
+        model: Some(head_model.clone()),
+        hf_repo: None,
         threads: head_device.threads,
         backend: head_device.backend.clone(),
         gpu_layers: None,

@@ -25,6 +25,10 @@ pub struct ApplyArgs {
     /// (e.g. from an unpacked release, whose home.toml expects `models/` beside it).
     #[arg(short = 'm', long, value_name = "PATH")]
     model: Option<PathBuf>,
+    /// Like --model, a model from a Hugging Face repository (cached, else pulled).
+    #[arg(long = "hf-repo", visible_alias = "hf", value_name = "REPO[:QUANT]",
+          conflicts_with = "model", value_parser = super::pull::parse_model)]
+    hf_repo: Option<crate::hub::name::ModelRef>,
     /// Stop after printing the plan.
     #[arg(long)]
     dry_run: bool,
@@ -76,7 +80,10 @@ pub struct ApplyArgs {
 pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
     let setup = Setup {
         manifest: args.manifest,
-        model: args.model,
+        model: match &args.hf_repo {
+            Some(m) => Some(crate::hub::resolve(m)?),
+            None => args.model,
+        },
         draft: args.draft,
         draft_max: args.draft_max,
         // One prompt needs one slot; a server keeps `parallel` on every device.

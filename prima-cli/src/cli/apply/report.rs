@@ -48,3 +48,24 @@ pub fn replanned(lost: &[String], planned: &Plan) {
     }
     eprint!("{}", planned.table());
 }
+
+/// The manifest's `model.hf`, resolved through the cache; what a remote device needs.
+pub fn hub_model(
+    manifest: &prima_cluster::manifest::LoadedManifest,
+    name: &crate::hub::name::ModelRef,
+) {
+    let m = &manifest.manifest;
+    eprintln!("model     {name} → {}", m.model.path.display());
+    let remote: Vec<&str> = m
+        .devices
+        .iter()
+        .filter(|d| !d.local && !d.head && d.relay.is_none())
+        .map(|d| d.name.as_str())
+        .collect();
+    if !remote.is_empty() {
+        eprintln!(
+            "          {} must hold the same file: start their nodes with `prima node -hf {name} …` (or `prima pull {name}` there first)",
+            remote.join(", ")
+        );
+    }
+}
