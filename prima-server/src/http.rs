@@ -89,6 +89,7 @@ pub async fn serve(
         .route("/v1/completions", post(completions))
         .route("/v1/cancel", post(cancel))
         .route("/metrics", get(metrics))
+        .merge(crate::web::routes())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state);
@@ -97,6 +98,7 @@ pub async fn serve(
             shutdown.await;
             tracing::info!("shutting down: cancelling the running generation");
             queue.close();
+            crate::board::board().close_streams();
         })
         .await
 }

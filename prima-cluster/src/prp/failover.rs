@@ -173,6 +173,23 @@ impl<'m> ResilientRing<'m> {
         }
     }
 
+    /// Each device's window size w_m now, as [`ResilientRing::devices`] (none when down).
+    pub fn windows(&self) -> &[usize] {
+        match self.inner {
+            Inner::Down => &[],
+            _ => &self.layout.windows,
+        }
+    }
+
+    /// The nodes of the ring now, as they reported when they joined (none when the ring
+    /// is down or the head alone).
+    pub fn nodes(&self) -> &[super::head::NodeInfo] {
+        match &self.inner {
+            Inner::Ring(head) => head.nodes(),
+            _ => &[],
+        }
+    }
+
     /// The devices lost and not back.
     pub fn lost(&self) -> impl Iterator<Item = &RingDevice> {
         self.lost.iter().map(|l| &l.device)
