@@ -224,6 +224,16 @@ pub fn show_plan(model: &str, plan: &Plan, head_backend: &str) {
     b.publish(&s);
 }
 
+/// The ring was planned again (a device lost or back): the new plan's k and predicted
+/// TPOT. The devices follow at the next [`ring_now`].
+pub fn replanned(plan: &Plan) {
+    let b = board();
+    let mut s = b.state();
+    s.k = plan.k;
+    s.predicted_tpot_ms = plan.predicted_tpot_ms;
+    b.publish(&s);
+}
+
 /// One token generated (any slot).
 pub(crate) fn count_token() {
     board().tokens.fetch_add(1, Ordering::Relaxed);
@@ -365,4 +375,128 @@ pub fn ring_now(now: &RingNow<'_>) {
         b.event(&mut s, kind, None, message);
     }
     b.publish(&s);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prima_cluster::controller::DevicePlan;
+    use prima_cluster::prp::failover::ReplanCause;
+    use prima_cluster::prp::NextRoute;
+
+    fn device(name: &str, w: usize) -> DevicePlan {
+        DevicePlan {
+            name: name.into(),
+            addr: if name == "desktop" {
+                "head".into()
+            } else {
+                format!("{name}:1")
+            },
+            w,
+            n: 0,
+            layers: 2 * w,
+            relay: false,
+            pruned: None,
+            mem_budget: None,
+            set: None,
+            forwards: None,
+            next_route: NextRoute::AsHead,
+        }
+    }
+
+    fn now<'a>(
+        devices: &'a [String],
+        windows: &'a [usize],
+        lost: &'a [String],
+        events: &'a [FailoverEvent],
+    ) -> RingNow<'a> {
+        RingNow {
+            devices,
+            windows,
+            nodes: &[],
+            lost,
+            k: 2,
+            stats: &[],
+            events,
+        }
+    }
+
+    fn links(snapshot: &Value) -> Vec<(String, String)> {
+        snapshot["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| {
+                (
+                    d["name"].as_str().unwrap().into(),
+                    d["link"].as_str().unwrap().into(),
+                )
+            })
+            .collect()
+    }
+
+    /// The board is one per process: this one test drives it through a loss and a return.
+    #[test]
+    fn a_lost_device_is_marked_and_announced_and_so_is_its_return() {
+        let mut phone = device("phone", 0);
+        phone.pruned = Some("too slow".into());
+        let plan = Plan {
+            scheduler: "halda",
+            k: 2,
+            predicted_tpot_ms: Some(21.0),
+            solve_ms: 1.0,
+            devices: vec![
+                device("desktop", 2),
+                device("laptop", 5),
+                device("tablet", 8),
+                phone,
+            ],
+            profiles: Vec::new(),
+        };
+        show_plan("model", &plan, "cpu");
+        let mut changes = board().subscribe();
+        let s = board().snapshot();
+        assert_eq!(s["k"], 2);
+        assert_eq!(s["predicted_tpot_ms"], 21.0);
+        assert_eq!(s["devices"][0]["role"], "head");
+        assert_eq!(s["devices"][1]["role"], "node");
+        let all = ["desktop", "laptop", "tablet"].map(String::from);
+        ring_now(&now(&all, &[2, 5, 8], &[], &[]));
+        let up = |n: &str, l: &str| (n.to_string(), l.to_string());
+        assert_eq!(
+            links(&board().snapshot()),
+            [
+                up("desktop", "up"),
+                up("laptop", "up"),
+                up("tablet", "up"),
+                up("phone", "pruned")
+            ]
+        );
+
+        let lost = [String::from("tablet")];
+        let replanned = [FailoverEvent::Replanned {
+            cause: ReplanCause::DeviceLost,
+            devices: 2,
+        }];
+        ring_now(&now(&all[..2], &[3, 12], &lost, &replanned));
+        let s = board().snapshot();
+        assert_eq!(s["devices"][2]["link"], "lost");
+        assert_eq!(s["devices"][1]["window"], 12);
+        assert_eq!(s["devices"][2]["window"], 0);
+        let kinds: Vec<String> = std::iter::from_fn(|| changes.try_recv().ok())
+            .filter(|m| m["type"] == "event")
+            .map(|m| format!("{} {}", m["kind"].as_str().unwrap(), m["device"]))
+            .collect();
+        assert_eq!(kinds, ["lost \"tablet\"", "replanned null"]);
+
+        ring_now(&now(&all, &[2, 5, 8], &[], &[]));
+        let s = board().snapshot();
+        assert_eq!(s["devices"][2]["link"], "up");
+        let kinds: Vec<String> = std::iter::from_fn(|| changes.try_recv().ok())
+            .filter(|m| m["type"] == "event")
+            .map(|m| m["kind"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(kinds, ["back"]);
+        assert_eq!(s["events"].as_array().unwrap().len(), 3);
+    }
 }

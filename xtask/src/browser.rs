@@ -10,9 +10,8 @@ use std::process::Command;
 const PACKAGES: [&str; 2] = ["chromium", "chromium-driver"];
 
 fn on_path(name: &str) -> bool {
-    std::env::var_os("PATH").is_some_and(|path| {
-        std::env::split_paths(&path).any(|dir| dir.join(name).is_file())
-    })
+    std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(name).is_file()))
 }
 
 /// Whether a Chromium and its chromedriver are installed.
@@ -34,7 +33,10 @@ pub fn ensure() -> Result<(), String> {
             PACKAGES.join(" ")
         ));
     }
-    eprintln!("installing a headless browser (apt-get install {})", PACKAGES.join(" "));
+    eprintln!(
+        "installing a headless browser (apt-get install {})",
+        PACKAGES.join(" ")
+    );
     let install = || {
         Command::new("apt-get")
             .args(["install", "-y", "-qq", "--no-install-recommends"])

@@ -99,10 +99,7 @@ pub fn run(layout: &Layout) -> Result<i32> {
             "macOS, Windows and Android type checks",
             cross_platform_checks(layout)?,
         ),
-        (
-            "web page in headless Chromium",
-            web_page(layout, &cargo)?,
-        ),
+        ("web page in headless Chromium", web_page(layout, &cargo)?),
         ("fuzz targets, 20 s each", fuzz_briefly(layout)),
         ("release archive, unpacked and run (dist)", archive),
         ("aarch64 release archive (dist)", arm_archive),

@@ -47,4 +47,5 @@ pub fn replanned(lost: &[String], planned: &Plan) {
         eprintln!("failover: new plan without {}", lost.join(", "));
     }
     eprint!("{}", planned.table());
+    prima_server::board::replanned(planned);
 }
