@@ -6,8 +6,9 @@
 //!
 //! One board per process, like the metrics recorder: the front end tells it the plan
 //! once ([`show_plan`], [`show_alone`]); the worker updates it from what it already
-//! records (a generation's TPOT, each token, a ring's statistics and failover events
-//! between requests). It never reads `/metrics` and never touches the model.
+//! records (a generation's TPOT, each token, a ring's statistics between requests) and
+//! the ring tells it each failover event as it happens. It never reads `/metrics` and
+//! never touches the model.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -234,6 +235,51 @@ pub fn replanned(plan: &Plan) {
     b.publish(&s);
 }
 
+/// A failover event as the ring records it (mid-request for a loss): sent to every open
+/// page at once, and a lost device marked so.
+pub fn failover_event(e: &FailoverEvent) {
+    let b = board();
+    let mut s = b.state();
+    let (kind, device, message) = match e {
+        FailoverEvent::Lost { device, reason } => {
+            if let Some(view) = s.devices.iter_mut().find(|d| d.name == *device) {
+                view.link = "lost";
+                view.window = 0;
+                view.layers = 0;
+                view.share = None;
+            }
+            let message = format!("{device} lost ({reason}): planning the ring without it");
+            ("lost", Some(device.as_str()), message)
+        }
+        FailoverEvent::Back { device } => (
+            "back",
+            Some(device.as_str()),
+            format!("{device} answers again: planning it back into the ring"),
+        ),
+        FailoverEvent::Replanned { cause, devices } => (
+            "replanned",
+            None,
+            format!("ring planned again ({}): {devices} devices", cause.as_str()),
+        ),
+        FailoverEvent::NoPlan => (
+            "no_plan",
+            None,
+            "no ring could be planned over the devices left".to_string(),
+        ),
+        FailoverEvent::Recovered { after } => (
+            "recovered",
+            None,
+            format!(
+                "first logits {:.0} ms after the loss",
+                after.as_secs_f64() * 1e3
+            ),
+        ),
+    };
+    let device = device.map(str::to_string);
+    b.event(&mut s, kind, device.as_deref(), message);
+    b.publish(&s);
+}
+
 /// One token generated (any slot).
 pub(crate) fn count_token() {
     board().tokens.fetch_add(1, Ordering::Relaxed);
@@ -269,8 +315,7 @@ fn read_own_memory(d: &mut DeviceView) {
 }
 
 /// What a resilient ring is now, between requests: the devices in it (names, windows,
-/// the nodes' reports), those lost, k, the statistics of the last request, and the
-/// failover events since the last call.
+/// the nodes' reports), those lost, k, and the statistics of the last request.
 pub struct RingNow<'a> {
     pub devices: &'a [String],
     pub windows: &'a [usize],
@@ -278,12 +323,10 @@ pub struct RingNow<'a> {
     pub lost: &'a [String],
     pub k: usize,
     pub stats: &'a [DeviceStats],
-    pub events: &'a [FailoverEvent],
 }
 
-/// Updates the board from `now`: membership and link states, windows, memory, shares;
-/// a "lost" or "back" event for each device whose state changed, and one per failover
-/// event.
+/// Updates the board from `now`: membership and link states, windows, memory, shares.
+/// (Failover events come as they happen, through [`failover_event`].)
 pub fn ring_now(now: &RingNow<'_>) {
     let b = board();
     let mut s = b.state();
@@ -294,7 +337,6 @@ pub fn ring_now(now: &RingNow<'_>) {
         .flat_map(|d| d.passes.iter())
         .map(|p| p.compute_ms)
         .sum();
-    let mut changes = Vec::new();
     for view in s.devices.iter_mut() {
         if matches!(view.link, "pruned" | "relay") && !now.devices.contains(&view.name) {
             continue;
@@ -305,10 +347,7 @@ pub fn ring_now(now: &RingNow<'_>) {
             None if now.lost.contains(&view.name) => "lost",
             None => view.link,
         };
-        if link != view.link {
-            changes.push((view.name.clone(), view.link, link));
-            view.link = link;
-        }
+        view.link = link;
         let Some(i) = position else {
             view.window = 0;
             view.layers = 0;
@@ -340,40 +379,6 @@ pub fn ring_now(now: &RingNow<'_>) {
             }
         }
     }
-    for (name, from, to) in changes {
-        let (kind, message) = match (from, to) {
-            (_, "lost") => (
-                "lost",
-                format!("{name} lost: the ring was planned without it"),
-            ),
-            ("lost", "up") => (
-                "back",
-                format!("{name} answers again: planned back into the ring"),
-            ),
-            _ => ("state", format!("{name}: {from} → {to}")),
-        };
-        b.event(&mut s, kind, Some(&name), message);
-    }
-    for e in now.events {
-        let (kind, message) = match e {
-            FailoverEvent::Replanned { cause, devices } => (
-                "replanned",
-                format!("ring planned again ({}): {devices} devices", cause.as_str()),
-            ),
-            FailoverEvent::NoPlan => (
-                "no_plan",
-                "no ring could be planned over the devices left".to_string(),
-            ),
-            FailoverEvent::Recovered { after } => (
-                "recovered",
-                format!(
-                    "first logits {:.0} ms after the loss",
-                    after.as_secs_f64() * 1e3
-                ),
-            ),
-        };
-        b.event(&mut s, kind, None, message);
-    }
     b.publish(&s);
 }
 
@@ -404,12 +409,7 @@ mod tests {
         }
     }
 
-    fn now<'a>(
-        devices: &'a [String],
-        windows: &'a [usize],
-        lost: &'a [String],
-        events: &'a [FailoverEvent],
-    ) -> RingNow<'a> {
+    fn now<'a>(devices: &'a [String], windows: &'a [usize], lost: &'a [String]) -> RingNow<'a> {
         RingNow {
             devices,
             windows,
@@ -417,7 +417,6 @@ mod tests {
             lost,
             k: 2,
             stats: &[],
-            events,
         }
     }
 
@@ -461,7 +460,7 @@ mod tests {
         assert_eq!(s["devices"][0]["role"], "head");
         assert_eq!(s["devices"][1]["role"], "node");
         let all = ["desktop", "laptop", "tablet"].map(String::from);
-        ring_now(&now(&all, &[2, 5, 8], &[], &[]));
+        ring_now(&now(&all, &[2, 5, 8], &[]));
         let up = |n: &str, l: &str| (n.to_string(), l.to_string());
         assert_eq!(
             links(&board().snapshot()),
@@ -474,11 +473,18 @@ mod tests {
         );
 
         let lost = [String::from("tablet")];
-        let replanned = [FailoverEvent::Replanned {
+        // Mid-request: marked lost at once.
+        failover_event(&FailoverEvent::Lost {
+            device: "tablet".into(),
+            reason: "control connection lost".into(),
+        });
+        assert_eq!(board().snapshot()["devices"][2]["link"], "lost");
+        failover_event(&FailoverEvent::Replanned {
             cause: ReplanCause::DeviceLost,
             devices: 2,
-        }];
-        ring_now(&now(&all[..2], &[3, 12], &lost, &replanned));
+        });
+        // After the request: the ring of two.
+        ring_now(&now(&all[..2], &[3, 12], &lost));
         let s = board().snapshot();
         assert_eq!(s["devices"][2]["link"], "lost");
         assert_eq!(s["devices"][1]["window"], 12);
@@ -489,7 +495,10 @@ mod tests {
             .collect();
         assert_eq!(kinds, ["lost \"tablet\"", "replanned null"]);
 
-        ring_now(&now(&all, &[2, 5, 8], &[], &[]));
+        failover_event(&FailoverEvent::Back {
+            device: "tablet".into(),
+        });
+        ring_now(&now(&all, &[2, 5, 8], &[]));
         let s = board().snapshot();
         assert_eq!(s["devices"][2]["link"], "up");
         let kinds: Vec<String> = std::iter::from_fn(|| changes.try_recv().ok())
@@ -498,5 +507,6 @@ mod tests {
             .collect();
         assert_eq!(kinds, ["back"]);
         assert_eq!(s["events"].as_array().unwrap().len(), 3);
+        assert_eq!(s["events"][0]["kind"], "lost");
     }
 }

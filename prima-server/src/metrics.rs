@@ -274,6 +274,7 @@ pub fn record_failover(events: &[FailoverEvent], devices: usize) {
             FailoverEvent::Recovered { after } => {
                 histogram!(RING_RECOVERY).record(after.as_secs_f64())
             }
+            FailoverEvent::Lost { .. } | FailoverEvent::Back { .. } => {}
         }
     }
     gauge!(RING_DEVICES).set(devices as f64);
@@ -281,8 +282,11 @@ pub fn record_failover(events: &[FailoverEvent], devices: usize) {
 
 /// What a server on a resilient ring does between requests (and once before the first):
 /// records every device's statistics, plans a lost device that answers again back in,
-/// records the failover events, and shows all of it on the cluster board.
+/// records the failover events, and shows all of it on the cluster board (the ring tells
+/// the board each failover event as it happens).
 pub fn watch_ring(ring: &mut ResilientRing<'_>) {
+    // A loss is shown when it happens, not when its request ends.
+    ring.observe(Box::new(board::failover_event));
     let names: Vec<String> = ring.devices().iter().map(|d| d.name.clone()).collect();
     let stats = ring.collect_stats().unwrap_or_default();
     record_ring_stats(&stats, &names);
@@ -303,7 +307,6 @@ pub fn watch_ring(ring: &mut ResilientRing<'_>) {
         lost: &lost,
         k: ring.rounds(),
         stats: &stats,
-        events: &events,
     });
 }
 
