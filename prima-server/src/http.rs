@@ -89,6 +89,7 @@ pub async fn serve(
         .route("/v1/completions", post(completions))
         .route("/v1/cancel", post(cancel))
         .route("/metrics", get(metrics))
+        .merge(crate::web::routes())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state);
@@ -97,6 +98,7 @@ pub async fn serve(
             shutdown.await;
             tracing::info!("shutting down: cancelling the running generation");
             queue.close();
+            crate::board::board().close_streams();
         })
         .await
 }
@@ -561,6 +563,54 @@ mod tests {
             .iter()
             .map(|d| serde_json::from_str(d).unwrap())
             .collect()
+    }
+
+    /// The response to an HTTP/1.0 GET: head and body (of a stream that does not end,
+    /// what came until the response holds `until`).
+    fn get(addr: std::net::SocketAddr, path: &str, until: Option<&str>) -> (String, String) {
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        write!(s, "GET {path} HTTP/1.0\r\n\r\n").unwrap();
+        let mut response = Vec::new();
+        let mut buf = [0u8; 4096];
+        while until.is_none_or(|u| !String::from_utf8_lossy(&response).contains(u)) {
+            match s.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => response.extend_from_slice(&buf[..n]),
+            }
+        }
+        let response = String::from_utf8_lossy(&response).into_owned();
+        let (head, body) = response.split_once("\r\n\r\n").unwrap();
+        (head.to_string(), body.to_string())
+    }
+
+    #[test]
+    fn the_page_is_served_with_its_files_and_the_board_streams_a_snapshot_first() {
+        with_server(ReplyFormat::Plain, &[], FinishReason::Stop, |addr| {
+            let (head, body) = get(addr, "/", None);
+            assert!(head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200"));
+            assert!(
+                head.contains("content-security-policy: default-src 'self'"),
+                "{head}"
+            );
+            assert!(body.contains("<script src=\"app.js\""), "{body}");
+            // Every file the page names is served, from here.
+            for path in ["/app.js", "/app.css"] {
+                let (head, body) = get(addr, path, None);
+                assert!(head.contains(" 200 "), "{path}: {head}");
+                assert!(!body.is_empty());
+                assert!(
+                    !body.contains("http://") && !body.contains("https://"),
+                    "{path}"
+                );
+            }
+            let (_, body) = get(addr, "/v1/cluster", None);
+            let board: Value = serde_json::from_str(&body).unwrap();
+            assert_eq!(board["type"], "snapshot");
+            // The stream's first event is a snapshot (read until it has come whole).
+            let (head, body) = get(addr, "/v1/cluster/events", Some("\n\n"));
+            assert!(head.contains("text/event-stream"), "{head}");
+            assert!(body.starts_with("data: {"), "{body}");
+        });
     }
 
     #[test]

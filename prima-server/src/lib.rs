@@ -22,6 +22,7 @@
 //!
 //! Not here: tools in the prompt (a request's `tools`), logprobs, embeddings.
 
+pub mod board;
 pub mod fuzzing;
 mod harmony;
 mod http;
@@ -34,6 +35,7 @@ mod scheduler;
 mod slot;
 mod speculative;
 mod stop;
+mod web;
 mod worker;
 
 use std::future::Future;

@@ -10,8 +10,9 @@ use std::time::Duration;
 use metrics::{counter, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
+use crate::board;
 use crate::job::{Completion, WorkerError};
-use prima_cluster::prp::failover::FailoverEvent;
+use prima_cluster::prp::failover::{FailoverEvent, ResilientRing};
 use prima_cluster::prp::DeviceStats;
 
 pub const REQUESTS: &str = "prima_requests_total";
@@ -228,6 +229,7 @@ pub(crate) fn record_generation(c: &Completion) {
     if c.usage.completion_tokens > 1 {
         histogram!(TPOT).record(c.tpot_ms / 1e3);
     }
+    board::generation(c.tpot_ms, c.usage.completion_tokens);
 }
 
 /// The scheduler's slots, and how many hold a request.
@@ -272,9 +274,40 @@ pub fn record_failover(events: &[FailoverEvent], devices: usize) {
             FailoverEvent::Recovered { after } => {
                 histogram!(RING_RECOVERY).record(after.as_secs_f64())
             }
+            FailoverEvent::Lost { .. } | FailoverEvent::Back { .. } => {}
         }
     }
     gauge!(RING_DEVICES).set(devices as f64);
+}
+
+/// What a server on a resilient ring does between requests (and once before the first):
+/// records every device's statistics, plans a lost device that answers again back in,
+/// records the failover events, and shows all of it on the cluster board (the ring tells
+/// the board each failover event as it happens).
+pub fn watch_ring(ring: &mut ResilientRing<'_>) {
+    // A loss is shown when it happens, not when its request ends.
+    ring.observe(Box::new(board::failover_event));
+    let names: Vec<String> = ring.devices().iter().map(|d| d.name.clone()).collect();
+    let stats = ring.collect_stats().unwrap_or_default();
+    record_ring_stats(&stats, &names);
+    // Between requests: a lost device that answers again is planned back in.
+    if let Err(e) = ring.readmit() {
+        eprintln!("failover: {e}");
+    }
+    let events = ring.take_events();
+    record_failover(&events, ring.devices().len());
+    let devices: Vec<String> = ring.devices().iter().map(|d| d.name.clone()).collect();
+    let lost: Vec<String> = ring.lost().map(|d| d.name.clone()).collect();
+    // After a re-plan the statistics belong to the old ring's device order.
+    let stats = if devices == names { stats } else { Vec::new() };
+    board::ring_now(&board::RingNow {
+        devices: &devices,
+        windows: ring.windows(),
+        nodes: ring.nodes(),
+        lost: &lost,
+        k: ring.rounds(),
+        stats: &stats,
+    });
 }
 
 /// What one device spent since the last sample; times and counts are added to counters.

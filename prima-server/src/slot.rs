@@ -177,6 +177,7 @@ impl<'t> Running<'t> {
             return ControlFlow::Break(FinishReason::Stop);
         }
         self.out.push(token);
+        crate::board::count_token();
         let piece = self.decoder.push(token);
         if !piece.is_empty() {
             if self.cancelled() {

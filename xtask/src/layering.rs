@@ -57,12 +57,13 @@ const MODULE_LAYERS: &[(&str, &[&[&str]])] = &[
     (
         "prima-server/src",
         &[
-            &["job", "stop", "one_slot", "harmony"],
+            &["job", "stop", "one_slot", "harmony", "board"],
             &["metrics", "openai"],
             &["queue"],
             &["slot"],
             &["scheduler"],
             &["speculative", "worker"],
+            &["web"],
             &["http", "fuzzing"],
         ],
     ),

@@ -8,6 +8,7 @@
 mod bench;
 mod bench_models;
 mod bench_serve;
+mod browser;
 mod build_tools;
 mod catalogue;
 mod cpu_features;

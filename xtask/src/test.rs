@@ -16,7 +16,8 @@
 //! two namespaces joined by a relay (`prima-cli/tests/two_lans.rs`), where root can
 //! make namespaces. Last, the workspace type-checked for macOS, Windows and Android
 //! (`cross_check.rs`), skipped where the Rust targets cannot be added, and every fuzz
-//! target for 20 s (`fuzz.rs`), skipped without a nightly toolchain.
+//! target for 20 s (`fuzz.rs`), skipped without a nightly toolchain, and the web page in
+//! headless Chromium (`browser.rs` installs it as root on Debian; skipped elsewhere).
 
 use std::env;
 use std::process::Command;
@@ -98,6 +99,7 @@ pub fn run(layout: &Layout) -> Result<i32> {
             "macOS, Windows and Android type checks",
             cross_platform_checks(layout)?,
         ),
+        ("web page in headless Chromium", web_page(layout, &cargo)?),
         ("fuzz targets, 20 s each", fuzz_briefly(layout)),
         ("release archive, unpacked and run (dist)", archive),
         ("aarch64 release archive (dist)", arm_archive),
@@ -265,6 +267,25 @@ fn relay_two_lans(layout: &Layout, cargo: &std::ffi::OsStr) -> Result<Optional> 
         .env("PRIMA_REQUIRE_MODELS", "1")
         .status()
         .context("cannot start the two-network relay test")?;
+    Ok(Optional::Ran(exit_code(status)))
+}
+
+/// The web page driven in headless Chromium over chromedriver
+/// (`prima-cli/tests/web_page.rs`, `#[ignore]`d in a plain `cargo test`): chat, a ring
+/// of three losing a device and getting it back, screenshots in `target/web-screenshots`.
+/// The browser is installed first where it is missing and can be (root on Debian).
+fn web_page(layout: &Layout, cargo: &std::ffi::OsStr) -> Result<Optional> {
+    if let Err(why) = crate::browser::ensure() {
+        return Ok(Optional::Skipped(why));
+    }
+    let status = Command::new(cargo)
+        .args(["test", "--release", "-p", "prima-cli", "--test", "web_page"])
+        .args(["--", "--ignored", "--nocapture", "--test-threads", "1"])
+        .current_dir(&layout.workspace)
+        .env("PRIMA_REQUIRE_MODELS", "1")
+        .env("PRIMA_REQUIRE_BROWSER", "1")
+        .status()
+        .context("cannot start the web page's browser tests")?;
     Ok(Optional::Ran(exit_code(status)))
 }
 

@@ -91,6 +91,16 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         "serve: listening on http://{addr} (model {name}, context {n_ctx} tokens{slots}, {})",
         engine.describe_backends()
     );
+    prima_server::board::show_alone(
+        &name,
+        &prima_host::hostname(),
+        &engine.describe_backends(),
+        engine.model.hparams().n_layers,
+        match args.mem_budget {
+            MemBudget::Bytes(b) => Some(b),
+            MemBudget::Auto | MemBudget::Off => None,
+        },
+    );
     if let Some(draft) = &draft {
         let mut draft_session = draft.session(&engine, n_ctx, args.batch_size, args.parallel)?;
         let model = Drafting {

@@ -91,6 +91,10 @@ pub enum FailoverEvent {
     NoPlan,
     /// The first logits after a loss came this long after the loss was reported.
     Recovered { after: Duration },
+    /// A device was found gone (mid-request, or when it did not join a new ring).
+    Lost { device: String, reason: String },
+    /// A lost device answers again (it is planned back in next).
+    Back { device: String },
 }
 
 /// A lost device, when it was last asked whether it is back, and when to ask again.
@@ -133,7 +137,12 @@ pub struct ResilientRing<'m> {
     row_shift: isize,
     lost: Vec<Lost>,
     events: Vec<FailoverEvent>,
+    /// Told each event as it happens ([`ResilientRing::observe`]).
+    observer: Option<Observer<'m>>,
 }
+
+/// What [`ResilientRing::observe`] takes.
+pub type Observer<'m> = Box<dyn FnMut(&FailoverEvent) + Send + 'm>;
 
 impl<'m> ResilientRing<'m> {
     /// Takes over `head`, connected as `layout` with `options`; `replan` plans the ring
@@ -162,6 +171,7 @@ impl<'m> ResilientRing<'m> {
             row_shift: 0,
             lost: Vec::new(),
             events: Vec::new(),
+            observer: None,
         }
     }
 
@@ -170,6 +180,23 @@ impl<'m> ResilientRing<'m> {
         match self.inner {
             Inner::Down => &[],
             _ => &self.layout.devices,
+        }
+    }
+
+    /// Each device's window size w_m now, as [`ResilientRing::devices`] (none when down).
+    pub fn windows(&self) -> &[usize] {
+        match self.inner {
+            Inner::Down => &[],
+            _ => &self.layout.windows,
+        }
+    }
+
+    /// The nodes of the ring now, as they reported when they joined (none when the ring
+    /// is down or the head alone).
+    pub fn nodes(&self) -> &[super::head::NodeInfo] {
+        match &self.inner {
+            Inner::Ring(head) => head.nodes(),
+            _ => &[],
         }
     }
 
@@ -198,6 +225,19 @@ impl<'m> ResilientRing<'m> {
     /// What happened since the last call.
     pub fn take_events(&mut self) -> Vec<FailoverEvent> {
         std::mem::take(&mut self.events)
+    }
+
+    /// Calls `observer` with each event as it happens (in the middle of an evaluation, for
+    /// a loss), beside keeping it for [`ResilientRing::take_events`]; replaces any before.
+    pub fn observe(&mut self, observer: Observer<'m>) {
+        self.observer = Some(observer);
+    }
+
+    fn record(&mut self, event: FailoverEvent) {
+        if let Some(observer) = &mut self.observer {
+            observer(&event);
+        }
+        self.events.push(event);
     }
 
     /// Ends the session on every node, as [`RingHead::shutdown`].
@@ -237,6 +277,9 @@ impl<'m> ResilientRing<'m> {
         }
         for name in &back {
             eprintln!("failover: device '{name}' answers again; planning the ring with it");
+            self.record(FailoverEvent::Back {
+                device: name.clone(),
+            });
         }
         self.lost.retain(|l| !back.contains(&l.device.name));
         self.reconnect(ReplanCause::DeviceBack)?;
@@ -253,7 +296,7 @@ impl<'m> ResilientRing<'m> {
             let layout = match (self.replan)(&excluded) {
                 Ok(layout) => layout,
                 Err(reason) => {
-                    self.events.push(FailoverEvent::NoPlan);
+                    self.record(FailoverEvent::NoPlan);
                     return Err(RingError::NoPlan {
                         lost: name_list(&excluded),
                         reason,
@@ -267,7 +310,7 @@ impl<'m> ResilientRing<'m> {
                         layout.devices.len(),
                         describe(&layout)
                     );
-                    self.events.push(FailoverEvent::Replanned {
+                    self.record(FailoverEvent::Replanned {
                         cause,
                         devices: layout.devices.len(),
                     });
@@ -290,7 +333,7 @@ impl<'m> ResilientRing<'m> {
                         "failover: device '{}' ({addr}) did not join the new ring: {reason}",
                         lost.name
                     );
-                    if !self.mark_lost(lost) {
+                    if !self.mark_lost(lost, &reason) {
                         return Err(RingError::DeviceLost {
                             device,
                             addr,
@@ -332,10 +375,14 @@ impl<'m> ResilientRing<'m> {
 
     /// Records `device` as lost; false when it already was (a plan that still holds it,
     /// which trying again would not change).
-    fn mark_lost(&mut self, device: RingDevice) -> bool {
+    fn mark_lost(&mut self, device: RingDevice, reason: &str) -> bool {
         if self.lost.iter().any(|l| l.device.name == device.name) {
             return false;
         }
+        self.record(FailoverEvent::Lost {
+            device: device.name.clone(),
+            reason: reason.to_string(),
+        });
         self.lost.push(Lost {
             device,
             probed: Instant::now(),
@@ -418,7 +465,7 @@ impl<'m> ResilientRing<'m> {
             lost.name
         );
         self.inner = Inner::Down;
-        if !self.mark_lost(lost) {
+        if !self.mark_lost(lost, &reason) {
             return Err(RingError::DeviceLost {
                 device,
                 addr,
@@ -436,7 +483,7 @@ impl<'m> ResilientRing<'m> {
                 "failover: first logits {:.0} ms after the loss ({replayed} context tokens replayed)",
                 after.as_secs_f64() * 1e3,
             );
-            self.events.push(FailoverEvent::Recovered { after });
+            self.record(FailoverEvent::Recovered { after });
         }
     }
 }

@@ -47,6 +47,7 @@ pub fn replanned(lost: &[String], planned: &Plan) {
         eprintln!("failover: new plan without {}", lost.join(", "));
     }
     eprint!("{}", planned.table());
+    prima_server::board::replanned(planned);
 }
 
 /// The manifest's `model.hf`, resolved through the cache; what a remote device needs.

@@ -4,7 +4,7 @@
 
 use anyhow::Context;
 use prima_cluster::prp::failover::ResilientRing;
-use prima_server::metrics as server_metrics;
+use prima_server::{board, metrics as server_metrics};
 use prima_server::{
     serve_blocking, serve_blocking_batch, serve_blocking_speculative, shutdown_when_set, Drafting,
     SchedulerOptions,
@@ -33,6 +33,7 @@ pub fn run(cluster: &Cluster, ring: Option<ResilientRing<'_>>) -> anyhow::Result
         "serve: listening on http://{bound} (model {name}, context {n_ctx} tokens, {} devices) — Ctrl-C stops",
         plan.ring().count()
     );
+    board::show_plan(&name, plan, &engine.describe_backends());
     let shutdown = Some(shutdown_when_set(cluster.interrupted.clone()));
     let tok = &engine.tokenizer;
     // With a draft model, every slot drafts on the head (a draft slot per slot) and one
@@ -44,17 +45,10 @@ pub fn run(cluster: &Cluster, ring: Option<ResilientRing<'_>>) -> anyhow::Result
     let options = SchedulerOptions::default();
     match ring {
         Some(mut ring) => {
-            let after_job = |h: &mut ResilientRing<'_>| {
-                let names: Vec<String> = h.devices().iter().map(|d| d.name.clone()).collect();
-                if let Ok(stats) = h.collect_stats() {
-                    server_metrics::record_ring_stats(&stats, &names);
-                }
-                // Between requests: a lost device that answers again is planned back in.
-                if let Err(e) = h.readmit() {
-                    eprintln!("failover: {e}");
-                }
-                server_metrics::record_failover(&h.take_events(), h.devices().len());
-            };
+            // Statistics, re-admission and failover events, into the metrics and the
+            // web page's cluster board.
+            server_metrics::watch_ring(&mut ring);
+            let after_job = |h: &mut ResilientRing<'_>| server_metrics::watch_ring(h);
             if let Some((draft, draft_options)) = draft_session.as_mut() {
                 let model = Drafting {
                     target: &mut ring,
