@@ -406,6 +406,7 @@ mod tests {
             set: None,
             forwards: None,
             next_route: NextRoute::AsHead,
+            hop_ms: None,
         }
     }
 
