@@ -51,6 +51,8 @@ pub struct DeviceView {
     pub share: Option<f64>,
     /// "up", "lost", "pruned" (the plan left it out) or "relay".
     pub link: &'static str,
+    /// The planned hop to the next device, ms (the head's timed link; Halda's t^{comm}).
+    pub hop_ms: Option<f64>,
 }
 
 #[derive(Debug, Default)]
@@ -218,6 +220,7 @@ pub fn show_plan(model: &str, plan: &Plan, head_backend: &str) {
                     (None, Some(_)) => "relay",
                     (None, None) => "up",
                 },
+                hop_ms: d.hop_ms,
                 ..DeviceView::default()
             }
         })

@@ -165,6 +165,7 @@ function device(d, k) {
       (d.gpu_layers ? " (" + d.gpu_layers + " on GPU per window)" : ""));
   }
   if (d.addr && d.addr !== "head") facts.push(d.addr);
+  if (d.hop_ms != null && d.link === "up") facts.push("hop " + d.hop_ms.toFixed(1) + " ms");
   li.append(top, el("div", "facts", facts.join(" · ")));
   if (d.memory_limit != null || d.memory_used != null) {
     const share = d.memory_used != null && d.memory_limit ? Math.min(1, d.memory_used / d.memory_limit) : 0;
