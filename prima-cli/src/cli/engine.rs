@@ -15,6 +15,7 @@ use prima_cluster::prp::protocol::{ReleaseMethod, ReleasePolicy};
 use prima_cluster::prp::residency::Residency;
 use prima_core::model::{GpuLayers, Model, Session};
 use prima_core::plugin::{first_gpu_backend, load_backend, LoadedBackend};
+use prima_core::chat::{builtin_for_architecture, builtin_template, BUILTIN_TEMPLATES};
 use prima_core::tokenizer::Tokenizer;
 
 /// Options shared by every command that runs a model.
@@ -42,14 +43,16 @@ pub struct EngineArgs {
     pub gpu_backend: Option<String>,
 }
 
-/// llama.cpp's `-ngl N` (and `-ngl=N`) as `--gpu-layers N`: clap has no multi-letter
-/// short flags.
+/// llama.cpp's multi-letter short flags, which clap has not: `-ngl N` (and `-ngl=N`) as
+/// `--gpu-layers N`, `-sys TEXT` as `--system-prompt TEXT`.
 pub fn ngl_alias(
     args: impl Iterator<Item = std::ffi::OsString>,
 ) -> impl Iterator<Item = std::ffi::OsString> {
     args.map(|a| match a.to_str() {
         Some("-ngl") => "--gpu-layers".into(),
         Some(s) if s.starts_with("-ngl=") => format!("--gpu-layers={}", &s[5..]).into(),
+        Some("-sys") => "--system-prompt".into(),
+        Some(s) if s.starts_with("-sys=") => format!("--system-prompt={}", &s[5..]).into(),
         _ => a,
     })
 }
@@ -159,8 +162,16 @@ impl Engine {
         };
         let backend = load_backend(backend_choice(args.backend.as_deref()).as_deref(), config)?;
         let gpu = open_gpu(args, config, auto_gpu)?;
-        let tokenizer = Tokenizer::from_gguf(model.gguf())
+        let mut tokenizer = Tokenizer::from_gguf(model.gguf())
             .with_context(|| format!("{}: reading the tokenizer", args.model.display()))?;
+        // A file without a chat template chats with the built-in one of its architecture.
+        if tokenizer.chat_template().is_none() {
+            let arch = model.gguf().architecture().unwrap_or_default();
+            if let Some(name) = builtin_for_architecture(arch) {
+                tracing::info!(arch, template = name, "no chat template in the file: built-in");
+                tokenizer.set_chat_template(builtin_template(name).unwrap_or_default().into());
+            }
+        }
         tracing::info!(backend = %backend.backend.describe(), "engine ready");
         if let Some(gpu) = &gpu {
             tracing::info!(gpu = %gpu.backend.describe(), layers = ?args.gpu_layers, "GPU backend ready");
@@ -173,6 +184,23 @@ impl Engine {
             gpu_layers: args.gpu_layers,
             tokenizer,
         })
+    }
+
+    /// `--chat-template NAME|FILE`: a built-in template by name, else a Jinja file, in
+    /// place of the model's.
+    pub fn use_chat_template(&mut self, given: &str) -> anyhow::Result<()> {
+        let template = match builtin_template(given) {
+            Some(t) => t.to_string(),
+            None => std::fs::read_to_string(given).with_context(|| {
+                let names: Vec<&str> = BUILTIN_TEMPLATES.iter().map(|(n, _)| *n).collect();
+                format!(
+                    "--chat-template {given}: neither a built-in template ({}) nor a readable file",
+                    names.join(", ")
+                )
+            })?,
+        };
+        self.tokenizer.set_chat_template(template);
+        Ok(())
     }
 
     /// A device alone's GPU layers: the first `--gpu-layers` of the model (one window),

@@ -6,6 +6,7 @@ mod bench;
 mod chat;
 mod discover;
 mod engine;
+mod interactive;
 mod keygen;
 mod node;
 mod perplexity;
@@ -35,7 +36,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Generate text from a prompt on this device.
+    /// Generate text from a prompt on this device (-i: chat in the terminal).
     Run(run::RunArgs),
     /// Print the token ids of a text as a JSON array.
     Tokenize(tokenize::TokenizeArgs),
@@ -57,7 +58,8 @@ enum Command {
     Profile(profile::ProfileArgs),
     /// Serve an OpenAI-compatible API (chat and completions) from this device.
     Serve(serve::ServeArgs),
-    /// Chat in the terminal with a running server.
+    /// Chat in the terminal with a running server; with -m MODEL, with a model here
+    /// (`prima run -i`).
     Chat(chat::ChatArgs),
     /// List the nodes announcing themselves on the LAN (`prima node --advertise`).
     Discover(discover::DiscoverArgs),
@@ -66,7 +68,8 @@ enum Command {
 }
 
 pub fn main() -> ExitCode {
-    let cli = Cli::parse_from(engine::ngl_alias(std::env::args_os()));
+    let args = chat::local_alias(std::env::args_os().collect());
+    let cli = Cli::parse_from(engine::ngl_alias(args.into_iter()));
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_env("PRIMA_LOG"))
         .with_writer(std::io::stderr)

@@ -242,9 +242,23 @@ enum WireArg {
 pub struct RunArgs {
     #[command(flatten)]
     engine: EngineArgs,
-    /// The prompt.
-    #[arg(short = 'p', long)]
-    prompt: String,
+    /// The prompt (with -i: the first message).
+    #[arg(short = 'p', long, required_unless_present_any = ["file", "interactive"])]
+    prompt: Option<String>,
+    /// Read the prompt from this file.
+    #[arg(short = 'f', long, value_name = "FILE", conflicts_with = "prompt")]
+    file: Option<std::path::PathBuf>,
+    /// Chat in the terminal: each line of stdin is a message, each reply streamed;
+    /// /help, /reset and /bye are handled here, never sent to the model.
+    #[arg(short = 'i', long, conflicts_with_all = ["file", "draft"])]
+    interactive: bool,
+    /// A system message that opens the conversation (`-sys` as in llama.cpp); implies --chat.
+    #[arg(long = "system-prompt", alias = "system", value_name = "TEXT")]
+    system_prompt: Option<String>,
+    /// A chat template in place of the model's: a built-in name (chatml, llama3, gemma)
+    /// or a Jinja file. A file with none uses its architecture's built-in one.
+    #[arg(long, value_name = "NAME|FILE")]
+    chat_template: Option<String>,
     /// Tokens to generate at most.
     #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
     n_predict: usize,
@@ -377,38 +391,81 @@ impl DraftModel {
     }
 }
 
+/// The model's chat template (or the one given, or its architecture's built-in one); an
+/// error saying how to give one where there is none.
+pub(super) fn chat_template<'t>(tok: &'t Tokenizer, model: &std::path::Path) -> anyhow::Result<&'t str> {
+    tok.chat_template().with_context(|| {
+        format!(
+            "{}: chatting needs a chat template, and the model has none (no \
+             tokenizer.chat_template, no built-in one for its architecture): give \
+             --chat-template NAME|FILE (built-in: chatml, llama3, gemma)",
+            model.display()
+        )
+    })
+}
+
+/// `text` rendered as the conversation's next user turn (after the `system` message).
+pub(super) fn chat_prompt(
+    tok: &Tokenizer,
+    model: &std::path::Path,
+    system: Option<&str>,
+    text: &str,
+) -> anyhow::Result<String> {
+    let template = chat_template(tok, model)?;
+    let mut messages: Vec<ChatMessage> = system
+        .map(|s| ChatMessage::new("system", s))
+        .into_iter()
+        .collect();
+    messages.push(ChatMessage::new("user", text));
+    Ok(render_chat(template, &messages, true, tok.bos_text(), tok.eos_text())?)
+}
+
+/// Tokens of a prompt: a rendered chat writes its own BOS text, parsed as the special
+/// token, so none is added before it.
+pub(super) fn encode_prompt(tok: &Tokenizer, text: &str, chat: bool) -> Vec<u32> {
+    let add_bos = tok.add_bos_default()
+        && !(chat && text.starts_with(tok.bos_text()) && !tok.bos_text().is_empty());
+    tok.encode(text, add_bos, true)
+}
+
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let distributed = args.ring.is_ring();
-    let engine = Engine::open(&args.engine)?;
+    let mut engine = Engine::open(&args.engine)?;
+    if let Some(t) = &args.chat_template {
+        engine.use_chat_template(t)?;
+    }
+    let engine = engine;
     let tok = &engine.tokenizer;
-
-    let text = if args.chat {
-        let template = tok.chat_template().with_context(|| {
-            format!(
-                "{}: --chat needs tokenizer.chat_template, which the model lacks",
-                args.engine.model.display()
-            )
-        })?;
-        let messages = [ChatMessage {
-            role: "user".into(),
-            content: args.prompt.clone(),
-        }];
-        render_chat(template, &messages, true, tok.bos_text(), tok.eos_text())?
-    } else {
-        args.prompt.clone()
-    };
-    // A chat template writes its own BOS text; parse it as the special token.
-    let add_bos = tok.add_bos_default()
-        && !(args.chat && text.starts_with(tok.bos_text()) && !tok.bos_text().is_empty());
-    let prompt = tok.encode(&text, add_bos, true);
-    anyhow::ensure!(!prompt.is_empty(), "the prompt is empty after tokenization");
-
     let n_ctx = args.ctx_size.min(engine.model.hparams().n_ctx_train.max(1));
-    anyhow::ensure!(
-        prompt.len() < n_ctx,
-        "the prompt has {} tokens but the context holds {n_ctx} (raise --ctx-size)",
-        prompt.len()
-    );
+    if args.interactive {
+        // Checked before any weight is read.
+        chat_template(tok, &args.engine.model)?;
+    }
+
+    let chat = args.chat || args.system_prompt.is_some();
+    let prompt = if args.interactive {
+        Vec::new()
+    } else {
+        let given = match (&args.prompt, &args.file) {
+            (Some(p), _) => p.clone(),
+            (None, Some(file)) => std::fs::read_to_string(file)
+                .with_context(|| format!("-f {}: cannot read the prompt", file.display()))?,
+            (None, None) => anyhow::bail!("give a prompt: -p TEXT, -f FILE, or -i to chat"),
+        };
+        let text = if chat {
+            chat_prompt(tok, &args.engine.model, args.system_prompt.as_deref(), &given)?
+        } else {
+            given
+        };
+        let prompt = encode_prompt(tok, &text, chat);
+        anyhow::ensure!(!prompt.is_empty(), "the prompt is empty after tokenization");
+        anyhow::ensure!(
+            prompt.len() < n_ctx,
+            "the prompt has {} tokens but the context holds {n_ctx} (raise --ctx-size)",
+            prompt.len()
+        );
+        prompt
+    };
     let seed = args.seed.unwrap_or_else(|| {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -447,6 +504,19 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let cancel = AtomicBool::new(false);
     if !distributed {
         let mut session = ring.local_session(&engine, n_ctx, args.batch_size, reserved)?;
+        if args.interactive {
+            return super::interactive::chat(
+                &mut session,
+                &engine,
+                &mut sampler,
+                &super::interactive::Conversation {
+                    system: args.system_prompt.clone(),
+                    first: args.prompt.clone(),
+                    max_tokens: args.n_predict,
+                    model: args.engine.model.clone(),
+                },
+            );
+        }
         let (stats, draft_stats) = stream_maybe_draft(
             &mut session,
             draft_session
@@ -470,6 +540,21 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
 
     let transport = ring.transport()?;
     let mut head = ring.connect(&engine, &transport, n_ctx, args.batch_size, reserved)?;
+    if args.interactive {
+        let result = super::interactive::chat(
+            &mut head,
+            &engine,
+            &mut sampler,
+            &super::interactive::Conversation {
+                system: args.system_prompt.clone(),
+                first: args.prompt.clone(),
+                max_tokens: args.n_predict,
+                model: args.engine.model.clone(),
+            },
+        );
+        head.shutdown(false);
+        return result;
+    }
     let (stats, draft_stats) = stream_maybe_draft(
         &mut head,
         draft_session
