@@ -113,6 +113,8 @@ fn apply_runs_a_prompt_on_three_local_devices_and_leaves_no_node_behind() {
         prompt,
         "-n",
         "16",
+        "--temp",
+        "0",
     ]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");

@@ -38,7 +38,9 @@ fn prima_with_stdin(args: &[&str], input: &str) -> Output {
 
 fn one_reply(model: &Path, message: &str) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_prima"))
-        .args(["run", "--chat", "-n", "6", "--temp", "0", "-t", "1", "-c", "512"])
+        .args([
+            "run", "--chat", "-n", "6", "--temp", "0", "-t", "1", "-c", "512",
+        ])
         .args(["-p", message, "-m"])
         .arg(model)
         .output()
@@ -54,7 +56,9 @@ fn a_model_without_a_template_chats_in_one_command() {
     let want = one_reply(&model, "Hi");
     let m = model.to_str().unwrap();
     let out = prima_with_stdin(
-        &["chat", "-m", m, "-n", "6", "--temp", "0", "-t", "1", "-c", "512"],
+        &[
+            "chat", "-m", m, "-n", "6", "--temp", "0", "-t", "1", "-c", "512",
+        ],
         "/help\nHi\n/reset\n\nHi\n/nope\n/bye\nnever read\n",
     );
     let err = String::from_utf8_lossy(&out.stderr);
@@ -95,7 +99,10 @@ fn the_server_chats_with_the_built_in_template_too() {
     );
     assert_eq!(status, 200, "{v}");
     assert_eq!(
-        v["choices"][0]["message"]["content"].as_str().unwrap().trim_end(),
+        v["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .trim_end(),
         want,
         "{v}"
     );

@@ -13,9 +13,9 @@ use prima_cluster::prp::budget::{memory_margin_for_layers, resolve_budget, MemBu
 use prima_cluster::prp::expert_cache::{ExpertCache, ExpertHints, PREDICT_DEFAULT};
 use prima_cluster::prp::protocol::{ReleaseMethod, ReleasePolicy};
 use prima_cluster::prp::residency::Residency;
+use prima_core::chat::{builtin_for_architecture, builtin_template, BUILTIN_TEMPLATES};
 use prima_core::model::{GpuLayers, Model, Session};
 use prima_core::plugin::{first_gpu_backend, load_backend, LoadedBackend};
-use prima_core::chat::{builtin_for_architecture, builtin_template, BUILTIN_TEMPLATES};
 use prima_core::tokenizer::Tokenizer;
 
 /// Options shared by every command that runs a model.
@@ -35,7 +35,7 @@ pub struct EngineArgs {
     /// paper's n_m; `-ngl` as in llama.cpp). Alone, the model is one window: its first N
     /// layers. On a node it overrides the head's plan. Default: none alone, the plan's on
     /// a node.
-    #[arg(long = "gpu-layers", value_name = "N")]
+    #[arg(long = "gpu-layers", alias = "n-gpu-layers", value_name = "N")]
     pub gpu_layers: Option<usize>,
     /// Backend plugin for the GPU layers (default: $PRIMA_GPU_BACKEND, else the first
     /// usable GPU plugin found, e.g. `cuda`).
@@ -160,6 +160,14 @@ impl Engine {
         let config = BackendConfig {
             threads: args.threads.unwrap_or(0),
         };
+        // More threads than cores only wait on each other (llama.cpp's -t too).
+        if let (Some(t), Ok(cores)) = (args.threads, std::thread::available_parallelism()) {
+            if t as usize > cores.get() {
+                eprintln!(
+                    "warning: -t {t} is more threads than this device's {cores} cores: they will wait on each other (leave -t out for one per physical core)"
+                );
+            }
+        }
         let backend = load_backend(backend_choice(args.backend.as_deref()).as_deref(), config)?;
         let gpu = open_gpu(args, config, auto_gpu)?;
         let mut tokenizer = Tokenizer::from_gguf(model.gguf())
@@ -168,7 +176,11 @@ impl Engine {
         if tokenizer.chat_template().is_none() {
             let arch = model.gguf().architecture().unwrap_or_default();
             if let Some(name) = builtin_for_architecture(arch) {
-                tracing::info!(arch, template = name, "no chat template in the file: built-in");
+                tracing::info!(
+                    arch,
+                    template = name,
+                    "no chat template in the file: built-in"
+                );
                 tokenizer.set_chat_template(builtin_template(name).unwrap_or_default().into());
             }
         }

@@ -92,7 +92,9 @@ where
                 continue;
             }
             command if command.starts_with('/') => {
-                eprintln!("unknown command {command}: /help lists them (a message cannot start with /)");
+                eprintln!(
+                    "unknown command {command}: /help lists them (a message cannot start with /)"
+                );
                 continue;
             }
             _ => {}
@@ -127,7 +129,10 @@ where
             if stop.stop.load(Ordering::SeqCst) {
                 return ControlFlow::Break(());
             }
-            match stdout.write_all(piece.as_bytes()).and_then(|_| stdout.flush()) {
+            match stdout
+                .write_all(piece.as_bytes())
+                .and_then(|_| stdout.flush())
+            {
                 Ok(()) => ControlFlow::Continue(()),
                 Err(e) => {
                     write_error = Some(e);

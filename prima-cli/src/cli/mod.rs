@@ -15,6 +15,7 @@ mod plugins;
 mod profile;
 mod relay;
 mod run;
+mod sampling;
 mod serve;
 mod tokenize;
 

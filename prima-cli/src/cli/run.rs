@@ -4,6 +4,7 @@
 use std::io::Write;
 use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use anyhow::Context;
 use prima_abi::transport::TransportConfig;
@@ -12,10 +13,12 @@ use prima_cluster::prp::alone::LocalSession;
 use prima_cluster::prp::protocol::{ReleaseMethod, ReleasePolicy, WireType};
 use prima_cluster::prp::{DeviceStats, NextRoute, RingGpus, RingHead, RingOptions};
 use prima_core::chat::{render_chat, ChatMessage};
-use prima_core::generate::{generate, Forward, GenerateOptions, GenerationStats, RowLogits};
+use prima_core::generate::{
+    generate, Forward, GenerateOptions, GenerationStats, RowLogits, StopReason,
+};
 use prima_core::model::{Model, Session};
 use prima_core::plugin::{load_transport, LoadedTransport};
-use prima_core::sampler::{Sampler, SamplerConfig};
+use prima_core::sampler::Sampler;
 use prima_core::speculative::{
     check_vocabularies, generate_speculative, DraftOptions, DraftStats, SpeculativeError,
 };
@@ -23,6 +26,7 @@ use prima_core::tokenizer::Tokenizer;
 
 use super::engine::{Engine, EngineArgs, Streaming};
 use super::keygen::KeyArgs;
+use super::sampling::SamplingArgs;
 use prima_cluster::controller::MAX_FRAME_BYTES;
 use prima_cluster::prp::budget::MemBudget;
 
@@ -259,32 +263,8 @@ pub struct RunArgs {
     /// or a Jinja file. A file with none uses its architecture's built-in one.
     #[arg(long, value_name = "NAME|FILE")]
     chat_template: Option<String>,
-    /// Tokens to generate at most.
-    #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
-    n_predict: usize,
-    /// Sampling temperature; 0 is greedy.
-    #[arg(long, default_value_t = 0.8)]
-    temp: f32,
-    /// Keep the K most likely tokens (0: all).
-    #[arg(long, default_value_t = 40)]
-    top_k: usize,
-    /// Keep the smallest set of tokens whose probability reaches P (1: all).
-    #[arg(long, default_value_t = 0.95)]
-    top_p: f32,
-    /// Drop tokens less likely than P × the most likely one (0: off).
-    #[arg(long, default_value_t = 0.05)]
-    min_p: f32,
-    /// Penalise tokens seen in the last --repeat-last-n tokens (1: off).
-    #[arg(long, default_value_t = 1.0)]
-    repeat_penalty: f32,
-    #[arg(long, default_value_t = 64)]
-    repeat_last_n: usize,
-    /// Subtract from the logit of every token already seen (0: off).
-    #[arg(long, default_value_t = 0.0)]
-    presence_penalty: f32,
-    /// RNG seed (default: random); the same seed gives the same text.
-    #[arg(long)]
-    seed: Option<u64>,
+    #[command(flatten)]
+    sampling: SamplingArgs,
     /// Wrap the prompt as a user message in the model's chat template.
     #[arg(long)]
     chat: bool,
@@ -393,7 +373,10 @@ impl DraftModel {
 
 /// The model's chat template (or the one given, or its architecture's built-in one); an
 /// error saying how to give one where there is none.
-pub(super) fn chat_template<'t>(tok: &'t Tokenizer, model: &std::path::Path) -> anyhow::Result<&'t str> {
+pub(super) fn chat_template<'t>(
+    tok: &'t Tokenizer,
+    model: &std::path::Path,
+) -> anyhow::Result<&'t str> {
     tok.chat_template().with_context(|| {
         format!(
             "{}: chatting needs a chat template, and the model has none (no \
@@ -417,7 +400,13 @@ pub(super) fn chat_prompt(
         .into_iter()
         .collect();
     messages.push(ChatMessage::new("user", text));
-    Ok(render_chat(template, &messages, true, tok.bos_text(), tok.eos_text())?)
+    Ok(render_chat(
+        template,
+        &messages,
+        true,
+        tok.bos_text(),
+        tok.eos_text(),
+    )?)
 }
 
 /// Tokens of a prompt: a rendered chat writes its own BOS text, parsed as the special
@@ -453,7 +442,12 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             (None, None) => anyhow::bail!("give a prompt: -p TEXT, -f FILE, or -i to chat"),
         };
         let text = if chat {
-            chat_prompt(tok, &args.engine.model, args.system_prompt.as_deref(), &given)?
+            chat_prompt(
+                tok,
+                &args.engine.model,
+                args.system_prompt.as_deref(),
+                &given,
+            )?
         } else {
             given
         };
@@ -466,25 +460,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         );
         prompt
     };
-    let seed = args.seed.unwrap_or_else(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0)
-    });
-    let mut sampler = Sampler::new(SamplerConfig {
-        temperature: args.temp,
-        top_k: args.top_k,
-        top_p: args.top_p,
-        min_p: args.min_p,
-        repeat_penalty: args.repeat_penalty,
-        repeat_last_n: args.repeat_last_n,
-        presence_penalty: args.presence_penalty,
-        frequency_penalty: 0.0,
-        seed,
-    });
+    let seed = args.sampling.seed();
+    let mut sampler = Sampler::new(args.sampling.config(seed));
     let options = GenerateOptions {
-        max_tokens: args.n_predict,
+        max_tokens: args.sampling.max_tokens(),
         ignore_eos: args.ignore_eos,
     };
     let backend = engine.describe_backends();
@@ -501,7 +480,12 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let reserved = draft
         .as_ref()
         .map_or(0, |d| d.memory_bytes(n_ctx, args.batch_size, 1));
-    let cancel = AtomicBool::new(false);
+    // Ctrl-C ends the generation; the figures so far are printed as at its end.
+    let cancel = Arc::new(AtomicBool::new(false));
+    if !args.interactive {
+        let flag = cancel.clone();
+        let _ = ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst));
+    }
     if !distributed {
         let mut session = ring.local_session(&engine, n_ctx, args.batch_size, reserved)?;
         if args.interactive {
@@ -512,7 +496,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
                 &super::interactive::Conversation {
                     system: args.system_prompt.clone(),
                     first: args.prompt.clone(),
-                    max_tokens: args.n_predict,
+                    max_tokens: args.sampling.max_tokens(),
                     model: args.engine.model.clone(),
                 },
             );
@@ -548,7 +532,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             &super::interactive::Conversation {
                 system: args.system_prompt.clone(),
                 first: args.prompt.clone(),
-                max_tokens: args.n_predict,
+                max_tokens: args.sampling.max_tokens(),
                 model: args.engine.model.clone(),
             },
         );
@@ -704,6 +688,25 @@ impl<'c> StdoutText<'c> {
 }
 
 pub(super) fn print_summary(stats: &GenerationStats, seed: u64, backend: &str) {
+    if stats.generated_tokens == 0 && stats.time_to_first_token.is_zero() {
+        // `-n 0`: the prompt was tokenized, never evaluated; there is no rate to give.
+        eprintln!(
+            "prompt: {} tokens, not evaluated (-n 0) | seed {seed} | {backend}",
+            stats.prompt_tokens
+        );
+        return;
+    }
+    match stats.stop {
+        StopReason::ContextFull => eprintln!(
+            "stopped: the context is full after {} tokens (raise --ctx-size, or policy.ctx in a manifest)",
+            // The last token sampled is printed but never evaluated into the cache.
+            (stats.prompt_tokens + stats.generated_tokens).saturating_sub(1)
+        ),
+        StopReason::Cancelled => {
+            eprintln!("stopped early (Ctrl-C, or stdout closed): the figures are for the tokens so far")
+        }
+        _ => {}
+    }
     eprintln!(
         "prompt: {} tokens, {:.1} tok/s | TTFT {:.1} ms | generated {} tokens, TPOT {:.2} ms ({:.1} tok/s) | seed {seed} | {backend}",
         stats.prompt_tokens,
