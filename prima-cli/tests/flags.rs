@@ -189,3 +189,116 @@ fn long_work_says_how_it_ended() {
         stderr(&out)
     );
 }
+
+#[test]
+fn keygen_over_an_existing_key_names_it_and_what_to_do() {
+    let dir = std::env::temp_dir().join(format!("prima-flags-key-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let key = dir.join("cluster.key");
+    let first = prima(&["keygen", "--out", key.to_str().unwrap()]);
+    assert!(first.status.success(), "{}", stderr(&first));
+    let fingerprint = stderr(&first)
+        .split("fingerprint ")
+        .nth(1)
+        .and_then(|s| s.split(')').next())
+        .unwrap()
+        .to_string();
+    let again = prima(&["keygen", "--out", key.to_str().unwrap()]);
+    assert!(!again.status.success());
+    let err = stderr(&again);
+    assert!(
+        err.contains(&format!(
+            "{} already holds the cluster key with fingerprint {fingerprint}",
+            key.display()
+        )) && err.contains("--out OTHER_FILE"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn bench_prints_each_row_as_it_finishes() {
+    let Some(model) = smollm2() else { return };
+    let out = prima(&[
+        "bench",
+        "-m",
+        model.to_str().unwrap(),
+        "-t",
+        "1",
+        "-p",
+        "8",
+        "-n",
+        "4",
+        "-r",
+        "1",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let rows: Vec<&str> = stdout.lines().filter(|l| l.starts_with("| ")).collect();
+    assert_eq!(rows.len(), 4, "{stdout}");
+    assert!(
+        rows[2].starts_with("| pp8 ") && rows[3].starts_with("| tg4 "),
+        "{stdout}"
+    );
+}
+
+/// The load bar's total is what the file holds: SmolLM2's output head is its embedding
+/// (tied), read and counted once.
+#[test]
+fn the_load_bar_counts_a_tied_embedding_once() {
+    let Some(path) = smollm2() else { return };
+    let model = prima_core::model::Model::load(&path).unwrap();
+    let distinct: u64 = model.distinct_weight_tensors().map(|t| t.n_bytes).sum();
+    let every: u64 = model.weight_tensors().map(|t| t.n_bytes).sum();
+    let file = std::fs::metadata(&path).unwrap().len();
+    assert!(
+        distinct <= file,
+        "{distinct} bytes of weights in a {file}-byte file"
+    );
+    assert!(
+        every > file,
+        "SmolLM2's head is tied: counted twice it exceeds the file"
+    );
+}
+
+/// Ctrl-C on `prima run` ends the generation and prints the figures so far.
+#[test]
+fn ctrl_c_on_run_prints_the_stats_so_far() {
+    use std::io::Read;
+    let Some(model) = smollm2() else { return };
+    let mut child = Command::new(env!("CARGO_BIN_EXE_prima"))
+        .args([
+            "run",
+            "-t",
+            "1",
+            "-c",
+            "2048",
+            "--ignore-eos",
+            "-p",
+            "Once upon a time",
+            "-m",
+        ])
+        .arg(&model)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Some text first: the generation is under way.
+    let mut stdout = child.stdout.take().unwrap();
+    let mut byte = [0u8; 1];
+    stdout.read_exact(&mut byte).unwrap();
+    let status = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let mut rest = Vec::new();
+    stdout.read_to_end(&mut rest).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("stopped early (Ctrl-C") && err.contains("generated "),
+        "{err}"
+    );
+}

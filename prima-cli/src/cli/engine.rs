@@ -394,7 +394,8 @@ impl Engine {
 /// The pages stay in the page cache, shared and reclaimable: nothing is copied.
 fn warm_pages(model: &Model, path: &Path) {
     const PAGE: usize = 4096;
-    let total: u64 = model.weight_tensors().map(|t| t.n_bytes).sum();
+    // A tied output head is the embedding's bytes: counted (and read) once.
+    let total: u64 = model.distinct_weight_tensors().map(|t| t.n_bytes).sum();
     let bar = ProgressBar::with_draw_target(Some(total), indicatif::ProgressDrawTarget::stderr());
     bar.set_style(
         ProgressStyle::with_template("loading {msg} {bar:30} {bytes}/{total_bytes} ({eta})")
@@ -408,7 +409,7 @@ fn warm_pages(model: &Model, path: &Path) {
     // Draw only if loading is still going after a moment.
     bar.enable_steady_tick(Duration::from_millis(250));
     let mut checksum = 0u8;
-    for t in model.weight_tensors() {
+    for t in model.distinct_weight_tensors() {
         let data = model.gguf().tensor_data(t);
         for page in data.chunks(PAGE) {
             checksum ^= page[0];

@@ -75,7 +75,7 @@ pub fn replanner<'a>(
         .map_err(|e| e.to_string())?;
         if planned.ring().count() == 1 {
             let head_name = &left.manifest.devices[head].name;
-            let weights: u64 = model.weight_tensors().map(|t| t.n_bytes).sum();
+            let weights: u64 = model.distinct_weight_tensors().map(|t| t.n_bytes).sum();
             let memory = profiles
                 .iter()
                 .find(|p| &p.name == head_name)
