@@ -47,6 +47,7 @@ pub fn layout_of(plan: &Plan) -> RingLayout {
 /// A plan that leaves the head alone is taken only if the head's memory holds the
 /// weights: a failover does not turn a ring into one device reading its layers from
 /// disk every token; that request fails, and the ring waits for a device to come back.
+#[allow(clippy::too_many_arguments)]
 pub fn replanner<'a>(
     manifest: &'a LoadedManifest,
     model: &'a Model,
