@@ -388,6 +388,49 @@ fn kept_nodes_are_reused_when_their_configuration_is_unchanged() {
     );
 }
 
+/// `prima status` lists the nodes `--keep-nodes` left running, `prima stop MANIFEST`
+/// stops them.
+#[test]
+fn kept_nodes_are_listed_by_status_and_stopped_by_stop() {
+    let Some(model) = smollm2() else { return };
+    let scratch = Scratch::new("status");
+    scratch.link_model(&model, "model.gguf");
+    let manifest = scratch.manifest(&three_local(
+        "scheduler = \"manual\"\nwindows = [10, 10, 10]",
+    ));
+    let m = manifest.to_str().unwrap();
+    let kept = prima(&["apply", m, "--dry-run", "--keep-nodes"]);
+    let kept = node_lines(&String::from_utf8_lossy(&kept.stderr));
+    assert_eq!(kept.len(), 2, "{kept:?}");
+
+    let status = prima(&["status"]);
+    assert!(status.status.success());
+    let listed = String::from_utf8_lossy(&status.stdout).into_owned();
+    for (_, name, pid) in &kept {
+        assert!(
+            listed.lines().any(|l| l.starts_with(name.as_str())
+                && l.split_whitespace().nth(2) == Some(&pid.to_string())
+                && l.contains("running")),
+            "{listed}"
+        );
+    }
+
+    let stop = prima(&["stop", m]);
+    let said = String::from_utf8_lossy(&stop.stderr).into_owned();
+    assert!(stop.status.success(), "{said}");
+    for (_, name, pid) in &kept {
+        assert!(
+            said.contains(&format!("stopped   {name} ")) && said.contains(&format!("(pid {pid})")),
+            "{said}"
+        );
+    }
+    assert!(
+        scratch.processes_left().is_empty(),
+        "{:?}",
+        scratch.processes_left()
+    );
+}
+
 mod server_support;
 
 #[test]

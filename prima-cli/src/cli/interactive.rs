@@ -15,7 +15,7 @@ use prima_core::generate::{generate, Forward, GenerateOptions, StopReason};
 use prima_core::sampler::Sampler;
 
 use super::engine::Engine;
-use super::run::{chat_template, encode_prompt};
+use prima_core::tokenizer::Tokenizer;
 
 /// What the conversation starts with.
 pub struct Conversation {
@@ -185,4 +185,50 @@ fn stop_on_ctrl_c() -> Stop {
         }
     });
     stop
+}
+
+/// The model's chat template (or the one given, or its architecture's built-in one); an
+/// error saying how to give one where there is none.
+pub(crate) fn chat_template<'t>(
+    tok: &'t Tokenizer,
+    model: &std::path::Path,
+) -> anyhow::Result<&'t str> {
+    tok.chat_template().with_context(|| {
+        format!(
+            "{}: chatting needs a chat template, and the model has none (no \
+             tokenizer.chat_template, no built-in one for its architecture): give \
+             --chat-template NAME|FILE (built-in: chatml, llama3, gemma)",
+            model.display()
+        )
+    })
+}
+
+/// `text` rendered as the conversation's next user turn (after the `system` message).
+pub(crate) fn chat_prompt(
+    tok: &Tokenizer,
+    model: &std::path::Path,
+    system: Option<&str>,
+    text: &str,
+) -> anyhow::Result<String> {
+    let template = chat_template(tok, model)?;
+    let mut messages: Vec<ChatMessage> = system
+        .map(|s| ChatMessage::new("system", s))
+        .into_iter()
+        .collect();
+    messages.push(ChatMessage::new("user", text));
+    Ok(render_chat(
+        template,
+        &messages,
+        true,
+        tok.bos_text(),
+        tok.eos_text(),
+    )?)
+}
+
+/// Tokens of a prompt: a rendered chat writes its own BOS text, parsed as the special
+/// token, so none is added before it.
+pub(crate) fn encode_prompt(tok: &Tokenizer, text: &str, chat: bool) -> Vec<u32> {
+    let add_bos = tok.add_bos_default()
+        && !(chat && text.starts_with(tok.bos_text()) && !tok.bos_text().is_empty());
+    tok.encode(text, add_bos, true)
 }

@@ -7,6 +7,7 @@ mod chat;
 mod discover;
 mod engine;
 mod interactive;
+mod kept;
 mod keygen;
 mod node;
 mod perplexity;
@@ -66,6 +67,10 @@ enum Command {
     Discover(discover::DiscoverArgs),
     /// Write a new cluster key: the secret that admits a device to the ring.
     Keygen(keygen::KeygenArgs),
+    /// List the local nodes `prima apply --keep-nodes` left running.
+    Status,
+    /// Stop the nodes `prima apply --keep-nodes` left running (of one manifest, or all).
+    Stop(kept::StopArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -90,6 +95,8 @@ pub fn main() -> ExitCode {
         Command::Chat(args) => chat::run(args),
         Command::Discover(args) => discover::run(args),
         Command::Keygen(args) => keygen::run(args),
+        Command::Status => kept::status(),
+        Command::Stop(args) => kept::stop(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

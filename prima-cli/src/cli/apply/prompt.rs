@@ -11,10 +11,8 @@ use prima_core::generate::GenerateOptions;
 use prima_core::sampler::Sampler;
 
 use super::cluster::Cluster;
-use crate::cli::run::{
-    chat_prompt, encode_prompt, print_device_table, print_draft_summary, print_summary,
-    stream_maybe_draft,
-};
+use crate::cli::interactive::{chat_prompt, encode_prompt};
+use crate::cli::run::{print_device_table, print_draft_summary, print_summary, stream_maybe_draft};
 use crate::cli::sampling::SamplingArgs;
 
 /// The prompt and how to generate from it.
