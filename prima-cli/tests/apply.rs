@@ -502,6 +502,8 @@ fn apply_runs_each_devices_gpu_layers() {
         prompt,
         "-n",
         "12",
+        "--temp",
+        "0",
     ]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
