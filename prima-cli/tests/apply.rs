@@ -113,6 +113,8 @@ fn apply_runs_a_prompt_on_three_local_devices_and_leaves_no_node_behind() {
         prompt,
         "-n",
         "16",
+        "--temp",
+        "0",
     ]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
@@ -214,13 +216,20 @@ fn bad_manifests_are_named_errors() {
         err.contains("policy.windows: 2 window sizes for 3 devices"),
         "{err}"
     );
+}
 
-    // A device nobody listens for (port 1 on loopback refuses at once).
-    let unreachable = good.replace(
+/// A device that is off (nobody listens at its address: port 1 on loopback refuses at
+/// once) stops nothing: the ring runs on the devices that answer, and a line names it.
+#[test]
+fn a_device_that_is_off_is_named_and_the_others_run_the_prompt() {
+    let Some(model) = smollm2() else { return };
+    let scratch = Scratch::new("off");
+    scratch.link_model(&model, "model.gguf");
+    let text = three_local("scheduler = \"manual\"\nwindows = [10, 10, 10]").replace(
         "name = \"tablet\"\nlocal = true",
         "name = \"tablet\"\naddress = \"127.0.0.1:1\"",
     );
-    let manifest = scratch.manifest(&unreachable);
+    let manifest = scratch.manifest(&text);
     let out = prima(&[
         "apply",
         manifest.to_str().unwrap(),
@@ -230,13 +239,45 @@ fn bad_manifests_are_named_errors() {
         "2",
     ]);
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
-    assert!(err.contains("device 'tablet' (127.0.0.1:1)"), "{err}");
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("device 'tablet' (127.0.0.1:1) did not join"),
+        "{err}"
+    );
+    assert!(err.contains("ring of 2 connected"), "{err}");
+    assert!(!out.stdout.is_empty(), "{err}");
     assert!(
         scratch.processes_left().is_empty(),
         "{:?}",
         scratch.processes_left()
     );
+
+    // Planned by Halda, the dry run asks every device for its profile: the one that is
+    // off is listed as absent, with why, and the plan is made over the others.
+    let text = three_local("scheduler = \"halda\"").replace(
+        "name = \"tablet\"\nlocal = true",
+        "name = \"tablet\"\naddress = \"127.0.0.1:1\"",
+    );
+    let manifest = scratch.manifest(&text);
+    let out = prima(&["apply", manifest.to_str().unwrap(), "--dry-run", "--json"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.lines()
+            .any(|l| l.starts_with("absent    tablet (127.0.0.1:1): ")),
+        "{err}"
+    );
+    let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let tablet = plan["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["name"] == "tablet")
+        .cloned()
+        .unwrap();
+    assert_eq!(tablet["absent"], true, "{plan}");
+    assert_eq!(tablet["layers"], 0, "{plan}");
+    assert!(scratch.processes_left().is_empty());
 }
 
 #[test]
@@ -347,6 +388,49 @@ fn kept_nodes_are_reused_when_their_configuration_is_unchanged() {
     );
 }
 
+/// `prima status` lists the nodes `--keep-nodes` left running, `prima stop MANIFEST`
+/// stops them.
+#[test]
+fn kept_nodes_are_listed_by_status_and_stopped_by_stop() {
+    let Some(model) = smollm2() else { return };
+    let scratch = Scratch::new("status");
+    scratch.link_model(&model, "model.gguf");
+    let manifest = scratch.manifest(&three_local(
+        "scheduler = \"manual\"\nwindows = [10, 10, 10]",
+    ));
+    let m = manifest.to_str().unwrap();
+    let kept = prima(&["apply", m, "--dry-run", "--keep-nodes"]);
+    let kept = node_lines(&String::from_utf8_lossy(&kept.stderr));
+    assert_eq!(kept.len(), 2, "{kept:?}");
+
+    let status = prima(&["status"]);
+    assert!(status.status.success());
+    let listed = String::from_utf8_lossy(&status.stdout).into_owned();
+    for (_, name, pid) in &kept {
+        assert!(
+            listed.lines().any(|l| l.starts_with(name.as_str())
+                && l.split_whitespace().nth(2) == Some(&pid.to_string())
+                && l.contains("running")),
+            "{listed}"
+        );
+    }
+
+    let stop = prima(&["stop", m]);
+    let said = String::from_utf8_lossy(&stop.stderr).into_owned();
+    assert!(stop.status.success(), "{said}");
+    for (_, name, pid) in &kept {
+        assert!(
+            said.contains(&format!("stopped   {name} ")) && said.contains(&format!("(pid {pid})")),
+            "{said}"
+        );
+    }
+    assert!(
+        scratch.processes_left().is_empty(),
+        "{:?}",
+        scratch.processes_left()
+    );
+}
+
 mod server_support;
 
 #[test]
@@ -418,6 +502,8 @@ fn apply_runs_each_devices_gpu_layers() {
         prompt,
         "-n",
         "12",
+        "--temp",
+        "0",
     ]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");

@@ -330,6 +330,8 @@ key_file = "cluster.key"
                 "The capital of France is",
                 "-n",
                 "8",
+                "--temp",
+                "0",
             ],
         );
         let stderr = String::from_utf8_lossy(&out.stderr).into_owned();

@@ -5,7 +5,8 @@
 //! that restarts at its address is planned back in between requests. A sampled request
 //! goes on from the same RNG state; a head left alone goes on alone where it holds the
 //! model. Where the devices left cannot hold the model, the request fails with a clear
-//! error and the server stays up. Also: replaying a context in one batch gives the bits its token-by-token
+//! error and the server stays up. A device off when the cluster comes up is planned in
+//! when its node starts. Also: replaying a context in one batch gives the bits its token-by-token
 //! evaluation gave, which is what lets the failover replay in one call.
 
 mod common;
@@ -434,6 +435,61 @@ fn when_the_devices_left_cannot_hold_the_model_the_request_fails_and_the_server_
     node.restart();
     assert_eq!(wait_for_readmission(&server, BACK), 1.0);
     assert_eq!(complete(&server, 0.0), want);
+}
+
+/// A device that is off when the cluster comes up: the ring runs on the others, the
+/// head names it, and when a node starts at its address a later request uses it.
+#[test]
+fn a_device_off_at_start_is_planned_in_when_its_node_starts() {
+    let Some(model) = smollm2() else { return };
+    let laptop = Node::start(&model);
+    // A free port nobody listens on yet.
+    let tablet = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string();
+    let cluster = Cluster::new(
+        "off",
+        &model,
+        &[
+            ("desktop", None, 0.045, 20.0),
+            ("laptop", Some(&laptop.addr), 0.045, 20.0),
+            ("tablet", Some(&tablet), 0.045, 20.0),
+        ],
+    );
+    let server = cluster.apply();
+    let want = complete(&server, 0.0);
+    let log = server.stderr_lines();
+    assert!(
+        log.iter()
+            .any(|l| l.starts_with(&format!("ring: device 'tablet' ({tablet}) did not join"))),
+        "{}",
+        log.join("\n")
+    );
+    assert_eq!(
+        settled(&server, "prima_ring_devices", 2.0),
+        2.0,
+        "{}",
+        log.join("\n")
+    );
+
+    // The tablet is switched on: planned in between requests.
+    let _tablet_node = Node {
+        child: spawn_node(&model, &tablet),
+        addr: tablet.clone(),
+        model: model.clone(),
+    };
+    assert_eq!(wait_for_readmission(&server, BACK), 1.0);
+    assert_eq!(settled(&server, "prima_ring_devices", 3.0), 3.0);
+    assert_eq!(complete(&server, 0.0), want);
+    let said = server.stderr_lines();
+    assert!(
+        said.iter()
+            .any(|l| l == "failover: device 'tablet' answers again; planning the ring with it"),
+        "{}",
+        said.join("\n")
+    );
 }
 
 #[test]

@@ -297,6 +297,8 @@ fn apply_drafts_with_the_manifests_draft_model() {
         prompt,
         "-n",
         "16",
+        "--temp",
+        "0",
     ]);
     let stderr = String::from_utf8_lossy(&drafted.stderr);
     assert!(drafted.status.success(), "{stderr}");

@@ -139,7 +139,8 @@ pub fn generate<F: Forward>(
         prompt_tokens: prompt.len(),
         ..Default::default()
     };
-    let mut out = Vec::with_capacity(options.max_tokens);
+    // `max_tokens` may be "no limit" (usize::MAX): the context bounds the output.
+    let mut out = Vec::with_capacity(options.max_tokens.min(session.n_ctx()));
     let mut decoder = tokenizer.stream_decoder();
     for &t in prompt {
         sampler.accept(t);

@@ -197,7 +197,7 @@ pub fn generate_speculative_after<T: RowLogits, D: Forward>(
         options,
         n_ctx: target.n_ctx(),
         decoder: tokenizer.stream_decoder(),
-        tokens: Vec::with_capacity(options.max_tokens),
+        tokens: Vec::with_capacity(options.max_tokens.min(target.n_ctx())),
         context: prompt.to_vec(),
         stats: GenerationStats {
             prompt_tokens: prompt.len(),

@@ -216,6 +216,8 @@ pub fn show_plan(model: &str, plan: &Plan, head_backend: &str) {
                 layers: d.layers,
                 memory_limit: d.mem_budget,
                 link: match (&d.pruned, &d.forwards) {
+                    // Off when the ring was planned: lost until it answers.
+                    (Some(_), _) if d.absent => "lost",
                     (Some(_), _) => "pruned",
                     (None, Some(_)) => "relay",
                     (None, None) => "up",
@@ -405,6 +407,7 @@ mod tests {
             layers: 2 * w,
             relay: false,
             pruned: None,
+            absent: false,
             mem_budget: None,
             set: None,
             forwards: None,

@@ -9,6 +9,7 @@
 //! after one untimed warm-up run; the mean and sample standard deviation of tokens per
 //! second are reported.
 
+use std::io::Write;
 use std::time::Instant;
 
 use prima_cluster::prp::budget::MemBudget;
@@ -132,6 +133,24 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         .map(|_| rng.gen_range(0..vocab))
         .collect();
 
+    // The table's rows are printed as each finishes, as llama-bench does.
+    let row = |test: String, samples: &[f64]| {
+        if !args.json {
+            let (mean, sd) = mean_sd(samples);
+            println!("| {test:<6} | {mean:>7.2} ± {sd:>5.2} |");
+            let _ = std::io::stdout().flush();
+        }
+    };
+    if !args.json {
+        println!(
+            "model: {} | {}",
+            engine.path.display(),
+            engine.describe_backends()
+        );
+        println!("| test   |            t/s |");
+        println!("| ------ | -------------: |");
+        let _ = std::io::stdout().flush();
+    }
     let mut pp = Vec::with_capacity(args.reps);
     if args.n_prompt > 0 {
         for rep in 0..=args.reps {
@@ -143,6 +162,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                 pp.push(args.n_prompt as f64 / secs);
             }
         }
+    }
+    if args.n_prompt > 0 {
+        row(format!("pp{}", args.n_prompt), &pp);
     }
     let mut tg = Vec::with_capacity(args.reps);
     if args.n_gen > 0 && args.parallel == 1 {
@@ -195,6 +217,12 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         }
     }
 
+    if args.n_gen > 0 {
+        match args.parallel {
+            1 => row(format!("tg{}", args.n_gen), &tg),
+            n => row(format!("tg{}x{n}", args.n_gen), &tg),
+        }
+    }
     let (pp_mean, pp_sd) = mean_sd(&pp);
     let (tg_mean, tg_sd) = mean_sd(&tg);
     let bytes_per_token = weight_bytes_per_token(&engine.model);
@@ -225,22 +253,6 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
-        println!("model: {} | {}", report.model, report.backend);
-        println!("| test   |            t/s |");
-        println!("| ------ | -------------: |");
-        if args.n_prompt > 0 {
-            println!(
-                "| pp{:<4} | {:>7.2} ± {:>5.2} |",
-                args.n_prompt, pp_mean, pp_sd
-            );
-        }
-        if args.n_gen > 0 {
-            let test = match args.parallel {
-                1 => format!("tg{}", args.n_gen),
-                n => format!("tg{}x{n}", args.n_gen),
-            };
-            println!("| {test:<6} | {tg_mean:>7.2} ± {tg_sd:>5.2} |");
-        }
         if let (Some(bw), Some(eff)) = (report.mem_read_bytes_per_s, report.bandwidth_efficiency) {
             println!(
                 "memory read {:.1} GB/s; generation streams {:.1} MB/token = {:.0}% of it",

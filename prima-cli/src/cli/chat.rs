@@ -1,11 +1,28 @@
 //! `prima chat`: an interactive conversation in the terminal with a running server
-//! (`prima serve` or the head of `prima apply`), streamed over its OpenAI API.
+//! (`prima serve` or the head of `prima apply`), streamed over its OpenAI API; with
+//! `-m MODEL`, `prima run -i` on this device instead ([`local_alias`]). `/help`, `/reset`
+//! and `/bye` are handled here, never sent to the model.
 
 use std::io::{BufRead, BufReader, IsTerminal, Write};
 use std::time::Duration;
 
 use anyhow::{bail, Context};
 use serde_json::{json, Value};
+
+/// `prima chat -m MODEL …` is `prima run -i -m MODEL …`: a chat with a model on this
+/// device, no server needed (every `run` flag applies).
+pub fn local_alias(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    let is_model = |a: &std::ffi::OsString| {
+        a.to_str().is_some_and(|s| {
+            s == "-m" || s == "--model" || s.starts_with("--model=") || s.starts_with("-m=")
+        })
+    };
+    if args.get(1).is_some_and(|a| a == "chat") && args[2..].iter().any(is_model) {
+        args[1] = "run".into();
+        args.insert(2, "-i".into());
+    }
+    args
+}
 
 #[derive(clap::Args, Debug)]
 pub struct ChatArgs {
@@ -37,7 +54,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
     let model = model_name(&agent, &base)?;
     let interactive = std::io::stdin().is_terminal();
     if interactive {
-        eprintln!("connected to {base} ({model}); /reset starts over, /exit or Ctrl-D ends");
+        eprintln!("connected to {base} ({model}); /help lists the commands, /bye or Ctrl-D ends");
     }
 
     let mut history: Vec<Value> = Vec::new();
@@ -58,9 +75,17 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
         let line = line.trim();
         match line {
             "" => continue,
-            "/exit" | "/quit" => break,
+            "/bye" | "/exit" | "/quit" => break,
             "/reset" => {
                 history.truncate(opening);
+                continue;
+            }
+            "/help" => {
+                eprintln!("/help   this list\n/reset  forget the conversation (the system message stays)\n/bye    end (also /exit, /quit, Ctrl-D)");
+                continue;
+            }
+            command if command.starts_with('/') => {
+                eprintln!("unknown command {command}: /help lists them");
                 continue;
             }
             _ => {}

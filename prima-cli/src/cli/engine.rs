@@ -13,6 +13,7 @@ use prima_cluster::prp::budget::{memory_margin_for_layers, resolve_budget, MemBu
 use prima_cluster::prp::expert_cache::{ExpertCache, ExpertHints, PREDICT_DEFAULT};
 use prima_cluster::prp::protocol::{ReleaseMethod, ReleasePolicy};
 use prima_cluster::prp::residency::Residency;
+use prima_core::chat::{builtin_for_architecture, builtin_template, BUILTIN_TEMPLATES};
 use prima_core::model::{GpuLayers, Model, Session};
 use prima_core::plugin::{first_gpu_backend, load_backend, LoadedBackend};
 use prima_core::tokenizer::Tokenizer;
@@ -39,7 +40,7 @@ pub struct EngineArgs {
     /// paper's n_m; `-ngl` as in llama.cpp). Alone, the model is one window: its first N
     /// layers. On a node it overrides the head's plan. Default: none alone, the plan's on
     /// a node.
-    #[arg(long = "gpu-layers", value_name = "N")]
+    #[arg(long = "gpu-layers", alias = "n-gpu-layers", value_name = "N")]
     pub gpu_layers: Option<usize>,
     /// Backend plugin for the GPU layers (default: $PRIMA_GPU_BACKEND, else the first
     /// usable GPU plugin found, e.g. `cuda`).
@@ -58,14 +59,16 @@ impl EngineArgs {
     }
 }
 
-/// llama.cpp's `-ngl N` (and `-ngl=N`) as `--gpu-layers N`: clap has no multi-letter
-/// short flags.
+/// llama.cpp's multi-letter short flags, which clap has not: `-ngl N` (and `-ngl=N`) as
+/// `--gpu-layers N`, `-sys TEXT` as `--system-prompt TEXT`.
 pub fn ngl_alias(
     args: impl Iterator<Item = std::ffi::OsString>,
 ) -> impl Iterator<Item = std::ffi::OsString> {
     args.map(|a| match a.to_str() {
         Some("-ngl") => "--gpu-layers".into(),
         Some(s) if s.starts_with("-ngl=") => format!("--gpu-layers={}", &s[5..]).into(),
+        Some("-sys") => "--system-prompt".into(),
+        Some(s) if s.starts_with("-sys=") => format!("--system-prompt={}", &s[5..]).into(),
         _ => a,
     })
 }
@@ -173,10 +176,30 @@ impl Engine {
         let config = BackendConfig {
             threads: args.threads.unwrap_or(0),
         };
+        // More threads than cores only wait on each other (llama.cpp's -t too).
+        if let (Some(t), Ok(cores)) = (args.threads, std::thread::available_parallelism()) {
+            if t as usize > cores.get() {
+                eprintln!(
+                    "warning: -t {t} is more threads than this device's {cores} cores: they will wait on each other (leave -t out for one per physical core)"
+                );
+            }
+        }
         let backend = load_backend(backend_choice(args.backend.as_deref()).as_deref(), config)?;
         let gpu = open_gpu(args, config, auto_gpu)?;
-        let tokenizer = Tokenizer::from_gguf(model.gguf())
+        let mut tokenizer = Tokenizer::from_gguf(model.gguf())
             .with_context(|| format!("{}: reading the tokenizer", model.gguf().path().display()))?;
+        // A file without a chat template chats with the built-in one of its architecture.
+        if tokenizer.chat_template().is_none() {
+            let arch = model.gguf().architecture().unwrap_or_default();
+            if let Some(name) = builtin_for_architecture(arch) {
+                tracing::info!(
+                    arch,
+                    template = name,
+                    "no chat template in the file: built-in"
+                );
+                tokenizer.set_chat_template(builtin_template(name).unwrap_or_default().into());
+            }
+        }
         tracing::info!(backend = %backend.backend.describe(), "engine ready");
         if let Some(gpu) = &gpu {
             tracing::info!(gpu = %gpu.backend.describe(), layers = ?args.gpu_layers, "GPU backend ready");
@@ -189,6 +212,23 @@ impl Engine {
             gpu_layers: args.gpu_layers,
             tokenizer,
         })
+    }
+
+    /// `--chat-template NAME|FILE`: a built-in template by name, else a Jinja file, in
+    /// place of the model's.
+    pub fn use_chat_template(&mut self, given: &str) -> anyhow::Result<()> {
+        let template = match builtin_template(given) {
+            Some(t) => t.to_string(),
+            None => std::fs::read_to_string(given).with_context(|| {
+                let names: Vec<&str> = BUILTIN_TEMPLATES.iter().map(|(n, _)| *n).collect();
+                format!(
+                    "--chat-template {given}: neither a built-in template ({}) nor a readable file",
+                    names.join(", ")
+                )
+            })?,
+        };
+        self.tokenizer.set_chat_template(template);
+        Ok(())
     }
 
     /// A device alone's GPU layers: the first `--gpu-layers` of the model (one window),
@@ -370,7 +410,8 @@ impl Engine {
 /// The pages stay in the page cache, shared and reclaimable: nothing is copied.
 fn warm_pages(model: &Model, path: &Path) {
     const PAGE: usize = 4096;
-    let total: u64 = model.weight_tensors().map(|t| t.n_bytes).sum();
+    // A tied output head is the embedding's bytes: counted (and read) once.
+    let total: u64 = model.distinct_weight_tensors().map(|t| t.n_bytes).sum();
     let bar = ProgressBar::with_draw_target(Some(total), indicatif::ProgressDrawTarget::stderr());
     bar.set_style(
         ProgressStyle::with_template("loading {msg} {bar:30} {bytes}/{total_bytes} ({eta})")
@@ -384,7 +425,7 @@ fn warm_pages(model: &Model, path: &Path) {
     // Draw only if loading is still going after a moment.
     bar.enable_steady_tick(Duration::from_millis(250));
     let mut checksum = 0u8;
-    for t in model.weight_tensors() {
+    for t in model.distinct_weight_tensors() {
         let data = model.gguf().tensor_data(t);
         for page in data.chunks(PAGE) {
             checksum ^= page[0];

@@ -17,6 +17,20 @@ pub struct KeygenArgs {
 
 pub fn run(args: KeygenArgs) -> anyhow::Result<()> {
     let path = args.out.unwrap_or_else(default_key_path);
+    // A key already there may be the one a whole cluster holds: say which it is, and
+    // how to get a new one, rather than only that the file exists.
+    if path.exists() {
+        let which = match ClusterKey::read(&path) {
+            Ok(key) => format!("the cluster key with fingerprint {}", key.fingerprint()),
+            Err(e) => format!("not a cluster key ({e})"),
+        };
+        anyhow::bail!(
+            "{} already holds {which}; it is kept (every device of its cluster may use it). \
+             To start a new cluster, give --out OTHER_FILE; to replace it, remove the file \
+             first and copy the new key to every device",
+            path.display()
+        );
+    }
     let key = ClusterKey::generate();
     key.write_new(&path)?;
     eprintln!(

@@ -6,6 +6,8 @@ mod bench;
 mod chat;
 mod discover;
 mod engine;
+mod interactive;
+mod kept;
 mod keygen;
 mod node;
 mod perplexity;
@@ -15,6 +17,7 @@ mod profile;
 mod pull;
 mod relay;
 mod run;
+mod sampling;
 mod serve;
 mod tokenize;
 
@@ -36,7 +39,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Generate text from a prompt on this device.
+    /// Generate text from a prompt on this device (-i: chat in the terminal).
     Run(run::RunArgs),
     /// Print the token ids of a text as a JSON array.
     Tokenize(tokenize::TokenizeArgs),
@@ -58,7 +61,8 @@ enum Command {
     Profile(profile::ProfileArgs),
     /// Serve an OpenAI-compatible API (chat and completions) from this device.
     Serve(serve::ServeArgs),
-    /// Chat in the terminal with a running server.
+    /// Chat in the terminal with a running server; with -m MODEL, with a model here
+    /// (`prima run -i`).
     Chat(chat::ChatArgs),
     /// List the nodes announcing themselves on the LAN (`prima node --advertise`).
     Discover(discover::DiscoverArgs),
@@ -71,10 +75,15 @@ enum Command {
     List(pull::ListArgs),
     /// Remove a model from the cache.
     Rm(pull::RmArgs),
+    /// List the local nodes `prima apply --keep-nodes` left running.
+    Status,
+    /// Stop the nodes `prima apply --keep-nodes` left running (of one manifest, or all).
+    Stop(kept::StopArgs),
 }
 
 pub fn main() -> ExitCode {
-    let cli = Cli::parse_from(pull::hf_alias(engine::ngl_alias(std::env::args_os())));
+    let args = chat::local_alias(pull::hf_alias(std::env::args_os()).collect());
+    let cli = Cli::parse_from(engine::ngl_alias(args.into_iter()));
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_env("PRIMA_LOG"))
         .with_writer(std::io::stderr)
@@ -97,6 +106,8 @@ pub fn main() -> ExitCode {
         Command::Pull(args) => pull::run_pull(args),
         Command::List(args) => pull::run_list(args),
         Command::Rm(args) => pull::run_rm(args),
+        Command::Status => kept::status(),
+        Command::Stop(args) => kept::stop(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -4,6 +4,7 @@
 use std::io::Write;
 use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use anyhow::Context;
 use prima_abi::transport::TransportConfig;
@@ -11,18 +12,21 @@ use prima_cluster::controller::{connect, given_layout, ring_options, LaunchSetti
 use prima_cluster::prp::alone::LocalSession;
 use prima_cluster::prp::protocol::{ReleaseMethod, ReleasePolicy, WireType};
 use prima_cluster::prp::{DeviceStats, NextRoute, RingGpus, RingHead, RingOptions};
-use prima_core::chat::{render_chat, ChatMessage};
-use prima_core::generate::{generate, Forward, GenerateOptions, GenerationStats, RowLogits};
+use prima_core::generate::{
+    generate, Forward, GenerateOptions, GenerationStats, RowLogits, StopReason,
+};
 use prima_core::model::{Model, Session};
 use prima_core::plugin::{load_transport, LoadedTransport};
-use prima_core::sampler::{Sampler, SamplerConfig};
+use prima_core::sampler::Sampler;
 use prima_core::speculative::{
     check_vocabularies, generate_speculative, DraftOptions, DraftStats, SpeculativeError,
 };
 use prima_core::tokenizer::Tokenizer;
 
 use super::engine::{Engine, EngineArgs, Streaming};
+use super::interactive::{chat_prompt, chat_template, encode_prompt};
 use super::keygen::KeyArgs;
+use super::sampling::SamplingArgs;
 use prima_cluster::controller::MAX_FRAME_BYTES;
 use prima_cluster::prp::budget::MemBudget;
 
@@ -242,35 +246,25 @@ enum WireArg {
 pub struct RunArgs {
     #[command(flatten)]
     engine: EngineArgs,
-    /// The prompt.
-    #[arg(short = 'p', long)]
-    prompt: String,
-    /// Tokens to generate at most.
-    #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
-    n_predict: usize,
-    /// Sampling temperature; 0 is greedy.
-    #[arg(long, default_value_t = 0.8)]
-    temp: f32,
-    /// Keep the K most likely tokens (0: all).
-    #[arg(long, default_value_t = 40)]
-    top_k: usize,
-    /// Keep the smallest set of tokens whose probability reaches P (1: all).
-    #[arg(long, default_value_t = 0.95)]
-    top_p: f32,
-    /// Drop tokens less likely than P × the most likely one (0: off).
-    #[arg(long, default_value_t = 0.05)]
-    min_p: f32,
-    /// Penalise tokens seen in the last --repeat-last-n tokens (1: off).
-    #[arg(long, default_value_t = 1.0)]
-    repeat_penalty: f32,
-    #[arg(long, default_value_t = 64)]
-    repeat_last_n: usize,
-    /// Subtract from the logit of every token already seen (0: off).
-    #[arg(long, default_value_t = 0.0)]
-    presence_penalty: f32,
-    /// RNG seed (default: random); the same seed gives the same text.
-    #[arg(long)]
-    seed: Option<u64>,
+    /// The prompt (with -i: the first message).
+    #[arg(short = 'p', long, required_unless_present_any = ["file", "interactive"])]
+    prompt: Option<String>,
+    /// Read the prompt from this file.
+    #[arg(short = 'f', long, value_name = "FILE", conflicts_with = "prompt")]
+    file: Option<std::path::PathBuf>,
+    /// Chat in the terminal: each line of stdin is a message, each reply streamed;
+    /// /help, /reset and /bye are handled here, never sent to the model.
+    #[arg(short = 'i', long, conflicts_with_all = ["file", "draft"])]
+    interactive: bool,
+    /// A system message that opens the conversation (`-sys` as in llama.cpp); implies --chat.
+    #[arg(long = "system-prompt", alias = "system", value_name = "TEXT")]
+    system_prompt: Option<String>,
+    /// A chat template in place of the model's: a built-in name (chatml, llama3, gemma)
+    /// or a Jinja file. A file with none uses its architecture's built-in one.
+    #[arg(long, value_name = "NAME|FILE")]
+    chat_template: Option<String>,
+    #[command(flatten)]
+    sampling: SamplingArgs,
     /// Wrap the prompt as a user message in the model's chat template.
     #[arg(long)]
     chat: bool,
@@ -379,55 +373,51 @@ impl DraftModel {
 
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let distributed = args.ring.is_ring();
-    let engine = Engine::open(&args.engine)?;
+    let mut engine = Engine::open(&args.engine)?;
+    if let Some(t) = &args.chat_template {
+        engine.use_chat_template(t)?;
+    }
+    let engine = engine;
     let tok = &engine.tokenizer;
-
-    let text = if args.chat {
-        let template = tok.chat_template().with_context(|| {
-            format!(
-                "{}: --chat needs tokenizer.chat_template, which the model lacks",
-                engine.path.display()
-            )
-        })?;
-        let messages = [ChatMessage {
-            role: "user".into(),
-            content: args.prompt.clone(),
-        }];
-        render_chat(template, &messages, true, tok.bos_text(), tok.eos_text())?
-    } else {
-        args.prompt.clone()
-    };
-    // A chat template writes its own BOS text; parse it as the special token.
-    let add_bos = tok.add_bos_default()
-        && !(args.chat && text.starts_with(tok.bos_text()) && !tok.bos_text().is_empty());
-    let prompt = tok.encode(&text, add_bos, true);
-    anyhow::ensure!(!prompt.is_empty(), "the prompt is empty after tokenization");
-
     let n_ctx = args.ctx_size.min(engine.model.hparams().n_ctx_train.max(1));
-    anyhow::ensure!(
-        prompt.len() < n_ctx,
-        "the prompt has {} tokens but the context holds {n_ctx} (raise --ctx-size)",
-        prompt.len()
-    );
-    let seed = args.seed.unwrap_or_else(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0)
-    });
-    let mut sampler = Sampler::new(SamplerConfig {
-        temperature: args.temp,
-        top_k: args.top_k,
-        top_p: args.top_p,
-        min_p: args.min_p,
-        repeat_penalty: args.repeat_penalty,
-        repeat_last_n: args.repeat_last_n,
-        presence_penalty: args.presence_penalty,
-        frequency_penalty: 0.0,
-        seed,
-    });
+    if args.interactive {
+        // Checked before any weight is read.
+        chat_template(tok, &engine.path)?;
+    }
+
+    let chat = args.chat || args.system_prompt.is_some();
+    let prompt = if args.interactive {
+        Vec::new()
+    } else {
+        let given = match (&args.prompt, &args.file) {
+            (Some(p), _) => p.clone(),
+            (None, Some(file)) => std::fs::read_to_string(file)
+                .with_context(|| format!("-f {}: cannot read the prompt", file.display()))?,
+            (None, None) => anyhow::bail!("give a prompt: -p TEXT, -f FILE, or -i to chat"),
+        };
+        let text = if chat {
+            chat_prompt(
+                tok,
+                &engine.path,
+                args.system_prompt.as_deref(),
+                &given,
+            )?
+        } else {
+            given
+        };
+        let prompt = encode_prompt(tok, &text, chat);
+        anyhow::ensure!(!prompt.is_empty(), "the prompt is empty after tokenization");
+        anyhow::ensure!(
+            prompt.len() < n_ctx,
+            "the prompt has {} tokens but the context holds {n_ctx} (raise --ctx-size)",
+            prompt.len()
+        );
+        prompt
+    };
+    let seed = args.sampling.seed();
+    let mut sampler = Sampler::new(args.sampling.config(seed));
     let options = GenerateOptions {
-        max_tokens: args.n_predict,
+        max_tokens: args.sampling.max_tokens(),
         ignore_eos: args.ignore_eos,
     };
     let backend = engine.describe_backends();
@@ -444,9 +434,27 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let reserved = draft
         .as_ref()
         .map_or(0, |d| d.memory_bytes(n_ctx, args.batch_size, 1));
-    let cancel = AtomicBool::new(false);
+    // Ctrl-C ends the generation; the figures so far are printed as at its end.
+    let cancel = Arc::new(AtomicBool::new(false));
+    if !args.interactive {
+        let flag = cancel.clone();
+        let _ = ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst));
+    }
     if !distributed {
         let mut session = ring.local_session(&engine, n_ctx, args.batch_size, reserved)?;
+        if args.interactive {
+            return super::interactive::chat(
+                &mut session,
+                &engine,
+                &mut sampler,
+                &super::interactive::Conversation {
+                    system: args.system_prompt.clone(),
+                    first: args.prompt.clone(),
+                    max_tokens: args.sampling.max_tokens(),
+                    model: engine.path.clone(),
+                },
+            );
+        }
         let (stats, draft_stats) = stream_maybe_draft(
             &mut session,
             draft_session
@@ -470,6 +478,21 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
 
     let transport = ring.transport()?;
     let mut head = ring.connect(&engine, &transport, n_ctx, args.batch_size, reserved)?;
+    if args.interactive {
+        let result = super::interactive::chat(
+            &mut head,
+            &engine,
+            &mut sampler,
+            &super::interactive::Conversation {
+                system: args.system_prompt.clone(),
+                first: args.prompt.clone(),
+                max_tokens: args.sampling.max_tokens(),
+                model: engine.path.clone(),
+            },
+        );
+        head.shutdown(false);
+        return result;
+    }
     let (stats, draft_stats) = stream_maybe_draft(
         &mut head,
         draft_session
@@ -619,6 +642,25 @@ impl<'c> StdoutText<'c> {
 }
 
 pub(super) fn print_summary(stats: &GenerationStats, seed: u64, backend: &str) {
+    if stats.generated_tokens == 0 && stats.time_to_first_token.is_zero() {
+        // `-n 0`: the prompt was tokenized, never evaluated; there is no rate to give.
+        eprintln!(
+            "prompt: {} tokens, not evaluated (-n 0) | seed {seed} | {backend}",
+            stats.prompt_tokens
+        );
+        return;
+    }
+    match stats.stop {
+        StopReason::ContextFull => eprintln!(
+            "stopped: the context is full after {} tokens (raise --ctx-size, or policy.ctx in a manifest)",
+            // The last token sampled is printed but never evaluated into the cache.
+            (stats.prompt_tokens + stats.generated_tokens).saturating_sub(1)
+        ),
+        StopReason::Cancelled => {
+            eprintln!("stopped early (Ctrl-C, or stdout closed): the figures are for the tokens so far")
+        }
+        _ => {}
+    }
     eprintln!(
         "prompt: {} tokens, {:.1} tok/s | TTFT {:.1} ms | generated {} tokens, TPOT {:.2} ms ({:.1} tok/s) | seed {seed} | {backend}",
         stats.prompt_tokens,

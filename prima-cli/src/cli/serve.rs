@@ -20,12 +20,22 @@ pub struct ServeArgs {
     /// slots and context, so this device's flags do not apply.
     #[arg(long, value_name = "PATH", conflicts_with_all = [
         "listen", "ctx_size", "parallel", "batch_size", "mem_budget", "alias", "draft",
-        "threads", "backend", "gpu_layers", "gpu_backend", "hf_repo",
+        "threads", "backend", "gpu_layers", "gpu_backend", "host", "port", "chat_template", "hf_repo",
     ])]
     manifest: Option<std::path::PathBuf>,
     /// Address to listen on (port 0: any free port; the address is printed on stderr).
-    #[arg(long, default_value = "127.0.0.1:8080")]
+    #[arg(long, default_value = "127.0.0.1:8080", conflicts_with_all = ["host", "port"])]
     listen: String,
+    /// The host part of --listen, as llama-server takes it (default 127.0.0.1).
+    #[arg(long)]
+    host: Option<String>,
+    /// The port part of --listen, as llama-server takes it (default 8080).
+    #[arg(long)]
+    port: Option<u16>,
+    /// A chat template in place of the model's: a built-in name (chatml, llama3, gemma)
+    /// or a Jinja file. A file with none uses its architecture's built-in one.
+    #[arg(long, value_name = "NAME|FILE")]
+    chat_template: Option<String>,
     /// Context length in tokens, shared by the conversation and the reply (per slot).
     #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
     ctx_size: usize,
@@ -58,7 +68,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         }
     };
     check_draft_args(&args.draft, args.batch_size)?;
-    let engine = Engine::open(engine_args)?;
+    let mut engine = Engine::open(engine_args)?;
+    if let Some(t) = &args.chat_template {
+        engine.use_chat_template(t)?;
+    }
     let draft = match &args.draft.draft {
         Some(path) => Some(DraftModel::open(path, args.draft.options(), &engine)?),
         None => None,
@@ -80,8 +93,16 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .alias
         .clone()
         .unwrap_or_else(|| model_name(&engine.path));
-    let listener = std::net::TcpListener::bind(&args.listen)
-        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    let listen = match (&args.host, args.port) {
+        (None, None) => args.listen.clone(),
+        (host, port) => format!(
+            "{}:{}",
+            host.as_deref().unwrap_or("127.0.0.1"),
+            port.unwrap_or(8080)
+        ),
+    };
+    let listener = std::net::TcpListener::bind(&listen)
+        .with_context(|| format!("cannot listen on {listen}"))?;
     let addr = listener.local_addr()?;
     let slots = match args.parallel {
         1 => String::new(),

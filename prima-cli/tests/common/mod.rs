@@ -169,6 +169,7 @@ pub fn resilient_ring<'m>(
             devices,
             windows,
             next_routes: Vec::new(),
+            absent: Vec::new(),
         }
     };
     let names = ["a", "b", "c", "d", "e", "f", "g", "h"];

@@ -1,7 +1,8 @@
 //! The local nodes `prima apply` runs: started on loopback for every `local` device, and
 //! stopped when apply exits — unless `--keep-nodes`, which leaves them running and records
 //! them, so the next apply of the same manifest reuses every node whose configuration is
-//! unchanged and restarts or stops the others.
+//! unchanged and restarts or stops the others. [`kept_nodes`] and [`stop_kept`] are
+//! `prima status` and `prima stop`. Each device keeps its last [`LOGS_KEPT`] logs.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -161,6 +162,83 @@ impl Drop for LocalNodes {
     }
 }
 
+/// Logs kept per device: older ones are removed when a node starts.
+pub const LOGS_KEPT: usize = 5;
+
+/// The nodes left running by `--keep-nodes`, per apply that kept them (its state file),
+/// each with whether it still runs.
+pub fn kept_nodes() -> Vec<(PathBuf, Vec<(RunningNode, bool)>)> {
+    let Ok(dir) = std::fs::read_dir(cache_dir()) else {
+        return Vec::new();
+    };
+    let mut states: Vec<PathBuf> = dir
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    states.sort();
+    states
+        .into_iter()
+        .filter_map(|state| {
+            let nodes: Vec<RunningNode> =
+                serde_json::from_slice(&std::fs::read(&state).ok()?).ok()?;
+            let nodes = nodes
+                .into_iter()
+                .map(|n| {
+                    let alive = n.alive();
+                    (n, alive)
+                })
+                .collect();
+            Some((state, nodes))
+        })
+        .collect()
+}
+
+/// Stops the kept nodes (of the manifest at `manifest`, or all) and forgets them; the
+/// nodes stopped.
+pub fn stop_kept(manifest: Option<&Path>) -> Vec<RunningNode> {
+    let only = manifest.map(state_path);
+    let mut stopped = Vec::new();
+    for (state, nodes) in kept_nodes() {
+        if only.as_ref().is_some_and(|o| *o != state) {
+            continue;
+        }
+        for (node, alive) in nodes {
+            if alive {
+                node.stop();
+                stopped.push(node);
+            }
+        }
+        let _ = std::fs::remove_file(&state);
+    }
+    stopped
+}
+
+/// Removes the oldest logs of device `name` in `dir`, leaving room for a new one within
+/// [`LOGS_KEPT`].
+fn rotate_logs(dir: &Path, name: &str) {
+    let prefix = format!("node-{name}-");
+    let Ok(dir) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut logs: Vec<(std::time::SystemTime, PathBuf)> = dir
+        .flatten()
+        .filter(|e| {
+            let file = e.file_name().to_string_lossy().into_owned();
+            file.starts_with(&prefix)
+                && file.ends_with(".log")
+                // `node-NAME-PID.log`: not another device whose name continues this one.
+                && file[prefix.len()..file.len() - 4].bytes().all(|b| b.is_ascii_digit())
+        })
+        .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
+        .collect();
+    logs.sort();
+    let excess = (logs.len() + 1).saturating_sub(LOGS_KEPT);
+    for (_, path) in logs.into_iter().take(excess) {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
 /// Starts `prima node` for `spec` on a free loopback port, its log in the cache.
 fn spawn(
     spec: &NodeSpec,
@@ -170,6 +248,7 @@ fn spawn(
     let io = |what: String| move |source| ControllerError::Io { what, source };
     std::fs::create_dir_all(cache_dir())
         .map_err(io(format!("cannot create {}", cache_dir().display())))?;
+    rotate_logs(&cache_dir(), name);
     let log = cache_dir().join(format!("node-{name}-{}.log", std::process::id()));
     let log_file =
         std::fs::File::create(&log).map_err(io(format!("cannot create {}", log.display())))?;
@@ -254,5 +333,45 @@ fn spawn(
             });
         }
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_device_keeps_its_last_logs_and_no_other_devices() {
+        let dir = std::env::temp_dir().join(format!("prima-logs-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        for pid in 0..8u64 {
+            let path = dir.join(format!("node-laptop-{pid}.log"));
+            std::fs::write(&path, "").unwrap();
+            // Modification times that order the logs whatever the clock's resolution.
+            let file = std::fs::File::options().write(true).open(&path).unwrap();
+            file.set_modified(std::time::UNIX_EPOCH + Duration::from_secs(1_000 + pid))
+                .unwrap();
+        }
+        std::fs::write(dir.join("node-laptop-2-9.log"), "").unwrap();
+        rotate_logs(&dir, "laptop");
+        let mut left: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        // Room for the new one: the LOGS_KEPT - 1 newest, and another device's.
+        assert_eq!(
+            left,
+            [
+                "node-laptop-2-9.log",
+                "node-laptop-4.log",
+                "node-laptop-5.log",
+                "node-laptop-6.log",
+                "node-laptop-7.log"
+            ]
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -27,7 +27,7 @@ use crate::prp::key::LinkSecurity;
 
 pub use error::ControllerError;
 pub use failover::{layout_of, replanner};
-pub use local_nodes::{LocalNodes, NodeSpec, RunningNode};
+pub use local_nodes::{kept_nodes, stop_kept, LocalNodes, NodeSpec, RunningNode, LOGS_KEPT};
 pub use plan::{plan, DevicePlan, Plan, PlanInputs};
 pub use ring::{
     connect, given_layout, launch, name_devices, ring_options, LaunchSettings, RingPolicy,

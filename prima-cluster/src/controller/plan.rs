@@ -14,7 +14,7 @@ use crate::profile::{DeviceProfile, DeviceProfiles, ProfileOptions, GIB};
 use crate::prp::head::request_profile_and_probe;
 use crate::prp::key::LinkSecurity;
 use crate::prp::probe::LinkProbe;
-use crate::prp::{layer_counts, NextRoute};
+use crate::prp::{layer_counts, NextRoute, RingError};
 use prima_abi::transport::TransportBox;
 use prima_core::model::Model;
 use prima_core::plugin::{load_os_models, load_solver, LoadedBackend};
@@ -39,6 +39,9 @@ pub struct DevicePlan {
     pub relay: bool,
     /// Why it takes no part, if it doesn't.
     pub pruned: Option<String>,
+    /// It did not answer when the plan was made (`pruned` says why): the ring runs
+    /// without it and plans it in when it answers.
+    pub absent: bool,
     pub mem_budget: Option<u64>,
     /// Halda's set (M1–M4) for the device, when Halda planned.
     pub set: Option<&'static str>,
@@ -89,10 +92,11 @@ impl Plan {
                 "layers": d.layers,
                 "pruned": d.pruned.is_some(),
                 "pruned_reason": d.pruned,
+                "absent": d.absent,
+                "hop_ms": d.hop_ms,
                 "relay": d.relay,
                 "forwards": d.forwards,
                 "set": d.set,
-                "hop_ms": d.hop_ms,
             })).collect::<Vec<_>>(),
         })
     }
@@ -128,6 +132,7 @@ impl Plan {
         .unwrap();
         for d in &self.devices {
             let note = match (&d.pruned, d.relay) {
+                (Some(why), _) if d.absent => format!("absent: {why}"),
                 (Some(why), _) => format!("pruned: {why}"),
                 (None, _) if d.forwards.is_some() => {
                     format!("relay {}", d.forwards.as_deref().unwrap_or_default())
@@ -166,8 +171,8 @@ pub struct PlanInputs<'a> {
     pub gpu: Option<&'a LoadedBackend>,
     pub transport: Option<&'a TransportBox>,
     pub addr_of: &'a dyn Fn(&str) -> Option<String>,
-    /// Profiles already collected (by device name); when every device has one, none is
-    /// measured again.
+    /// Profiles already collected (by device name): only the devices without one are
+    /// measured.
     pub known: &'a [DeviceProfile],
     /// How the links to the nodes are protected (profiling connects to them too).
     pub security: &'a LinkSecurity,
@@ -176,19 +181,25 @@ pub struct PlanInputs<'a> {
     pub draft: Option<&'a Model>,
 }
 
+/// A node that did not answer the profile request: its place in ring order and why.
+type Absent = (usize, String);
+
 /// Profiles every device in ring order: the head here, the nodes over the ring protocol
 /// (each measures itself; results are cached on the device), timing the head's link to
-/// each node on the way (none for profiles from a file or already known).
+/// each node on the way (beside each profile; none for profiles from a file or already
+/// known). A node that cannot be reached is left out and reported, not an error: a device
+/// that is off is the normal case at home, and the ring is planned with the others.
+#[allow(clippy::type_complexity)]
 fn collect_profiles(
     inputs: &PlanInputs<'_>,
     order: &[usize],
     reach: &[Option<String>],
-) -> Result<(Vec<DeviceProfile>, Vec<Option<LinkProbe>>), ControllerError> {
+) -> Result<(Vec<DeviceProfile>, Vec<Option<LinkProbe>>, Vec<Absent>), ControllerError> {
     let m = &inputs.manifest.manifest;
     if let Some(file) = &m.policy.profiles {
         let path = inputs.manifest.resolve(file);
         let fixtures = DeviceProfiles::load(&path)?;
-        return order
+        let profiles = order
             .iter()
             .map(|&i| {
                 let d = &m.devices[i];
@@ -204,23 +215,27 @@ fn collect_profiles(
                 p.relay = p.relay || d.relay_only;
                 Ok(p)
             })
-            .collect::<Result<_, _>>()
-            .map(|all| (all, vec![None; order.len()]));
+            .collect::<Result<Vec<_>, ControllerError>>()?;
+        let probes = vec![None; profiles.len()];
+        return Ok((profiles, probes, Vec::new()));
     }
     let known = |i: usize| inputs.known.iter().find(|p| p.name == m.devices[i].name);
-    if let Some(all) = order.iter().map(|&i| known(i).cloned()).collect() {
-        return Ok((all, vec![None; order.len()]));
-    }
-    let (Some(backend), Some(transport)) = (inputs.backend, inputs.transport) else {
-        return Err(ControllerError::NoBackend);
-    };
     // A probe the size of the hidden state a hop carries (4e bytes, as Halda's t^{comm}).
     let probe_bytes = 4 * inputs.model.hparams().n_embd;
     let mut profiles = Vec::with_capacity(order.len());
     let mut probes = Vec::with_capacity(order.len());
+    let mut absent = Vec::new();
     for (pos, &i) in order.iter().enumerate() {
         let d = &m.devices[i];
+        if let Some(p) = known(i) {
+            profiles.push(p.clone());
+            probes.push(None);
+            continue;
+        }
         let (profile, probe) = if pos == 0 {
+            let Some(backend) = inputs.backend else {
+                return Err(ControllerError::NoBackend);
+            };
             let options = ProfileOptions {
                 name: Some(d.name.clone()),
                 ..ProfileOptions::default()
@@ -242,21 +257,35 @@ fn collect_profiles(
                 .ok_or_else(|| ControllerError::NoAddress {
                     device: d.name.clone(),
                 })?;
-            let (value, probe) =
-                request_profile_and_probe(transport, &addr, 120_000, inputs.security, probe_bytes)
-                    .map_err(|source| ControllerError::Unreachable {
+            let Some(transport) = inputs.transport else {
+                return Err(ControllerError::NoBackend);
+            };
+            match request_profile_and_probe(transport, &addr, 120_000, inputs.security, probe_bytes)
+            {
+                Ok((value, probe)) => (
+                    serde_json::from_value::<DeviceProfile>(value).map_err(|source| {
+                        ControllerError::BadProfile {
+                            device: d.name.clone(),
+                            addr: addr.clone(),
+                            source,
+                        }
+                    })?,
+                    Some(probe),
+                ),
+                // No connection (off, asleep, not started): planned without it. A node
+                // that answers and refuses (another key, a failed profile) is an error.
+                Err(RingError::Transport(reason)) => {
+                    absent.push((pos, reason));
+                    continue;
+                }
+                Err(source) => {
+                    return Err(ControllerError::Unreachable {
                         device: d.name.clone(),
                         addr: addr.clone(),
                         source: Box::new(source),
-                    })?;
-            let profile = serde_json::from_value::<DeviceProfile>(value).map_err(|source| {
-                ControllerError::BadProfile {
-                    device: d.name.clone(),
-                    addr: addr.clone(),
-                    source,
+                    })
                 }
-            })?;
-            (profile, Some(probe))
+            }
         };
         let mut profile = profile;
         profile.name = d.name.clone();
@@ -268,7 +297,68 @@ fn collect_profiles(
         profiles.push(profile);
         probes.push(probe);
     }
-    Ok((profiles, probes))
+    Ok((profiles, probes, absent))
+}
+
+/// `manifest` less the devices named: what a ring without them is planned from. Manual
+/// windows are given per manifest device, so they leave with their device.
+pub fn without_devices(manifest: &LoadedManifest, names: &[String]) -> LoadedManifest {
+    let mut left = manifest.clone();
+    let m = &mut left.manifest;
+    if let Some(windows) = &mut m.policy.windows {
+        *windows = m
+            .devices
+            .iter()
+            .enumerate()
+            .filter(|(_, d)| !names.contains(&d.name))
+            .map(|(i, _)| windows.get(i).copied().unwrap_or(0))
+            .collect();
+    }
+    m.devices.retain(|d| !names.contains(&d.name));
+    left
+}
+
+/// Plans the devices that answered, and lists the `absent` ones after them (pruned,
+/// with why they did not answer), so the ring can plan them in when they do.
+fn plan_without(
+    inputs: &PlanInputs<'_>,
+    order: &[usize],
+    reach: &[Option<String>],
+    profiles: Vec<DeviceProfile>,
+    absent: Vec<Absent>,
+) -> Result<Plan, ControllerError> {
+    let m = &inputs.manifest.manifest;
+    let names: Vec<String> = absent
+        .iter()
+        .map(|(pos, _)| m.devices[order[*pos]].name.clone())
+        .collect();
+    let left = without_devices(inputs.manifest, &names);
+    let head = left.head_index()?;
+    let mut planned = plan(&PlanInputs {
+        manifest: &left,
+        head,
+        known: &profiles,
+        ..*inputs
+    })?;
+    for ((pos, why), name) in absent.into_iter().zip(names) {
+        let d = &m.devices[order[pos]];
+        planned.devices.push(DevicePlan {
+            name,
+            addr: reach[pos].clone().unwrap_or_default(),
+            w: 0,
+            n: 0,
+            layers: 0,
+            relay: false,
+            pruned: Some(why),
+            absent: true,
+            mem_budget: d.mem_budget.map(|s| s.0),
+            set: None,
+            forwards: None,
+            next_route: NextRoute::AsHead,
+            hop_ms: None,
+        });
+    }
+    Ok(planned)
 }
 
 /// Plans the manifest's devices for the model.
@@ -311,10 +401,15 @@ pub fn plan(inputs: &PlanInputs<'_>) -> Result<Plan, ControllerError> {
                 .collect()
         }
         scheduler => {
-            let (mut profiles, probes) = collect_profiles(inputs, &order, &reach)?;
-            // Timed links replace a profile's own (a live profile has none).
+            let (mut profiles, probes, absent) = collect_profiles(inputs, &order, &reach)?;
+            // Timed links replace a profile's own (a live profile has none); with a device
+            // absent, the ring of those that answered is timed.
+            let timed = probes.iter().any(Option::is_some);
             for (p, link) in profiles.iter_mut().zip(links::ring_links(&probes)) {
                 p.link = link.or(p.link);
+            }
+            if !absent.is_empty() {
+                return plan_without(inputs, &order, &reach, profiles, absent);
             }
             planned_with = profiles.clone();
             // The head also holds the draft model (weights, a KV cache per slot): less
@@ -327,7 +422,6 @@ pub fn plan(inputs: &PlanInputs<'_>) -> Result<Plan, ControllerError> {
             }
             // A given link through a relay is two hops: twice the latency, half the rate
             // (timed links went through the relay already).
-            let timed = probes.iter().any(Option::is_some);
             for (pos, p) in profiles.iter_mut().enumerate() {
                 let next = order[(pos + 1) % n_devices];
                 if let (Some(link), true, false) =
@@ -422,6 +516,7 @@ pub fn plan(inputs: &PlanInputs<'_>) -> Result<Plan, ControllerError> {
                 layers: counts[pos].0,
                 relay: relays[pos] && counts[pos].0 == 0,
                 pruned,
+                absent: false,
                 mem_budget: d.mem_budget.map(|s| s.0),
                 set: sets[pos],
                 forwards: None,
@@ -449,6 +544,7 @@ pub fn plan(inputs: &PlanInputs<'_>) -> Result<Plan, ControllerError> {
             layers: 0,
             relay: true,
             pruned: (!needed.contains(&i)).then(|| "no route of the ring needs it".to_string()),
+            absent: false,
             mem_budget: None,
             set: None,
             forwards: Some(routes::legs_label(d)),

@@ -122,6 +122,7 @@ pub fn given_layout(
             .collect(),
         windows: windows.to_vec(),
         next_routes,
+        absent: Vec::new(),
     }
 }
 
@@ -165,28 +166,54 @@ pub fn launch<'m>(
     options: &RingOptions,
     replan: Replan<'m>,
 ) -> Result<Option<ResilientRing<'m>>, ControllerError> {
-    let layout = layout_of(plan);
-    if layout.devices.len() <= 1 {
+    let mut layout = layout_of(plan);
+    if layout.devices.len() <= 1 && layout.absent.is_empty() {
         return Ok(None);
     }
-    let gpus = RingGpus {
-        head: head_gpu,
-        n: plan.ring().map(|d| d.n).collect(),
-    };
-    let head =
-        connect(model, backend, transport, &layout, &gpus, options).map_err(|e| match e {
-            ControllerError::Ring(e) => name_devices(e, plan),
-            other => other,
-        })?;
-    Ok(Some(ResilientRing::new(
-        head,
+    if layout.devices.len() > 1 {
+        let gpus = RingGpus {
+            head: head_gpu,
+            n: plan.ring().map(|d| d.n).collect(),
+        };
+        match connect(model, backend, transport, &layout, &gpus, options) {
+            Ok(head) => {
+                return Ok(Some(ResilientRing::new(
+                    head,
+                    model,
+                    backend,
+                    transport,
+                    layout,
+                    options.clone(),
+                    replan,
+                )))
+            }
+            // A node that does not answer (off, or not started yet) is planned out and
+            // asked again between requests; one that answers and refuses is an error.
+            Err(ControllerError::Ring(RingError::DeviceLost {
+                device,
+                addr,
+                reason,
+            })) if device > 0 && device < layout.devices.len() => {
+                let absent = layout.devices[device].clone();
+                eprintln!(
+                    "ring: device '{}' ({addr}) did not join: {reason}; planning the ring \
+                     without it (it is planned in when it answers)",
+                    absent.name
+                );
+                layout.absent.push(absent);
+            }
+            Err(ControllerError::Ring(e)) => return Err(name_devices(e, plan)),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(Some(ResilientRing::connecting(
         model,
         backend,
         transport,
         layout,
         options.clone(),
         replan,
-    )))
+    )?))
 }
 
 /// A ring error with its device index replaced by the device's manifest name.

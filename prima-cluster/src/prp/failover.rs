@@ -58,6 +58,9 @@ pub struct RingLayout {
     pub windows: Vec<usize>,
     /// How each node reaches the device after it ([`RingOptions::next_routes`]).
     pub next_routes: Vec<NextRoute>,
+    /// Devices planned out because they did not answer: not in the ring, asked between
+    /// requests whether they answer now, like devices lost later.
+    pub absent: Vec<RingDevice>,
 }
 
 /// Plans the ring over every device but those named; `Err`: why the devices left cannot
@@ -156,15 +159,45 @@ impl<'m> ResilientRing<'m> {
         options: RingOptions,
         replan: Replan<'m>,
     ) -> ResilientRing<'m> {
+        let mut ring = ResilientRing::down(model, backend, transport, layout, options, replan);
+        ring.inner = Inner::Ring(Box::new(head));
+        ring
+    }
+
+    /// A ring whose first connection could not be made as `layout` says: plans and
+    /// connects one over the devices that answer, `layout.absent` (and any that fails to
+    /// join) left out and asked between requests whether they answer, as lost devices
+    /// are. The ring may be the head alone.
+    pub fn connecting(
+        model: &'m Model,
+        backend: &'m BackendBox,
+        transport: &'m TransportBox,
+        layout: RingLayout,
+        options: RingOptions,
+        replan: Replan<'m>,
+    ) -> Result<ResilientRing<'m>, RingError> {
+        let mut ring = ResilientRing::down(model, backend, transport, layout, options, replan);
+        ring.reconnect(ReplanCause::DeviceLost)?;
+        Ok(ring)
+    }
+
+    fn down(
+        model: &'m Model,
+        backend: &'m BackendBox,
+        transport: &'m TransportBox,
+        layout: RingLayout,
+        options: RingOptions,
+        replan: Replan<'m>,
+    ) -> ResilientRing<'m> {
         let n_slots = options.n_slots.max(1);
-        ResilientRing {
+        let absent = layout.absent.clone();
+        let mut ring = ResilientRing {
             model,
             backend,
             transport,
             options,
             replan,
-            layout,
-            inner: Inner::Ring(Box::new(head)),
+            inner: Inner::Down,
             contexts: vec![Vec::new(); n_slots],
             replay: vec![Vec::new(); n_slots],
             logits: Vec::new(),
@@ -172,7 +205,12 @@ impl<'m> ResilientRing<'m> {
             lost: Vec::new(),
             events: Vec::new(),
             observer: None,
+            layout,
+        };
+        for device in absent {
+            ring.mark_lost(device, "did not answer when the ring was planned");
         }
+        ring
     }
 
     /// The ring's devices now, the head first (none when it is down).
@@ -303,6 +341,9 @@ impl<'m> ResilientRing<'m> {
                     });
                 }
             };
+            for device in layout.absent.clone() {
+                self.mark_lost(device, "did not answer when the ring was planned");
+            }
             match self.connect(&layout) {
                 Ok(inner) => {
                     eprintln!(

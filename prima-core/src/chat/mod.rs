@@ -5,7 +5,13 @@
 //! (`.strip()`, `.startswith()`, …) through minijinja-contrib's pycompat, and the
 //! globals `raise_exception(msg)` and `strftime_now(fmt)`.
 //!
+//! `builtin.rs` holds templates for files that carry none.
+//!
 //! Not here: tokenizing the result (`crate::tokenizer`), tool calls, multimodal content.
+
+mod builtin;
+
+pub use builtin::{builtin_for_architecture, builtin_template, BUILTIN_TEMPLATES};
 
 use minijinja::{context, Environment, Error, ErrorKind};
 use serde::{Deserialize, Serialize};

@@ -102,3 +102,54 @@ fn harmony_style_template_features() {
         "<|start|>user<|message|>hi<|end|><|start|>assistantuser"
     );
 }
+
+#[test]
+fn builtin_templates_render_each_architectures_turns() {
+    let msgs = [
+        ChatMessage::new("system", "Be brief."),
+        ChatMessage::new("user", " Hi "),
+        ChatMessage::new("assistant", "Hello."),
+        ChatMessage::new("user", "Bye"),
+    ];
+    let render = |name: &str| {
+        render_chat(
+            builtin_template(name).unwrap(),
+            &msgs,
+            true,
+            "<bos>",
+            "<eos>",
+        )
+        .unwrap()
+    };
+    assert_eq!(
+        render("gemma"),
+        "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n\
+         <start_of_turn>model\nHello.<end_of_turn>\n\
+         <start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n"
+    );
+    assert_eq!(
+        render("chatml"),
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n Hi <|im_end|>\n\
+         <|im_start|>assistant\nHello.<|im_end|>\n<|im_start|>user\nBye<|im_end|>\n\
+         <|im_start|>assistant\n"
+    );
+    assert!(render("llama3").starts_with(
+        "<bos><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>\
+         <|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+    ));
+    assert!(render("llama3").ends_with("<|start_header_id|>assistant<|end_header_id|>\n\n"));
+    // No system message: Gemma's first turn is the user's alone.
+    let out = render_chat(
+        builtin_template("gemma").unwrap(),
+        &msgs[1..2],
+        false,
+        "",
+        "",
+    )
+    .unwrap();
+    assert_eq!(out, "<start_of_turn>user\nHi<end_of_turn>\n");
+    assert_eq!(builtin_for_architecture("gemma3"), Some("gemma"));
+    assert_eq!(builtin_for_architecture("qwen3moe"), Some("chatml"));
+    assert_eq!(builtin_for_architecture("gpt-oss"), None);
+    assert!(builtin_template("vicuna").is_none());
+}

@@ -222,6 +222,16 @@ impl Model {
             .chain((0..self.layers.len()).flat_map(|il| self.layer_tensors(il)))
     }
 
+    /// [`Model::weight_tensors`] with a tied output head (the embedding's bytes) once:
+    /// what the file holds, for sizes people read.
+    pub fn distinct_weight_tensors(&self) -> impl Iterator<Item = &TensorInfo> {
+        let tied = self.output.offset == self.token_embd.offset;
+        self.weight_tensors()
+            .enumerate()
+            .filter(move |(i, _)| !(tied && *i == 2))
+            .map(|(_, t)| t)
+    }
+
     /// The tensors outside the layers: token embedding, final norm, output head.
     pub fn global_tensors(&self) -> impl Iterator<Item = &TensorInfo> {
         [&self.token_embd, &self.output_norm, &self.output].into_iter()

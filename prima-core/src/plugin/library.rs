@@ -253,11 +253,13 @@ pub(super) fn find_plugin<M: RootModule>(
     name: Option<&str>,
 ) -> Result<(PluginInfo, M), PluginError> {
     let mut last_refusal = None;
+    let mut seen: Vec<String> = Vec::new();
     for path in plugin_paths(dirs) {
         let mut info = inspect(&path, Probe::DeclarationsOnly);
         if info.kind != Some(kind) {
             continue;
         }
+        seen.extend(info.name.clone());
         if let (Some(want), Some(have)) = (name, info.name.as_deref()) {
             if want != have {
                 continue;
@@ -296,7 +298,11 @@ pub(super) fn find_plugin<M: RootModule>(
         .join(", ");
     Err(PluginError::NotFound {
         kind: kind.name(),
-        which: name.map(|n| format!(" named '{n}'")).unwrap_or_default(),
+        which: match (name, seen.is_empty()) {
+            (Some(n), true) => format!(" named '{n}'"),
+            (Some(n), false) => format!(" named '{n}' (found: {})", seen.join(", ")),
+            (None, _) => String::new(),
+        },
         dirs,
     })
 }

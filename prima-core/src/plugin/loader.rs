@@ -32,6 +32,7 @@ pub fn load_backend(
     name: Option<&str>,
     config: BackendConfig,
 ) -> Result<LoadedBackend, PluginError> {
+    let name = name.map(backend_for_platform);
     let (info, root) = find_plugin::<BackendPluginRef>(&plugin_dirs(), PluginKind::Backend, name)?;
     match root.create()(config) {
         RResult::ROk(backend) => Ok(LoadedBackend {
@@ -45,6 +46,16 @@ pub fn load_backend(
             path: info.path,
             reason: e.into_string(),
         }),
+    }
+}
+
+/// The backend plugin that runs on a GPU platform named as people name it: `metal`,
+/// `vulkan`, `dx12` and `webgpu` are the `wgpu` backend's (its library is
+/// `libprima_backend_metal`); any other name is a plugin's own.
+pub fn backend_for_platform(name: &str) -> &str {
+    match name {
+        "metal" | "vulkan" | "dx12" | "webgpu" => "wgpu",
+        other => other,
     }
 }
 

@@ -527,8 +527,8 @@ impl Tokenizer {
         self.kinds.get(id as usize).copied()
     }
 
-    /// The bytes a token stands for. Control and unknown tokens are empty unless
-    /// `render_special`; unknown ids are empty.
+    /// The bytes a token stands for. Control, unknown and media-marker tokens are empty
+    /// unless `render_special`; unknown ids are empty.
     pub fn token_bytes(&self, id: u32, render_special: bool) -> Vec<u8> {
         self.piece(id, render_special).to_vec()
     }
@@ -537,7 +537,9 @@ impl Tokenizer {
         let i = id as usize;
         match self.kinds.get(i) {
             None => &[],
-            Some(TokenKind::Control | TokenKind::Unknown) if render_special => {
+            Some(TokenKind::Control | TokenKind::Unknown | TokenKind::UserDefined)
+                if render_special =>
+            {
                 self.tokens[i].as_bytes()
             }
             Some(_) => &self.pieces[i],
@@ -567,9 +569,15 @@ impl Tokenizer {
         StreamDecoder::new(self, false)
     }
 
-    /// `tokenizer.chat_template`, if the model has one.
+    /// `tokenizer.chat_template`, if the model has one (or the one set in its place).
     pub fn chat_template(&self) -> Option<&str> {
         self.chat_template.as_deref()
+    }
+
+    /// Uses `template` as the chat template (a built-in one for a file that has none,
+    /// or one the user gives).
+    pub fn set_chat_template(&mut self, template: String) {
+        self.chat_template = Some(template);
     }
 
     /// The BOS token's text for chat templates, or "" if the model has none.
@@ -602,10 +610,28 @@ fn render(text: &str, kind: TokenKind, spm: bool) -> Vec<u8> {
             byte_level::decode_into(text, &mut out);
             out
         }
+        // A media marker is special in all but its type: hidden like a control token.
+        TokenKind::UserDefined if is_media_marker(text) => Vec::new(),
         // User-defined tokens are stored as plain text, not byte-level text.
         TokenKind::UserDefined => text.as_bytes().to_vec(),
         _ => Vec::new(),
     }
+}
+
+/// A user-defined token that stands for media (`<start_of_image>`, `<end_of_image>`,
+/// `[multimodal]`): Prima runs text alone, so such a token is never text. Other
+/// user-defined tokens are (HTML tags, `<think>`, `<tool_call>`, harmony's markers).
+fn is_media_marker(text: &str) -> bool {
+    let inner = text
+        .strip_prefix('<')
+        .and_then(|t| t.strip_suffix('>'))
+        .or_else(|| text.strip_prefix('[').and_then(|t| t.strip_suffix(']')));
+    inner.is_some_and(|name| {
+        name.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
+            && ["image", "audio", "video", "vision", "multimodal"]
+                .iter()
+                .any(|m| name.contains(m))
+    })
 }
 
 #[cfg(test)]

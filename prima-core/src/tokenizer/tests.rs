@@ -24,6 +24,8 @@ fn toy() -> Tokenizer {
     }
     tokens.push("<tool>".into());
     token_types.push(4);
+    tokens.push("<start_of_image>".into());
+    token_types.push(4);
     Tokenizer::from_parts(TokenizerParts {
         model: "gpt2".into(),
         pre: Some("gpt-2".into()),
@@ -81,6 +83,12 @@ fn special_tokens_are_parsed_only_when_asked() {
     let tool = t.encode("a<tool>b", false, false);
     assert_eq!(tool, [id(&t, "a"), id(&t, "<tool>"), id(&t, "b")]);
     assert_eq!(t.decode(&tool), "a<tool>b");
+    // A media marker (Gemma 3's `<start_of_image>`, user-defined in its file) is no
+    // text: hidden like a control token.
+    let image = t.encode("a<start_of_image>b", false, false);
+    assert_eq!(image[1], id(&t, "<start_of_image>"));
+    assert_eq!(t.decode(&image), "ab");
+    assert_eq!(t.decode_with(&image, true), "a<start_of_image>b");
 }
 
 #[test]
@@ -95,6 +103,9 @@ fn bos_and_end_of_generation() {
     assert_eq!(t.bos_text(), "<|endoftext|>");
     assert_eq!(t.eos_text(), "<|endoftext|>");
     assert_eq!(t.chat_template(), Some("{{ x }}"));
+    let mut t = t;
+    t.set_chat_template("{{ y }}".into());
+    assert_eq!(t.chat_template(), Some("{{ y }}"));
 }
 
 #[test]

@@ -78,6 +78,8 @@ pub fn check_host(layout: &Layout, release: &Release) -> Result<()> {
         "--chat",
         "-n",
         "24",
+        "--temp",
+        "0",
     ];
     let shown_apply = format!("./prima apply manifests/home.toml --model {model_arg} --prompt \"Write a haiku about autumn.\" --chat -n 24");
     let text = shown(&mut prima(&apply), &shown_apply)?.success()?;

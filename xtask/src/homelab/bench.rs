@@ -746,6 +746,8 @@ impl<'a> Bench<'a> {
                     &prompt,
                     "-n",
                     &n,
+                    "--temp",
+                    "0",
                     "-v",
                 ]
                 .map(String::from)

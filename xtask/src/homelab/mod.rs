@@ -384,6 +384,8 @@ fn build(hierarchies: &Hierarchies, bed: &Testbed, arg: &str, bin: &Path) -> Res
         "Once upon a time".into(),
         "-n".into(),
         "32".into(),
+        "--temp".into(),
+        "0".into(),
     ];
     st.save()?;
     Ok(st)

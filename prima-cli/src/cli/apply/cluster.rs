@@ -99,6 +99,7 @@ impl Cluster {
                 &engine.model,
                 &*self.addr_of,
                 self.plan.profiles.clone(),
+                &self.transport.transport,
                 &self.options.security,
                 self.draft.as_ref().map(|d| &d.model),
                 &report::replanned,

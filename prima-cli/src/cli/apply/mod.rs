@@ -41,14 +41,9 @@ pub struct ApplyArgs {
     /// Wrap --prompt as a user message in the model's chat template.
     #[arg(long)]
     chat: bool,
-    /// Tokens to generate at most for --prompt.
-    #[arg(short = 'n', long = "n-predict", default_value_t = 64)]
-    n_predict: usize,
-    /// Sampling temperature for --prompt; 0 is greedy.
-    #[arg(long, default_value_t = 0.0)]
-    temp: f32,
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
+    /// Sampling for --prompt, with `prima run`'s defaults.
+    #[command(flatten)]
+    sampling: crate::cli::sampling::SamplingArgs,
     /// Print per-device timing after --prompt.
     #[arg(short = 'v', long)]
     verbose: bool,
@@ -107,9 +102,7 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
             &prompt::Prompt {
                 text,
                 chat: args.chat,
-                n_predict: args.n_predict,
-                temp: args.temp,
-                seed: args.seed,
+                sampling: args.sampling,
                 verbose: args.verbose,
                 stats_json: args.stats_json,
             },

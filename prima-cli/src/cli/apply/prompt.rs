@@ -7,21 +7,20 @@ use anyhow::Context;
 use prima_cluster::controller::name_devices;
 use prima_cluster::prp::failover::ResilientRing;
 use prima_cluster::prp::RingError;
-use prima_core::chat::{render_chat, ChatMessage};
 use prima_core::generate::GenerateOptions;
-use prima_core::sampler::{Sampler, SamplerConfig};
+use prima_core::sampler::Sampler;
 
 use super::cluster::Cluster;
+use crate::cli::interactive::{chat_prompt, encode_prompt};
 use crate::cli::run::{print_device_table, print_draft_summary, print_summary, stream_maybe_draft};
+use crate::cli::sampling::SamplingArgs;
 
 /// The prompt and how to generate from it.
 pub struct Prompt {
     pub text: String,
     /// Wrap the text as a user message in the model's chat template.
     pub chat: bool,
-    pub n_predict: usize,
-    pub temp: f32,
-    pub seed: u64,
+    pub sampling: SamplingArgs,
     /// Print per-device timing.
     pub verbose: bool,
     /// Write every device's per-pass statistics here as JSON.
@@ -39,35 +38,21 @@ pub fn run(
     let n_ctx = cluster.options.n_ctx;
     let tok = &engine.tokenizer;
     let text = if prompt.chat {
-        let template = tok
-            .chat_template()
-            .context("--chat needs tokenizer.chat_template, which the model lacks")?;
-        render_chat(
-            template,
-            &[ChatMessage::new("user", prompt.text.clone())],
-            true,
-            tok.bos_text(),
-            tok.eos_text(),
-        )?
+        chat_prompt(tok, &engine.path, None, &prompt.text)?
     } else {
         prompt.text.clone()
     };
-    let add_bos = tok.add_bos_default()
-        && !(prompt.chat && text.starts_with(tok.bos_text()) && !tok.bos_text().is_empty());
-    let tokens = tok.encode(&text, add_bos, true);
+    let tokens = encode_prompt(tok, &text, prompt.chat);
     anyhow::ensure!(!tokens.is_empty(), "the prompt is empty after tokenization");
     anyhow::ensure!(
         tokens.len() < n_ctx,
         "the prompt has {} tokens but the context holds {n_ctx} (raise policy.ctx)",
         tokens.len()
     );
-    let mut sampler = Sampler::new(SamplerConfig {
-        temperature: prompt.temp,
-        seed: prompt.seed,
-        ..SamplerConfig::default()
-    });
+    let seed = prompt.sampling.seed();
+    let mut sampler = Sampler::new(prompt.sampling.config(seed));
     let gen = GenerateOptions {
-        max_tokens: prompt.n_predict,
+        max_tokens: prompt.sampling.max_tokens(),
         ignore_eos: false,
     };
     let backend = engine.describe_backends();
@@ -94,7 +79,7 @@ pub fn run(
             })?;
             print_summary(
                 &stats,
-                prompt.seed,
+                seed,
                 &format!(
                     "{backend} | ring of {} devices, k = {}",
                     cluster.plan.ring().count(),
@@ -126,7 +111,7 @@ pub fn run(
                 gen,
                 interrupted,
             )?;
-            print_summary(&stats, prompt.seed, &format!("{backend} | the head alone"));
+            print_summary(&stats, seed, &format!("{backend} | the head alone"));
             (stats, draft_stats)
         }
     };

@@ -27,6 +27,14 @@ pub fn plan(plan: &Plan, json: bool) -> anyhow::Result<()> {
     } else {
         eprint!("{}", plan.table());
     }
+    for d in plan.devices.iter().filter(|d| d.absent) {
+        eprintln!(
+            "absent    {} ({}): {} — planned without it; the ring plans it in when it answers",
+            d.name,
+            d.addr,
+            d.pruned.as_deref().unwrap_or("no answer")
+        );
+    }
     Ok(())
 }
 

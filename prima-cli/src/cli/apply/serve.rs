@@ -29,9 +29,10 @@ pub fn run(cluster: &Cluster, ring: Option<ResilientRing<'_>>) -> anyhow::Result
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|| "prima".into());
+    // The ring as connected: a device absent at start is not in it yet.
+    let devices = ring.as_ref().map_or(1, |r| r.devices().len());
     eprintln!(
-        "serve: listening on http://{bound} (model {name}, context {n_ctx} tokens, {} devices) — Ctrl-C stops",
-        plan.ring().count()
+        "serve: listening on http://{bound} (model {name}, context {n_ctx} tokens, {devices} devices) — Ctrl-C stops"
     );
     board::show_plan(&name, plan, &engine.describe_backends());
     let shutdown = Some(shutdown_when_set(cluster.interrupted.clone()));
