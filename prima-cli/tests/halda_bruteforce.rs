@@ -58,6 +58,7 @@ fn random_device(rng: &mut ChaCha8Rng, i: usize, model_bytes: f64) -> DeviceProf
         gpu,
         cpu_cores: 8,
         cpu_gflops: QuantRates::uniform(cpu),
+        cpu_quota_share: None,
         gpu_gflops: has_gpu.then(|| QuantRates::uniform(cpu * rng.gen_range(2.0..30.0))),
         cpu_read_gb_s: rng.gen_range(10.0..60.0),
         gpu_read_gb_s: has_gpu.then(|| rng.gen_range(60.0..600.0)),

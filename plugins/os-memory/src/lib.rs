@@ -89,6 +89,7 @@ mod tests {
             gpu,
             cpu_cores: 4,
             cpu_gflops: QuantRates::uniform(100.0),
+            cpu_quota_share: None,
             gpu_gflops: None,
             cpu_read_gb_s: 20.0,
             gpu_read_gb_s: None,

@@ -396,12 +396,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             (None, None) => anyhow::bail!("give a prompt: -p TEXT, -f FILE, or -i to chat"),
         };
         let text = if chat {
-            chat_prompt(
-                tok,
-                &engine.path,
-                args.system_prompt.as_deref(),
-                &given,
-            )?
+            chat_prompt(tok, &engine.path, args.system_prompt.as_deref(), &given)?
         } else {
             given
         };

@@ -244,6 +244,11 @@ pub struct DeviceProfile {
     pub cpu_cores: u32,
     /// s_m^{cpu,q}: CPU matmul throughput per weight class (cache-resident, so compute only).
     pub cpu_gflops: QuantRates,
+    /// The share of its cores a CPU quota (a cgroup's CFS quota) leaves the device, when
+    /// below 1. `cpu_gflops` are scaled by it; but a ring device idles between its turns,
+    /// so a turn runs at the unscaled rate while its CPU time fits the quota's period.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_quota_share: Option<f64>,
     /// s_m^{gpu,q}: GPU throughput per weight class (CUDA or Metal).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_gflops: Option<QuantRates>,
@@ -354,6 +359,11 @@ impl DeviceProfile {
             }
         } else if self.gpu_gflops.is_some() || self.gpu_read_gb_s.is_some() {
             return Err("gpu_gflops / gpu_read_gb_s given but gpu = \"none\"".into());
+        }
+        if let Some(share) = self.cpu_quota_share {
+            if !(share > 0.0 && share <= 1.0) {
+                return Err(format!("cpu_quota_share must be in (0, 1], not {share}"));
+            }
         }
         if let Some(link) = &self.link {
             non_negative("link.rtt_ms", link.rtt_ms)?;

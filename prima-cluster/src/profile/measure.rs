@@ -230,6 +230,7 @@ pub fn profile_device_with_gpu(
         gpu: gpu_kind,
         cpu_cores: cores.cores as u32,
         cpu_gflops,
+        cpu_quota_share: (share < 1.0).then_some(share),
         gpu_gflops: gpu_now.map(|(_, m)| m.gflops),
         cpu_read_gb_s: measured.cpu_read_gb_s,
         gpu_read_gb_s: gpu_now.map(|(_, m)| m.read_gb_s()),
