@@ -592,7 +592,7 @@ ctx = 256
     )
     .unwrap();
     let prompt = ["-p", "The capital of France is", "-n", "8"];
-    let mut args = vec!["apply", manifest.to_str().unwrap()];
+    let mut args = vec!["apply", manifest.to_str().unwrap(), "--temp", "0"];
     args.extend_from_slice(&prompt);
     let o = prima(&cache, &hub.endpoint(), &args);
     let (ring, err) = text(&o);

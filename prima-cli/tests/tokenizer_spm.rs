@@ -61,8 +61,10 @@ fn gemma3_decode_inverts_encode() {
         // Without parse_special every byte is ordinary text: `▁` and spaces both decode
         // to a space, so only texts without `▁` round-trip exactly.
         let ids = tok.encode(&text, false, false);
+        // Rendering special tokens too: plain decoding hides media markers
+        // (`<start_of_image>`), which user-defined tokens match even as ordinary text.
         if !text.contains('\u{2581}') {
-            assert_eq!(tok.decode(&ids), text);
+            assert_eq!(tok.decode_with(&ids, true), text);
         }
         let mut dec = tok.stream_decoder();
         let mut out = String::new();
