@@ -186,6 +186,8 @@ key_file = "{key}"
                     prima(),
                     "apply",
                     manifest.to_str().unwrap(),
+                    "--temp",
+                    "0",
                     "-p",
                     PROMPT,
                     "-n",
