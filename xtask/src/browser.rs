@@ -4,7 +4,6 @@
 //! reports the step skipped.
 
 use std::path::Path;
-use std::process::Command;
 
 /// The Debian packages.
 const PACKAGES: [&str; 2] = ["chromium", "chromium-driver"];
@@ -37,21 +36,7 @@ pub fn ensure() -> Result<(), String> {
         "installing a headless browser (apt-get install {})",
         PACKAGES.join(" ")
     );
-    let install = || {
-        Command::new("apt-get")
-            .args(["install", "-y", "-qq", "--no-install-recommends"])
-            .args(PACKAGES)
-            .env("DEBIAN_FRONTEND", "noninteractive")
-            .status()
-            .is_ok_and(|s| s.success())
-    };
-    // A fresh machine's package lists may be empty or stale: update once and retry.
-    let ok = install()
-        || (Command::new("apt-get")
-            .args(["update", "-qq"])
-            .status()
-            .is_ok_and(|s| s.success())
-            && install());
+    let ok = crate::shell::apt_install(&PACKAGES);
     if ok && installed() {
         Ok(())
     } else {

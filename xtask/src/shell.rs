@@ -79,3 +79,23 @@ pub fn on_path(program: &str) -> bool {
         .status()
         .is_ok_and(|s| s.success())
 }
+
+/// `apt-get install` of `packages` (no recommends, no questions), updating the package
+/// lists once and retrying if the first try fails: a fresh machine's lists may be empty
+/// or stale. Whether it succeeded.
+pub fn apt_install(packages: &[&str]) -> bool {
+    let install = || {
+        Command::new("apt-get")
+            .args(["install", "-y", "-qq", "--no-install-recommends"])
+            .args(packages)
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    install()
+        || (Command::new("apt-get")
+            .args(["update", "-qq"])
+            .status()
+            .is_ok_and(|s| s.success())
+            && install())
+}

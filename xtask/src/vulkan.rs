@@ -5,7 +5,6 @@
 //! warning: the wgpu tests then skip, and the test summary says so.
 
 use std::path::Path;
-use std::process::Command;
 
 /// The Debian packages: the Vulkan loader and Mesa's drivers, lavapipe among them.
 const PACKAGES: [&str; 2] = ["libvulkan1", "mesa-vulkan-drivers"];
@@ -55,21 +54,7 @@ pub fn ensure_lavapipe() {
         "installing lavapipe (apt-get install {})",
         PACKAGES.join(" ")
     );
-    let install = || {
-        Command::new("apt-get")
-            .args(["install", "-y", "-qq", "--no-install-recommends"])
-            .args(PACKAGES)
-            .env("DEBIAN_FRONTEND", "noninteractive")
-            .status()
-            .is_ok_and(|s| s.success())
-    };
-    // A fresh machine's package lists may be empty or stale: update once and retry.
-    let ok = install()
-        || (Command::new("apt-get")
-            .args(["update", "-qq"])
-            .status()
-            .is_ok_and(|s| s.success())
-            && install());
+    let ok = crate::shell::apt_install(&PACKAGES);
     if !ok || !lavapipe_installed() {
         eprintln!(
             "warning: could not install lavapipe ({}); the wgpu backend's tests will skip",
