@@ -87,7 +87,10 @@ fn write(s: &Shape) -> PathBuf {
     t("output.weight", &[d, s.n_vocab], GgmlType::Q4K);
     let dir = std::env::temp_dir().join(format!("prima-halda-moe-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(format!("{}.gguf", s.tag));
+    // One file per write: the tests of this process run in parallel on the same shapes.
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let path = dir.join(format!("{}-{n}.gguf", s.tag));
     w.write(&path).unwrap();
     path
 }
