@@ -413,6 +413,7 @@ mod tests {
             forwards: None,
             next_route: NextRoute::AsHead,
             hop_ms: None,
+            predicted: None,
         }
     }
 

@@ -7,7 +7,7 @@
 use std::time::Instant;
 
 use super::links;
-use crate::halda::{self, ModelProfile, PlanOptions};
+use crate::halda::{self, Cost, ModelProfile, PlanOptions};
 use crate::manifest::routes;
 use crate::manifest::{LoadedManifest, Rounds, Scheduler};
 use crate::profile::{DeviceProfile, DeviceProfiles, ProfileOptions, GIB};
@@ -53,6 +53,9 @@ pub struct DevicePlan {
     /// t_m^{comm} as planned: a hidden state's hop to the next device, ms (when the
     /// link was timed or given).
     pub hop_ms: Option<f64>,
+    /// What the latency model predicts this device spends of each token (when a
+    /// scheduler that models latency planned it).
+    pub predicted: Option<Cost>,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -97,7 +100,14 @@ impl Plan {
                 "relay": d.relay,
                 "forwards": d.forwards,
                 "set": d.set,
+                "predicted_ms": d.predicted.map(|c| serde_json::json!({
+                    "compute": c.compute_s * 1e3,
+                    "memory": c.memory_s * 1e3,
+                    "disk": c.disk_s * 1e3,
+                    "network": c.network_s * 1e3,
+                })),
             })).collect::<Vec<_>>(),
+            "profiles": self.profiles,
         })
     }
 
@@ -353,6 +363,7 @@ fn plan_without(
             absent: true,
             mem_budget: d.mem_budget.map(|s| s.0),
             set: None,
+            predicted: None,
             forwards: None,
             next_route: NextRoute::AsHead,
             hop_ms: None,
@@ -390,6 +401,7 @@ pub fn plan(inputs: &PlanInputs<'_>) -> Result<Plan, ControllerError> {
     let mut reasons: Vec<Option<String>> = vec![None; n_devices];
     let mut relays: Vec<bool> = order.iter().map(|&i| m.devices[i].relay_only).collect();
     let mut predicted = None;
+    let mut costs: Vec<Option<Cost>> = vec![None; n_devices];
     let mut gpu = vec![0usize; n_devices];
     let mut planned_with = Vec::new();
     let mut w: Vec<usize> = match m.policy.scheduler {
@@ -464,6 +476,7 @@ pub fn plan(inputs: &PlanInputs<'_>) -> Result<Plan, ControllerError> {
                 sets[pos] = d.set.map(|s| s.name());
                 reasons[pos] = d.reason.clone();
                 relays[pos] = relays[pos] || d.relay;
+                costs[pos] = d.load.as_ref().map(|l| l.cost);
             }
             rescale_to_k(&mut w, planned.k as usize, m.policy.k);
             w
@@ -525,6 +538,7 @@ pub fn plan(inputs: &PlanInputs<'_>) -> Result<Plan, ControllerError> {
                     .get(pos)
                     .and_then(|p| p.link)
                     .map(|link| link.rtt_ms / 2.0 + 1e3 * hidden_bytes / link.bytes_per_s),
+                predicted: costs[pos],
             }
         })
         .collect();
@@ -550,6 +564,7 @@ pub fn plan(inputs: &PlanInputs<'_>) -> Result<Plan, ControllerError> {
             forwards: Some(routes::legs_label(d)),
             next_route: NextRoute::AsHead,
             hop_ms: None,
+            predicted: None,
         });
     }
     Ok(Plan {
