@@ -1,7 +1,7 @@
 //! A mixed ring: the Windows build's `prima.exe node` under Wine beside this Linux build
 //! as the head, planned by `prima apply` with Halda. The Windows node profiles itself
 //! through the Windows APIs (its profile says `os = "windows"`, which the OS memory
-//! plugin's Windows model prices), the links are sealed with a cluster key read by both
+//! plugin's Windows model prices: the manifest names only its address), the links are sealed with a cluster key read by both
 //! builds, and the ring's greedy text is the text of one Linux device alone.
 //!
 //! `#[ignore]`d: it needs Wine and the unpacked Windows release, which `cargo xtask test`
@@ -148,6 +148,23 @@ fn a_windows_node_under_wine_and_a_linux_head_generate_one_devices_text() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+
+    // The Windows build profiles itself through the Windows APIs (GlobalMemoryStatusEx,
+    // an unbuffered read of the model): the profile the node gives the head says so.
+    let profile = Command::new(wine)
+        .arg(&exe)
+        .args(["profile", "--toml", "--name", "windows", "-m"])
+        .arg(&model)
+        .env("WINEDEBUG", "-all")
+        .output()
+        .unwrap();
+    let profile_text = String::from_utf8_lossy(&profile.stdout);
+    assert!(
+        profile.status.success() && profile_text.contains("os = \"windows\""),
+        "{profile_text}{}",
+        String::from_utf8_lossy(&profile.stderr)
+    );
+    eprintln!("{profile_text}");
 
     let node = WindowsNode::start(wine, &exe, &model, &key);
     eprintln!("prima.exe node under {wine} listening on {}", node.addr);
