@@ -1,6 +1,6 @@
 //! The OS memory plugin boundary, end to end: a device whose OS no plugin covers is an
 //! error naming the OS and the plugins found; a second plugin covering that OS, built
-//! apart from `prima` (the `prima_os_windows` example), is picked up from the plugin
+//! apart from `prima` (the `prima_os_freebsd` example), is picked up from the plugin
 //! directory without rebuilding `prima`; a plugin built for another ABI version is refused
 //! with a message that says so.
 
@@ -79,20 +79,20 @@ fn plan(devices: &Path, plugins: &Path) -> Result<serde_json::Value, String> {
 
 #[test]
 fn a_new_os_ships_as_a_plugin_without_rebuilding_prima() {
-    // The homogeneous bed with its second device on Windows, which the standard plugin
+    // The homogeneous bed with its second device on FreeBSD, which the standard plugin
     // does not cover.
     let linux_bed = testbed_path("homogeneous-4");
     let text = std::fs::read_to_string(&linux_bed).unwrap();
     let c2 = text.find("name = \"C2\"").unwrap();
     let os_at = c2 + text[c2..].find("os = \"linux\"").unwrap();
     let beds = scratch("beds");
-    let windows_bed = beds.join("windows.toml");
+    let freebsd_bed = beds.join("freebsd.toml");
     let edited = format!(
-        "{}os = \"windows\"{}",
+        "{}os = \"freebsd\"{}",
         &text[..os_at],
         &text[os_at + "os = \"linux\"".len()..]
     );
-    std::fs::write(&windows_bed, edited).unwrap();
+    std::fs::write(&freebsd_bed, edited).unwrap();
 
     let installed = plugin_dir_with(
         "installed",
@@ -103,39 +103,39 @@ fn a_new_os_ships_as_a_plugin_without_rebuilding_prima() {
         listing.lines().any(|l| l.starts_with("os-memory")
             && l.contains("standard")
             && l.contains("abi v1")
-            && l.ends_with("covers linux, macos, android")),
+            && l.ends_with("covers linux, macos, android, windows")),
         "{listing}"
     );
 
-    let e = plan(&windows_bed, &installed).unwrap_err();
+    let e = plan(&freebsd_bed, &installed).unwrap_err();
     assert!(
-        e.contains("device 'C2'") && e.contains("no OS memory plugin covers os 'windows'"),
+        e.contains("device 'C2'") && e.contains("no OS memory plugin covers os 'freebsd'"),
         "{e}"
     );
     assert!(
-        e.contains("standard") && e.contains("covers linux, macos, android"),
+        e.contains("standard") && e.contains("covers linux, macos, android, windows"),
         "{e}"
     );
 
-    // Installing the plugin that covers Windows is all it takes.
+    // Installing the plugin that covers FreeBSD is all it takes.
     std::fs::copy(
-        example_plugin("prima_os_windows"),
-        installed.join(lib_name("prima_os_windows")),
+        example_plugin("prima_os_freebsd"),
+        installed.join(lib_name("prima_os_freebsd")),
     )
     .unwrap();
     let listing = halda_support::ok(&prima(&["plugins"], &installed));
     assert!(
         listing
             .lines()
-            .any(|l| l.contains("windows-test") && l.ends_with("covers windows")),
+            .any(|l| l.contains("freebsd-test") && l.ends_with("covers freebsd")),
         "{listing}"
     );
-    let windows = plan(&windows_bed, &installed).unwrap_or_else(|e| panic!("{e}"));
+    let freebsd = plan(&freebsd_bed, &installed).unwrap_or_else(|e| panic!("{e}"));
     // Its stand-in model is Linux's, so the plan is the all-Linux bed's, to the bit; the
     // 70B overloads every device, so C2's reloads were priced by the new plugin.
     let linux = plan(&linux_bed, &installed).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(windows, linux);
-    assert_eq!(windows["devices"][1]["set"], "M3", "{windows}");
+    assert_eq!(freebsd, linux);
+    assert_eq!(freebsd["devices"][1]["set"], "M3", "{freebsd}");
 }
 
 #[test]

@@ -89,6 +89,26 @@ impl Platform {
     }
 }
 
+/// The toolchain variables for building `triple` in full (`cargo xtask dist` for Windows):
+/// an error naming what to install where its cross compilers are missing.
+pub fn toolchain_env(triple: &str) -> Result<Vec<(String, &'static str)>> {
+    let platform = PLATFORMS
+        .iter()
+        .find(|p| p.triple == triple)
+        .with_context(|| format!("{triple}: not a platform cross-check knows"))?;
+    let Some(t) = &platform.toolchain else {
+        bail!("{triple}: no cross toolchain to be had here");
+    };
+    let env = platform.toolchain_env();
+    if env.is_empty() {
+        bail!(
+            "{triple}: {} is not installed (Debian: gcc-mingw-w64-x86-64 g++-mingw-w64-x86-64)",
+            t.cxx
+        );
+    }
+    Ok(env)
+}
+
 #[derive(clap::Args, Default)]
 pub struct CrossCheckArgs {
     /// Also build in full (release) where the platform's linker is installed.
@@ -498,28 +518,20 @@ fn artifacts(dir: &Path) -> Vec<String> {
 /// `prima.exe plugins` under wine, the plugin DLLs beside it: shows that the Windows build
 /// starts and loads its plugins. Skipped (true) without wine.
 fn run_under_wine(dir: &Path) -> Result<bool> {
-    // Debian's wine64 package alone puts its loader outside PATH.
-    let candidates = ["wine64", "wine", "/usr/lib/wine/wine64"];
-    let Some(wine) = candidates.into_iter().find(|w| installed(w)) else {
+    let Some(wine) = crate::wine::loader() else {
         eprintln!("cross-check: prima.exe not run: wine is not installed");
         return Ok(true);
     };
-    let out = Command::new(wine)
-        .arg(dir.join("prima.exe"))
+    crate::wine::prepare(wine)?;
+    let out = crate::wine::command(wine, &dir.join("prima.exe"))
         .arg("plugins")
         .env("WINEDEBUG", "err+module")
         .output()
         .with_context(|| format!("cannot run {wine}"))?;
     let stdout = String::from_utf8_lossy(&out.stdout);
     eprintln!("cross-check: {wine} prima.exe plugins:\n{stdout}");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    if stderr.contains("bcryptprimitives.dll") {
-        // Rust's std takes its random numbers from there since 1.78; wine before 9 has none.
-        eprintln!("cross-check: prima.exe not run: this wine lacks bcryptprimitives.dll");
-        return Ok(true);
-    }
     if !out.status.success() {
-        eprintln!("{stderr}");
+        eprintln!("{}", String::from_utf8_lossy(&out.stderr));
         return Ok(false);
     }
     Ok(true)

@@ -9,10 +9,20 @@
 //! the cdylib of every workspace member under `plugins/` (found by `cargo metadata`, so
 //! a new plugin crate ships without a change here), then the manifests.
 //!
+//! Windows (`x86_64-pc-windows-gnu`) is built apart from cargo-dist: for a Windows target
+//! cargo-dist wraps the build in `cargo xwin`, Microsoft's MSVC libraries, while Prima's
+//! Windows build is the GNU one (the HiGHS plugin's C++ builds with mingw-w64). So cargo
+//! builds the same packages with the same `dist` profile and mingw-w64's POSIX-threads
+//! toolchain (`cross_check::toolchain_env`), and the `.zip` holds what the Linux archive
+//! holds: `prima.exe`, every plugin `.dll` beside it, README, licences, the manifests,
+//! `SHA256SUMS` — and the mingw-w64 runtime DLLs the binaries import (`libstdc++-6.dll`
+//! and its kin), which Windows does not have.
+//!
 //! Not for: installers, hosting or CI generation (cargo-dist's other jobs, switched off).
 
 mod archive;
 mod check;
+mod mingw;
 mod tools;
 
 use std::collections::BTreeMap;
@@ -27,7 +37,7 @@ use crate::build_tools;
 use crate::layout::Layout;
 use crate::shell;
 
-pub use check::{check_cross, check_host, CrossCheck};
+pub use check::{check_cross, check_host, check_under_wine, CrossCheck};
 pub use tools::host_target;
 
 #[derive(clap::Args, Debug)]
@@ -38,9 +48,14 @@ pub struct DistArgs {
     /// Then check each archive: this machine's is unpacked in an empty directory and run
     /// (plugins, `prima apply` on SmolLM2, a backend swapped in); another target's is
     /// listed, its binaries' architecture checked, and on aarch64 `prima plugins` run
-    /// under qemu-aarch64 where it is installed.
+    /// under qemu-aarch64 where it is installed; a Windows one is unpacked and run under
+    /// wine (`prima.exe plugins`, `prima.exe run` on SmolLM2 against the Linux build).
     #[arg(long)]
     check: bool,
+    /// With --check of a Windows archive: unpack it here and keep it (the mixed ring
+    /// test, `prima-cli/tests/windows_ring.rs`, runs `prima.exe` from there).
+    #[arg(long, value_name = "DIR", requires = "check")]
+    unpack_to: Option<PathBuf>,
 }
 
 /// The files that name the binary's package, its plugins and where cargo puts things.
@@ -76,6 +91,11 @@ pub fn run(layout: &Layout, args: &DistArgs) -> Result<()> {
         if args.check {
             if *target == host {
                 check_host(layout, &release)?;
+            } else if target.contains("-windows") {
+                let keep = args.unpack_to.as_deref();
+                if let CrossCheck::NotRun(why) = check_under_wine(layout, &release, keep)? {
+                    eprintln!("dist: not run: {why}");
+                }
             } else {
                 if let CrossCheck::NotRun(why) = check_cross(&release)? {
                     eprintln!("dist: not run: {why}");
@@ -86,10 +106,16 @@ pub fn run(layout: &Layout, args: &DistArgs) -> Result<()> {
     Ok(())
 }
 
-/// Builds the archive for `target` with cargo-dist and merges it into one release.
+/// Builds the archive for `target` with cargo-dist and merges it into one release
+/// (Windows GNU: with cargo and mingw-w64, [`mingw::build`]).
 pub fn build(layout: &Layout, host: &str, target: &str) -> Result<Release> {
     build_tools::ensure_for_cargo(layout)?;
     let workspace = Workspace::read(layout)?;
+    if target.ends_with("-windows-gnu") {
+        let (entries, plugins) = mingw::build(layout, &workspace, target)?;
+        let distrib = layout.workspace.join("target").join("distrib");
+        return pack(layout, &workspace, entries, plugins, &distrib, target);
+    }
     let dist = tools::cargo_dist(&layout.cache)?;
     let wrappers = tools::wrapper_path(&layout.cache, host, target)?;
     eprintln!("dist: building {target} with {}", dist.display());
@@ -149,6 +175,19 @@ fn merge(
             }
         }
     }
+    pack(layout, workspace, entries, plugins, distrib, target)
+}
+
+/// The binary's and plugins' files + the manifests + `SHA256SUMS` → the release archive
+/// in `distrib`, with its `.sha256` beside.
+fn pack(
+    layout: &Layout,
+    workspace: &Workspace,
+    mut entries: Vec<archive::Entry>,
+    plugins: Vec<PluginFile>,
+    distrib: &Path,
+    target: &str,
+) -> Result<Release> {
     for file in MANIFEST_FILES {
         let path = layout.workspace.join("manifests").join(file);
         entries.push(archive::Entry {
@@ -171,6 +210,7 @@ fn merge(
     let top = format!("{BINARY}-{}-{target}", workspace.version);
     let format = archive::Format::for_target(target);
     let path = distrib.join(format!("{top}.{}", format.extension()));
+    fs::create_dir_all(distrib).with_context(|| format!("creating {}", distrib.display()))?;
     archive::write(&path, &top, &entries)?;
     let file_name = path.file_name().unwrap_or_default().to_string_lossy();
     let sum = archive::sha256_hex(&fs::read(&path)?);
@@ -203,6 +243,8 @@ pub struct Workspace {
     pub binary_package: String,
     /// Every member under `plugins/` that builds a cdylib.
     pub plugin_packages: Vec<String>,
+    /// Each plugin package's cdylib name (`prima-backend-cpu` → `prima_backend_cpu`).
+    pub plugin_libraries: BTreeMap<String, String>,
 }
 
 impl Workspace {
@@ -240,6 +282,18 @@ impl Workspace {
             .map(|p| p.name.clone())
             .collect();
         plugin_packages.sort();
+        let plugin_libraries = meta
+            .packages
+            .iter()
+            .filter(|p| plugin_packages.contains(&p.name))
+            .filter_map(|p| {
+                let lib = p
+                    .targets
+                    .iter()
+                    .find(|t| t.crate_types.iter().any(|c| c == "cdylib"))?;
+                Some((p.name.clone(), lib.name.clone()))
+            })
+            .collect();
         if plugin_packages.is_empty() {
             bail!(
                 "no workspace member under {} builds a cdylib",
@@ -251,6 +305,7 @@ impl Workspace {
             version: binary.version.clone(),
             binary_package: binary.name.clone(),
             plugin_packages,
+            plugin_libraries,
         })
     }
 }
@@ -364,6 +419,7 @@ mod tests {
         assert_eq!(w.binary_package, "prima-core");
         assert_eq!(w.version, "0.3.0");
         assert_eq!(w.plugin_packages, ["prima-backend-cpu"]);
+        assert_eq!(w.plugin_libraries["prima-backend-cpu"], "prima_backend_cpu");
     }
 
     #[test]

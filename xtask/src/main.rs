@@ -36,6 +36,7 @@ mod test;
 mod test_models;
 mod vulkan;
 mod wheel;
+mod wine;
 
 use std::process::ExitCode;
 

@@ -18,11 +18,14 @@
 //! (`cross_check.rs`), skipped where the Rust targets cannot be added, and every fuzz
 //! target for 20 s (`fuzz.rs`), skipped without a nightly toolchain, and the web page in
 //! headless Chromium (`browser.rs` installs it as root on Debian; skipped elsewhere).
+//! And the Windows build under Wine (`wine.rs` installs it as root on Debian): the
+//! release `.zip` unpacked and run, then a ring of a Linux node and a `prima.exe` node
+//! (`prima-cli/tests/windows_ring.rs`); skipped without mingw-w64 or the Rust target.
 
 use std::env;
 use std::process::Command;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 
 use crate::build_tools;
 use crate::cross_check;
@@ -77,6 +80,7 @@ pub fn run(layout: &Layout) -> Result<i32> {
     }
     // Each runs even when an earlier one fails, as the test binaries do.
     let [archive, arm_archive, arm_archive_qemu] = release_archives(layout)?;
+    let [windows_archive, windows_ring] = windows_under_wine(layout, &cargo)?;
     let optional = [
         (
             "wgpu backend on lavapipe (every kernel and format, SmolLM2, Gemma 3)",
@@ -104,6 +108,8 @@ pub fn run(layout: &Layout) -> Result<i32> {
         ("release archive, unpacked and run (dist)", archive),
         ("aarch64 release archive (dist)", arm_archive),
         ("aarch64 release archive under qemu", arm_archive_qemu),
+        ("Windows release archive under wine (dist)", windows_archive),
+        ("Linux and Windows (wine) nodes in one ring", windows_ring),
     ];
     let (lines, code) = summary(&optional);
     for line in lines {
@@ -375,7 +381,9 @@ fn release_archives(layout: &Layout) -> Result<[Optional; 3]> {
     }
     let (arm, qemu) =
         match dist::build(layout, &host, ARM_TARGET).and_then(|r| dist::check_cross(&r)) {
-            Ok(dist::CrossCheck::RanUnderQemu) => (Optional::Ran(0), Optional::Ran(0)),
+            Ok(dist::CrossCheck::RanUnderQemu | dist::CrossCheck::RanUnderWine) => {
+                (Optional::Ran(0), Optional::Ran(0))
+            }
             Ok(dist::CrossCheck::NotRun(why)) => (Optional::Ran(0), Optional::Skipped(why)),
             Err(err) => {
                 eprintln!("error: {err:#}");
@@ -386,6 +394,66 @@ fn release_archives(layout: &Layout) -> Result<[Optional; 3]> {
             }
         };
     Ok([native, arm, qemu])
+}
+
+const WINDOWS_TARGET: &str = "x86_64-pc-windows-gnu";
+
+/// The Windows release archive (`cargo xtask dist --target x86_64-pc-windows-gnu
+/// --check`: built with mingw-w64, unpacked, `prima.exe plugins` and `run` under wine
+/// against the Linux build's text), then `prima-cli/tests/windows_ring.rs` with its
+/// `prima.exe` beside a Linux node. Wine is installed first where it is missing and can
+/// be (root on Debian); skipped without it, the Rust target or mingw-w64.
+fn windows_under_wine(layout: &Layout, cargo: &std::ffi::OsStr) -> Result<[Optional; 2]> {
+    let skipped = |why: String| Ok([Optional::Skipped(why.clone()), Optional::Skipped(why)]);
+    if !rust_target_installed(WINDOWS_TARGET) {
+        return skipped(format!(
+            "needs the {WINDOWS_TARGET} Rust target (`.ci/run` adds it)"
+        ));
+    }
+    if let Err(why) = cross_check::toolchain_env(WINDOWS_TARGET) {
+        return skipped(format!("{why:#} (`.ci/run` installs it)"));
+    }
+    if let Err(why) = crate::wine::ensure() {
+        return skipped(why);
+    }
+    let unpacked = layout.workspace.join("target").join("windows-release");
+    let checked = dist::build(layout, &dist::host_target()?, WINDOWS_TARGET)
+        .and_then(|r| dist::check_under_wine(layout, &r, Some(&unpacked)).map(|c| (r, c)));
+    let release = match checked {
+        Ok((release, dist::CrossCheck::RanUnderWine)) => release,
+        Ok((_, dist::CrossCheck::NotRun(why))) => return skipped(why),
+        Ok((_, dist::CrossCheck::RanUnderQemu)) => bail!("a Windows archive ran under qemu?"),
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            return Ok([
+                Optional::Ran(1),
+                Optional::Skipped("the Windows archive did not pass".into()),
+            ]);
+        }
+    };
+    let top = release
+        .archive
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.strip_suffix(".zip"))
+        .context("a Windows archive not named .zip")?;
+    let status = Command::new(cargo)
+        .args([
+            "test",
+            "--release",
+            "-p",
+            "prima-cli",
+            "--test",
+            "windows_ring",
+        ])
+        .args(["--", "--ignored", "--nocapture"])
+        .current_dir(&layout.workspace)
+        .env("PRIMA_REQUIRE_MODELS", "1")
+        .env("PRIMA_REQUIRE_WINE", "1")
+        .env("PRIMA_WINDOWS_DIR", unpacked.join(top))
+        .status()
+        .context("cannot start the mixed Linux/Windows ring test")?;
+    Ok([Optional::Ran(0), Optional::Ran(exit_code(status))])
 }
 
 fn rust_target_installed(target: &str) -> bool {

@@ -1,4 +1,4 @@
-//! Prima's OS memory plugin: how Linux, macOS (with and without Metal) and Android treat a
+//! Prima's OS memory plugin: how Linux, macOS (with and without Metal), Android and Windows treat a
 //! model's mmapped weights under memory pressure — the paper's Cases 1–3, the part of
 //! Halda's LDA model that differs per platform (`prima_abi::os`).
 //!
@@ -8,6 +8,7 @@
 mod android;
 mod linux;
 mod macos;
+mod windows;
 
 use abi_stable::sabi_trait::TD_Opaque;
 use abi_stable::std_types::{RResult, RStr, RString, RVec};
@@ -18,18 +19,19 @@ use prima_abi::os::{
 pub use android::Android;
 pub use linux::Linux;
 pub use macos::{MacosMetal, MacosNoMetal};
+pub use windows::Windows;
 
 prima_abi::export_os_memory_plugin!(name = "standard", covers = covers, model = model);
 
 /// The OS names this plugin has models for.
-pub const COVERS: [&str; 3] = ["linux", "macos", "android"];
+pub const COVERS: [&str; 4] = ["linux", "macos", "android", "windows"];
 
 extern "C" fn covers() -> RVec<RString> {
     COVERS.iter().map(|&os| RString::from(os)).collect()
 }
 
 /// The model of a device running `os` with `gpu`: macOS with Metal is Case 2, without it
-/// Case 1; Linux and Android are Case 3 whatever their GPU.
+/// Case 1; Linux, Android and Windows are Case 3 whatever their GPU (Windows has no Metal).
 pub extern "C" fn model(os: RStr<'_>, gpu: OsGpu) -> RResult<OsMemoryModelBox, RString> {
     let boxed = |m| RResult::ROk(m);
     match (os.as_str(), gpu) {
@@ -37,6 +39,8 @@ pub extern "C" fn model(os: RStr<'_>, gpu: OsGpu) -> RResult<OsMemoryModelBox, R
         ("macos", _) => boxed(OsMemoryModel_TO::from_value(MacosNoMetal, TD_Opaque)),
         ("linux", _) => boxed(OsMemoryModel_TO::from_value(Linux, TD_Opaque)),
         ("android", _) => boxed(OsMemoryModel_TO::from_value(Android, TD_Opaque)),
+        ("windows", OsGpu::Metal) => RResult::RErr(RString::from("Windows has no Metal")),
+        ("windows", _) => boxed(OsMemoryModel_TO::from_value(Windows, TD_Opaque)),
         (other, _) => RResult::RErr(RString::from(format!(
             "this plugin covers {}, not '{other}'",
             COVERS.join(", ")
@@ -44,7 +48,7 @@ pub extern "C" fn model(os: RStr<'_>, gpu: OsGpu) -> RResult<OsMemoryModelBox, R
     }
 }
 
-/// Linux, macOS without Metal and Android evict mmapped pages a few at a time, so only the
+/// Linux, macOS without Metal, Android and Windows evict mmapped pages a few at a time, so only the
 /// overflow is reloaded: `max(RAM use − budget, 0)` bytes per token.
 fn incremental_reload(ram: f64, budget: f64) -> f64 {
     (ram - budget).max(0.0)
@@ -123,7 +127,11 @@ mod tests {
         let android = device(Os::Android, GpuKind::None);
         let mac = device(Os::Macos, GpuKind::None);
         let metal = device(Os::Macos, GpuKind::Metal);
+        let windows = device(Os::named("windows"), GpuKind::Cuda);
         assert_eq!(behaviour_for(&linux).overload_set(), LdaSet::M3);
+        assert_eq!(behaviour_for(&windows).overload_set(), LdaSet::M3);
+        // Windows reloads a fault's small cluster of pages: the random-read rate.
+        assert_eq!(behaviour_for(&windows).disk_bytes_per_s(&windows), 0.5 * GB);
         assert_eq!(behaviour_for(&android).overload_set(), LdaSet::M3);
         assert_eq!(behaviour_for(&mac).overload_set(), LdaSet::M1);
         assert_eq!(behaviour_for(&metal).overload_set(), LdaSet::M2);
@@ -166,6 +174,7 @@ mod tests {
             (Os::Android, GpuKind::None),
             (Os::Macos, GpuKind::None),
             (Os::Macos, GpuKind::Metal),
+            (Os::named("windows"), GpuKind::Cuda),
         ] {
             let d = device(os, gpu);
             let b = behaviour_for(&d);
@@ -194,13 +203,14 @@ mod covering {
     use super::*;
 
     #[test]
-    fn covers_three_oses_and_refuses_others_by_name() {
+    fn covers_four_oses_and_refuses_others_by_name() {
         let names: Vec<String> = covers().into_iter().map(RString::into_string).collect();
-        assert_eq!(names, ["linux", "macos", "android"]);
-        match model(RStr::from_str("windows"), OsGpu::None) {
-            RResult::RErr(e) => assert!(e.contains("'windows'"), "{e}"),
-            RResult::ROk(_) => panic!("windows is not covered here"),
+        assert_eq!(names, ["linux", "macos", "android", "windows"]);
+        match model(RStr::from_str("freebsd"), OsGpu::None) {
+            RResult::RErr(e) => assert!(e.contains("'freebsd'"), "{e}"),
+            RResult::ROk(_) => panic!("freebsd is not covered here"),
         }
+        assert!(model(RStr::from_str("windows"), OsGpu::Metal).is_err());
         let metal = model(RStr::from_str("macos"), OsGpu::Metal).unwrap();
         assert_eq!(metal.name().as_str(), "macos+metal");
     }

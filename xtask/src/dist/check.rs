@@ -170,6 +170,8 @@ pub fn check_host(layout: &Layout, release: &Release) -> Result<()> {
 pub enum CrossCheck {
     /// `prima plugins` ran under qemu and listed every plugin.
     RanUnderQemu,
+    /// `prima.exe plugins` and `run` ran under wine, with the Linux build's text.
+    RanUnderWine,
     /// Listed and headers checked; running it here needs this.
     NotRun(String),
 }
@@ -246,6 +248,109 @@ pub fn check_cross(release: &Release) -> Result<CrossCheck> {
     Ok(CrossCheck::RanUnderQemu)
 }
 
+/// The prompt the Windows build and the Linux build both complete, greedily.
+const WINE_PROMPT: &str = "The capital of France is";
+const WINE_TOKENS: &str = "32";
+
+/// The Windows archive under wine: unpacked in an empty directory, its imports checked
+/// (every non-Windows DLL is in it), `prima.exe plugins` lists every plugin beside it as
+/// usable, and `prima.exe run` on SmolLM2 (greedy, 32 tokens) prints the text the Linux
+/// build prints. `NotRun` where wine cannot be had. The unpacked directory is kept when
+/// `keep` names one (the mixed ring test and the TPOT figures run it).
+pub fn check_under_wine(
+    layout: &Layout,
+    release: &Release,
+    keep: Option<&Path>,
+) -> Result<CrossCheck> {
+    check_cross(release)?;
+    let wine = match crate::wine::ensure() {
+        Ok(wine) => wine,
+        Err(why) => return Ok(CrossCheck::NotRun(why)),
+    };
+    crate::wine::prepare(wine)?;
+    let model = layout.fetched_models().join(MODEL);
+    ensure!(
+        model.exists(),
+        "{} is missing (cargo xtask fetch-models)",
+        model.display()
+    );
+    let scratch = Scratch::new("windows")?;
+    let into = match keep {
+        Some(dir) => std::path::absolute(dir)?,
+        None => scratch.0.clone(),
+    };
+    let root = unpack(release, &into)?;
+    let entries = archive::read(&release.archive)?;
+    super::mingw::check_imports(&entries, &root)?;
+    let exe = root.join(format!("{BINARY}.exe"));
+    let prima = |args: &[&str]| {
+        let mut cmd = crate::wine::command(wine, &exe);
+        cmd.args(args)
+            .current_dir(&root)
+            .env_remove("PRIMA_PLUGIN_DIR");
+        cmd
+    };
+    let listed = shown(
+        &mut prima(&["plugins"]),
+        &format!("{wine} prima.exe plugins"),
+    )?
+    .success()?;
+    for plugin in &release.plugins {
+        ensure!(
+            listed
+                .lines()
+                .any(|l| l.contains(&plugin.file) && !l.starts_with("refused")),
+            "`prima.exe plugins` under wine does not list {} as usable",
+            plugin.file
+        );
+    }
+    let model_arg = model.to_string_lossy().into_owned();
+    let run = [
+        "run",
+        "-m",
+        &model_arg,
+        "-p",
+        WINE_PROMPT,
+        "-n",
+        WINE_TOKENS,
+        "--temp",
+        "0",
+    ];
+    let shown_run = format!(
+        "{wine} prima.exe run -m {model_arg} -p \"{WINE_PROMPT}\" -n {WINE_TOKENS} --temp 0"
+    );
+    let windows_text = shown(&mut prima(&run), &shown_run)?.success()?;
+
+    let linux = linux_prima(layout)?;
+    let mut cmd = Command::new(&linux);
+    cmd.args(run).env_remove("PRIMA_PLUGIN_DIR");
+    let shown_linux = format!(
+        "{} run -m {model_arg} -p \"{WINE_PROMPT}\" -n {WINE_TOKENS} --temp 0",
+        linux.display()
+    );
+    let linux_text = shown(&mut cmd, &shown_linux)?.success()?;
+    ensure!(
+        !linux_text.trim().is_empty() && windows_text == linux_text,
+        "prima.exe under wine printed {windows_text:?}, the Linux build {linux_text:?}"
+    );
+    println!("prima.exe under wine generated the Linux build's text");
+    Ok(CrossCheck::RanUnderWine)
+}
+
+/// This machine's release `prima` (built if it is not: `cargo build --release` of the
+/// binary and the CPU backend).
+fn linux_prima(layout: &Layout) -> Result<PathBuf> {
+    let workspace = Workspace::read(layout)?;
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut build = Command::new(cargo);
+    build
+        .args(["build", "--release", "-p", &workspace.binary_package])
+        .args(["-p", "prima-backend-cpu", "-p", "prima-os-memory"])
+        .current_dir(&layout.workspace);
+    shell::run(&mut build)?;
+    Ok(workspace.target_dir.join("release").join(BINARY))
+}
+
 /// ELF e_machine of an executable or shared library.
 fn elf_machine(data: &[u8]) -> Option<&'static str> {
     if data.get(..4)? != b"\x7fELF" || data.get(5)? != &1 {
@@ -298,8 +403,13 @@ fn unpack(release: &Release, dir: &Path) -> Result<PathBuf> {
         .and_then(|n| n.strip_suffix(".tar.xz").or_else(|| n.strip_suffix(".zip")))
         .context("an archive name without .tar.xz or .zip")?;
     let root = dir.join(top);
+    let unpack_cmd = if release.target.contains("-windows") {
+        "unzip"
+    } else {
+        "tar xf"
+    };
     println!(
-        "$ cd {} && tar xf {}",
+        "$ cd {} && {unpack_cmd} {}",
         dir.display(),
         release.archive.display()
     );

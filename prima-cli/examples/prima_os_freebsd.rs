@@ -1,8 +1,8 @@
 //! Test fixture (`tests/os_plugin.rs`): an OS memory plugin built apart from `prima` that
 //! covers an OS the standard plugin does not, to show a new OS is picked up from the
 //! plugin directory without rebuilding `prima`. Its model is a stand-in — Linux's Case 3
-//! (gradual reclaim, sequential reloads of the overflow) under the name `windows` — not a
-//! measured description of Windows.
+//! (gradual reclaim, sequential reloads of the overflow) under the name `freebsd` — not a
+//! measured description of FreeBSD.
 
 use abi_stable::sabi_trait::TD_Opaque;
 use abi_stable::std_types::{RResult, RStr, RString, RVec};
@@ -12,25 +12,25 @@ use prima_abi::os::{
 };
 use prima_cluster::profile::{GB, GIB};
 
-prima_abi::export_os_memory_plugin!(name = "windows-test", covers = covers, model = model);
+prima_abi::export_os_memory_plugin!(name = "freebsd-test", covers = covers, model = model);
 
 extern "C" fn covers() -> RVec<RString> {
-    RVec::from(vec![RString::from("windows")])
+    RVec::from(vec![RString::from("freebsd")])
 }
 
 extern "C" fn model(os: RStr<'_>, gpu: OsGpu) -> RResult<OsMemoryModelBox, RString> {
     match (os.as_str(), gpu) {
-        (_, OsGpu::Metal) => RResult::RErr(RString::from("Windows has no Metal")),
-        ("windows", _) => RResult::ROk(OsMemoryModel_TO::from_value(Windows, TD_Opaque)),
-        (other, _) => RResult::RErr(RString::from(format!("covers windows, not '{other}'"))),
+        (_, OsGpu::Metal) => RResult::RErr(RString::from("FreeBSD has no Metal")),
+        ("freebsd", _) => RResult::ROk(OsMemoryModel_TO::from_value(FreeBSD, TD_Opaque)),
+        (other, _) => RResult::RErr(RString::from(format!("covers freebsd, not '{other}'"))),
     }
 }
 
-struct Windows;
+struct FreeBSD;
 
-impl OsMemoryModel for Windows {
+impl OsMemoryModel for FreeBSD {
     fn name(&self) -> RString {
-        RString::from("windows")
+        RString::from("freebsd")
     }
 
     fn overload_set(&self) -> OverloadSet {
