@@ -80,7 +80,7 @@ impl<'de> Deserialize<'de> for Os {
                 .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || b"-_.".contains(&c));
         if !valid {
             return Err(serde::de::Error::custom(format!(
-                "os = {name:?}: expected an OS name in lower case (linux, macos, android, or one an OS memory plugin covers)"
+                "os = {name:?}: expected an OS name in lower case (linux, macos, android, windows, or one an OS memory plugin covers)"
             )));
         }
         Ok(Os::named(&name))
