@@ -4,7 +4,9 @@
 
 use std::path::PathBuf;
 
-use prima_cluster::controller::{applied_clusters, kept_nodes, stop_kept, Applied, ClusterId};
+use prima_cluster::controller::{
+    applied_clusters, cluster_label, kept_nodes, stop_kept, Applied, ClusterId,
+};
 use prima_cluster::manifest::LoadedManifest;
 
 use super::apply::ago;
@@ -39,7 +41,14 @@ pub fn status() -> anyhow::Result<()> {
         let last = applied.iter().find(|(k, _)| *k == key).map(|(_, a)| a);
         match last {
             Some(a) => print_applied(a),
-            None => println!("cluster {key} (no plan recorded)"),
+            None => {
+                let label = kept
+                    .iter()
+                    .find(|(state, _)| state.file_stem().is_some_and(|s| *s == *key))
+                    .and_then(|(state, _)| cluster_label(state))
+                    .unwrap_or(key.clone());
+                println!("cluster {label} (no plan applied yet)");
+            }
         }
         let nodes: Vec<_> = kept
             .iter()

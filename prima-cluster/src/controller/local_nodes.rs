@@ -71,12 +71,21 @@ impl RunningNode {
 pub struct LocalNodes {
     nodes: Vec<(RunningNode, Option<std::process::Child>)>,
     state: PathBuf,
+    label: String,
     keep: bool,
     reused: Vec<String>,
 }
 
+/// Environment variable overriding where `prima apply` keeps its clusters' state (kept
+/// nodes, last plans, node logs).
+pub const STATE_DIR_ENV: &str = "PRIMA_STATE_DIR";
+
+/// `$PRIMA_STATE_DIR`, else `~/.cache/prima/apply`.
 pub(super) fn cache_dir() -> PathBuf {
-    PathBuf::from(crate::profile::home_dir()).join(".cache/prima/apply")
+    match std::env::var_os(STATE_DIR_ENV) {
+        Some(d) => PathBuf::from(d),
+        None => PathBuf::from(crate::profile::home_dir()).join(".cache/prima/apply"),
+    }
 }
 
 /// Which cluster a manifest describes: its `[cluster] name`, else its head device and
@@ -115,6 +124,11 @@ fn state_path(cluster: &ClusterId) -> PathBuf {
     cache_dir().join(format!("{}.json", cluster.key))
 }
 
+/// The label of the cluster whose kept nodes are recorded at `state` (written beside it).
+pub fn cluster_label(state: &Path) -> Option<String> {
+    std::fs::read_to_string(state.with_extension("label")).ok()
+}
+
 impl LocalNodes {
     /// Starts (or, from a kept earlier run, reuses) one node per spec.
     pub fn start(
@@ -130,6 +144,7 @@ impl LocalNodes {
         let mut nodes = LocalNodes {
             nodes: Vec::new(),
             state,
+            label: cluster.label.clone(),
             keep,
             reused: Vec::new(),
         };
@@ -178,6 +193,7 @@ impl Drop for LocalNodes {
             let _ = std::fs::create_dir_all(cache_dir());
             if let Ok(json) = serde_json::to_vec_pretty(&list) {
                 let _ = std::fs::write(&self.state, json);
+                let _ = std::fs::write(self.state.with_extension("label"), &self.label);
             }
             return;
         }
@@ -191,6 +207,7 @@ impl Drop for LocalNodes {
             }
         }
         let _ = std::fs::remove_file(&self.state);
+        let _ = std::fs::remove_file(self.state.with_extension("label"));
     }
 }
 
@@ -241,6 +258,7 @@ pub fn stop_kept(cluster: Option<&ClusterId>) -> Vec<RunningNode> {
             }
         }
         let _ = std::fs::remove_file(&state);
+        let _ = std::fs::remove_file(state.with_extension("label"));
     }
     stopped
 }

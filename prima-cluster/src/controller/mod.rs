@@ -33,7 +33,8 @@ pub use applied::{
 pub use error::ControllerError;
 pub use failover::{layout_of, replanner};
 pub use local_nodes::{
-    kept_nodes, stop_kept, ClusterId, LocalNodes, NodeSpec, RunningNode, LOGS_KEPT,
+    cluster_label, kept_nodes, stop_kept, ClusterId, LocalNodes, NodeSpec, RunningNode, LOGS_KEPT,
+    STATE_DIR_ENV,
 };
 pub use plan::{plan, DevicePlan, Plan, PlanInputs};
 pub use ring::{

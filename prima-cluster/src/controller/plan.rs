@@ -173,6 +173,9 @@ impl Plan {
                     format!("relay {}", d.forwards.as_deref().unwrap_or_default())
                 }
                 (None, true) => "relay only".to_string(),
+                (None, false) if d.layers == 0 && d.addr == "head" => {
+                    "the head: embeds the tokens, runs the output layer and samples".to_string()
+                }
                 _ => String::new(),
             };
             writeln!(
@@ -185,7 +188,10 @@ impl Plan {
                 100.0 * d.layers as f64 / total as f64,
                 d.w,
                 d.n,
-                d.hop_ms.map_or("-".to_string(), |t| format!("{t:.2}")),
+                match (d.hop_ms, &d.pruned) {
+                    (Some(t), None) => format!("{t:.2}"),
+                    _ => "-".to_string(),
+                },
                 note
             )
             .unwrap();
