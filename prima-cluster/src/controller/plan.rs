@@ -138,14 +138,11 @@ impl Plan {
             .max(12);
         // Non-verbose: whether a device's weights stay in memory (Halda's set M4) or are
         // read from disk again every token (M1–M3); verbose: the set itself.
-        let set = |s: Option<&str>| {
-            let s = match (verbose, s) {
-                (true, s) => s.unwrap_or("-"),
-                (false, Some("M4")) => "yes",
-                (false, Some(_)) => "reloads",
-                (false, None) => "-",
-            };
-            format!(" {s:>8}")
+        let set = |s: Option<&'static str>| match (verbose, s) {
+            (true, s) => s.unwrap_or("-"),
+            (false, Some("M4")) => "yes",
+            (false, Some(_)) => "reloads",
+            (false, None) => "-",
         };
         let (layers, window, gpu) = if verbose {
             ("layers l", "window w", "GPU n")
@@ -154,10 +151,10 @@ impl Plan {
         };
         writeln!(
             out,
-            "  {:<names$} {:<width$}{} {:>8} {:>6} {:>8} {:>5} {:>7}  note",
+            "  {:<names$} {:<width$} {:>8} {:>8} {:>6} {:>8} {:>5} {:>7}  note",
             "device",
             "address",
-            format!(" {:>8}", if verbose { "set" } else { "resident" }),
+            if verbose { "set" } else { "resident" },
             layers,
             "share",
             window,
@@ -180,7 +177,7 @@ impl Plan {
             };
             writeln!(
                 out,
-                "  {:<names$} {:<width$}{} {:>8} {:>5.0}% {:>8} {:>5} {:>7}  {}",
+                "  {:<names$} {:<width$} {:>8} {:>8} {:>5.0}% {:>8} {:>5} {:>7}  {}",
                 d.name,
                 d.addr,
                 set(d.set),
