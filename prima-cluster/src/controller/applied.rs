@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use super::local_nodes::{cache_dir, ClusterId};
 use super::plan::Plan;
+use crate::profile::DeviceProfile;
 
 /// A cluster's last applied plan and its last measured speed.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -25,6 +26,9 @@ pub struct Applied {
     /// Time per output token the last `--prompt` measured, ms, and when.
     pub measured_tpot_ms: Option<f64>,
     pub measured_unix: Option<u64>,
+    /// The device profiles it was planned with (none for the manual scheduler).
+    #[serde(default)]
+    pub profiles: Vec<DeviceProfile>,
 }
 
 impl Applied {
@@ -96,6 +100,7 @@ pub fn record_applied(cluster: &ClusterId, manifest: &Path, plan: &Plan) -> std:
             plan: plan.to_json(),
             measured_tpot_ms: None,
             measured_unix: None,
+            profiles: plan.profiles.clone(),
         },
     )
 }
@@ -186,6 +191,64 @@ pub fn plan_changes(old: &serde_json::Value, new: &Plan) -> Vec<String> {
     changes
 }
 
+/// A profile figure for a person: rates in bytes/s are large, memory in GiB small.
+fn figure(x: f64) -> String {
+    if x.abs() >= 1e4 {
+        format!("{x:.2e}")
+    } else {
+        format!("{x:.3}")
+    }
+}
+
+/// Why a plan may differ from the last applied one: each figure of a device's profile
+/// (in both) that moved by more than 5 %, as `device field old → new`.
+pub fn profile_changes(old: &[DeviceProfile], new: &[DeviceProfile]) -> Vec<String> {
+    fn numbers(prefix: &str, v: &serde_json::Value, out: &mut Vec<(String, f64)>) {
+        match v {
+            serde_json::Value::Number(n) => {
+                out.push((prefix.to_string(), n.as_f64().unwrap_or(0.0)))
+            }
+            serde_json::Value::Object(map) => {
+                for (k, v) in map {
+                    let name = if prefix.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{prefix}.{k}")
+                    };
+                    numbers(&name, v, out);
+                }
+            }
+            _ => {}
+        }
+    }
+    let figures = |p: &DeviceProfile| {
+        let mut out = Vec::new();
+        numbers("", &serde_json::to_value(p).unwrap_or_default(), &mut out);
+        out
+    };
+    let mut changes = Vec::new();
+    for p in new {
+        let Some(was) = old.iter().find(|o| o.name == p.name) else {
+            continue;
+        };
+        let before = figures(was);
+        for (field, now) in figures(p) {
+            let Some((_, then)) = before.iter().find(|(f, _)| *f == field) else {
+                continue;
+            };
+            if (now - then).abs() > 0.05 * then.abs().max(now.abs()) {
+                changes.push(format!(
+                    "{} {field} {} → {}",
+                    p.name,
+                    figure(*then),
+                    figure(now)
+                ));
+            }
+        }
+    }
+    changes
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -248,6 +311,34 @@ mod tests {
                 "k         2 → 3",
                 "predicted TPOT 20.0 → 30.0 ms",
             ]
+        );
+    }
+
+    #[test]
+    fn profile_figures_that_moved_are_named() {
+        let text = r#"
+[[device]]
+name = "laptop"
+os = "linux"
+cpu_cores = 4
+cpu_gflops = { q4_k = 100, q5_k = 100, q6_k = 100, q8_0 = 100, f16 = 100, f32 = 100 }
+cpu_read_gb_s = 10.0
+memcpy_gb_s = 10.0
+ram_total_gib = 8.0
+ram_available_gib = 4.0
+disk_seq_gb_s = 1.0
+disk_rand_gb_s = 1.0
+"#;
+        let old = crate::profile::DeviceProfiles::parse(Path::new("x.toml"), text)
+            .unwrap()
+            .device;
+        let mut new = old.clone();
+        assert!(profile_changes(&old, &new).is_empty());
+        new[0].ram_available_gib = 2.0;
+        new[0].cpu_read_gb_s = 10.1;
+        assert_eq!(
+            profile_changes(&old, &new),
+            vec!["laptop ram_available_gib 4.000 → 2.000"]
         );
     }
 }

@@ -28,7 +28,8 @@ use crate::manifest::LoadedManifest;
 use crate::prp::key::LinkSecurity;
 
 pub use applied::{
-    applied_clusters, last_applied, plan_changes, record_applied, record_measured, Applied,
+    applied_clusters, last_applied, plan_changes, profile_changes, record_applied, record_measured,
+    Applied,
 };
 pub use error::ControllerError;
 pub use failover::{layout_of, replanner};

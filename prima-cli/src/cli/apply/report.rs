@@ -1,7 +1,9 @@
 //! What `prima apply` (and `prima serve --manifest`) tell a person on stderr while the
 //! cluster comes up: devices found, local nodes, the plan, re-plans after a loss.
 
-use prima_cluster::controller::{last_applied, plan_changes, ClusterId, LocalNodes, Plan};
+use prima_cluster::controller::{
+    last_applied, plan_changes, profile_changes, ClusterId, LocalNodes, Plan,
+};
 
 /// A device that discovery found on the LAN.
 pub fn found(name: &str, addr: &str) {
@@ -46,6 +48,13 @@ pub fn plan(plan: &Plan, json: bool, verbose: bool, cluster: &ClusterId) -> anyh
                 eprintln!("changes against {against}:");
                 for c in changes {
                     eprintln!("  {c}");
+                }
+                let inputs = profile_changes(&last.profiles, &plan.profiles);
+                if !inputs.is_empty() {
+                    eprintln!("  planned from other figures (over 5 % apart):");
+                    for c in inputs {
+                        eprintln!("    {c}");
+                    }
                 }
             }
         }
