@@ -29,9 +29,12 @@ impl Scratch {
         link
     }
 
+    /// Writes `text` as the manifest, naming its cluster after this directory: tests run
+    /// in parallel, and clusters with one head and key would share their kept nodes.
     fn manifest(&self, text: &str) -> PathBuf {
         let path = self.dir.join("cluster.toml");
-        std::fs::write(&path, text).unwrap();
+        let name = self.dir.file_name().unwrap().to_string_lossy();
+        std::fs::write(&path, format!("{text}\n[cluster]\nname = \"{name}\"\n")).unwrap();
         path
     }
 
@@ -58,8 +61,15 @@ impl Drop for Scratch {
     }
 }
 
+fn state_dir() -> PathBuf {
+    std::env::temp_dir().join(format!("prima-apply-state-{}", std::process::id()))
+}
+
+/// Runs prima with its cluster state (kept nodes, last plans, logs) in a directory of
+/// this test run's, not the user's.
 fn prima(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_prima"))
+        .env("PRIMA_STATE_DIR", state_dir())
         .args(args)
         .output()
         .expect("run prima")
@@ -408,9 +418,11 @@ fn kept_nodes_are_listed_by_status_and_stopped_by_stop() {
     let listed = String::from_utf8_lossy(&status.stdout).into_owned();
     for (_, name, pid) in &kept {
         assert!(
-            listed.lines().any(|l| l.starts_with(name.as_str())
-                && l.split_whitespace().nth(2) == Some(&pid.to_string())
-                && l.contains("running")),
+            listed
+                .lines()
+                .any(|l| l.trim_start().starts_with(name.as_str())
+                    && l.split_whitespace().nth(2) == Some(&pid.to_string())
+                    && l.contains("running")),
             "{listed}"
         );
     }
@@ -431,6 +443,71 @@ fn kept_nodes_are_listed_by_status_and_stopped_by_stop() {
     );
 }
 
+/// An applied plan is kept per cluster: a dry run of the edited manifest prints what
+/// changed against it, another manifest file of the same cluster compares with it too,
+/// and `prima status` shows where the layers run and the TPOT measured.
+#[test]
+fn dry_runs_show_changes_against_the_applied_plan_and_status_shows_it() {
+    let Some(model) = smollm2() else { return };
+    let scratch = Scratch::new("diff");
+    scratch.link_model(&model, "model.gguf");
+    let manifest = scratch.manifest(&three_local(
+        "scheduler = \"manual\"\nwindows = [10, 10, 10]",
+    ));
+    let m = manifest.to_str().unwrap();
+    let applied = prima(&["apply", m, "--prompt", "Hi", "-n", "4", "--temp", "0"]);
+    let said = String::from_utf8_lossy(&applied.stderr).into_owned();
+    assert!(applied.status.success(), "{said}");
+
+    let same = prima(&["apply", m, "--dry-run"]);
+    let said = String::from_utf8_lossy(&same.stderr).into_owned();
+    assert!(
+        said.contains("unchanged against the plan applied"),
+        "{said}"
+    );
+
+    // The same cluster (its [cluster] name) from another file, one device fewer and
+    // other windows.
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    let edited = text
+        .replace("windows = [10, 10, 10]", "windows = [20, 10]")
+        .replace(
+            "[[device]]\nname = \"tablet\"\nlocal = true\nthreads = 1\n",
+            "",
+        );
+    let other = scratch.dir.join("smaller.toml");
+    std::fs::write(&other, edited).unwrap();
+    let changed = prima(&["apply", other.to_str().unwrap(), "--dry-run"]);
+    let said = String::from_utf8_lossy(&changed.stderr).into_owned();
+    assert!(changed.status.success(), "{said}");
+    assert!(said.contains("changes against the plan applied"), "{said}");
+    for line in [
+        "moved     desktop: layers 10 → 20, window 10 → 20",
+        "removed   tablet (had 10 layers)",
+    ] {
+        assert!(said.contains(line), "{line}: {said}");
+    }
+    let json = prima(&["apply", other.to_str().unwrap(), "--dry-run", "--json"]);
+    let plan: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(plan["changes"].as_array().map(Vec::len), Some(2), "{plan}");
+
+    let status = prima(&["status"]);
+    let listed = String::from_utf8_lossy(&status.stdout).into_owned();
+    assert!(status.status.success(), "{listed}");
+    let name = scratch
+        .dir
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    assert!(listed.contains(&format!("cluster {name}")), "{listed}");
+    assert!(
+        listed.contains("ring: desktop 10 layers, laptop 10 layers, tablet 10 layers"),
+        "{listed}"
+    );
+    assert!(listed.contains("last measured"), "{listed}");
+}
+
 mod server_support;
 
 #[test]
@@ -442,6 +519,7 @@ fn apply_serves_the_openai_api_over_the_ring_and_stops_cleanly() {
         + "\n[server]\nlisten = \"127.0.0.1:0\"\n";
     let manifest = scratch.manifest(&text);
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_prima"));
+    cmd.env("PRIMA_STATE_DIR", state_dir());
     cmd.args(["apply", manifest.to_str().unwrap()]);
     let mut server = server_support::Server::spawn(cmd);
     let (status, reply) = server.post_json(
@@ -512,11 +590,11 @@ fn apply_runs_each_devices_gpu_layers() {
             .lines()
             .find(|l| l.trim_start().starts_with(name) && l.contains('%'))
             .unwrap_or_else(|| panic!("no plan row for {name}: {stderr}"));
-        // … w n layers share: counted back from the share column.
+        // … layers share window GPU: counted on from the share column.
         let cols: Vec<&str> = row.split_whitespace().collect();
         let share = cols.iter().position(|c| c.ends_with('%')).unwrap();
         assert_eq!(
-            (cols[share - 3], cols[share - 2]),
+            (cols[share + 1], cols[share + 2]),
             (w.to_string().as_str(), n.to_string().as_str()),
             "{row}"
         );

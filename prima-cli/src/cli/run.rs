@@ -514,7 +514,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     if ring.verbose || ring.stats_json.is_some() {
         let devices = head.collect_stats()?;
         if ring.verbose {
-            print_device_table(&devices);
+            print_device_table(&devices, &[]);
         }
         if let Some(path) = &ring.stats_json {
             let json = serde_json::json!({
@@ -683,9 +683,21 @@ pub(super) fn print_draft_summary(draft: &DraftStats, stats: &GenerationStats) {
 }
 
 /// Per device, the mean per generated token (one-token batches, all rounds summed).
-pub(super) fn print_device_table(devices: &[DeviceStats]) {
+/// Per-device timing of a ring run; `names` are the devices' names in ring order (where
+/// none is given, the head is `head` and a node `node N`).
+pub(super) fn print_device_table(devices: &[DeviceStats], names: &[String]) {
+    let name = |m: usize| match (names.get(m), m) {
+        (Some(n), _) => n.clone(),
+        (None, 0) => "head".to_string(),
+        (None, m) => format!("node {m}"),
+    };
+    let width = (0..devices.len())
+        .map(|m| name(m).len())
+        .max()
+        .unwrap_or(0)
+        .max(8);
     eprintln!(
-        "{:<8} {:<22} {:>8} {:>11} {:>9} {:>9} {:>12} {:>12} {:>10} {:>11}",
+        "{:<width$} {:<22} {:>8} {:>11} {:>9} {:>9} {:>12} {:>12} {:>10} {:>11}",
         "device",
         "address",
         "tokens",
@@ -725,8 +737,8 @@ pub(super) fn print_device_table(devices: &[DeviceStats]) {
             }
         }
         eprintln!(
-            "{:<8} {:<22} {:>8} {:>11.3} {:>9.3} {:>9.3} {:>12.1} {:>12.2} {:>9.1}% {:>11}",
-            d.device,
+            "{:<width$} {:<22} {:>8} {:>11.3} {:>9.3} {:>9.3} {:>12.1} {:>12.2} {:>9.1}% {:>11}",
+            name(d.device),
             d.addr,
             per_token.len(),
             sum[0] / n,

@@ -1,6 +1,7 @@
 //! The local nodes `prima apply` runs: started on loopback for every `local` device, and
 //! stopped when apply exits — unless `--keep-nodes`, which leaves them running and records
-//! them, so the next apply of the same manifest reuses every node whose configuration is
+//! them, so the next apply of the same cluster ([`ClusterId`]: its `[cluster] name`, else
+//! its head and key — not the manifest's path) reuses every node whose configuration is
 //! unchanged and restarts or stops the others. [`kept_nodes`] and [`stop_kept`] are
 //! `prima status` and `prima stop`. Each device keeps its last [`LOGS_KEPT`] logs.
 
@@ -12,6 +13,8 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::ControllerError;
+use crate::manifest::LoadedManifest;
+use crate::prp::key::LinkSecurity;
 
 /// What a local node is started with; a node is reused only if all of it is unchanged.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -68,29 +71,72 @@ impl RunningNode {
 pub struct LocalNodes {
     nodes: Vec<(RunningNode, Option<std::process::Child>)>,
     state: PathBuf,
+    label: String,
     keep: bool,
     reused: Vec<String>,
 }
 
-fn cache_dir() -> PathBuf {
-    PathBuf::from(crate::profile::home_dir()).join(".cache/prima/apply")
+/// Environment variable overriding where `prima apply` keeps its clusters' state (kept
+/// nodes, last plans, node logs).
+pub const STATE_DIR_ENV: &str = "PRIMA_STATE_DIR";
+
+/// `$PRIMA_STATE_DIR`, else `~/.cache/prima/apply`.
+pub(super) fn cache_dir() -> PathBuf {
+    match std::env::var_os(STATE_DIR_ENV) {
+        Some(d) => PathBuf::from(d),
+        None => PathBuf::from(crate::profile::home_dir()).join(".cache/prima/apply"),
+    }
 }
 
-/// Where the nodes of the manifest at `path` are recorded.
-fn state_path(manifest: &Path) -> PathBuf {
-    let canonical = std::fs::canonicalize(manifest).unwrap_or_else(|_| manifest.to_path_buf());
-    let key = hex::encode(&Sha256::digest(canonical.to_string_lossy().as_bytes())[..8]);
-    cache_dir().join(format!("{key}.json"))
+/// Which cluster a manifest describes: its `[cluster] name`, else its head device and
+/// cluster key. Two manifest files of one cluster share its kept nodes and last plan.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClusterId {
+    /// A file name: a hash of what identifies the cluster.
+    pub key: String,
+    /// What a person reads: the name, or `head DEVICE, key FINGERPRINT`.
+    pub label: String,
+}
+
+impl ClusterId {
+    pub fn of(manifest: &LoadedManifest, security: &LinkSecurity) -> ClusterId {
+        let m = &manifest.manifest;
+        let label = match &m.cluster.name {
+            Some(name) => name.clone(),
+            None => {
+                let head = manifest
+                    .head_index()
+                    .map(|h| m.devices[h].name.clone())
+                    .unwrap_or_default();
+                match security {
+                    LinkSecurity::Key(key) => format!("head {head}, key {}", key.fingerprint()),
+                    LinkSecurity::Insecure => format!("head {head}, plain links"),
+                }
+            }
+        };
+        let key = hex::encode(&Sha256::digest(label.as_bytes())[..8]);
+        ClusterId { key, label }
+    }
+}
+
+/// Where the kept nodes of `cluster` are recorded.
+fn state_path(cluster: &ClusterId) -> PathBuf {
+    cache_dir().join(format!("{}.json", cluster.key))
+}
+
+/// The label of the cluster whose kept nodes are recorded at `state` (written beside it).
+pub fn cluster_label(state: &Path) -> Option<String> {
+    std::fs::read_to_string(state.with_extension("label")).ok()
 }
 
 impl LocalNodes {
     /// Starts (or, from a kept earlier run, reuses) one node per spec.
     pub fn start(
-        manifest: &Path,
+        cluster: &ClusterId,
         specs: &[NodeSpec],
         keep: bool,
     ) -> Result<LocalNodes, ControllerError> {
-        let state = state_path(manifest);
+        let state = state_path(cluster);
         let recorded: Vec<RunningNode> = std::fs::read(&state)
             .ok()
             .and_then(|b| serde_json::from_slice(&b).ok())
@@ -98,6 +144,7 @@ impl LocalNodes {
         let mut nodes = LocalNodes {
             nodes: Vec::new(),
             state,
+            label: cluster.label.clone(),
             keep,
             reused: Vec::new(),
         };
@@ -146,6 +193,7 @@ impl Drop for LocalNodes {
             let _ = std::fs::create_dir_all(cache_dir());
             if let Ok(json) = serde_json::to_vec_pretty(&list) {
                 let _ = std::fs::write(&self.state, json);
+                let _ = std::fs::write(self.state.with_extension("label"), &self.label);
             }
             return;
         }
@@ -159,6 +207,7 @@ impl Drop for LocalNodes {
             }
         }
         let _ = std::fs::remove_file(&self.state);
+        let _ = std::fs::remove_file(self.state.with_extension("label"));
     }
 }
 
@@ -194,10 +243,9 @@ pub fn kept_nodes() -> Vec<(PathBuf, Vec<(RunningNode, bool)>)> {
         .collect()
 }
 
-/// Stops the kept nodes (of the manifest at `manifest`, or all) and forgets them; the
-/// nodes stopped.
-pub fn stop_kept(manifest: Option<&Path>) -> Vec<RunningNode> {
-    let only = manifest.map(state_path);
+/// Stops the kept nodes (of `cluster`, or all) and forgets them; the nodes stopped.
+pub fn stop_kept(cluster: Option<&ClusterId>) -> Vec<RunningNode> {
+    let only = cluster.map(state_path);
     let mut stopped = Vec::new();
     for (state, nodes) in kept_nodes() {
         if only.as_ref().is_some_and(|o| *o != state) {
@@ -210,6 +258,7 @@ pub fn stop_kept(manifest: Option<&Path>) -> Vec<RunningNode> {
             }
         }
         let _ = std::fs::remove_file(&state);
+        let _ = std::fs::remove_file(state.with_extension("label"));
     }
     stopped
 }

@@ -3,7 +3,8 @@
 //!
 //! - [`plan`] profiles the manifest's devices (or reads its fixture profiles) and plans
 //!   the windows (w_m, n_m, k) with Halda or the manifest's scheduler;
-//! - [`LocalNodes`] starts (or reuses) the `prima node` processes of the `local` devices;
+//! - [`LocalNodes`] starts (or reuses) the `prima node` processes of the `local` devices,
+//!   one set per [`ClusterId`]; `applied.rs` keeps the cluster's last plan and speed;
 //! - [`ring_options`] turns a [`RingPolicy`] (the manifest's, or `prima run --ring`'s
 //!   flags) and the ring's layout into the head's
 //!   [`RingOptions`](crate::prp::RingOptions), the one place they are built;
@@ -14,6 +15,7 @@
 //! lines) is the CLI's. Errors are [`ControllerError`]s naming the manifest, device or
 //! file at fault.
 
+mod applied;
 mod error;
 mod failover;
 mod links;
@@ -25,9 +27,16 @@ mod ring;
 use crate::manifest::LoadedManifest;
 use crate::prp::key::LinkSecurity;
 
+pub use applied::{
+    applied_clusters, last_applied, plan_changes, profile_changes, record_applied, record_measured,
+    Applied,
+};
 pub use error::ControllerError;
 pub use failover::{layout_of, replanner};
-pub use local_nodes::{kept_nodes, stop_kept, LocalNodes, NodeSpec, RunningNode, LOGS_KEPT};
+pub use local_nodes::{
+    cluster_label, kept_nodes, stop_kept, ClusterId, LocalNodes, NodeSpec, RunningNode, LOGS_KEPT,
+    STATE_DIR_ENV,
+};
 pub use plan::{plan, DevicePlan, Plan, PlanInputs};
 pub use ring::{
     connect, given_layout, launch, name_devices, ring_options, LaunchSettings, RingPolicy,

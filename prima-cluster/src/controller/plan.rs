@@ -111,8 +111,13 @@ impl Plan {
         })
     }
 
-    /// The plan as a table for people: one line per device.
+    /// The plan as a table for people: one line per device, named columns and a legend.
     pub fn table(&self) -> String {
+        self.table_with(false)
+    }
+
+    /// [`Plan::table`]; `verbose` adds the paper's symbols (Halda's set, w_m, n_m, l_m).
+    pub fn table_with(&self, verbose: bool) -> String {
         use std::fmt::Write as _;
         let mut out = String::new();
         let total: usize = self.devices.iter().map(|d| d.layers).sum::<usize>().max(1);
@@ -134,10 +139,37 @@ impl Plan {
             .max()
             .unwrap_or(0)
             .max(22);
+        let names = self
+            .devices
+            .iter()
+            .map(|d| d.name.len())
+            .max()
+            .unwrap_or(0)
+            .max(12);
+        // Non-verbose: whether a device's weights stay in memory (Halda's set M4) or are
+        // read from disk again every token (M1–M3); verbose: the set itself.
+        let set = |s: Option<&'static str>| match (verbose, s) {
+            (true, s) => s.unwrap_or("-"),
+            (false, Some("M4")) => "yes",
+            (false, Some(_)) => "reloads",
+            (false, None) => "-",
+        };
+        let (layers, window, gpu) = if verbose {
+            ("layers l", "window w", "GPU n")
+        } else {
+            ("layers", "window", "GPU")
+        };
         writeln!(
             out,
-            "  {:<12} {:<width$} {:>4} {:>4} {:>4} {:>7} {:>7} {:>7}  note",
-            "device", "address", "set", "w", "n", "layers", "share", "hop ms"
+            "  {:<names$} {:<width$} {:>8} {:>8} {:>6} {:>8} {:>5} {:>7}  note",
+            "device",
+            "address",
+            if verbose { "set" } else { "resident" },
+            layers,
+            "share",
+            window,
+            gpu,
+            "hop ms"
         )
         .unwrap();
         for d in &self.devices {
@@ -148,20 +180,44 @@ impl Plan {
                     format!("relay {}", d.forwards.as_deref().unwrap_or_default())
                 }
                 (None, true) => "relay only".to_string(),
+                (None, false) if d.layers == 0 && d.addr == "head" => {
+                    "the head: embeds the tokens, runs the output layer and samples".to_string()
+                }
                 _ => String::new(),
             };
             writeln!(
                 out,
-                "  {:<12} {:<width$} {:>4} {:>4} {:>4} {:>7} {:>6.0}% {:>7}  {}",
+                "  {:<names$} {:<width$} {:>8} {:>8} {:>5.0}% {:>8} {:>5} {:>7}  {}",
                 d.name,
                 d.addr,
-                d.set.unwrap_or("-"),
-                d.w,
-                d.n,
+                set(d.set),
                 d.layers,
                 100.0 * d.layers as f64 / total as f64,
-                d.hop_ms.map_or("-".to_string(), |t| format!("{t:.2}")),
+                d.w,
+                d.n,
+                match (d.hop_ms, &d.pruned) {
+                    (Some(t), None) => format!("{t:.2}"),
+                    _ => "-".to_string(),
+                },
                 note
+            )
+            .unwrap();
+        }
+        let k = self.k;
+        writeln!(
+            out,
+            "  layers: the model's layers a device runs per token (share: of all), as k = {k} \
+             windows of `window` layers, `GPU` of them on its GPU\n  resident: its layers stay \
+             in memory (reloads: read from disk again every token); hop ms: handing the hidden \
+             state on"
+        )
+        .unwrap();
+        if verbose {
+            writeln!(
+                out,
+                "  paper symbols: l = l_m, w = w_m, n = n_m, k rounds; set: Halda's M1–M3 \
+                 (overloaded, reloads from disk: macOS, macOS with Metal, Linux/Android) or M4 \
+                 (fits, or a slow disk)"
             )
             .unwrap();
         }

@@ -54,6 +54,17 @@ pub struct Manifest {
     /// `~/.cache/prima`, made on first use).
     #[serde(default)]
     pub security: Security,
+    /// `[cluster]`: which cluster this manifest describes (default: its head and key).
+    #[serde(default)]
+    pub cluster: ClusterSection,
+}
+
+/// `[cluster]`: manifests with one name (or, unnamed, one head device and one key)
+/// describe one cluster: they share its kept nodes and its last applied plan.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterSection {
+    pub name: Option<String>,
 }
 
 /// `[security]`: the key that authenticates and encrypts every link of the ring.

@@ -9,8 +9,10 @@ use super::link::{expect_control, send_control};
 use super::protocol::Control;
 use super::secure::Link;
 
-/// Pings of each size; the median is kept, so one late packet does not count.
-const PROBE_ROUNDS: usize = 5;
+/// Pings of each size; the fastest is kept: a link's time is its floor, and a late packet
+/// or a busy peer (a node that just started, a host under load) only adds to it — with
+/// the median, one busy moment changed plans from run to run.
+const PROBE_ROUNDS: usize = 7;
 /// A ping unanswered this long is a link not worth measuring further.
 const PROBE_TIMEOUT_MS: u64 = 10_000;
 
@@ -37,7 +39,7 @@ impl LinkProbe {
 /// padded to `payload_bytes`.
 pub fn probe(conn: &Link, payload_bytes: usize) -> Result<LinkProbe, RingError> {
     let mut seq = 0u64;
-    let mut median_ms = |pad: &str| -> Result<f64, RingError> {
+    let mut fastest_ms = |pad: &str| -> Result<f64, RingError> {
         let mut times = Vec::with_capacity(PROBE_ROUNDS);
         for _ in 0..PROBE_ROUNDS {
             seq += 1;
@@ -65,11 +67,10 @@ pub fn probe(conn: &Link, payload_bytes: usize) -> Result<LinkProbe, RingError> 
                 }
             }
         }
-        times.sort_by(f64::total_cmp);
-        Ok(times[times.len() / 2])
+        Ok(times.into_iter().fold(f64::INFINITY, f64::min))
     };
-    let rtt_ms = median_ms("")?;
-    let payload_rtt_ms = median_ms(&"x".repeat(payload_bytes))?.max(rtt_ms);
+    let rtt_ms = fastest_ms("")?;
+    let payload_rtt_ms = fastest_ms(&"x".repeat(payload_bytes))?.max(rtt_ms);
     Ok(LinkProbe {
         rtt_ms,
         payload_rtt_ms,

@@ -11,8 +11,8 @@ use std::sync::Arc;
 use anyhow::{bail, Context};
 use prima_abi::transport::TransportConfig;
 use prima_cluster::controller::{
-    self, layout_of, local_node_specs, ring_options, LaunchSettings, LocalNodes, Plan, PlanInputs,
-    RingPolicy, MAX_FRAME_BYTES,
+    self, layout_of, local_node_specs, ring_options, ClusterId, LaunchSettings, LocalNodes, Plan,
+    PlanInputs, RingPolicy, MAX_FRAME_BYTES,
 };
 use prima_cluster::manifest::{fill_addresses, LoadedManifest};
 use prima_cluster::prp::failover::ResilientRing;
@@ -46,6 +46,8 @@ pub struct Setup {
     /// Stop after the plan (printed as JSON with `json`).
     pub dry_run: bool,
     pub json: bool,
+    /// The plan table with the paper's symbols.
+    pub verbose: bool,
 }
 
 /// Where a device's local node listens, by its name.
@@ -59,6 +61,8 @@ pub struct Cluster {
     pub transport: LoadedTransport,
     pub draft: Option<DraftModel>,
     pub plan: Plan,
+    /// Which cluster this is: its kept nodes and last applied plan are filed under it.
+    pub id: ClusterId,
     pub options: RingOptions,
     /// Set by Ctrl-C or SIGTERM: the prompt or the server ends, and the nodes stop.
     pub interrupted: Arc<AtomicBool>,
@@ -112,7 +116,16 @@ impl Cluster {
                     "a device lacks the model {hf}: start its node with `prima node -hf {hf} …`"
                 )))
             }
-            (ring, _) => Ok(ring?),
+            (ring, _) => {
+                let ring = ring?;
+                // What runs now: the next `apply --dry-run` shows its changes against it.
+                if let Err(e) =
+                    controller::record_applied(&self.id, &self.manifest.path, &self.plan)
+                {
+                    eprintln!("warning: cannot record the applied plan: {e}");
+                }
+                Ok(ring)
+            }
         }
     }
 }
@@ -167,7 +180,8 @@ pub fn bring_up(setup: &Setup) -> anyhow::Result<Option<Cluster>> {
         &security,
     );
     let bar = spinner(format!("starting {} local nodes", specs.len()));
-    let nodes = LocalNodes::start(&manifest.path, &specs, setup.keep_nodes);
+    let id = ClusterId::of(&manifest, &security);
+    let nodes = LocalNodes::start(&id, &specs, setup.keep_nodes);
     bar.finish_and_clear();
     let nodes = nodes?;
     report::nodes(&nodes);
@@ -253,7 +267,7 @@ pub fn bring_up(setup: &Setup) -> anyhow::Result<Option<Cluster>> {
     });
     bar.finish_and_clear();
     let plan = plan?;
-    report::plan(&plan, setup.json)?;
+    report::plan(&plan, setup.json, setup.verbose, &id)?;
     let (Some(engine), Some(transport)) = (engine, transport) else {
         return Ok(None);
     };
@@ -294,6 +308,7 @@ pub fn bring_up(setup: &Setup) -> anyhow::Result<Option<Cluster>> {
         transport,
         draft,
         plan,
+        id,
         options,
         interrupted,
         addr_of: Box::new(addr_of),

@@ -9,6 +9,8 @@
 mod cluster;
 mod prompt;
 mod report;
+
+pub use report::ago;
 mod serve;
 
 use std::path::PathBuf;
@@ -44,7 +46,7 @@ pub struct ApplyArgs {
     /// Sampling for --prompt, with `prima run`'s defaults.
     #[command(flatten)]
     sampling: crate::cli::sampling::SamplingArgs,
-    /// Print per-device timing after --prompt.
+    /// Print the plan with the paper's symbols, and per-device timing after --prompt.
     #[arg(short = 'v', long)]
     verbose: bool,
     /// Leave the local nodes running on exit; the next apply of this manifest reuses
@@ -90,6 +92,7 @@ pub fn run(args: ApplyArgs) -> anyhow::Result<()> {
         keep_nodes: args.keep_nodes,
         dry_run: args.dry_run,
         json: args.json,
+        verbose: args.verbose,
     };
     let Some(cluster) = bring_up(&setup)? else {
         return Ok(());

@@ -86,10 +86,12 @@ pub fn run(
                     ring.rounds()
                 ),
             );
+            predicted_beside_measured(cluster, stats.tpot_ms(), stats.generated_tokens);
             if prompt.verbose || prompt.stats_json.is_some() {
                 let stats = ring.collect_stats()?;
                 if prompt.verbose {
-                    print_device_table(&stats);
+                    let names: Vec<String> = cluster.plan.ring().map(|d| d.name.clone()).collect();
+                    print_device_table(&stats, &names);
                 }
                 if let Some(path) = &prompt.stats_json {
                     std::fs::write(path, serde_json::to_vec_pretty(&stats)?)
@@ -112,6 +114,7 @@ pub fn run(
                 interrupted,
             )?;
             print_summary(&stats, seed, &format!("{backend} | the head alone"));
+            predicted_beside_measured(cluster, stats.tpot_ms(), stats.generated_tokens);
             (stats, draft_stats)
         }
     };
@@ -119,4 +122,21 @@ pub fn run(
         print_draft_summary(d, &stats);
     }
     Ok(())
+}
+
+/// The plan's predicted TPOT beside the one just measured, and the measured one recorded
+/// for `prima status`.
+fn predicted_beside_measured(cluster: &Cluster, measured_ms: f64, generated: usize) {
+    if generated < 2 || measured_ms <= 0.0 {
+        return;
+    }
+    if let Some(predicted) = cluster.plan.predicted_tpot_ms {
+        eprintln!(
+            "TPOT: predicted {predicted:.2} ms, measured {measured_ms:.2} ms (measured/predicted {:.2})",
+            measured_ms / predicted
+        );
+    }
+    if let Err(e) = prima_cluster::controller::record_measured(&cluster.id, measured_ms) {
+        eprintln!("warning: cannot record the measured TPOT: {e}");
+    }
 }

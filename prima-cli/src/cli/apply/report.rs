@@ -1,7 +1,9 @@
 //! What `prima apply` (and `prima serve --manifest`) tell a person on stderr while the
 //! cluster comes up: devices found, local nodes, the plan, re-plans after a loss.
 
-use prima_cluster::controller::{LocalNodes, Plan};
+use prima_cluster::controller::{
+    last_applied, plan_changes, profile_changes, ClusterId, LocalNodes, Plan,
+};
 
 /// A device that discovery found on the LAN.
 pub fn found(name: &str, addr: &str) {
@@ -20,12 +22,43 @@ pub fn nodes(nodes: &LocalNodes) {
     }
 }
 
-/// The plan: a table on stderr, or JSON on stdout.
-pub fn plan(plan: &Plan, json: bool) -> anyhow::Result<()> {
+/// The plan: a table on stderr (`verbose`: with the paper's symbols), or JSON on stdout;
+/// then what changed against the plan the cluster last applied (JSON: `changes`).
+pub fn plan(plan: &Plan, json: bool, verbose: bool, cluster: &ClusterId) -> anyhow::Result<()> {
+    let last = last_applied(cluster);
+    let changes = last.as_ref().map(|l| plan_changes(&l.plan, plan));
     if json {
-        println!("{}", serde_json::to_string_pretty(&plan.to_json())?);
+        let mut value = plan.to_json();
+        value["cluster"] = cluster.label.clone().into();
+        value["changes"] = serde_json::json!(changes);
+        println!("{}", serde_json::to_string_pretty(&value)?);
     } else {
-        eprint!("{}", plan.table());
+        eprint!("{}", plan.table_with(verbose));
+    }
+    match (&last, &changes) {
+        (Some(last), Some(changes)) if !json => {
+            let against = format!(
+                "the plan applied {} ago from {}",
+                ago(last.applied_unix),
+                last.manifest.display()
+            );
+            if changes.is_empty() {
+                eprintln!("unchanged against {against}");
+            } else {
+                eprintln!("changes against {against}:");
+                for c in changes {
+                    eprintln!("  {c}");
+                }
+                let inputs = profile_changes(&last.profiles, &plan.profiles);
+                if !inputs.is_empty() {
+                    eprintln!("  planned from other figures (over 5 % apart):");
+                    for c in inputs {
+                        eprintln!("    {c}");
+                    }
+                }
+            }
+        }
+        _ => {}
     }
     for d in plan.devices.iter().filter(|d| d.absent) {
         eprintln!(
@@ -76,5 +109,19 @@ pub fn hub_model(
             "          {} must hold the same file: start their nodes with `prima node -hf {name} …` (or `prima pull {name}` there first)",
             remote.join(", ")
         );
+    }
+}
+
+/// How long ago `unix` (seconds since the epoch) was, for a person.
+pub fn ago(unix: u64) -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let s = now.saturating_sub(unix);
+    match s {
+        0..=119 => format!("{s} s"),
+        120..=7199 => format!("{} min", s / 60),
+        7200..=172_799 => format!("{} h", s / 3600),
+        _ => format!("{} days", s / 86_400),
     }
 }
