@@ -67,11 +67,16 @@ pub fn run(layout: &Layout) -> Result<i32> {
             WGPU_PLUGIN,
         ],
     ];
+    // The tests' `prima apply` runs keep their clusters' state (kept nodes, last plans)
+    // in the build's directory, not in the user's ~/.cache/prima/apply, where a test
+    // cluster named like the user's home one would replace its last plan.
+    let state = layout.workspace.join("target").join("test-state");
     for step in steps {
         let status = Command::new(&cargo)
             .args(step)
             .current_dir(&layout.workspace)
             .env("PRIMA_REQUIRE_MODELS", "1")
+            .env("PRIMA_STATE_DIR", &state)
             .status()
             .with_context(|| format!("cannot start cargo {}", step.join(" ")))?;
         if !status.success() {

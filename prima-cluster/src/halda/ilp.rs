@@ -230,7 +230,11 @@ pub fn build_exact(lda: &Lda, k: u32, time_limit_s: f64) -> MilpProblem {
 /// off the sum of turns, and T is the larger of that sum and each streaming device's own
 /// cycle, k/(k − 1) times its excess read from disk (the room for one round's reads is
 /// streamed too) plus its own compute. Minimises the epigraph variable τ of that maximum.
-pub fn build_overlap(lda: &Lda, k: u32, time_limit_s: f64) -> MilpProblem {
+///
+/// `cutoff`: an upper bound on τ (seconds), the plan to beat with a margin: the program is
+/// then infeasible at its root relaxation where no placement at k can come near it, which
+/// HiGHS proves in a fraction of a full solve.
+pub fn build_overlap(lda: &Lda, k: u32, time_limit_s: f64, cutoff: Option<f64>) -> MilpProblem {
     assert!(
         k >= 2,
         "the overlap program needs rounds to hide reads behind"
@@ -291,5 +295,8 @@ pub fn build_overlap(lda: &Lda, k: u32, time_limit_s: f64) -> MilpProblem {
         }
     }
     p.offset = 0.0;
+    if let Some(bound) = cutoff {
+        p.add_row(f64::NEG_INFINITY, bound, &[(tau, 1.0)]);
+    }
     p
 }
