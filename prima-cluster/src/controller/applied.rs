@@ -270,6 +270,7 @@ mod tests {
             forwards: None,
             next_route: NextRoute::AsHead,
             hop_ms: None,
+            predicted: None,
         }
     }
 
