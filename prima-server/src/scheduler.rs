@@ -22,6 +22,8 @@
 
 use std::collections::VecDeque;
 use std::ops::ControlFlow;
+use std::sync::mpsc::RecvTimeoutError;
+use std::time::Duration;
 
 use super::metrics;
 use super::slot::Running;
@@ -95,9 +97,15 @@ impl<B: BatchForward> Step<B> for Plain {
     }
 }
 
+/// How often an idle server runs its between-requests work (`after_job`): a ring's lost
+/// device that answers again is planned back in while nobody asks, so the next request
+/// uses it rather than the one after it.
+const IDLE_TICK: Duration = Duration::from_secs(1);
+
 /// Serves jobs with `model`'s slots on this thread until every [`super::JobQueue`] is
 /// dropped and the running requests have finished. `after_job` runs with the model after
-/// a request finishes when no slot is busy (between requests, as a ring's failover needs).
+/// a request finishes when no slot is busy (between requests, as a ring's failover needs),
+/// and every [`IDLE_TICK`] while idle.
 pub fn run_scheduler<B: BatchForward>(
     model: &mut B,
     tokenizer: &Tokenizer,
@@ -125,10 +133,15 @@ pub(super) fn schedule<B: BatchForward>(
     loop {
         let busy = slots.iter().filter(|s| s.running.is_some()).count();
         if busy == 0 && waiting.is_empty() {
-            // Idle: sleep until a job comes, or every queue is gone.
-            match jobs.rx.recv() {
+            // Idle: sleep until a job comes, or every queue is gone; the work between
+            // requests runs now and then meanwhile.
+            match jobs.rx.recv_timeout(IDLE_TICK) {
                 Ok(job) => waiting.push_back(job),
-                Err(_) => break,
+                Err(RecvTimeoutError::Timeout) => {
+                    after_job(model);
+                    continue;
+                }
+                Err(RecvTimeoutError::Disconnected) => break,
             }
         }
         while let Ok(job) = jobs.rx.try_recv() {

@@ -37,7 +37,7 @@ const PROBE_TIMEOUT_MS: u64 = 5_000;
 /// A lost device is probed at most this often; after a probe that waited out its
 /// timeout (a frozen node) the interval doubles, up to [`PROBE_EVERY_MAX`], so a device
 /// that stays frozen costs the requests little.
-const PROBE_EVERY: Duration = Duration::from_secs(5);
+const PROBE_EVERY: Duration = Duration::from_secs(2);
 const PROBE_EVERY_MAX: Duration = Duration::from_secs(80);
 
 /// One device of a ring layout.
