@@ -11,10 +11,12 @@ use abi_stable::std_types::RString;
 use prima_abi::os::{
     DeviceMemory, MemoryTerms, OsMemoryModel, OverloadSet, OverloadedCoefficients, RamForm,
 };
-use prima_host::{GB, GIB};
+use prima_host::GB;
 
-use crate::{incremental_coefficients, incremental_reload};
+use crate::Linux;
 
+/// Linux's model (gradual reclaim, only the overflow reloaded, the available memory as
+/// the budget), reloading at the random-read rate.
 pub struct Windows;
 
 impl OsMemoryModel for Windows {
@@ -22,30 +24,24 @@ impl OsMemoryModel for Windows {
         RString::from("windows")
     }
 
-    fn overload_set(&self) -> OverloadSet {
-        OverloadSet::M3
-    }
-
     fn disk_bytes_per_s(&self, d: &DeviceMemory) -> f64 {
         d.disk_rand_gb_s * GB
     }
 
-    fn budget_bytes(&self, d: &DeviceMemory) -> f64 {
-        // d_m^{avail}
-        d.ram_available_gib * GIB
+    fn overload_set(&self) -> OverloadSet {
+        Linux.overload_set()
     }
 
-    fn ram_form(&self, _t: &MemoryTerms) -> RamForm {
-        // (l_m − l_m^{gpu})·b' + b_cio
-        RamForm {
-            w: 1.0,
-            n: -1.0,
-            extra: 0.0,
-        }
+    fn budget_bytes(&self, d: &DeviceMemory) -> f64 {
+        Linux.budget_bytes(d)
+    }
+
+    fn ram_form(&self, t: &MemoryTerms) -> RamForm {
+        Linux.ram_form(t)
     }
 
     fn reload_bytes(&self, l: f64, l_gpu: f64, t: &MemoryTerms, budget: f64) -> f64 {
-        incremental_reload(self.ram_form(t).ram_bytes(l, l_gpu, t), budget)
+        Linux.reload_bytes(l, l_gpu, t, budget)
     }
 
     fn overloaded_coefficients(
@@ -56,7 +52,6 @@ impl OsMemoryModel for Windows {
         s_disk: f64,
         budget: f64,
     ) -> OverloadedCoefficients {
-        // a = α + b'/s, b = β − b'/s (M3)
-        incremental_coefficients(self.ram_form(t), alpha, beta, t, s_disk, budget)
+        Linux.overloaded_coefficients(alpha, beta, t, s_disk, budget)
     }
 }
