@@ -732,4 +732,106 @@ mod tests {
         assert!(e.message.contains("not valid JSON"), "{}", e.message);
         assert!(parse(Api::Chat, "[1]").is_err());
     }
+
+    fn chat(body: &str) -> (Vec<ChatMessage>, Option<TemplateJson>) {
+        match parse(Api::Chat, body).unwrap().generation.prompt {
+            Prompt::Chat { messages, tools } => (messages, tools),
+            Prompt::Text(_) => panic!("a chat request"),
+        }
+    }
+
+    #[test]
+    fn tools_and_tool_turns_are_read_in_the_request_order() {
+        let (m, tools) = chat(
+            r#"{"messages":[{"role":"user","content":"Weather?"},
+                {"role":"assistant","content":null,"reasoning_content":"Look it up.",
+                 "tool_calls":[{"id":"c1","type":"function",
+                   "function":{"name":"get_weather","arguments":"{\"z\": 1, \"a\": [2]}"}}]},
+                {"role":"tool","tool_call_id":"c1","name":"get_weather","content":"21"}],
+               "tools":[{"type":"function","function":{"name":"get_weather",
+                 "parameters":{"type":"object","properties":{"z":{},"a":{}}}}}],
+               "tool_choice":"auto"}"#,
+        );
+        let tools = serde_json::to_string(&tools.unwrap()).unwrap();
+        assert_eq!(
+            tools,
+            r#"[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"z":{},"a":{}}}}}]"#
+        );
+        assert_eq!(m[1].content, "");
+        assert_eq!(m[1].reasoning_content.as_deref(), Some("Look it up."));
+        let call = &m[1].tool_calls[0];
+        assert_eq!(
+            (call.id.as_deref(), call.function.name.as_str()),
+            (Some("c1"), "get_weather")
+        );
+        assert_eq!(
+            serde_json::to_string(&call.function.arguments).unwrap(),
+            r#"{"z":1,"a":[2]}"#
+        );
+        assert_eq!(m[2].tool_call_id.as_deref(), Some("c1"));
+        assert_eq!(m[2].name.as_deref(), Some("get_weather"));
+        // No tools, or an empty list: the template sees none.
+        assert!(
+            chat(r#"{"messages":[{"role":"user","content":"x"}],"tools":[]}"#)
+                .1
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn a_malformed_tool_is_refused_naming_it() {
+        let msg = |m: &str| format!(r#"{{"messages":[{{"role":"user","content":"x"}},{m}]}}"#);
+        let tools =
+            |t: &str| format!(r#"{{"messages":[{{"role":"user","content":"x"}}],"tools":{t}}}"#);
+        for (body, param, says) in [
+            (tools("{}"), "tools", "tools must be an array"),
+            (tools("[3]"), "tools", "tools[0] must be an object"),
+            (
+                tools(r#"[{"type":"function","function":{"name":"f"}},{"type":"function"}]"#),
+                "tools",
+                "tools[1].function must be an object",
+            ),
+            (
+                tools(r#"[{"type":"function","function":{"name":7}}]"#),
+                "tools",
+                "tools[0].function.name must be a non-empty string",
+            ),
+            (
+                tools(r#"[{"type":"retrieval"}]"#),
+                "tools",
+                "tools[0].type is \"retrieval\"",
+            ),
+            (
+                tools(r#"[{"type":"function","function":{"name":"f","parameters":"x"}}]"#),
+                "tools",
+                "tools[0].function.parameters",
+            ),
+            (
+                msg(r#"{"role":"assistant","tool_calls":{}}"#),
+                "messages",
+                "messages[1].tool_calls must be an array",
+            ),
+            (
+                msg(r#"{"role":"assistant","tool_calls":[{"function":{"arguments":"{}"}}]}"#),
+                "messages",
+                "messages[1].tool_calls[0].function.name must be a string",
+            ),
+            (
+                msg(
+                    r#"{"role":"assistant","tool_calls":[{"function":{"name":"f","arguments":"{oops"}}]}"#,
+                ),
+                "messages",
+                "messages[1].tool_calls[0].function.arguments is not valid JSON",
+            ),
+            (
+                msg(r#"{"role":"tool","content":"1","tool_call_id":5}"#),
+                "messages",
+                "messages[1].tool_call_id must be a string",
+            ),
+        ] {
+            let e = parse(Api::Chat, &body).unwrap_err();
+            assert_eq!(e.param, Some(param), "{body}: {}", e.message);
+            assert!(e.message.contains(says), "{body}: {}", e.message);
+        }
+    }
 }
