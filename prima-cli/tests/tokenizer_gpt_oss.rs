@@ -10,8 +10,9 @@
 //! (case runs, long numbers, combining marks, harmony markers), and
 //! `gpt-oss.pre-granite-embed-multi-97m.json` the shared corpus through the variant of the
 //! same split with combining marks inside words (`make_fixtures.py`, run by `cargo xtask
-//! reference`). `tests/fixtures/chat/harmony.json` holds conversations rendered by the
-//! template under Python's jinja2 as Hugging Face renders it (`make_harmony.py`); those
+//! reference`). `tests/fixtures/chat/harmony.json` holds conversations (three with tools, a
+//! call and its result) rendered by the template under Python's jinja2 as Hugging Face
+//! renders it (`make_harmony.py`); those
 //! that end in a generation prompt are what llama-server's `/apply-template` (minja)
 //! renders too, while for a conversation ending in an assistant message llama-server
 //! renders a prefill to continue rather than the template's own ending.
