@@ -130,6 +130,7 @@ fn chat_template_from_the_model_renders_chatml() {
     let out = render_chat(
         tok.chat_template().unwrap(),
         &[ChatMessage::new("user", "What is 2+2?")],
+        None,
         true,
         tok.bos_text(),
         tok.eos_text(),

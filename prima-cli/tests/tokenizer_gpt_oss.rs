@@ -10,15 +10,16 @@
 //! (case runs, long numbers, combining marks, harmony markers), and
 //! `gpt-oss.pre-granite-embed-multi-97m.json` the shared corpus through the variant of the
 //! same split with combining marks inside words (`make_fixtures.py`, run by `cargo xtask
-//! reference`). `tests/fixtures/chat/harmony.json` holds conversations rendered by the
-//! template under Python's jinja2 as Hugging Face renders it (`make_harmony.py`); those
+//! reference`). `tests/fixtures/chat/harmony.json` holds conversations (three with tools, a
+//! call and its result) rendered by the template under Python's jinja2 as Hugging Face
+//! renders it (`make_harmony.py`); those
 //! that end in a generation prompt are what llama-server's `/apply-template` (minja)
 //! renders too, while for a conversation ending in an assistant message llama-server
 //! renders a prefill to continue rather than the template's own ending.
 
 mod common;
 
-use prima_core::chat::{render_chat, ChatMessage};
+use prima_core::chat::{render_chat, ChatMessage, TemplateJson};
 use prima_core::gguf::GgufFile;
 use prima_core::tokenizer::{TokenKind, Tokenizer, TokenizerParts};
 use serde::Deserialize;
@@ -101,6 +102,8 @@ fn harmony_tokens_end_turns_and_render() {
 #[derive(Deserialize)]
 struct Conversation {
     messages: Vec<ChatMessage>,
+    #[serde(default)]
+    tools: Option<TemplateJson>,
     add_generation_prompt: bool,
     date: String,
     text: String,
@@ -125,6 +128,7 @@ fn harmony_template_renders_as_jinja2_does() {
         let out = render_chat(
             template,
             &case.messages,
+            case.tools.as_ref(),
             case.add_generation_prompt,
             tok.bos_text(),
             tok.eos_text(),
@@ -144,4 +148,24 @@ fn harmony_template_renders_as_jinja2_does() {
         }
         assert_eq!(tok.decode_with(&ids, true), out);
     }
+    // The conversations with tools: the tools' TypeScript namespace in the developer
+    // message, the call on the commentary channel and the tool's answer to the assistant.
+    let with_tools: Vec<&Conversation> = cases.iter().filter(|c| c.tools.is_some()).collect();
+    assert!(
+        with_tools.len() >= 3,
+        "{}: no tool conversations",
+        path.display()
+    );
+    for case in &with_tools {
+        assert!(case.text.contains(
+            "# Tools\n\n## functions\n\nnamespace functions {\n\n// Current weather in a city.\n\
+             type get_weather = (_: {\n// The city's name\ncity: string,\n\
+             unit?: \"celsius\" | \"fahrenheit\",\ndays?: number,\n}) => any;"
+        ));
+    }
+    assert!(with_tools[1].text.contains(
+        "<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>\
+         {\"city\": \"Paris\", \"unit\": \"celsius\"}<|call|>\
+         <|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>"
+    ));
 }

@@ -6,15 +6,19 @@ use std::time::Duration;
 
 use thiserror::Error;
 
-use prima_core::chat::{render_chat, ChatError, ChatMessage};
+use prima_core::chat::{render_chat, ChatError, ChatMessage, TemplateJson};
 use prima_core::sampler::SamplerConfig;
 use prima_core::tokenizer::Tokenizer;
 
 /// What to generate from.
 #[derive(Debug, Clone)]
 pub enum Prompt {
-    /// A conversation, formatted by the model's chat template.
-    Chat(Vec<ChatMessage>),
+    /// A conversation, formatted by the model's chat template with the request's tools
+    /// (OpenAI's `tools`, if it has them).
+    Chat {
+        messages: Vec<ChatMessage>,
+        tools: Option<TemplateJson>,
+    },
     /// Raw text, tokenized as it is (special-token text is parsed).
     Text(String),
 }
@@ -133,12 +137,19 @@ impl WorkerError {
 
 pub(crate) fn tokenize(tokenizer: &Tokenizer, prompt: &Prompt) -> Result<Vec<u32>, WorkerError> {
     let ids = match prompt {
-        Prompt::Chat(messages) => {
+        Prompt::Chat { messages, tools } => {
             let template = tokenizer
                 .chat_template()
                 .ok_or(WorkerError::NoChatTemplate)?;
             let bos = tokenizer.bos_text();
-            let text = render_chat(template, messages, true, bos, tokenizer.eos_text())?;
+            let text = render_chat(
+                template,
+                messages,
+                tools.as_ref(),
+                true,
+                bos,
+                tokenizer.eos_text(),
+            )?;
             // A chat template writes its own BOS text; it is parsed as the special token.
             let writes_bos = !bos.is_empty() && text.starts_with(bos);
             let add_bos = tokenizer.add_bos_default() && !writes_bos;

@@ -17,10 +17,13 @@
 //! [`serve_blocking`] wires both together for a front end that just wants "serve this
 //! `Forward` until Ctrl-C" (`prima serve`, `prima apply`).
 //!
-//! A gpt-oss model's replies (harmony channels, `harmony.rs`) are split into
+//! A request's `tools`, an assistant message's `tool_calls` and a `tool` message's answer
+//! reach the chat template (`openai.rs` checks them; `prima_core::chat` renders them); a
+//! gpt-oss model's replies (harmony channels, `harmony.rs`) are split into
 //! `reasoning_content`, `content` and `tool_calls`.
 //!
-//! Not here: tools in the prompt (a request's `tools`), logprobs, embeddings.
+//! Not here: `tool_choice` (nothing constrains a reply to a call: no grammar), tool-call
+//! parsing for formats other than harmony, logprobs, embeddings.
 
 pub mod board;
 pub mod fuzzing;

@@ -6,7 +6,7 @@ use serde_json::{json, Map, Value};
 
 use crate::harmony::{Delta, Reply, ToolCall};
 use crate::job::{Completion, FinishReason, GenerationRequest, Prompt, Usage};
-use prima_core::chat::ChatMessage;
+use prima_core::chat::{ChatFunctionCall, ChatMessage, ChatToolCall, TemplateJson};
 use prima_core::sampler::SamplerConfig;
 
 /// An invalid request: HTTP 400 with an OpenAI error body.
@@ -72,7 +72,10 @@ pub(crate) fn parse_request(api: Api, body: &[u8]) -> Result<ParsedRequest, BadR
         });
     };
     let prompt = match api {
-        Api::Chat => Prompt::Chat(messages(&obj)?),
+        Api::Chat => Prompt::Chat {
+            messages: messages(&obj)?,
+            tools: tools(&obj, body)?,
+        },
         Api::Text => Prompt::Text(text_prompt(&obj)?),
     };
     if let Some(n) = opt_u64(&obj, "n")? {
@@ -178,9 +181,175 @@ fn messages(obj: &Map<String, Value>) -> Result<Vec<ChatMessage>, BadRequest> {
                     ))
                 }
             };
-            Ok(ChatMessage { role, content })
+            let reasoning_content = match (m.get("reasoning_content"), m.get("thinking")) {
+                (Some(Value::String(s)), _)
+                | (None | Some(Value::Null), Some(Value::String(s))) => Some(s.clone()),
+                (None | Some(Value::Null), None | Some(Value::Null)) => None,
+                _ => {
+                    return Err(BadRequest::new(
+                        "messages",
+                        format!("messages[{i}].reasoning_content must be a string"),
+                    ))
+                }
+            };
+            let tool_calls = match m.get("tool_calls") {
+                None | Some(Value::Null) => Vec::new(),
+                Some(Value::Array(calls)) => calls
+                    .iter()
+                    .enumerate()
+                    .map(|(j, c)| tool_call(&format!("messages[{i}].tool_calls[{j}]"), c))
+                    .collect::<Result<_, _>>()?,
+                Some(_) => {
+                    return Err(BadRequest::new(
+                        "messages",
+                        format!("messages[{i}].tool_calls must be an array"),
+                    ))
+                }
+            };
+            let tool_call_id = opt_string(m, "tool_call_id", i)?;
+            // Only a tool message's name reaches the template (the function it answers).
+            let name = match role.as_str() {
+                "tool" => opt_string(m, "name", i)?,
+                _ => None,
+            };
+            Ok(ChatMessage {
+                role,
+                content,
+                reasoning_content,
+                tool_calls,
+                tool_call_id,
+                name,
+            })
         })
         .collect()
+}
+
+fn opt_string(m: &Map<String, Value>, key: &str, i: usize) -> Result<Option<String>, BadRequest> {
+    match m.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(_) => Err(BadRequest::new(
+            "messages",
+            format!("messages[{i}].{key} must be a string"),
+        )),
+    }
+}
+
+/// One of an assistant message's `tool_calls`. Its `arguments`, a JSON string in OpenAI's
+/// API, reach the template as an object, as llama.cpp's server passes them to the
+/// templates that read them (gpt-oss's writes them with `tojson`, Qwen's and Hermes'
+/// take an object or a string).
+fn tool_call(at: &str, call: &Value) -> Result<ChatToolCall, BadRequest> {
+    let bad = |what: String| BadRequest::new("messages", what);
+    let Value::Object(call) = call else {
+        return Err(bad(format!("{at} must be an object")));
+    };
+    match call.get("type") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(t)) if t == "function" => {}
+        Some(_) => return Err(bad(format!("{at}.type must be \"function\""))),
+    }
+    let id = match call.get("id") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(_) => return Err(bad(format!("{at}.id must be a string"))),
+    };
+    let Some(Value::Object(function)) = call.get("function") else {
+        return Err(bad(format!("{at}.function must be an object")));
+    };
+    let Some(Value::String(name)) = function.get("name") else {
+        return Err(bad(format!("{at}.function.name must be a string")));
+    };
+    let arguments = match function.get("arguments") {
+        Some(Value::String(text)) => TemplateJson::parse(text).map_err(|e| {
+            bad(format!(
+                "{at}.function.arguments is not valid JSON ({e}): {}",
+                snippet(text)
+            ))
+        })?,
+        Some(v @ Value::Object(_)) => TemplateJson::from(v),
+        None | Some(Value::Null) => TemplateJson::from(&Value::Object(Map::new())),
+        Some(_) => {
+            return Err(bad(format!(
+                "{at}.function.arguments must be a string of JSON or an object"
+            )))
+        }
+    };
+    Ok(ChatToolCall {
+        id,
+        kind: "function".into(),
+        function: ChatFunctionCall {
+            name: name.clone(),
+            arguments,
+        },
+    })
+}
+
+/// The start of a long text, for an error message.
+fn snippet(text: &str) -> String {
+    match text.char_indices().nth(80) {
+        Some((at, _)) => format!("{:?}…", &text[..at]),
+        None => format!("{text:?}"),
+    }
+}
+
+/// The request's `tools` (OpenAI's `[{"type": "function", "function": {"name",
+/// "description", "parameters"}}]`), checked, with each object's keys in the request's
+/// order; `None` when there are none. `tool_choice` is not read: nothing constrains the
+/// reply to a call.
+fn tools(obj: &Map<String, Value>, body: &[u8]) -> Result<Option<TemplateJson>, BadRequest> {
+    let bad = |what: String| BadRequest::new("tools", what);
+    let list = match obj.get("tools") {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Array(list)) => list,
+        Some(_) => return Err(bad("tools must be an array".into())),
+    };
+    if list.is_empty() {
+        return Ok(None);
+    }
+    for (i, tool) in list.iter().enumerate() {
+        let Value::Object(tool) = tool else {
+            return Err(bad(format!("tools[{i}] must be an object")));
+        };
+        match tool.get("type") {
+            Some(Value::String(t)) if t == "function" => {}
+            Some(Value::String(t)) => {
+                return Err(bad(format!(
+                    "tools[{i}].type is {t:?}; only \"function\" tools are supported"
+                )))
+            }
+            _ => return Err(bad(format!("tools[{i}].type must be \"function\""))),
+        }
+        let Some(Value::Object(function)) = tool.get("function") else {
+            return Err(bad(format!("tools[{i}].function must be an object")));
+        };
+        match function.get("name") {
+            Some(Value::String(n)) if !n.is_empty() => {}
+            _ => {
+                return Err(bad(format!(
+                    "tools[{i}].function.name must be a non-empty string"
+                )))
+            }
+        }
+        if !matches!(function.get("description"), None | Some(Value::String(_))) {
+            return Err(bad(format!(
+                "tools[{i}].function.description must be a string"
+            )));
+        }
+        if !matches!(function.get("parameters"), None | Some(Value::Object(_))) {
+            return Err(bad(format!(
+                "tools[{i}].function.parameters must be a JSON Schema object"
+            )));
+        }
+    }
+    // Parsed again so that objects keep their key order (serde_json's maps sort them).
+    #[derive(serde::Deserialize)]
+    struct OrderedTools {
+        tools: TemplateJson,
+    }
+    let ordered: OrderedTools =
+        serde_json::from_slice(body).map_err(|e| bad(format!("tools could not be read: {e}")))?;
+    Ok(Some(ordered.tools))
 }
 
 /// The text of a content array; only `{"type": "text"}` parts are understood.
@@ -502,7 +671,7 @@ mod tests {
         assert_eq!(p.generation.stop, vec!["\n".to_string()]);
         assert_eq!(p.generation.sampler.temperature, 0.0);
         assert_eq!(p.generation.sampler.seed, 3);
-        let Prompt::Chat(m) = &p.generation.prompt else {
+        let Prompt::Chat { messages: m, .. } = &p.generation.prompt else {
             panic!()
         };
         assert_eq!(m, &[ChatMessage::new("user", "hi")]);
@@ -515,7 +684,7 @@ mod tests {
             r#"{"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}]}"#,
         )
         .unwrap();
-        let Prompt::Chat(m) = &p.generation.prompt else {
+        let Prompt::Chat { messages: m, .. } = &p.generation.prompt else {
             panic!()
         };
         assert_eq!(m[0].content, "ab");
@@ -562,5 +731,107 @@ mod tests {
         let e = parse(Api::Chat, "{\"messages\": [").unwrap_err();
         assert!(e.message.contains("not valid JSON"), "{}", e.message);
         assert!(parse(Api::Chat, "[1]").is_err());
+    }
+
+    fn chat(body: &str) -> (Vec<ChatMessage>, Option<TemplateJson>) {
+        match parse(Api::Chat, body).unwrap().generation.prompt {
+            Prompt::Chat { messages, tools } => (messages, tools),
+            Prompt::Text(_) => panic!("a chat request"),
+        }
+    }
+
+    #[test]
+    fn tools_and_tool_turns_are_read_in_the_request_order() {
+        let (m, tools) = chat(
+            r#"{"messages":[{"role":"user","content":"Weather?"},
+                {"role":"assistant","content":null,"reasoning_content":"Look it up.",
+                 "tool_calls":[{"id":"c1","type":"function",
+                   "function":{"name":"get_weather","arguments":"{\"z\": 1, \"a\": [2]}"}}]},
+                {"role":"tool","tool_call_id":"c1","name":"get_weather","content":"21"}],
+               "tools":[{"type":"function","function":{"name":"get_weather",
+                 "parameters":{"type":"object","properties":{"z":{},"a":{}}}}}],
+               "tool_choice":"auto"}"#,
+        );
+        let tools = serde_json::to_string(&tools.unwrap()).unwrap();
+        assert_eq!(
+            tools,
+            r#"[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"z":{},"a":{}}}}}]"#
+        );
+        assert_eq!(m[1].content, "");
+        assert_eq!(m[1].reasoning_content.as_deref(), Some("Look it up."));
+        let call = &m[1].tool_calls[0];
+        assert_eq!(
+            (call.id.as_deref(), call.function.name.as_str()),
+            (Some("c1"), "get_weather")
+        );
+        assert_eq!(
+            serde_json::to_string(&call.function.arguments).unwrap(),
+            r#"{"z":1,"a":[2]}"#
+        );
+        assert_eq!(m[2].tool_call_id.as_deref(), Some("c1"));
+        assert_eq!(m[2].name.as_deref(), Some("get_weather"));
+        // No tools, or an empty list: the template sees none.
+        assert!(
+            chat(r#"{"messages":[{"role":"user","content":"x"}],"tools":[]}"#)
+                .1
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn a_malformed_tool_is_refused_naming_it() {
+        let msg = |m: &str| format!(r#"{{"messages":[{{"role":"user","content":"x"}},{m}]}}"#);
+        let tools =
+            |t: &str| format!(r#"{{"messages":[{{"role":"user","content":"x"}}],"tools":{t}}}"#);
+        for (body, param, says) in [
+            (tools("{}"), "tools", "tools must be an array"),
+            (tools("[3]"), "tools", "tools[0] must be an object"),
+            (
+                tools(r#"[{"type":"function","function":{"name":"f"}},{"type":"function"}]"#),
+                "tools",
+                "tools[1].function must be an object",
+            ),
+            (
+                tools(r#"[{"type":"function","function":{"name":7}}]"#),
+                "tools",
+                "tools[0].function.name must be a non-empty string",
+            ),
+            (
+                tools(r#"[{"type":"retrieval"}]"#),
+                "tools",
+                "tools[0].type is \"retrieval\"",
+            ),
+            (
+                tools(r#"[{"type":"function","function":{"name":"f","parameters":"x"}}]"#),
+                "tools",
+                "tools[0].function.parameters",
+            ),
+            (
+                msg(r#"{"role":"assistant","tool_calls":{}}"#),
+                "messages",
+                "messages[1].tool_calls must be an array",
+            ),
+            (
+                msg(r#"{"role":"assistant","tool_calls":[{"function":{"arguments":"{}"}}]}"#),
+                "messages",
+                "messages[1].tool_calls[0].function.name must be a string",
+            ),
+            (
+                msg(
+                    r#"{"role":"assistant","tool_calls":[{"function":{"name":"f","arguments":"{oops"}}]}"#,
+                ),
+                "messages",
+                "messages[1].tool_calls[0].function.arguments is not valid JSON",
+            ),
+            (
+                msg(r#"{"role":"tool","content":"1","tool_call_id":5}"#),
+                "messages",
+                "messages[1].tool_call_id must be a string",
+            ),
+        ] {
+            let e = parse(Api::Chat, &body).unwrap_err();
+            assert_eq!(e.param, Some(param), "{body}: {}", e.message);
+            assert!(e.message.contains(says), "{body}: {}", e.message);
+        }
     }
 }

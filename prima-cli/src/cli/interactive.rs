@@ -100,7 +100,14 @@ where
             _ => {}
         }
         history.push(ChatMessage::new("user", line));
-        let text = render_chat(template, &history, true, tok.bos_text(), tok.eos_text())?;
+        let text = render_chat(
+            template,
+            &history,
+            None,
+            true,
+            tok.bos_text(),
+            tok.eos_text(),
+        )?;
         let tokens = encode_prompt(tok, &text, true);
         if tokens.len() + 1 >= n_ctx {
             history.pop();
@@ -219,6 +226,7 @@ pub(crate) fn chat_prompt(
     Ok(render_chat(
         template,
         &messages,
+        None,
         true,
         tok.bos_text(),
         tok.eos_text(),

@@ -2,27 +2,75 @@
 //!
 //! Templates are written for Hugging Face's Python Jinja; the environment here matches
 //! it where it matters: `trim_blocks` and `lstrip_blocks` on, Python string methods
-//! (`.strip()`, `.startswith()`, …) through minijinja-contrib's pycompat, and the
-//! globals `raise_exception(msg)` and `strftime_now(fmt)`.
+//! (`.strip()`, `.startswith()`, …) through minijinja-contrib's pycompat, the globals
+//! `raise_exception(msg)` and `strftime_now(fmt)`, and `tojson` as `json.dumps` writes
+//! (`json.rs`).
+//!
+//! Tool use reaches the template as llama.cpp's server passes it: the request's `tools`
+//! as the variable `tools` (undefined without them), an assistant message's `tool_calls`
+//! (`arguments` as a JSON object), a tool message's `tool_call_id` and `name`, and the
+//! reasoning of an earlier turn as both `reasoning_content` and `thinking` (gpt-oss's
+//! template reads the latter). A message has only the fields it was given, so a
+//! template's `is defined` and `in message` tests see what the client sent.
 //!
 //! `builtin.rs` holds templates for files that carry none.
 //!
-//! Not here: tokenizing the result (`crate::tokenizer`), tool calls, multimodal content.
+//! Not here: tokenizing the result (`crate::tokenizer`), parsing a reply's tool calls
+//! (the server's), multimodal content.
 
 mod builtin;
+mod json;
 
 pub use builtin::{builtin_for_architecture, builtin_template, BUILTIN_TEMPLATES};
+pub use json::TemplateJson;
 
-use minijinja::{context, Environment, Error, ErrorKind};
-use serde::{Deserialize, Serialize};
+use minijinja::{context, Environment, Error, ErrorKind, Value};
+use serde::ser::SerializeMap;
+use serde::{Deserialize, Serialize, Serializer};
 use thiserror::Error as ThisError;
 
 /// One turn of a conversation.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub struct ChatMessage {
-    /// "system", "user", "assistant", …
+    /// "system", "user", "assistant", "tool", …
     pub role: String,
     pub content: String,
+    /// An assistant turn's reasoning (`reasoning_content`, or `thinking` as gpt-oss's
+    /// template names it).
+    #[serde(default, alias = "thinking")]
+    pub reasoning_content: Option<String>,
+    /// The calls an assistant turn made.
+    #[serde(default)]
+    pub tool_calls: Vec<ChatToolCall>,
+    /// Which call a tool message answers.
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
+    /// A tool message's function name.
+    #[serde(default)]
+    pub name: Option<String>,
+}
+
+/// An assistant's call of a function, in OpenAI's shape
+/// (`{"id", "type": "function", "function": {"name", "arguments"}}`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatToolCall {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// Always "function".
+    #[serde(rename = "type", default = "function_type")]
+    pub kind: String,
+    pub function: ChatFunctionCall,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatFunctionCall {
+    pub name: String,
+    /// The arguments as JSON (an object, as the templates that read them expect).
+    pub arguments: TemplateJson,
+}
+
+fn function_type() -> String {
+    "function".into()
 }
 
 impl ChatMessage {
@@ -30,7 +78,34 @@ impl ChatMessage {
         ChatMessage {
             role: role.into(),
             content: content.into(),
+            reasoning_content: None,
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+            name: None,
         }
+    }
+}
+
+/// Only the fields a message has, so that templates' `is defined` tests hold.
+impl Serialize for ChatMessage {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(None)?;
+        m.serialize_entry("role", &self.role)?;
+        m.serialize_entry("content", &self.content)?;
+        if let Some(r) = &self.reasoning_content {
+            m.serialize_entry("reasoning_content", r)?;
+            m.serialize_entry("thinking", r)?;
+        }
+        if !self.tool_calls.is_empty() {
+            m.serialize_entry("tool_calls", &self.tool_calls)?;
+        }
+        if let Some(id) = &self.tool_call_id {
+            m.serialize_entry("tool_call_id", id)?;
+        }
+        if let Some(name) = &self.name {
+            m.serialize_entry("name", name)?;
+        }
+        m.end()
     }
 }
 
@@ -43,10 +118,12 @@ pub enum ChatError {
 }
 
 /// Renders `template` for `messages`. `add_generation_prompt` appends the opening of
-/// the assistant's turn; `bos` and `eos` are the model's token texts.
+/// the assistant's turn; `tools` is the request's list of tools (OpenAI's shape), if it
+/// has one; `bos` and `eos` are the model's token texts.
 pub fn render_chat(
     template: &str,
     messages: &[ChatMessage],
+    tools: Option<&TemplateJson>,
     add_generation_prompt: bool,
     bos: &str,
     eos: &str,
@@ -59,11 +136,13 @@ pub fn render_chat(
         Err(Error::new(ErrorKind::InvalidOperation, msg))
     });
     env.add_function("strftime_now", |fmt: String| strftime_now(&fmt));
+    env.add_filter("tojson", json::tojson);
     env.add_template("chat", template)
         .map_err(ChatError::Syntax)?;
     let tmpl = env.get_template("chat").map_err(ChatError::Render)?;
     tmpl.render(context! {
         messages => messages,
+        tools => tools.map_or(Value::UNDEFINED, |t| t.value().clone()),
         add_generation_prompt => add_generation_prompt,
         bos_token => bos,
         eos_token => eos,

@@ -6,7 +6,7 @@ const SMOLLM2: &str = "{% for message in messages %}{% if loop.first and message
 #[test]
 fn smollm2_template_renders_chatml() {
     let msgs = [ChatMessage::new("user", "Hi there")];
-    let out = render_chat(SMOLLM2, &msgs, true, "<|im_start|>", "<|im_end|>").unwrap();
+    let out = render_chat(SMOLLM2, &msgs, None, true, "<|im_start|>", "<|im_end|>").unwrap();
     assert_eq!(
         out,
         "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n\
@@ -17,7 +17,7 @@ fn smollm2_template_renders_chatml() {
         ChatMessage::new("user", "2+2?"),
         ChatMessage::new("assistant", "4"),
     ];
-    let out = render_chat(SMOLLM2, &msgs, false, "", "").unwrap();
+    let out = render_chat(SMOLLM2, &msgs, None, false, "", "").unwrap();
     assert_eq!(
         out,
         "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n4<|im_end|>\n"
@@ -33,6 +33,7 @@ fn blocks_are_trimmed_like_hugging_face() {
             ChatMessage::new("user", " a "),
             ChatMessage::new("bot", "b"),
         ],
+        None,
         false,
         "<s>",
         "</s>",
@@ -44,16 +45,24 @@ fn blocks_are_trimmed_like_hugging_face() {
 #[test]
 fn python_string_methods_work() {
     let t = "{{ messages[0].content.strip().upper() }}{% if messages[0].role.startswith('us') %}!{% endif %}";
-    let out = render_chat(t, &[ChatMessage::new("user", "  hi  ")], false, "", "").unwrap();
+    let out = render_chat(
+        t,
+        &[ChatMessage::new("user", "  hi  ")],
+        None,
+        false,
+        "",
+        "",
+    )
+    .unwrap();
     assert_eq!(out, "HI!");
 }
 
 #[test]
 fn raise_exception_is_an_error_with_its_message() {
     let t = "{% if messages[0].role != 'system' %}{{ raise_exception('system first, please') }}{% endif %}";
-    let err = render_chat(t, &[ChatMessage::new("user", "x")], false, "", "").unwrap_err();
+    let err = render_chat(t, &[ChatMessage::new("user", "x")], None, false, "", "").unwrap_err();
     assert!(err.to_string().contains("system first, please"), "{err}");
-    let err = render_chat("{% if %}", &[], false, "", "").unwrap_err();
+    let err = render_chat("{% if %}", &[], None, false, "", "").unwrap_err();
     assert!(matches!(err, ChatError::Syntax(_)), "{err}");
 }
 
@@ -67,7 +76,7 @@ fn strftime_fields() {
         "29 February 2024, Thu Feb 060 %"
     );
     assert!(
-        render_chat("{{ strftime_now('%Y') }}", &[], false, "", "")
+        render_chat("{{ strftime_now('%Y') }}", &[], None, false, "", "")
             .unwrap()
             .len()
             == 4
@@ -96,7 +105,7 @@ fn harmony_style_template_features() {
         ChatMessage::new("system", "s"),
         ChatMessage::new("user", "hi"),
     ];
-    let out = render_chat(t, &msgs, true, "", "").unwrap();
+    let out = render_chat(t, &msgs, None, true, "", "").unwrap();
     assert_eq!(
         out,
         "<|start|>user<|message|>hi<|end|><|start|>assistantuser"
@@ -115,6 +124,7 @@ fn builtin_templates_render_each_architectures_turns() {
         render_chat(
             builtin_template(name).unwrap(),
             &msgs,
+            None,
             true,
             "<bos>",
             "<eos>",
@@ -142,6 +152,7 @@ fn builtin_templates_render_each_architectures_turns() {
     let out = render_chat(
         builtin_template("gemma").unwrap(),
         &msgs[1..2],
+        None,
         false,
         "",
         "",
@@ -152,4 +163,182 @@ fn builtin_templates_render_each_architectures_turns() {
     assert_eq!(builtin_for_architecture("qwen3moe"), Some("chatml"));
     assert_eq!(builtin_for_architecture("gpt-oss"), None);
     assert!(builtin_template("vicuna").is_none());
+}
+
+/// The tool parts of a Hermes-style template, as Qwen3's writes them: each tool as JSON
+/// in `<tools>`, calls in `<tool_call>` (arguments as a string or an object), results in
+/// `<tool_response>`.
+const HERMES: &str = r##"{%- if tools %}
+    {{- '<|im_start|>system\n' }}
+    {%- if messages[0].role == 'system' %}
+        {{- messages[0].content + '\n\n' }}
+    {%- endif %}
+    {{- "# Tools\n\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\n</tools><|im_end|>\n" }}
+{%- elif messages[0].role == 'system' %}
+    {{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}
+{%- endif %}
+{%- for message in messages %}
+    {%- if message.role == "user" %}
+        {{- '<|im_start|>user\n' + message.content + '<|im_end|>\n' }}
+    {%- elif message.role == "assistant" %}
+        {{- '<|im_start|>assistant\n' }}
+        {%- if message.reasoning_content is defined %}
+            {{- '<think>\n' + message.reasoning_content + '\n</think>\n\n' }}
+        {%- endif %}
+        {{- message.content }}
+        {%- if message.tool_calls %}
+            {%- for tool_call in message.tool_calls %}
+                {%- if tool_call.function %}
+                    {%- set tool_call = tool_call.function %}
+                {%- endif %}
+                {{- '<tool_call>\n{"name": "' + tool_call.name + '", "arguments": ' }}
+                {%- if tool_call.arguments is string %}
+                    {{- tool_call.arguments }}
+                {%- else %}
+                    {{- tool_call.arguments | tojson }}
+                {%- endif %}
+                {{- '}\n</tool_call>' }}
+            {%- endfor %}
+        {%- endif %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == "tool" %}
+        {{- '<|im_start|>user\n<tool_response>\n' + message.content + '\n</tool_response> (' + message.name + ' ' + message.tool_call_id + ')<|im_end|>\n' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+{%- endif %}"##;
+
+const WEATHER_TOOLS: &str = r#"[{"type": "function", "function": {"name": "get_weather",
+    "description": "Current weather in a city.", "parameters": {"type": "object",
+    "properties": {"city": {"type": "string", "description": "The city's name"},
+    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, "required": ["city"]}}}]"#;
+
+fn weather_call() -> ChatMessage {
+    ChatMessage {
+        reasoning_content: Some("Call the tool.".into()),
+        tool_calls: vec![ChatToolCall {
+            id: Some("call_1".into()),
+            kind: "function".into(),
+            function: ChatFunctionCall {
+                name: "get_weather".into(),
+                arguments: TemplateJson::parse(r#"{"unit": "celsius", "city": "Paris"}"#).unwrap(),
+            },
+        }],
+        ..ChatMessage::new("assistant", "")
+    }
+}
+
+fn weather_result() -> ChatMessage {
+    ChatMessage {
+        tool_call_id: Some("call_1".into()),
+        name: Some("get_weather".into()),
+        ..ChatMessage::new("tool", r#"{"temp": 21}"#)
+    }
+}
+
+#[test]
+fn hermes_template_gets_the_tools_calls_and_results() {
+    // Expected text: the same template and inputs through Python's jinja2 with
+    // transformers' tojson (json.dumps, keys in their order, ensure_ascii=False).
+    let tools = TemplateJson::parse(WEATHER_TOOLS).unwrap();
+    let msgs = [
+        ChatMessage::new("system", "Be brief."),
+        ChatMessage::new("user", "Weather in Paris?"),
+        weather_call(),
+        weather_result(),
+    ];
+    let out = render_chat(HERMES, &msgs, Some(&tools), true, "", "").unwrap();
+    assert_eq!(
+        out,
+        "<|im_start|>system\nBe brief.\n\n# Tools\n\n<tools>\n\
+         {\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \
+         \"description\": \"Current weather in a city.\", \"parameters\": {\"type\": \"object\", \
+         \"properties\": {\"city\": {\"type\": \"string\", \"description\": \"The city's name\"}, \
+         \"unit\": {\"type\": \"string\", \"enum\": [\"celsius\", \"fahrenheit\"]}}, \
+         \"required\": [\"city\"]}}}\n</tools><|im_end|>\n\
+         <|im_start|>user\nWeather in Paris?<|im_end|>\n\
+         <|im_start|>assistant\n<think>\nCall the tool.\n</think>\n\n<tool_call>\n\
+         {\"name\": \"get_weather\", \"arguments\": {\"unit\": \"celsius\", \"city\": \"Paris\"}}\n\
+         </tool_call><|im_end|>\n\
+         <|im_start|>user\n<tool_response>\n{\"temp\": 21}\n</tool_response> (get_weather call_1)<|im_end|>\n\
+         <|im_start|>assistant\n"
+    );
+}
+
+#[test]
+fn without_tools_a_template_sees_what_it_saw_before() {
+    // `tools` is undefined, and a message has only role and content.
+    let msgs = [
+        ChatMessage::new("system", "Be brief."),
+        ChatMessage::new("user", "Hi"),
+    ];
+    let out = render_chat(HERMES, &msgs, None, true, "", "").unwrap();
+    assert_eq!(
+        out,
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    );
+    let t = "{{ tools is defined }} {% for m in messages %}{{ m | list | join(',') }};{% endfor %}";
+    let out = render_chat(
+        t,
+        &[msgs[1].clone(), weather_call(), weather_result()],
+        None,
+        false,
+        "",
+        "",
+    );
+    assert_eq!(
+        out.unwrap(),
+        "False role,content;role,content,reasoning_content,thinking,tool_calls;\
+         role,content,tool_call_id,name;"
+    );
+    let tools = TemplateJson::parse("[]").unwrap();
+    let out = render_chat("{{ tools is defined }}", &[], Some(&tools), false, "", "");
+    assert_eq!(out.unwrap(), "True");
+}
+
+#[test]
+fn tojson_writes_as_python_json_dumps() {
+    let render = |t: &str| render_chat(t, &[weather_call()], None, false, "", "").unwrap();
+    let args = "messages[0].tool_calls[0].function.arguments";
+    assert_eq!(
+        render(&format!("{{{{ {args} | tojson }}}}")),
+        r#"{"unit": "celsius", "city": "Paris"}"#
+    );
+    assert_eq!(
+        render(&format!("{{{{ {args} | tojson(indent=2) }}}}")),
+        "{\n  \"unit\": \"celsius\",\n  \"city\": \"Paris\"\n}"
+    );
+    assert_eq!(
+        render(&format!("{{{{ {args} | tojson(separators=[',', ':']) }}}}")),
+        r#"{"unit":"celsius","city":"Paris"}"#
+    );
+    assert_eq!(
+        render(r#"{{ ["é <b>", 1, 2.5, true, none, {}, []] | tojson }}"#),
+        r#"["é <b>", 1, 2.5, true, null, {}, []]"#
+    );
+    assert_eq!(
+        render(r#"{{ "é\n\"" | tojson(ensure_ascii=true) }}"#),
+        r#""\u00e9\n\"""#
+    );
+    let err = render_chat("{{ 1 | tojson(sort_keys=true) }}", &[], None, false, "", "");
+    assert!(err.unwrap_err().to_string().contains("sort_keys"));
+}
+
+#[test]
+fn tool_messages_read_from_json() {
+    let m: Vec<ChatMessage> = serde_json::from_str(
+        r#"[{"role": "assistant", "content": "", "thinking": "Call the tool.",
+             "tool_calls": [{"id": "call_1", "type": "function", "function":
+               {"name": "get_weather", "arguments": {"unit": "celsius", "city": "Paris"}}}]},
+            {"role": "tool", "content": "{\"temp\": 21}", "tool_call_id": "call_1",
+             "name": "get_weather"}]"#,
+    )
+    .unwrap();
+    assert_eq!(m, [weather_call(), weather_result()]);
 }
