@@ -1,10 +1,13 @@
-//! Backend plugin ABI, version 4: the only way the engine reaches compute.
+//! Backend plugin ABI, version 5: the only way the engine reaches compute.
 //!
-//! A backend is a small table of operations over host memory — matrix products against
-//! quantized weights, norms, RoPE, attention over a backend-owned KV cache — in the spirit
-//! of ggml's backend interface. The model code composes these operations and never knows
-//! which hardware runs them. Weights are passed as [`TensorView`]s: byte slices of the
-//! memory-mapped GGUF file, never copies.
+//! A backend is a small table of operations — matrix products against quantized weights,
+//! norms, RoPE, attention over a backend-owned KV cache — in the spirit of ggml's backend
+//! interface. The model code composes these operations and never knows which hardware
+//! runs them. Weights are passed as [`TensorView`]s: byte slices of the memory-mapped GGUF
+//! file, never copies. Activations live in buffers the backend owns ([`Buf`]): a GPU
+//! backend queues operations on them and the host waits only when it downloads a window's
+//! output ([`TransferCounts`] counts every crossing). Version 4 passed host slices to
+//! every operation, so a GPU paid a copy and a wait per operation.
 //!
 //! Every type crossing the boundary derives `StableAbi`, so `abi_stable` checks the layout
 //! when a plugin is loaded; [`BACKEND_ABI_VERSION`] is checked before that and must be
@@ -27,7 +30,7 @@ use abi_stable::{
 
 /// Version of the backend ABI defined in this file. A plugin built for another version is
 /// refused at load time.
-pub const BACKEND_ABI_VERSION: u32 = 4;
+pub const BACKEND_ABI_VERSION: u32 = 5;
 
 /// A weight tensor as it lies in the GGUF mapping.
 #[repr(C)]
@@ -290,10 +293,122 @@ pub struct GpuMemory {
 /// Result type of every fallible backend operation; the error names what was wrong.
 pub type BackendResult<T> = RResult<T, RString>;
 
+/// A range of an activation buffer the backend owns: `len` f32s from element `offset` of
+/// buffer `id` (made by [`Backend::buf_create`]). Operations read and write activations
+/// through these, so a GPU backend keeps them on the device between operations and the
+/// host sees them only through [`Backend::upload`] and [`Backend::download`].
+#[repr(C)]
+#[derive(StableAbi, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Buf {
+    pub id: u64,
+    pub offset: u64,
+    pub len: u64,
+}
+
+impl Buf {
+    /// The whole of buffer `id`, `len` f32s long.
+    pub fn whole(id: u64, len: usize) -> Buf {
+        Buf {
+            id,
+            offset: 0,
+            len: len as u64,
+        }
+    }
+
+    /// `len` elements from `start` of this range, cut to what the range holds.
+    pub fn slice(self, start: usize, len: usize) -> Buf {
+        let start = (start as u64).min(self.len);
+        Buf {
+            id: self.id,
+            offset: self.offset + start,
+            len: (len as u64).min(self.len - start),
+        }
+    }
+
+    /// The first `len` elements of this range (cut to what it holds).
+    pub fn head(self, len: usize) -> Buf {
+        self.slice(0, len)
+    }
+
+    pub fn len(self) -> usize {
+        self.len as usize
+    }
+
+    pub fn is_empty(self) -> bool {
+        self.len == 0
+    }
+
+    /// Checks this range against a buffer of `size` elements; the error names the buffer.
+    pub fn check_within(self, size: u64) -> Result<(), String> {
+        match self.offset.checked_add(self.len) {
+            Some(end) if end <= size => Ok(()),
+            _ => Err(format!(
+                "buffer {}: range {}..+{} exceeds its {size} elements",
+                self.id, self.offset, self.len
+            )),
+        }
+    }
+}
+
+/// The host↔device traffic of one backend instance since it was created: what proves a
+/// GPU backend keeps its activations on the device. The engine reads it before and after
+/// a window. A host backend (the CPU's) counts the same calls; its "device" is host memory.
+#[repr(C)]
+#[derive(StableAbi, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TransferCounts {
+    /// [`Backend::upload`] calls: activations sent host → device.
+    pub uploads: u64,
+    /// [`Backend::download`] calls: activations brought device → host.
+    pub downloads: u64,
+    /// Times the host blocked until the device had finished its queued work.
+    pub waits: u64,
+    /// Command batches handed to the device (wgpu submissions, CUDA graph or stream
+    /// flushes); 0 on a host backend, which runs each operation as it is called.
+    pub submissions: u64,
+    pub bytes_up: u64,
+    pub bytes_down: u64,
+    /// Small per-operation arguments copied with the commands (token ids, positions, RoPE
+    /// tables, routing rows): not activations, never waited for.
+    pub param_bytes: u64,
+}
+
+impl TransferCounts {
+    /// What happened between `earlier` and `self`.
+    pub fn since(self, earlier: TransferCounts) -> TransferCounts {
+        TransferCounts {
+            uploads: self.uploads - earlier.uploads,
+            downloads: self.downloads - earlier.downloads,
+            waits: self.waits - earlier.waits,
+            submissions: self.submissions - earlier.submissions,
+            bytes_up: self.bytes_up - earlier.bytes_up,
+            bytes_down: self.bytes_down - earlier.bytes_down,
+            param_bytes: self.param_bytes - earlier.param_bytes,
+        }
+    }
+
+    /// The sum of two backends' counts (a session with a GPU beside its CPU).
+    pub fn plus(self, other: TransferCounts) -> TransferCounts {
+        TransferCounts {
+            uploads: self.uploads + other.uploads,
+            downloads: self.downloads + other.downloads,
+            waits: self.waits + other.waits,
+            submissions: self.submissions + other.submissions,
+            bytes_up: self.bytes_up + other.bytes_up,
+            bytes_down: self.bytes_down + other.bytes_down,
+            param_bytes: self.param_bytes + other.param_bytes,
+        }
+    }
+}
+
 /// The operations a compute backend provides.
 ///
-/// Activations are row-major f32 with one row per token. Operations validate their
-/// arguments and return an error rather than panic.
+/// Activations are row-major f32 with one row per token, in buffers the backend owns
+/// ([`Buf`]): an operation takes handles, not host memory, so a GPU backend queues it and
+/// returns; only [`Backend::download`] waits. The engine uploads a window's input once,
+/// runs the window's operations and downloads its output once, as ggml's backend buffers
+/// and graphs do. An operation's output range must not share a buffer with its inputs
+/// (in-place operations name it once). Operations validate their arguments and return an
+/// error rather than panic.
 #[sabi_trait]
 pub trait Backend: Send + Sync {
     /// Short name, e.g. `cpu`.
@@ -305,46 +420,46 @@ pub trait Backend: Send + Sync {
     /// Whether weights of this GGUF type id can be used by `matmul` and `get_rows`.
     fn supports(&self, ggml_type: u32) -> bool;
 
+    /// Allocates an activation buffer of `len` f32s, zeroed, and returns its id.
+    fn buf_create(&self, len: u64) -> BackendResult<u64>;
+
+    /// Frees a buffer; unknown ids are ignored.
+    fn buf_drop(&self, id: u64);
+
+    /// Copies `src` (host memory, `dst.len` long) into `dst`: a window's input.
+    fn upload(&self, dst: Buf, src: RSlice<'_, f32>) -> BackendResult<()>;
+
+    /// Waits for the queued operations and copies `src` into `dst` (host memory,
+    /// `src.len` long): a window's output.
+    fn download(&self, src: Buf, dst: RSliceMut<'_, f32>) -> BackendResult<()>;
+
+    /// The host↔device traffic so far ([`TransferCounts`]).
+    fn transfers(&self) -> TransferCounts;
+
     /// `out[i] = dequantize(table row ids[i])`; `out` is `ids.len() × table.cols`.
-    fn get_rows(
-        &self,
-        table: TensorView<'_>,
-        ids: RSlice<'_, u32>,
-        out: RSliceMut<'_, f32>,
-    ) -> BackendResult<()>;
+    fn get_rows(&self, table: TensorView<'_>, ids: RSlice<'_, u32>, out: Buf)
+        -> BackendResult<()>;
 
     /// `out = x · wᵀ`: `x` is `n_tokens × w.cols`, `out` is `n_tokens × w.rows`.
-    fn matmul(
-        &self,
-        w: TensorView<'_>,
-        x: RSlice<'_, f32>,
-        n_tokens: u32,
-        out: RSliceMut<'_, f32>,
-    ) -> BackendResult<()>;
+    fn matmul(&self, w: TensorView<'_>, x: Buf, n_tokens: u32, out: Buf) -> BackendResult<()>;
 
     /// RMS-normalises each row of `x` (row length = `weight.cols`) and multiplies it by the
     /// F32 `weight`.
-    fn rms_norm(
-        &self,
-        x: RSlice<'_, f32>,
-        weight: TensorView<'_>,
-        eps: f32,
-        out: RSliceMut<'_, f32>,
-    ) -> BackendResult<()>;
+    fn rms_norm(&self, x: Buf, weight: TensorView<'_>, eps: f32, out: Buf) -> BackendResult<()>;
 
     /// `acc += x`, element-wise.
-    fn add(&self, acc: RSliceMut<'_, f32>, x: RSlice<'_, f32>) -> BackendResult<()>;
+    fn add(&self, acc: Buf, x: Buf) -> BackendResult<()>;
 
     /// Adds the F32 vector `bias` (length = row length) to every row of `x`.
-    fn add_bias(&self, x: RSliceMut<'_, f32>, bias: TensorView<'_>) -> BackendResult<()>;
+    fn add_bias(&self, x: Buf, bias: TensorView<'_>) -> BackendResult<()>;
 
     /// `x *= s`, element-wise.
-    fn scale(&self, x: RSliceMut<'_, f32>, s: f32) -> BackendResult<()>;
+    fn scale(&self, x: Buf, s: f32) -> BackendResult<()>;
 
     /// Rotates each head of each row of `x` (`positions.len()` rows of `n_head × head_dim`).
     fn rope(
         &self,
-        x: RSliceMut<'_, f32>,
+        x: Buf,
         n_head: u32,
         head_dim: u32,
         positions: RSlice<'_, u32>,
@@ -352,35 +467,72 @@ pub trait Backend: Send + Sync {
     ) -> BackendResult<()>;
 
     /// `gate = silu(gate) * up`, element-wise (SwiGLU).
-    fn swiglu(&self, gate: RSliceMut<'_, f32>, up: RSlice<'_, f32>) -> BackendResult<()>;
+    fn swiglu(&self, gate: Buf, up: Buf) -> BackendResult<()>;
 
     /// `gate = gelu_tanh(gate) * up`, element-wise (GeGLU).
-    fn geglu(&self, gate: RSliceMut<'_, f32>, up: RSlice<'_, f32>) -> BackendResult<()>;
+    fn geglu(&self, gate: Buf, up: Buf) -> BackendResult<()>;
 
     /// gpt-oss's clamped SwiGLU (ggml's `swiglu_oai`), element-wise: with
     /// `x = min(gate, limit)` and `y = clamp(up, −limit, limit)`,
-    /// `gate = x / (1 + e^(−alpha·x)) · (y + 1)`. The default computes it here, on the host
-    /// ([`swiglu_oai_host`]); activations are host memory in this ABI, so every backend
-    /// has it.
-    fn swiglu_oai(
-        &self,
-        mut gate: RSliceMut<'_, f32>,
-        up: RSlice<'_, f32>,
-        alpha: f32,
-        limit: f32,
-    ) -> BackendResult<()> {
-        if gate.len() != up.len() {
+    /// `gate = x / (1 + e^(−alpha·x)) · (y + 1)`. The default moves both to the host and
+    /// back ([`swiglu_oai_host`]); the moves are counted.
+    fn swiglu_oai(&self, gate: Buf, up: Buf, alpha: f32, limit: f32) -> BackendResult<()> {
+        if gate.len != up.len {
             return RResult::RErr(
                 format!(
                     "swiglu_oai: up length {} differs from gate length {}",
-                    up.len(),
-                    gate.len()
+                    up.len, gate.len
                 )
                 .into(),
             );
         }
-        swiglu_oai_host(&mut gate, &up, alpha, limit);
-        RResult::ROk(())
+        through_host(self, &[gate, up], gate, |ins, out| {
+            out.copy_from_slice(&ins[0]);
+            swiglu_oai_host(out, &ins[1], alpha, limit);
+            Ok(())
+        })
+    }
+
+    /// `dst` row i = `src` row `rows[i]` (rows of `row_len`): a mixture of experts gathers
+    /// an expert's rows. The default moves through the host, counted.
+    fn gather_rows(
+        &self,
+        src: Buf,
+        row_len: u32,
+        rows: RSlice<'_, u32>,
+        dst: Buf,
+    ) -> BackendResult<()> {
+        let rows = rows.as_slice();
+        through_host(self, &[src], dst, |ins, out| {
+            gather_rows_host(&ins[0], row_len as usize, rows, out)
+        })
+    }
+
+    /// `dst` row `rows[i]` = `src` row i × `weights[i]` (rows of `row_len`): each expert's
+    /// outputs, weighted, to their places. Rows of `dst` not named keep their values. The
+    /// default moves through the host, counted.
+    fn scatter_scaled(
+        &self,
+        src: Buf,
+        row_len: u32,
+        rows: RSlice<'_, u32>,
+        weights: RSlice<'_, f32>,
+        dst: Buf,
+    ) -> BackendResult<()> {
+        let (rows, weights) = (rows.as_slice(), weights.as_slice());
+        through_host(self, &[src, dst], dst, |ins, out| {
+            out.copy_from_slice(&ins[1]);
+            scatter_scaled_host(&ins[0], row_len as usize, rows, weights, out)
+        })
+    }
+
+    /// `dst` row t = `src` row `t·group` + `src` row `t·group + 1` + …, added in that order
+    /// (rows of `row_len`): each token's expert terms, summed as llama.cpp sums them. The
+    /// default moves through the host, counted.
+    fn sum_groups(&self, src: Buf, row_len: u32, group: u32, dst: Buf) -> BackendResult<()> {
+        through_host(self, &[src], dst, |ins, out| {
+            sum_groups_host(&ins[0], row_len as usize, group as usize, out)
+        })
     }
 
     /// Allocates a KV cache and returns its handle.
@@ -392,71 +544,21 @@ pub trait Backend: Send + Sync {
     /// Forgets every position at or after `n_pos`.
     fn kv_truncate(&self, kv: u64, n_pos: u32) -> BackendResult<()>;
 
-    /// Stores `k` and `v` (`n_tokens × n_head_kv × head_dim`) into the cache and writes the
-    /// causal attention of `q` (`n_tokens × n_head × head_dim_k`) to `out`
-    /// (`n_tokens × n_head × head_dim_v`). Query heads share KV heads in groups
-    /// (grouped-query attention).
-    fn attention(
-        &self,
-        kv: u64,
-        q: RSlice<'_, f32>,
-        k: RSlice<'_, f32>,
-        v: RSlice<'_, f32>,
-        params: AttentionParams,
-        out: RSliceMut<'_, f32>,
-    ) -> BackendResult<()>;
-
-    /// [`Backend::attention`] for several requests' rows in one call: span after span,
-    /// each with its own cache and positions (`params`' `n_tokens` and `start_pos` are the
-    /// span's; the others are shared). A continuous-batching step has one span per
-    /// request; a backend can spread all their heads over its threads at once. The
-    /// default calls `attention` span by span.
+    /// For each span in turn (its `n_tokens` rows, next after the previous span's): stores
+    /// its `k` and `v` rows (`n_head_kv × head_dim`) into cache `span.kv` at positions from
+    /// `span.start_pos`, and writes the causal attention of its `q` rows
+    /// (`n_head × head_dim_k`) to `out` (`n_head × head_dim_v`). Query heads share KV heads
+    /// in groups (grouped-query attention). `params`' `n_tokens` and `start_pos` are
+    /// ignored (each span has its own); a continuous-batching step has one span per request.
     fn attention_spans(
         &self,
         spans: RSlice<'_, AttentionSpan>,
-        q: RSlice<'_, f32>,
-        k: RSlice<'_, f32>,
-        v: RSlice<'_, f32>,
+        q: Buf,
+        k: Buf,
+        v: Buf,
         params: AttentionParams,
-        mut out: RSliceMut<'_, f32>,
-    ) -> BackendResult<()> {
-        let lens = [q.len(), k.len(), v.len(), out.len()];
-        if let Err(e) = params.check_span_lengths(&spans, lens) {
-            return RResult::RErr(e.into());
-        }
-        // Row sizes of q, k, v and out; each span takes its rows off the front of each.
-        let [n_head, n_head_kv, dk, dv] = [
-            params.n_head,
-            params.n_head_kv,
-            params.head_dim_k,
-            params.head_dim_v,
-        ]
-        .map(|x| x as usize);
-        let row = [n_head * dk, n_head_kv * dk, n_head_kv * dv, n_head * dv];
-        let (mut q, mut k, mut v): (&[f32], &[f32], &[f32]) = (&q, &k, &v);
-        let mut out: &mut [f32] = &mut out;
-        for s in spans.iter() {
-            let n = s.n_tokens as usize;
-            let ((qs, qr), (ks, kr), (vs, vr)) = (
-                q.split_at(n * row[0]),
-                k.split_at(n * row[1]),
-                v.split_at(n * row[2]),
-            );
-            (q, k, v) = (qr, kr, vr);
-            let (os, or) = std::mem::take(&mut out).split_at_mut(n * row[3]);
-            out = or;
-            let params = AttentionParams {
-                n_tokens: s.n_tokens,
-                start_pos: s.start_pos,
-                ..params
-            };
-            let done = self.attention(s.kv, qs.into(), ks.into(), vs.into(), params, os.into());
-            if done.is_err() {
-                return done;
-            }
-        }
-        RResult::ROk(())
-    }
+        out: Buf,
+    ) -> BackendResult<()>;
 
     /// [`Backend::attention_spans`] with attention sinks (gpt-oss): `sinks` holds one
     /// logit per query head (`n_head` long) that joins each softmax's denominator — the
@@ -466,12 +568,12 @@ pub trait Backend: Send + Sync {
     fn attention_spans_sinks(
         &self,
         spans: RSlice<'_, AttentionSpan>,
-        q: RSlice<'_, f32>,
-        k: RSlice<'_, f32>,
-        v: RSlice<'_, f32>,
+        q: Buf,
+        k: Buf,
+        v: Buf,
         sinks: RSlice<'_, f32>,
         params: AttentionParams,
-        out: RSliceMut<'_, f32>,
+        out: Buf,
     ) -> BackendResult<()> {
         let _ = (spans, q, k, v, sinks, params, out);
         RResult::RErr(
@@ -487,6 +589,114 @@ pub trait Backend: Send + Sync {
     /// activations on and waits for the next round): release the cores now, e.g. put
     /// worker threads to sleep instead of letting them poll for the next operation.
     fn idle(&self);
+}
+
+/// Runs `f` on the host for an operation a backend has no kernel for: downloads `inputs`,
+/// gives them and a host copy of `output` to `f`, and uploads the result into `output`.
+/// Every move is a counted [`Backend::download`] / [`Backend::upload`].
+pub fn through_host<B: Backend + ?Sized>(
+    be: &B,
+    inputs: &[Buf],
+    output: Buf,
+    f: impl FnOnce(&[Vec<f32>], &mut [f32]) -> Result<(), String>,
+) -> BackendResult<()> {
+    let mut ins = Vec::with_capacity(inputs.len());
+    for &b in inputs {
+        let mut host = vec![0f32; b.len()];
+        if let RResult::RErr(e) = be.download(b, RSliceMut::from_mut_slice(&mut host)) {
+            return RResult::RErr(e);
+        }
+        ins.push(host);
+    }
+    let mut out = vec![0f32; output.len()];
+    if let Err(e) = f(&ins, &mut out) {
+        return RResult::RErr(e.into());
+    }
+    be.upload(output, RSlice::from_slice(&out))
+}
+
+/// [`Backend::gather_rows`] on host slices.
+pub fn gather_rows_host(
+    src: &[f32],
+    row_len: usize,
+    rows: &[u32],
+    dst: &mut [f32],
+) -> Result<(), String> {
+    if row_len == 0 || dst.len() != rows.len() * row_len {
+        return Err(format!(
+            "gather_rows: destination length {} is not {} rows of {row_len}",
+            dst.len(),
+            rows.len()
+        ));
+    }
+    let n_src = src.len() / row_len;
+    for (out, &r) in dst.chunks_exact_mut(row_len).zip(rows) {
+        let r = r as usize;
+        if r >= n_src {
+            return Err(format!("gather_rows: row {r} is past the source's {n_src} rows"));
+        }
+        out.copy_from_slice(&src[r * row_len..(r + 1) * row_len]);
+    }
+    Ok(())
+}
+
+/// [`Backend::scatter_scaled`] on host slices: `dst` row `rows[i]` = `src` row i × `weights[i]`.
+pub fn scatter_scaled_host(
+    src: &[f32],
+    row_len: usize,
+    rows: &[u32],
+    weights: &[f32],
+    dst: &mut [f32],
+) -> Result<(), String> {
+    if row_len == 0 || src.len() != rows.len() * row_len || weights.len() != rows.len() {
+        return Err(format!(
+            "scatter_scaled: source length {} and {} weights do not make {} rows of {row_len}",
+            src.len(),
+            weights.len(),
+            rows.len()
+        ));
+    }
+    let n_dst = dst.len() / row_len;
+    for ((row, &r), &w) in src.chunks_exact(row_len).zip(rows).zip(weights) {
+        let r = r as usize;
+        if r >= n_dst {
+            return Err(format!(
+                "scatter_scaled: row {r} is past the destination's {n_dst} rows"
+            ));
+        }
+        for (o, &y) in dst[r * row_len..(r + 1) * row_len].iter_mut().zip(row) {
+            *o = y * w;
+        }
+    }
+    Ok(())
+}
+
+/// [`Backend::sum_groups`] on host slices: `dst` row t = Σ_j `src` row `t·group + j`, in order.
+pub fn sum_groups_host(
+    src: &[f32],
+    row_len: usize,
+    group: usize,
+    dst: &mut [f32],
+) -> Result<(), String> {
+    if row_len == 0 || group == 0 || src.len() != dst.len() * group {
+        return Err(format!(
+            "sum_groups: source length {} is not {group} × the destination's {}",
+            src.len(),
+            dst.len()
+        ));
+    }
+    for (out, terms) in dst
+        .chunks_exact_mut(row_len)
+        .zip(src.chunks_exact(row_len * group))
+    {
+        out.copy_from_slice(&terms[..row_len]);
+        for term in terms.chunks_exact(row_len).skip(1) {
+            for (o, &v) in out.iter_mut().zip(term) {
+                *o += v;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The clamped SwiGLU of [`Backend::swiglu_oai`] over `gate` and `up` (the shorter

@@ -9,6 +9,7 @@
 //! (the engine's `plugin` module) and anything that computes.
 
 pub mod backend;
+pub mod on_host;
 mod ggml_type;
 pub mod os;
 pub mod solver;
