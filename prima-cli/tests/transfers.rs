@@ -117,9 +117,9 @@ fn cpu_backend_one_download_per_token_and_one_each_way_per_ring_window() {
     let Some(path) = smollm2() else { return };
     let model = Model::load(&path).unwrap();
     let cpu = cpu_backend(2);
-    single_device(&model, &cpu);
-    ring_node(&model, &cpu);
-    batch_step(&model, &cpu);
+    single_device(&model, &cpu.backend);
+    ring_node(&model, &cpu.backend);
+    batch_step(&model, &cpu.backend);
 }
 
 #[test]
@@ -128,25 +128,25 @@ fn wgpu_backend_one_upload_and_one_download_per_window() {
     let Some(gpu) = wgpu() else { return };
     let model = Model::load(&path).unwrap();
     let cpu = cpu_backend(2);
-    let on_gpu = single_device(&model, &gpu);
-    let on_cpu = single_device(&model, &cpu);
+    let on_gpu = single_device(&model, &gpu.backend);
+    let on_cpu = single_device(&model, &cpu.backend);
     assert_eq!(on_gpu, on_cpu, "the wgpu backend's greedy tokens differ from the CPU's");
-    ring_node(&model, &gpu);
-    batch_step(&model, &gpu);
+    ring_node(&model, &gpu.backend);
+    batch_step(&model, &gpu.backend);
 
     // Split: the first 15 layers on the GPU, the rest and the output head on the CPU.
     let n_layers = model.hparams().n_layers;
     let all: Vec<usize> = (0..n_layers).collect();
     let first: Vec<usize> = (0..15).collect();
     let split = GpuLayers {
-        backend: &gpu,
+        backend: &gpu.backend,
         layers: &first,
     };
-    let mut s = Session::with_split(&model, &cpu, Some(split), 128, 32, 1, &all).unwrap();
+    let mut s = Session::with_split(&model, &cpu.backend, Some(split), 128, 32, 1, &all).unwrap();
     let prompt: Vec<u32> = (0..8u32).map(|i| 300 + 11 * i).collect();
     s.eval(&prompt).unwrap();
     for t in [5u32, 9, 12] {
-        let (_, c) = counted(&gpu, || s.eval(&[t]).unwrap().len());
+        let (_, c) = counted(&gpu.backend, || s.eval(&[t]).unwrap().len());
         eprintln!("split, GPU side, one token: {c:?}");
         assert_eq!((c.uploads, c.downloads), (1, 1), "split GPU window: {c:?}");
         assert!(c.waits <= 1, "split GPU window waited {} times", c.waits);

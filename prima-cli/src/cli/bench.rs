@@ -300,9 +300,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
 
 /// The host↔device traffic of the engine's backends so far (the GPU's too, beside the CPU).
 fn engine_transfers(engine: &Engine) -> TransferCounts {
-    let own = engine.backend.transfers();
+    let own = engine.backend.backend.transfers();
     match &engine.gpu {
-        Some(gpu) => own.plus(gpu.transfers()),
+        Some(gpu) => own.plus(gpu.backend.transfers()),
         None => own,
     }
 }
