@@ -7,6 +7,12 @@
 //! round per tool and the Prima ÷ llama.cpp ratios of those medians.
 //! Bandwidth efficiency = weight bytes read per generated token × generation tok/s ÷ the
 //! memory read bandwidth measured (STREAM-style) in the same run.
+//!
+//! `--backend wgpu` puts the same comparison on a GPU API: Prima's wgpu backend
+//! (`prima bench --backend wgpu`) beside llama.cpp's Vulkan build ([`llama_vulkan`]), both
+//! on Mesa's lavapipe, the software Vulkan driver any Linux machine can install, so the
+//! ratio says how Prima's shaders and dispatch compare with ggml's on the same device.
+//! There `-t` also sets lavapipe's worker threads (`LP_NUM_THREADS`) for both sides.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -18,6 +24,7 @@ use crate::bench_models;
 use crate::catalogue;
 use crate::layout::Layout;
 use crate::llama_cpp::LlamaCpp;
+use crate::llama_vulkan;
 
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
@@ -42,6 +49,37 @@ pub struct BenchArgs {
     /// `avx2` llama.cpp through a second, AVX2-only build (AVX-512 and VNNI off).
     #[arg(long, value_name = "LEVEL")]
     kernels: Option<String>,
+    /// `cpu`: Prima's CPU backend beside llama.cpp's CPU build. `wgpu`: Prima's wgpu
+    /// backend beside llama.cpp's Vulkan build, both on lavapipe (software Vulkan).
+    #[arg(long, value_enum, default_value_t = Backend::Cpu)]
+    backend: Backend,
+}
+
+/// The backend both sides run on.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Backend {
+    Cpu,
+    Wgpu,
+}
+
+/// What running both sides on lavapipe adds to their commands.
+struct Lavapipe {
+    /// The loader's variables that leave it lavapipe's driver only.
+    env: Vec<(&'static str, String)>,
+    /// Lavapipe's index among ggml's Vulkan devices (`GGML_VK_VISIBLE_DEVICES`).
+    ggml_device: usize,
+}
+
+impl Lavapipe {
+    /// The variables both sides get at `threads` threads: the loader's, and lavapipe's
+    /// thread count unless the caller's environment sets one.
+    fn env(&self, threads: u32) -> Vec<(&'static str, String)> {
+        let mut env = self.env.clone();
+        if std::env::var_os("LP_NUM_THREADS").is_none() {
+            env.push(("LP_NUM_THREADS", threads.to_string()));
+        }
+        env
+    }
 }
 
 /// Models measured when none are named: the bench set of the CPU-speed issue.
@@ -74,13 +112,31 @@ pub fn run(layout: &Layout, args: &BenchArgs) -> Result<()> {
         .collect::<Result<Vec<_>>>()?;
 
     let llama = LlamaCpp::new(layout);
-    llama.ensure_built()?;
-    let llama_bench = match args.kernels.as_deref() {
-        None | Some("avx512") => llama.bin("llama-bench"),
-        Some("avx2") => llama.ensure_avx2_bench()?,
-        Some(other) => bail!("--kernels {other}: llama.cpp can be capped at avx2 only"),
+    let (llama_bench, lavapipe) = match args.backend {
+        Backend::Cpu => {
+            llama.ensure_built()?;
+            let bench = match args.kernels.as_deref() {
+                None | Some("avx512") => llama.bin("llama-bench"),
+                Some("avx2") => llama.ensure_avx2_bench()?,
+                Some(other) => bail!("--kernels {other}: llama.cpp can be capped at avx2 only"),
+            };
+            (bench, None)
+        }
+        Backend::Wgpu => {
+            if args.kernels.is_some() {
+                bail!("--kernels caps CPU kernels; it has no meaning with --backend wgpu");
+            }
+            let bench = llama_vulkan::ensure_bench(layout, &llama)?;
+            let env = llama_vulkan::lavapipe_env()?;
+            let (ggml_device, name) = llama_vulkan::lavapipe_device(&bench, &env)?;
+            println!(
+                "on lavapipe ({name}): Prima --backend wgpu, llama.cpp's Vulkan build ({})",
+                bench.display()
+            );
+            (bench, Some(Lavapipe { env, ggml_device }))
+        }
     };
-    let prima = build_prima(layout)?;
+    let prima = build_prima(layout, args.backend)?;
     if let Some(level) = &args.kernels {
         println!(
             "kernels capped at {level} (PRIMA_CPU_KERNELS; llama-bench: {})",
@@ -103,6 +159,7 @@ pub fn run(layout: &Layout, args: &BenchArgs) -> Result<()> {
             continue;
         }
         for &t in &args.threads {
+            let lp = lavapipe.as_ref();
             let mut ours = Vec::new();
             let mut theirs = Vec::new();
             let mut mem_bw = 0.0f64;
@@ -113,11 +170,11 @@ pub fn run(layout: &Layout, args: &BenchArgs) -> Result<()> {
                 // warmed-up machine.
                 let reference_first = round % 2 == 0;
                 if reference_first {
-                    theirs.push(run_llama_bench(&llama_bench, model, t, args)?);
+                    theirs.push(run_llama_bench(&llama_bench, model, t, args, lp)?);
                 }
-                let ran = run_prima_bench(&prima, model, t, args, round == 0);
+                let ran = run_prima_bench(&prima, model, t, args, round == 0, lp);
                 if !reference_first && ran.is_ok() {
-                    theirs.push(run_llama_bench(&llama_bench, model, t, args)?);
+                    theirs.push(run_llama_bench(&llama_bench, model, t, args, lp)?);
                 }
                 match ran {
                     Ok((tp, bw, bytes)) => {
@@ -215,18 +272,16 @@ fn median(xs: &[Throughput]) -> Throughput {
     }
 }
 
-/// Builds the `prima` binary and the CPU plugin in release mode and returns the binary.
-fn build_prima(layout: &Layout) -> Result<PathBuf> {
+/// Builds the `prima` binary and the backend's plugin in release mode and returns the
+/// binary.
+fn build_prima(layout: &Layout, backend: Backend) -> Result<PathBuf> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let plugin = match backend {
+        Backend::Cpu => "prima-backend-cpu",
+        Backend::Wgpu => "prima-backend-metal",
+    };
     let status = Command::new(&cargo)
-        .args([
-            "build",
-            "--release",
-            "-p",
-            "prima-cli",
-            "-p",
-            "prima-backend-cpu",
-        ])
+        .args(["build", "--release", "-p", "prima-cli", "-p", plugin])
         .current_dir(&layout.workspace)
         .status()
         .context("cannot run cargo build")?;
@@ -239,8 +294,21 @@ fn build_prima(layout: &Layout) -> Result<PathBuf> {
     Ok(target.join("release").join("prima"))
 }
 
-fn run_llama_bench(bin: &Path, model: &Path, threads: u32, args: &BenchArgs) -> Result<Throughput> {
-    let out = Command::new(bin)
+/// With `lavapipe`, every layer on ggml's Vulkan device lavapipe.
+fn run_llama_bench(
+    bin: &Path,
+    model: &Path,
+    threads: u32,
+    args: &BenchArgs,
+    lavapipe: Option<&Lavapipe>,
+) -> Result<Throughput> {
+    let mut cmd = Command::new(bin);
+    if let Some(lp) = lavapipe {
+        cmd.envs(lp.env(threads))
+            .env("GGML_VK_VISIBLE_DEVICES", lp.ggml_device.to_string())
+            .args(["-ngl", "999"]);
+    }
+    let out = cmd
         .arg("-m")
         .arg(model)
         .args(["-t", &threads.to_string()])
@@ -280,13 +348,20 @@ fn run_prima_bench(
     threads: u32,
     args: &BenchArgs,
     mem_bw: bool,
+    lavapipe: Option<&Lavapipe>,
 ) -> Result<(Throughput, Option<f64>, f64)> {
     let mut cmd = Command::new(bin);
     if let Some(level) = &args.kernels {
         cmd.env("PRIMA_CPU_KERNELS", level);
     }
-    cmd.arg("bench")
-        .arg("-m")
+    cmd.arg("bench");
+    if let Some(lp) = lavapipe {
+        // The wgpu plugin takes a software adapter only when asked.
+        cmd.envs(lp.env(threads))
+            .env("PRIMA_WGPU_ALLOW_SOFTWARE", "1")
+            .args(["--backend", "wgpu"]);
+    }
+    cmd.arg("-m")
         .arg(model)
         .args(["-t", &threads.to_string()])
         .args(["-p", &args.n_prompt.to_string()])

@@ -297,7 +297,9 @@ impl LlamaCpp {
         })
     }
 
-    fn ensure_source(&self) -> Result<()> {
+    /// Fetch and unpack the sdist unless its source is there (the Vulkan build,
+    /// [`crate::llama_vulkan`], shares it).
+    pub fn ensure_source(&self) -> Result<()> {
         if self.source().join("include/llama.h").exists() {
             return Ok(());
         }

@@ -22,6 +22,7 @@ mod homelab;
 mod layering;
 mod layout;
 mod llama_cpp;
+mod llama_vulkan;
 mod o200k_vocab;
 mod random_gguf;
 mod random_gptoss;
