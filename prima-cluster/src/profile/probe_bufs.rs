@@ -21,13 +21,15 @@ impl<'b> ProbeBufs<'b> {
                 .map_err(|e| format!("buf_create: {e}"))
         };
         let xb = make(x.len())?;
-        let bufs = ProbeBufs {
-            backend,
-            x: xb,
-            out: Buf::default(),
+        let out = match make(out_len) {
+            Ok(out) => out,
+            Err(e) => {
+                backend.buf_drop(xb.id);
+                return Err(e);
+            }
         };
-        let out = make(out_len)?;
-        let bufs = ProbeBufs { out, ..bufs };
+        // Owned from here: a failed upload frees both.
+        let bufs = ProbeBufs { backend, x: xb, out };
         backend
             .upload(bufs.x, RSlice::from_slice(x))
             .into_result()
@@ -39,8 +41,6 @@ impl<'b> ProbeBufs<'b> {
 impl Drop for ProbeBufs<'_> {
     fn drop(&mut self) {
         self.backend.buf_drop(self.x.id);
-        if self.out != Buf::default() {
-            self.backend.buf_drop(self.out.id);
-        }
+        self.backend.buf_drop(self.out.id);
     }
 }
