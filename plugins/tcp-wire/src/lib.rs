@@ -5,35 +5,37 @@
 //! Every connection starts with an 8-byte hello from the connecting side (`PRTC` and the
 //! transport's wire version, little-endian u32), so a stray client or a peer speaking
 //! another version is refused before any frame is read. Frames are a big-endian u32 length
-//! and the payload (tokio-util's `LengthDelimitedCodec`).
+//! (of the payload alone) and the payload: byte for byte what tokio-util's
+//! `LengthDelimitedCodec` with its default layout writes, which earlier versions used, so
+//! old and new peers still talk.
 //!
-//! Listening, accepting and connecting (with their timeouts and the hello) run on one small
-//! tokio runtime per transport. A connection's data path runs on no runtime: its socket is
-//! blocking, a frame leaves in one `writev`, and the thread in `recv` sleeps in the socket
-//! read itself, so a frame's arrival wakes it directly and one read usually takes the whole
+//! Everything runs on std's blocking sockets, with no async runtime: connecting tries each
+//! resolved address with `connect_timeout`, accepting polls a non-blocking listener until
+//! its deadline, and the hello is read under a socket read timeout. On the data path a
+//! frame leaves in one `writev`, and the thread in `recv` sleeps in the socket read
+//! itself, so a frame's arrival wakes it directly and one read usually takes the whole
 //! frame (with epoll in between, a hop cost a wake-up plus two or three system calls).
-//! Frames are taken out of the bytes read by the same codec.
 
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use abi_stable::sabi_trait::TD_Opaque;
 use abi_stable::std_types::{RErr, RNone, ROk, ROption, RSlice, RSome, RString, RVec};
-use bytes::BytesMut;
 use prima_abi::transport::{
     Connection, ConnectionBox, Connection_TO, Listener, ListenerBox, Listener_TO, Transport,
     TransportBox, TransportConfig, TransportResult, Transport_TO, NO_TIMEOUT,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::runtime::Runtime;
-use tokio_util::codec::{Decoder, LengthDelimitedCodec};
 
 /// Magic and version every connection opens with.
 const HELLO_MAGIC: &[u8; 4] = b"PRTC";
 const WIRE_VERSION: u32 = 1;
 /// How long an accepted peer has to send its hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest sleep between two looks at a listener with no pending connection: short
+/// enough that accepting adds no noticeable delay to joining a ring.
+const ACCEPT_POLL_MAX: Duration = Duration::from_millis(10);
 
 /// The `create` function of a plugin exporting this transport.
 pub extern "C" fn create_transport(config: TransportConfig) -> TransportResult<TransportBox> {
@@ -43,46 +45,74 @@ pub extern "C" fn create_transport(config: TransportConfig) -> TransportResult<T
     }
 }
 
-/// The TCP transport: a runtime shared by its listeners and connections.
+/// The TCP transport: the frame limit its listeners and connections share.
 pub struct TcpTransport {
-    rt: Arc<Runtime>,
     max_frame: usize,
 }
 
 impl TcpTransport {
     pub fn new(config: TransportConfig) -> Result<TcpTransport, String> {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("prima-tcp")
-            .enable_io()
-            .enable_time()
-            .build()
-            .map_err(|e| format!("tcp transport: cannot start its runtime: {e}"))?;
         let max_frame = usize::try_from(config.max_frame_bytes)
             .unwrap_or(usize::MAX)
-            .max(1024);
-        Ok(TcpTransport {
-            rt: Arc::new(rt),
-            max_frame,
-        })
+            .max(1024)
+            // The length field is a u32.
+            .min(u32::MAX as usize);
+        Ok(TcpTransport { max_frame })
     }
 }
 
-/// Runs `fut` with an optional timeout; `None` when the time ran out.
-async fn within<F: std::future::Future>(timeout_ms: u64, fut: F) -> Option<F::Output> {
+/// When a wait of `timeout_ms` started now ends; `None` for no limit.
+fn deadline(timeout_ms: u64) -> Option<Instant> {
     if timeout_ms == NO_TIMEOUT {
-        Some(fut.await)
+        None
     } else {
-        tokio::time::timeout(Duration::from_millis(timeout_ms), fut)
-            .await
-            .ok()
+        Instant::now().checked_add(Duration::from_millis(timeout_ms))
     }
 }
 
-fn codec(max_frame: usize) -> LengthDelimitedCodec {
-    LengthDelimitedCodec::builder()
-        .max_frame_length(max_frame)
-        .new_codec()
+/// The hello a connecting side sends first.
+fn hello() -> [u8; 8] {
+    let mut hello = [0u8; 8];
+    hello[..4].copy_from_slice(HELLO_MAGIC);
+    hello[4..].copy_from_slice(&WIRE_VERSION.to_le_bytes());
+    hello
+}
+
+/// Connects to the first of `addrs` that answers before `deadline`, each try given the
+/// time left. The error names `addr` and, when several addresses failed, the last reason.
+fn connect_any(
+    addr: &str,
+    addrs: &[SocketAddr],
+    deadline: Option<Instant>,
+    timeout_ms: u64,
+) -> Result<std::net::TcpStream, String> {
+    let no_answer = || format!("connecting to {addr}: no answer within {timeout_ms} ms");
+    let mut last_error = None;
+    for one in addrs {
+        let tried = match deadline {
+            None => std::net::TcpStream::connect(one),
+            Some(end) => {
+                let left = end.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(no_answer());
+                }
+                std::net::TcpStream::connect_timeout(one, left)
+            }
+        };
+        match tried {
+            Ok(stream) => return Ok(stream),
+            Err(e) => last_error = Some(e),
+        }
+    }
+    match last_error {
+        Some(e) if matches!(e.kind(), ErrorKind::TimedOut | ErrorKind::WouldBlock) => {
+            Err(no_answer())
+        }
+        Some(e) => Err(format!("connecting to {addr}: {e}")),
+        None => Err(format!(
+            "connecting to {addr}: the name resolves to no address"
+        )),
+    }
 }
 
 impl TcpTransport {
@@ -99,12 +129,8 @@ pub fn connect_over(
     peer: String,
     max_frame: usize,
 ) -> Result<ConnectionBox, String> {
-    use std::io::Write;
-    let mut hello = [0u8; 8];
-    hello[..4].copy_from_slice(HELLO_MAGIC);
-    hello[4..].copy_from_slice(&WIRE_VERSION.to_le_bytes());
     (&stream)
-        .write_all(&hello)
+        .write_all(&hello())
         .map_err(|e| format!("connecting to {peer}: {e}"))?;
     let handle = ConnectionHandle::from_std(stream, peer, max_frame)?;
     Ok(Connection_TO::from_value(handle, TD_Opaque))
@@ -116,13 +142,13 @@ impl Transport for TcpTransport {
     }
 
     fn listen(&self, addr: RString) -> TransportResult<ListenerBox> {
-        let result = self
-            .rt
-            .block_on(tokio::net::TcpListener::bind(addr.as_str()));
+        // Non-blocking for good: `accept` polls it until its deadline, so no thread is
+        // ever stuck in an accept that outlives the listener.
+        let result = std::net::TcpListener::bind(addr.as_str())
+            .and_then(|listener| listener.set_nonblocking(true).map(|()| listener));
         match result {
             Ok(listener) => ROk(Listener_TO::from_value(
                 TcpListener {
-                    rt: self.rt.clone(),
                     listener,
                     max_frame: self.max_frame,
                 },
@@ -140,23 +166,22 @@ impl Transport for TcpTransport {
             );
         }
         let max_frame = self.max_frame;
-        let result = self.rt.block_on(async {
-            let stream = within(timeout_ms, tokio::net::TcpStream::connect(addr.as_str()))
-                .await
-                .ok_or_else(|| format!("connecting to {addr}: no answer within {timeout_ms} ms"))?
-                .map_err(|e| format!("connecting to {addr}: {e}"))?;
-            let mut hello = [0u8; 8];
-            hello[..4].copy_from_slice(HELLO_MAGIC);
-            hello[4..].copy_from_slice(&WIRE_VERSION.to_le_bytes());
-            let mut stream = stream;
-            stream
-                .write_all(&hello)
-                .await
-                .map_err(|e| format!("connecting to {addr}: {e}"))?;
-            stream
-                .into_std()
-                .map_err(|e| format!("connecting to {addr}: {e}"))
-        });
+        let end = deadline(timeout_ms);
+        let result = addr
+            .as_str()
+            .to_socket_addrs()
+            .map_err(|e| format!("connecting to {addr}: {e}"))
+            .and_then(|addrs| {
+                let addrs: Vec<SocketAddr> = addrs.collect();
+                connect_any(&addr, &addrs, end, timeout_ms)
+            })
+            .and_then(|stream| {
+                // The hello is 8 bytes into an empty socket buffer: it never waits.
+                (&stream)
+                    .write_all(&hello())
+                    .map(|()| stream)
+                    .map_err(|e| format!("connecting to {addr}: {e}"))
+            });
         match result.and_then(|s| ConnectionHandle::from_std(s, addr.to_string(), max_frame)) {
             Ok(c) => ROk(Connection_TO::from_value(c, TD_Opaque)),
             Err(e) => RErr(e.into()),
@@ -165,9 +190,67 @@ impl Transport for TcpTransport {
 }
 
 pub struct TcpListener {
-    rt: Arc<Runtime>,
-    listener: tokio::net::TcpListener,
+    /// Non-blocking: see `listen`.
+    listener: std::net::TcpListener,
     max_frame: usize,
+}
+
+impl TcpListener {
+    /// The next pending connection, or `None` once `deadline` has passed without one.
+    fn next_pending(
+        &self,
+        deadline: Option<Instant>,
+    ) -> Result<Option<(std::net::TcpStream, SocketAddr)>, String> {
+        let mut pause = Duration::from_millis(1);
+        loop {
+            match self.listener.accept() {
+                Ok(accepted) => return Ok(Some(accepted)),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => return Err(format!("accept failed: {e}")),
+            }
+            let nap = match deadline {
+                None => pause,
+                Some(end) => {
+                    let left = end.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Ok(None);
+                    }
+                    pause.min(left)
+                }
+            };
+            std::thread::sleep(nap);
+            pause = (pause * 2).min(ACCEPT_POLL_MAX);
+        }
+    }
+}
+
+/// Reads and checks the hello of a peer just accepted, waiting at most `HELLO_TIMEOUT`.
+fn read_hello(stream: &std::net::TcpStream, peer: &SocketAddr) -> Result<(), String> {
+    // Some systems hand out accepted sockets non-blocking like their listener.
+    stream
+        .set_nonblocking(false)
+        .and_then(|()| stream.set_read_timeout(Some(HELLO_TIMEOUT)))
+        .map_err(|e| format!("{peer}: socket error: {e}"))?;
+    let mut hello = [0u8; 8];
+    let mut reader = stream;
+    match reader.read_exact(&mut hello) {
+        Ok(()) => {}
+        Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+            return Err(format!("{peer}: sent no hello within 5 s"))
+        }
+        Err(e) => return Err(format!("{peer}: closed before its hello: {e}")),
+    }
+    if &hello[..4] != HELLO_MAGIC {
+        return Err(format!("{peer}: not a Prima TCP peer (bad hello)"));
+    }
+    let version = u32::from_le_bytes([hello[4], hello[5], hello[6], hello[7]]);
+    if version != WIRE_VERSION {
+        return Err(format!(
+            "{peer}: speaks TCP wire version {version}, this node speaks {WIRE_VERSION}"
+        ));
+    }
+    Ok(())
 }
 
 impl Listener for TcpListener {
@@ -179,30 +262,12 @@ impl Listener for TcpListener {
     }
 
     fn accept(&self, timeout_ms: u64) -> TransportResult<ROption<ConnectionBox>> {
-        let result = self.rt.block_on(async {
-            let Some(accepted) = within(timeout_ms, self.listener.accept()).await else {
+        let result = self.next_pending(deadline(timeout_ms)).and_then(|pending| {
+            let Some((stream, peer)) = pending else {
                 return Ok(None);
             };
-            let (mut stream, peer) = accepted.map_err(|e| format!("accept failed: {e}"))?;
-            let mut hello = [0u8; 8];
-            match tokio::time::timeout(HELLO_TIMEOUT, stream.read_exact(&mut hello)).await {
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => return Err(format!("{peer}: closed before its hello: {e}")),
-                Err(_) => return Err(format!("{peer}: sent no hello within 5 s")),
-            }
-            if &hello[..4] != HELLO_MAGIC {
-                return Err(format!("{peer}: not a Prima TCP peer (bad hello)"));
-            }
-            let version = u32::from_le_bytes([hello[4], hello[5], hello[6], hello[7]]);
-            if version != WIRE_VERSION {
-                return Err(format!(
-                    "{peer}: speaks TCP wire version {version}, this node speaks {WIRE_VERSION}"
-                ));
-            }
-            stream
-                .into_std()
-                .map(|s| Some((s, peer.to_string())))
-                .map_err(|e| format!("{peer}: socket error: {e}"))
+            read_hello(&stream, &peer)?;
+            Ok(Some((stream, peer.to_string())))
         });
         let made = result.and_then(|accepted| match accepted {
             Some((s, peer)) => ConnectionHandle::from_std(s, peer, self.max_frame).map(Some),
@@ -219,12 +284,12 @@ impl Listener for TcpListener {
 /// Bytes read from the socket and not yet handed out as frames, and the read timeout the
 /// socket was last given.
 struct Inbox {
-    buf: BytesMut,
+    /// Starts at a frame's length field.
+    buf: Vec<u8>,
     /// Zeroed once: every read lands here and is copied to `buf`, so the thread never
     /// zeroes a buffer before a read (work that would compete, on a small machine, with
     /// the device it has just woken).
     landing: Vec<u8>,
-    codec: LengthDelimitedCodec,
     max_frame: usize,
     /// `None` until first set; then the socket's current `SO_RCVTIMEO`.
     timeout: Option<Option<Duration>>,
@@ -242,21 +307,23 @@ impl Inbox {
         socket: &std::net::TcpStream,
         timeout_ms: u64,
         peer: &str,
-    ) -> Result<Option<BytesMut>, String> {
-        use std::io::{ErrorKind, Read};
+    ) -> Result<Option<RVec<u8>>, String> {
         let timeout = (timeout_ms != NO_TIMEOUT).then(|| Duration::from_millis(timeout_ms.max(1)));
         loop {
             if let Some(head) = self.buf.get(..4) {
                 let len = u32::from_be_bytes([head[0], head[1], head[2], head[3]]) as usize;
-                if len > self.max_frame || self.buf.len() >= 4 + len {
-                    // The whole frame is here (or its length is over the limit): the codec
-                    // takes it out (or names the error) in one step, so it never holds a
-                    // half-read frame of its own.
-                    return match self.codec.decode(&mut self.buf) {
-                        Ok(Some(frame)) => Ok(Some(frame)),
-                        Ok(None) => Err(format!("receiving from {peer}: frame lost")),
-                        Err(e) => Err(format!("receiving from {peer}: {e}")),
-                    };
+                if len > self.max_frame {
+                    // Left in place: the connection is unusable from here on, and every
+                    // later call says so again.
+                    return Err(format!(
+                        "receiving from {peer}: a frame of {len} bytes is over the limit of {} bytes",
+                        self.max_frame
+                    ));
+                }
+                if self.buf.len() >= 4 + len {
+                    let frame = RVec::from(&self.buf[4..4 + len]);
+                    self.buf.drain(..4 + len);
+                    return Ok(Some(frame));
                 }
                 self.buf.reserve(4 + len - self.buf.len());
             }
@@ -309,9 +376,8 @@ impl ConnectionHandle {
         Ok(ConnectionHandle {
             socket,
             inbox: std::sync::Mutex::new(Inbox {
-                buf: BytesMut::new(),
+                buf: Vec::new(),
                 landing: vec![0; READ_BYTES],
-                codec: codec(max_frame),
                 max_frame,
                 timeout: None,
             }),
@@ -333,7 +399,7 @@ fn unsent<'a>(header: &'a [u8], payload: &'a [u8], written: usize) -> [&'a [u8];
 
 /// Writes `header` then `payload`, in one `writev` unless the socket buffer is full.
 fn write_frame(socket: &std::net::TcpStream, header: &[u8], payload: &[u8]) -> std::io::Result<()> {
-    use std::io::{ErrorKind, IoSlice, Write};
+    use std::io::IoSlice;
     let mut socket = socket;
     let total = header.len() + payload.len();
     let mut written = 0;
@@ -380,7 +446,7 @@ impl Connection for ConnectionHandle {
         }
         let mut inbox = self.inbox.lock().unwrap_or_else(|e| e.into_inner());
         match inbox.next_frame(&self.socket, timeout_ms, &self.peer) {
-            Ok(Some(frame)) => ROk(RSome(RVec::from(&frame[..]))),
+            Ok(Some(frame)) => ROk(RSome(frame)),
             Ok(None) => ROk(RNone),
             Err(e) => RErr(e.into()),
         }
