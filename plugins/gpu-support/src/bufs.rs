@@ -67,6 +67,27 @@ impl<B> Buffers<B> {
         Ok(&mut e.buf)
     }
 
+    /// Runs `f` on the buffer behind `out` (checked as [`Self::get`] does), taken out of the
+    /// table for the call so that `f` may read the other buffers beside it: a launch that
+    /// writes `out` while reading inputs (which [`apart`] keeps in other buffers).
+    pub fn with_out<R>(
+        &mut self,
+        op: &str,
+        out: Buf,
+        f: impl FnOnce(&mut B, &Self) -> OpResult<R>,
+    ) -> OpResult<R> {
+        let mut e = self
+            .bufs
+            .remove(&out.id)
+            .ok_or_else(|| format!("{op}: out: unknown buffer {}", out.id))?;
+        let r = out
+            .check_within(e.len)
+            .map_err(|e| format!("{op}: out: {e}"))
+            .and_then(|_| f(&mut e.buf, self));
+        self.bufs.insert(out.id, e);
+        r
+    }
+
     /// Live buffers (tests: nothing leaks).
     pub fn len(&self) -> usize {
         self.bufs.len()
@@ -125,6 +146,15 @@ mod tests {
         bufs.remove(a);
         let e = bufs.get("scale", "x", Buf::whole(a, 1)).err().unwrap();
         assert!(e.contains("unknown buffer"), "{e}");
+        let sum = bufs
+            .with_out("add", Buf::whole(b, 4), |o, rest| {
+                assert!(rest.get("add", "x", Buf::whole(b, 4)).is_err());
+                o[0] = 1.0;
+                Ok(o.len())
+            })
+            .unwrap();
+        assert_eq!(sum, 4);
+        assert_eq!(bufs.get("add", "x", Buf::whole(b, 4)).unwrap()[0], 1.0);
         let c = bufs.insert(vec![], 0);
         assert!(c > b);
         assert!(apart("add", Buf::whole(c, 0), &[Buf::whole(c, 0)]).is_err());
