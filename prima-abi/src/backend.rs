@@ -437,8 +437,7 @@ pub trait Backend: Send + Sync {
     fn transfers(&self) -> TransferCounts;
 
     /// `out[i] = dequantize(table row ids[i])`; `out` is `ids.len() × table.cols`.
-    fn get_rows(&self, table: TensorView<'_>, ids: RSlice<'_, u32>, out: Buf)
-        -> BackendResult<()>;
+    fn get_rows(&self, table: TensorView<'_>, ids: RSlice<'_, u32>, out: Buf) -> BackendResult<()>;
 
     /// `out = x · wᵀ`: `x` is `n_tokens × w.cols`, `out` is `n_tokens × w.rows`.
     fn matmul(&self, w: TensorView<'_>, x: Buf, n_tokens: u32, out: Buf) -> BackendResult<()>;
@@ -633,7 +632,9 @@ pub fn gather_rows_host(
     for (out, &r) in dst.chunks_exact_mut(row_len).zip(rows) {
         let r = r as usize;
         if r >= n_src {
-            return Err(format!("gather_rows: row {r} is past the source's {n_src} rows"));
+            return Err(format!(
+                "gather_rows: row {r} is past the source's {n_src} rows"
+            ));
         }
         out.copy_from_slice(&src[r * row_len..(r + 1) * row_len]);
     }

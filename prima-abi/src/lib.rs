@@ -9,8 +9,8 @@
 //! (the engine's `plugin` module) and anything that computes.
 
 pub mod backend;
-pub mod on_host;
 mod ggml_type;
+pub mod on_host;
 pub mod os;
 pub mod solver;
 pub mod transport;

@@ -4,9 +4,10 @@
 
 use std::time::{Duration, Instant};
 
-use abi_stable::std_types::{RSlice, RSliceMut};
+use abi_stable::std_types::RSlice;
 
 use super::device::{QuantClass, QuantRates};
+use super::probe_bufs::ProbeBufs;
 use prima_abi::backend::{BackendBox, TensorView};
 
 /// Columns of the probe matrix (a typical hidden size).
@@ -32,34 +33,29 @@ pub fn cpu_throughput(backend: &BackendBox, per_class: Duration) -> Result<Quant
         let rows = (TARGET_BYTES / row_bytes).clamp(16, 1024) / 16 * 16;
         // Zero blocks are valid in every format (scales of 0) and cost what any data costs.
         let data = vec![0u8; rows * row_bytes];
-        let x = vec![0.5f32; COLS];
-        let mut out = vec![0f32; rows];
+        let bufs = ProbeBufs::new(backend, &vec![0.5f32; COLS], rows)?;
         let view = TensorView {
             data: RSlice::from_slice(&data),
             ggml_type: t.id(),
             cols: COLS as u64,
             rows: rows as u64,
         };
-        let run = |out: &mut [f32]| -> Result<(), String> {
+        // The CPU backend runs each call as it comes: no download is needed to time it.
+        let run = || -> Result<(), String> {
             backend
-                .matmul(
-                    view,
-                    RSlice::from_slice(&x),
-                    1,
-                    RSliceMut::from_mut_slice(out),
-                )
+                .matmul(view, bufs.x, 1, bufs.out)
                 .into_result()
                 .map_err(|e| format!("matmul {}: {e}", t.name()))
         };
-        run(&mut out)?; // warm the caches and the pool
-                        // The best of several short slices: the least disturbed by other work.
+        run()?; // warm the caches and the pool
+                // The best of several short slices: the least disturbed by other work.
         let slice = per_class / SLICES;
         let mut gflops = 0.0f64;
         for _ in 0..SLICES {
             let start = Instant::now();
             let mut calls = 0u64;
             while start.elapsed() < slice || calls < 2 {
-                run(&mut out)?;
+                run()?;
                 calls += 1;
             }
             let secs = start.elapsed().as_secs_f64();

@@ -6,6 +6,8 @@
 use std::time::{Duration, Instant};
 
 use abi_stable::std_types::{RSlice, RSliceMut};
+
+use super::probe_bufs::ProbeBufs;
 use serde::{Deserialize, Serialize};
 
 use super::compute::cpu_throughput;
@@ -60,7 +62,7 @@ fn read_rate(backend: &BackendBox, budget: Duration) -> Result<f64, String> {
     let row_bytes = t.row_bytes(READ_COLS).ok_or("Q8_0 rows of 4096 columns")?;
     let rows = READ_BYTES / row_bytes;
     let data = vec![0u8; rows * row_bytes];
-    let x = vec![0.5f32; READ_COLS];
+    let bufs = ProbeBufs::new(backend, &vec![0.5f32; READ_COLS], rows)?;
     let mut out = vec![0f32; rows];
     let view = TensorView {
         data: RSlice::from_slice(&data),
@@ -70,13 +72,10 @@ fn read_rate(backend: &BackendBox, budget: Duration) -> Result<f64, String> {
     };
     let mut run = || -> Result<f64, String> {
         let start = Instant::now();
+        // The download waits for the product: the time is the device's.
         backend
-            .matmul(
-                view,
-                RSlice::from_slice(&x),
-                1,
-                RSliceMut::from_mut_slice(&mut out),
-            )
+            .matmul(view, bufs.x, 1, bufs.out)
+            .and_then(|()| backend.download(bufs.out, RSliceMut::from_mut_slice(&mut out)))
             .into_result()
             .map_err(|e| format!("matmul Q8_0 ({} MiB): {e}", data.len() >> 20))?;
         Ok(start.elapsed().as_secs_f64())
@@ -92,19 +91,21 @@ fn read_rate(backend: &BackendBox, budget: Duration) -> Result<f64, String> {
     Ok(data.len() as f64 / best.max(1e-9))
 }
 
-/// t^{ram-vram}: half the time of the cheapest operation on one hidden state (`hidden`
-/// floats), which the host-memory ABI copies in and out.
+/// t^{ram-vram}: half the time of one hidden state's (`hidden` floats) upload and
+/// download, the two copies a window of GPU layers makes.
 fn copy_ms(backend: &BackendBox, hidden: usize, budget: Duration) -> Result<f64, String> {
     let mut x = vec![1.0f32; hidden.max(1)];
+    let bufs = ProbeBufs::new(backend, &x, 0)?;
     let mut best = f64::INFINITY;
     let start = Instant::now();
     let mut calls = 0;
     while start.elapsed() < budget || calls < 3 {
         let t = Instant::now();
         backend
-            .scale(RSliceMut::from_mut_slice(&mut x), 1.0)
+            .upload(bufs.x, RSlice::from_slice(&x))
+            .and_then(|()| backend.download(bufs.x, RSliceMut::from_mut_slice(&mut x)))
             .into_result()
-            .map_err(|e| format!("scale: {e}"))?;
+            .map_err(|e| format!("upload and download: {e}"))?;
         best = best.min(t.elapsed().as_secs_f64());
         calls += 1;
     }

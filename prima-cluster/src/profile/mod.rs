@@ -14,6 +14,7 @@ mod disk;
 mod gpu;
 mod measure;
 mod memory;
+mod probe_bufs;
 
 // What the device has (cores, memory, cgroup limits) is read by `prima-host`, which the
 // plugins share; re-exported so that a profile is one import.

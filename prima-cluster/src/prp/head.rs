@@ -784,8 +784,7 @@ impl Passes<'_> {
         round: usize,
     ) -> Result<Sent, RingError> {
         let model = session.model();
-        let n_embd = model.hparams().n_embd;
-        let n_tokens = session.hidden().len() / n_embd;
+        let n_tokens: usize = session.batch_spans().iter().map(|s| s.len).sum();
         let experts_before = self.expert_stats();
         let run = self
             .residency
@@ -804,12 +803,8 @@ impl Passes<'_> {
         // point is to overlap others' compute; their reads count in the next pass).
         let (disk_read_bytes, mem_available) = self.meter.end_pass();
         let sending = Instant::now();
-        encode_activations(
-            &mut self.frame,
-            &header,
-            session.batch_spans(),
-            session.hidden(),
-        );
+        let (spans, hidden) = session.outgoing()?;
+        encode_activations(&mut self.frame, &header, spans, hidden);
         if let Err(e) = send_frame(&self.shared.data_out, &self.frame) {
             return Err(self.broken(e));
         }

@@ -591,7 +591,8 @@ fn compute_loop(
             })
         };
         let sending = Instant::now();
-        encode_activations(&mut out, &header, session.batch_spans(), session.hidden());
+        let (spans, hidden) = session.outgoing()?;
+        encode_activations(&mut out, &header, spans, hidden);
         send_frame(data_out, &out)?;
         let send_ms = sending.elapsed().as_secs_f64() * 1e3;
         if let Some(at) = logged {

@@ -1,54 +1,42 @@
 //! The forward pass: token ids in, logits of the last position out, one backend
-//! operation at a time over buffers allocated once per session.
+//! operation at a time over buffers allocated once per session. The activations stay in
+//! the backend's buffers; the residual stream comes to the host only when it leaves the
+//! device (a ring hop) and the logits when they are read.
 
 use abi_stable::std_types::{RNone, RResult, RSlice, RSome};
 
 use super::arch::AttentionScale;
-use super::backend_call::{op, rm, rs};
+use super::backend_call::{download, op, upload};
 use super::batch_plan::{check_entries, check_rows, plan_batches, Piece, SeqSpan, SeqTokens};
-use super::ffn::{FfnContext, FfnScratch};
+use super::ffn::{FfnContext, FfnHost};
+use super::scratch::{DeviceScratch, OutputBufs, Residual, Side};
 use super::{ExpertPolicy, Model, ModelError, RopeScaling};
-use prima_abi::backend::{AttentionParams, AttentionSpan, BackendBox, KvSpec, RopeParams};
+use prima_abi::backend::{
+    AttentionParams, AttentionSpan, BackendBox, Buf, KvSpec, RopeParams, TransferCounts,
+};
 
-/// Activation buffers sized for `n_batch` tokens, reused by every step.
-struct Scratch {
-    /// Residual stream, `n × n_embd`.
+/// What the engine itself reads and writes on the host, sized for `n_batch` tokens.
+struct HostScratch {
+    /// The residual stream when it is on the host ([`Residual::Host`]), `n × n_embd`.
     x: Vec<f32>,
-    /// Normed input / projection output, `n × n_embd`.
-    h: Vec<f32>,
-    q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
-    attn: Vec<f32>,
-    /// Per-head normed queries and keys (empty without Q/K norms).
-    q_normed: Vec<f32>,
-    k_normed: Vec<f32>,
-    /// Post-normed block output, `n × n_embd` (empty without post-norms).
-    post: Vec<f32>,
-    /// The feed-forward block's own buffers.
-    ffn: FfnScratch,
     positions: Vec<u32>,
+    /// The logits of one row ([`Session::logits`]).
     logits: Vec<f32>,
+    /// Which rows of the residual stream the output head reads ([`Session::entries_logits`]).
+    out_rows: Vec<u32>,
+    /// The feed-forward blocks' host side (routing).
+    ffn: FfnHost,
 }
 
-impl Scratch {
-    fn new(model: &Model, n_batch: usize) -> Scratch {
+impl HostScratch {
+    fn new(model: &Model, n_batch: usize) -> HostScratch {
         let hp = model.hparams();
-        let spec = hp.arch.spec();
-        let sized = |wanted: bool, len: usize| if wanted { vec![0.0; len] } else { Vec::new() };
-        Scratch {
+        HostScratch {
             x: vec![0.0; n_batch * hp.n_embd],
-            h: vec![0.0; n_batch * hp.n_embd],
-            q: vec![0.0; n_batch * hp.q_dim()],
-            k: vec![0.0; n_batch * hp.k_dim()],
-            v: vec![0.0; n_batch * hp.v_dim()],
-            attn: vec![0.0; n_batch * hp.n_head * hp.head_dim_v],
-            q_normed: sized(spec.qk_norm, n_batch * hp.q_dim()),
-            k_normed: sized(spec.qk_norm, n_batch * hp.k_dim()),
-            post: sized(spec.post_norms, n_batch * hp.n_embd),
-            ffn: FfnScratch::new(hp, model.experts(), n_batch),
             positions: vec![0; n_batch],
             logits: vec![0.0; hp.n_vocab],
+            out_rows: Vec::with_capacity(n_batch),
+            ffn: FfnHost::new(model.experts(), n_batch),
         }
     }
 }
@@ -66,8 +54,8 @@ impl Scratch {
 /// A session may hold a second backend, a GPU's, beside its own (the paper's n_m split):
 /// the layers given to it ([`GpuLayers`]) run every operation there and keep their keys and
 /// values in its KV cache; the other layers, the embedding and the output head run on the
-/// session's backend. Activations are host memory between operations (the backend ABI), so
-/// switching backends between layers copies nothing in the engine.
+/// session's backend. Each backend has its own buffers; the residual stream moves between
+/// them through the host when the side changes (one download and one upload, counted).
 ///
 /// A single-device session holds every layer and is driven by [`Session::eval`] or
 /// [`Session::eval_batch_with`]. A ring device holds only its windows' layers and is
@@ -96,11 +84,18 @@ pub struct Session<'m> {
     batch_len: usize,
     /// The spans of the last finished batch (what [`Session::logits_rows`] reads).
     last: Vec<SeqSpan>,
-    buf: Scratch,
+    /// The session's own backend's buffers, the GPU's (with GPU layers) and the output
+    /// head's (on the session's own backend).
+    bufs: DeviceScratch,
+    gpu_bufs: Option<DeviceScratch>,
+    out: OutputBufs,
+    host: HostScratch,
+    /// Where the batch's residual stream is, and how many rows it holds.
+    residual: Residual,
+    residual_rows: usize,
     /// The token ids of a batch of [`Session::eval_batch_with`].
     batch_tokens: Vec<u32>,
-    /// Rows gathered for the output head, and each entry's logits.
-    out_rows: Vec<f32>,
+    /// Each entry's logits.
     entry_logits: Vec<f32>,
     /// Per entry, the first of its rows in `entry_logits` and how many of its last
     /// tokens have logits there; empty: one row per entry, its last
@@ -110,15 +105,6 @@ pub struct Session<'m> {
     attn_spans: Vec<AttentionSpan>,
     /// What the MoE layers tell about the experts they use (expert residency).
     experts: Option<std::sync::Arc<dyn ExpertPolicy + 'm>>,
-}
-
-/// Which of a session's backends runs a held layer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Side {
-    /// The session's own backend (the CPU's).
-    Main,
-    /// The GPU backend beside it.
-    Gpu,
 }
 
 /// A GPU backend and the held layers it runs: the paper's n_m GPU layers of each of the
@@ -227,6 +213,29 @@ impl<'m> Session<'m> {
             }
         }
         let n_batch = n_batch.clamp(1, n_ctx.max(1));
+        let mut bufs = DeviceScratch::new(backend, model, n_batch)?;
+        let gpu_bufs = match gpu {
+            Some(g) if !g.layers.is_empty() => {
+                match DeviceScratch::new(g.backend, model, n_batch) {
+                    Ok(b) => Some(b),
+                    Err(e) => {
+                        bufs.free(backend);
+                        return Err(e);
+                    }
+                }
+            }
+            _ => None,
+        };
+        let out = match OutputBufs::new(backend, model, n_batch) {
+            Ok(o) => o,
+            Err(e) => {
+                bufs.free(backend);
+                if let (Some(mut b), Some(g)) = (gpu_bufs, gpu) {
+                    b.free(g.backend);
+                }
+                return Err(e);
+            }
+        };
         let mut session = Session {
             model,
             backend,
@@ -240,9 +249,13 @@ impl<'m> Session<'m> {
             batch: Vec::with_capacity(n_slots),
             batch_len: 0,
             last: Vec::with_capacity(n_slots),
-            buf: Scratch::new(model, n_batch),
+            bufs,
+            gpu_bufs,
+            out,
+            host: HostScratch::new(model, n_batch),
+            residual: Residual::Host,
+            residual_rows: 0,
             batch_tokens: Vec::new(),
-            out_rows: Vec::new(),
             entry_logits: Vec::new(),
             entry_rows: Vec::new(),
             attn_spans: Vec::with_capacity(n_slots),
@@ -370,7 +383,7 @@ impl<'m> Session<'m> {
         let n_layers = self.model.hparams().n_layers;
         self.check_fits(tokens)?;
         let Some(last_chunk_len) = tokens.chunks(self.n_batch).last().map(<[u32]>::len) else {
-            return Ok(&self.buf.logits);
+            return Ok(&self.host.logits);
         };
         for chunk in tokens.chunks(self.n_batch) {
             self.begin_batch(self.n_past(), chunk.len())?;
@@ -513,7 +526,7 @@ impl<'m> Session<'m> {
     ) -> Result<(), ModelError> {
         let hp = self.model.hparams();
         let (d, n_vocab) = (hp.n_embd, hp.n_vocab);
-        self.out_rows.clear();
+        self.host.out_rows.clear();
         let (mut first, mut n) = (None, 0);
         let mut row = 0;
         for p in pieces {
@@ -534,29 +547,32 @@ impl<'m> Session<'m> {
                 let x = row + from - p.tokens.start;
                 let end = row + p.span.len;
                 n += end - x;
-                self.out_rows.extend_from_slice(&self.buf.x[x * d..end * d]);
+                self.host.out_rows.extend((x..end).map(|r| r as u32));
             }
             row += p.span.len;
         }
         let Some(first) = first else {
             return Ok(());
         };
-        let (model, be, b) = (self.model, self.backend, &mut self.buf);
-        let h = &mut b.h[..n * d];
+        let x = self.x_on(Side::Main)?;
+        let (model, be) = (self.model, self.backend);
+        let rows = self.out.rows.head(n * d);
         op(
-            be.rms_norm(
-                rs(&self.out_rows),
-                model.view(&model.output_norm),
-                hp.rms_eps,
-                rm(h),
-            ),
+            be.gather_rows(x, d as u32, RSlice::from_slice(&self.host.out_rows), rows),
+            "gather_rows output",
+        )?;
+        let h = self.bufs.h.head(n * d);
+        op(
+            be.rms_norm(rows, model.view(&model.output_norm), hp.rms_eps, h),
             "rms_norm",
         )?;
-        let out = &mut self.entry_logits[first * n_vocab..(first + n) * n_vocab];
+        let logits = self.out.logits_for(be, n, n_vocab)?;
         op(
-            be.matmul(model.view(&model.output), rs(h), n as u32, rm(out)),
+            be.matmul(model.view(&model.output), h, n as u32, logits),
             "matmul output",
-        )
+        )?;
+        let out = &mut self.entry_logits[first * n_vocab..(first + n) * n_vocab];
+        download(be, logits, out)
     }
 
     /// Starts a batch of `n` tokens of slot 0 at position `start`. Cached positions from
@@ -608,7 +624,7 @@ impl<'m> Session<'m> {
             if s.start < self.n_past[s.slot] {
                 self.truncate_slot(s.slot, s.start)?;
             }
-            for (i, p) in self.buf.positions[row..row + s.len].iter_mut().enumerate() {
+            for (i, p) in self.host.positions[row..row + s.len].iter_mut().enumerate() {
                 *p = (s.start + i) as u32;
             }
             row += s.len;
@@ -624,15 +640,67 @@ impl<'m> Session<'m> {
         &self.batch
     }
 
-    /// The residual stream of the batch in flight, `n × n_embd`.
-    pub fn hidden(&self) -> &[f32] {
-        &self.buf.x[..self.batch_len * self.model.hparams().n_embd]
+    /// The residual stream of the batch in flight, `n × n_embd`, brought to the host (one
+    /// download, unless it is there already): what a ring device sends on.
+    pub fn hidden(&mut self) -> Result<&[f32], ModelError> {
+        let len = self.residual_rows * self.model.hparams().n_embd;
+        if let Residual::Device(side) = self.residual {
+            let (be, bufs) = self.side(side);
+            download(be, bufs.x, &mut self.host.x[..len])?;
+            self.residual = Residual::Host;
+        }
+        Ok(&self.host.x[..len])
     }
 
-    /// The residual stream to fill with activations received from the previous device.
+    /// The batch's spans and its residual stream ([`Session::hidden`]): what a ring device
+    /// sends on.
+    pub fn outgoing(&mut self) -> Result<(&[SeqSpan], &[f32]), ModelError> {
+        self.hidden()?;
+        let len = self.residual_rows * self.model.hparams().n_embd;
+        Ok((&self.batch, &self.host.x[..len]))
+    }
+
+    /// The residual stream to fill with activations received from the previous device; it
+    /// goes to the backend (one upload) when the next layer runs.
     pub fn hidden_mut(&mut self) -> &mut [f32] {
         let len = self.batch_len * self.model.hparams().n_embd;
-        &mut self.buf.x[..len]
+        self.residual = Residual::Host;
+        self.residual_rows = self.batch_len;
+        &mut self.host.x[..len]
+    }
+
+    /// The backend of `side` and its buffers.
+    fn side(&self, side: Side) -> (&'m BackendBox, &DeviceScratch) {
+        match (side, self.gpu, &self.gpu_bufs) {
+            (Side::Gpu, Some(gpu), Some(bufs)) => (gpu, bufs),
+            _ => (self.backend, &self.bufs),
+        }
+    }
+
+    /// The residual stream's buffer on `side`, moved there first if it is elsewhere: from
+    /// the host, one upload; from the other side, a download and an upload.
+    fn x_on(&mut self, side: Side) -> Result<Buf, ModelError> {
+        let len = self.residual_rows * self.model.hparams().n_embd;
+        let (be, bufs) = self.side(side);
+        let x = bufs.x;
+        if self.residual != Residual::Device(side) {
+            if let Residual::Device(_) = self.residual {
+                self.hidden()?;
+            }
+            upload(be, x, &self.host.x[..len])?;
+            self.residual = Residual::Device(side);
+        }
+        Ok(x)
+    }
+
+    /// The host↔device traffic of the session's backends so far (both, with a GPU beside
+    /// the CPU): read before and after a window to see what crossed.
+    pub fn transfers(&self) -> TransferCounts {
+        let own = self.backend.transfers();
+        match self.gpu {
+            Some(gpu) if self.gpu_bufs.is_some() => own.plus(gpu.transfers()),
+            _ => own,
+        }
     }
 
     /// Tells the backend that no operation follows soon, so it frees the cores (a ring
@@ -653,6 +721,7 @@ impl<'m> Session<'m> {
                     held: self.held_layers(),
                 });
             };
+            self.x_on(side)?;
             self.layer(il, side, index)?;
         }
         Ok(())
@@ -683,7 +752,7 @@ impl<'m> Session<'m> {
     /// Final norm and output head for row `row` of the residual stream of the last batch.
     pub fn logits(&mut self, row: usize) -> Result<&[f32], ModelError> {
         self.output(row)?;
-        Ok(&self.buf.logits)
+        Ok(&self.host.logits)
     }
 
     /// Rows of the last batch still cached: up to the first span whose slot has since
@@ -728,16 +797,19 @@ impl<'m> Session<'m> {
         if n == 0 {
             return Ok(());
         }
-        let (model, be, b) = (self.model, self.backend, &mut self.buf);
-        let (x, h) = (&b.x[rows.start * d..rows.end * d], &mut b.h[..n * d]);
+        let x = self.x_on(Side::Main)?;
+        let (model, be) = (self.model, self.backend);
+        let (x, h) = (x.slice(rows.start * d, n * d), self.bufs.h.head(n * d));
         op(
-            be.rms_norm(rs(x), model.view(&model.output_norm), hp.rms_eps, rm(h)),
+            be.rms_norm(x, model.view(&model.output_norm), hp.rms_eps, h),
             "rms_norm",
         )?;
+        let logits = self.out.logits_for(be, n, hp.n_vocab)?;
         op(
-            be.matmul(model.view(&model.output), rs(h), n as u32, rm(out)),
+            be.matmul(model.view(&model.output), h, n as u32, logits),
             "matmul output",
-        )
+        )?;
+        download(be, logits, out)
     }
 
     /// Looks up the embeddings of the batch's `tokens` into the residual stream.
@@ -751,17 +823,15 @@ impl<'m> Session<'m> {
             });
         }
         let table = self.model.view(&self.model.token_embd);
-        let x = &mut self.buf.x[..n * d];
+        let x = self.bufs.x.head(n * d);
         op(
-            self.backend
-                .get_rows(table, RSlice::from_slice(tokens), rm(x)),
+            self.backend.get_rows(table, RSlice::from_slice(tokens), x),
             "get_rows",
         )?;
+        self.residual = Residual::Device(Side::Main);
+        self.residual_rows = n;
         if self.model.hparams().arch.spec().scale_embeddings {
-            op(
-                self.backend.scale(rm(x), (d as f32).sqrt()),
-                "scale embeddings",
-            )?;
+            op(self.backend.scale(x, (d as f32).sqrt()), "scale embeddings")?;
         }
         Ok(())
     }
@@ -813,7 +883,10 @@ impl<'m> Session<'m> {
         let model = self.model;
         let hp = model.hparams();
         let w = &model.layers[il];
-        let be = self.backend_of(side);
+        let (be, b) = match (side, self.gpu, &self.gpu_bufs) {
+            (Side::Gpu, Some(gpu), Some(bufs)) => (gpu, bufs),
+            _ => (self.backend, &self.bufs),
+        };
         let kvs = match side {
             Side::Main => &self.kv,
             Side::Gpu => &self.kv_gpu,
@@ -821,59 +894,49 @@ impl<'m> Session<'m> {
         let n = self.batch_len;
         let spec = hp.arch.spec();
         let rope = self.rope_params(il);
-        let b = &mut self.buf;
         let (d, qd, kd, vd) = (hp.n_embd, hp.q_dim(), hp.k_dim(), hp.v_dim());
         let attn_dim = hp.n_head * hp.head_dim_v;
         let nt = n as u32;
 
         // Attention block.
-        let (x, h) = (&mut b.x[..n * d], &mut b.h[..n * d]);
+        let (x, h) = (b.x.head(n * d), b.h.head(n * d));
         op(
-            be.rms_norm(rs(x), model.view(&w.attn_norm), hp.rms_eps, rm(h)),
+            be.rms_norm(x, model.view(&w.attn_norm), hp.rms_eps, h),
             "rms_norm",
         )?;
-        let (q, k, v) = (&mut b.q[..n * qd], &mut b.k[..n * kd], &mut b.v[..n * vd]);
-        op(
-            be.matmul(model.view(&w.wq), rs(h), nt, rm(q)),
-            "matmul attn_q",
-        )?;
-        op(
-            be.matmul(model.view(&w.wk), rs(h), nt, rm(k)),
-            "matmul attn_k",
-        )?;
-        op(
-            be.matmul(model.view(&w.wv), rs(h), nt, rm(v)),
-            "matmul attn_v",
-        )?;
-        for (bias, out) in [(&w.bq, &mut *q), (&w.bk, &mut *k), (&w.bv, &mut *v)] {
+        let (q, k, v) = (b.q.head(n * qd), b.k.head(n * kd), b.v.head(n * vd));
+        op(be.matmul(model.view(&w.wq), h, nt, q), "matmul attn_q")?;
+        op(be.matmul(model.view(&w.wk), h, nt, k), "matmul attn_k")?;
+        op(be.matmul(model.view(&w.wv), h, nt, v), "matmul attn_v")?;
+        for (bias, out) in [(&w.bq, q), (&w.bk, k), (&w.bv, v)] {
             if let Some(bias) = bias {
-                op(be.add_bias(rm(out), model.view(bias)), "add_bias")?;
+                op(be.add_bias(out, model.view(bias)), "add_bias")?;
             }
         }
         // Per-head Q/K norm: the norm weight is one head long, so each head is a row.
         let (q, k) = match (&w.attn_q_norm, &w.attn_k_norm) {
             (Some(qn), Some(kn)) => {
-                let (q_out, k_out) = (&mut b.q_normed[..n * qd], &mut b.k_normed[..n * kd]);
+                let (q_out, k_out) = (b.q_normed.head(n * qd), b.k_normed.head(n * kd));
                 op(
-                    be.rms_norm(rs(q), model.view(qn), hp.rms_eps, rm(q_out)),
+                    be.rms_norm(q, model.view(qn), hp.rms_eps, q_out),
                     "rms_norm attn_q_norm",
                 )?;
                 op(
-                    be.rms_norm(rs(k), model.view(kn), hp.rms_eps, rm(k_out)),
+                    be.rms_norm(k, model.view(kn), hp.rms_eps, k_out),
                     "rms_norm attn_k_norm",
                 )?;
                 (q_out, k_out)
             }
             _ => (q, k),
         };
-        let pos = RSlice::from_slice(&b.positions[..n]);
+        let pos = RSlice::from_slice(&self.host.positions[..n]);
         let hd = hp.head_dim_k as u32;
-        op(be.rope(rm(q), hp.n_head as u32, hd, pos, rope), "rope q")?;
-        op(be.rope(rm(k), hp.n_head_kv as u32, hd, pos, rope), "rope k")?;
+        op(be.rope(q, hp.n_head as u32, hd, pos, rope), "rope q")?;
+        op(be.rope(k, hp.n_head_kv as u32, hd, pos, rope), "rope k")?;
         let scale = match spec.attention_scale {
             AttentionScale::InvSqrtHeadDim => hp.attention_scale,
             AttentionScale::Gemma3QueryPreAttn => {
-                op(be.scale(rm(q), hp.attention_scale), "scale q")?;
+                op(be.scale(q, hp.attention_scale), "scale q")?;
                 1.0
             }
         };
@@ -902,39 +965,38 @@ impl<'m> Session<'m> {
             n_tokens: s.len as u32,
             start_pos: s.start as u32,
         }));
-        let out = rm(&mut b.attn[..n * attn_dim]);
+        let attn = b.attn.head(n * attn_dim);
         let spans = RSlice::from_slice(spans);
         match &w.attn_sinks {
             None => op(
-                be.attention_spans(spans, rs(q), rs(k), rs(v), params, out),
+                be.attention_spans(spans, q, k, v, params, attn),
                 "attention",
             )?,
             Some(sinks) => op(
                 be.attention_spans_sinks(
                     spans,
-                    rs(q),
-                    rs(k),
-                    rs(v),
-                    rs(&sinks.values),
+                    q,
+                    k,
+                    v,
+                    RSlice::from_slice(&sinks.values),
                     params,
-                    out,
+                    attn,
                 ),
                 "attention",
             )?,
         }
-        let attn = &mut b.attn[..n * attn_dim];
         op(
-            be.matmul(model.view(&w.wo), rs(attn), nt, rm(h)),
+            be.matmul(model.view(&w.wo), attn, nt, h),
             "matmul attn_output",
         )?;
         if let Some(bo) = &w.bo {
-            op(be.add_bias(rm(h), model.view(bo)), "add_bias attn_output")?;
+            op(be.add_bias(h, model.view(bo)), "add_bias attn_output")?;
         }
-        add_residual(be, model, &w.attn_post_norm, hp.rms_eps, x, h, &mut b.post)?;
+        add_residual(be, model, &w.attn_post_norm, hp.rms_eps, x, h, b.post)?;
 
         // Feed-forward block: dense or experts, each kind its own code.
         op(
-            be.rms_norm(rs(x), model.view(&w.ffn_norm), hp.rms_eps, rm(h)),
+            be.rms_norm(x, model.view(&w.ffn_norm), hp.rms_eps, h),
             "rms_norm",
         )?;
         let cx = FfnContext {
@@ -944,25 +1006,29 @@ impl<'m> Session<'m> {
             layer: il,
             experts: self.experts.as_deref(),
         };
-        w.ffn.forward(cx, h, n, &mut b.ffn)?;
-        add_residual(be, model, &w.ffn_post_norm, hp.rms_eps, x, h, &mut b.post)
+        w.ffn.forward(cx, h, n, &b.ffn, &mut self.host.ffn)?;
+        add_residual(be, model, &w.ffn_post_norm, hp.rms_eps, x, h, b.post)
     }
 
+    /// Final norm and output head for row `row` of the residual stream, its logits brought
+    /// to the host.
     fn output(&mut self, row: usize) -> Result<(), ModelError> {
         let model = self.model;
         let hp = model.hparams();
         let d = hp.n_embd;
+        let x = self.x_on(Side::Main)?;
         let be = self.backend;
-        let b = &mut self.buf;
-        let (x, h) = (&b.x[row * d..(row + 1) * d], &mut b.h[..d]);
+        let (x, h) = (x.slice(row * d, d), self.bufs.h.head(d));
         op(
-            be.rms_norm(rs(x), model.view(&model.output_norm), hp.rms_eps, rm(h)),
+            be.rms_norm(x, model.view(&model.output_norm), hp.rms_eps, h),
             "rms_norm",
         )?;
+        let logits = self.out.logits.head(hp.n_vocab);
         op(
-            be.matmul(model.view(&model.output), rs(h), 1, rm(&mut b.logits)),
+            be.matmul(model.view(&model.output), h, 1, logits),
             "matmul output",
-        )
+        )?;
+        download(be, logits, &mut self.host.logits)
     }
 }
 
@@ -1006,20 +1072,20 @@ fn add_residual(
     model: &Model,
     post_norm: &Option<crate::gguf::TensorInfo>,
     eps: f32,
-    x: &mut [f32],
-    h: &[f32],
-    post: &mut [f32],
+    x: Buf,
+    h: Buf,
+    post: Buf,
 ) -> Result<(), ModelError> {
     match post_norm {
         Some(norm) => {
-            let post = &mut post[..h.len()];
+            let post = post.head(h.len());
             op(
-                be.rms_norm(rs(h), model.view(norm), eps, rm(post)),
+                be.rms_norm(h, model.view(norm), eps, post),
                 "rms_norm post-norm",
             )?;
-            op(be.add(rm(x), rs(post)), "add")
+            op(be.add(x, post), "add")
         }
-        None => op(be.add(rm(x), rs(h)), "add"),
+        None => op(be.add(x, h), "add"),
     }
 }
 
@@ -1028,9 +1094,14 @@ impl Drop for Session<'_> {
         for &kv in &self.kv {
             self.backend.kv_drop(kv);
         }
+        self.bufs.free(self.backend);
+        self.out.free(self.backend);
         if let Some(gpu) = self.gpu {
             for &kv in &self.kv_gpu {
                 gpu.kv_drop(kv);
+            }
+            if let Some(bufs) = &mut self.gpu_bufs {
+                bufs.free(gpu);
             }
         }
     }

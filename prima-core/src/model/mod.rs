@@ -11,6 +11,7 @@ mod error;
 mod ffn;
 mod forward;
 mod hparams;
+mod scratch;
 mod weights;
 
 pub use arch::Architecture;

@@ -1,6 +1,9 @@
 //! The feed-forward block of a decoder layer, behind one interface: the rows of the
 //! normed residual stream in, the block's output rows out, in place.
 //!
+//! The rows are a backend buffer ([`Buf`]): a block's products stay on the backend; only
+//! the router's logits come to the host, where the experts are chosen.
+//!
 //! A block differs in kind between architectures, not in a flag: a dense block
 //! ([`DenseFfn`]) runs one gated MLP over every row; a mixture of experts
 //! ([`MoeFfn`](moe::MoeFfn)) routes each row to a few of its experts. Each kind is
@@ -12,12 +15,12 @@ mod moe;
 
 use crate::gguf::TensorInfo;
 use crate::model::arch::FfnActivation;
-use crate::model::backend_call::{op, rm, rs};
+use crate::model::backend_call::op;
 use crate::model::{ExpertParams, HyperParams, Model, ModelError};
 pub use experts::{ExpertPolicy, ExpertUse, Routing};
-use moe::MoeScratch;
 pub use moe::{ExpertBiases, MoeFfn};
-use prima_abi::backend::BackendBox;
+use moe::{MoeBufs, MoeHost};
+use prima_abi::backend::{BackendBox, Buf};
 
 /// What a feed-forward block computes with: the backend of the layer's side, the model
 /// whose mapping holds the weights, the gate's activation, the layer's index and the
@@ -33,17 +36,13 @@ pub(crate) struct FfnContext<'a> {
 
 impl FfnContext<'_> {
     /// `gate = act(gate) * up`, the gated activation of every kind of block.
-    pub fn gated(&self, gate: &mut [f32], up: &[f32]) -> Result<(), ModelError> {
+    pub fn gated(&self, gate: Buf, up: Buf) -> Result<(), ModelError> {
         match self.act {
-            FfnActivation::Silu => op(self.be.swiglu(rm(gate), rs(up)), "swiglu"),
-            FfnActivation::GeluTanh => op(self.be.geglu(rm(gate), rs(up)), "geglu"),
+            FfnActivation::Silu => op(self.be.swiglu(gate, up), "swiglu"),
+            FfnActivation::GeluTanh => op(self.be.geglu(gate, up), "geglu"),
             FfnActivation::SwigluOai => op(
-                self.be.swiglu_oai(
-                    rm(gate),
-                    rs(up),
-                    FfnActivation::OAI_ALPHA,
-                    FfnActivation::OAI_LIMIT,
-                ),
+                self.be
+                    .swiglu_oai(gate, up, FfnActivation::OAI_ALPHA, FfnActivation::OAI_LIMIT),
                 "swiglu_oai",
             ),
         }
@@ -81,17 +80,18 @@ pub enum FeedForward {
 
 impl FeedForward {
     /// Replaces the `n` rows of `h` (`n × n_embd`, the normed residual stream) by the
-    /// block's output.
+    /// block's output, in the buffers `bufs` of the layer's backend.
     pub(crate) fn forward(
         &self,
         cx: FfnContext<'_>,
-        h: &mut [f32],
+        h: Buf,
         n: usize,
-        scratch: &mut FfnScratch,
+        bufs: &FfnBufs,
+        host: &mut FfnHost,
     ) -> Result<(), ModelError> {
         match self {
-            FeedForward::Dense(ffn) => ffn.forward(cx, h, n, scratch),
-            FeedForward::Moe(ffn) => ffn.forward(cx, h, n, scratch),
+            FeedForward::Dense(ffn) => ffn.forward(cx, h, n, bufs),
+            FeedForward::Moe(ffn) => ffn.forward(cx, h, n, bufs, &mut host.moe),
         }
     }
 
@@ -124,52 +124,64 @@ pub struct DenseFfn {
 }
 
 impl DenseFfn {
-    fn forward(
-        &self,
-        cx: FfnContext<'_>,
-        h: &mut [f32],
-        n: usize,
-        s: &mut FfnScratch,
-    ) -> Result<(), ModelError> {
+    fn forward(&self, cx: FfnContext<'_>, h: Buf, n: usize, s: &FfnBufs) -> Result<(), ModelError> {
         let (be, model) = (cx.be, cx.model);
         let ff = self.gate.rows() as usize;
         let nt = n as u32;
-        let (gate, up) = (&mut s.gate[..n * ff], &mut s.up[..n * ff]);
+        let (gate, up) = (s.gate.head(n * ff), s.up.head(n * ff));
         op(
-            be.matmul(model.view(&self.gate), rs(h), nt, rm(gate)),
+            be.matmul(model.view(&self.gate), h, nt, gate),
             "matmul ffn_gate",
         )?;
-        op(
-            be.matmul(model.view(&self.up), rs(h), nt, rm(up)),
-            "matmul ffn_up",
-        )?;
+        op(be.matmul(model.view(&self.up), h, nt, up), "matmul ffn_up")?;
         cx.gated(gate, up)?;
         op(
-            be.matmul(model.view(&self.down), rs(gate), nt, rm(h)),
+            be.matmul(model.view(&self.down), gate, nt, h),
             "matmul ffn_down",
         )
     }
 }
 
-/// The feed-forward block's activation buffers for batches of up to `n_batch` rows,
+/// The feed-forward block's buffers on one backend for batches of up to `n_batch` rows,
 /// allocated once per session.
-pub(crate) struct FfnScratch {
+pub(crate) struct FfnBufs {
     /// Gate and up projections (dense: `n × n_ff`; experts: their rows × `n_ff_exp`).
-    pub gate: Vec<f32>,
-    pub up: Vec<f32>,
+    pub gate: Buf,
+    pub up: Buf,
     /// Routing and per-expert buffers (empty for a dense model).
-    pub moe: MoeScratch,
+    pub moe: MoeBufs,
 }
 
-impl FfnScratch {
-    pub fn new(hp: &HyperParams, experts: Option<ExpertParams>, n_batch: usize) -> FfnScratch {
+impl FfnBufs {
+    /// Allocates with `alloc` (a length in f32s to a buffer of the layer's backend).
+    pub fn new(
+        alloc: &mut impl FnMut(usize) -> Result<Buf, ModelError>,
+        hp: &HyperParams,
+        experts: Option<ExpertParams>,
+        n_batch: usize,
+    ) -> Result<FfnBufs, ModelError> {
         let width = experts.map_or(hp.n_ff, |e| e.n_ff_exp);
-        FfnScratch {
-            gate: vec![0.0; n_batch * width],
-            up: vec![0.0; n_batch * width],
-            moe: experts.map_or_else(MoeScratch::default, |e| {
-                MoeScratch::new(hp.n_embd, e, n_batch)
-            }),
+        Ok(FfnBufs {
+            gate: alloc(n_batch * width)?,
+            up: alloc(n_batch * width)?,
+            moe: match experts {
+                Some(e) => MoeBufs::new(alloc, hp.n_embd, e, n_batch)?,
+                None => MoeBufs::default(),
+            },
+        })
+    }
+}
+
+/// What the feed-forward blocks compute on the host, shared by a session's backends: the
+/// experts' routing.
+pub(crate) struct FfnHost {
+    moe: MoeHost,
+}
+
+impl FfnHost {
+    pub fn new(experts: Option<ExpertParams>, n_batch: usize) -> FfnHost {
+        FfnHost {
+            moe: experts.map_or_else(MoeHost::default, |e| MoeHost::new(e, n_batch)),
         }
     }
 }

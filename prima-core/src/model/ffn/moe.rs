@@ -17,16 +17,20 @@
 //! (`[n_embd, n_ff_exp, n_expert]`, `[n_ff_exp, n_embd, n_expert]`): a view of
 //! consecutive rows of the mapping ([`Model::expert_view`]), never a copy.
 //!
-//! The products are the backend's; routing (a softmax over a few dozen logits per row)
-//! and the weighted sum are plain f32 arithmetic here, as in ggml (multiply, then add; the
-//! softmax's sum in f64). A single token is the batch of one: the same code, one gathered
+//! The products, the gathering of rows and the weighted sum are the backend's, on its
+//! buffers; only the router's logits come to the host (one counted download per layer),
+//! where routing — a softmax over a few dozen logits per row, its sum in f64 as in ggml —
+//! picks the experts. The weighted sum multiplies, then adds, in choice order. A single token is the batch of one: the same code, one gathered
 //! row per chosen expert. Every row's result is the one it gets alone, since the
 //! backend's products are row by row.
 
-use super::{FfnContext, FfnScratch};
+use abi_stable::std_types::RSlice;
+use prima_abi::backend::Buf;
+
+use super::{FfnBufs, FfnContext};
 use crate::gguf::TensorInfo;
 use crate::model::arch::ExpertGating;
-use crate::model::backend_call::{op, rm, rs};
+use crate::model::backend_call::{download, op};
 use crate::model::{ExpertParams, ModelError};
 
 /// A layer's experts and their router.
@@ -60,48 +64,79 @@ pub struct ExpertBiases {
     pub down: TensorInfo,
 }
 
-/// Routing tables and gathered rows for batches of up to `n_batch` rows.
+/// The experts' buffers on one backend for batches of up to `n_batch` rows.
 #[derive(Default)]
-pub(crate) struct MoeScratch {
-    /// Router logits, `n × n_expert`, turned into probabilities in place.
-    probs: Vec<f32>,
-    /// Row `t`'s chosen experts and their weights, `n × k`, largest weight first.
-    chosen: Vec<u32>,
-    weights: Vec<f32>,
-    /// Choices (`t * k + j`) grouped by expert: those of expert `e` are
-    /// `by_expert[start[e]..start[e + 1]]`, rows in order.
-    by_expert: Vec<u32>,
-    start: Vec<usize>,
-    /// One expert's input rows, gathered, and its output rows.
-    rows_in: Vec<f32>,
-    rows_out: Vec<f32>,
-    /// Each choice's weighted output, `n × k × n_embd`, summed per row at the end.
-    terms: Vec<f32>,
+pub(crate) struct MoeBufs {
+    /// Router logits, `n × n_expert`.
+    probs: Buf,
+    /// One expert's gathered input rows and their outputs, up to `n × n_embd`.
+    rows_in: Buf,
+    rows_out: Buf,
+    /// Each choice's weighted output, `n × k × n_embd`, row `t·k + j` for row t's j-th
+    /// choice.
+    terms: Buf,
 }
 
-impl MoeScratch {
-    pub fn new(n_embd: usize, e: ExpertParams, n_batch: usize) -> MoeScratch {
+impl MoeBufs {
+    pub fn new(
+        alloc: &mut impl FnMut(usize) -> Result<Buf, ModelError>,
+        n_embd: usize,
+        e: ExpertParams,
+        n_batch: usize,
+    ) -> Result<MoeBufs, ModelError> {
+        Ok(MoeBufs {
+            probs: alloc(n_batch * e.n_expert)?,
+            rows_in: alloc(n_batch * n_embd)?,
+            rows_out: alloc(n_batch * n_embd)?,
+            terms: alloc(n_batch * e.n_expert_used * n_embd)?,
+        })
+    }
+}
+
+/// The routing, on the host.
+#[derive(Default)]
+pub(crate) struct MoeHost {
+    /// Router logits, then probabilities, `n × n_expert`.
+    probs: Vec<f32>,
+    /// Per row, its `k` experts and their weights, largest first.
+    chosen: Vec<u32>,
+    weights: Vec<f32>,
+    /// Choices (`t·k + j`) grouped by expert, and where each expert's start.
+    by_expert: Vec<u32>,
+    start: Vec<usize>,
+    /// One expert's source rows and weights, for the gather and the weighted scatter.
+    rows: Vec<u32>,
+    row_weights: Vec<f32>,
+    /// The router's input rows, for an expert policy that reads them.
+    input: Vec<f32>,
+}
+
+impl MoeHost {
+    pub fn new(e: ExpertParams, n_batch: usize) -> MoeHost {
         let choices = n_batch * e.n_expert_used;
-        MoeScratch {
+        MoeHost {
             probs: vec![0.0; n_batch * e.n_expert],
             chosen: vec![0; choices],
             weights: vec![0.0; choices],
             by_expert: vec![0; choices],
             start: vec![0; e.n_expert + 1],
-            rows_in: vec![0.0; n_batch * n_embd],
-            rows_out: vec![0.0; n_batch * n_embd],
-            terms: vec![0.0; choices * n_embd],
+            rows: Vec::with_capacity(n_batch),
+            row_weights: Vec::with_capacity(n_batch),
+            input: Vec::new(),
         }
     }
 }
 
 impl MoeFfn {
+    /// Replaces the `n` rows of `h` (the normed residual stream, `n × n_embd`) by the
+    /// weighted sum of their experts' outputs.
     pub(crate) fn forward(
         &self,
         cx: FfnContext<'_>,
-        h: &mut [f32],
+        h: Buf,
         n: usize,
-        s: &mut FfnScratch,
+        s: &FfnBufs,
+        m: &mut MoeHost,
     ) -> Result<(), ModelError> {
         let (be, model) = (cx.be, cx.model);
         let ExpertParams {
@@ -113,21 +148,23 @@ impl MoeFfn {
         if n == 0 {
             return Ok(());
         }
-        let m = &mut s.moe;
+        let b = &s.moe;
 
-        // 1–2. Router, softmax, top-k per row.
-        let probs = &mut m.probs[..n * n_expert];
+        // 1–2. Router on the backend; softmax and top-k per row here.
+        let probs_dev = b.probs.head(n * n_expert);
         op(
-            be.matmul(model.view(&self.router), rs(h), n as u32, rm(probs)),
+            be.matmul(model.view(&self.router), h, n as u32, probs_dev),
             "matmul ffn_gate_inp",
         )?;
         let biases = self.biases.as_ref();
-        if let Some(b) = biases {
+        if let Some(bias) = biases {
             op(
-                be.add_bias(rm(probs), model.view(&b.router)),
+                be.add_bias(probs_dev, model.view(&bias.router)),
                 "add_bias ffn_gate_inp",
             )?;
         }
+        let probs = &mut m.probs[..n * n_expert];
+        download(be, probs_dev, probs)?;
         for t in 0..n {
             route(
                 &mut probs[t * n_expert..(t + 1) * n_expert],
@@ -138,85 +175,87 @@ impl MoeFfn {
             );
         }
         group_by_expert(&m.chosen[..n * k], &mut m.start, &mut m.by_expert[..n * k]);
-        cx.routed(&m.start, &h[..n * d]);
+        if cx.experts.is_some() {
+            // A policy may read the router's input (to guess the next layer's experts).
+            m.input.resize(n * d, 0.0);
+            download(be, h, &mut m.input)?;
+        }
+        cx.routed(
+            &m.start,
+            &m.input[..if cx.experts.is_some() { n * d } else { 0 }],
+        );
 
-        // 3. Each chosen expert once, over all its rows.
+        // 3. Each chosen expert once, over all its rows; its weighted outputs to their
+        // choices' rows of `terms`.
+        let terms = b.terms.head(n * k * d);
         for e in 0..n_expert {
             let choices = &m.by_expert[m.start[e]..m.start[e + 1]];
             let c = choices.len();
             if c == 0 {
                 continue;
             }
-            let rows_in = &mut m.rows_in[..c * d];
-            for (dst, &choice) in rows_in.chunks_exact_mut(d).zip(choices) {
-                let t = choice as usize / k;
-                dst.copy_from_slice(&h[t * d..(t + 1) * d]);
-            }
-            let (gate, up) = (&mut s.gate[..c * ff], &mut s.up[..c * ff]);
+            m.rows.clear();
+            m.rows
+                .extend(choices.iter().map(|&choice| choice / k as u32));
+            m.row_weights.clear();
+            m.row_weights
+                .extend(choices.iter().map(|&choice| m.weights[choice as usize]));
+            let rows_in = b.rows_in.head(c * d);
+            op(
+                be.gather_rows(h, d as u32, RSlice::from_slice(&m.rows), rows_in),
+                "gather_rows experts",
+            )?;
+            let (gate, up) = (s.gate.head(c * ff), s.up.head(c * ff));
             let ct = c as u32;
             cx.computing(e);
             op(
-                be.matmul(
-                    model.expert_view(&self.gate_exps, e),
-                    rs(rows_in),
-                    ct,
-                    rm(gate),
-                ),
+                be.matmul(model.expert_view(&self.gate_exps, e), rows_in, ct, gate),
                 "matmul ffn_gate_exps",
             )?;
             op(
-                be.matmul(model.expert_view(&self.up_exps, e), rs(rows_in), ct, rm(up)),
+                be.matmul(model.expert_view(&self.up_exps, e), rows_in, ct, up),
                 "matmul ffn_up_exps",
             )?;
-            if let Some(b) = biases {
+            if let Some(bias) = biases {
                 op(
-                    be.add_bias(rm(up), model.row_view(&b.up, e)),
+                    be.add_bias(up, model.row_view(&bias.up, e)),
                     "add_bias ffn_up_exps",
                 )?;
                 op(
-                    be.add_bias(rm(gate), model.row_view(&b.gate, e)),
+                    be.add_bias(gate, model.row_view(&bias.gate, e)),
                     "add_bias ffn_gate_exps",
                 )?;
             }
             cx.gated(gate, up)?;
-            let rows_out = &mut m.rows_out[..c * d];
+            let rows_out = b.rows_out.head(c * d);
             op(
-                be.matmul(
-                    model.expert_view(&self.down_exps, e),
-                    rs(gate),
-                    ct,
-                    rm(rows_out),
-                ),
+                be.matmul(model.expert_view(&self.down_exps, e), gate, ct, rows_out),
                 "matmul ffn_down_exps",
             )?;
-            if let Some(b) = biases {
+            if let Some(bias) = biases {
                 op(
-                    be.add_bias(rm(rows_out), model.row_view(&b.down, e)),
+                    be.add_bias(rows_out, model.row_view(&bias.down, e)),
                     "add_bias ffn_down_exps",
                 )?;
             }
             cx.computed(e);
-            for (row, &choice) in rows_out.chunks_exact(d).zip(choices) {
-                let choice = choice as usize;
-                let w = m.weights[choice];
-                let term = &mut m.terms[choice * d..(choice + 1) * d];
-                for (o, &y) in term.iter_mut().zip(row) {
-                    *o = y * w;
-                }
-            }
+            op(
+                be.scatter_scaled(
+                    rows_out,
+                    d as u32,
+                    RSlice::from_slice(choices),
+                    RSlice::from_slice(&m.row_weights),
+                    terms,
+                ),
+                "scatter_scaled experts",
+            )?;
         }
 
         // 4. Each row: its terms in choice order.
-        for (t, out) in h.chunks_exact_mut(d).take(n).enumerate() {
-            let terms = &m.terms[t * k * d..(t + 1) * k * d];
-            out.copy_from_slice(&terms[..d]);
-            for term in terms.chunks_exact(d).skip(1) {
-                for (o, &v) in out.iter_mut().zip(term) {
-                    *o += v;
-                }
-            }
-        }
-        Ok(())
+        op(
+            be.sum_groups(terms, d as u32, k as u32, h.head(n * d)),
+            "sum_groups experts",
+        )
     }
 }
 
