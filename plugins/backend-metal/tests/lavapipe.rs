@@ -11,7 +11,7 @@
 
 use abi_stable::sabi_trait::TD_Opaque;
 use abi_stable::std_types::{RSlice, RSliceMut};
-use prima_abi::backend::{Backend, BackendConfig, Backend_TO, KvSpec};
+use prima_abi::backend::{BackendConfig, Backend_TO, KvSpec};
 use prima_abi::on_host::OnHost;
 use prima_abi::GgmlType;
 use prima_backend_metal::device::unavailable;
