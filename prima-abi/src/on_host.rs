@@ -207,6 +207,7 @@ impl<B: Backend + ?Sized> OnHost<'_, B> {
         })
     }
 
+    #[allow(clippy::too_many_arguments)]
     pub fn attention_spans_sinks(
         &self,
         spans: RSlice<'_, AttentionSpan>,

@@ -3,7 +3,10 @@
 //! object only.
 
 use abi_stable::std_types::{RSlice, RSliceMut};
-use prima_abi::backend::{AttentionParams, BackendBox, BackendConfig, KvSpec, TensorView};
+use prima_abi::backend::{
+    AttentionParams, BackendBox, BackendConfig, KvSpec, TensorView, TransferCounts,
+};
+use prima_abi::on_host::OnHost;
 use prima_abi::GgmlType;
 
 fn create(threads: u32) -> BackendBox {
@@ -46,25 +49,39 @@ fn exported_create_gives_a_working_backend() {
     // 127/128 quantizes exactly to Q8_0 (d = 1/128, q = 127).
     let x = vec![127.0 / 128.0f32; 32];
     let mut out = vec![0f32; 2];
-    b.matmul(
-        view,
-        RSlice::from_slice(&x),
-        1,
-        RSliceMut::from_mut_slice(&mut out),
-    )
-    .unwrap();
+    let before = b.transfers();
+    OnHost(&b)
+        .matmul(
+            view,
+            RSlice::from_slice(&x),
+            1,
+            RSliceMut::from_mut_slice(&mut out),
+        )
+        .unwrap();
     assert_eq!(out, [15.875, 31.75]);
+    // The host-slice call uploads x and downloads out; a host backend never waits.
+    assert_eq!(
+        b.transfers().since(before),
+        TransferCounts {
+            uploads: 1,
+            downloads: 1,
+            bytes_up: 4 * 32,
+            bytes_down: 4 * 2,
+            ..TransferCounts::default()
+        }
+    );
 
     let mut rows = vec![0f32; 32];
-    b.get_rows(
-        view,
-        RSlice::from_slice(&[1]),
-        RSliceMut::from_mut_slice(&mut rows),
-    )
-    .unwrap();
+    OnHost(&b)
+        .get_rows(
+            view,
+            RSlice::from_slice(&[1]),
+            RSliceMut::from_mut_slice(&mut rows),
+        )
+        .unwrap();
     assert_eq!(rows, vec![1.0; 32]);
 
-    let err = b.matmul(
+    let err = OnHost(&b).matmul(
         view,
         RSlice::from_slice(&x[..31]),
         1,
@@ -97,15 +114,16 @@ fn exported_create_gives_a_working_backend() {
         softcap: 0.0,
     };
     let mut o = [0f32; 2];
-    b.attention(
-        kv,
-        RSlice::from_slice(&[1.0, 0.0]),
-        RSlice::from_slice(&[1.0, 1.0]),
-        RSlice::from_slice(&[3.0, -2.0]),
-        p,
-        RSliceMut::from_mut_slice(&mut o),
-    )
-    .unwrap();
+    OnHost(&b)
+        .attention(
+            kv,
+            RSlice::from_slice(&[1.0, 0.0]),
+            RSlice::from_slice(&[1.0, 1.0]),
+            RSlice::from_slice(&[3.0, -2.0]),
+            p,
+            RSliceMut::from_mut_slice(&mut o),
+        )
+        .unwrap();
     assert_eq!(o, [3.0, -2.0]);
     b.kv_truncate(kv, 0).unwrap();
     b.kv_drop(kv);

@@ -22,7 +22,8 @@
 //!   activation quantization step.
 
 use abi_stable::std_types::{RSlice, RSliceMut};
-use prima_abi::backend::{Backend, BackendConfig, TensorView};
+use prima_abi::backend::{BackendConfig, TensorView};
+use prima_abi::on_host::OnHost;
 use prima_abi::GgmlType;
 use prima_backend_cpu::formats::dispatch;
 use prima_backend_cpu::formats::{k_quants::q8_k, mxfp4, q8_0, q8_1, scalar};
@@ -402,13 +403,14 @@ fn mxfp4_quantized_matmul_tracks_f32() {
             .map(|_| rng.gen_range(-2.0..2.0))
             .collect();
         let mut out = vec![f32::NAN; n_tokens * rows];
-        b.matmul(
-            w,
-            RSlice::from_slice(&x),
-            n_tokens as u32,
-            RSliceMut::from_mut_slice(&mut out),
-        )
-        .unwrap();
+        OnHost(&b)
+            .matmul(
+                w,
+                RSlice::from_slice(&x),
+                n_tokens as u32,
+                RSliceMut::from_mut_slice(&mut out),
+            )
+            .unwrap();
         let mut act = vec![0u8; q8_0::BLOCK_BYTES * cols / 32];
         for t in 0..n_tokens {
             let xt = &x[t * cols..(t + 1) * cols];

@@ -16,6 +16,7 @@ use abi_stable::std_types::{RNone, ROption, RSlice, RSliceMut, RSome};
 use prima_abi::backend::{
     AttentionParams, AttentionSpan, Backend, BackendConfig, KvSpec, RopeParams, TensorView,
 };
+use prima_abi::on_host::OnHost;
 use prima_abi::GgmlType;
 use prima_backend_cpu::formats::scalar;
 use prima_backend_cpu::CpuBackend;
@@ -85,13 +86,14 @@ use prima_backend_cpu::formats::WEIGHT_TYPES;
 
 fn run_matmul(b: &CpuBackend, w: TensorView<'_>, x: &[f32], n_tokens: usize) -> Vec<f32> {
     let mut out = vec![f32::NAN; n_tokens * w.rows as usize];
-    b.matmul(
-        w,
-        RSlice::from_slice(x),
-        n_tokens as u32,
-        RSliceMut::from_mut_slice(&mut out),
-    )
-    .unwrap();
+    OnHost(b)
+        .matmul(
+            w,
+            RSlice::from_slice(x),
+            n_tokens as u32,
+            RSliceMut::from_mut_slice(&mut out),
+        )
+        .unwrap();
     out
 }
 
@@ -155,7 +157,8 @@ fn matmul_rejects_bad_shapes() {
     let x = vec![0f32; 128];
     let mut out = vec![0f32; 8];
     let err = |w: TensorView<'_>, x: &[f32], n: u32, out: &mut [f32]| {
-        b.matmul(w, RSlice::from_slice(x), n, RSliceMut::from_mut_slice(out))
+        OnHost(&b)
+            .matmul(w, RSlice::from_slice(x), n, RSliceMut::from_mut_slice(out))
             .unwrap_err()
             .to_string()
     };
@@ -174,13 +177,14 @@ fn matmul_rejects_bad_shapes() {
     // Q8_0 activations need 32-element blocks: an F16 weight of 48 columns still works.
     let f16w = vec![0u8; 2 * 48];
     let mut one = [1f32];
-    b.matmul(
-        view(&f16w, GgmlType::F16, 48, 1),
-        RSlice::from_slice(&x[..48]),
-        1,
-        RSliceMut::from_mut_slice(&mut one),
-    )
-    .unwrap();
+    OnHost(&b)
+        .matmul(
+            view(&f16w, GgmlType::F16, 48, 1),
+            RSlice::from_slice(&x[..48]),
+            1,
+            RSliceMut::from_mut_slice(&mut one),
+        )
+        .unwrap();
     assert_eq!(one, [0.0]);
 }
 
@@ -207,19 +211,20 @@ fn get_rows_dequantizes_rows() {
         let data = random_weights(&mut rng, t, rows, cols);
         let ids = [4u32, 0, 4, 2];
         let mut out = vec![f32::NAN; ids.len() * cols];
-        b.get_rows(
-            view(&data, t, cols, rows),
-            RSlice::from_slice(&ids),
-            RSliceMut::from_mut_slice(&mut out),
-        )
-        .unwrap();
+        OnHost(&b)
+            .get_rows(
+                view(&data, t, cols, rows),
+                RSlice::from_slice(&ids),
+                RSliceMut::from_mut_slice(&mut out),
+            )
+            .unwrap();
         let rb = t.row_bytes(cols).unwrap();
         let mut want = vec![0f32; cols];
         for (i, &id) in ids.iter().enumerate() {
             scalar::dequantize_row(t)(&data[id as usize * rb..(id as usize + 1) * rb], &mut want);
             assert_eq!(out[i * cols..(i + 1) * cols], want[..], "{t}: id {id}");
         }
-        let e = b.get_rows(
+        let e = OnHost(&b).get_rows(
             view(&data, t, cols, rows),
             RSlice::from_slice(&[5]),
             RSliceMut::from_mut_slice(&mut out[..cols]),
@@ -241,13 +246,14 @@ fn rms_norm_of_a_batch_equals_each_row_alone() {
     let wb = f32_bytes(&rand_vec(&mut rng, n, 2.0));
     let norm = |x: &[f32]| {
         let mut out = vec![0f32; x.len()];
-        b.rms_norm(
-            RSlice::from_slice(x),
-            view(&wb, GgmlType::F32, n, 1),
-            1e-5,
-            RSliceMut::from_mut_slice(&mut out),
-        )
-        .unwrap();
+        OnHost(&b)
+            .rms_norm(
+                RSlice::from_slice(x),
+                view(&wb, GgmlType::F32, n, 1),
+                1e-5,
+                RSliceMut::from_mut_slice(&mut out),
+            )
+            .unwrap();
         out
     };
     for rows in 1..=9 {
@@ -274,13 +280,14 @@ fn rms_norm_and_elementwise_match_formulas() {
     let wb = f32_bytes(&wv);
     let mut out = vec![0f32; rows * n];
     let eps = 1e-6;
-    b.rms_norm(
-        RSlice::from_slice(&x),
-        view(&wb, GgmlType::F32, n, 1),
-        eps,
-        RSliceMut::from_mut_slice(&mut out),
-    )
-    .unwrap();
+    OnHost(&b)
+        .rms_norm(
+            RSlice::from_slice(&x),
+            view(&wb, GgmlType::F32, n, 1),
+            eps,
+            RSliceMut::from_mut_slice(&mut out),
+        )
+        .unwrap();
     for r in 0..rows {
         let xr = &x[r * n..(r + 1) * n];
         let ms: f64 = xr.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / n as f64;
@@ -292,7 +299,7 @@ fn rms_norm_and_elementwise_match_formulas() {
             );
         }
     }
-    let bad = b.rms_norm(
+    let bad = OnHost(&b).rms_norm(
         RSlice::from_slice(&x[..63]),
         view(&wb, GgmlType::F32, n, 1),
         eps,
@@ -303,10 +310,12 @@ fn rms_norm_and_elementwise_match_formulas() {
     let up = rand_vec(&mut rng, 100, 3.0);
     let gate = rand_vec(&mut rng, 100, 6.0);
     let mut g = gate.clone();
-    b.swiglu(RSliceMut::from_mut_slice(&mut g), RSlice::from_slice(&up))
+    OnHost(&b)
+        .swiglu(RSliceMut::from_mut_slice(&mut g), RSlice::from_slice(&up))
         .unwrap();
     let mut h = gate.clone();
-    b.geglu(RSliceMut::from_mut_slice(&mut h), RSlice::from_slice(&up))
+    OnHost(&b)
+        .geglu(RSliceMut::from_mut_slice(&mut h), RSlice::from_slice(&up))
         .unwrap();
     for i in 0..100 {
         let (x, u) = (gate[i] as f64, up[i] as f64);
@@ -324,7 +333,7 @@ fn rms_norm_and_elementwise_match_formulas() {
             "geglu {i}"
         );
     }
-    assert!(b
+    assert!(OnHost(&b)
         .swiglu(
             RSliceMut::from_mut_slice(&mut g),
             RSlice::from_slice(&up[..99])
@@ -332,20 +341,24 @@ fn rms_norm_and_elementwise_match_formulas() {
         .is_err());
 
     let mut acc = vec![1.0f32; 8];
-    b.add(
-        RSliceMut::from_mut_slice(&mut acc),
-        RSlice::from_slice(&[0.5; 8]),
-    )
-    .unwrap();
-    b.scale(RSliceMut::from_mut_slice(&mut acc), 2.0).unwrap();
+    OnHost(&b)
+        .add(
+            RSliceMut::from_mut_slice(&mut acc),
+            RSlice::from_slice(&[0.5; 8]),
+        )
+        .unwrap();
+    OnHost(&b)
+        .scale(RSliceMut::from_mut_slice(&mut acc), 2.0)
+        .unwrap();
     let bias = f32_bytes(&[1.0, 2.0, 3.0, 4.0]);
-    b.add_bias(
-        RSliceMut::from_mut_slice(&mut acc),
-        view(&bias, GgmlType::F32, 4, 1),
-    )
-    .unwrap();
+    OnHost(&b)
+        .add_bias(
+            RSliceMut::from_mut_slice(&mut acc),
+            view(&bias, GgmlType::F32, 4, 1),
+        )
+        .unwrap();
     assert_eq!(acc, [4.0, 5.0, 6.0, 7.0, 4.0, 5.0, 6.0, 7.0]);
-    assert!(b
+    assert!(OnHost(&b)
         .add_bias(
             RSliceMut::from_mut_slice(&mut acc[..7]),
             view(&bias, GgmlType::F32, 4, 1)
@@ -362,10 +375,12 @@ fn gated_activations_split_over_the_pool_match_elementwise() {
     for threads in [1, 2, 3] {
         let b = backend(threads);
         let mut g = gate.clone();
-        b.swiglu(RSliceMut::from_mut_slice(&mut g), RSlice::from_slice(&up))
+        OnHost(&b)
+            .swiglu(RSliceMut::from_mut_slice(&mut g), RSlice::from_slice(&up))
             .unwrap();
         let mut h = gate.clone();
-        b.geglu(RSliceMut::from_mut_slice(&mut h), RSlice::from_slice(&up))
+        OnHost(&b)
+            .geglu(RSliceMut::from_mut_slice(&mut h), RSlice::from_slice(&up))
             .unwrap();
         for i in 0..n {
             let (x, u) = (gate[i], up[i]);
@@ -400,13 +415,14 @@ fn clamped_swiglu_matches_the_formula_at_every_split() {
     for threads in [1, 3] {
         let b = backend(threads);
         let mut g = gate.clone();
-        b.swiglu_oai(
-            RSliceMut::from_mut_slice(&mut g),
-            RSlice::from_slice(&up),
-            alpha,
-            limit,
-        )
-        .unwrap();
+        OnHost(&b)
+            .swiglu_oai(
+                RSliceMut::from_mut_slice(&mut g),
+                RSlice::from_slice(&up),
+                alpha,
+                limit,
+            )
+            .unwrap();
         for i in 0..n {
             assert_eq!(g[i].to_bits(), host[i].to_bits(), "swiglu_oai {i}");
             let x = (gate[i] as f64).min(limit as f64);
@@ -418,7 +434,7 @@ fn clamped_swiglu_matches_the_formula_at_every_split() {
                 g[i]
             );
         }
-        assert!(b
+        assert!(OnHost(&b)
             .swiglu_oai(
                 RSliceMut::from_mut_slice(&mut g[..10]),
                 RSlice::from_slice(&up[..9]),
@@ -492,14 +508,15 @@ fn rope_matches_formula() {
     for p in cases {
         let x = rand_vec(&mut rng, positions.len() * n_head * head_dim, 2.0);
         let mut y = x.clone();
-        b.rope(
-            RSliceMut::from_mut_slice(&mut y),
-            n_head as u32,
-            head_dim as u32,
-            RSlice::from_slice(&positions),
-            p,
-        )
-        .unwrap();
+        OnHost(&b)
+            .rope(
+                RSliceMut::from_mut_slice(&mut y),
+                n_head as u32,
+                head_dim as u32,
+                RSlice::from_slice(&positions),
+                p,
+            )
+            .unwrap();
         let n_rot = p.n_rot as usize;
         for (r, &pos) in positions.iter().enumerate() {
             for h in 0..n_head {
@@ -538,7 +555,7 @@ fn rope_matches_formula() {
         }
     }
     let mut y = vec![0f32; 10];
-    let e = b.rope(
+    let e = OnHost(&b).rope(
         RSliceMut::from_mut_slice(&mut y),
         1,
         16,
@@ -656,7 +673,7 @@ fn attention_matches_naive_softmax() {
             }
             let mut out = vec![f32::NAN; nt * nh * dv as usize];
             match &sinks {
-                None => b.attention(
+                None => OnHost(&b).attention(
                     kv,
                     RSlice::from_slice(&q),
                     RSlice::from_slice(&k),
@@ -664,7 +681,7 @@ fn attention_matches_naive_softmax() {
                     p,
                     RSliceMut::from_mut_slice(&mut out),
                 ),
-                Some(sinks) => b.attention_spans_sinks(
+                Some(sinks) => OnHost(&b).attention_spans_sinks(
                     RSlice::from_slice(&[AttentionSpan {
                         kv,
                         n_tokens: n,
@@ -731,7 +748,7 @@ fn attention_sinks_must_be_one_per_head() {
         n_tokens: 1,
         start_pos: 0,
     }];
-    let e = b
+    let e = OnHost(&b)
         .attention_spans_sinks(
             RSlice::from_slice(&span),
             RSlice::from_slice(&q),
@@ -743,16 +760,17 @@ fn attention_sinks_must_be_one_per_head() {
         )
         .unwrap_err();
     assert!(e.contains("3 sinks for 2 query heads"), "{e}");
-    b.attention_spans_sinks(
-        RSlice::from_slice(&span),
-        RSlice::from_slice(&q),
-        RSlice::from_slice(&kv_row),
-        RSlice::from_slice(&kv_row),
-        RSlice::from_slice(&[1.0, 2.0]),
-        p,
-        RSliceMut::from_mut_slice(&mut out),
-    )
-    .unwrap();
+    OnHost(&b)
+        .attention_spans_sinks(
+            RSlice::from_slice(&span),
+            RSlice::from_slice(&q),
+            RSlice::from_slice(&kv_row),
+            RSlice::from_slice(&kv_row),
+            RSlice::from_slice(&[1.0, 2.0]),
+            p,
+            RSliceMut::from_mut_slice(&mut out),
+        )
+        .unwrap();
     b.kv_drop(kv);
 }
 
@@ -780,16 +798,17 @@ fn attention_validates_and_truncates() {
         softcap: 0.0,
     };
     let call = |kv: u64, params: AttentionParams, q: &[f32], kvv: &[f32], out: &mut [f32]| {
-        b.attention(
-            kv,
-            RSlice::from_slice(q),
-            RSlice::from_slice(kvv),
-            RSlice::from_slice(kvv),
-            params,
-            RSliceMut::from_mut_slice(out),
-        )
-        .into_result()
-        .map_err(|e| e.into_string())
+        OnHost(&b)
+            .attention(
+                kv,
+                RSlice::from_slice(q),
+                RSlice::from_slice(kvv),
+                RSlice::from_slice(kvv),
+                params,
+                RSliceMut::from_mut_slice(out),
+            )
+            .into_result()
+            .map_err(|e| e.into_string())
     };
     let (q, kvv) = (vec![1.0f32; 3 * 8], vec![1.0f32; 3 * 4]);
     let mut out = vec![0f32; 3 * 8];

@@ -17,6 +17,7 @@ use abi_stable::std_types::{RNone, RSlice, RSliceMut, RSome};
 use prima_abi::backend::{
     AttentionParams, AttentionSpan, Backend, BackendConfig, KvSpec, RopeParams, TensorView,
 };
+use prima_abi::on_host::OnHost;
 use prima_abi::GgmlType;
 use prima_backend_cpu::CpuBackend;
 use rand::{Rng, SeedableRng};
@@ -72,13 +73,14 @@ fn rms_norm_and_rope_split_over_the_pool_match_one_thread() {
     let factors: Vec<f32> = (0..12).map(|i| 1.0 + i as f32 / 4.0).collect();
     let run = |b: &CpuBackend| {
         let mut normed = vec![0f32; x.len()];
-        b.rms_norm(
-            RSlice::from_slice(&x),
-            weight,
-            1e-6,
-            RSliceMut::from_mut_slice(&mut normed),
-        )
-        .unwrap();
+        OnHost(b)
+            .rms_norm(
+                RSlice::from_slice(&x),
+                weight,
+                1e-6,
+                RSliceMut::from_mut_slice(&mut normed),
+            )
+            .unwrap();
         let mut all = normed.clone();
         for p in [
             rope(32, false, None, 0.0),
@@ -87,14 +89,15 @@ fn rms_norm_and_rope_split_over_the_pool_match_one_thread() {
             rope(24, false, None, 1.0),
         ] {
             let mut y = normed.clone();
-            b.rope(
-                RSliceMut::from_mut_slice(&mut y),
-                n_head as u32,
-                head_dim as u32,
-                RSlice::from_slice(&positions),
-                p,
-            )
-            .unwrap();
+            OnHost(b)
+                .rope(
+                    RSliceMut::from_mut_slice(&mut y),
+                    n_head as u32,
+                    head_dim as u32,
+                    RSlice::from_slice(&positions),
+                    p,
+                )
+                .unwrap();
             all.extend(y);
         }
         bits(&all)
@@ -147,15 +150,16 @@ fn attention_split_over_the_pool_matches_one_thread() {
                     softcap,
                 };
                 let mut out = vec![0f32; (n * n_head * dv) as usize];
-                b.attention(
-                    kv,
-                    RSlice::from_slice(q),
-                    RSlice::from_slice(k),
-                    RSlice::from_slice(v),
-                    p,
-                    RSliceMut::from_mut_slice(&mut out),
-                )
-                .unwrap();
+                OnHost(b)
+                    .attention(
+                        kv,
+                        RSlice::from_slice(q),
+                        RSlice::from_slice(k),
+                        RSlice::from_slice(v),
+                        p,
+                        RSliceMut::from_mut_slice(&mut out),
+                    )
+                    .unwrap();
                 all.extend(out);
             }
             bits(&all)
@@ -230,15 +234,16 @@ fn attention_spans_match_one_call_per_span() {
             .map(|(&n, (q, k, v))| {
                 let kv = b.kv_create(spec).unwrap();
                 let mut out = vec![0f32; n as usize * o_row];
-                b.attention(
-                    kv,
-                    RSlice::from_slice(q),
-                    RSlice::from_slice(k),
-                    RSlice::from_slice(v),
-                    params(n, 0, 0, 0.0),
-                    RSliceMut::from_mut_slice(&mut out),
-                )
-                .unwrap();
+                OnHost(b)
+                    .attention(
+                        kv,
+                        RSlice::from_slice(q),
+                        RSlice::from_slice(k),
+                        RSlice::from_slice(v),
+                        params(n, 0, 0, 0.0),
+                        RSliceMut::from_mut_slice(&mut out),
+                    )
+                    .unwrap();
                 kv
             })
             .collect::<Vec<u64>>()
@@ -254,15 +259,16 @@ fn attention_spans_match_one_call_per_span() {
         let (window, softcap) = step_params(i);
         for (r, (&n, (q, k, v))) in sizes.iter().zip(parts).enumerate() {
             let mut out = vec![0f32; n as usize * o_row];
-            one.attention(
-                kvs[r],
-                RSlice::from_slice(q),
-                RSlice::from_slice(k),
-                RSlice::from_slice(v),
-                params(n, pos[r], window, softcap),
-                RSliceMut::from_mut_slice(&mut out),
-            )
-            .unwrap();
+            OnHost(&one)
+                .attention(
+                    kvs[r],
+                    RSlice::from_slice(q),
+                    RSlice::from_slice(k),
+                    RSlice::from_slice(v),
+                    params(n, pos[r], window, softcap),
+                    RSliceMut::from_mut_slice(&mut out),
+                )
+                .unwrap();
             want.extend(bits(&out));
             pos[r] += n;
         }
@@ -286,15 +292,16 @@ fn attention_spans_match_one_call_per_span() {
             let n_rows: u32 = sizes.iter().sum();
             let mut out = vec![0f32; n_rows as usize * o_row];
             let call = |spans: &[AttentionSpan], q: &[f32], out: &mut [f32]| {
-                b.attention_spans(
-                    RSlice::from_slice(spans),
-                    RSlice::from_slice(q),
-                    RSlice::from_slice(&k),
-                    RSlice::from_slice(&v),
-                    params(0, 0, window, softcap),
-                    RSliceMut::from_mut_slice(out),
-                )
-                .into_result()
+                OnHost(&b)
+                    .attention_spans(
+                        RSlice::from_slice(spans),
+                        RSlice::from_slice(q),
+                        RSlice::from_slice(&k),
+                        RSlice::from_slice(&v),
+                        params(0, 0, window, softcap),
+                        RSliceMut::from_mut_slice(out),
+                    )
+                    .into_result()
             };
             // Bad calls first: each an error naming what is wrong, no cache changed (the
             // good call after them must still give the reference's bits).

@@ -12,6 +12,7 @@
 use std::io::Write;
 use std::time::Instant;
 
+use prima_abi::backend::TransferCounts;
 use prima_cluster::prp::budget::MemBudget;
 use prima_core::batch::{BatchForward, SeqTokens};
 use prima_core::generate::Forward;
@@ -71,6 +72,19 @@ struct Report {
     /// weight_bytes_per_token × gen tok/s ÷ memory read bandwidth.
     #[serde(skip_serializing_if = "Option::is_none")]
     bandwidth_efficiency: Option<f64>,
+    /// What crossed between host and device per generated token (backend ABI v5 counts).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    transfers_per_token: Option<TransfersPerToken>,
+}
+
+/// Host↔device traffic per generated token, the means over every generation pass.
+#[derive(Serialize)]
+struct TransfersPerToken {
+    uploads: f64,
+    downloads: f64,
+    waits: f64,
+    submissions: f64,
+    bytes: f64,
 }
 
 /// Bytes of weights a single decode step streams from memory.
@@ -167,6 +181,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         row(format!("pp{}", args.n_prompt), &pp);
     }
     let mut tg = Vec::with_capacity(args.reps);
+    let transfers_before = engine_transfers(&engine);
     if args.n_gen > 0 && args.parallel == 1 {
         for rep in 0..=args.reps {
             Forward::truncate(&mut session, 0)?;
@@ -217,6 +232,16 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         }
     }
 
+    // Every generated token of every repetition (and the warm-up) crossed this.
+    let generated = (args.n_gen * args.parallel * (args.reps + 1)).max(1) as f64;
+    let crossed = engine_transfers(&engine).since(transfers_before);
+    let transfers = TransfersPerToken {
+        uploads: crossed.uploads as f64 / generated,
+        downloads: crossed.downloads as f64 / generated,
+        waits: crossed.waits as f64 / generated,
+        submissions: crossed.submissions as f64 / generated,
+        bytes: (crossed.bytes_up + crossed.bytes_down) as f64 / generated,
+    };
     if args.n_gen > 0 {
         match args.parallel {
             1 => row(format!("tg{}", args.n_gen), &tg),
@@ -249,10 +274,18 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         weight_bytes_per_token: bytes_per_token,
         mem_read_bytes_per_s: mem_bw,
         bandwidth_efficiency: mem_bw.map(|bw| bytes_per_token as f64 * tg_mean / bw),
+        transfers_per_token: (args.n_gen > 0).then_some(transfers),
     };
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
+        if let Some(t) = &report.transfers_per_token {
+            println!(
+                "host↔device per generated token: {:.1} uploads, {:.1} downloads, {:.1} waits, \
+                 {:.1} submissions, {:.0} bytes",
+                t.uploads, t.downloads, t.waits, t.submissions, t.bytes
+            );
+        }
         if let (Some(bw), Some(eff)) = (report.mem_read_bytes_per_s, report.bandwidth_efficiency) {
             println!(
                 "memory read {:.1} GB/s; generation streams {:.1} MB/token = {:.0}% of it",
@@ -263,4 +296,13 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The host↔device traffic of the engine's backends so far (the GPU's too, beside the CPU).
+fn engine_transfers(engine: &Engine) -> TransferCounts {
+    let own = engine.backend.transfers();
+    match &engine.gpu {
+        Some(gpu) => own.plus(gpu.transfers()),
+        None => own,
+    }
 }

@@ -33,27 +33,7 @@ thread_local! {
     static SCORES: RefCell<(Vec<f32>, Vec<f16>)> = const { RefCell::new((Vec::new(), Vec::new())) };
 }
 
-#[allow(clippy::too_many_arguments)]
-pub fn attention(
-    pool: &impl ChunkRunner,
-    scratch: &mut Scratch,
-    store: &KvStore,
-    kv: u64,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    p: &AttentionParams,
-    out: &mut [f32],
-) -> OpResult<()> {
-    let span = AttentionSpan {
-        kv,
-        n_tokens: p.n_tokens,
-        start_pos: p.start_pos,
-    };
-    attention_spans(pool, scratch, store, &[span], q, k, v, None, p, out)
-}
-
-/// [`attention`] for several requests' rows at once (`Backend::attention_spans`): every
+/// Causal attention for several requests' rows at once (`Backend::attention_spans`): every
 /// span's keys and values stored, then all their (token, KV head) items in one pool round,
 /// so a decode step of four requests is one round a layer, not four of three items each
 /// (SmolLM2: three KV heads on two threads left one idle for a third of each round).

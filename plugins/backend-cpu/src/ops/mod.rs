@@ -2,7 +2,7 @@
 //!
 //! Each op validates its arguments and returns an [`OpError`] message naming the op and the
 //! mismatch; nothing here panics on bad input. The ABI glue in `crate::backend` only
-//! converts types. Ops that parallelise take the backend's persistent thread pool; ops on
+//! converts types and resolves buffers to slices (`crate::buffers`). Ops that parallelise take the backend's persistent thread pool; ops on
 //! the per-token path take reusable scratch buffers instead of allocating.
 
 pub mod activation;
