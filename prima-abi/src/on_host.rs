@@ -3,6 +3,9 @@
 //! frees the buffers. Version 4 of the ABI had this shape; the engine never uses it,
 //! since it pays a round trip per operation.
 
+// Attention with sinks takes its operands one by one, as the trait does.
+#![allow(clippy::too_many_arguments)]
+
 use abi_stable::std_types::{RResult, RSlice, RSliceMut};
 
 use crate::backend::{

@@ -15,7 +15,7 @@ pub type CudaBackend = GpuBackend<State>;
 pub fn open(_cfg: BackendConfig) -> Result<CudaBackend, String> {
     let gpu = Gpu::open(0)?;
     let describe = format!(
-        "cuda: {} (sm_{}{}, {:.1} GiB), NVRTC {}.{}; host-slice ABI: activations copied per op",
+        "cuda: {} (sm_{}{}, {:.1} GiB), NVRTC {}.{}; activations on the device",
         gpu.name,
         gpu.arch.0,
         gpu.arch.1,

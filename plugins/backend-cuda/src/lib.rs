@@ -9,7 +9,8 @@
 //!   a compilation unit is assembled. No GPU code runs from Rust but through these.
 //! - [`compile`]: NVRTC and the on-disk PTX cache.
 //! - [`device`]: the availability probe and an opened GPU (context, stream, modules).
-//! - [`ops`]: the host side of each operation: checks, uploads, launches, downloads.
+//! - [`ops`]: the host side of each operation: checks and stream-ordered launches over
+//!   device-resident activation buffers; one wait per download.
 //! - [`backend`]: opening the backend and the plugin's exports. The ABI glue (every call
 //!   guarded against panics), the format table, argument checks and KV-cache bookkeeping
 //!   are `prima-gpu-support`'s, shared with the wgpu plugin.
@@ -20,10 +21,11 @@
 //! attention, norms and activations follow the CPU step for step and RoPE's cos/sin come
 //! from the host, so results agree bit for bit (see tests/gpu.rs).
 //!
-//! Status (phase 1): the host-slice ABI (v3; `attention_spans` by the trait's default,
-//! one `attention` per span) in full on one GPU; weights live in VRAM in
-//! their stored blocks, the KV cache is F16 in VRAM, activations cross the bus on every
-//! operation. See ARCHITECTURE.md for what the device-resident ABI (phase 2) changes.
+//! Status: the device-buffer ABI (v5) on one GPU. Activations live in VRAM buffers and
+//! every operation is queued on one stream; the host waits once per `download`. Weights
+//! live in VRAM in their stored blocks, the KV cache is F16 in VRAM. `gather_rows`,
+//! `scatter_scaled`, `sum_groups` and `swiglu_oai` go through the host (the ABI's
+//! defaults, counted): only mixtures of experts use them.
 
 pub mod backend;
 pub mod compile;

@@ -1,32 +1,42 @@
-//! The backend operations on the GPU, host side: argument checks (the CPU backend's), the
-//! uploads, the launches and the downloads.
+//! The backend operations on the GPU, host side: argument checks (the CPU backend's) and
+//! the launches.
 //!
-//! Phase 1 of the CUDA backend follows the host-slice ABI (v2): every operation uploads its
-//! activations, runs, and copies its result back, synchronising once per operation. Only
-//! weights (cached by mapping address) and the KV cache stay in VRAM. The device-resident
-//! ABI — activations that stay on the GPU between operations, one synchronisation per
-//! token — replaces the upload/download pairs below (`upload`, `download`) in phase 2.
+//! Device-buffer ABI (v5): activations live in VRAM buffers named by id ([`Buf`] ranges,
+//! passed to the kernels as views at their offsets). Every launch and every small argument
+//! copy (row ids, RoPE tables) is queued on the one stream, in order, and nothing waits
+//! until `download`: one stream synchronisation and a device-to-host copy. Weights (cached
+//! by mapping address) and the KV cache stay in VRAM.
 
 use std::collections::HashMap;
 
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
-use prima_abi::backend::{AttentionParams, KvSpec, RopeParams, TensorView};
+use cudarc::driver::{CudaSlice, CudaView, LaunchConfig, PushKernelArg};
+use prima_abi::backend::{
+    AttentionParams, AttentionSpan, Buf, KvSpec, RopeParams, TensorView, TransferCounts,
+};
 
 use crate::device::{drv, grid_1d, Gpu};
 use crate::formats::{Activation, WeightShape};
 use crate::kernels::{Family, ATT_MAX_HEAD_DIM, ATT_WARPS, MATMUL_TOKENS, MATMUL_WARPS};
 use prima_gpu_support::backend::GpuOps;
-use prima_gpu_support::checks::{add_bias_args, expect_len, rms_norm_args, rope_args, OpResult};
+use prima_gpu_support::bufs::{apart, Buffers};
+use prima_gpu_support::checks::{
+    add_bias_args, expect_len, mul, rms_norm_args, rope_args, OpResult,
+};
 use prima_gpu_support::kv::KvCaches;
+
+type WeightKey = (usize, usize, u32);
 
 /// Everything the backend keeps on the GPU.
 pub struct State {
     pub gpu: Gpu,
     /// Weights in their stored layout, by (mapping address, length, type): the views are
     /// slices of a read-only mapping that outlives the backend's use of it.
-    weights: HashMap<(usize, usize, u32), CudaSlice<u8>>,
+    weights: HashMap<WeightKey, CudaSlice<u8>>,
     pub weight_bytes: u64,
+    /// Activation buffers, by id.
+    bufs: Buffers<CudaSlice<f32>>,
     kv: KvCaches<CudaSlice<u16>>,
+    counts: TransferCounts,
 }
 
 /// A matmul's activations as quantize.cu writes them (see `matmul_q` in rows.cuh).
@@ -39,69 +49,63 @@ struct QuantizedActivations {
     bsums: Option<CudaSlice<i16>>,
 }
 
+/// The elements of `b` within its buffer, as a view the kernels take.
+fn view<'a>(buf: &'a CudaSlice<f32>, b: Buf) -> CudaView<'a, f32> {
+    let from = b.offset as usize;
+    buf.slice(from..from + b.len())
+}
+
 impl State {
     pub fn new(gpu: Gpu) -> State {
         State {
             gpu,
             weights: HashMap::new(),
             weight_bytes: 0,
+            bufs: Buffers::default(),
             kv: KvCaches::default(),
+            counts: TransferCounts::default(),
         }
     }
 
-    /// The weight's VRAM copy, uploaded on first use.
-    fn weight(&mut self, bytes: &[u8], ty: u32) -> OpResult<&CudaSlice<u8>> {
+    /// Uploads the weight on first use; its key in `weights`.
+    fn weight(&mut self, bytes: &[u8], ty: u32) -> OpResult<WeightKey> {
         let key = (bytes.as_ptr() as usize, bytes.len(), ty);
         if !self.weights.contains_key(&key) {
             let dev = drv("uploading a weight", self.gpu.stream.clone_htod(bytes))?;
             self.weight_bytes += bytes.len() as u64;
             self.weights.insert(key, dev);
         }
-        Ok(&self.weights[&key])
+        Ok(key)
     }
 
-    fn upload<T: cudarc::driver::DeviceRepr>(
-        &self,
+    /// A small per-operation argument (row ids, a RoPE table) copied to the GPU, queued.
+    fn param<T: cudarc::driver::DeviceRepr>(
+        &mut self,
         what: &str,
         host: &[T],
     ) -> OpResult<CudaSlice<T>> {
+        self.counts.param_bytes += std::mem::size_of_val(host) as u64;
         drv(
             &format!("uploading {what}"),
             self.gpu.stream.clone_htod(host),
         )
     }
 
-    fn download<T: cudarc::driver::DeviceRepr>(
-        &self,
-        what: &str,
-        dev: &CudaSlice<T>,
-        host: &mut [T],
-    ) -> OpResult<()> {
-        drv(
-            &format!("downloading {what}"),
-            self.gpu.stream.memcpy_dtoh(dev, host),
-        )
-    }
-
     fn alloc(&self, what: &str, n: usize) -> OpResult<CudaSlice<f32>> {
-        // SAFETY: every element is written by the kernel before it is read back.
+        // SAFETY: every element is written by the kernel before it is read.
         drv(&format!("allocating {what}"), unsafe {
             self.gpu.stream.alloc::<f32>(n.max(1))
         })
     }
 
-    /// `x` (on the GPU, `n` floats, whole blocks of `act`) quantized as the CPU backend
-    /// quantizes a matmul's activations, once per product.
-    fn quantize_activations(
-        &mut self,
-        act: Activation,
-        x: &CudaSlice<f32>,
-        n: usize,
-    ) -> OpResult<QuantizedActivations> {
+    /// `x` (`n` floats, whole blocks of `act`) quantized as the CPU backend quantizes a
+    /// matmul's activations, once per product.
+    fn quantize_activations(&mut self, act: Activation, x: Buf) -> OpResult<QuantizedActivations> {
         let kernel = act
             .quantize_kernel()
             .ok_or("float activations are not quantized")?;
         let f = self.gpu.function(Family::Quantize, kernel)?;
+        let n = x.len();
         let n_blocks = n / act.block_elems();
         let stream = self.gpu.stream.clone();
         // SAFETY (the three allocations): the quantize kernel writes every element (one
@@ -128,8 +132,9 @@ impl State {
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
+        let x_view = view(self.bufs.get("matmul", "x", x)?, x);
         let mut b = stream.launch_builder(&f);
-        b.arg(x).arg(&mut q).arg(&mut d);
+        b.arg(&x_view).arg(&mut q).arg(&mut d);
         if let Some(s) = s.as_mut() {
             b.arg(s);
         }
@@ -146,29 +151,84 @@ impl State {
         Ok(QuantizedActivations { q, d, s, bsums })
     }
 
-    /// `kernel(a, b, n)` over two equal-length vectors, `a` updated in place.
-    fn binary(&mut self, op: &'static str, a: &mut [f32], b: &[f32]) -> OpResult<()> {
+    /// `kernel(a, b, n)` over two equal-length ranges, `a` updated in place.
+    fn binary(&mut self, op: &'static str, a: Buf, b: Buf) -> OpResult<()> {
         expect_len(op, "second operand length", b.len(), a.len())?;
         if a.is_empty() {
             return Ok(());
         }
+        apart(op, a, &[b])?;
         let f = self.gpu.function(Family::Elementwise, op)?;
         let stream = self.gpu.stream.clone();
-        let mut a_dev = self.upload("activations", a)?;
-        let b_dev = self.upload("activations", b)?;
         let n = a.len() as u64;
-        let mut l = stream.launch_builder(&f);
-        l.arg(&mut a_dev).arg(&b_dev).arg(&n);
-        // SAFETY: op(float* a, const float* b, u64 n) with both n long.
-        drv(op, unsafe { l.launch(grid_1d(n)) })?;
-        self.download(op, &a_dev, a)
+        self.bufs.with_out(op, a, |a_buf, bufs| {
+            let b_view = view(bufs.get(op, "second operand", b)?, b);
+            let from = a.offset as usize;
+            let mut a_view = a_buf.slice_mut(from..from + a.len());
+            let mut l = stream.launch_builder(&f);
+            l.arg(&mut a_view).arg(&b_view).arg(&n);
+            // SAFETY: op(float* a, const float* b, u64 n) with both n long.
+            drv(op, unsafe { l.launch(grid_1d(n)) }).map(|_| ())
+        })
     }
 }
 
 impl GpuOps for State {
     const NAME: &'static str = "cuda";
 
-    fn get_rows(&mut self, table: &TensorView<'_>, ids: &[u32], out: &mut [f32]) -> OpResult<()> {
+    fn buf_create(&mut self, len: usize) -> OpResult<u64> {
+        let buf = drv(
+            "allocating activations",
+            self.gpu.stream.alloc_zeros::<f32>(len.max(1)),
+        )?;
+        Ok(self.bufs.insert(buf, len as u64))
+    }
+
+    fn buf_drop(&mut self, id: u64) {
+        // Freed in stream order, after the launches queued on it.
+        self.bufs.remove(id);
+    }
+
+    fn upload(&mut self, dst: Buf, src: &[f32]) -> OpResult<()> {
+        const OP: &str = "upload";
+        expect_len(OP, "source length", src.len(), dst.len())?;
+        let stream = self.gpu.stream.clone();
+        let buf = self.bufs.get_mut(OP, "destination", dst)?;
+        self.counts.uploads += 1;
+        if src.is_empty() {
+            return Ok(());
+        }
+        self.counts.bytes_up += std::mem::size_of_val(src) as u64;
+        let from = dst.offset as usize;
+        let mut v = buf.slice_mut(from..from + dst.len());
+        // Queued after the launches so far (the host slice is staged before this returns).
+        drv("uploading activations", stream.memcpy_htod(src, &mut v))
+    }
+
+    fn download(&mut self, src: Buf, dst: &mut [f32]) -> OpResult<()> {
+        const OP: &str = "download";
+        expect_len(OP, "destination length", dst.len(), src.len())?;
+        let stream = self.gpu.stream.clone();
+        let buf = self.bufs.get(OP, "source", src)?;
+        self.counts.downloads += 1;
+        self.counts.bytes_down += std::mem::size_of_val(dst) as u64;
+        if !dst.is_empty() {
+            drv(
+                "downloading activations",
+                stream.memcpy_dtoh(&view(buf, src), dst),
+            )?;
+        }
+        drv("waiting for the GPU", stream.synchronize())?;
+        self.counts.waits += 1;
+        Ok(())
+    }
+
+    fn transfers(&self) -> TransferCounts {
+        self.counts
+    }
+
+    fn get_rows(&mut self, table: &TensorView<'_>, ids: &[u32], out: Buf) -> OpResult<()> {
+        const OP: &str = "get_rows";
         let shape = WeightShape::for_get_rows("CUDA", table, ids, out.len())?;
         if ids.is_empty() || shape.cols == 0 {
             return Ok(());
@@ -176,46 +236,44 @@ impl GpuOps for State {
         let f = self
             .gpu
             .function(shape.format.family.into(), shape.format.get_rows)?;
-        let ids_dev = self.upload("row ids", ids)?;
-        let mut out_dev = self.alloc("rows", out.len())?;
+        let ids_dev = self.param("row ids", ids)?;
         let n_ids = ids.len() as u32;
         let stream = self.gpu.stream.clone();
-        let w = self.weight(table.data.as_slice(), table.ggml_type)?;
+        let key = self.weight(table.data.as_slice(), table.ggml_type)?;
+        let w = &self.weights[&key];
         let chunks = shape.cols / 32;
         let cfg = LaunchConfig {
             grid_dim: (chunks.div_ceil(128), n_ids, 1),
             block_dim: (128, 1, 1),
             shared_mem_bytes: 0,
         };
+        let from = out.offset as usize;
+        let out_buf = self.bufs.get_mut(OP, "out", out)?;
+        let mut out_view = out_buf.slice_mut(from..from + out.len());
         let mut b = stream.launch_builder(&f);
         b.arg(w)
             .arg(&ids_dev)
-            .arg(&mut out_dev)
+            .arg(&mut out_view)
             .arg(&shape.cols)
             .arg(&shape.row_bytes)
             .arg(&n_ids);
         // SAFETY: get_rows_<fmt>(const u8*, const u32*, float*, u32, u64, u32); the weight holds
         // `rows` rows of `row_bytes`, every id < rows, out holds n_ids × cols floats.
         drv("launching get_rows", unsafe { b.launch(cfg) })?;
-        self.download("rows", &out_dev, out)
+        Ok(())
     }
 
-    fn matmul(
-        &mut self,
-        w: &TensorView<'_>,
-        x: &[f32],
-        n_tokens: usize,
-        out: &mut [f32],
-    ) -> OpResult<()> {
+    fn matmul(&mut self, w: &TensorView<'_>, x: Buf, n_tokens: usize, out: Buf) -> OpResult<()> {
+        const OP: &str = "matmul";
         let shape = WeightShape::for_matmul("CUDA", w, x.len(), n_tokens, out.len())?;
         if n_tokens == 0 || shape.rows == 0 {
             return Ok(());
         }
+        apart(OP, out, &[x])?;
+        self.bufs.get(OP, "x", x)?;
         let f = self
             .gpu
             .function(shape.format.family.into(), shape.format.matmul)?;
-        let x_dev = self.upload("activations", x)?;
-        let mut out_dev = self.alloc("matmul output", out.len())?;
         let n = n_tokens as u32;
         let cfg = LaunchConfig {
             grid_dim: (
@@ -227,134 +285,147 @@ impl GpuOps for State {
             shared_mem_bytes: 0,
         };
         let stream = self.gpu.stream.clone();
-        match shape.format.activation {
-            Activation::Float => {
-                let w_dev = self.weight(w.data.as_slice(), w.ggml_type)?;
-                let mut b = stream.launch_builder(&f);
-                b.arg(w_dev)
-                    .arg(&x_dev)
-                    .arg(&mut out_dev)
-                    .arg(&shape.cols)
-                    .arg(&shape.rows)
-                    .arg(&shape.row_bytes)
-                    .arg(&n);
-                // SAFETY: matmul_<fmt>(const u8* w, const float* x, float* out, u32 cols,
-                // u32 rows, u64 row_bytes, u32 n_tokens), x n_tokens × cols, out
-                // n_tokens × rows.
-                drv("launching matmul", unsafe { b.launch(cfg) })?;
+        let key = self.weight(w.data.as_slice(), w.ggml_type)?;
+        let act = shape.format.activation;
+        let quantized = match act {
+            Activation::Float => None,
+            act => Some(self.quantize_activations(act, x)?),
+        };
+        let w_dev = &self.weights[&key];
+        self.bufs.with_out(OP, out, |out_buf, bufs| {
+            let from = out.offset as usize;
+            let mut out_view = out_buf.slice_mut(from..from + out.len());
+            match &quantized {
+                None => {
+                    let x_view = view(bufs.get(OP, "x", x)?, x);
+                    let mut b = stream.launch_builder(&f);
+                    b.arg(w_dev)
+                        .arg(&x_view)
+                        .arg(&mut out_view)
+                        .arg(&shape.cols)
+                        .arg(&shape.rows)
+                        .arg(&shape.row_bytes)
+                        .arg(&n);
+                    // SAFETY: matmul_<fmt>(const u8* w, const float* x, float* out, u32 cols,
+                    // u32 rows, u64 row_bytes, u32 n_tokens), x n_tokens × cols, out
+                    // n_tokens × rows.
+                    drv("launching matmul", unsafe { b.launch(cfg) })?;
+                }
+                Some(a) => {
+                    let null = 0u64;
+                    let mut b = stream.launch_builder(&f);
+                    b.arg(w_dev).arg(&a.q).arg(&a.d);
+                    match &a.s {
+                        Some(s) => b.arg(s),
+                        None => b.arg(&null),
+                    };
+                    match &a.bsums {
+                        Some(bs) => b.arg(bs),
+                        None => b.arg(&null),
+                    };
+                    b.arg(&mut out_view)
+                        .arg(&shape.cols)
+                        .arg(&shape.rows)
+                        .arg(&shape.row_bytes)
+                        .arg(&n);
+                    // SAFETY: matmul_<fmt>(const u8* w, const i8* q, const float* d,
+                    // const float* s, const short* bsums, float* out, u32 cols, u32 rows,
+                    // u64 row_bytes, u32 n_tokens): q n_tokens × cols quants, d (and s) one
+                    // per activation block, bsums one per 16 elements (those the kind has;
+                    // the kernel reads only those), out n_tokens × rows.
+                    drv("launching matmul", unsafe { b.launch(cfg) })?;
+                }
             }
-            act => {
-                let a = self.quantize_activations(act, &x_dev, x.len())?;
-                let w_dev = self.weight(w.data.as_slice(), w.ggml_type)?;
-                let null = 0u64;
-                let mut b = stream.launch_builder(&f);
-                b.arg(w_dev).arg(&a.q).arg(&a.d);
-                match &a.s {
-                    Some(s) => b.arg(s),
-                    None => b.arg(&null),
-                };
-                match &a.bsums {
-                    Some(bs) => b.arg(bs),
-                    None => b.arg(&null),
-                };
-                b.arg(&mut out_dev)
-                    .arg(&shape.cols)
-                    .arg(&shape.rows)
-                    .arg(&shape.row_bytes)
-                    .arg(&n);
-                // SAFETY: matmul_<fmt>(const u8* w, const i8* q, const float* d,
-                // const float* s, const short* bsums, float* out, u32 cols, u32 rows,
-                // u64 row_bytes, u32 n_tokens): q n_tokens × cols quants, d (and s) one per
-                // activation block, bsums one per 16 elements (those the kind has; the
-                // kernel reads only those), out n_tokens × rows.
-                drv("launching matmul", unsafe { b.launch(cfg) })?;
-            }
-        }
-        self.download("matmul output", &out_dev, out)
+            Ok(())
+        })
     }
 
-    fn rms_norm(
-        &mut self,
-        x: &[f32],
-        weight: &TensorView<'_>,
-        eps: f32,
-        out: &mut [f32],
-    ) -> OpResult<()> {
+    fn rms_norm(&mut self, x: Buf, weight: &TensorView<'_>, eps: f32, out: Buf) -> OpResult<()> {
+        const OP: &str = "rms_norm";
         let (wb, n) = rms_norm_args(x.len(), weight, out.len())?;
         if x.is_empty() {
             return Ok(());
         }
+        apart(OP, out, &[x])?;
         let f = self.gpu.function(Family::Elementwise, "rms_norm")?;
-        let x_dev = self.upload("activations", x)?;
-        let mut out_dev = self.alloc("rms_norm output", out.len())?;
         let stream = self.gpu.stream.clone();
-        let w_dev = self.weight(wb, weight.ggml_type)?;
+        let key = self.weight(wb, weight.ggml_type)?;
+        let w_dev = &self.weights[&key];
         let (rows, n32) = ((x.len() / n) as u32, n as u32);
         let cfg = LaunchConfig {
             grid_dim: (rows, 1, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = stream.launch_builder(&f);
-        b.arg(&x_dev)
-            .arg(w_dev)
-            .arg(&mut out_dev)
-            .arg(&n32)
-            .arg(&eps);
-        // SAFETY: rms_norm(const float* x, const float* w, float* out, u32 n, float eps), one
-        // block of 256 (≤ 1024, a power of two) per row of n.
-        drv("launching rms_norm", unsafe { b.launch(cfg) })?;
-        self.download("rms_norm output", &out_dev, out)
+        self.bufs.with_out(OP, out, |out_buf, bufs| {
+            let x_view = view(bufs.get(OP, "x", x)?, x);
+            let from = out.offset as usize;
+            let mut out_view = out_buf.slice_mut(from..from + out.len());
+            let mut b = stream.launch_builder(&f);
+            b.arg(&x_view)
+                .arg(w_dev)
+                .arg(&mut out_view)
+                .arg(&n32)
+                .arg(&eps);
+            // SAFETY: rms_norm(const float* x, const float* w, float* out, u32 n, float eps),
+            // one block of 256 (≤ 1024, a power of two) per row of n.
+            drv("launching rms_norm", unsafe { b.launch(cfg) }).map(|_| ())
+        })
     }
 
-    fn add(&mut self, acc: &mut [f32], x: &[f32]) -> OpResult<()> {
+    fn add(&mut self, acc: Buf, x: Buf) -> OpResult<()> {
         self.binary("add", acc, x)
     }
 
-    fn swiglu(&mut self, gate: &mut [f32], up: &[f32]) -> OpResult<()> {
+    fn swiglu(&mut self, gate: Buf, up: Buf) -> OpResult<()> {
         self.binary("swiglu", gate, up)
     }
 
-    fn geglu(&mut self, gate: &mut [f32], up: &[f32]) -> OpResult<()> {
+    fn geglu(&mut self, gate: Buf, up: Buf) -> OpResult<()> {
         self.binary("geglu", gate, up)
     }
 
-    fn add_bias(&mut self, x: &mut [f32], bias: &TensorView<'_>) -> OpResult<()> {
+    fn add_bias(&mut self, x: Buf, bias: &TensorView<'_>) -> OpResult<()> {
         const OP: &str = "add_bias";
         let (bb, row) = add_bias_args(x.len(), bias)?;
         if x.is_empty() {
             return Ok(());
         }
         let f = self.gpu.function(Family::Elementwise, "add_bias")?;
-        let mut x_dev = self.upload("activations", x)?;
         let (n, row32) = (x.len() as u64, row as u32);
         let stream = self.gpu.stream.clone();
-        let b_dev = self.weight(bb, bias.ggml_type)?;
+        let key = self.weight(bb, bias.ggml_type)?;
+        let b_dev = &self.weights[&key];
+        let from = x.offset as usize;
+        let x_buf = self.bufs.get_mut(OP, "x", x)?;
+        let mut x_view = x_buf.slice_mut(from..from + x.len());
         let mut l = stream.launch_builder(&f);
-        l.arg(&mut x_dev).arg(b_dev).arg(&n).arg(&row32);
+        l.arg(&mut x_view).arg(b_dev).arg(&n).arg(&row32);
         // SAFETY: add_bias(float* x, const float* bias, u64 n, u32 row), bias row long.
         drv(OP, unsafe { l.launch(grid_1d(n)) })?;
-        self.download(OP, &x_dev, x)
+        Ok(())
     }
 
-    fn scale(&mut self, x: &mut [f32], s: f32) -> OpResult<()> {
+    fn scale(&mut self, x: Buf, s: f32) -> OpResult<()> {
         if x.is_empty() {
             return Ok(());
         }
         let f = self.gpu.function(Family::Elementwise, "scale")?;
         let stream = self.gpu.stream.clone();
-        let mut x_dev = self.upload("activations", x)?;
         let n = x.len() as u64;
+        let from = x.offset as usize;
+        let x_buf = self.bufs.get_mut("scale", "x", x)?;
+        let mut x_view = x_buf.slice_mut(from..from + x.len());
         let mut l = stream.launch_builder(&f);
-        l.arg(&mut x_dev).arg(&s).arg(&n);
+        l.arg(&mut x_view).arg(&s).arg(&n);
         // SAFETY: scale(float* x, float s, u64 n).
         drv("scale", unsafe { l.launch(grid_1d(n)) })?;
-        self.download("scale", &x_dev, x)
+        Ok(())
     }
 
     fn rope(
         &mut self,
-        x: &mut [f32],
+        x: Buf,
         n_head: usize,
         head_dim: usize,
         positions: &[u32],
@@ -364,11 +435,11 @@ impl GpuOps for State {
         let Some(n_rot) = rope_args(x.len(), n_head, head_dim, positions.len(), p)? else {
             return Ok(());
         };
+        self.bufs.get(OP, "x", x)?;
         let table = p.cos_sin_table(positions, n_rot);
         let f = self.gpu.function(Family::Rope, "rope")?;
         let stream = self.gpu.stream.clone();
-        let mut x_dev = self.upload("activations", x)?;
-        let table_dev = self.upload("rope cos/sin", &table)?;
+        let table_dev = self.param("rope cos/sin", &table)?;
         let (n_tokens, nh, hd, nr) = (
             positions.len() as u32,
             n_head as u32,
@@ -377,8 +448,11 @@ impl GpuOps for State {
         );
         let neox = u32::from(p.neox);
         let total = positions.len() as u64 * n_head as u64 * (n_rot / 2) as u64;
+        let from = x.offset as usize;
+        let x_buf = self.bufs.get_mut(OP, "x", x)?;
+        let mut x_view = x_buf.slice_mut(from..from + x.len());
         let mut l = stream.launch_builder(&f);
-        l.arg(&mut x_dev)
+        l.arg(&mut x_view)
             .arg(&table_dev)
             .arg(&n_tokens)
             .arg(&nh)
@@ -388,7 +462,7 @@ impl GpuOps for State {
         // SAFETY: rope(float* x, const float* cs, u32 n_tokens, u32 n_head, u32 head_dim,
         // u32 n_rot, u32 neox), x holding n_tokens × n_head × head_dim, cs n_tokens × n_rot.
         drv(OP, unsafe { l.launch(grid_1d(total)) })?;
-        self.download(OP, &x_dev, x)
+        Ok(())
     }
 
     fn kv_create(&mut self, spec: KvSpec) -> OpResult<u64> {
@@ -409,92 +483,102 @@ impl GpuOps for State {
         self.kv.truncate(kv, n_pos)
     }
 
-    fn attention(
+    /// One span after another: its keys and values stored into its cache, then a launch of
+    /// (head, token) blocks over its rows of `q` and `out`.
+    fn attention_spans(
         &mut self,
-        kv: u64,
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
+        spans: &[AttentionSpan],
+        q: Buf,
+        k: Buf,
+        v: Buf,
         p: &AttentionParams,
-        out: &mut [f32],
+        out: Buf,
     ) -> OpResult<()> {
+        const OP: &str = "attention";
         let lens = [q.len(), k.len(), v.len(), out.len()];
-        let Some(span) = self
+        let plans = self
             .kv
-            .check_attention(kv, p, ATT_MAX_HEAD_DIM as usize, lens)?
-        else {
+            .plan_spans(spans, p, ATT_MAX_HEAD_DIM as usize, lens)?;
+        if plans.is_empty() {
             return Ok(());
-        };
-        let (start, end) = (span.start, span.end);
-        let (n_tokens, n_head, n_head_kv) =
-            (p.n_tokens as usize, p.n_head as usize, p.n_head_kv as usize);
+        }
+        apart(OP, out, &[q, k, v])?;
+        for (what, b) in [("q", q), ("k", k), ("v", v)] {
+            self.bufs.get(OP, what, b)?;
+        }
+        let (n_head, n_head_kv) = (p.n_head as usize, p.n_head_kv as usize);
         let (dk, dv) = (p.head_dim_k as usize, p.head_dim_v as usize);
         let layer = p.layer as usize;
         let store = self.gpu.function(Family::Attention, "store_f16")?;
         let attend = self.gpu.function(Family::Attention, "attention")?;
-        let q_dev = self.upload("queries", q)?;
-        let k_dev = self.upload("keys", k)?;
-        let v_dev = self.upload("values", v)?;
-        let mut out_dev = self.alloc("attention output", out.len())?;
         let stream = self.gpu.stream.clone();
-        let cache = self.kv.get_mut(kv)?;
-        for (src, dst, d) in [
-            (&k_dev, &mut cache.k[layer], dk),
-            (&v_dev, &mut cache.v[layer], dv),
-        ] {
-            let (off, n) = (start * n_head_kv * d, n_tokens * n_head_kv * d);
-            if n == 0 {
-                continue;
+        for plan in plans {
+            let (n_tokens, start, end) = (plan.n_tokens, plan.positions.start, plan.positions.end);
+            let rows = |b: Buf, width: usize| b.slice(plan.row0 * width, n_tokens * width);
+            let (qs, ks, vs) = (
+                rows(q, n_head * dk),
+                rows(k, n_head_kv * dk),
+                rows(v, n_head_kv * dv),
+            );
+            let os = rows(out, n_head * dv);
+            let cache = self.kv.get_mut(plan.kv)?;
+            for (src, dst, d) in [(ks, &mut cache.k[layer], dk), (vs, &mut cache.v[layer], dv)] {
+                let (off, n) = (start * n_head_kv * d, n_tokens * n_head_kv * d);
+                if n == 0 {
+                    continue;
+                }
+                let src_view = view(self.bufs.get(OP, "k/v", src)?, src);
+                let mut dst_view = dst.slice_mut(off..off + n);
+                let n64 = n as u64;
+                let mut l = stream.launch_builder(&store);
+                l.arg(&src_view).arg(&mut dst_view).arg(&n64);
+                // SAFETY: store_f16(const float* src, u16* dst, u64 n): src holds n floats and
+                // the view n elements of the cache (end ≤ n_ctx was checked).
+                drv("storing into the KV cache", unsafe {
+                    l.launch(grid_1d(n64))
+                })?;
             }
-            let mut view = dst.slice_mut(off..off + n);
-            let n64 = n as u64;
-            let mut l = stream.launch_builder(&store);
-            l.arg(src).arg(&mut view).arg(&n64);
-            // SAFETY: store_f16(const float* src, u16* dst, u64 n): src holds n floats and the
-            // view n elements of the cache (end ≤ n_ctx was checked).
-            drv("storing into the KV cache", unsafe {
-                l.launch(grid_1d(n64))
+            cache.hold(layer, end);
+            let cfg = LaunchConfig {
+                grid_dim: (p.n_head, n_tokens as u32, 1),
+                block_dim: (32 * ATT_WARPS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // Softmax scratch: the positions the last token sees, per (token, head).
+            let span = end as u32;
+            let start32 = start as u32;
+            // SAFETY: each (token, head) writes its scores before reading them back.
+            let mut scores = drv("allocating attention scores", unsafe {
+                stream.alloc::<f32>(mul(OP, n_tokens * n_head, end)?.max(1))
+            })?;
+            let (kc, vc) = (&cache.k[layer], &cache.v[layer]);
+            self.bufs.with_out(OP, os, |out_buf, bufs| {
+                let q_view = view(bufs.get(OP, "q", qs)?, qs);
+                let from = os.offset as usize;
+                let mut out_view = out_buf.slice_mut(from..from + os.len());
+                let mut l = stream.launch_builder(&attend);
+                l.arg(&q_view)
+                    .arg(kc)
+                    .arg(vc)
+                    .arg(&mut out_view)
+                    .arg(&mut scores)
+                    .arg(&p.n_head)
+                    .arg(&p.n_head_kv)
+                    .arg(&p.head_dim_k)
+                    .arg(&p.head_dim_v)
+                    .arg(&start32)
+                    .arg(&p.sliding_window)
+                    .arg(&p.scale)
+                    .arg(&p.softcap)
+                    .arg(&span);
+                // SAFETY: attention(const float* q, const u16* k, const u16* v, float* out,
+                // float* scores, u32 ×6, float scale, float softcap, u32 span); the cache
+                // layer holds positions ≤ start + n_tokens - 1 = span - 1, scores
+                // n_tokens × n_head × span, head sizes ≤ ATT_MAX_HEAD_DIM, n_head a multiple
+                // of n_head_kv (all checked).
+                drv("launching attention", unsafe { l.launch(cfg) }).map(|_| ())
             })?;
         }
-        cache.hold(layer, end);
-        let (nh, nkv, dk32, dv32, start32) = (
-            p.n_head,
-            p.n_head_kv,
-            p.head_dim_k,
-            p.head_dim_v,
-            p.start_pos,
-        );
-        let cfg = LaunchConfig {
-            grid_dim: (p.n_head, p.n_tokens, 1),
-            block_dim: (32 * ATT_WARPS, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // Softmax scratch: the positions the last token sees, per (token, head).
-        let span = end as u32;
-        // SAFETY: each (token, head) writes its scores before reading them back.
-        let mut scores = drv("allocating attention scores", unsafe {
-            stream.alloc::<f32>(n_tokens * n_head * end)
-        })?;
-        let mut l = stream.launch_builder(&attend);
-        l.arg(&q_dev)
-            .arg(&cache.k[layer])
-            .arg(&cache.v[layer])
-            .arg(&mut out_dev)
-            .arg(&mut scores)
-            .arg(&nh)
-            .arg(&nkv)
-            .arg(&dk32)
-            .arg(&dv32)
-            .arg(&start32)
-            .arg(&p.sliding_window)
-            .arg(&p.scale)
-            .arg(&p.softcap)
-            .arg(&span);
-        // SAFETY: attention(const float* q, const u16* k, const u16* v, float* out,
-        // float* scores, u32 ×6, float scale, float softcap, u32 span); the cache layer holds
-        // positions ≤ start + n_tokens - 1 = span - 1, scores n_tokens × n_head × span, head
-        // sizes ≤ ATT_MAX_HEAD_DIM, n_head a multiple of n_head_kv (all checked).
-        drv("launching attention", unsafe { l.launch(cfg) })?;
-        self.download("attention output", &out_dev, out)
+        Ok(())
     }
 }

@@ -74,6 +74,12 @@ fn every_weight_format_decodes_and_multiplies_like_the_cpu() {
 }
 
 #[test]
+fn a_layer_chained_on_the_device_waits_once() {
+    let Some(t) = target() else { return };
+    suite::ops::chained_on_device(&t);
+}
+
+#[test]
 fn element_wise_ops_match_the_cpu() {
     let Some(t) = target() else { return };
     suite::ops::element_wise_ops(&t);

@@ -25,7 +25,7 @@ pub fn open_with_part_limit(
 ) -> Result<WgpuBackend, String> {
     let gpu = Gpu::open()?;
     let describe = format!(
-        "wgpu: {} ({}, {:?}{}); host-slice ABI: activations copied per op",
+        "wgpu: {} ({}, {:?}{}); activations on the device",
         gpu.info.name,
         gpu.api(),
         gpu.info.device_type,

@@ -10,7 +10,9 @@
 //! - [`kernels`]: the WGSL sources, one per operation, format family or row-kernel
 //!   template, and how one pipeline's shader is assembled.
 //! - [`device`]: the availability probe and an opened adapter (device, queue, pipelines).
-//! - [`ops`]: the host side of each operation: checks, uploads, dispatches, read-back.
+//! - [`ops`]: the host side of each operation: checks and recorded dispatches over
+//!   device-resident activation buffers; one submission and one wait per download.
+//! - [`params`]: the per-operation arguments of the recorded commands, a range each.
 //! - [`backend`]: opening the backend and the plugin's exports. The ABI glue (every call
 //!   guarded against panics; GPU errors are collected in `ops`), the format table, argument
 //!   checks and KV-cache bookkeeping are `prima-gpu-support`'s, shared with the CUDA plugin.
@@ -41,6 +43,7 @@ pub mod backend;
 pub mod device;
 pub mod kernels;
 pub mod ops;
+pub mod params;
 
 /// The weight formats the GPU reads, shared with the other GPU plugin.
 pub use prima_gpu_support::formats;

@@ -1,36 +1,39 @@
-//! The backend operations on the GPU, host side: argument checks (the CPU backend's), the
-//! uploads, the dispatches and the read-back.
+//! The backend operations on the GPU, host side: argument checks (the CPU backend's) and
+//! the recorded dispatches.
 //!
-//! The host-slice ABI (v2): every operation writes its activations into scratch buffers
-//! (grown, never shrunk, reused by every later operation), records its dispatches in one
-//! command buffer, submits it and waits for the result. Weights are uploaded once, in their
-//! stored blocks, and cached by mapping address; the KV cache lives on the GPU.
+//! Device-buffer ABI (v5): activations live in storage buffers named by id ([`Buf`]
+//! ranges, element offsets passed to each kernel). An operation only records its
+//! dispatches into one pending command encoder; nothing is submitted and nothing waits
+//! until `download`, which copies the range to a staging buffer, submits once, maps and
+//! waits once. Per-operation arguments go to [`crate::params`], a range each. Weights are
+//! uploaded once, in their stored blocks, and cached by mapping address; the KV cache
+//! lives on the GPU.
 
 use std::collections::HashMap;
 
-use prima_abi::backend::{AttentionParams, KvSpec, RopeParams, TensorView};
+use prima_abi::backend::{
+    AttentionParams, AttentionSpan, Buf, KvSpec, RopeParams, TensorView, TransferCounts,
+};
 use wgpu::util::DeviceExt;
 
 use crate::device::Gpu;
 use crate::formats::{Activation, WeightShape};
 use crate::kernels::{ATT_MAX_HEAD_DIM, MATMUL_TOKENS_FLOAT, MATMUL_TOKENS_QUANT, WG};
+use crate::params::ParamArena;
 use prima_gpu_support::backend::GpuOps;
+use prima_gpu_support::bufs::{apart, offset_u32, Buffers};
 use prima_gpu_support::checks::{
     add_bias_args, expect_len, mul, rms_norm_args, rope_args, OpResult,
 };
 use prima_gpu_support::kv::KvCaches;
 
-/// The scratch buffers, one per role an operation's data plays.
+/// The scratch buffers an operation keeps to itself (recorded dispatches are ordered by
+/// wgpu's barriers, so one buffer per role serves every operation).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Slot {
-    In0,
-    In1,
-    In2,
-    Out,
     /// A matmul's quantized activations.
     Act,
-    Ids,
-    RopeTable,
+    /// Attention's scores.
     Scores,
 }
 
@@ -48,9 +51,15 @@ pub struct State {
     /// slices of a read-only mapping that outlives the backend's use of it.
     weights: HashMap<(usize, usize, u32), Vec<Part>>,
     pub weight_bytes: u64,
+    /// Activation buffers, by id.
+    bufs: Buffers<wgpu::Buffer>,
     scratch: HashMap<Slot, wgpu::Buffer>,
     staging: Option<wgpu::Buffer>,
     kv: KvCaches<wgpu::Buffer>,
+    /// The commands recorded since the last submit.
+    pending: Option<wgpu::CommandEncoder>,
+    params: ParamArena,
+    counts: TransferCounts,
     /// Bytes one binding may hold: the device's limit.
     binding_limit: u64,
     /// Bytes one weight part may hold: the binding limit, lower in tests.
@@ -76,12 +85,16 @@ impl State {
             .min(1 << 31);
         let part_limit = part_limit.map_or(binding_limit, |v| v.clamp(64, binding_limit));
         State {
+            params: ParamArena::new(&gpu.limits),
             gpu,
             weights: HashMap::new(),
             weight_bytes: 0,
+            bufs: Buffers::default(),
             scratch: HashMap::new(),
             staging: None,
             kv: KvCaches::default(),
+            pending: None,
+            counts: TransferCounts::default(),
             binding_limit,
             part_limit,
             row_per_invocation: gpu_is_cpu,
@@ -173,14 +186,11 @@ impl State {
         Ok(buf)
     }
 
-    /// `data` written into the scratch buffer of `slot` (applied at the next submit).
-    fn upload<T: bytemuck::Pod>(&mut self, slot: Slot, data: &[T]) -> OpResult<wgpu::Buffer> {
-        let bytes: &[u8] = bytemuck::cast_slice(data);
-        let buf = self.scratch(slot, bytes.len() as u64)?;
-        if !bytes.is_empty() {
-            self.gpu.queue.write_buffer(&buf, 0, bytes);
-        }
-        Ok(buf)
+    /// The activation buffer behind `b` (checked to hold the range) and `b`'s element
+    /// offset as a kernel takes it.
+    fn act(&self, op: &str, what: &str, b: Buf) -> OpResult<(wgpu::Buffer, u32)> {
+        let buf = self.bufs.get(op, what, b)?.clone();
+        Ok((buf, offset_u32(op, b)?))
     }
 
     /// Workgroup counts for `groups` workgroups in one dimension, split over y where x
@@ -202,65 +212,82 @@ impl State {
         Ok([x, y, 1])
     }
 
-    /// Records one dispatch of `kernel` with `params` (its uniform `P`, 4-byte fields) at
-    /// binding 0 and `bufs` at their bindings.
+    /// Records one dispatch of `kernel` into the pending encoder, with `params` (its
+    /// uniform `P`, 4-byte fields) at binding 0 and `bufs` at their bindings.
     fn dispatch(
         &mut self,
-        enc: &mut wgpu::CommandEncoder,
         kernel: &str,
         params: &[u32],
-        bufs: &[(u32, &wgpu::Buffer)],
+        bufs: &[(u32, wgpu::BindingResource<'_>)],
         groups: [u32; 3],
     ) -> OpResult<()> {
         let pipeline = self.gpu.pipeline(kernel)?;
-        let mut bytes: Vec<u8> = bytemuck::cast_slice(params).to_vec();
-        bytes.resize(bytes.len().div_ceil(16).max(1) * 16, 0);
-        let device = &self.gpu.device;
-        let uniform = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-            label: Some(kernel),
-            contents: &bytes,
-            usage: wgpu::BufferUsages::UNIFORM,
-        });
+        let uniform = self
+            .params
+            .push(&self.gpu.device, bytemuck::cast_slice(params));
         let mut entries = vec![wgpu::BindGroupEntry {
             binding: 0,
-            resource: uniform.as_entire_binding(),
+            resource: uniform.binding(),
         }];
-        for (binding, buf) in bufs {
+        for (binding, resource) in bufs {
             entries.push(wgpu::BindGroupEntry {
                 binding: *binding,
-                resource: buf.as_entire_binding(),
+                resource: resource.clone(),
             });
         }
-        let bind_group = device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some(kernel),
-            layout: &pipeline.get_bind_group_layout(0),
-            entries: &entries,
-        });
-        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-            label: Some(kernel),
-            timestamp_writes: None,
-        });
+        let bind_group = self
+            .gpu
+            .device
+            .create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some(kernel),
+                layout: &pipeline.get_bind_group_layout(0),
+                entries: &entries,
+            });
+        let mut pass = self
+            .encoder()
+            .begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some(kernel),
+                timestamp_writes: None,
+            });
         pass.set_pipeline(&pipeline);
         pass.set_bind_group(0, &bind_group, &[]);
         pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
         Ok(())
     }
 
-    fn encoder(&self) -> wgpu::CommandEncoder {
-        self.gpu
-            .device
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None })
+    /// The pending encoder, begun if there is none.
+    fn encoder(&mut self) -> &mut wgpu::CommandEncoder {
+        let device = &self.gpu.device;
+        self.pending.get_or_insert_with(|| {
+            device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("prima ops"),
+            })
+        })
     }
 
-    /// Submits `enc`, waits, and copies the first `out.len()` floats of `src` into `out`.
-    fn finish(
-        &mut self,
-        mut enc: wgpu::CommandEncoder,
-        src: &wgpu::Buffer,
-        out: &mut [f32],
-    ) -> OpResult<()> {
-        let bytes = (out.len() * 4) as u64;
-        let staging = match &self.staging {
+    /// Submits the pending commands, their arguments written first.
+    fn submit(&mut self) {
+        self.params.flush(&self.gpu.queue);
+        let commands = self.pending.take().map(|enc| enc.finish());
+        self.gpu.queue.submit(commands);
+        self.counts.submissions += 1;
+    }
+
+    /// Waits for everything submitted (and the mappings asked for); the parameter arena
+    /// starts over.
+    fn wait(&mut self) -> OpResult<()> {
+        self.gpu
+            .device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| format!("waiting for the GPU: {e}"))?;
+        self.counts.waits += 1;
+        self.params.reset();
+        Ok(())
+    }
+
+    /// A staging buffer of at least `bytes` to read results back through.
+    fn staging(&mut self, bytes: u64) -> wgpu::Buffer {
+        match &self.staging {
             Some(s) if s.size() >= bytes => s.clone(),
             _ => {
                 let s = self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
@@ -272,65 +299,39 @@ impl State {
                 self.staging = Some(s.clone());
                 s
             }
-        };
-        if bytes > 0 {
-            enc.copy_buffer_to_buffer(src, 0, &staging, 0, bytes);
         }
-        self.gpu.queue.submit([enc.finish()]);
-        if bytes == 0 {
-            return Ok(());
-        }
-        let slice = staging.slice(0..bytes);
-        let (tx, rx) = std::sync::mpsc::channel();
-        slice.map_async(wgpu::MapMode::Read, move |r| {
-            let _ = tx.send(r);
-        });
-        self.gpu
-            .device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| format!("waiting for the GPU: {e}"))?;
-        rx.recv()
-            .map_err(|_| "the GPU read-back was dropped".to_string())?
-            .map_err(|e| format!("reading the result back: {e}"))?;
-        {
-            let data = slice
-                .get_mapped_range()
-                .map_err(|e| format!("mapping the read-back buffer: {e}"))?;
-            out.copy_from_slice(bytemuck::cast_slice(&data));
-        }
-        staging.unmap();
-        Ok(())
     }
 
-    /// `kernel` (binary.wgsl) over `a`, with `b` repeating every `period` elements.
+    /// `kernel` (binary.wgsl) over `a`, with `b` repeating every `period` elements: `b` is
+    /// an activation range or a weight (the bias, from its start).
     fn binary(
         &mut self,
         kernel: &'static str,
-        a: &mut [f32],
-        b: Option<&[f32]>,
-        bias: Option<wgpu::Buffer>,
+        a: Buf,
+        b: wgpu::BindingResource<'_>,
+        b_off: u32,
         period: usize,
     ) -> OpResult<()> {
         if a.is_empty() {
             return Ok(());
         }
         let n = u32_of(kernel, "length", a.len())?;
-        let a_buf = self.upload(Slot::In0, a)?;
-        let b_buf = match (b, bias) {
-            (Some(b), _) => self.upload(Slot::In1, b)?,
-            (None, Some(buf)) => buf,
-            (None, None) => return Err(format!("{kernel}: no second operand")),
-        };
+        let (a_buf, a_off) = self.act(kernel, "x", a)?;
         let groups = self.grid_1d(n as u64)?;
-        let mut enc = self.encoder();
         self.dispatch(
-            &mut enc,
             kernel,
-            &[n, period as u32],
-            &[(1, &a_buf), (2, &b_buf)],
+            &[n, period as u32, a_off, b_off],
+            &[(1, a_buf.as_entire_binding()), (2, b)],
             groups,
-        )?;
-        self.finish(enc, &a_buf, a)
+        )
+    }
+
+    /// An element-wise operation of two activation ranges of one length.
+    fn binary_act(&mut self, kernel: &'static str, a: Buf, b: Buf) -> OpResult<()> {
+        expect_len(kernel, "second operand length", b.len(), a.len())?;
+        apart(kernel, a, &[b])?;
+        let (b_buf, b_off) = self.act(kernel, "second operand", b)?;
+        self.binary(kernel, a, b_buf.as_entire_binding(), b_off, b.len())
     }
 }
 
@@ -357,13 +358,112 @@ impl GpuOps for State {
         }
     }
 
-    fn get_rows(&mut self, table: &TensorView<'_>, ids: &[u32], out: &mut [f32]) -> OpResult<()> {
+    fn buf_create(&mut self, len: usize) -> OpResult<u64> {
+        let bytes = mul("buf_create", len, 4)? as u64;
+        if bytes > self.binding_limit {
+            return Err(format!(
+                "buf_create: {bytes} bytes of activations exceed the GPU's binding size {}",
+                self.binding_limit
+            ));
+        }
+        // wgpu zeroes new buffers.
+        let buf = self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("activations"),
+            size: bytes.max(4).div_ceil(4) * 4,
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_DST
+                | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        Ok(self.bufs.insert(buf, len as u64))
+    }
+
+    fn buf_drop(&mut self, id: u64) {
+        // Recorded commands keep their own reference until they have run.
+        self.bufs.remove(id);
+    }
+
+    /// Written with `queue.write_buffer` where nothing is recorded yet (it runs before the
+    /// next submission's commands: the right order then); else copied in the encoder from
+    /// a buffer of its own, after the commands recorded so far.
+    fn upload(&mut self, dst: Buf, src: &[f32]) -> OpResult<()> {
+        const OP: &str = "upload";
+        expect_len(OP, "source length", src.len(), dst.len())?;
+        let buf = self.bufs.get(OP, "destination", dst)?.clone();
+        self.counts.uploads += 1;
+        if src.is_empty() {
+            return Ok(());
+        }
+        let bytes: &[u8] = bytemuck::cast_slice(src);
+        self.counts.bytes_up += bytes.len() as u64;
+        let at = dst.offset * 4;
+        if self.pending.is_none() {
+            self.gpu.queue.write_buffer(&buf, at, bytes);
+        } else {
+            let from = self
+                .gpu
+                .device
+                .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                    label: Some("upload"),
+                    contents: bytes,
+                    usage: wgpu::BufferUsages::COPY_SRC,
+                });
+            self.encoder()
+                .copy_buffer_to_buffer(&from, 0, &buf, at, bytes.len() as u64);
+        }
+        Ok(())
+    }
+
+    fn download(&mut self, src: Buf, dst: &mut [f32]) -> OpResult<()> {
+        const OP: &str = "download";
+        expect_len(OP, "destination length", dst.len(), src.len())?;
+        let buf = self.bufs.get(OP, "source", src)?.clone();
+        let bytes = (dst.len() * 4) as u64;
+        let staging = self.staging(bytes);
+        if bytes > 0 {
+            self.encoder()
+                .copy_buffer_to_buffer(&buf, src.offset * 4, &staging, 0, bytes);
+        }
+        self.submit();
+        self.counts.downloads += 1;
+        self.counts.bytes_down += bytes;
+        if bytes == 0 {
+            return self.wait();
+        }
+        let slice = staging.slice(0..bytes);
+        let (tx, rx) = std::sync::mpsc::channel();
+        slice.map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        self.wait()?;
+        rx.recv()
+            .map_err(|_| "the GPU read-back was dropped".to_string())?
+            .map_err(|e| format!("reading the result back: {e}"))?;
+        {
+            let data = slice
+                .get_mapped_range()
+                .map_err(|e| format!("mapping the read-back buffer: {e}"))?;
+            dst.copy_from_slice(bytemuck::cast_slice(&data));
+        }
+        staging.unmap();
+        Ok(())
+    }
+
+    fn transfers(&self) -> TransferCounts {
+        TransferCounts {
+            param_bytes: self.params.total_bytes,
+            ..self.counts
+        }
+    }
+
+    fn get_rows(&mut self, table: &TensorView<'_>, ids: &[u32], out: Buf) -> OpResult<()> {
         const OP: &str = "get_rows";
         let shape = WeightShape::for_get_rows("wgpu", table, ids, out.len())?;
         if ids.is_empty() || shape.cols == 0 {
             return Ok(());
         }
         let n = u32_of(OP, "output size", out.len())?;
+        let (out_buf, out_off) = self.act(OP, "out", out)?;
         let kernel = format!("get_rows_{}", shape.format.kernel);
         let parts = self.weight(
             table.data.as_slice(),
@@ -371,10 +471,10 @@ impl GpuOps for State {
             shape.row_bytes,
             shape.rows,
         )?;
-        let ids_buf = self.upload(Slot::Ids, ids)?;
-        let out_buf = self.scratch(Slot::Out, out.len() as u64 * 4)?;
+        let ids_at = self
+            .params
+            .push(&self.gpu.device, bytemuck::cast_slice(ids));
         let groups = self.grid_1d(n as u64)?;
-        let mut enc = self.encoder();
         for (buf, row0, rows) in &parts {
             let params = [
                 shape.cols,
@@ -382,32 +482,33 @@ impl GpuOps for State {
                 ids.len() as u32,
                 *row0,
                 *rows,
+                out_off,
             ];
             self.dispatch(
-                &mut enc,
                 &kernel,
                 &params,
-                &[(1, buf), (2, &ids_buf), (3, &out_buf)],
+                &[
+                    (1, buf.as_entire_binding()),
+                    (2, ids_at.binding()),
+                    (3, out_buf.as_entire_binding()),
+                ],
                 groups,
             )?;
         }
-        self.finish(enc, &out_buf, out)
+        Ok(())
     }
 
-    fn matmul(
-        &mut self,
-        w: &TensorView<'_>,
-        x: &[f32],
-        n_tokens: usize,
-        out: &mut [f32],
-    ) -> OpResult<()> {
+    fn matmul(&mut self, w: &TensorView<'_>, x: Buf, n_tokens: usize, out: Buf) -> OpResult<()> {
         const OP: &str = "matmul";
         let shape = WeightShape::for_matmul("wgpu", w, x.len(), n_tokens, out.len())?;
         if n_tokens == 0 || shape.rows == 0 {
             return Ok(());
         }
+        apart(OP, out, &[x])?;
         u32_of(OP, "output size", out.len())?;
         let n = u32_of(OP, "n_tokens", n_tokens)?;
+        let (x_buf, x_off) = self.act(OP, "x", x)?;
+        let (out_buf, out_off) = self.act(OP, "out", out)?;
         let act = shape.format.activation;
         let kernel = if self.row_per_invocation {
             format!("rowmatmul_{}", shape.format.kernel)
@@ -415,11 +516,8 @@ impl GpuOps for State {
             format!("matmul_{}", shape.format.kernel)
         };
         let parts = self.weight(w.data.as_slice(), w.ggml_type, shape.row_bytes, shape.rows)?;
-        let x_buf = self.upload(Slot::In0, x)?;
-        let out_buf = self.scratch(Slot::Out, out.len() as u64 * 4)?;
-        let mut enc = self.encoder();
         let (input, extra, per_group) = match act {
-            Activation::Float => (x_buf, [0u32; 2], MATMUL_TOKENS_FLOAT),
+            Activation::Float => (x_buf, [x_off, 0u32], MATMUL_TOKENS_FLOAT),
             _ => {
                 // Quants (4 per word), then a scale per block, then Q8_1's sums (one per
                 // block) or Q8_K's (one per 16 elements).
@@ -438,10 +536,12 @@ impl GpuOps for State {
                     .ok_or("float activations are not quantized")?;
                 let groups = self.grid_1d(n_blocks as u64)?;
                 self.dispatch(
-                    &mut enc,
                     quantize,
-                    &[n_blocks, d_off, s_off],
-                    &[(1, &x_buf), (2, &act_buf)],
+                    &[n_blocks, d_off, s_off, x_off],
+                    &[
+                        (1, x_buf.as_entire_binding()),
+                        (2, act_buf.as_entire_binding()),
+                    ],
                     groups,
                 )?;
                 (act_buf, [d_off, s_off], MATMUL_TOKENS_QUANT)
@@ -460,102 +560,100 @@ impl GpuOps for State {
                 *rows
             };
             let [gx, gy] = self.grid(groups as u64)?;
-            // The last field is `zero` of the row-per-invocation quantized kernel.
-            let params = [
+            let head = [
                 shape.cols,
                 *rows,
                 shape.row_bytes as u32,
                 n,
                 *row0,
                 shape.rows,
-                extra[0],
-                extra[1],
-                0,
             ];
-            let params = if act == Activation::Float {
-                &params[..6]
-            } else {
-                &params[..]
-            };
+            let mut params = head.to_vec();
+            match act {
+                // a_off, out_off.
+                Activation::Float => params.extend([extra[0], out_off]),
+                // d_off, s_off, out_off, and `zero` of the row-per-invocation kernel.
+                _ => params.extend([extra[0], extra[1], out_off, 0]),
+            }
             self.dispatch(
-                &mut enc,
                 &kernel,
-                params,
-                &[(1, buf), (2, &input), (3, &out_buf)],
+                &params,
+                &[
+                    (1, buf.as_entire_binding()),
+                    (2, input.as_entire_binding()),
+                    (3, out_buf.as_entire_binding()),
+                ],
                 [gx, gy, z],
             )?;
         }
-        self.finish(enc, &out_buf, out)
+        Ok(())
     }
 
-    fn rms_norm(
-        &mut self,
-        x: &[f32],
-        weight: &TensorView<'_>,
-        eps: f32,
-        out: &mut [f32],
-    ) -> OpResult<()> {
+    fn rms_norm(&mut self, x: Buf, weight: &TensorView<'_>, eps: f32, out: Buf) -> OpResult<()> {
+        const OP: &str = "rms_norm";
         let (wb, n) = rms_norm_args(x.len(), weight, out.len())?;
         if x.is_empty() {
             return Ok(());
         }
-        u32_of("rms_norm", "length", x.len())?;
+        apart(OP, out, &[x])?;
+        u32_of(OP, "length", x.len())?;
+        let (x_buf, x_off) = self.act(OP, "x", x)?;
+        let (out_buf, out_off) = self.act(OP, "out", out)?;
         let rows = (x.len() / n) as u32;
         let w = self.weight(wb, weight.ggml_type, wb.len() as u64, 1)?;
-        let x_buf = self.upload(Slot::In0, x)?;
-        let out_buf = self.scratch(Slot::Out, out.len() as u64 * 4)?;
         let [gx, gy] = self.grid(rows as u64)?;
-        let mut enc = self.encoder();
-        let params = [n as u32, eps.to_bits(), rows];
+        let params = [n as u32, eps.to_bits(), rows, x_off, out_off];
         self.dispatch(
-            &mut enc,
             "rms_norm",
             &params,
-            &[(1, &x_buf), (2, &w[0].0), (3, &out_buf)],
+            &[
+                (1, x_buf.as_entire_binding()),
+                (2, w[0].0.as_entire_binding()),
+                (3, out_buf.as_entire_binding()),
+            ],
             [gx, gy, 1],
-        )?;
-        self.finish(enc, &out_buf, out)
+        )
     }
 
-    fn add(&mut self, acc: &mut [f32], x: &[f32]) -> OpResult<()> {
-        expect_len("add", "second operand length", x.len(), acc.len())?;
-        self.binary("add", acc, Some(x), None, x.len())
+    fn add(&mut self, acc: Buf, x: Buf) -> OpResult<()> {
+        self.binary_act("add", acc, x)
     }
 
-    fn swiglu(&mut self, gate: &mut [f32], up: &[f32]) -> OpResult<()> {
-        expect_len("swiglu", "second operand length", up.len(), gate.len())?;
-        self.binary("swiglu", gate, Some(up), None, up.len())
+    fn swiglu(&mut self, gate: Buf, up: Buf) -> OpResult<()> {
+        self.binary_act("swiglu", gate, up)
     }
 
-    fn geglu(&mut self, gate: &mut [f32], up: &[f32]) -> OpResult<()> {
-        expect_len("geglu", "second operand length", up.len(), gate.len())?;
-        self.binary("geglu", gate, Some(up), None, up.len())
+    fn geglu(&mut self, gate: Buf, up: Buf) -> OpResult<()> {
+        self.binary_act("geglu", gate, up)
     }
 
-    fn add_bias(&mut self, x: &mut [f32], bias: &TensorView<'_>) -> OpResult<()> {
+    fn add_bias(&mut self, x: Buf, bias: &TensorView<'_>) -> OpResult<()> {
         let (bb, row) = add_bias_args(x.len(), bias)?;
         if x.is_empty() {
             return Ok(());
         }
         let b = self.weight(bb, bias.ggml_type, bb.len() as u64, 1)?;
-        self.binary("add_bias", x, None, Some(b[0].0.clone()), row)
+        self.binary("add_bias", x, b[0].0.as_entire_binding(), 0, row)
     }
 
-    fn scale(&mut self, x: &mut [f32], s: f32) -> OpResult<()> {
+    fn scale(&mut self, x: Buf, s: f32) -> OpResult<()> {
         if x.is_empty() {
             return Ok(());
         }
         let n = u32_of("scale", "length", x.len())?;
-        let buf = self.upload(Slot::In0, x)?;
+        let (buf, x_off) = self.act("scale", "x", x)?;
         let groups = self.grid_1d(n as u64)?;
-        let mut enc = self.encoder();
-        self.dispatch(&mut enc, "scale", &[n, s.to_bits()], &[(1, &buf)], groups)?;
-        self.finish(enc, &buf, x)
+        self.dispatch(
+            "scale",
+            &[n, s.to_bits(), x_off],
+            &[(1, buf.as_entire_binding())],
+            groups,
+        )
     }
 
     fn rope(
         &mut self,
-        x: &mut [f32],
+        x: Buf,
         n_head: usize,
         head_dim: usize,
         positions: &[u32],
@@ -566,9 +664,11 @@ impl GpuOps for State {
             return Ok(());
         };
         u32_of(OP, "length", x.len())?;
+        let (x_buf, x_off) = self.act(OP, "x", x)?;
         let table = p.cos_sin_table(positions, n_rot);
-        let x_buf = self.upload(Slot::In0, x)?;
-        let t_buf = self.upload(Slot::RopeTable, &table)?;
+        let table_at = self
+            .params
+            .push(&self.gpu.device, bytemuck::cast_slice(&table));
         let total = positions.len() as u64 * n_head as u64 * (n_rot / 2) as u64;
         let groups = self.grid_1d(total)?;
         let params = [
@@ -577,16 +677,14 @@ impl GpuOps for State {
             head_dim as u32,
             p.n_rot,
             u32::from(p.neox),
+            x_off,
         ];
-        let mut enc = self.encoder();
         self.dispatch(
-            &mut enc,
             "rope",
             &params,
-            &[(1, &x_buf), (2, &t_buf)],
+            &[(1, x_buf.as_entire_binding()), (2, table_at.binding())],
             groups,
-        )?;
-        self.finish(enc, &x_buf, x)
+        )
     }
 
     fn kv_create(&mut self, spec: KvSpec) -> OpResult<u64> {
@@ -623,83 +721,91 @@ impl GpuOps for State {
         self.kv.truncate(kv, n_pos)
     }
 
-    fn attention(
+    /// One span after another: its keys and values stored into its cache (`store_f16`),
+    /// then a dispatch of (head, token) workgroups over its rows of `q` and `out`.
+    fn attention_spans(
         &mut self,
-        kv: u64,
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
+        spans: &[AttentionSpan],
+        q: Buf,
+        k: Buf,
+        v: Buf,
         p: &AttentionParams,
-        out: &mut [f32],
+        out: Buf,
     ) -> OpResult<()> {
         const OP: &str = "attention";
         let lens = [q.len(), k.len(), v.len(), out.len()];
-        let Some(span) = self
+        let plans = self
             .kv
-            .check_attention(kv, p, ATT_MAX_HEAD_DIM as usize, lens)?
-        else {
+            .plan_spans(spans, p, ATT_MAX_HEAD_DIM as usize, lens)?;
+        if plans.is_empty() {
             return Ok(());
-        };
-        let (start, end) = (span.start, span.end);
-        let (n_tokens, n_head, n_head_kv) =
-            (p.n_tokens as usize, p.n_head as usize, p.n_head_kv as usize);
+        }
+        apart(OP, out, &[q, k, v])?;
+        let (n_head, n_head_kv) = (p.n_head as usize, p.n_head_kv as usize);
         let (dk, dv) = (p.head_dim_k as usize, p.head_dim_v as usize);
         let layer = p.layer as usize;
+        let (q_buf, q_off) = self.act(OP, "q", q)?;
+        let (k_buf, k_off) = self.act(OP, "k", k)?;
+        let (v_buf, v_off) = self.act(OP, "v", v)?;
+        let (out_buf, out_off) = self.act(OP, "out", out)?;
         let max_dim = self.gpu.limits.max_compute_workgroups_per_dimension;
-        if p.n_head > max_dim || p.n_tokens > max_dim {
-            return Err(format!(
-                "{OP}: {n_head} heads × {n_tokens} tokens exceed the GPU's dispatch limits"
-            ));
-        }
-        let scores_len = mul(OP, mul(OP, n_tokens, n_head)?, end)?;
-        u32_of(OP, "score count", scores_len)?;
-        let q_buf = self.upload(Slot::In0, q)?;
-        let k_buf = self.upload(Slot::In1, k)?;
-        let v_buf = self.upload(Slot::In2, v)?;
-        let out_buf = self.scratch(Slot::Out, out.len() as u64 * 4)?;
-        let scores = self.scratch(Slot::Scores, scores_len as u64 * 4)?;
-        let (kc, vc) = {
-            let cache = self.kv.get_mut(kv)?;
-            (cache.k[layer].clone(), cache.v[layer].clone())
-        };
-        let mut enc = self.encoder();
-        for (src, dst, d) in [(&k_buf, &kc, dk), (&v_buf, &vc, dv)] {
-            let words = (n_tokens * n_head_kv * d / 2) as u32;
-            if words == 0 {
-                continue;
+        for plan in plans {
+            let (n_tokens, start, end) = (plan.n_tokens, plan.positions.start, plan.positions.end);
+            if p.n_head > max_dim || n_tokens > max_dim as usize {
+                return Err(format!(
+                    "{OP}: {n_head} heads × {n_tokens} tokens exceed the GPU's dispatch limits"
+                ));
             }
-            let off = (start * n_head_kv * d / 2) as u32;
-            let groups = self.grid_1d(words as u64)?;
+            let scores_len = mul(OP, mul(OP, n_tokens, n_head)?, end)?;
+            u32_of(OP, "score count", scores_len)?;
+            let scores = self.scratch(Slot::Scores, scores_len as u64 * 4)?;
+            let (kc, vc) = {
+                let cache = self.kv.get_mut(plan.kv)?;
+                (cache.k[layer].clone(), cache.v[layer].clone())
+            };
+            let row0 = plan.row0;
+            for (src, src_off, dst, d) in [(&k_buf, k_off, &kc, dk), (&v_buf, v_off, &vc, dv)] {
+                let words = u32_of(OP, "cache words", n_tokens * n_head_kv * d / 2)?;
+                if words == 0 {
+                    continue;
+                }
+                let off = u32_of(OP, "cache offset", start * n_head_kv * d / 2)?;
+                let from = src_off + u32_of(OP, "row offset", row0 * n_head_kv * d)?;
+                let groups = self.grid_1d(words as u64)?;
+                self.dispatch(
+                    "store_f16",
+                    &[words, off, from],
+                    &[(1, src.as_entire_binding()), (2, dst.as_entire_binding())],
+                    groups,
+                )?;
+            }
+            let params = [
+                p.n_head,
+                p.n_head_kv,
+                p.head_dim_k,
+                p.head_dim_v,
+                start as u32,
+                p.sliding_window,
+                p.scale.to_bits(),
+                p.softcap.to_bits(),
+                end as u32,
+                q_off + u32_of(OP, "row offset", row0 * n_head * dk)?,
+                out_off + u32_of(OP, "row offset", row0 * n_head * dv)?,
+            ];
             self.dispatch(
-                &mut enc,
-                "store_f16",
-                &[words, off],
-                &[(1, src), (2, dst)],
-                groups,
+                "attention",
+                &params,
+                &[
+                    (1, q_buf.as_entire_binding()),
+                    (2, kc.as_entire_binding()),
+                    (3, vc.as_entire_binding()),
+                    (4, out_buf.as_entire_binding()),
+                    (5, scores.as_entire_binding()),
+                ],
+                [p.n_head, n_tokens as u32, 1],
             )?;
+            self.kv.get_mut(plan.kv)?.hold(layer, end);
         }
-        let params = [
-            p.n_head,
-            p.n_head_kv,
-            p.head_dim_k,
-            p.head_dim_v,
-            p.start_pos,
-            p.sliding_window,
-            p.scale.to_bits(),
-            p.softcap.to_bits(),
-            end as u32,
-        ];
-        self.dispatch(
-            &mut enc,
-            "attention",
-            &params,
-            &[(1, &q_buf), (2, &kc), (3, &vc), (4, &out_buf), (5, &scores)],
-            [p.n_head, p.n_tokens, 1],
-        )?;
-        let r = self.finish(enc, &out_buf, out);
-        if r.is_ok() {
-            self.kv.get_mut(kv)?.hold(layer, end);
-        }
-        r
+        Ok(())
     }
 }

@@ -11,7 +11,8 @@
 
 use abi_stable::sabi_trait::TD_Opaque;
 use abi_stable::std_types::{RSlice, RSliceMut};
-use prima_abi::backend::{Backend, BackendConfig, Backend_TO, KvSpec};
+use prima_abi::backend::{BackendConfig, Backend_TO, KvSpec};
+use prima_abi::on_host::OnHost;
 use prima_abi::GgmlType;
 use prima_backend_metal::device::unavailable;
 use prima_core::model::{Model, Session};
@@ -83,6 +84,14 @@ fn every_weight_format_decodes_and_multiplies_like_the_cpu() {
     other.with_state(|s| s.row_per_invocation = !t.exact);
     let other = Backend_TO::from_value(other, TD_Opaque);
     suite::ops::every_weight_format(&t, &[other], &[1, 3, 9]);
+}
+
+/// A layer's operations on device buffers at odd offsets, one upload, one download: the
+/// CPU's bits, one submission, one wait.
+#[test]
+fn a_layer_chained_on_the_device_waits_once() {
+    let Some(t) = target() else { return };
+    suite::ops::chained_on_device(&t);
 }
 
 #[test]
@@ -186,20 +195,20 @@ fn a_weight_split_over_several_bindings_gives_the_same_results() {
         let x = randn(&mut rng, 3 * cols);
         let (mut a, mut b) = (vec![0f32; 3 * rows], vec![0f32; 3 * rows]);
         let xs = RSlice::from_slice(&x);
-        whole
+        OnHost(whole)
             .matmul(wv, xs, 3, RSliceMut::from_mut_slice(&mut a))
             .unwrap();
-        split
+        OnHost(&split)
             .matmul(wv, xs, 3, RSliceMut::from_mut_slice(&mut b))
             .unwrap();
         assert_eq!(max_abs_diff(&a, &b), 0.0, "{ty} matmul");
         let ids = [0u32, 39, 17, 3];
         let (mut a, mut b) = (vec![0f32; 4 * cols], vec![0f32; 4 * cols]);
         let ids = RSlice::from_slice(&ids);
-        whole
+        OnHost(whole)
             .get_rows(wv, ids, RSliceMut::from_mut_slice(&mut a))
             .unwrap();
-        split
+        OnHost(&split)
             .get_rows(wv, ids, RSliceMut::from_mut_slice(&mut b))
             .unwrap();
         assert_eq!(max_abs_diff(&a, &b), 0.0, "{ty} get_rows");
@@ -231,9 +240,10 @@ fn each_operation_inside_a_model_matches_the_cpu() {
 /// working after them.
 #[test]
 fn bad_arguments_are_errors() {
-    let Some(Target { backend: gpu, .. }) = target() else {
+    let Some(Target { backend, .. }) = target() else {
         return;
     };
+    let gpu = OnHost(&backend);
     let w = vec![0u8; 4 * 64 * 2];
     let wv = view(&w, GgmlType::F32, 64, 2);
     let x = vec![1f32; 63];
@@ -265,9 +275,9 @@ fn bad_arguments_are_errors() {
         head_dim_k: 3,
         head_dim_v: 3,
     };
-    let e = gpu.kv_create(spec).into_result().unwrap_err();
+    let e = backend.kv_create(spec).into_result().unwrap_err();
     assert!(e.contains("must be even"), "{e}");
-    let e = gpu.kv_truncate(12345, 0).into_result().unwrap_err();
+    let e = backend.kv_truncate(12345, 0).into_result().unwrap_err();
     assert!(e.contains("unknown KV cache"), "{e}");
     let q8k = view(&w, GgmlType::Q8K, 256, 1);
     let e = gpu
@@ -279,6 +289,21 @@ fn bad_arguments_are_errors() {
         .into_result()
         .unwrap_err();
     assert!(e.contains("not supported"), "{e}");
+    // Ranges are checked against their buffers, by name.
+    let id = backend.buf_create(8).into_result().unwrap();
+    let over = prima_abi::backend::Buf {
+        id,
+        offset: 4,
+        len: 5,
+    };
+    let e = backend.scale(over, 2.0).into_result().unwrap_err();
+    assert!(e.contains("exceeds its 8 elements"), "{e}");
+    let e = backend
+        .scale(prima_abi::backend::Buf::whole(id + 1000, 1), 2.0)
+        .into_result()
+        .unwrap_err();
+    assert!(e.contains("unknown buffer"), "{e}");
+    backend.buf_drop(id);
     // Still working.
     let x = vec![1f32; 128];
     let mut out = vec![0f32; 4];

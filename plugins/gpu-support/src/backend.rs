@@ -8,13 +8,17 @@ use std::sync::Mutex;
 use abi_stable::sabi_trait::TD_Opaque;
 use abi_stable::std_types::{RErr, ROk, RSlice, RSliceMut, RString};
 use prima_abi::backend::{
-    AttentionParams, Backend, BackendBox, BackendResult, Backend_TO, KvSpec, RopeParams, TensorView,
+    AttentionParams, AttentionSpan, Backend, BackendBox, BackendResult, Backend_TO, Buf, KvSpec,
+    RopeParams, TensorView, TransferCounts,
 };
 
 use crate::checks::OpResult;
 use crate::formats;
 
-/// A GPU plugin's state and its operations on host slices, as the ABI's `Backend` has them.
+/// A GPU plugin's state and its operations on device buffers ([`Buf`]), as the ABI's
+/// `Backend` has them. An operation queues its work and returns; only `download` waits.
+/// Operations the trait leaves out (`swiglu_oai`, `gather_rows`, `scatter_scaled`,
+/// `sum_groups`) run through the host by the ABI's defaults, counted.
 pub trait GpuOps: Send + 'static {
     /// The backend's name (`cuda`, `wgpu`): `Backend::name` and the errors' wording.
     const NAME: &'static str;
@@ -26,45 +30,44 @@ pub trait GpuOps: Send + 'static {
         f(self)
     }
 
-    fn get_rows(&mut self, table: &TensorView<'_>, ids: &[u32], out: &mut [f32]) -> OpResult<()>;
-    fn matmul(
-        &mut self,
-        w: &TensorView<'_>,
-        x: &[f32],
-        n_tokens: usize,
-        out: &mut [f32],
-    ) -> OpResult<()>;
-    fn rms_norm(
-        &mut self,
-        x: &[f32],
-        weight: &TensorView<'_>,
-        eps: f32,
-        out: &mut [f32],
-    ) -> OpResult<()>;
-    fn add(&mut self, acc: &mut [f32], x: &[f32]) -> OpResult<()>;
-    fn add_bias(&mut self, x: &mut [f32], bias: &TensorView<'_>) -> OpResult<()>;
-    fn scale(&mut self, x: &mut [f32], s: f32) -> OpResult<()>;
+    /// A zeroed buffer of `len` f32s; its id.
+    fn buf_create(&mut self, len: usize) -> OpResult<u64>;
+    fn buf_drop(&mut self, id: u64);
+    /// Host → device, ordered after the operations queued so far.
+    fn upload(&mut self, dst: Buf, src: &[f32]) -> OpResult<()>;
+    /// Waits for the queued operations; device → host.
+    fn download(&mut self, src: Buf, dst: &mut [f32]) -> OpResult<()>;
+    fn transfers(&self) -> TransferCounts;
+
+    fn get_rows(&mut self, table: &TensorView<'_>, ids: &[u32], out: Buf) -> OpResult<()>;
+    fn matmul(&mut self, w: &TensorView<'_>, x: Buf, n_tokens: usize, out: Buf) -> OpResult<()>;
+    fn rms_norm(&mut self, x: Buf, weight: &TensorView<'_>, eps: f32, out: Buf) -> OpResult<()>;
+    fn add(&mut self, acc: Buf, x: Buf) -> OpResult<()>;
+    fn add_bias(&mut self, x: Buf, bias: &TensorView<'_>) -> OpResult<()>;
+    fn scale(&mut self, x: Buf, s: f32) -> OpResult<()>;
     fn rope(
         &mut self,
-        x: &mut [f32],
+        x: Buf,
         n_head: usize,
         head_dim: usize,
         positions: &[u32],
         params: &RopeParams<'_>,
     ) -> OpResult<()>;
-    fn swiglu(&mut self, gate: &mut [f32], up: &[f32]) -> OpResult<()>;
-    fn geglu(&mut self, gate: &mut [f32], up: &[f32]) -> OpResult<()>;
+    fn swiglu(&mut self, gate: Buf, up: Buf) -> OpResult<()>;
+    fn geglu(&mut self, gate: Buf, up: Buf) -> OpResult<()>;
     fn kv_create(&mut self, spec: KvSpec) -> OpResult<u64>;
     fn kv_drop(&mut self, kv: u64);
     fn kv_truncate(&mut self, kv: u64, n_pos: u32) -> OpResult<()>;
-    fn attention(
+    /// Every span's keys and values stored, then its attention written (see the ABI's
+    /// `attention_spans`); a plugin may loop over the spans.
+    fn attention_spans(
         &mut self,
-        kv: u64,
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
+        spans: &[AttentionSpan],
+        q: Buf,
+        k: Buf,
+        v: Buf,
         params: &AttentionParams,
-        out: &mut [f32],
+        out: Buf,
     ) -> OpResult<()>;
 }
 
@@ -135,56 +138,60 @@ impl<S: GpuOps> Backend for GpuBackend<S> {
         formats::format_of(ggml_type).is_some()
     }
 
-    fn get_rows(
-        &self,
-        table: TensorView<'_>,
-        ids: RSlice<'_, u32>,
-        mut out: RSliceMut<'_, f32>,
-    ) -> BackendResult<()> {
-        self.with("get_rows", |s| {
-            s.get_rows(&table, ids.as_slice(), out.as_mut_slice())
+    fn buf_create(&self, len: u64) -> BackendResult<u64> {
+        self.with("buf_create", |s| {
+            let len = usize::try_from(len)
+                .map_err(|_| format!("buf_create: {len} elements exceed this host's memory"))?;
+            s.buf_create(len)
         })
     }
 
-    fn matmul(
-        &self,
-        w: TensorView<'_>,
-        x: RSlice<'_, f32>,
-        n_tokens: u32,
-        mut out: RSliceMut<'_, f32>,
-    ) -> BackendResult<()> {
-        self.with("matmul", |s| {
-            s.matmul(&w, x.as_slice(), n_tokens as usize, out.as_mut_slice())
-        })
+    fn buf_drop(&self, id: u64) {
+        let _ = self.with("buf_drop", |s| {
+            s.buf_drop(id);
+            Ok(())
+        });
     }
 
-    fn rms_norm(
-        &self,
-        x: RSlice<'_, f32>,
-        weight: TensorView<'_>,
-        eps: f32,
-        mut out: RSliceMut<'_, f32>,
-    ) -> BackendResult<()> {
-        self.with("rms_norm", |s| {
-            s.rms_norm(x.as_slice(), &weight, eps, out.as_mut_slice())
-        })
+    fn upload(&self, dst: Buf, src: RSlice<'_, f32>) -> BackendResult<()> {
+        self.with("upload", |s| s.upload(dst, src.as_slice()))
     }
 
-    fn add(&self, mut acc: RSliceMut<'_, f32>, x: RSlice<'_, f32>) -> BackendResult<()> {
-        self.with("add", |s| s.add(acc.as_mut_slice(), x.as_slice()))
+    fn download(&self, src: Buf, mut dst: RSliceMut<'_, f32>) -> BackendResult<()> {
+        self.with("download", |s| s.download(src, dst.as_mut_slice()))
     }
 
-    fn add_bias(&self, mut x: RSliceMut<'_, f32>, bias: TensorView<'_>) -> BackendResult<()> {
-        self.with("add_bias", |s| s.add_bias(x.as_mut_slice(), &bias))
+    fn transfers(&self) -> TransferCounts {
+        self.state.lock().map(|s| s.transfers()).unwrap_or_default()
     }
 
-    fn scale(&self, mut x: RSliceMut<'_, f32>, v: f32) -> BackendResult<()> {
-        self.with("scale", |s| s.scale(x.as_mut_slice(), v))
+    fn get_rows(&self, table: TensorView<'_>, ids: RSlice<'_, u32>, out: Buf) -> BackendResult<()> {
+        self.with("get_rows", |s| s.get_rows(&table, ids.as_slice(), out))
+    }
+
+    fn matmul(&self, w: TensorView<'_>, x: Buf, n_tokens: u32, out: Buf) -> BackendResult<()> {
+        self.with("matmul", |s| s.matmul(&w, x, n_tokens as usize, out))
+    }
+
+    fn rms_norm(&self, x: Buf, weight: TensorView<'_>, eps: f32, out: Buf) -> BackendResult<()> {
+        self.with("rms_norm", |s| s.rms_norm(x, &weight, eps, out))
+    }
+
+    fn add(&self, acc: Buf, x: Buf) -> BackendResult<()> {
+        self.with("add", |s| s.add(acc, x))
+    }
+
+    fn add_bias(&self, x: Buf, bias: TensorView<'_>) -> BackendResult<()> {
+        self.with("add_bias", |s| s.add_bias(x, &bias))
+    }
+
+    fn scale(&self, x: Buf, v: f32) -> BackendResult<()> {
+        self.with("scale", |s| s.scale(x, v))
     }
 
     fn rope(
         &self,
-        mut x: RSliceMut<'_, f32>,
+        x: Buf,
         n_head: u32,
         head_dim: u32,
         positions: RSlice<'_, u32>,
@@ -192,7 +199,7 @@ impl<S: GpuOps> Backend for GpuBackend<S> {
     ) -> BackendResult<()> {
         self.with("rope", |s| {
             s.rope(
-                x.as_mut_slice(),
+                x,
                 n_head as usize,
                 head_dim as usize,
                 positions.as_slice(),
@@ -201,12 +208,12 @@ impl<S: GpuOps> Backend for GpuBackend<S> {
         })
     }
 
-    fn swiglu(&self, mut gate: RSliceMut<'_, f32>, up: RSlice<'_, f32>) -> BackendResult<()> {
-        self.with("swiglu", |s| s.swiglu(gate.as_mut_slice(), up.as_slice()))
+    fn swiglu(&self, gate: Buf, up: Buf) -> BackendResult<()> {
+        self.with("swiglu", |s| s.swiglu(gate, up))
     }
 
-    fn geglu(&self, mut gate: RSliceMut<'_, f32>, up: RSlice<'_, f32>) -> BackendResult<()> {
-        self.with("geglu", |s| s.geglu(gate.as_mut_slice(), up.as_slice()))
+    fn geglu(&self, gate: Buf, up: Buf) -> BackendResult<()> {
+        self.with("geglu", |s| s.geglu(gate, up))
     }
 
     fn kv_create(&self, spec: KvSpec) -> BackendResult<u64> {
@@ -224,24 +231,17 @@ impl<S: GpuOps> Backend for GpuBackend<S> {
         self.with("kv_truncate", |s| s.kv_truncate(kv, n_pos))
     }
 
-    fn attention(
+    fn attention_spans(
         &self,
-        kv: u64,
-        q: RSlice<'_, f32>,
-        k: RSlice<'_, f32>,
-        v: RSlice<'_, f32>,
+        spans: RSlice<'_, AttentionSpan>,
+        q: Buf,
+        k: Buf,
+        v: Buf,
         params: AttentionParams,
-        mut out: RSliceMut<'_, f32>,
+        out: Buf,
     ) -> BackendResult<()> {
         self.with("attention", |s| {
-            s.attention(
-                kv,
-                q.as_slice(),
-                k.as_slice(),
-                v.as_slice(),
-                &params,
-                out.as_mut_slice(),
-            )
+            s.attention_spans(spans.as_slice(), q, k, v, &params, out)
         })
     }
 
@@ -251,47 +251,62 @@ impl<S: GpuOps> Backend for GpuBackend<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bufs::Buffers;
+    use prima_abi::on_host::OnHost;
     use prima_abi::GgmlType;
 
-    /// A state whose `add` panics and whose `scale` fails: the glue must turn both into
-    /// errors, and report the poisoned lock afterwards rather than panic again.
-    struct Faulty;
+    /// A host-memory state whose `add` panics and whose `scale` fails: the glue must turn
+    /// both into errors, and report the poisoned lock afterwards rather than panic again.
+    #[derive(Default)]
+    struct Faulty {
+        bufs: Buffers<Vec<f32>>,
+        counts: TransferCounts,
+    }
 
     impl GpuOps for Faulty {
         const NAME: &'static str = "faulty";
-        fn get_rows(&mut self, _: &TensorView<'_>, _: &[u32], _: &mut [f32]) -> OpResult<()> {
+        fn buf_create(&mut self, len: usize) -> OpResult<u64> {
+            Ok(self.bufs.insert(vec![0.0; len], len as u64))
+        }
+        fn buf_drop(&mut self, id: u64) {
+            self.bufs.remove(id);
+        }
+        fn upload(&mut self, dst: Buf, src: &[f32]) -> OpResult<()> {
+            self.counts.uploads += 1;
+            let b = self.bufs.get_mut("upload", "dst", dst)?;
+            b[dst.offset as usize..][..src.len()].copy_from_slice(src);
             Ok(())
         }
-        fn matmul(
-            &mut self,
-            _: &TensorView<'_>,
-            _: &[f32],
-            _: usize,
-            _: &mut [f32],
-        ) -> OpResult<()> {
+        fn download(&mut self, src: Buf, dst: &mut [f32]) -> OpResult<()> {
+            self.counts.downloads += 1;
+            let b = self.bufs.get("download", "src", src)?;
+            dst.copy_from_slice(&b[src.offset as usize..][..dst.len()]);
             Ok(())
         }
-        fn rms_norm(
-            &mut self,
-            _: &[f32],
-            _: &TensorView<'_>,
-            _: f32,
-            _: &mut [f32],
-        ) -> OpResult<()> {
+        fn transfers(&self) -> TransferCounts {
+            self.counts
+        }
+        fn get_rows(&mut self, _: &TensorView<'_>, _: &[u32], _: Buf) -> OpResult<()> {
             Ok(())
         }
-        fn add(&mut self, _: &mut [f32], _: &[f32]) -> OpResult<()> {
+        fn matmul(&mut self, _: &TensorView<'_>, _: Buf, _: usize, _: Buf) -> OpResult<()> {
+            Ok(())
+        }
+        fn rms_norm(&mut self, _: Buf, _: &TensorView<'_>, _: f32, _: Buf) -> OpResult<()> {
+            Ok(())
+        }
+        fn add(&mut self, _: Buf, _: Buf) -> OpResult<()> {
             panic!("a bug in a kernel wrapper")
         }
-        fn add_bias(&mut self, _: &mut [f32], _: &TensorView<'_>) -> OpResult<()> {
+        fn add_bias(&mut self, _: Buf, _: &TensorView<'_>) -> OpResult<()> {
             Ok(())
         }
-        fn scale(&mut self, _: &mut [f32], _: f32) -> OpResult<()> {
+        fn scale(&mut self, _: Buf, _: f32) -> OpResult<()> {
             Err("scale: x is empty".into())
         }
         fn rope(
             &mut self,
-            _: &mut [f32],
+            _: Buf,
             _: usize,
             _: usize,
             _: &[u32],
@@ -299,10 +314,10 @@ mod tests {
         ) -> OpResult<()> {
             Ok(())
         }
-        fn swiglu(&mut self, _: &mut [f32], _: &[f32]) -> OpResult<()> {
+        fn swiglu(&mut self, _: Buf, _: Buf) -> OpResult<()> {
             Ok(())
         }
-        fn geglu(&mut self, _: &mut [f32], _: &[f32]) -> OpResult<()> {
+        fn geglu(&mut self, _: Buf, _: Buf) -> OpResult<()> {
             Ok(())
         }
         fn kv_create(&mut self, _: KvSpec) -> OpResult<u64> {
@@ -312,35 +327,37 @@ mod tests {
         fn kv_truncate(&mut self, _: u64, _: u32) -> OpResult<()> {
             Ok(())
         }
-        fn attention(
+        fn attention_spans(
             &mut self,
-            _: u64,
-            _: &[f32],
-            _: &[f32],
-            _: &[f32],
+            _: &[AttentionSpan],
+            _: Buf,
+            _: Buf,
+            _: Buf,
             _: &AttentionParams,
-            _: &mut [f32],
+            _: Buf,
         ) -> OpResult<()> {
             Ok(())
         }
     }
 
+    fn faulty() -> BackendBox {
+        create(|| Ok(GpuBackend::new(Faulty::default(), "faulty: test".into()))).unwrap()
+    }
+
     #[test]
     fn errors_and_panics_become_errors_that_name_the_backend() {
-        let b = create(|| Ok(GpuBackend::new(Faulty, "faulty: test".into()))).unwrap();
+        let b = faulty();
         assert_eq!(
             (b.name().as_str(), b.describe().as_str()),
             ("faulty", "faulty: test")
         );
-        let mut x = [1.0f32; 4];
-        let e = b.scale(RSliceMut::from_mut_slice(&mut x), 2.0).unwrap_err();
+        let x = Buf::whole(b.buf_create(4).unwrap(), 4);
+        let e = b.scale(x, 2.0).unwrap_err();
         assert_eq!(e.as_str(), "scale: x is empty");
-        let e = b
-            .add(
-                RSliceMut::from_mut_slice(&mut x),
-                RSlice::from_slice(&[0.0; 4]),
-            )
-            .unwrap_err();
+        let e = b.download(Buf::whole(99, 1), RSliceMut::from_mut_slice(&mut [0.0]));
+        assert!(e.unwrap_err().contains("unknown buffer 99"));
+        let y = Buf::whole(b.buf_create(4).unwrap(), 4);
+        let e = b.add(x, y).unwrap_err();
         assert_eq!(e.as_str(), "add: panicked in the faulty backend");
         let e = b.kv_create(KvSpec {
             n_layers: 1,
@@ -350,16 +367,17 @@ mod tests {
             head_dim_v: 2,
         });
         assert!(e.unwrap_err().contains("failed earlier (a panic)"));
+        assert_eq!(b.transfers(), TransferCounts::default());
         let e = create::<Faulty>(|| panic!("no device")).into_result().err();
         assert_eq!(e.unwrap().as_str(), "creating the faulty backend panicked");
         assert!(b.supports(GgmlType::Q4K as u32) && !b.supports(GgmlType::Q8K as u32));
     }
 
     /// gpt-oss's two operations through the ABI's default bodies: attention with sinks is
-    /// refused, naming the backend; the clamped SwiGLU runs on the host.
+    /// refused, naming the backend; the clamped SwiGLU runs on the host, its moves counted.
     #[test]
     fn sinks_are_refused_by_name_and_the_clamped_swiglu_runs_on_the_host() {
-        let b = create(|| Ok(GpuBackend::new(Faulty, "faulty: test".into()))).unwrap();
+        let b = faulty();
         let params = AttentionParams {
             layer: 0,
             n_tokens: 1,
@@ -373,7 +391,7 @@ mod tests {
             softcap: 0.0,
         };
         let (q, mut out) = ([0.5f32; 2], [0f32; 2]);
-        let e = b
+        let e = OnHost(&b)
             .attention_spans_sinks(
                 RSlice::from_slice(&[]),
                 RSlice::from_slice(&q),
@@ -388,17 +406,22 @@ mod tests {
             e.contains("attention with sinks") && e.contains("faulty backend"),
             "{e}"
         );
+        let before = b.transfers();
         let (mut gate, up) = ([9.0f32, -1.0], [8.0f32, 0.5]);
-        b.swiglu_oai(
-            RSliceMut::from_mut_slice(&mut gate),
-            RSlice::from_slice(&up),
-            1.702,
-            7.0,
-        )
-        .unwrap();
+        OnHost(&b)
+            .swiglu_oai(
+                RSliceMut::from_mut_slice(&mut gate),
+                RSlice::from_slice(&up),
+                1.702,
+                7.0,
+            )
+            .unwrap();
         // The gate clamped to 7, the up to 7 (then + 1).
         let want0 = 7.0 / (1.0 + (-1.702f32 * 7.0).exp()) * 8.0;
         assert_eq!(gate[0], want0);
         assert!((gate[1] - (-1.0 / (1.0 + 1.702f32.exp()) * 1.5)).abs() < 1e-6);
+        // OnHost: 2 uploads, 1 download; the default body: 2 downloads, 1 upload.
+        let moved = b.transfers().since(before);
+        assert_eq!((moved.uploads, moved.downloads), (3, 3));
     }
 }

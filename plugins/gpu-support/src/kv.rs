@@ -1,11 +1,12 @@
 //! KV-cache bookkeeping for the GPU backends: handles, the buffers each layer's K and V
 //! live in (the plugin's own buffer type), and the positions each layer holds — what the
-//! backend ABI's `kv_create`, `kv_drop`, `kv_truncate` and `attention` check and keep.
+//! backend ABI's `kv_create`, `kv_drop`, `kv_truncate` and `attention_spans` check and
+//! keep.
 
 use std::collections::HashMap;
 use std::ops::Range;
 
-use prima_abi::backend::{AttentionParams, KvSpec};
+use prima_abi::backend::{AttentionParams, AttentionSpan, KvSpec};
 
 use crate::checks::{mul, OpResult};
 
@@ -23,6 +24,16 @@ impl<B> KvCache<B> {
     pub fn hold(&mut self, layer: usize, end: usize) {
         self.len[layer] = self.len[layer].max(end);
     }
+}
+
+/// One span of a batched attention call, checked ([`KvCaches::plan_spans`]): its cache,
+/// its first row in the call's operands, and the positions it stores.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpanPlan {
+    pub kv: u64,
+    pub row0: usize,
+    pub n_tokens: usize,
+    pub positions: Range<usize>,
 }
 
 /// The caches a backend holds, by the handle `kv_create` returned.
@@ -115,6 +126,65 @@ impl<B> KvCaches<B> {
         Ok((p.n_tokens > 0).then(|| start..start + p.n_tokens as usize))
     }
 
+    /// Checks a batched attention call ([`prima_abi::backend::Backend::attention_spans`]):
+    /// the operands' lengths against all the spans' rows, then each span against its cache
+    /// as [`Self::check_attention`] does, a later span of the same cache seeing the
+    /// positions an earlier one stores. Every span's plan, in order, spans of no tokens
+    /// left out; nothing is recorded as held (the caller does that once it has queued the
+    /// work, [`KvCache::hold`]).
+    pub fn plan_spans(
+        &self,
+        spans: &[AttentionSpan],
+        p: &AttentionParams,
+        max_head_dim: usize,
+        lens: [usize; 4],
+    ) -> OpResult<Vec<SpanPlan>> {
+        p.check_span_lengths(spans, lens)?;
+        let (q_row, kv_row_k, kv_row_v) = (
+            p.n_head as usize * p.head_dim_k as usize,
+            p.n_head_kv as usize * p.head_dim_k as usize,
+            p.n_head_kv as usize * p.head_dim_v as usize,
+        );
+        let o_row = p.n_head as usize * p.head_dim_v as usize;
+        let mut held: HashMap<u64, usize> = HashMap::new();
+        let mut plans = Vec::with_capacity(spans.len());
+        let mut row0 = 0usize;
+        for s in spans {
+            let n = s.n_tokens as usize;
+            let sp = AttentionParams {
+                n_tokens: s.n_tokens,
+                start_pos: s.start_pos,
+                ..*p
+            };
+            let lens = [n * q_row, n * kv_row_k, n * kv_row_v, n * o_row];
+            let cache = self
+                .caches
+                .get(&s.kv)
+                .ok_or_else(|| format!("attention: unknown KV cache {}", s.kv))?;
+            sp.check(&cache.spec, max_head_dim, lens)?;
+            let layer = p.layer as usize;
+            let have = *held.get(&s.kv).unwrap_or(&cache.len[layer]);
+            let start = s.start_pos as usize;
+            if start > have {
+                return Err(format!(
+                    "attention: start_pos {start} leaves a gap: layer {layer} of KV cache {} holds {have} positions",
+                    s.kv
+                ));
+            }
+            if n > 0 {
+                held.insert(s.kv, have.max(start + n));
+                plans.push(SpanPlan {
+                    kv: s.kv,
+                    row0,
+                    n_tokens: n,
+                    positions: start..start + n,
+                });
+            }
+            row0 += n;
+        }
+        Ok(plans)
+    }
+
     /// Cache `kv`, which [`Self::check_attention`] found.
     pub fn get_mut(&mut self, kv: u64) -> OpResult<&mut KvCache<B>> {
         self.caches
@@ -174,6 +244,33 @@ mod tests {
             kv.check_attention(h, &params(2, 0), 256, lens(0)).unwrap(),
             None
         );
+        // Two spans: one of this cache (2 rows at 2), one of a fresh cache (3 rows at 0).
+        let h2 = kv.create(spec(), |n| Ok(vec![0; n])).unwrap();
+        let spans = [
+            AttentionSpan {
+                kv: h,
+                n_tokens: 2,
+                start_pos: 2,
+            },
+            AttentionSpan {
+                kv: h2,
+                n_tokens: 3,
+                start_pos: 0,
+            },
+        ];
+        let plans = kv.plan_spans(&spans, &params(0, 0), 256, lens(5)).unwrap();
+        assert_eq!(plans[1].row0, 2);
+        assert_eq!(plans[1].positions, 0..3);
+        let gap = [AttentionSpan {
+            kv: h2,
+            n_tokens: 1,
+            start_pos: 1,
+        }];
+        let e = kv
+            .plan_spans(&gap, &params(0, 0), 256, lens(1))
+            .unwrap_err();
+        assert!(e.contains("leaves a gap"), "{e}");
+        assert!(kv.plan_spans(&spans, &params(0, 0), 256, lens(4)).is_err());
         kv.drop(h);
         assert!(kv.truncate(h, 0).unwrap_err().contains("unknown KV cache"));
         let e = kv

@@ -6,6 +6,8 @@
 //!   panics, which must never cross the FFI boundary — into `RString`s.
 //! - [`formats`]: the weight formats a GPU reads (all the CPU backend multiplies), the
 //!   activation kind each multiplies against, and the checks a weight passes before upload.
+//! - [`bufs`]: activation-buffer bookkeeping (ids, lengths, range checks) over the
+//!   plugin's device buffers.
 //! - [`checks`]: the argument checks every operation shares with the CPU backend.
 //! - [`kv`]: KV-cache bookkeeping (handles, positions held per layer) over the plugin's
 //!   buffers.
@@ -13,6 +15,7 @@
 //!   against the CPU backend, the oracle — each format, each operation, whole models.
 
 pub mod backend;
+pub mod bufs;
 pub mod checks;
 #[cfg(feature = "conformance")]
 pub mod conformance;

@@ -6,7 +6,7 @@
 // vec_dot order (element d into accumulator d % 16, the 16 folded by halving, the dk % 16
 // tail after), soft-capped; e_j = exp(s_j − max); total = Σ e_j in order in {TOTAL_T};
 // p_j = f16(e_j · (1 / total)); out = Σ_j p_j · v_j in key order.
-// SC is scratch of `span` floats per (token, head).
+// SC is scratch of `span` floats per (token, head). Q and OUT start at q_off and out_off.
 const WG: u32 = 64u;
 
 struct Params {
@@ -19,6 +19,8 @@ struct Params {
     scale: f32,
     softcap: f32,
     span: u32,
+    q_off: u32,
+    out_off: u32,
 }
 
 @group(0) @binding(0) var<uniform> P: Params;
@@ -49,7 +51,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         first = pos + 1u - P.window;
     }
     let n = pos + 1u - first;
-    let qh = (t * P.n_head + h) * P.dk;
+    let qh = P.q_off + (t * P.n_head + h) * P.dk;
     for (var d = lid; d < P.dk; d += WG) {
         qs[d] = round_f16(Q[qh + d]);
     }
@@ -116,7 +118,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     storageBarrier();
     workgroupBarrier();
-    let oh = (t * P.n_head + h) * P.dv;
+    let oh = P.out_off + (t * P.n_head + h) * P.dv;
     for (var d = lid; d < P.dv; d += WG) {
         var o = 0.0;
         for (var i = 0u; i < n; i++) {

@@ -1,9 +1,11 @@
-// {NAME}: X[i] = op(X[i], Y[i % period]) over n elements, with the CPU backend's numerics:
+// {NAME}: X[i] = op(X[i], Y[i % period]) over n elements (from x_off and y_off), with the CPU backend's numerics:
 // add, add_bias (Y is the bias, period its length), swiglu and geglu (SiLU and tanh-GELU
 // as x / (1 + e^-z) with the CPU's own e^x, ops/activation.rs).
 struct Params {
     n: u32,
     period: u32,
+    x_off: u32,
+    y_off: u32,
 }
 
 @group(0) @binding(0) var<uniform> P: Params;
@@ -37,5 +39,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     if (i >= P.n) {
         return;
     }
-    X[i] = op_{NAME}(X[i], Y[i % P.period]);
+    let x = P.x_off + i;
+    X[x] = op_{NAME}(X[x], Y[P.y_off + i % P.period]);
 }

@@ -6,6 +6,7 @@ struct Params {
     n_ids: u32,
     row0: u32,
     rows: u32,
+    out_off: u32,
 }
 
 @group(0) @binding(0) var<uniform> P: Params;
@@ -26,5 +27,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         return;
     }
     let b = (id - P.row0) * P.row_bytes + (e / {QK}u) * {BYTES}u;
-    OUT[idx] = deq_{NAME}(b, e % {QK}u);
+    OUT[P.out_off + idx] = deq_{NAME}(b, e % {QK}u);
 }

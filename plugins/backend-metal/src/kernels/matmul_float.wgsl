@@ -10,6 +10,8 @@ struct Params {
     n_tokens: u32,
     row0: u32,
     out_stride: u32,
+    a_off: u32,
+    out_off: u32,
 }
 
 @group(0) @binding(0) var<uniform> P: Params;
@@ -30,7 +32,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let wr = row * P.row_bytes;
     var acc = 0.0;
     if (t < P.n_tokens) {
-        let xt = t * P.cols;
+        let xt = P.a_off + t * P.cols;
         for (var e = cl; e < P.cols; e += 16u) {
             acc = term_{NAME}(elem_{NAME}(wr, e), act_{NAME}(A[xt + e]), acc);
         }
@@ -44,6 +46,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         workgroupBarrier();
     }
     if (cl == 0u && t < P.n_tokens) {
-        OUT[t * P.out_stride + P.row0 + row] = red[lid];
+        OUT[P.out_off + t * P.out_stride + P.row0 + row] = red[lid];
     }
 }

@@ -9,6 +9,8 @@ struct Params {
     n_tokens: u32,
     row0: u32,
     out_stride: u32,
+    a_off: u32,
+    out_off: u32,
 }
 
 @group(0) @binding(0) var<uniform> P: Params;
@@ -26,7 +28,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let nt = min(4u, P.n_tokens - t0);
     let wr = row * P.row_bytes;
     for (var t = t0; t < t0 + nt; t++) {
-        let xt = t * P.cols;
+        let xt = P.a_off + t * P.cols;
         var acc: array<f32, 16>;
         for (var e0 = 0u; e0 < P.cols; e0 += 16u) {
             for (var l = 0u; l < 16u; l++) {
@@ -39,6 +41,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
                 acc[l] = acc[l] + acc[l + o];
             }
         }
-        OUT[t * P.out_stride + P.row0 + row] = acc[0];
+        OUT[P.out_off + t * P.out_stride + P.row0 + row] = acc[0];
     }
 }

@@ -20,6 +20,7 @@ struct Params {
     out_stride: u32,
     d_off: u32,
     s_off: u32,
+    out_off: u32,
 }
 
 @group(0) @binding(0) var<uniform> P: Params;
@@ -88,6 +89,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         workgroupBarrier();
     }
     if (lid < nt) {
-        OUT[(t0 + lid) * P.out_stride + P.row0 + row] = acc;
+        OUT[P.out_off + (t0 + lid) * P.out_stride + P.row0 + row] = acc;
     }
 }

@@ -20,6 +20,7 @@ struct Params {
     out_stride: u32,
     d_off: u32,
     s_off: u32,
+    out_off: u32,
     zero: u32,
 }
 
@@ -80,6 +81,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         }
     }
     for (var t = 0u; t < nt; t++) {
-        OUT[(t0 + t) * P.out_stride + P.row0 + row] = acc[t];
+        OUT[P.out_off + (t0 + t) * P.out_stride + P.row0 + row] = acc[t];
     }
 }

@@ -8,6 +8,7 @@ struct Params {
     n_blocks: u32,
     d_off: u32,
     s_off: u32,
+    x_off: u32,
 }
 
 @group(0) @binding(0) var<uniform> P: Params;
@@ -26,7 +27,7 @@ fn round_away(x: f32) -> i32 {
 // Q8_0 / Q8_1 (32 elements): d = max|x| / 127, q = round(x / d) half away from zero; `s`
 // (Q8_1) is d · Σq. d and s are kept rounded to f16, as the CPU's blocks store them.
 fn quantize_32(blk: u32, with_s: bool) {
-    let x0 = blk * 32u;
+    let x0 = P.x_off + blk * 32u;
     var amax = 0.0;
     for (var i = 0u; i < 32u; i++) {
         amax = max(amax, abs(X[x0 + i]));
@@ -56,7 +57,7 @@ fn quantize_32(blk: u32, with_s: bool) {
 // iscale = −127 / max, q = min(127, round-to-nearest-even(iscale · x)), d = 1 / iscale
 // (f32). An all-zero block gets d = 0, q = 0.
 fn quantize_256(blk: u32) {
-    let x0 = blk * 256u;
+    let x0 = P.x_off + blk * 256u;
     var amax = 0.0;
     var mx = 0.0;
     for (var i = 0u; i < 256u; i++) {

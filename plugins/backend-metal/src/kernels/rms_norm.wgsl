@@ -5,6 +5,8 @@ struct Params {
     n: u32,
     eps: f32,
     rows: u32,
+    x_off: u32,
+    out_off: u32,
 }
 
 @group(0) @binding(0) var<uniform> P: Params;
@@ -21,7 +23,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     if (row >= P.rows) {
         return;
     }
-    let x0 = row * P.n;
+    let x0 = P.x_off + row * P.n;
+    let o0 = P.out_off + row * P.n;
     if (lid == 0u) {
         var s = {SUM_T}(0);
         for (var i = 0u; i < P.n; i++) {
@@ -34,6 +37,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     workgroupBarrier();
     let scale = row_scale;
     for (var i = lid; i < P.n; i += 64u) {
-        OUT[x0 + i] = (X[x0 + i] * scale) * WT[i];
+        OUT[o0 + i] = (X[x0 + i] * scale) * WT[i];
     }
 }

@@ -8,6 +8,7 @@ struct Params {
     head_dim: u32,
     n_rot: u32,
     neox: u32,
+    x_off: u32,
 }
 
 @group(0) @binding(0) var<uniform> P: Params;
@@ -27,7 +28,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let t = th / P.n_head;
     let c = CS[(t * half + i) * 2u];
     let s = CS[(t * half + i) * 2u + 1u];
-    let head = th * P.head_dim;
+    let head = P.x_off + th * P.head_dim;
     var a = 2u * i;
     var b = 2u * i + 1u;
     if (P.neox != 0u) {

@@ -1,7 +1,8 @@
-// scale: X[i] *= s.
+// scale: X[i] *= s, over n elements from x_off.
 struct Params {
     n: u32,
     s: f32,
+    x_off: u32,
 }
 
 @group(0) @binding(0) var<uniform> P: Params;
@@ -14,5 +15,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     if (i >= P.n) {
         return;
     }
-    X[i] = X[i] * P.s;
+    X[P.x_off + i] = X[P.x_off + i] * P.s;
 }

@@ -1,8 +1,9 @@
 // store_f16: new keys or values into the F16 KV cache, two elements per word:
-// DST[off + i] = f16(SRC[2i]) | f16(SRC[2i + 1]) << 16.
+// DST[off + i] = f16(SRC[s + 2i]) | f16(SRC[s + 2i + 1]) << 16, s = src_off.
 struct Params {
     n_words: u32,
     off: u32,
+    src_off: u32,
 }
 
 @group(0) @binding(0) var<uniform> P: Params;
@@ -16,5 +17,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     if (i >= P.n_words) {
         return;
     }
-    DST[P.off + i] = f16_bits(SRC[2u * i]) | (f16_bits(SRC[2u * i + 1u]) << 16u);
+    let s = P.src_off + 2u * i;
+    DST[P.off + i] = f16_bits(SRC[s]) | (f16_bits(SRC[s + 1u]) << 16u);
 }

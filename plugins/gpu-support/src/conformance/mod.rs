@@ -76,7 +76,7 @@ pub fn f32_matmul_fuses(backend: &BackendBox) -> bool {
     (w[0], a[0], w[16], a[16]) = (1.0, -1.0, x, x);
     let w: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
     let mut out = [0f32];
-    backend
+    prima_abi::on_host::OnHost(backend)
         .matmul(
             view(&w, GgmlType::F32, 32, 1),
             RSlice::from_slice(&a),

@@ -8,7 +8,8 @@ use std::sync::{Arc, Mutex};
 use abi_stable::sabi_trait::TD_Opaque;
 use abi_stable::std_types::{RResult::ROk, RSlice, RSliceMut, RString};
 use prima_abi::backend::{
-    AttentionParams, Backend, BackendBox, BackendResult, Backend_TO, KvSpec, RopeParams, TensorView,
+    AttentionParams, AttentionSpan, Backend, BackendBox, BackendResult, Backend_TO, Buf, KvSpec,
+    RopeParams, TensorView, TransferCounts,
 };
 use prima_abi::GgmlType;
 use prima_core::model::{Model, Session};
@@ -19,11 +20,15 @@ use super::{argmax, max_abs_diff};
 pub type OpStats = Arc<Mutex<BTreeMap<&'static str, (u32, u32, f32)>>>;
 
 /// Both backends behind one: every operation runs on the CPU and on the GPU with the same
-/// inputs, the CPU's result goes on, and each kind of operation records how often and how
-/// far the GPU's differed. Tells which operation a model-level difference starts in.
+/// inputs, the CPU's result goes on (copied into the GPU's buffer), and each kind of
+/// operation records how often and how far the GPU's differed. Tells which operation a
+/// model-level difference starts in. A tee buffer is a pair: the CPU's id (which the
+/// engine sees) and the GPU's; KV caches likewise.
 pub struct Tee {
     cpu: BackendBox,
     gpu: BackendBox,
+    /// cpu buffer id → gpu buffer id.
+    bufs: Mutex<HashMap<u64, u64>>,
     /// cpu KV id → gpu KV id.
     kv: Mutex<HashMap<u64, u64>>,
     stats: OpStats,
@@ -41,17 +46,42 @@ impl Tee {
         e.2 = e.2.max(d);
     }
 
-    /// Runs `f` on both with copies of `buf`, keeps the CPU's.
+    /// The GPU's half of tee buffer range `b`.
+    fn gpu_buf(&self, b: Buf) -> Buf {
+        Buf {
+            id: self.bufs.lock().unwrap()[&b.id],
+            ..b
+        }
+    }
+
+    fn gpu_kv(&self, kv: u64) -> u64 {
+        self.kv.lock().unwrap()[&kv]
+    }
+
+    /// Runs `f` on both (given each backend and how a tee buffer maps to its own), compares
+    /// `out` and copies the CPU's into the GPU's.
     fn both(
         &self,
         op: &'static str,
-        buf: &mut [f32],
-        f: impl Fn(&BackendBox, &mut [f32]) -> BackendResult<()>,
+        out: Buf,
+        f: impl Fn(&BackendBox, &dyn Fn(Buf) -> Buf) -> BackendResult<()>,
     ) -> BackendResult<()> {
-        let mut g = buf.to_vec();
-        f(&self.gpu, &mut g).unwrap();
-        let r = f(&self.cpu, buf);
-        self.note(op, buf, &g);
+        let to_gpu = |b: Buf| self.gpu_buf(b);
+        f(&self.gpu, &to_gpu).unwrap();
+        let r = f(&self.cpu, &|b| b);
+        if r.is_ok() {
+            let (mut c, mut g) = (vec![0f32; out.len()], vec![0f32; out.len()]);
+            self.cpu
+                .download(out, RSliceMut::from_mut_slice(&mut c))
+                .unwrap();
+            self.gpu
+                .download(to_gpu(out), RSliceMut::from_mut_slice(&mut g))
+                .unwrap();
+            self.note(op, &c, &g);
+            self.gpu
+                .upload(to_gpu(out), RSlice::from_slice(&c))
+                .unwrap();
+        }
         r
     }
 }
@@ -66,23 +96,32 @@ impl Backend for Tee {
     fn supports(&self, t: u32) -> bool {
         self.cpu.supports(t) && self.gpu.supports(t)
     }
-    fn get_rows(
-        &self,
-        table: TensorView<'_>,
-        ids: RSlice<'_, u32>,
-        mut out: RSliceMut<'_, f32>,
-    ) -> BackendResult<()> {
-        self.both("get_rows", out.as_mut_slice(), |be, o| {
-            be.get_rows(table, ids, RSliceMut::from_mut_slice(o))
-        })
+    fn buf_create(&self, len: u64) -> BackendResult<u64> {
+        let g = self.gpu.buf_create(len).unwrap();
+        let c = self.cpu.buf_create(len).unwrap();
+        self.bufs.lock().unwrap().insert(c, g);
+        ROk(c)
     }
-    fn matmul(
-        &self,
-        w: TensorView<'_>,
-        x: RSlice<'_, f32>,
-        n: u32,
-        mut out: RSliceMut<'_, f32>,
-    ) -> BackendResult<()> {
+    fn buf_drop(&self, id: u64) {
+        if let Some(g) = self.bufs.lock().unwrap().remove(&id) {
+            self.gpu.buf_drop(g);
+        }
+        self.cpu.buf_drop(id);
+    }
+    fn upload(&self, dst: Buf, src: RSlice<'_, f32>) -> BackendResult<()> {
+        self.gpu.upload(self.gpu_buf(dst), src).unwrap();
+        self.cpu.upload(dst, src)
+    }
+    fn download(&self, src: Buf, dst: RSliceMut<'_, f32>) -> BackendResult<()> {
+        self.cpu.download(src, dst)
+    }
+    fn transfers(&self) -> TransferCounts {
+        self.cpu.transfers()
+    }
+    fn get_rows(&self, table: TensorView<'_>, ids: RSlice<'_, u32>, out: Buf) -> BackendResult<()> {
+        self.both("get_rows", out, |be, b| be.get_rows(table, ids, b(out)))
+    }
+    fn matmul(&self, w: TensorView<'_>, x: Buf, n: u32, out: Buf) -> BackendResult<()> {
         let op = match GgmlType::from_id(w.ggml_type).map(|t| t.name()) {
             Some("F32") => "matmul F32",
             Some("F16") => "matmul F16",
@@ -98,57 +137,35 @@ impl Backend for Tee {
             Some("Q6_K") => "matmul Q6_K",
             _ => "matmul other",
         };
-        self.both(op, out.as_mut_slice(), |be, o| {
-            be.matmul(w, x, n, RSliceMut::from_mut_slice(o))
-        })
+        self.both(op, out, |be, b| be.matmul(w, b(x), n, b(out)))
     }
-    fn rms_norm(
-        &self,
-        x: RSlice<'_, f32>,
-        w: TensorView<'_>,
-        eps: f32,
-        mut out: RSliceMut<'_, f32>,
-    ) -> BackendResult<()> {
-        self.both("rms_norm", out.as_mut_slice(), |be, o| {
-            be.rms_norm(x, w, eps, RSliceMut::from_mut_slice(o))
-        })
+    fn rms_norm(&self, x: Buf, w: TensorView<'_>, eps: f32, out: Buf) -> BackendResult<()> {
+        self.both("rms_norm", out, |be, b| be.rms_norm(b(x), w, eps, b(out)))
     }
-    fn add(&self, mut acc: RSliceMut<'_, f32>, x: RSlice<'_, f32>) -> BackendResult<()> {
-        self.both("add", acc.as_mut_slice(), |be, o| {
-            be.add(RSliceMut::from_mut_slice(o), x)
-        })
+    fn add(&self, acc: Buf, x: Buf) -> BackendResult<()> {
+        self.both("add", acc, |be, b| be.add(b(acc), b(x)))
     }
-    fn add_bias(&self, mut x: RSliceMut<'_, f32>, b: TensorView<'_>) -> BackendResult<()> {
-        self.both("add_bias", x.as_mut_slice(), |be, o| {
-            be.add_bias(RSliceMut::from_mut_slice(o), b)
-        })
+    fn add_bias(&self, x: Buf, bias: TensorView<'_>) -> BackendResult<()> {
+        self.both("add_bias", x, |be, b| be.add_bias(b(x), bias))
     }
-    fn scale(&self, mut x: RSliceMut<'_, f32>, v: f32) -> BackendResult<()> {
-        self.both("scale", x.as_mut_slice(), |be, o| {
-            be.scale(RSliceMut::from_mut_slice(o), v)
-        })
+    fn scale(&self, x: Buf, v: f32) -> BackendResult<()> {
+        self.both("scale", x, |be, b| be.scale(b(x), v))
     }
     fn rope(
         &self,
-        mut x: RSliceMut<'_, f32>,
+        x: Buf,
         n_head: u32,
         head_dim: u32,
         pos: RSlice<'_, u32>,
         p: RopeParams<'_>,
     ) -> BackendResult<()> {
-        self.both("rope", x.as_mut_slice(), |be, o| {
-            be.rope(RSliceMut::from_mut_slice(o), n_head, head_dim, pos, p)
-        })
+        self.both("rope", x, |be, b| be.rope(b(x), n_head, head_dim, pos, p))
     }
-    fn swiglu(&self, mut g: RSliceMut<'_, f32>, up: RSlice<'_, f32>) -> BackendResult<()> {
-        self.both("swiglu", g.as_mut_slice(), |be, o| {
-            be.swiglu(RSliceMut::from_mut_slice(o), up)
-        })
+    fn swiglu(&self, g: Buf, up: Buf) -> BackendResult<()> {
+        self.both("swiglu", g, |be, b| be.swiglu(b(g), b(up)))
     }
-    fn geglu(&self, mut g: RSliceMut<'_, f32>, up: RSlice<'_, f32>) -> BackendResult<()> {
-        self.both("geglu", g.as_mut_slice(), |be, o| {
-            be.geglu(RSliceMut::from_mut_slice(o), up)
-        })
+    fn geglu(&self, g: Buf, up: Buf) -> BackendResult<()> {
+        self.both("geglu", g, |be, b| be.geglu(b(g), b(up)))
     }
     fn kv_create(&self, spec: KvSpec) -> BackendResult<u64> {
         let g = self.gpu.kv_create(spec).unwrap();
@@ -163,34 +180,34 @@ impl Backend for Tee {
         self.cpu.kv_drop(kv);
     }
     fn kv_truncate(&self, kv: u64, n: u32) -> BackendResult<()> {
-        let g = self.kv.lock().unwrap()[&kv];
-        self.gpu.kv_truncate(g, n).unwrap();
+        self.gpu.kv_truncate(self.gpu_kv(kv), n).unwrap();
         self.cpu.kv_truncate(kv, n)
     }
-    fn attention(
+    fn attention_spans(
         &self,
-        kv: u64,
-        q: RSlice<'_, f32>,
-        k: RSlice<'_, f32>,
-        v: RSlice<'_, f32>,
+        spans: RSlice<'_, AttentionSpan>,
+        q: Buf,
+        k: Buf,
+        v: Buf,
         p: AttentionParams,
-        mut out: RSliceMut<'_, f32>,
+        out: Buf,
     ) -> BackendResult<()> {
-        let g = self.kv.lock().unwrap()[&kv];
-        let mut go = out.as_slice().to_vec();
-        self.gpu
-            .attention(g, q, k, v, p, RSliceMut::from_mut_slice(&mut go))
-            .unwrap();
-        let r = self.cpu.attention(
-            kv,
-            q,
-            k,
-            v,
-            p,
-            RSliceMut::from_mut_slice(out.as_mut_slice()),
-        );
-        self.note("attention", out.as_slice(), &go);
-        r
+        let gpu_spans: Vec<AttentionSpan> = spans
+            .iter()
+            .map(|s| AttentionSpan {
+                kv: self.gpu_kv(s.kv),
+                ..*s
+            })
+            .collect();
+        let is_gpu = |be: &BackendBox| std::ptr::eq(be, &self.gpu);
+        self.both("attention", out, |be, b| {
+            let spans = if is_gpu(be) {
+                RSlice::from_slice(&gpu_spans)
+            } else {
+                spans
+            };
+            be.attention_spans(spans, b(q), b(k), b(v), p, b(out))
+        })
     }
     fn idle(&self) {
         self.cpu.idle();
@@ -212,6 +229,7 @@ pub fn differing_operations(
         Tee {
             cpu,
             gpu,
+            bufs: Default::default(),
             kv: Default::default(),
             stats: stats.clone(),
         },
