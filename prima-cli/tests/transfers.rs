@@ -100,8 +100,14 @@ fn batch_step(model: &Model, be: &BackendBox) {
     let mut s = Session::with_slots(model, be, 64, 32, 2).unwrap();
     let (a, b) = ([1u32, 2, 3], [7u32, 8]);
     let seqs = [
-        SeqTokens { slot: 0, tokens: &a },
-        SeqTokens { slot: 1, tokens: &b },
+        SeqTokens {
+            slot: 0,
+            tokens: &a,
+        },
+        SeqTokens {
+            slot: 1,
+            tokens: &b,
+        },
     ];
     let (_, c) = counted(be, || {
         s.eval_batch_with(&seqs, |s| s.run_layers(0..model.hparams().n_layers))
@@ -130,7 +136,10 @@ fn wgpu_backend_one_upload_and_one_download_per_window() {
     let cpu = cpu_backend(2);
     let on_gpu = single_device(&model, &gpu.backend);
     let on_cpu = single_device(&model, &cpu.backend);
-    assert_eq!(on_gpu, on_cpu, "the wgpu backend's greedy tokens differ from the CPU's");
+    assert_eq!(
+        on_gpu, on_cpu,
+        "the wgpu backend's greedy tokens differ from the CPU's"
+    );
     ring_node(&model, &gpu.backend);
     batch_step(&model, &gpu.backend);
 

@@ -29,7 +29,11 @@ impl<'b> ProbeBufs<'b> {
             }
         };
         // Owned from here: a failed upload frees both.
-        let bufs = ProbeBufs { backend, x: xb, out };
+        let bufs = ProbeBufs {
+            backend,
+            x: xb,
+            out,
+        };
         backend
             .upload(bufs.x, RSlice::from_slice(x))
             .into_result()
