@@ -226,7 +226,7 @@ impl<'m> Session<'m> {
             }
             _ => None,
         };
-        let out = match OutputBufs::new(backend, model, n_batch) {
+        let out = match OutputBufs::new(backend, model) {
             Ok(o) => o,
             Err(e) => {
                 bufs.free(backend);
@@ -556,16 +556,29 @@ impl<'m> Session<'m> {
         };
         let x = self.x_on(Side::Main)?;
         let (model, be) = (self.model, self.backend);
-        let rows = self.out.rows.head(n * d);
-        op(
-            be.gather_rows(x, d as u32, RSlice::from_slice(&self.host.out_rows), rows),
-            "gather_rows output",
-        )?;
+        // The norm is row by row, so each run of consecutive rows is normed straight into
+        // its place: no gather, which a GPU backend may only have through the host.
         let h = self.bufs.h.head(n * d);
-        op(
-            be.rms_norm(rows, model.view(&model.output_norm), hp.rms_eps, h),
-            "rms_norm",
-        )?;
+        let norm = model.view(&model.output_norm);
+        let rows = &self.host.out_rows;
+        let mut i = 0;
+        while i < rows.len() {
+            let mut end = i + 1;
+            while end < rows.len() && rows[end] == rows[end - 1] + 1 {
+                end += 1;
+            }
+            let run = end - i;
+            op(
+                be.rms_norm(
+                    x.slice(rows[i] as usize * d, run * d),
+                    norm,
+                    hp.rms_eps,
+                    h.slice(i * d, run * d),
+                ),
+                "rms_norm",
+            )?;
+            i = end;
+        }
         let logits = self.out.logits_for(be, n, n_vocab)?;
         op(
             be.matmul(model.view(&model.output), h, n as u32, logits),

@@ -80,11 +80,9 @@ impl DeviceScratch {
     }
 }
 
-/// The output head's buffers, on the session's own backend: the rows gathered for it and
-/// their logits, grown to the most rows asked for at once.
+/// The output head's buffer on the session's own backend: logits, grown to the most rows
+/// asked for at once.
 pub(super) struct OutputBufs {
-    /// Gathered rows of the residual stream, `n × n_embd`.
-    pub rows: Buf,
     /// Logits, `logit_rows × n_vocab`.
     pub logits: Buf,
     pub logit_rows: usize,
@@ -92,19 +90,10 @@ pub(super) struct OutputBufs {
 }
 
 impl OutputBufs {
-    pub fn new(be: &BackendBox, model: &Model, n_batch: usize) -> Result<OutputBufs, ModelError> {
-        let hp = model.hparams();
+    pub fn new(be: &BackendBox, model: &Model) -> Result<OutputBufs, ModelError> {
         let mut ids = Vec::new();
-        let rows = alloc(be, n_batch * hp.n_embd, &mut ids)?;
-        let logits = match alloc(be, hp.n_vocab, &mut ids) {
-            Ok(b) => b,
-            Err(e) => {
-                ids.into_iter().for_each(|id| be.buf_drop(id));
-                return Err(e);
-            }
-        };
+        let logits = alloc(be, model.hparams().n_vocab, &mut ids)?;
         Ok(OutputBufs {
-            rows,
             logits,
             logit_rows: 1,
             ids,
