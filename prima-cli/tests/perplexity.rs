@@ -23,8 +23,11 @@ use common::Node;
 const TOLERANCE: f64 = 0.005;
 const TOLERANCE_Q8_0: f64 = 0.01;
 const TOLERANCE_GEMMA3: f64 = 0.015;
-/// For the running estimates, the first of which covers only 63 tokens.
-const TOLERANCE_RUNNING: f64 = 0.015;
+/// For the running estimates, the first of which covers only 63 tokens: llama.cpp's own
+/// drift there (`-fa on` against `-fa off`) reaches 3.2% (SmolLM2 Q8_0 on an AVX2 machine:
+/// 30.1460 against 29.2064). On AVX2, Prima is 1.6% (Q8_0) and 2.9% (Gemma 3) from
+/// `-fa off` there, while the final estimates stay within the tolerances above.
+const TOLERANCE_RUNNING: f64 = 0.035;
 const CTX: &str = "128";
 const CHUNKS: &str = "2";
 
