@@ -11,7 +11,7 @@ use std::path::PathBuf;
 
 use common::{cpu_backend, derived_models, model_or_skip, workspace_models, Node};
 use prima_cluster::prp::alone::LocalSession;
-use prima_cluster::prp::protocol::{ReleaseMethod, ReleasePolicy};
+use prima_cluster::prp::protocol::{OutputSetup, ReleaseMethod, ReleasePolicy};
 use prima_cluster::prp::residency::Residency;
 use prima_cluster::prp::{NextRoute, RingHead, RingOptions};
 use prima_core::batch::{BatchForward, SeqSpan, SeqTokens};
@@ -395,16 +395,23 @@ fn a_ring_of_three_batches_exactly_what_each_sequence_gets_alone() {
     let expected: Vec<_> = prompts.iter().map(|(p, _)| alone(&model, be, p)).collect();
     // One round, and three rounds (k = 3) with entries cut across batches; one batch at
     // a time, and up to 2 and 3 micro-batches in the ring at once.
+    // The last three with the output layer on the last node, every logit sent back
+    // (issue 38): the same bits.
+    let every_logit = Some(OutputSetup { top_k: 0 });
     let rings = [
-        ([10, 10, 10], 64, 1),
-        ([10, 10, 10], 64, 3),
-        ([4, 3, 3], 3, 1),
-        ([4, 3, 3], 3, 2),
-        ([4, 3, 3], 3, 3),
+        ([10, 10, 10], 64, 1, None),
+        ([10, 10, 10], 64, 3, None),
+        ([4, 3, 3], 3, 1, None),
+        ([4, 3, 3], 3, 2, None),
+        ([4, 3, 3], 3, 3, None),
+        ([10, 10, 10], 64, 3, every_logit),
+        ([4, 3, 3], 3, 2, every_logit),
+        ([0, 30, 0], 64, 1, every_logit),
     ];
-    for (windows, n_batch, micro_batches) in rings {
+    for (windows, n_batch, micro_batches, output) in rings {
         let options = RingOptions {
             micro_batches: Some(micro_batches),
+            output,
             ..ring_options(n_batch)
         };
         let mut head =

@@ -329,3 +329,64 @@ fn llama3_70b_on_the_ablation_bed_drops_the_phone_and_beats_the_baselines() {
     assert!(h.predicted_tpot_ms < mem.predicted_tpot_ms);
     assert!(h.predicted_tpot_ms < perf.predicted_tpot_ms);
 }
+
+/// Issue 38 with pinned profiles (the paper's D1–D4): under `output = "auto"` a model
+/// that fits the best device runs there with the output layer beside it, the head only
+/// embedding and sampling, and that is the fastest shape Halda weighed; a model that fits
+/// no device is still a ring.
+#[test]
+fn a_model_that_fits_the_best_device_runs_there_with_its_output_layer() {
+    let devs = devices("d1-d6", &["D1", "D2", "D3", "D4"]);
+    let s = solver();
+    let auto = PlanOptions {
+        output: halda::OutputPolicy::Auto,
+        ..PlanOptions::default()
+    };
+    let plan_with = |m: &ModelProfile, opts: &PlanOptions| {
+        halda::plan(m, &devs, Scheduler::Halda, Some(&s), &os_models(), opts).unwrap()
+    };
+    let small = model("llama3-8b-q4_k");
+    let p = plan_with(&small, &auto);
+    eprintln!("8B on D1-D4, output auto: {}", describe(&p));
+    for a in &p.alternatives {
+        eprintln!("  weighed: {} {:.1} ms", a.shape, a.predicted_tpot_ms);
+    }
+    check_plan(&p);
+    let with_layers: Vec<&str> = p
+        .active()
+        .filter(|d| d.w > 0)
+        .map(|d| d.name.as_str())
+        .collect();
+    assert_eq!(with_layers, ["D3"], "{}", describe(&p));
+    assert_eq!(p.output_device, "D3", "{}", describe(&p));
+    assert!(
+        p.alternatives.len() >= 3,
+        "the ring, each device alone, the head alone"
+    );
+    assert!(
+        p.alternatives
+            .iter()
+            .all(|a| p.predicted_tpot_ms <= a.predicted_tpot_ms + 1e-9),
+        "the plan is the fastest shape weighed: {:?}",
+        p.alternatives
+    );
+    // The head's output layer cost the plan on the head's slower CPU.
+    let on_head = plan_with(&small, &PlanOptions::default());
+    assert_eq!(on_head.output_device, "D1");
+    assert!(
+        p.predicted_tpot_ms < on_head.predicted_tpot_ms,
+        "{} against {}",
+        describe(&p),
+        describe(&on_head)
+    );
+
+    let big = model("llama3-70b-q4_k");
+    let p = plan_with(&big, &auto);
+    eprintln!("70B on D1-D4, output auto: {}", describe(&p));
+    check_plan(&p);
+    assert!(
+        p.active().filter(|d| d.w > 0).count() >= 2,
+        "no device holds a 70B model: {}",
+        describe(&p)
+    );
+}

@@ -11,6 +11,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use common::{cpu_backend, derived_models, model_or_skip, workspace_models};
+use prima_cluster::prp::protocol::OutputSetup;
 use prima_cluster::prp::{RingError, RingHead, RingOptions};
 use prima_core::generate::Forward;
 use prima_core::model::{Model, Session};
@@ -178,6 +179,65 @@ fn three_devices_compute_exactly_what_one_does() {
                 assert_eq!(d.passes.len(), batches * k, "device {} passes", d.device);
             }
             head.shutdown(false);
+        }
+    }
+}
+
+/// With the output layer on the device that runs the last layer (issue 38), the ring
+/// still gives one device's logits: bit for bit when every logit comes back, and the
+/// same greedy text with the top 64 (the rest −∞, each kept logit one device's). The
+/// windows put the last layer on the last node, on the middle one with the last a relay
+/// that passes the logits on, and everything on one node (the head only embeds and
+/// samples).
+#[test]
+fn three_devices_with_the_output_layer_off_the_head_compute_what_one_does() {
+    let Some(path) = smollm2() else { return };
+    let model = Model::load(&path).unwrap();
+    let backend = cpu_backend(1);
+    let be = &backend.backend;
+    let transport = common::tcp_transport();
+    let nodes = [NodeProcess::start(&path), NodeProcess::start(&path)];
+    let addrs: Vec<String> = nodes.iter().map(|n| n.addr.clone()).collect();
+    const GENERATE: usize = 6;
+    for prompt in prompts(&model) {
+        let mut single = Session::new(&model, be, 256, 64).unwrap();
+        let (want_tokens, want_logits) = greedy(&mut single, &prompt, GENERATE);
+        for windows in [[10, 10, 10], [4, 3, 3], [0, 30, 0], [0, 0, 30]] {
+            for top_k in [0u32, 64] {
+                let options = RingOptions {
+                    output: Some(OutputSetup { top_k }),
+                    ..options()
+                };
+                let mut head =
+                    RingHead::connect(&model, be, &transport.transport, &addrs, &windows, &options)
+                        .unwrap_or_else(|e| panic!("windows {windows:?}: {e}"));
+                let (tokens, logits) = greedy(&mut head, &prompt, GENERATE);
+                let case = format!(
+                    "windows {windows:?}, top_k {top_k}, prompt of {} tokens",
+                    prompt.len()
+                );
+                assert_eq!(tokens, want_tokens, "{case}");
+                if top_k == 0 {
+                    assert!(
+                        logits == want_logits,
+                        "{case}: logits differ from one device's"
+                    );
+                } else {
+                    for (got, want) in logits.iter().zip(&want_logits) {
+                        let kept: Vec<usize> =
+                            (0..got.len()).filter(|&i| got[i].is_finite()).collect();
+                        assert_eq!(kept.len(), top_k as usize, "{case}");
+                        assert!(kept.iter().all(|&i| got[i] == want[i]), "{case}");
+                        // Nothing left out is above what was kept.
+                        let low = kept.iter().map(|&i| want[i]).fold(f32::INFINITY, f32::min);
+                        assert!(
+                            (0..want.len()).all(|i| got[i].is_finite() || want[i] <= low),
+                            "{case}"
+                        );
+                    }
+                }
+                head.shutdown(false);
+            }
         }
     }
 }
@@ -546,6 +606,7 @@ fn a_head_speaking_another_protocol_is_refused() {
         release: ReleasePolicy::Mru,
         release_method: ReleaseMethod::Pageout,
         wire: WireType::F32,
+        output: None,
     })));
     let frame = conn.recv(10_000).unwrap().unwrap();
     let Ok(Frame::Control(Control::Refused { reason })) = decode(&frame) else {

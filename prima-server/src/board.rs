@@ -458,6 +458,8 @@ mod tests {
                 device("tablet", 8),
                 phone,
             ],
+            output_on_last: false,
+            alternatives: Vec::new(),
             profiles: Vec::new(),
         };
         show_plan("model", &plan, "cpu");

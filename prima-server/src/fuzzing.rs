@@ -18,9 +18,9 @@ use crate::harmony::{Reply, ReplyFormat, ReplyReader};
 use crate::openai::{parse_request, Api};
 use prima_cluster::manifest::LoadedManifest;
 use prima_cluster::prp::protocol::{
-    decode, encode_activations, encode_control, read_payload, Activations, Control, Frame,
-    MemoryBaseline, ModelFingerprint, NextHop, PassStats, Ready, Role, RoundWindow, Setup,
-    WireType, PROTOCOL_VERSION,
+    decode, encode_activations, encode_control, read_logit_rows, read_logits, read_payload,
+    Activations, Control, Frame, MemoryBaseline, ModelFingerprint, NextHop, PassStats, Ready, Role,
+    RoundWindow, Setup, WireType, PROTOCOL_VERSION,
 };
 use prima_cluster::prp::residency::Residency;
 use prima_core::batch::SeqSpan;
@@ -132,11 +132,17 @@ pub fn ring_frame(data: &[u8]) {
                 return;
             }
             let mut hidden = vec![0.0f32; n * TINY_N_EMBD];
-            if read_payload(&header, payload, TINY_N_EMBD, &mut hidden).is_ok() {
+            if let Ok(section) = read_payload(&header, payload, TINY_N_EMBD, &mut hidden) {
                 let mut table = Vec::new();
                 spans.read_into(&mut table);
                 let mut out = Vec::new();
                 encode_activations(&mut out, &header, &table, &hidden);
+                // The head's reading of an output device's logits.
+                let mut rows = Vec::new();
+                if read_logit_rows(&header, payload, &mut rows).is_ok() && rows.len() <= n {
+                    let mut logits = vec![0.0f32; rows.len() * 8];
+                    let _ = read_logits(section, rows.len(), 8, &mut logits);
+                }
             }
         }
     }
@@ -304,6 +310,7 @@ fn ring_seeds() -> Vec<Vec<u8>> {
         release: Default::default(),
         release_method: Default::default(),
         wire: WireType::F16,
+        output: None,
     };
     let stats = PassStats {
         seq: 1,
@@ -368,6 +375,7 @@ fn ring_seeds() -> Vec<Vec<u8>> {
             n_tokens: 2,
             round: 1,
             wire,
+            logit_rows: 0,
         };
         let spans = [
             SeqSpan {

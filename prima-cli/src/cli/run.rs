@@ -177,6 +177,7 @@ impl RingArgs {
             },
             mem_budget: self.mem_budget,
             listen: self.listen.clone(),
+            output_top_k: 0,
         };
         let next_routes = self
             .next_hop

@@ -170,6 +170,7 @@ pub fn resilient_ring<'m>(
             windows,
             next_routes: Vec::new(),
             absent: Vec::new(),
+            output_on_last: false,
         }
     };
     let names = ["a", "b", "c", "d", "e", "f", "g", "h"];

@@ -281,6 +281,8 @@ mod tests {
             predicted_tpot_ms: Some(10.0 * k as f64),
             solve_ms: 1.0,
             devices,
+            output_on_last: false,
+            alternatives: Vec::new(),
             profiles: Vec::new(),
         }
     }

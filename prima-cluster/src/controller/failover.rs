@@ -30,6 +30,7 @@ pub fn layout_of(plan: &Plan) -> RingLayout {
             .skip(1)
             .map(|d| d.next_route.clone())
             .collect::<Vec<NextRoute>>(),
+        output_on_last: plan.output_on_last,
         absent: plan
             .devices
             .iter()

@@ -67,6 +67,12 @@ pub struct Plan {
     /// Every device, in ring order from the head; pruned ones included (and skipped by
     /// [`Plan::ring`]).
     pub devices: Vec<DevicePlan>,
+    /// The device that runs the model's last layer also runs the output layer (Halda's
+    /// choice under `policy.output = "auto"`, or `"last"`).
+    pub output_on_last: bool,
+    /// The plan shapes Halda weighed (the ring, a device alone, the head alone) and
+    /// their predicted time per token.
+    pub alternatives: Vec<crate::halda::Alternative>,
     /// The profiles planned with (none for the manual scheduler), so the ring can be
     /// planned again without asking the devices (`apply_failover.rs`).
     #[serde(skip)]
@@ -87,6 +93,8 @@ impl Plan {
             "k": self.k,
             "predicted_tpot_ms": self.predicted_tpot_ms,
             "solve_ms": self.solve_ms,
+            "output_on_last": self.output_on_last,
+            "alternatives": self.alternatives,
             "devices": self.devices.iter().map(|d| serde_json::json!({
                 "name": d.name,
                 "addr": d.addr,
@@ -131,6 +139,22 @@ impl Plan {
                 .unwrap_or_default()
         )
         .unwrap();
+        if self.alternatives.len() > 1 {
+            let weighed: Vec<String> = self
+                .alternatives
+                .iter()
+                .map(|a| format!("{} {:.1} ms", a.shape, a.predicted_tpot_ms))
+                .collect();
+            writeln!(out, "  weighed: {}", weighed.join("; ")).unwrap();
+        }
+        if self.output_on_last {
+            writeln!(
+                out,
+                "  the output layer runs on the device with the last layer, which sends the head \
+                 the top logits of each row"
+            )
+            .unwrap();
+        }
         // Relayed addresses (`TARGET via RELAY`) are long: the column fits the longest.
         let width = self
             .devices
@@ -180,6 +204,9 @@ impl Plan {
                     format!("relay {}", d.forwards.as_deref().unwrap_or_default())
                 }
                 (None, true) => "relay only".to_string(),
+                (None, false) if d.layers == 0 && d.addr == "head" && self.output_on_last => {
+                    "the head: embeds the tokens and samples".to_string()
+                }
                 (None, false) if d.layers == 0 && d.addr == "head" => {
                     "the head: embeds the tokens, runs the output layer and samples".to_string()
                 }
@@ -457,6 +484,9 @@ pub fn plan(inputs: &PlanInputs<'_>) -> Result<Plan, ControllerError> {
     let mut reasons: Vec<Option<String>> = vec![None; n_devices];
     let mut relays: Vec<bool> = order.iter().map(|&i| m.devices[i].relay_only).collect();
     let mut predicted = None;
+    // The manual scheduler keeps the output layer on the head unless told "last".
+    let mut output_on_last = m.policy.output == crate::halda::OutputPolicy::Last;
+    let mut alternatives = Vec::new();
     let mut costs: Vec<Option<Cost>> = vec![None; n_devices];
     let mut gpu = vec![0usize; n_devices];
     let mut planned_with = Vec::new();
@@ -514,6 +544,7 @@ pub fn plan(inputs: &PlanInputs<'_>) -> Result<Plan, ControllerError> {
                 n_kv: m.policy.ctx as f64,
                 // Every device keeps a KV cache per slot of its layers.
                 n_slots: m.server.parallel,
+                output: m.policy.output,
                 ..PlanOptions::default()
             };
             let planned = halda::plan(
@@ -525,6 +556,8 @@ pub fn plan(inputs: &PlanInputs<'_>) -> Result<Plan, ControllerError> {
                 &options,
             )?;
             predicted = Some(planned.predicted_tpot_ms);
+            output_on_last = planned.output_device != profiles[0].name;
+            alternatives = planned.alternatives.clone();
             let mut w = vec![0; n_devices];
             for (pos, d) in planned.devices.iter().enumerate() {
                 w[pos] = d.w as usize;
@@ -634,6 +667,8 @@ pub fn plan(inputs: &PlanInputs<'_>) -> Result<Plan, ControllerError> {
         predicted_tpot_ms: predicted,
         solve_ms: started.elapsed().as_secs_f64() * 1e3,
         devices,
+        output_on_last,
+        alternatives,
         profiles: planned_with,
     })
 }

@@ -35,6 +35,8 @@ pub struct RingPolicy {
     /// Where the head accepts the last device's data connection (`None`: every address,
     /// a free port).
     pub listen: Option<String>,
+    /// Logits per row the device that runs the output layer returns (0: all).
+    pub output_top_k: u32,
 }
 
 impl RingPolicy {
@@ -59,6 +61,7 @@ impl RingPolicy {
                 .map_or(MemBudget::Auto, |s| MemBudget::Bytes(s.0)),
             // Across networks the last device reaches the head at its given address.
             listen: head_device.address.clone(),
+            output_top_k: policy.output_top_k,
         }
     }
 }
@@ -98,6 +101,11 @@ pub fn ring_options(
         security: settings.security,
         micro_batches: settings.micro_batches,
         head_reserved: settings.head_reserved,
+        output: layout
+            .output_on_last
+            .then_some(crate::prp::protocol::OutputSetup {
+                top_k: policy.output_top_k,
+            }),
     }
 }
 
@@ -123,6 +131,7 @@ pub fn given_layout(
         windows: windows.to_vec(),
         next_routes,
         absent: Vec::new(),
+        output_on_last: false,
     }
 }
 

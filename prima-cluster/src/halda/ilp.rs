@@ -166,10 +166,10 @@ pub fn build_exact(lda: &Lda, k: u32, time_limit_s: f64) -> MilpProblem {
     let alpha: Vec<f64> = lda.devices.iter().map(|d| d.alpha).collect();
     let beta: Vec<f64> = lda.devices.iter().map(|d| d.beta).collect();
     let forms = skeleton(&mut p, lda, k, &alpha, &beta);
-    let head = &lda.devices[0];
+    let out = &lda.devices[lda.output_at];
     // κ without its disk terms, which the r_m carry; k·eᵀξ; relay hops.
-    p.offset = head.out_compute_s
-        + head.out_load_s
+    p.offset = out.out_compute_s
+        + out.out_load_s
         + kf * lda.devices.iter().map(|d| d.xi).sum::<f64>()
         + kf * lda.relay_hop_s;
     for (m, d) in lda.devices.iter().enumerate() {

@@ -26,6 +26,22 @@ pub struct PlanOptions {
     pub exact: bool,
     /// Solve the ILP of every valid k, even those k = 1 provably dominates.
     pub every_k: bool,
+    /// Where the output layer (final norm and output matrix) may run.
+    pub output: OutputPolicy,
+}
+
+/// Where the output layer may run: a manifest's `policy.output`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OutputPolicy {
+    /// On the head, as the paper keeps it: no other device sees logits.
+    Head,
+    /// On the head or on the device that runs the last layer, whichever Halda predicts
+    /// faster; the head still embeds the tokens and samples.
+    #[default]
+    Auto,
+    /// On the device that runs the last layer.
+    Last,
 }
 
 impl Default for PlanOptions {
@@ -41,6 +57,8 @@ impl Default for PlanOptions {
             ilp_time_limit_s: 1.0,
             exact: false,
             every_k: false,
+            // The paper's placement unless a manifest says otherwise.
+            output: OutputPolicy::Head,
         }
     }
 }
@@ -52,6 +70,8 @@ pub struct DeviceTerms {
     pub behaviour: MemoryBehaviour,
     pub has_gpu: bool,
     pub head: bool,
+    /// Runs the output layer (the head, or the last device of the ring).
+    pub output: bool,
     /// Σ_q f^q / s^{cpu,q}: compute time of one layer on the CPU.
     pub cpu_layer_s: f64,
     /// The CPU quota's share of the cores (1 without one): `cpu_layer_s` is at the
@@ -87,8 +107,8 @@ pub struct DeviceTerms {
     /// VRAM (or Metal working set) left for layers: d^{avail}_{gpu} − c^{gpu} (− b_o on a
     /// Metal head).
     pub gpu_layer_bytes: f64,
-    /// The head's output layer: Σ_q f_out^q/s_1^{cpu,q}, and what of reading it,
-    /// (b_i/V + b_o)/𝒯_1^{cpu}, that compute does not cover.
+    /// The output layer, on the device that runs it: Σ_q f_out^q/s^{cpu,q}, and what of
+    /// reading it, (b_i/V + b_o)/𝒯^{cpu}, that compute does not cover.
     pub out_compute_s: f64,
     pub out_load_s: f64,
     /// The head's lookup-table read, b_i/V.
@@ -107,6 +127,8 @@ pub struct Lda {
     pub relay_hop_s: f64,
     /// A mixture of experts' layout and routing (`None`: a dense model).
     pub moe: Option<MoeProfile>,
+    /// Which device runs the output layer: 0 (the head) or the last.
+    pub output_at: usize,
 }
 
 /// Predicted time of one token on one device, split as the paper splits it.
@@ -196,6 +218,22 @@ impl Lda {
         os: &dyn MemoryModels,
         opts: &PlanOptions,
     ) -> Result<Lda, NoMemoryModel> {
+        Lda::with_output_at(model, devices, relays, os, opts, 0)
+    }
+
+    /// [`Lda::new`] with the output layer on device `output_at` (0, the head, or the
+    /// last device, which runs the model's last layer).
+    pub fn with_output_at(
+        model: &ModelProfile,
+        devices: &[&DeviceProfile],
+        relays: &[&DeviceProfile],
+        os: &dyn MemoryModels,
+        opts: &PlanOptions,
+        output_at: usize,
+    ) -> Result<Lda, NoMemoryModel> {
+        let output_at = output_at.min(devices.len().saturating_sub(1));
+        // A device alone, with nobody to pass activations to.
+        let alone = devices.len() == 1 && relays.is_empty();
         let n_kv = opts.n_kv;
         let b = model.layer_bytes;
         let slots = opts.n_slots.max(1) as f64;
@@ -210,14 +248,16 @@ impl Lda {
         let kv_token = model.kv_bytes_per_token * slots;
         let lookup = model.input_row_bytes();
         let comm = |d: &DeviceProfile| match &d.link {
-            Some(link) => link.rtt_ms / 2000.0 + hidden_bytes / link.bytes_per_s,
-            None => 0.0,
+            Some(link) if !alone => link.rtt_ms / 2000.0 + hidden_bytes / link.bytes_per_s,
+            _ => 0.0,
         };
         let terms = devices
             .iter()
             .enumerate()
             .map(|(m, d)| {
                 let head = m == 0;
+                let output = m == output_at;
+                let lookup_here = if head { lookup } else { 0.0 };
                 let behaviour = os.behaviour_for(d).map_err(|reason| NoMemoryModel {
                     device: d.name.clone(),
                     reason,
@@ -259,11 +299,7 @@ impl Lda {
                 };
                 // ξ_m = (t^{ram-vram} + t^{vram-ram})(1 − 𝕀^{UMA}) + t^{comm}
                 let xi = t_dev_copy + t_comm;
-                let io = if head {
-                    lookup + model.output_bytes
-                } else {
-                    0.0
-                };
+                let io = lookup_here + if output { model.output_bytes } else { 0.0 };
                 let mem = MemoryTerms {
                     b,
                     b_prime,
@@ -283,17 +319,17 @@ impl Lda {
                     GpuKind::Metal => {
                         d.gpu_available_gib * GIB
                             - model.c_gpu
-                            - if head { model.output_bytes } else { 0.0 }
+                            - if output { model.output_bytes } else { 0.0 }
                     }
                 };
-                let out_compute_s = if head {
+                let out_compute_s = if output {
                     time(&d.cpu_gflops, &model.output_flops)
                 } else {
                     0.0
                 };
                 // Likewise the output head: only the reading its compute does not cover.
-                let out_load_s = if head {
-                    ((lookup + model.output_bytes) / (d.cpu_read_gb_s * GB) - out_compute_s)
+                let out_load_s = if output {
+                    ((lookup_here + model.output_bytes) / (d.cpu_read_gb_s * GB) - out_compute_s)
                         .max(0.0)
                 } else {
                     0.0
@@ -303,6 +339,7 @@ impl Lda {
                     behaviour,
                     has_gpu: d.has_gpu(),
                     head,
+                    output,
                     cpu_layer_s,
                     quota_share: d.cpu_quota_share.unwrap_or(1.0),
                     gpu_layer_s,
@@ -333,6 +370,7 @@ impl Lda {
             b_prime,
             relay_hop_s: relays.iter().map(|d| comm(d)).sum(),
             moe: model.moe.clone(),
+            output_at,
         })
     }
 
@@ -414,10 +452,12 @@ impl Lda {
     /// The vectors a, b, c and the constant κ of the objective for a set assignment.
     pub fn objective(&self, sets: &[LdaSet]) -> Objective {
         let head = &self.devices[0];
-        // κ: the head's output layer and its input/output reads from disk.
-        let mut kappa = head.out_compute_s + head.out_load_s + head.lookup_bytes / head.s_disk;
-        if sets[0] != LdaSet::M4 {
-            kappa += (head.mem.io - head.lookup_bytes) / head.s_disk; // b_o/s_1^{disk}
+        let out = &self.devices[self.output_at];
+        // κ: the output layer, the head's input read and the output layer's reads from
+        // disk.
+        let mut kappa = out.out_compute_s + out.out_load_s + head.lookup_bytes / head.s_disk;
+        if sets[self.output_at] != LdaSet::M4 {
+            kappa += (out.mem.io - out.lookup_bytes) / out.s_disk; // b_o/s^{disk}
         }
         let mut a = Vec::with_capacity(sets.len());
         let mut b = Vec::with_capacity(sets.len());

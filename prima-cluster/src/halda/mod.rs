@@ -26,7 +26,7 @@ use std::time::Instant;
 use serde::Serialize;
 
 pub use iteration::{HaldaError, HaldaSolution};
-pub use lda::{Cost, Lda, PlanOptions, Prediction};
+pub use lda::{Cost, Lda, OutputPolicy, PlanOptions, Prediction};
 pub use model_profile::{ModelProfile, UNFORESEEN_ROUTING};
 pub use os::{LdaSet, MemoryModels, NoMemoryModel};
 
@@ -99,6 +99,19 @@ pub struct Plan {
     pub iterations: u32,
     pub ilps: u32,
     pub devices: Vec<PlannedDevice>,
+    /// The device that runs the output layer: the head, or the one that runs the last
+    /// layer (`policy.output = "auto"`).
+    pub output_device: String,
+    /// What the plan was chosen over: each other shape Halda predicted (the ring, a
+    /// device alone with the head embedding and sampling, the head alone).
+    pub alternatives: Vec<Alternative>,
+}
+
+/// A plan shape Halda weighed, and its predicted time per token.
+#[derive(Debug, Clone, Serialize)]
+pub struct Alternative {
+    pub shape: String,
+    pub predicted_tpot_ms: f64,
 }
 
 impl Plan {
@@ -146,13 +159,14 @@ pub fn plan(
     match scheduler {
         Scheduler::Halda => {
             let solver = solver.ok_or(PlanError::NoSolver)?;
-            let (active, solution, reasons) = halda_with_pruning(model, &all, solver, os, opts)?;
+            let (active, (solution, output_at), reasons) =
+                halda_with_pruning(model, &all, solver, os, opts)?;
             let relays: Vec<&DeviceProfile> = pruned_relays(&all, &active);
             let act: Vec<&DeviceProfile> = active.iter().map(|&i| all[i]).collect();
-            let lda = Lda::new(model, &act, &relays, os, opts)?;
+            let lda = Lda::with_output_at(model, &act, &relays, os, opts, output_at)?;
             let prediction = lda.predict(&solution.w, &solution.n);
-            let solve_ms = start.elapsed().as_secs_f64() * 1e3;
-            Ok(assemble(
+            let ring = prediction.total_s;
+            let mut plan = assemble(
                 model,
                 &all,
                 scheduler,
@@ -162,10 +176,59 @@ pub fn plan(
                 &solution.sets,
                 solution.k,
                 prediction,
-                solve_ms,
+                0.0,
                 (solution.iterations, solution.ilps),
                 &reasons,
-            ))
+                active[output_at],
+            );
+            // The ring that steps aside: one device with every layer while the head only
+            // embeds and samples, or the head alone, when predicted faster.
+            let shapes = alone_shapes(model, &all, os, opts)?;
+            let ring_shape = format!("ring of {} ({} with layers)", all.len(), active.len());
+            let mut alternatives = vec![Alternative {
+                shape: ring_shape,
+                predicted_tpot_ms: ring * 1e3,
+            }];
+            let mut best: Option<(f64, AloneShape)> = None;
+            for shape in shapes {
+                alternatives.push(Alternative {
+                    shape: shape.describe(&all),
+                    predicted_tpot_ms: shape.prediction.total_s * 1e3,
+                });
+                if shape.prediction.total_s < best.as_ref().map_or(ring, |b| b.0) {
+                    best = Some((shape.prediction.total_s, shape));
+                }
+            }
+            if let Some((_, shape)) = best {
+                let why = format!(
+                    "{}: {:.1} ms per token predicted, against the ring's {:.1} ms",
+                    shape.describe(&all),
+                    shape.prediction.total_s * 1e3,
+                    ring * 1e3
+                );
+                let reasons: Vec<(usize, String)> = (0..all.len())
+                    .filter(|i| !shape.active.contains(i))
+                    .map(|i| (i, why.clone()))
+                    .collect();
+                plan = assemble(
+                    model,
+                    &all,
+                    scheduler,
+                    &shape.active,
+                    &shape.w,
+                    &shape.n,
+                    &shape.sets,
+                    1,
+                    shape.prediction,
+                    0.0,
+                    (solution.iterations, solution.ilps),
+                    &reasons,
+                    shape.output,
+                );
+            }
+            plan.alternatives = alternatives;
+            plan.solve_ms = start.elapsed().as_secs_f64() * 1e3;
+            Ok(plan)
         }
         Scheduler::Mem | Scheduler::Perf => {
             let lda = Lda::new(model, &all, &[], os, opts)?;
@@ -193,22 +256,104 @@ pub fn plan(
                 solve_ms,
                 (0, 0),
                 &[],
+                0,
             ))
         }
     }
 }
 
+/// The pruned devices that stay in the ring as hops: relays, and the head, which always
+/// embeds and samples.
 fn pruned_relays<'a>(all: &[&'a DeviceProfile], active: &[usize]) -> Vec<&'a DeviceProfile> {
     all.iter()
         .enumerate()
-        .filter(|(i, d)| d.relay && !active.contains(i))
+        .filter(|(i, d)| (d.relay || *i == 0) && !active.contains(i))
         .map(|(_, d)| *d)
         .collect()
 }
 
+/// A plan with one device computing: every layer on device `active[last]`, the head (when
+/// it is another) only embedding and sampling with no layers.
+struct AloneShape {
+    /// Indices into the full device list: the head and the device, or the head alone.
+    active: Vec<usize>,
+    w: Vec<u32>,
+    n: Vec<u32>,
+    sets: Vec<LdaSet>,
+    /// The full list's index of the device that runs the output layer.
+    output: usize,
+    prediction: Prediction,
+}
+
+impl AloneShape {
+    fn describe(&self, all: &[&DeviceProfile]) -> String {
+        let device = &all[*self.active.last().unwrap_or(&0)].name;
+        match self.active.len() {
+            1 => format!("the head {device} alone"),
+            _ => format!(
+                "{device} alone with every layer{}, the head {} embedding and sampling",
+                if self.output == 0 {
+                    " (the output layer on the head)"
+                } else {
+                    " and the output layer"
+                },
+                all[0].name
+            ),
+        }
+    }
+}
+
+/// The head alone, and each other device alone (GPU filled first) with the head as a
+/// hop; each with its predicted time per token.
+fn alone_shapes(
+    model: &ModelProfile,
+    all: &[&DeviceProfile],
+    os: &dyn MemoryModels,
+    opts: &PlanOptions,
+) -> Result<Vec<AloneShape>, PlanError> {
+    let layers = model.n_layers;
+    let mut shapes = Vec::with_capacity(all.len());
+    for m in 0..all.len() {
+        let (active, w): (Vec<usize>, Vec<u32>) = if m == 0 {
+            (vec![0], vec![layers])
+        } else {
+            (vec![0, m], vec![0, layers])
+        };
+        let act: Vec<&DeviceProfile> = active.iter().map(|&i| all[i]).collect();
+        let relays: Vec<&DeviceProfile> = all
+            .iter()
+            .enumerate()
+            .filter(|(i, d)| d.relay && !active.contains(i))
+            .map(|(_, d)| *d)
+            .collect();
+        let output_at = match opts.output {
+            OutputPolicy::Auto | OutputPolicy::Last => act.len() - 1,
+            OutputPolicy::Head => 0,
+        };
+        let lda = Lda::with_output_at(model, &act, &relays, os, opts, output_at)?;
+        let last = act.len() - 1;
+        let mut n = vec![0; act.len()];
+        n[last] = lda.gpu_cap(last, 1).min(layers);
+        let wf: Vec<f64> = w.iter().map(|&v| v as f64).collect();
+        let nf: Vec<f64> = n.iter().map(|&v| v as f64).collect();
+        let sets = lda.assign_sets(&wf, &nf, &vec![false; act.len()]);
+        let prediction = lda.predict(&w, &n);
+        shapes.push(AloneShape {
+            output: active[output_at],
+            active,
+            w,
+            n,
+            sets,
+            prediction,
+        });
+    }
+    Ok(shapes)
+}
+
 /// What device selection settled on: the active devices (indices into the full list),
-/// their solution, and why each removed device was removed.
-type Selection = (Vec<usize>, HaldaSolution, Vec<(usize, String)>);
+/// their solution with the index (among them) of the device that runs the output layer,
+/// and why each removed device was removed.
+type Selection = (Vec<usize>, (HaldaSolution, usize), Vec<(usize, String)>);
 
 /// Device selection: devices left with a single layer per window are removed and the
 /// problem solved again, for as long as removing them does not make T worse — a device
@@ -220,17 +365,40 @@ fn halda_with_pruning(
     os: &dyn MemoryModels,
     opts: &PlanOptions,
 ) -> Result<Selection, PlanError> {
-    let solve_on = |active: &[usize]| -> Result<HaldaSolution, PlanError> {
+    // Under `output = "auto"` the output layer runs on the head or on the last device,
+    // whichever gives the lower T; on the head when it has no layers only if asked to.
+    let solve_on = |active: &[usize]| -> Result<(HaldaSolution, usize), PlanError> {
         let act: Vec<&DeviceProfile> = active.iter().map(|&i| all[i]).collect();
         let relays = pruned_relays(all, active);
-        let lda = Lda::new(model, &act, &relays, os, opts)?;
-        Ok(iteration::solve_with_overlap(&lda, solver, opts)?)
+        let last = act.len() - 1;
+        let places: &[usize] = match opts.output {
+            OutputPolicy::Auto if last > 0 && active[0] == 0 => &[0, last],
+            OutputPolicy::Auto | OutputPolicy::Last => &[last],
+            OutputPolicy::Head => &[0],
+        };
+        let mut best: Option<(HaldaSolution, usize)> = None;
+        for &at in places {
+            let lda = Lda::with_output_at(model, &act, &relays, os, opts, at)?;
+            match iteration::solve_with_overlap(&lda, solver, opts) {
+                Ok(s) if best.as_ref().is_none_or(|b| s.objective < b.0.objective) => {
+                    best = Some((s, at));
+                }
+                Ok(_) => {}
+                Err(e) if best.is_none() && at == *places.last().unwrap_or(&0) => {
+                    return Err(e.into())
+                }
+                Err(_) => {}
+            }
+        }
+        best.ok_or(PlanError::Halda(HaldaError::Infeasible))
     };
     let mut active: Vec<usize> = (0..all.len()).collect();
     let mut solution = solve_on(&active)?;
     let mut reasons = Vec::new();
     loop {
-        let ones: Vec<usize> = (0..active.len()).filter(|&j| solution.w[j] == 1).collect();
+        let ones: Vec<usize> = (0..active.len())
+            .filter(|&j| solution.0.w[j] == 1)
+            .collect();
         if ones.is_empty() || active.len() == 1 {
             break;
         }
@@ -250,7 +418,7 @@ fn halda_with_pruning(
                 .map(|j| active[j])
                 .collect();
             match solve_on(&keep) {
-                Ok(c) if c.objective <= solution.objective => {
+                Ok(c) if c.0.objective <= solution.0.objective => {
                     accepted = Some((removed, keep, c));
                     break;
                 }
@@ -265,8 +433,8 @@ fn halda_with_pruning(
             reasons.push((
                 active[j],
                 prune_note(
-                    candidate.objective * 1e3,
-                    solution.objective * 1e3,
+                    candidate.0.objective * 1e3,
+                    solution.0.objective * 1e3,
                     removed.len(),
                 ),
             ));
@@ -312,6 +480,7 @@ fn assemble(
     solve_ms: f64,
     (iterations, ilps): (u32, u32),
     reasons: &[(usize, String)],
+    output: usize,
 ) -> Plan {
     let devices = all
         .iter()
@@ -359,5 +528,7 @@ fn assemble(
         iterations,
         ilps,
         devices,
+        output_device: all[output].name.clone(),
+        alternatives: Vec::new(),
     }
 }

@@ -234,6 +234,22 @@ pub struct Policy {
     /// Micro-batches the head keeps in the ring at once when serving several requests:
     /// a number ≥ 1, or "tuned" (measured); default `PRIMA_MICRO_BATCHES`, else 1.
     pub micro_batches: Option<crate::prp::micro_batch::MicroBatches>,
+    /// Where the output layer runs: "auto" (Halda: the head or the device that runs the
+    /// last layer, whichever it predicts faster; the manual scheduler keeps it on the
+    /// head), "head" or "last". Every device holds the model file, so a device that
+    /// sees a hidden state can compute its logits anyway: the head keeps nothing from
+    /// the others by running it, and "auto" is the default.
+    #[serde(default)]
+    pub output: crate::halda::OutputPolicy,
+    /// Logits the device that runs the output layer sends the head per row: the
+    /// `output_top_k` highest (the rest −∞: exact for greedy decoding and any sampler
+    /// whose top_k is at most this), 0 for all of them.
+    #[serde(default = "default_output_top_k")]
+    pub output_top_k: u32,
+}
+
+fn default_output_top_k() -> u32 {
+    64
 }
 
 fn yes() -> bool {
@@ -261,6 +277,8 @@ impl Default for Policy {
             profiles: None,
             transport: None,
             micro_batches: None,
+            output: crate::halda::OutputPolicy::default(),
+            output_top_k: default_output_top_k(),
         }
     }
 }

@@ -58,6 +58,9 @@ pub struct RingLayout {
     pub windows: Vec<usize>,
     /// How each node reaches the device after it ([`RingOptions::next_routes`]).
     pub next_routes: Vec<NextRoute>,
+    /// The device that runs the last layer runs the output layer too
+    /// ([`RingOptions::output`]).
+    pub output_on_last: bool,
     /// Devices planned out because they did not answer: not in the ring, asked between
     /// requests whether they answer now, like devices lost later.
     pub absent: Vec<RingDevice>,
@@ -401,6 +404,7 @@ impl<'m> ResilientRing<'m> {
         let nodes: Vec<String> = layout.devices[1..].iter().map(|d| d.addr.clone()).collect();
         let options = RingOptions {
             next_routes: layout.next_routes.clone(),
+            output: self.options.output.filter(|_| layout.output_on_last),
             ..self.options.clone()
         };
         let head = RingHead::connect(

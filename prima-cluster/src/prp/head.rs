@@ -28,9 +28,9 @@ use super::link::{
 use super::micro_batch::MicroBatchTuner;
 use super::probe::{probe, LinkProbe};
 use super::protocol::{
-    encode_activations, read_payload, Activations, Control, MemoryBaseline, ModelFingerprint,
-    NextHop, PassStats, Ready, ReleaseMethod, ReleasePolicy, Role, RoundWindow, Setup, WireType,
-    PROTOCOL_VERSION,
+    encode_activations_for, read_logits, read_payload, Activations, Control, MemoryBaseline,
+    ModelFingerprint, NextHop, OutputSetup, PassStats, ProtocolError, Ready, ReleaseMethod,
+    ReleasePolicy, Role, RoundWindow, Setup, WireType, PROTOCOL_VERSION,
 };
 use super::residency::Residency;
 use super::secure::{Link, LinkListener};
@@ -84,6 +84,9 @@ pub struct RingOptions {
     /// Bytes the head's process holds beside this model (a draft model, its KV cache
     /// per slot), kept out of an `auto` `mem_budget`.
     pub head_reserved: u64,
+    /// The device that runs the model's last layer also runs the output layer and sends
+    /// back the logits the head asks for (`None`: the head runs it, as the paper does).
+    pub output: Option<OutputSetup>,
 }
 
 /// How a node reaches the device after it in the ring.
@@ -115,6 +118,7 @@ impl Default for RingOptions {
             security: LinkSecurity::Insecure,
             micro_batches: Some(1),
             head_reserved: 0,
+            output: None,
         }
     }
 }
@@ -291,6 +295,11 @@ struct Passes<'m> {
     experts: Option<Arc<ExpertCache<'m>>>,
     rounds: usize,
     wire: WireType,
+    /// The last device runs the output layer and returns the logits of the rows the head
+    /// lists (`None`: the head computes them from the hidden states).
+    remote_output: Option<OutputSetup>,
+    /// The logits the last device returned for the batch just back.
+    logits: Vec<f32>,
     shared: Arc<Shared>,
     /// Where the last device's frames are read.
     arrivals: Arrivals,
@@ -338,6 +347,10 @@ struct Flying {
     batch: usize,
     sent: Sent,
     spans: Vec<SeqSpan>,
+    /// The rows whose logits the last device returns (when it runs the output layer),
+    /// and the place of the first in the session's entry logits.
+    logit_rows: Vec<u32>,
+    first_entry_row: usize,
 }
 
 impl<'m> RingHead<'m> {
@@ -482,12 +495,18 @@ impl<'m> RingHead<'m> {
                 release: options.release,
                 release_method: options.release_method,
                 wire: options.wire,
+                output: options.output,
             };
             send_control(&link.control, &Control::Setup(Box::new(setup)))?;
         }
 
         let memory = MemoryBaseline::now();
         let head_windows = of_device(0);
+        // The output layer runs on a node when asked and the head does not run the last
+        // layer itself (only then is a node's window the model's last).
+        let remote_output = options
+            .output
+            .filter(|_| !head_windows.iter().any(|w| w.layers.end == n_layers));
         let held: Vec<usize> = head_windows.iter().flat_map(|w| w.layers.clone()).collect();
         let head_gpu = gpu_of_device(0);
         let on_gpu = match gpus.head {
@@ -639,6 +658,8 @@ impl<'m> RingHead<'m> {
                 experts,
                 rounds,
                 wire: options.wire,
+                remote_output,
+                logits: Vec::new(),
                 shared,
                 arrivals: Arrivals::Direct,
                 seq: 0,
@@ -743,11 +764,12 @@ impl Passes<'_> {
     }
 
     /// Every round of the batch in flight in `session` round the ring, one after
-    /// another.
-    fn batch(&mut self, session: &mut Session<'_>) -> Result<(), RingError> {
+    /// another; the last device returns the logits of `logit_rows` into `self.logits`
+    /// when it runs the output layer.
+    fn batch(&mut self, session: &mut Session<'_>, logit_rows: &[u32]) -> Result<(), RingError> {
         let seq = self.next_seq();
         for round in 0..self.rounds {
-            let sent = self.send(session, seq, round)?;
+            let sent = self.send(session, seq, round, logit_rows)?;
             let (frame, wait_ms) = self.receive()?;
             let peer = self.shared.data_in.peer().into_string();
             let (h, _, payload) = decode_activations(&frame, &peer)?;
@@ -758,16 +780,37 @@ impl Passes<'_> {
                     got: format!("seq {} round {}", h.seq, h.round),
                 });
             }
-            read_payload(
-                &h,
-                payload,
-                session.model().hparams().n_embd,
-                session.hidden_mut(),
-            )
-            .map_err(|source| RingError::Protocol { peer, source })?;
+            let hp = session.model().hparams();
+            let (n_embd, n_vocab) = (hp.n_embd, hp.n_vocab);
+            let section =
+                read_payload(&h, payload, n_embd, session.hidden_mut()).map_err(|source| {
+                    RingError::Protocol {
+                        peer: peer.clone(),
+                        source,
+                    }
+                })?;
+            if round + 1 == self.rounds {
+                self.take_logits(section, logit_rows.len(), n_vocab)
+                    .map_err(|source| RingError::Protocol { peer, source })?;
+            }
             self.record(sent, wait_ms);
         }
         Ok(())
+    }
+
+    /// The logits of `rows` rows from the last device's frame into `self.logits`, when
+    /// it runs the output layer.
+    fn take_logits(
+        &mut self,
+        section: &[u8],
+        rows: usize,
+        n_vocab: usize,
+    ) -> Result<(), ProtocolError> {
+        if self.remote_output.is_none() || rows == 0 {
+            return Ok(());
+        }
+        self.logits.resize(rows * n_vocab, 0.0);
+        read_logits(section, rows, n_vocab, &mut self.logits)
     }
 
     fn next_seq(&mut self) -> u64 {
@@ -782,6 +825,7 @@ impl Passes<'_> {
         session: &mut Session<'_>,
         seq: u64,
         round: usize,
+        logit_rows: &[u32],
     ) -> Result<Sent, RingError> {
         let model = session.model();
         let n_tokens: usize = session.batch_spans().iter().map(|s| s.len).sum();
@@ -796,6 +840,7 @@ impl Passes<'_> {
             n_tokens: n_tokens as u32,
             round: round as u16,
             wire: self.wire,
+            logit_rows: 0,
         };
         // The pass's counters are read before the send: the send wakes the next device,
         // and on a shared machine anything this thread still does afterwards competes
@@ -804,7 +849,12 @@ impl Passes<'_> {
         let (disk_read_bytes, mem_available) = self.meter.end_pass();
         let sending = Instant::now();
         let (spans, hidden) = session.outgoing()?;
-        encode_activations(&mut self.frame, &header, spans, hidden);
+        let rows = if self.remote_output.is_some() {
+            logit_rows
+        } else {
+            &[]
+        };
+        encode_activations_for(&mut self.frame, &header, spans, rows, hidden);
         if let Err(e) = send_frame(&self.shared.data_out, &self.frame) {
             return Err(self.broken(e));
         }
@@ -906,7 +956,10 @@ impl Passes<'_> {
         seqs: &[SeqTokens<'_>],
         groups: &[Range<usize>],
     ) -> Result<(), RingError> {
-        let n_embd = session.model().hparams().n_embd;
+        let (n_embd, n_vocab) = (
+            session.model().hparams().n_embd,
+            session.model().hparams().n_vocab,
+        );
         let n_batch = session.n_batch();
         // Each group's batches, its pieces numbered as entries of all `seqs`. A group's
         // progress moves only its own slots' positions, so all are planned now.
@@ -948,13 +1001,21 @@ impl Passes<'_> {
             // Back to this batch: its positions were cut when it started, so starting
             // it again only sets the rows' positions and spans.
             session.begin_spans(&flying[at].spans)?;
-            read_payload(&h, payload, n_embd, session.hidden_mut())
-                .map_err(|source| RingError::Protocol { peer, source })?;
+            let section =
+                read_payload(&h, payload, n_embd, session.hidden_mut()).map_err(|source| {
+                    RingError::Protocol {
+                        peer: peer.clone(),
+                        source,
+                    }
+                })?;
             let f = &mut flying[at];
             let next_round = f.sent.round + 1;
             if next_round < self.rounds {
                 let seq = f.sent.seq;
-                let sent = self.send(session, seq, next_round)?;
+                let rows = std::mem::take(&mut f.logit_rows);
+                let sent = self.send(session, seq, next_round, &rows);
+                flying[at].logit_rows = rows;
+                let sent = sent?;
                 let done = std::mem::replace(&mut flying[at].sent, sent);
                 self.record(done, wait_ms);
                 continue;
@@ -963,7 +1024,15 @@ impl Passes<'_> {
             self.record(done.sent, wait_ms);
             session.finish_batch();
             let pieces = &plans[done.group][done.batch];
-            session.entries_logits(pieces, seqs)?;
+            if self.remote_output.is_some() {
+                if !done.logit_rows.is_empty() {
+                    self.take_logits(section, done.logit_rows.len(), n_vocab)
+                        .map_err(|source| RingError::Protocol { peer, source })?;
+                    session.put_entry_logits(done.first_entry_row, &self.logits)?;
+                }
+            } else {
+                session.entries_logits(pieces, seqs)?;
+            }
             if let Some(next) = plans[done.group].get(done.batch + 1) {
                 let mut f = self.launch(session, seqs, next, done.group, &mut tokens)?;
                 f.batch = done.batch + 1;
@@ -990,13 +1059,19 @@ impl Passes<'_> {
             tokens.extend_from_slice(&seqs[p.entry].tokens[p.tokens.clone()]);
         }
         session.embed(tokens)?;
+        let (first_entry_row, logit_rows) = match self.remote_output {
+            Some(_) => session.entry_rows_wanted(pieces, seqs).unwrap_or_default(),
+            None => (0, Vec::new()),
+        };
         let seq = self.next_seq();
-        let sent = self.send(session, seq, 0)?;
+        let sent = self.send(session, seq, 0, &logit_rows)?;
         Ok(Flying {
             group,
             batch: 0,
             sent,
             spans,
+            logit_rows,
+            first_entry_row,
         })
     }
 }
@@ -1047,12 +1122,19 @@ impl Forward for RingHead<'_> {
         let Some(last_len) = tokens.chunks(n_batch).last().map(<[u32]>::len) else {
             return Err(RingError::Plan("nothing to evaluate".into()));
         };
-        for chunk in tokens.chunks(n_batch) {
+        let n_chunks = tokens.len().div_ceil(n_batch);
+        for (i, chunk) in tokens.chunks(n_batch).enumerate() {
             let start = self.session.n_past();
             self.session.begin_batch(start, chunk.len())?;
             self.session.embed(chunk)?;
-            self.ring.batch(&mut self.session)?;
+            // Only the last row of the last chunk has its logits taken.
+            let last_row = [last_len as u32 - 1];
+            let rows: &[u32] = if i + 1 == n_chunks { &last_row } else { &[] };
+            self.ring.batch(&mut self.session, rows)?;
             self.session.finish_batch();
+        }
+        if self.ring.remote_output.is_some() {
+            return Ok(self.session.put_logits(&self.ring.logits));
         }
         Ok(self.session.logits(last_len - 1)?)
     }

@@ -23,8 +23,8 @@ use super::link::{
     decode_activations, expect_control, recv_control, recv_frame, send_control, send_frame,
 };
 use super::protocol::{
-    encode_activations, read_payload, Control, MemoryBaseline, ModelFingerprint, NextHop,
-    PassStats, Ready, Role, Setup, PROTOCOL_VERSION,
+    append_logits, encode_activations_for, read_logit_rows, read_payload, Control, MemoryBaseline,
+    ModelFingerprint, NextHop, PassStats, Ready, Role, Setup, PROTOCOL_VERSION,
 };
 use super::residency::Residency;
 use super::secure::{Link, LinkListener};
@@ -519,10 +519,22 @@ fn compute_loop(
     state: &AtomicU8,
     passes: &Mutex<Vec<PassStats>>,
 ) -> Result<(), RingError> {
-    let n_embd = model.hparams().n_embd;
+    let (n_embd, n_vocab) = (model.hparams().n_embd, model.hparams().n_vocab);
     let peer = data_in.peer().into_string();
+    // The round in which this node runs the model's last layer, when it also runs the
+    // output layer for the head.
+    let output_round = setup.output.and_then(|o| {
+        let n_layers = model.hparams().n_layers;
+        setup
+            .windows
+            .iter()
+            .find(|w| w.layers.end == n_layers)
+            .map(|w| (w.round, o.top_k))
+    });
     let mut out = Vec::new();
     let mut spans = Vec::new();
+    let mut logit_rows = Vec::new();
+    let mut logits = Vec::new();
     let mut meter = PassMeter::new();
     let mut flying = InFlight::default();
     loop {
@@ -552,12 +564,19 @@ fn compute_loop(
         // round: the batch's positions were cut then, so this only sets the rows'
         // positions and spans again (another batch may have run in between).
         session.begin_spans(&spans)?;
-        read_payload(&header, payload, n_embd, session.hidden_mut()).map_err(|source| {
-            RingError::Protocol {
-                peer: peer.clone(),
-                source,
-            }
-        })?;
+        let protocol = |source| RingError::Protocol {
+            peer: peer.clone(),
+            source,
+        };
+        read_logit_rows(&header, payload, &mut logit_rows).map_err(protocol)?;
+        // Logits already computed upstream (this node only relays the last frames).
+        let passed_logits =
+            read_payload(&header, payload, n_embd, session.hidden_mut()).map_err(|source| {
+                RingError::Protocol {
+                    peer: peer.clone(),
+                    source,
+                }
+            })?;
 
         let experts_before = experts.map(ExpertCache::stats).unwrap_or_default();
         let run = residency.run_round(model, session, &meter, round)?;
@@ -591,8 +610,19 @@ fn compute_loop(
             })
         };
         let sending = Instant::now();
+        let top_k = match output_round {
+            Some((r, top_k)) if r == round && !logit_rows.is_empty() => {
+                session.logits_of(&logit_rows, &mut logits)?;
+                Some(top_k)
+            }
+            _ => None,
+        };
         let (spans, hidden) = session.outgoing()?;
-        encode_activations(&mut out, &header, spans, hidden);
+        encode_activations_for(&mut out, &header, spans, &logit_rows, hidden);
+        match top_k {
+            Some(top_k) => append_logits(&mut out, top_k, n_vocab, &logits),
+            None => out.extend_from_slice(passed_logits),
+        }
         send_frame(data_out, &out)?;
         let send_ms = sending.elapsed().as_secs_f64() * 1e3;
         if let Some(at) = logged {

@@ -22,7 +22,10 @@ use prima_core::gguf::GgufFile;
 ///    their frames interleaved; a frame's `seq` says which batch it belongs to.
 /// 5: a node answers pings before a setup or profile request, echoing their padding
 ///    (the head times its links with them before it plans).
-pub const PROTOCOL_VERSION: u32 = 5;
+/// 6: the output layer may run on the device that runs the last layer ([`Setup::output`]):
+///    a frame lists the rows whose logits the head wants, and that device's last frame
+///    of a batch carries their logits after the hidden states.
+pub const PROTOCOL_VERSION: u32 = 6;
 
 const KIND_CONTROL: u8 = b'C';
 const KIND_ACTIVATIONS: u8 = b'A';
@@ -183,6 +186,20 @@ pub struct Setup {
     pub release: ReleasePolicy,
     pub release_method: ReleaseMethod,
     pub wire: WireType,
+    /// The node that runs the model's last layer also runs the output layer and sends
+    /// the head the logits of the rows each frame lists; absent: the head runs it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<OutputSetup>,
+}
+
+/// How the device that runs the output layer returns logits.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct OutputSetup {
+    /// Only each row's `top_k` highest logits (ids and values; the head fills the rest
+    /// with −∞), 0: every logit. Greedy decoding, and a sampler whose own top-k is at
+    /// most this, see what the whole row gives them.
+    pub top_k: u32,
 }
 
 fn one_slot() -> usize {
@@ -329,6 +346,10 @@ pub struct Activations {
     pub n_tokens: u32,
     pub round: u16,
     pub wire: WireType,
+    /// Rows of the batch whose logits the head wants from the device that runs the
+    /// output layer (a table of u32 row numbers after the spans); 0 when the head runs
+    /// it.
+    pub logit_rows: u32,
 }
 
 /// The spans of an activation frame (which slot's rows, at which positions), still in
@@ -382,19 +403,36 @@ pub fn encode_control(msg: &Control) -> Vec<u8> {
 /// Writes an activation frame for `x` (`n_tokens` rows, the rows of `spans` one after
 /// another) into `out`, replacing its content.
 pub fn encode_activations(out: &mut Vec<u8>, header: &Activations, spans: &[SeqSpan], x: &[f32]) {
+    encode_activations_for(out, header, spans, &[], x);
+}
+
+/// [`encode_activations`] with the rows whose logits the head wants (`header.logit_rows`
+/// is taken from `rows`).
+pub fn encode_activations_for(
+    out: &mut Vec<u8>,
+    header: &Activations,
+    spans: &[SeqSpan],
+    rows: &[u32],
+    x: &[f32],
+) {
     out.clear();
-    out.reserve(HEADER_BYTES + spans.len() * SPAN_BYTES + x.len() * header.wire.bytes());
+    out.reserve(
+        HEADER_BYTES + spans.len() * SPAN_BYTES + rows.len() * 4 + x.len() * header.wire.bytes(),
+    );
     out.push(KIND_ACTIVATIONS);
     out.push(header.wire.id());
     out.extend_from_slice(&header.round.to_le_bytes());
     out.extend_from_slice(&(spans.len() as u32).to_le_bytes());
     out.extend_from_slice(&header.seq.to_le_bytes());
-    out.extend_from_slice(&[0; 4]);
+    out.extend_from_slice(&(rows.len() as u32).to_le_bytes());
     out.extend_from_slice(&header.n_tokens.to_le_bytes());
     for s in spans {
         for v in [s.slot, s.start, s.len] {
             out.extend_from_slice(&(v as u32).to_le_bytes());
         }
+    }
+    for r in rows {
+        out.extend_from_slice(&r.to_le_bytes());
     }
     match header.wire {
         WireType::F32 => {
@@ -427,6 +465,7 @@ pub fn decode(frame: &[u8]) -> Result<Frame<'_>, ProtocolError> {
                 round: u16::from_le_bytes([frame[2], frame[3]]),
                 seq: u64::from_le_bytes(seq),
                 n_tokens: u32_at(20),
+                logit_rows: u32_at(16),
             };
             let rest = &frame[HEADER_BYTES..];
             let n_spans = u32_at(4) as usize;
@@ -470,16 +509,55 @@ fn check_spans(spans: &SpanTable<'_>, n_tokens: u32) -> Result<(), ProtocolError
     Ok(())
 }
 
-/// Converts an activation payload into `out` (`n_tokens × n_embd` floats).
-pub fn read_payload(
+/// The rows of a frame's batch whose logits the head wants (checked: each below the
+/// frame's rows), into `out`.
+pub fn read_logit_rows(
     header: &Activations,
     payload: &[u8],
+    out: &mut Vec<u32>,
+) -> Result<(), ProtocolError> {
+    out.clear();
+    let table = rows_table(header, payload)?;
+    for b in table.chunks_exact(4) {
+        let row = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        if row >= header.n_tokens {
+            return Err(ProtocolError::BadSpans(format!(
+                "logits asked of row {row} of a batch of {}",
+                header.n_tokens
+            )));
+        }
+        out.push(row);
+    }
+    Ok(())
+}
+
+fn rows_table<'a>(header: &Activations, payload: &'a [u8]) -> Result<&'a [u8], ProtocolError> {
+    let bytes = (header.logit_rows as usize)
+        .checked_mul(4)
+        .filter(|&b| b <= payload.len())
+        .ok_or_else(|| {
+            ProtocolError::BadSpans(format!(
+                "a table of {} logit rows does not fit in {} bytes",
+                header.logit_rows,
+                payload.len()
+            ))
+        })?;
+    Ok(&payload[..bytes])
+}
+
+/// Converts an activation payload into `out` (`n_tokens × n_embd` floats); returns what
+/// follows the hidden states: the logits section of the output device's frame (see
+/// [`append_logits`]), empty in any other.
+pub fn read_payload<'a>(
+    header: &Activations,
+    payload: &'a [u8],
     n_embd: usize,
     out: &mut [f32],
-) -> Result<(), ProtocolError> {
+) -> Result<&'a [u8], ProtocolError> {
+    let payload = &payload[rows_table(header, payload)?.len()..];
     let values = header.n_tokens as usize * n_embd;
     let expected = values * header.wire.bytes();
-    if payload.len() != expected || out.len() != values {
+    if payload.len() < expected || out.len() != values {
         return Err(ProtocolError::BadLength {
             found: payload.len(),
             expected,
@@ -487,16 +565,106 @@ pub fn read_payload(
             n_embd,
         });
     }
+    let (hidden, logits) = payload.split_at(expected);
     match header.wire {
         WireType::F32 => {
-            for (o, b) in out.iter_mut().zip(payload.chunks_exact(4)) {
+            for (o, b) in out.iter_mut().zip(hidden.chunks_exact(4)) {
                 *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
             }
         }
         WireType::F16 => {
-            for (o, b) in out.iter_mut().zip(payload.chunks_exact(2)) {
+            for (o, b) in out.iter_mut().zip(hidden.chunks_exact(2)) {
                 *o = half::f16::from_le_bytes([b[0], b[1]]).to_f32();
             }
+        }
+    }
+    Ok(logits)
+}
+
+/// Appends the logits of a frame's listed rows (`logits`: one row of `n_vocab` after
+/// another) after its hidden states: a u32 `top_k`, then per row either every logit
+/// (`top_k` 0, f32) or its `top_k` highest as (u32 id, f32 logit) pairs, highest first,
+/// ties to the lower id (as the sampler orders them).
+pub fn append_logits(out: &mut Vec<u8>, top_k: u32, n_vocab: usize, logits: &[f32]) {
+    out.extend_from_slice(&top_k.to_le_bytes());
+    if top_k == 0 || top_k as usize >= n_vocab {
+        if top_k != 0 {
+            // Asked for more than the vocabulary: every logit, said so.
+            let at = out.len() - 4;
+            out[at..].copy_from_slice(&0u32.to_le_bytes());
+        }
+        for v in logits {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        return;
+    }
+    let k = top_k as usize;
+    let mut ids: Vec<u32> = Vec::with_capacity(n_vocab);
+    for row in logits.chunks_exact(n_vocab) {
+        ids.clear();
+        ids.extend(0..n_vocab as u32);
+        let order = |a: &u32, b: &u32| row[*b as usize].total_cmp(&row[*a as usize]).then(a.cmp(b));
+        ids.select_nth_unstable_by(k - 1, order);
+        ids.truncate(k);
+        ids.sort_unstable_by(order);
+        for &id in &ids {
+            out.extend_from_slice(&id.to_le_bytes());
+            out.extend_from_slice(&row[id as usize].to_le_bytes());
+        }
+    }
+}
+
+/// Reads a logits section ([`append_logits`]) of `rows` rows into `out` (`rows ×
+/// n_vocab`), a top-k row's other logits −∞.
+pub fn read_logits(
+    section: &[u8],
+    rows: usize,
+    n_vocab: usize,
+    out: &mut [f32],
+) -> Result<(), ProtocolError> {
+    let bad = |why: String| ProtocolError::BadSpans(format!("logits section: {why}"));
+    if section.len() < 4 {
+        return Err(bad(format!("{} bytes, no header", section.len())));
+    }
+    if out.len() != rows * n_vocab {
+        return Err(bad(format!(
+            "{} rows of {n_vocab} into {} floats",
+            rows,
+            out.len()
+        )));
+    }
+    let top_k = u32::from_le_bytes([section[0], section[1], section[2], section[3]]) as usize;
+    let data = &section[4..];
+    let f32_at = |b: &[u8]| f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    if top_k == 0 {
+        if data.len() != rows * n_vocab * 4 {
+            return Err(bad(format!(
+                "{} bytes for {rows} rows of {n_vocab} logits",
+                data.len()
+            )));
+        }
+        for (o, b) in out.iter_mut().zip(data.chunks_exact(4)) {
+            *o = f32_at(b);
+        }
+        return Ok(());
+    }
+    if top_k > n_vocab || data.len() != rows * top_k * 8 {
+        return Err(bad(format!(
+            "{} bytes for {rows} rows of the top {top_k} of {n_vocab}",
+            data.len()
+        )));
+    }
+    out.fill(f32::NEG_INFINITY);
+    for (row, pairs) in out
+        .chunks_exact_mut(n_vocab)
+        .zip(data.chunks_exact(top_k * 8))
+    {
+        for p in pairs.chunks_exact(8) {
+            let id = u32::from_le_bytes([p[0], p[1], p[2], p[3]]) as usize;
+            let slot = row
+                .get_mut(id)
+                .ok_or_else(|| bad(format!("token {id} of a vocabulary of {n_vocab}")))?;
+            *slot = f32_at(&p[4..]);
         }
     }
     Ok(())
@@ -527,6 +695,7 @@ mod tests {
                 n_tokens: 3,
                 round: 2,
                 wire,
+                logit_rows: 0,
             };
             let mut buf = Vec::new();
             encode_activations(&mut buf, &header, &spans, &x);
@@ -544,6 +713,61 @@ mod tests {
     }
 
     #[test]
+    fn logit_rows_and_logits_round_trip_whole_and_as_top_k() {
+        let header = Activations {
+            seq: 3,
+            n_tokens: 3,
+            round: 0,
+            wire: WireType::F32,
+            logit_rows: 2,
+        };
+        let spans = [SeqSpan {
+            slot: 0,
+            start: 0,
+            len: 3,
+        }];
+        let x: Vec<f32> = (0..6).map(|i| i as f32).collect();
+        // Two rows of a vocabulary of 5; row 1 has a tie at its second place.
+        let logits = [0.5f32, 3.0, -1.0, 2.0, 1.0, 7.0, 2.0, 2.0, -4.0, 0.0];
+        for top_k in [0u32, 2, 9] {
+            let mut buf = Vec::new();
+            encode_activations_for(&mut buf, &header, &spans, &[0, 2], &x);
+            append_logits(&mut buf, top_k, 5, &logits);
+            let Frame::Activations(h, _, payload) = decode(&buf).unwrap() else {
+                panic!("not an activation frame");
+            };
+            assert_eq!(h, header);
+            let mut rows = Vec::new();
+            read_logit_rows(&h, payload, &mut rows).unwrap();
+            assert_eq!(rows, [0, 2]);
+            let mut hidden = vec![0.0; 6];
+            let section = read_payload(&h, payload, 2, &mut hidden).unwrap();
+            assert_eq!(hidden, x);
+            let mut out = vec![0.0; 10];
+            read_logits(section, 2, 5, &mut out).unwrap();
+            if top_k == 2 {
+                let ninf = f32::NEG_INFINITY;
+                assert_eq!(
+                    out,
+                    [ninf, 3.0, ninf, 2.0, ninf, 7.0, 2.0, ninf, ninf, ninf]
+                );
+            } else {
+                assert_eq!(out, logits);
+            }
+            let err = read_logits(&section[..section.len() - 1], 2, 5, &mut out).unwrap_err();
+            assert!(err.to_string().contains("logits section"), "{err}");
+        }
+        // A row past the batch.
+        let mut buf = Vec::new();
+        encode_activations_for(&mut buf, &header, &spans, &[3], &x);
+        let Frame::Activations(h, _, payload) = decode(&buf).unwrap() else {
+            panic!("not an activation frame");
+        };
+        let err = read_logit_rows(&h, payload, &mut Vec::new()).unwrap_err();
+        assert!(err.to_string().contains("row 3 of a batch of 3"), "{err}");
+    }
+
+    #[test]
     fn spans_that_do_not_describe_the_rows_are_refused() {
         let span = |slot, len| SeqSpan {
             slot,
@@ -555,6 +779,7 @@ mod tests {
             n_tokens: 2,
             round: 0,
             wire: WireType::F32,
+            logit_rows: 0,
         };
         let x = [0.0f32; 2];
         let mut buf = Vec::new();

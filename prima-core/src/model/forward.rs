@@ -524,8 +524,78 @@ impl<'m> Session<'m> {
         pieces: &[Piece],
         seqs: &[SeqTokens<'_>],
     ) -> Result<(), ModelError> {
-        let hp = self.model.hparams();
-        let (d, n_vocab) = (hp.n_embd, hp.n_vocab);
+        let Some(first) = self.fill_entry_rows(pieces, seqs) else {
+            return Ok(());
+        };
+        let n = self.host.out_rows.len();
+        let n_vocab = self.model.hparams().n_vocab;
+        let logits = self.output_rows()?;
+        let out = &mut self.entry_logits[first * n_vocab..(first + n) * n_vocab];
+        download(self.backend, logits, out)
+    }
+
+    /// Which rows of the last batch (`pieces`) [`Session::entries_logits`] takes logits
+    /// of, and the place of the first in `entry_logits` (`None`: no row): what a ring
+    /// head asks of the device that runs the output layer.
+    pub fn entry_rows_wanted(
+        &mut self,
+        pieces: &[Piece],
+        seqs: &[SeqTokens<'_>],
+    ) -> Option<(usize, Vec<u32>)> {
+        let first = self.fill_entry_rows(pieces, seqs)?;
+        Some((first, self.host.out_rows.clone()))
+    }
+
+    /// Logits computed elsewhere (by the device that ran the output layer) for the rows
+    /// of [`Session::entry_rows_wanted`], into their places in `entry_logits`.
+    pub fn put_entry_logits(&mut self, first: usize, logits: &[f32]) -> Result<(), ModelError> {
+        let n_vocab = self.model.hparams().n_vocab;
+        let end = first * n_vocab + logits.len();
+        let Some(place) = self.entry_logits.get_mut(first * n_vocab..end) else {
+            return Err(ModelError::OutputSize {
+                len: logits.len(),
+                needed: self.entry_logits.len().saturating_sub(first * n_vocab),
+            });
+        };
+        place.copy_from_slice(logits);
+        Ok(())
+    }
+
+    /// Logits of the rows `rows` of the batch in flight (any order), one row of `n_vocab`
+    /// after another into `out`, computed as [`Session::entries_logits`] computes them (so
+    /// a device that runs the output layer for a ring head gives the bits one device
+    /// would).
+    pub fn logits_of(&mut self, rows: &[u32], out: &mut Vec<f32>) -> Result<(), ModelError> {
+        let n_vocab = self.model.hparams().n_vocab;
+        let last_len = self.batch_len;
+        if let Some(&bad) = rows.iter().find(|&&r| r as usize >= last_len) {
+            return Err(ModelError::RowsOutOfBatch {
+                rows: bad.to_string(),
+                batch: last_len,
+                n_batch: self.n_batch,
+            });
+        }
+        out.resize(rows.len() * n_vocab, 0.0);
+        if rows.is_empty() {
+            return Ok(());
+        }
+        self.host.out_rows.clear();
+        self.host.out_rows.extend_from_slice(rows);
+        let logits = self.output_rows()?;
+        download(self.backend, logits, out)
+    }
+
+    /// Logits of one row computed elsewhere (the last row of a batch, by the device that
+    /// ran the output layer), where [`Session::logits`] leaves them.
+    pub fn put_logits(&mut self, logits: &[f32]) -> &[f32] {
+        self.host.logits.clear();
+        self.host.logits.extend_from_slice(logits);
+        &self.host.logits
+    }
+
+    /// The output rows of the entries that end in `pieces` into `host.out_rows`, and the
+    /// place of the first in `entry_logits`.
+    fn fill_entry_rows(&mut self, pieces: &[Piece], seqs: &[SeqTokens<'_>]) -> Option<usize> {
         self.host.out_rows.clear();
         let (mut first, mut n) = (None, 0);
         let mut row = 0;
@@ -551,9 +621,14 @@ impl<'m> Session<'m> {
             }
             row += p.span.len;
         }
-        let Some(first) = first else {
-            return Ok(());
-        };
+        first
+    }
+
+    /// Final norm and output head for the rows `host.out_rows` of the residual stream,
+    /// in one product; the logits stay on the backend.
+    fn output_rows(&mut self) -> Result<Buf, ModelError> {
+        let hp = self.model.hparams();
+        let (d, n_vocab, n) = (hp.n_embd, hp.n_vocab, self.host.out_rows.len());
         let x = self.x_on(Side::Main)?;
         let (model, be) = (self.model, self.backend);
         // The norm is row by row, so each run of consecutive rows is normed straight into
@@ -584,8 +659,7 @@ impl<'m> Session<'m> {
             be.matmul(model.view(&model.output), h, n as u32, logits),
             "matmul output",
         )?;
-        let out = &mut self.entry_logits[first * n_vocab..(first + n) * n_vocab];
-        download(be, logits, out)
+        Ok(logits)
     }
 
     /// Starts a batch of `n` tokens of slot 0 at position `start`. Cached positions from
