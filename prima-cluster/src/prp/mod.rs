@@ -33,6 +33,7 @@ pub mod node;
 pub mod probe;
 pub mod protocol;
 pub mod residency;
+pub mod run_ahead;
 pub mod secure;
 mod windows;
 

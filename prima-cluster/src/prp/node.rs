@@ -26,7 +26,8 @@ use super::protocol::{
     append_logits, encode_activations_for, read_logit_rows, read_payload, Control, MemoryBaseline,
     ModelFingerprint, NextHop, PassStats, Ready, Role, Setup, PROTOCOL_VERSION,
 };
-use super::residency::Residency;
+use super::residency::{Residency, WindowRun};
+use super::run_ahead::RunAhead;
 use super::secure::{Link, LinkListener};
 use super::RingError;
 
@@ -531,6 +532,13 @@ fn compute_loop(
             .find(|w| w.layers.end == n_layers)
             .map(|w| (w.round, o.top_k))
     });
+    // Computing the whole model alone for a head that only embeds and samples: run
+    // ahead while the head samples (`run_ahead.rs`).
+    let whole_model = setup.rounds == 1
+        && setup.windows.len() == 1
+        && setup.windows[0].layers == (0..model.hparams().n_layers);
+    let mut ahead = (whole_model && output_round.is_some()).then(RunAhead::default);
+    let mut input = Vec::new();
     let mut out = Vec::new();
     let mut spans = Vec::new();
     let mut logit_rows = Vec::new();
@@ -542,7 +550,15 @@ fn compute_loop(
         let frame = match recv_frame(data_in, NO_TIMEOUT) {
             Ok(Some(f)) => f,
             Ok(None) => continue,
-            Err(_) if state.load(Ordering::Acquire) != RUNNING => return Ok(()),
+            Err(_) if state.load(Ordering::Acquire) != RUNNING => {
+                if let Some(a) = ahead.as_ref().filter(|a| a.computed > 0) {
+                    eprintln!(
+                        "node: computed {} steps ahead of the head, {} of them taken",
+                        a.computed, a.taken
+                    );
+                }
+                return Ok(());
+            }
             Err(e) => return Err(e),
         };
         let wait_ms = waiting.elapsed().as_secs_f64() * 1e3;
@@ -560,26 +576,62 @@ fn compute_loop(
                     header.seq
                 ),
             })?;
-        // Round 0: each slot forgets its positions from its span's start on. A later
-        // round: the batch's positions were cut then, so this only sets the rows'
-        // positions and spans again (another batch may have run in between).
-        session.begin_spans(&spans)?;
         let protocol = |source| RingError::Protocol {
             peer: peer.clone(),
             source,
         };
         read_logit_rows(&header, payload, &mut logit_rows).map_err(protocol)?;
+        // The step computed ahead, when this is it (its cache entries are in place).
+        let guessed = match ahead.as_mut().filter(|a| a.has_guess()) {
+            Some(a) => {
+                input.resize(n * n_embd, 0.0);
+                read_payload(&header, payload, n_embd, &mut input).map_err(|source| {
+                    RingError::Protocol {
+                        peer: peer.clone(),
+                        source,
+                    }
+                })?;
+                a.take_if_guessed(&spans, &logit_rows, &input)
+                    .and_then(|g| g.output)
+            }
+            None => None,
+        };
         // Logits already computed upstream (this node only relays the last frames).
-        let passed_logits =
-            read_payload(&header, payload, n_embd, session.hidden_mut()).map_err(|source| {
-                RingError::Protocol {
-                    peer: peer.clone(),
-                    source,
-                }
-            })?;
+        let mut passed_logits: &[u8] = &[];
+        if guessed.is_none() {
+            // Round 0: each slot forgets its positions from its span's start on. A later
+            // round: the batch's positions were cut then, so this only sets the rows'
+            // positions and spans again (another batch may have run in between).
+            session.begin_spans(&spans)?;
+            passed_logits =
+                read_payload(&header, payload, n_embd, session.hidden_mut()).map_err(|source| {
+                    RingError::Protocol {
+                        peer: peer.clone(),
+                        source,
+                    }
+                })?;
+        }
 
         let experts_before = experts.map(ExpertCache::stats).unwrap_or_default();
-        let run = residency.run_round(model, session, &meter, round)?;
+        let mut run = match &guessed {
+            Some(g) => WindowRun {
+                index: None,
+                compute_ms: g.compute_ms,
+                major_faults: 0,
+            },
+            None => residency.run_round(model, session, &meter, round)?,
+        };
+        let top_k = match output_round {
+            Some((r, top_k)) if r == round && !logit_rows.is_empty() => {
+                if guessed.is_none() {
+                    let computing = Instant::now();
+                    session.logits_of(&logit_rows, &mut logits)?;
+                    run.compute_ms += computing.elapsed().as_secs_f64() * 1e3;
+                }
+                Some(top_k)
+            }
+            _ => None,
+        };
         let experts_after = experts.map(ExpertCache::stats).unwrap_or_default();
 
         // Counters before the send, as on the head (`RingHead::pass`): after it, this
@@ -610,17 +662,14 @@ fn compute_loop(
             })
         };
         let sending = Instant::now();
-        let top_k = match output_round {
-            Some((r, top_k)) if r == round && !logit_rows.is_empty() => {
-                session.logits_of(&logit_rows, &mut logits)?;
-                Some(top_k)
-            }
-            _ => None,
+        let (sent_spans, hidden) = match &guessed {
+            Some(g) => (&spans[..], &g.hidden[..]),
+            None => session.outgoing()?,
         };
-        let (spans, hidden) = session.outgoing()?;
-        encode_activations_for(&mut out, &header, spans, &logit_rows, hidden);
+        encode_activations_for(&mut out, &header, sent_spans, &logit_rows, hidden);
+        let sent_logits = guessed.as_ref().map_or(&logits, |g| &g.logits);
         match top_k {
-            Some(top_k) => append_logits(&mut out, top_k, n_vocab, &logits),
+            Some(top_k) => append_logits(&mut out, top_k, n_vocab, sent_logits),
             None => out.extend_from_slice(passed_logits),
         }
         send_frame(data_out, &out)?;
@@ -639,8 +688,25 @@ fn compute_loop(
             residency.after_window(model, i);
         }
         if round + 1 == setup.rounds {
-            session.finish_batch();
+            // A step computed ahead was finished then.
+            if guessed.is_none() {
+                session.finish_batch();
+            }
             flying.land(header.seq);
+        }
+        if let (Some(a), Some(_)) = (ahead.as_mut(), top_k) {
+            if flying.is_empty() {
+                let sent_logits = guessed.as_ref().map_or(&logits, |g| &g.logits);
+                a.guess(
+                    model,
+                    session,
+                    residency,
+                    &meter,
+                    &spans,
+                    &logit_rows,
+                    sent_logits,
+                )?;
+            }
         }
     }
 }
@@ -692,6 +758,10 @@ impl InFlight {
     /// Batch `seq` has had its last round here.
     fn land(&mut self, seq: u64) {
         self.batches.retain(|b| b.0 != seq);
+    }
+
+    fn is_empty(&self) -> bool {
+        self.batches.is_empty()
     }
 }
 
