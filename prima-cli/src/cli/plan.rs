@@ -48,6 +48,10 @@ pub struct PlanArgs {
     /// expert (`[[…], …]` or `{"expert_use": [[…], …]}`). Default: uniform use.
     #[arg(long, value_name = "FILE.json")]
     pub expert_use: Option<PathBuf>,
+    /// Where the output layer may run: auto (the head or the last device, whichever is
+    /// predicted faster; a manifest's default), head, or last.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub output: halda::OutputPolicy,
 }
 
 #[derive(Serialize)]
@@ -68,6 +72,8 @@ struct JsonPlan<'a> {
     predicted_tpot_ms: f64,
     breakdown_ms: halda::BreakdownMs,
     solve_ms: f64,
+    output_device: &'a str,
+    alternatives: &'a [halda::Alternative],
     devices: Vec<JsonDevice<'a>>,
 }
 
@@ -97,6 +103,7 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
         disk_threshold: args.slow_disk_gb_s * GB,
         exact: args.exact,
         every_k: args.every_k,
+        output: args.output,
         ..PlanOptions::default()
     };
     let solver = match args.scheduler {
@@ -140,6 +147,8 @@ fn json_plan(plan: &Plan) -> JsonPlan<'_> {
         predicted_tpot_ms: plan.predicted_tpot_ms,
         breakdown_ms: plan.breakdown,
         solve_ms: plan.solve_ms,
+        output_device: &plan.output_device,
+        alternatives: &plan.alternatives,
         devices: plan
             .devices
             .iter()
@@ -223,6 +232,10 @@ fn print_table(plan: &Plan, model: &ModelProfile, repeat: u32) {
         "k = {}  predicted TPOT {:.1} ms (compute {:.1}, memory {:.1}, disk {:.1}, network {:.1})",
         plan.k, plan.predicted_tpot_ms, b.compute_ms, b.memory_ms, b.disk_ms, b.network_ms
     );
+    println!("output layer on {}", plan.output_device);
+    for a in &plan.alternatives {
+        println!("weighed: {} — {:.1} ms", a.shape, a.predicted_tpot_ms);
+    }
     if plan.scheduler == Scheduler::Halda {
         println!(
             "solved in {:.2} ms{} ({} set rounds, {} ILPs in the final solve)",

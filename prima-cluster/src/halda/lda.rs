@@ -31,7 +31,9 @@ pub struct PlanOptions {
 }
 
 /// Where the output layer may run: a manifest's `policy.output`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, serde::Deserialize, clap::ValueEnum,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum OutputPolicy {
     /// On the head, as the paper keeps it: no other device sees logits.

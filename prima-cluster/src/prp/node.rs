@@ -287,6 +287,12 @@ fn session(node: &Node<'_>, setup: Setup, control: &Link) -> Result<bool, RingEr
         .flat_map(|w| w.layers.clone())
         .collect();
     let on_gpu = gpu_layers(&setup, config.gpu.as_ref(), &config.host);
+    // This node runs the output layer for the head: it keeps the output head as the head
+    // would (out of its layers' budget, read before the first token).
+    let runs_output = setup.output.is_some()
+        && held
+            .last()
+            .is_some_and(|&il| il + 1 == model.hparams().n_layers);
     let mut session = Session::with_split(
         model,
         backend,
@@ -304,7 +310,7 @@ fn session(node: &Node<'_>, setup: Setup, control: &Link) -> Result<bool, RingEr
         config.mem_budget,
         model,
         held.len() - on_gpu.len(),
-        false,
+        runs_output,
         setup.n_ctx,
         setup.n_batch,
         setup.n_slots,
@@ -326,7 +332,7 @@ fn session(node: &Node<'_>, setup: Setup, control: &Link) -> Result<bool, RingEr
         };
         ExpertCache::plan_layers(model, &cpu_held, b.bytes, None, hints).map(Arc::new)
     });
-    let residency = Residency::plan_split(
+    let mut residency = Residency::plan_split(
         model,
         &setup.windows,
         &on_gpu,
@@ -338,6 +344,9 @@ fn session(node: &Node<'_>, setup: Setup, control: &Link) -> Result<bool, RingEr
         setup.release,
         setup.release_method,
     );
+    if runs_output {
+        residency.keep_output_head(model);
+    }
     report_budget("node", budget.as_ref(), &residency);
     match (&experts, &budget) {
         (Some(cache), Some(b)) => {

@@ -332,6 +332,12 @@ impl Residency {
         plan
     }
 
+    /// Keeps the output head (final norm and output matrix) resident beside the windows and
+    /// reads it before the first token: for the device that runs the output layer.
+    pub fn keep_output_head(&mut self, model: &Model) {
+        self.global_ranges = merged_ranges(model.read_whole_tensors());
+    }
+
     fn build(model: &Model, windows: &[RoundWindow], resident: &[bool], hints: Hints) -> Residency {
         let is_resident = |il: usize| resident.get(il).copied().unwrap_or(false);
         let windows: Vec<WindowPages> = windows
