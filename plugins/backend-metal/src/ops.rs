@@ -17,8 +17,11 @@ use prima_abi::backend::{
 use wgpu::util::DeviceExt;
 
 use crate::device::Gpu;
-use crate::formats::{Activation, WeightShape};
-use crate::kernels::{ATT_MAX_HEAD_DIM, MATMUL_TOKENS_FLOAT, MATMUL_TOKENS_QUANT, WG};
+use crate::formats::{Activation, Family, WeightShape};
+use crate::kernels::{
+    legacy_rows_name, ACT_UNIFORM_BYTES, ATT_MAX_HEAD_DIM, MATMUL_TOKENS_FLOAT,
+    MATMUL_TOKENS_QUANT, WG,
+};
 use crate::params::ParamArena;
 use prima_gpu_support::backend::GpuOps;
 use prima_gpu_support::bufs::{apart, offset_u32, Buffers};
@@ -178,6 +181,7 @@ impl State {
             label: Some("scratch"),
             size,
             usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::UNIFORM
                 | wgpu::BufferUsages::COPY_DST
                 | wgpu::BufferUsages::COPY_SRC,
             mapped_at_creation: false,
@@ -510,12 +514,12 @@ impl GpuOps for State {
         let (x_buf, x_off) = self.act(OP, "x", x)?;
         let (out_buf, out_off) = self.act(OP, "out", out)?;
         let act = shape.format.activation;
-        let kernel = if self.row_per_invocation {
-            format!("rowmatmul_{}", shape.format.kernel)
-        } else {
-            format!("matmul_{}", shape.format.kernel)
-        };
+        // CPU adapters: the legacy formats' whole-block kernel, one token per workgroup
+        // for a generated token, a batch's worth otherwise.
+        let legacy_rows = self.row_per_invocation && shape.format.family == Family::Legacy;
+        let legacy_tokens = if n == 1 { 1 } else { MATMUL_TOKENS_QUANT };
         let parts = self.weight(w.data.as_slice(), w.ggml_type, shape.row_bytes, shape.rows)?;
+        let mut act_uniform = false;
         let (input, extra, per_group) = match act {
             Activation::Float => (x_buf, [x_off, 0u32], MATMUL_TOKENS_FLOAT),
             _ => {
@@ -530,7 +534,17 @@ impl GpuOps for State {
                     _ => (d_off, 0),
                 };
                 let words = (s_off + s_len).max(d_off + n_blocks) as u64;
-                let act_buf = self.scratch(Slot::Act, words * 4)?;
+                // The legacy row kernels read activations that fit a uniform binding from
+                // one (see matmul_legacy_rows.wgsl), which binds ACT_UNIFORM_BYTES.
+                act_uniform = legacy_rows
+                    && words * 4 <= ACT_UNIFORM_BYTES
+                    && self.gpu.limits.max_uniform_buffer_binding_size as u64 >= ACT_UNIFORM_BYTES;
+                let act_bytes = if act_uniform {
+                    ACT_UNIFORM_BYTES
+                } else {
+                    words * 4
+                };
+                let act_buf = self.scratch(Slot::Act, act_bytes)?;
                 let quantize = act
                     .quantize_kernel()
                     .ok_or("float activations are not quantized")?;
@@ -544,8 +558,29 @@ impl GpuOps for State {
                     ],
                     groups,
                 )?;
-                (act_buf, [d_off, s_off], MATMUL_TOKENS_QUANT)
+                let per_group = if legacy_rows {
+                    legacy_tokens
+                } else {
+                    MATMUL_TOKENS_QUANT
+                };
+                (act_buf, [d_off, s_off], per_group)
             }
+        };
+        let kernel = if legacy_rows {
+            legacy_rows_name(shape.format.kernel, legacy_tokens, act_uniform)
+        } else if self.row_per_invocation {
+            format!("rowmatmul_{}", shape.format.kernel)
+        } else {
+            format!("matmul_{}", shape.format.kernel)
+        };
+        let input_binding = if act_uniform {
+            wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: &input,
+                offset: 0,
+                size: std::num::NonZeroU64::new(ACT_UNIFORM_BYTES),
+            })
+        } else {
+            input.as_entire_binding()
         };
         let z = n.div_ceil(per_group);
         if z > self.gpu.limits.max_compute_workgroups_per_dimension {
@@ -580,7 +615,7 @@ impl GpuOps for State {
                 &params,
                 &[
                     (1, buf.as_entire_binding()),
-                    (2, input.as_entire_binding()),
+                    (2, input_binding.clone()),
                     (3, out_buf.as_entire_binding()),
                 ],
                 [gx, gy, z],
