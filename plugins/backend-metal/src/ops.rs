@@ -538,7 +538,7 @@ impl GpuOps for State {
                 // one (see matmul_legacy_rows.wgsl), which binds ACT_UNIFORM_BYTES.
                 act_uniform = legacy_rows
                     && words * 4 <= ACT_UNIFORM_BYTES
-                    && self.gpu.limits.max_uniform_buffer_binding_size as u64 >= ACT_UNIFORM_BYTES;
+                    && self.gpu.limits.max_uniform_buffer_binding_size >= ACT_UNIFORM_BYTES;
                 let act_bytes = if act_uniform {
                     ACT_UNIFORM_BYTES
                 } else {
