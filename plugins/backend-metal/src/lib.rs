@@ -37,13 +37,17 @@
 //! Reductions use workgroup memory; subgroup operations are not used (the CPU's summation
 //! order, which the kernels keep, is serial where it matters). Matmul comes in two shapes
 //! with the same bits: a workgroup per weight row (GPUs) and an invocation per row (CPU
-//! adapters, where barriers are costly).
+//! adapters, where barriers are costly). On CPU adapters the 32-element formats take a
+//! third template shaped for llvmpipe (`matmul_legacy_rows.wgsl`: whole-block word reads,
+//! one token per workgroup when decoding, activations from a uniform buffer, which
+//! llvmpipe reads once per SIMD vector where a storage buffer is read lane by lane).
 
 pub mod backend;
 pub mod device;
 pub mod kernels;
 pub mod ops;
 pub mod params;
+pub mod texels;
 
 /// The weight formats the GPU reads, shared with the other GPU plugin.
 pub use prima_gpu_support::formats;

@@ -19,10 +19,11 @@ use wgpu::util::DeviceExt;
 use crate::device::Gpu;
 use crate::formats::{Activation, Family, WeightShape};
 use crate::kernels::{
-    legacy_rows_name, ACT_UNIFORM_BYTES, ATT_MAX_HEAD_DIM, MATMUL_TOKENS_FLOAT,
-    MATMUL_TOKENS_QUANT, WG,
+    LegacyRows, ACT_UNIFORM_BYTES, ATT_MAX_HEAD_DIM, MATMUL_TOKENS_FLOAT, MATMUL_TOKENS_QUANT,
+    TEXEL_FORMATS, WG,
 };
 use crate::params::ParamArena;
+use crate::texels;
 use prima_gpu_support::backend::GpuOps;
 use prima_gpu_support::bufs::{apart, offset_u32, Buffers};
 use prima_gpu_support::checks::{
@@ -54,6 +55,9 @@ pub struct State {
     /// slices of a read-only mapping that outlives the backend's use of it.
     weights: HashMap<(usize, usize, u32), Vec<Part>>,
     pub weight_bytes: u64,
+    /// Q4_1 and Q8_0 matmul weights as textures for the legacy row kernels (CPU
+    /// adapters), by the same key: whole rows per texture, at most the texture height.
+    weight_texels: HashMap<(usize, usize, u32), Vec<(wgpu::TextureView, u32, u32)>>,
     /// Activation buffers, by id.
     bufs: Buffers<wgpu::Buffer>,
     scratch: HashMap<Slot, wgpu::Buffer>,
@@ -92,6 +96,7 @@ impl State {
             gpu,
             weights: HashMap::new(),
             weight_bytes: 0,
+            weight_texels: HashMap::new(),
             bufs: Buffers::default(),
             scratch: HashMap::new(),
             staging: None,
@@ -155,6 +160,68 @@ impl State {
             .iter()
             .map(|p| (p.buf.clone(), p.row0, p.rows))
             .collect())
+    }
+
+    /// The weight as textures of whole texel rows (crate::texels), uploaded on first use;
+    /// `None` where its rows are wider than a texture may be.
+    fn weight_texels(
+        &mut self,
+        bytes: &[u8],
+        ty: u32,
+        layout: texels::Layout,
+        blocks: u32,
+        rows: u32,
+    ) -> Option<Vec<(wgpu::TextureView, u32, u32)>> {
+        let key = (bytes.as_ptr() as usize, bytes.len(), ty);
+        let max = self.gpu.limits.max_texture_dimension_2d;
+        let width = layout.width(blocks as usize);
+        if width > max as usize || rows == 0 {
+            return None;
+        }
+        if !self.weight_texels.contains_key(&key) {
+            let row_bytes = bytes.len() / rows as usize;
+            let mut parts = Vec::new();
+            let mut row0 = 0u32;
+            while row0 < rows {
+                let n = max.min(rows - row0);
+                let from = row0 as usize * row_bytes;
+                let data = layout.repack(
+                    &bytes[from..from + n as usize * row_bytes],
+                    blocks as usize,
+                    n as usize,
+                );
+                let size = wgpu::Extent3d {
+                    width: width as u32,
+                    height: n,
+                    depth_or_array_layers: 1,
+                };
+                let texture = self.gpu.device.create_texture(&wgpu::TextureDescriptor {
+                    label: Some("weight texels"),
+                    size,
+                    mip_level_count: 1,
+                    sample_count: 1,
+                    dimension: wgpu::TextureDimension::D2,
+                    format: wgpu::TextureFormat::Rgba32Uint,
+                    usage: wgpu::TextureUsages::TEXTURE_BINDING | wgpu::TextureUsages::COPY_DST,
+                    view_formats: &[],
+                });
+                self.gpu.queue.write_texture(
+                    texture.as_image_copy(),
+                    &data,
+                    wgpu::TexelCopyBufferLayout {
+                        offset: 0,
+                        bytes_per_row: Some((width * texels::TEXEL) as u32),
+                        rows_per_image: Some(n),
+                    },
+                    size,
+                );
+                self.weight_bytes += data.len() as u64;
+                parts.push((texture.create_view(&Default::default()), row0, n));
+                row0 += n;
+            }
+            self.weight_texels.insert(key, parts);
+        }
+        Some(self.weight_texels[&key].clone())
     }
 
     /// The scratch buffer of `slot`, at least `bytes` long.
@@ -518,7 +585,33 @@ impl GpuOps for State {
         // for a generated token, a batch's worth otherwise.
         let legacy_rows = self.row_per_invocation && shape.format.family == Family::Legacy;
         let legacy_tokens = if n == 1 { 1 } else { MATMUL_TOKENS_QUANT };
-        let parts = self.weight(w.data.as_slice(), w.ggml_type, shape.row_bytes, shape.rows)?;
+        // Weight parts: a binding each (a buffer at 1 or a texture at 4), first row, rows.
+        let layout = texels::Layout::of(shape.format.ty)
+            .filter(|_| legacy_rows && TEXEL_FORMATS.contains(&shape.format.kernel));
+        let tex_parts = layout.and_then(|l| {
+            self.weight_texels(
+                w.data.as_slice(),
+                w.ggml_type,
+                l,
+                shape.cols / 32,
+                shape.rows,
+            )
+        });
+        let use_texels = tex_parts.is_some();
+        let buf_parts = match tex_parts {
+            Some(_) => Vec::new(),
+            None => self.weight(w.data.as_slice(), w.ggml_type, shape.row_bytes, shape.rows)?,
+        };
+        let parts: Vec<(u32, wgpu::BindingResource<'_>, u32, u32)> = match &tex_parts {
+            Some(t) => t
+                .iter()
+                .map(|(v, r0, n)| (4, wgpu::BindingResource::TextureView(v), *r0, *n))
+                .collect(),
+            None => buf_parts
+                .iter()
+                .map(|(b, r0, n)| (1, b.as_entire_binding(), *r0, *n))
+                .collect(),
+        };
         let mut act_uniform = false;
         let (input, extra, per_group) = match act {
             Activation::Float => (x_buf, [x_off, 0u32], MATMUL_TOKENS_FLOAT),
@@ -567,7 +660,12 @@ impl GpuOps for State {
             }
         };
         let kernel = if legacy_rows {
-            legacy_rows_name(shape.format.kernel, legacy_tokens, act_uniform)
+            LegacyRows {
+                tokens: legacy_tokens,
+                uniform: act_uniform,
+                texels: use_texels,
+            }
+            .name(shape.format.kernel)
         } else if self.row_per_invocation {
             format!("rowmatmul_{}", shape.format.kernel)
         } else {
@@ -588,7 +686,7 @@ impl GpuOps for State {
                 "{OP}: {n_tokens} tokens exceed the GPU's dispatch limits"
             ));
         }
-        for (buf, row0, rows) in &parts {
+        for (slot, weight, row0, rows) in &parts {
             let groups = if self.row_per_invocation {
                 rows.div_ceil(WG)
             } else {
@@ -614,7 +712,7 @@ impl GpuOps for State {
                 &kernel,
                 &params,
                 &[
-                    (1, buf.as_entire_binding()),
+                    (*slot, weight.clone()),
                     (2, input_binding.clone()),
                     (3, out_buf.as_entire_binding()),
                 ],

@@ -1,7 +1,8 @@
 // rowmatmul_tok{TOK}_{NAME}: the row-per-invocation matmul (matmul_quant_rows.wgsl) for the
 // 32-element formats, shaped for llvmpipe, which runs 8 invocations per SIMD vector and
 // loads storage buffers lane by lane (a bounds check and a branch each), even at addresses
-// that are the same in every lane: each weight word is loaded once (`blk_{NAME}`), the
+// that are the same in every lane: each weight word is loaded once (`blk_{NAME}`), or the
+// weight is a texture (`tex_{NAME}`, weights_texels.wgsl: 16-byte fetches), the
 // activations come from a uniform buffer when they fit one (`act_*`: loaded once for all
 // lanes), and nothing is an array indexed at run time (such arrays become scratch memory).
 // A workgroup takes {TOK} tokens, each with its own accumulator (the host writes those
@@ -57,7 +58,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let wr = row * P.row_bytes;
 {DECLARE}
     for (var blk = 0u; blk < nb; blk++) {
-        let k = blk_{NAME}(wr + blk * {BYTES}u);
+        let k = {BLOCK};
 {ACCUMULATE}
     }
 {STORE}
