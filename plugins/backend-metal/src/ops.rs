@@ -48,6 +48,9 @@ struct Part {
     rows: u32,
 }
 
+/// Whole rows of a weight as a texture (crate::texels): its view, first row, rows.
+type TexelPart = (wgpu::TextureView, u32, u32);
+
 /// Everything the backend keeps on the GPU.
 pub struct State {
     pub gpu: Gpu,
@@ -57,7 +60,7 @@ pub struct State {
     pub weight_bytes: u64,
     /// Q4_1 and Q8_0 matmul weights as textures for the legacy row kernels (CPU
     /// adapters), by the same key: whole rows per texture, at most the texture height.
-    weight_texels: HashMap<(usize, usize, u32), Vec<(wgpu::TextureView, u32, u32)>>,
+    weight_texels: HashMap<(usize, usize, u32), Vec<TexelPart>>,
     /// Activation buffers, by id.
     bufs: Buffers<wgpu::Buffer>,
     scratch: HashMap<Slot, wgpu::Buffer>,
@@ -171,7 +174,7 @@ impl State {
         layout: texels::Layout,
         blocks: u32,
         rows: u32,
-    ) -> Option<Vec<(wgpu::TextureView, u32, u32)>> {
+    ) -> Option<Vec<TexelPart>> {
         let key = (bytes.as_ptr() as usize, bytes.len(), ty);
         let max = self.gpu.limits.max_texture_dimension_2d;
         let width = layout.width(blocks as usize);
