@@ -74,6 +74,11 @@ pub struct State {
     binding_limit: u64,
     /// Bytes one weight part may hold: the binding limit, lower in tests.
     part_limit: u64,
+    /// The activations the `Act` scratch holds quantized: (x's buffer id, offset, length,
+    /// kind). Consecutive matmuls of the same x (q, k, v; gate, up) quantize it once; any
+    /// dispatch but a matmul's, an upload or a dropped buffer forgets it (a matmul never
+    /// writes its own x, and a new x replaces it).
+    quantized: Option<(u64, u64, u64, Activation)>,
     /// Matmul with one invocation per weight row (`rowmatmul_*`, for CPU adapters) rather
     /// than a workgroup per row (`matmul_*`, for GPUs). The same bits either way.
     pub row_per_invocation: bool,
@@ -106,6 +111,7 @@ impl State {
             kv: KvCaches::default(),
             pending: None,
             counts: TransferCounts::default(),
+            quantized: None,
             binding_limit,
             part_limit,
             row_per_invocation: gpu_is_cpu,
@@ -295,6 +301,12 @@ impl State {
         bufs: &[(u32, wgpu::BindingResource<'_>)],
         groups: [u32; 3],
     ) -> OpResult<()> {
+        if !kernel.starts_with("matmul_")
+            && !kernel.starts_with("rowmatmul_")
+            && !kernel.starts_with("quantize_")
+        {
+            self.quantized = None;
+        }
         let pipeline = self.gpu.pipeline(kernel)?;
         let uniform = self
             .params
@@ -453,6 +465,7 @@ impl GpuOps for State {
     }
 
     fn buf_drop(&mut self, id: u64) {
+        self.quantized = None;
         // Recorded commands keep their own reference until they have run.
         self.bufs.remove(id);
     }
@@ -461,6 +474,7 @@ impl GpuOps for State {
     /// next submission's commands: the right order then); else copied in the encoder from
     /// a buffer of its own, after the commands recorded so far.
     fn upload(&mut self, dst: Buf, src: &[f32]) -> OpResult<()> {
+        self.quantized = None;
         const OP: &str = "upload";
         expect_len(OP, "source length", src.len(), dst.len())?;
         let buf = self.bufs.get(OP, "destination", dst)?.clone();
@@ -644,16 +658,20 @@ impl GpuOps for State {
                 let quantize = act
                     .quantize_kernel()
                     .ok_or("float activations are not quantized")?;
-                let groups = self.grid_1d(n_blocks as u64)?;
-                self.dispatch(
-                    quantize,
-                    &[n_blocks, d_off, s_off, x_off],
-                    &[
-                        (1, x_buf.as_entire_binding()),
-                        (2, act_buf.as_entire_binding()),
-                    ],
-                    groups,
-                )?;
+                let key = Some((x.id, x.offset, x.len, act));
+                if self.quantized != key {
+                    let groups = self.grid_1d(n_blocks as u64)?;
+                    self.dispatch(
+                        quantize,
+                        &[n_blocks, d_off, s_off, x_off],
+                        &[
+                            (1, x_buf.as_entire_binding()),
+                            (2, act_buf.as_entire_binding()),
+                        ],
+                        groups,
+                    )?;
+                    self.quantized = key;
+                }
                 let per_group = if legacy_rows {
                     legacy_tokens
                 } else {
@@ -721,6 +739,12 @@ impl GpuOps for State {
                 ],
                 [gx, gy, z],
             )?;
+        }
+        // A float matmul leaves the quantized activations alone but may write over their x.
+        if let Some((id, offset, len, _)) = self.quantized {
+            if id == out.id && out.offset < offset + len && offset < out.offset + out.len {
+                self.quantized = None;
+            }
         }
         Ok(())
     }
