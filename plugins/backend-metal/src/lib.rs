@@ -13,6 +13,7 @@
 //! - [`ops`]: the host side of each operation: checks and recorded dispatches over
 //!   device-resident activation buffers; one submission and one wait per download.
 //! - [`params`]: the per-operation arguments of the recorded commands, a range each.
+//! - [`texels`]: Q4_1 and Q8_0 weights repacked as texture rows for CPU adapters.
 //! - [`backend`]: opening the backend and the plugin's exports. The ABI glue (every call
 //!   guarded against panics; GPU errors are collected in `ops`), the format table, argument
 //!   checks and KV-cache bookkeeping are `prima-gpu-support`'s, shared with the CUDA plugin.
@@ -37,13 +38,18 @@
 //! Reductions use workgroup memory; subgroup operations are not used (the CPU's summation
 //! order, which the kernels keep, is serial where it matters). Matmul comes in two shapes
 //! with the same bits: a workgroup per weight row (GPUs) and an invocation per row (CPU
-//! adapters, where barriers are costly).
+//! adapters, where barriers are costly). On CPU adapters the 32-element formats take a
+//! third template shaped for llvmpipe (`matmul_legacy_rows.wgsl`: whole-block word reads,
+//! one token per workgroup when decoding, activations from a uniform buffer, which
+//! llvmpipe reads once per SIMD vector where a storage buffer is read lane by lane), and
+//! Q4_1 and Q8_0 weights there are also kept as textures ([`texels`]: 16-byte fetches).
 
 pub mod backend;
 pub mod device;
 pub mod kernels;
 pub mod ops;
 pub mod params;
+pub mod texels;
 
 /// The weight formats the GPU reads, shared with the other GPU plugin.
 pub use prima_gpu_support::formats;

@@ -17,9 +17,13 @@ use prima_abi::backend::{
 use wgpu::util::DeviceExt;
 
 use crate::device::Gpu;
-use crate::formats::{Activation, WeightShape};
-use crate::kernels::{ATT_MAX_HEAD_DIM, MATMUL_TOKENS_FLOAT, MATMUL_TOKENS_QUANT, WG};
+use crate::formats::{Activation, Family, WeightShape};
+use crate::kernels::{
+    LegacyRows, ACT_UNIFORM_BYTES, ATT_MAX_HEAD_DIM, MATMUL_TOKENS_FLOAT, MATMUL_TOKENS_QUANT,
+    TEXEL_FORMATS, WG,
+};
 use crate::params::ParamArena;
+use crate::texels;
 use prima_gpu_support::backend::GpuOps;
 use prima_gpu_support::bufs::{apart, offset_u32, Buffers};
 use prima_gpu_support::checks::{
@@ -44,6 +48,9 @@ struct Part {
     rows: u32,
 }
 
+/// Whole rows of a weight as a texture (crate::texels): its view, first row, rows.
+type TexelPart = (wgpu::TextureView, u32, u32);
+
 /// Everything the backend keeps on the GPU.
 pub struct State {
     pub gpu: Gpu,
@@ -51,6 +58,9 @@ pub struct State {
     /// slices of a read-only mapping that outlives the backend's use of it.
     weights: HashMap<(usize, usize, u32), Vec<Part>>,
     pub weight_bytes: u64,
+    /// Q4_1 and Q8_0 matmul weights as textures for the legacy row kernels (CPU
+    /// adapters), by the same key: whole rows per texture, at most the texture height.
+    weight_texels: HashMap<(usize, usize, u32), Vec<TexelPart>>,
     /// Activation buffers, by id.
     bufs: Buffers<wgpu::Buffer>,
     scratch: HashMap<Slot, wgpu::Buffer>,
@@ -64,6 +74,11 @@ pub struct State {
     binding_limit: u64,
     /// Bytes one weight part may hold: the binding limit, lower in tests.
     part_limit: u64,
+    /// The activations the `Act` scratch holds quantized: (x's buffer id, offset, length,
+    /// kind). Consecutive matmuls of the same x (q, k, v; gate, up) quantize it once; any
+    /// dispatch but a matmul's, an upload or a dropped buffer forgets it (a matmul never
+    /// writes its own x, and a new x replaces it).
+    quantized: Option<(u64, u64, u64, Activation)>,
     /// Matmul with one invocation per weight row (`rowmatmul_*`, for CPU adapters) rather
     /// than a workgroup per row (`matmul_*`, for GPUs). The same bits either way.
     pub row_per_invocation: bool,
@@ -89,12 +104,14 @@ impl State {
             gpu,
             weights: HashMap::new(),
             weight_bytes: 0,
+            weight_texels: HashMap::new(),
             bufs: Buffers::default(),
             scratch: HashMap::new(),
             staging: None,
             kv: KvCaches::default(),
             pending: None,
             counts: TransferCounts::default(),
+            quantized: None,
             binding_limit,
             part_limit,
             row_per_invocation: gpu_is_cpu,
@@ -154,6 +171,68 @@ impl State {
             .collect())
     }
 
+    /// The weight as textures of whole texel rows (crate::texels), uploaded on first use;
+    /// `None` where its rows are wider than a texture may be.
+    fn weight_texels(
+        &mut self,
+        bytes: &[u8],
+        ty: u32,
+        layout: texels::Layout,
+        blocks: u32,
+        rows: u32,
+    ) -> Option<Vec<TexelPart>> {
+        let key = (bytes.as_ptr() as usize, bytes.len(), ty);
+        let max = self.gpu.limits.max_texture_dimension_2d;
+        let width = layout.width(blocks as usize);
+        if width > max as usize || rows == 0 {
+            return None;
+        }
+        if !self.weight_texels.contains_key(&key) {
+            let row_bytes = bytes.len() / rows as usize;
+            let mut parts = Vec::new();
+            let mut row0 = 0u32;
+            while row0 < rows {
+                let n = max.min(rows - row0);
+                let from = row0 as usize * row_bytes;
+                let data = layout.repack(
+                    &bytes[from..from + n as usize * row_bytes],
+                    blocks as usize,
+                    n as usize,
+                );
+                let size = wgpu::Extent3d {
+                    width: width as u32,
+                    height: n,
+                    depth_or_array_layers: 1,
+                };
+                let texture = self.gpu.device.create_texture(&wgpu::TextureDescriptor {
+                    label: Some("weight texels"),
+                    size,
+                    mip_level_count: 1,
+                    sample_count: 1,
+                    dimension: wgpu::TextureDimension::D2,
+                    format: wgpu::TextureFormat::Rgba32Uint,
+                    usage: wgpu::TextureUsages::TEXTURE_BINDING | wgpu::TextureUsages::COPY_DST,
+                    view_formats: &[],
+                });
+                self.gpu.queue.write_texture(
+                    texture.as_image_copy(),
+                    &data,
+                    wgpu::TexelCopyBufferLayout {
+                        offset: 0,
+                        bytes_per_row: Some((width * texels::TEXEL) as u32),
+                        rows_per_image: Some(n),
+                    },
+                    size,
+                );
+                self.weight_bytes += data.len() as u64;
+                parts.push((texture.create_view(&Default::default()), row0, n));
+                row0 += n;
+            }
+            self.weight_texels.insert(key, parts);
+        }
+        Some(self.weight_texels[&key].clone())
+    }
+
     /// The scratch buffer of `slot`, at least `bytes` long.
     fn scratch(&mut self, slot: Slot, bytes: u64) -> OpResult<wgpu::Buffer> {
         if let Some(b) = self.scratch.get(&slot) {
@@ -178,6 +257,7 @@ impl State {
             label: Some("scratch"),
             size,
             usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::UNIFORM
                 | wgpu::BufferUsages::COPY_DST
                 | wgpu::BufferUsages::COPY_SRC,
             mapped_at_creation: false,
@@ -221,6 +301,12 @@ impl State {
         bufs: &[(u32, wgpu::BindingResource<'_>)],
         groups: [u32; 3],
     ) -> OpResult<()> {
+        if !kernel.starts_with("matmul_")
+            && !kernel.starts_with("rowmatmul_")
+            && !kernel.starts_with("quantize_")
+        {
+            self.quantized = None;
+        }
         let pipeline = self.gpu.pipeline(kernel)?;
         let uniform = self
             .params
@@ -379,6 +465,7 @@ impl GpuOps for State {
     }
 
     fn buf_drop(&mut self, id: u64) {
+        self.quantized = None;
         // Recorded commands keep their own reference until they have run.
         self.bufs.remove(id);
     }
@@ -387,6 +474,7 @@ impl GpuOps for State {
     /// next submission's commands: the right order then); else copied in the encoder from
     /// a buffer of its own, after the commands recorded so far.
     fn upload(&mut self, dst: Buf, src: &[f32]) -> OpResult<()> {
+        self.quantized = None;
         const OP: &str = "upload";
         expect_len(OP, "source length", src.len(), dst.len())?;
         let buf = self.bufs.get(OP, "destination", dst)?.clone();
@@ -510,12 +598,38 @@ impl GpuOps for State {
         let (x_buf, x_off) = self.act(OP, "x", x)?;
         let (out_buf, out_off) = self.act(OP, "out", out)?;
         let act = shape.format.activation;
-        let kernel = if self.row_per_invocation {
-            format!("rowmatmul_{}", shape.format.kernel)
-        } else {
-            format!("matmul_{}", shape.format.kernel)
+        // CPU adapters: the legacy formats' whole-block kernel, one token per workgroup
+        // for a generated token, a batch's worth otherwise.
+        let legacy_rows = self.row_per_invocation && shape.format.family == Family::Legacy;
+        let legacy_tokens = if n == 1 { 1 } else { MATMUL_TOKENS_QUANT };
+        // Weight parts: a binding each (a buffer at 1 or a texture at 4), first row, rows.
+        let layout = texels::Layout::of(shape.format.ty)
+            .filter(|_| legacy_rows && TEXEL_FORMATS.contains(&shape.format.kernel));
+        let tex_parts = layout.and_then(|l| {
+            self.weight_texels(
+                w.data.as_slice(),
+                w.ggml_type,
+                l,
+                shape.cols / 32,
+                shape.rows,
+            )
+        });
+        let use_texels = tex_parts.is_some();
+        let buf_parts = match tex_parts {
+            Some(_) => Vec::new(),
+            None => self.weight(w.data.as_slice(), w.ggml_type, shape.row_bytes, shape.rows)?,
         };
-        let parts = self.weight(w.data.as_slice(), w.ggml_type, shape.row_bytes, shape.rows)?;
+        let parts: Vec<(u32, wgpu::BindingResource<'_>, u32, u32)> = match &tex_parts {
+            Some(t) => t
+                .iter()
+                .map(|(v, r0, n)| (4, wgpu::BindingResource::TextureView(v), *r0, *n))
+                .collect(),
+            None => buf_parts
+                .iter()
+                .map(|(b, r0, n)| (1, b.as_entire_binding(), *r0, *n))
+                .collect(),
+        };
+        let mut act_uniform = false;
         let (input, extra, per_group) = match act {
             Activation::Float => (x_buf, [x_off, 0u32], MATMUL_TOKENS_FLOAT),
             _ => {
@@ -530,22 +644,62 @@ impl GpuOps for State {
                     _ => (d_off, 0),
                 };
                 let words = (s_off + s_len).max(d_off + n_blocks) as u64;
-                let act_buf = self.scratch(Slot::Act, words * 4)?;
+                // The legacy row kernels read activations that fit a uniform binding from
+                // one (see matmul_legacy_rows.wgsl), which binds ACT_UNIFORM_BYTES.
+                act_uniform = legacy_rows
+                    && words * 4 <= ACT_UNIFORM_BYTES
+                    && self.gpu.limits.max_uniform_buffer_binding_size >= ACT_UNIFORM_BYTES;
+                let act_bytes = if act_uniform {
+                    ACT_UNIFORM_BYTES
+                } else {
+                    words * 4
+                };
+                let act_buf = self.scratch(Slot::Act, act_bytes)?;
                 let quantize = act
                     .quantize_kernel()
                     .ok_or("float activations are not quantized")?;
-                let groups = self.grid_1d(n_blocks as u64)?;
-                self.dispatch(
-                    quantize,
-                    &[n_blocks, d_off, s_off, x_off],
-                    &[
-                        (1, x_buf.as_entire_binding()),
-                        (2, act_buf.as_entire_binding()),
-                    ],
-                    groups,
-                )?;
-                (act_buf, [d_off, s_off], MATMUL_TOKENS_QUANT)
+                let key = Some((x.id, x.offset, x.len, act));
+                if self.quantized != key {
+                    let groups = self.grid_1d(n_blocks as u64)?;
+                    self.dispatch(
+                        quantize,
+                        &[n_blocks, d_off, s_off, x_off],
+                        &[
+                            (1, x_buf.as_entire_binding()),
+                            (2, act_buf.as_entire_binding()),
+                        ],
+                        groups,
+                    )?;
+                    self.quantized = key;
+                }
+                let per_group = if legacy_rows {
+                    legacy_tokens
+                } else {
+                    MATMUL_TOKENS_QUANT
+                };
+                (act_buf, [d_off, s_off], per_group)
             }
+        };
+        let kernel = if legacy_rows {
+            LegacyRows {
+                tokens: legacy_tokens,
+                uniform: act_uniform,
+                texels: use_texels,
+            }
+            .name(shape.format.kernel)
+        } else if self.row_per_invocation {
+            format!("rowmatmul_{}", shape.format.kernel)
+        } else {
+            format!("matmul_{}", shape.format.kernel)
+        };
+        let input_binding = if act_uniform {
+            wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: &input,
+                offset: 0,
+                size: std::num::NonZeroU64::new(ACT_UNIFORM_BYTES),
+            })
+        } else {
+            input.as_entire_binding()
         };
         let z = n.div_ceil(per_group);
         if z > self.gpu.limits.max_compute_workgroups_per_dimension {
@@ -553,7 +707,7 @@ impl GpuOps for State {
                 "{OP}: {n_tokens} tokens exceed the GPU's dispatch limits"
             ));
         }
-        for (buf, row0, rows) in &parts {
+        for (slot, weight, row0, rows) in &parts {
             let groups = if self.row_per_invocation {
                 rows.div_ceil(WG)
             } else {
@@ -579,12 +733,18 @@ impl GpuOps for State {
                 &kernel,
                 &params,
                 &[
-                    (1, buf.as_entire_binding()),
-                    (2, input.as_entire_binding()),
+                    (*slot, weight.clone()),
+                    (2, input_binding.clone()),
                     (3, out_buf.as_entire_binding()),
                 ],
                 [gx, gy, z],
             )?;
+        }
+        // A float matmul leaves the quantized activations alone but may write over their x.
+        if let Some((id, offset, len, _)) = self.quantized {
+            if id == out.id && out.offset < offset + len && offset < out.offset + out.len {
+                self.quantized = None;
+            }
         }
         Ok(())
     }

@@ -175,6 +175,45 @@ fn tiny_gemma3_end_to_end_matches_the_cpu() {
     );
 }
 
+/// The legacy formats' row kernels (CPU adapters) off the model's shapes: rows that start
+/// half-way into a word (3 blocks of 18, 22 or 34 bytes), and activations too large for
+/// the uniform binding (2560 columns × 24 tokens), which are read from storage instead.
+#[test]
+fn legacy_row_kernels_take_odd_rows_and_large_activations() {
+    let Some(t) = target() else { return };
+    let cpu_backend = suite::cpu();
+    let (gpu, cpu) = (OnHost(&t.backend), OnHost(&cpu_backend));
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    // The backend caches weights by address: each stays alive so none is reused.
+    let mut weights = Vec::new();
+    for ty in [
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::Q8_0,
+    ] {
+        for (cols, rows, n) in [(96usize, 13usize, 1usize), (96, 13, 5), (2560, 9, 24)] {
+            weights.push(random_weight(&mut rng, ty, cols, rows));
+            let w = weights.last().unwrap();
+            let x = randn(&mut rng, n * cols);
+            let (mut g, mut c) = (vec![0f32; n * rows], vec![0f32; n * rows]);
+            let wv = view(w, ty, cols, rows);
+            let xs = RSlice::from_slice(&x);
+            gpu.matmul(wv, xs, n as u32, RSliceMut::from_mut_slice(&mut g))
+                .unwrap();
+            cpu.matmul(wv, xs, n as u32, RSliceMut::from_mut_slice(&mut c))
+                .unwrap();
+            let d = max_abs_diff(&g, &c);
+            let first_bad = (0..g.len()).find(|&i| g[i] != c[i]);
+            assert!(
+                d <= t.tol(max_abs(&c)),
+                "{ty} {cols}x{rows} n={n}: differs by {d}, first at {first_bad:?}"
+            );
+        }
+    }
+}
+
 /// A weight too large for one binding is split into parts of whole rows, each with its own
 /// dispatch: forced here with a tiny binding limit. The same kernels run on each part, so
 /// the results are the unsplit backend's bit for bit.

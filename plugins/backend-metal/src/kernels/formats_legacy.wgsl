@@ -139,3 +139,128 @@ fn comb_q4_1(b: u32, ip: i32, mp: i32, da: f32, sa: f32) -> f32 {
 fn comb_q5_1(b: u32, ip: i32, mp: i32, da: f32, sa: f32) -> f32 {
     return (w_f16(b) * da) * f32(ip) + w_f16(b + 2u) * sa;
 }
+
+// Whole-block reads for the row kernels (matmul_legacy_rows.wgsl), which load each word of
+// a block once: `blk_<name>(b)` gives the block at byte b as 8 words of quants (elements
+// 4j … 4j + 3 in word j: `lo` words 0–3, `hi` words 4–7) and its scales as f32 (f16 → f32
+// is exact). Blocks are 2-byte aligned: Q4_1's 20 and Q5_1's 24 bytes keep rows' word
+// alignment, Q4_0's 18, Q5_0's 22 and Q8_0's 34 bytes start on a word or half-way into
+// one (`odd`), which the same words serve by a shift and a select.
+struct Block32 {
+    lo: vec4<u32>,
+    hi: vec4<u32>,
+    d: f32,
+    m: f32,
+}
+
+// The words at bytes 4i + 2 … of words x (4i …) and y (4i + 4 …).
+fn mid4(x: vec4<u32>, y: vec4<u32>) -> vec4<u32> {
+    return (x >> vec4<u32>(16u)) | (y << vec4<u32>(16u));
+}
+
+fn sub_bytes4(v: vec4<u32>, k: u32) -> vec4<u32> {
+    let top = vec4<u32>(0x80808080u);
+    return ((v | top) - vec4<u32>(k * 0x01010101u)) ^ top;
+}
+
+// The 5th bits of elements 4j … 4j + 3 (bits 4j … 4j + 3 of qh) at bit 4 of word j's bytes.
+fn spread4(qh: u32) -> vec4<u32> {
+    let h = vec4<u32>(qh, qh >> 4u, qh >> 8u, qh >> 12u);
+    let one = vec4<u32>(1u);
+    return ((h & one) << vec4<u32>(4u)) | ((h & vec4<u32>(2u)) << vec4<u32>(11u))
+        | ((h & vec4<u32>(4u)) << vec4<u32>(18u)) | ((h & vec4<u32>(8u)) << vec4<u32>(25u));
+}
+
+// The f16 at byte b of a 2-byte-aligned block whose first word is w0.
+fn head_f16(w0: u32, odd: bool) -> f32 {
+    return f16_to_f32(select(w0, w0 >> 16u, odd));
+}
+
+fn blk_q8_0(b: u32) -> Block32 {
+    let i = b >> 2u;
+    let odd = (b & 2u) != 0u;
+    let x0 = vec4<u32>(W[i], W[i + 1u], W[i + 2u], W[i + 3u]);
+    let x1 = vec4<u32>(W[i + 4u], W[i + 5u], W[i + 6u], W[i + 7u]);
+    let w8 = W[i + 8u];
+    let y0 = vec4<u32>(x0.yzw, x1.x);
+    let y1 = vec4<u32>(x1.yzw, w8);
+    var k: Block32;
+    k.d = head_f16(x0.x, odd);
+    k.lo = select(mid4(x0, y0), y0, odd);
+    k.hi = select(mid4(x1, y1), y1, odd);
+    return k;
+}
+
+fn blk_q4_0(b: u32) -> Block32 {
+    let i = b >> 2u;
+    let odd = (b & 2u) != 0u;
+    let x = vec4<u32>(W[i], W[i + 1u], W[i + 2u], W[i + 3u]);
+    let y = vec4<u32>(x.yzw, W[i + 4u]);
+    let v = select(mid4(x, y), y, odd);
+    var k: Block32;
+    k.d = head_f16(x.x, odd);
+    k.lo = sub_bytes4(v & vec4<u32>(0x0f0f0f0fu), 8u);
+    k.hi = sub_bytes4((v >> vec4<u32>(4u)) & vec4<u32>(0x0f0f0f0fu), 8u);
+    return k;
+}
+
+fn blk_q5_0(b: u32) -> Block32 {
+    let i = b >> 2u;
+    let odd = (b & 2u) != 0u;
+    let w0 = W[i];
+    let x = vec4<u32>(W[i + 1u], W[i + 2u], W[i + 3u], W[i + 4u]);
+    let y = vec4<u32>(x.yzw, W[i + 5u]);
+    let qh = select((w0 >> 16u) | (x.x << 16u), x.x, odd);
+    let v = select(mid4(x, y), y, odd);
+    var k: Block32;
+    k.d = head_f16(w0, odd);
+    k.lo = sub_bytes4((v & vec4<u32>(0x0f0f0f0fu)) | spread4(qh), 16u);
+    k.hi = sub_bytes4(((v >> vec4<u32>(4u)) & vec4<u32>(0x0f0f0f0fu)) | spread4(qh >> 16u), 16u);
+    return k;
+}
+
+fn blk_q4_1(b: u32) -> Block32 {
+    let i = b >> 2u;
+    let dm = W[i];
+    let v = vec4<u32>(W[i + 1u], W[i + 2u], W[i + 3u], W[i + 4u]);
+    var k: Block32;
+    k.d = f16_to_f32(dm);
+    k.m = f16_to_f32(dm >> 16u);
+    k.lo = v & vec4<u32>(0x0f0f0f0fu);
+    k.hi = (v >> vec4<u32>(4u)) & vec4<u32>(0x0f0f0f0fu);
+    return k;
+}
+
+fn blk_q5_1(b: u32) -> Block32 {
+    let i = b >> 2u;
+    let dm = W[i];
+    let qh = W[i + 1u];
+    let v = vec4<u32>(W[i + 2u], W[i + 3u], W[i + 4u], W[i + 5u]);
+    var k: Block32;
+    k.d = f16_to_f32(dm);
+    k.m = f16_to_f32(dm >> 16u);
+    k.lo = (v & vec4<u32>(0x0f0f0f0fu)) | spread4(qh);
+    k.hi = ((v >> vec4<u32>(4u)) & vec4<u32>(0x0f0f0f0fu)) | spread4(qh >> 16u);
+    return k;
+}
+
+// `bval_<name>`: `comb_<name>` on a whole-block read: the CPU's formula, the same operations.
+fn bval_q4_0(k: Block32, ip: i32, da: f32, sa: f32) -> f32 {
+    return (f32(ip) * k.d) * da;
+}
+
+fn bval_q5_0(k: Block32, ip: i32, da: f32, sa: f32) -> f32 {
+    return (f32(ip) * k.d) * da;
+}
+
+fn bval_q8_0(k: Block32, ip: i32, da: f32, sa: f32) -> f32 {
+    return f32(ip) * (k.d * da);
+}
+
+fn bval_q4_1(k: Block32, ip: i32, da: f32, sa: f32) -> f32 {
+    return (k.d * da) * f32(ip) + k.m * sa;
+}
+
+fn bval_q5_1(k: Block32, ip: i32, da: f32, sa: f32) -> f32 {
+    return (k.d * da) * f32(ip) + k.m * sa;
+}

@@ -49,6 +49,13 @@ pub fn source(name: &str, f64: bool) -> Option<String> {
             _ => include_str!("matmul_quant.wgsl"),
         };
         src.push_str(&fill(template, f));
+    } else if let Some((variant, kernel)) = legacy_rows_kernel(name) {
+        let f = format_of_kernel(kernel)?;
+        if f.family != Family::Legacy {
+            return None;
+        }
+        push_format(&mut src, f);
+        src.push_str(&fill_legacy_rows(f, variant));
     } else if let Some(kernel) = name.strip_prefix("rowmatmul_") {
         let f = format_of_kernel(kernel)?;
         push_format(&mut src, f);
@@ -108,6 +115,100 @@ fn fill(template: &str, f: &Format) -> String {
         .replace("{BYTES}", &f.block_bytes().to_string())
 }
 
+/// Tokens per workgroup of the legacy row kernels, `rowmatmul_tok{T}[_ubo]_<format>`: one
+/// for a generated token, [`MATMUL_TOKENS_QUANT`] for a batch.
+pub const LEGACY_ROWS_TOKENS: [u32; 2] = [1, MATMUL_TOKENS_QUANT];
+
+/// Bytes of activations the legacy row kernels' uniform-buffer variant (`_ubo`) binds:
+/// 64 KiB, lavapipe's largest uniform binding; the host checks the device's limit.
+pub const ACT_UNIFORM_BYTES: u64 = 65536;
+
+/// How a legacy row kernel reads its operands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LegacyRows {
+    /// Tokens per workgroup (one of [`LEGACY_ROWS_TOKENS`]).
+    pub tokens: u32,
+    /// Activations from a uniform buffer ([`ACT_UNIFORM_BYTES`] bound) or storage.
+    pub uniform: bool,
+    /// Weights from a texture (crate::texels) or their stored blocks.
+    pub texels: bool,
+}
+
+/// Formats the texture variant reads (crate::texels::Layout).
+pub const TEXEL_FORMATS: [&str; 2] = ["q4_1", "q8_0"];
+
+impl LegacyRows {
+    /// The pipeline name: `rowmatmul_tok{T}[_ubo][_tex]_<format>`.
+    pub fn name(&self, kernel: &str) -> String {
+        let ubo = if self.uniform { "_ubo" } else { "" };
+        let tex = if self.texels { "_tex" } else { "" };
+        format!("rowmatmul_tok{}{ubo}{tex}_{kernel}", self.tokens)
+    }
+}
+
+/// The variant and format of a legacy row kernel's name.
+fn legacy_rows_kernel(name: &str) -> Option<(LegacyRows, &str)> {
+    let (tok, rest) = name.strip_prefix("rowmatmul_tok")?.split_once('_')?;
+    let tokens: u32 = tok.parse().ok()?;
+    let (uniform, rest) = match rest.strip_prefix("ubo_") {
+        Some(r) => (true, r),
+        None => (false, rest),
+    };
+    let (texels, kernel) = match rest.strip_prefix("tex_") {
+        Some(k) => (true, k),
+        None => (false, rest),
+    };
+    if texels && !TEXEL_FORMATS.contains(&kernel) {
+        return None;
+    }
+    let v = LegacyRows {
+        tokens,
+        uniform,
+        texels,
+    };
+    LEGACY_ROWS_TOKENS.contains(&tokens).then_some((v, kernel))
+}
+
+/// matmul_legacy_rows.wgsl for `tok` tokens per workgroup: an accumulator, a token index
+/// (the last one repeated in a partial group), an add and a store for each.
+fn fill_legacy_rows(f: &Format, v: LegacyRows) -> String {
+    let tok = v.tokens;
+    let (mut declare, mut accumulate, mut store) = (String::new(), String::new(), String::new());
+    for t in 0..tok {
+        declare.push_str(&format!(
+            "    var acc{t} = 0.0;\n    let tok{t} = min(t0 + {t}u, last);\n"
+        ));
+        accumulate.push_str(&format!(
+            "        acc{t} = acc{t} + opaque(token_value(k, tok{t}, blk, nb));\n"
+        ));
+        store.push_str(&format!(
+            "    if (t0 + {t}u <= last) {{\n        OUT[P.out_off + tok{t} * P.out_stride + P.row0 + row] = acc{t};\n    }}\n"
+        ));
+    }
+    let act = if v.uniform {
+        include_str!("act_uniform.wgsl")
+            .replace("{ACT_VEC4S}", &(ACT_UNIFORM_BYTES / 16).to_string())
+    } else {
+        include_str!("act_storage.wgsl").to_string()
+    };
+    let block = if v.texels {
+        "tex_{NAME}(row, blk, nb)"
+    } else {
+        "blk_{NAME}(wr + blk * {BYTES}u)"
+    };
+    let mut src = String::new();
+    if v.texels {
+        src.push_str(include_str!("weights_texels.wgsl"));
+    }
+    src.push_str(&include_str!("matmul_legacy_rows.wgsl").replace("{BLOCK}", block));
+    fill(&src, f)
+        .replace("{TOK}", &tok.to_string())
+        .replace("{ACT}", act.trim_end())
+        .replace("{DECLARE}", declare.trim_end())
+        .replace("{ACCUMULATE}", accumulate.trim_end())
+        .replace("{STORE}", store.trim_end())
+}
+
 /// Every pipeline the backend can create (the tests compile them all).
 pub fn all_kernels() -> Vec<String> {
     let mut v: Vec<String> = crate::formats::FORMATS
@@ -116,9 +217,30 @@ pub fn all_kernels() -> Vec<String> {
             [
                 format!("get_rows_{}", f.kernel),
                 format!("matmul_{}", f.kernel),
+                format!("rowmatmul_{}", f.kernel),
             ]
         })
         .collect();
+    for f in crate::formats::FORMATS
+        .iter()
+        .filter(|f| f.family == Family::Legacy)
+    {
+        for tokens in LEGACY_ROWS_TOKENS {
+            for uniform in [false, true] {
+                for texels in [false, true] {
+                    if texels && !TEXEL_FORMATS.contains(&f.kernel) {
+                        continue;
+                    }
+                    let variant = LegacyRows {
+                        tokens,
+                        uniform,
+                        texels,
+                    };
+                    v.push(variant.name(f.kernel));
+                }
+            }
+        }
+    }
     for k in [
         "quantize_q8_0",
         "quantize_q8_1",
@@ -158,6 +280,13 @@ mod tests {
                     "{EXP_FN}",
                     "{KIND}",
                     "{BODY}",
+                    "{TOK}",
+                    "{DECLARE}",
+                    "{ACCUMULATE}",
+                    "{STORE}",
+                    "{ACT}",
+                    "{ACT_VEC4S}",
+                    "{BLOCK}",
                 ] {
                     assert!(!src.contains(hole), "{name}: {hole} left unfilled");
                 }
@@ -176,6 +305,9 @@ mod tests {
         }
         assert!(source("matmul_q8_k", false).is_none());
         assert!(source("nothing", false).is_none());
+        assert!(source("rowmatmul_tok1_q4_k", false).is_none());
+        assert!(source("rowmatmul_tok3_q4_1", false).is_none());
+        assert!(source("rowmatmul_tok1_tex_q4_0", false).is_none());
     }
 
     #[test]

@@ -1,0 +1,65 @@
+// rowmatmul_tok{TOK}_{NAME}: the row-per-invocation matmul (matmul_quant_rows.wgsl) for the
+// 32-element formats, shaped for llvmpipe, which runs 8 invocations per SIMD vector and
+// loads storage buffers lane by lane (a bounds check and a branch each), even at addresses
+// that are the same in every lane: each weight word is loaded once (`blk_{NAME}`), or the
+// weight is a texture (`tex_{NAME}`, weights_texels.wgsl: 16-byte fetches), the
+// activations come from a uniform buffer when they fit one (`act_*`: loaded once for all
+// lanes), and nothing is an array indexed at run time (such arrays become scratch memory).
+// A workgroup takes {TOK} tokens, each with its own accumulator (the host writes those
+// lines, {TOK} of each); a last partial group repeats its last token and stores it once.
+//
+// Bits: each block's value is the CPU's formula (`bval_{NAME}`); blocks are added in order,
+// each through `opaque` (see matmul_quant_rows.wgsl) so the compiler cannot reassociate.
+struct Params {
+    cols: u32,
+    rows: u32,
+    row_bytes: u32,
+    n_tokens: u32,
+    row0: u32,
+    out_stride: u32,
+    d_off: u32,
+    s_off: u32,
+    out_off: u32,
+    zero: u32,
+}
+
+@group(0) @binding(0) var<uniform> P: Params;
+@group(0) @binding(3) var<storage, read_write> OUT: array<f32>;
+{ACT}
+
+fn opaque(v: f32) -> f32 {
+    return bitcast<f32>(bitcast<u32>(v) | P.zero);
+}
+
+// Block `blk` of token `tok` against the weight block k: integer sum, then the CPU's formula.
+fn token_value(k: Block32, tok: u32, blk: u32, nb: u32) -> f32 {
+    let a = tok * (P.cols / 4u) + blk * 8u;
+    let lo = act_quants(a);
+    let hi = act_quants(a + 4u);
+    let ip = dot4I8Packed(k.lo.x, lo.x) + dot4I8Packed(k.lo.y, lo.y)
+        + dot4I8Packed(k.lo.z, lo.z) + dot4I8Packed(k.lo.w, lo.w)
+        + dot4I8Packed(k.hi.x, hi.x) + dot4I8Packed(k.hi.y, hi.y)
+        + dot4I8Packed(k.hi.z, hi.z) + dot4I8Packed(k.hi.w, hi.w);
+    let ab = tok * nb + blk;
+    return bval_{NAME}(k, ip, bitcast<f32>(act_word(P.d_off + ab)),
+        bitcast<f32>(act_word(P.s_off + ab)));
+}
+
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let row = (wid.y * nwg.x + wid.x) * 64u + lid;
+    if (row >= P.rows) {
+        return;
+    }
+    let t0 = wid.z * {TOK}u;
+    let last = P.n_tokens - 1u;
+    let nb = P.cols / 32u;
+    let wr = row * P.row_bytes;
+{DECLARE}
+    for (var blk = 0u; blk < nb; blk++) {
+        let k = {BLOCK};
+{ACCUMULATE}
+    }
+{STORE}
+}
