@@ -303,6 +303,22 @@ impl AloneShape {
     }
 }
 
+/// T of a device alone with the output layer, the head a hop that embeds and samples:
+/// the device computes each next step while the head samples (`prp/run_ahead.rs`), so
+/// its own work and the round trip overlap, T = max(own, trip). Its own work is at its
+/// CPU quota's sustained rate, not a turn's burst: it never idles to refill the quota.
+fn run_ahead_tpot(lda: &Lda, p: &Prediction, cpu_layers: u32, gpu_layers: u32) -> f64 {
+    let (Some(head), Some(dev)) = (p.devices.first(), p.devices.last()) else {
+        return p.total_s;
+    };
+    let d = &lda.devices[lda.devices.len() - 1];
+    let sustained =
+        cpu_layers as f64 * d.cpu_layer_s + d.out_compute_s + gpu_layers as f64 * d.gpu_layer_s;
+    let own = sustained.max(dev.cost.compute_s) + dev.cost.memory_s + dev.cost.disk_s;
+    let trip = p.breakdown.network_s + head.cost.compute_s + head.cost.memory_s + head.cost.disk_s;
+    own.max(trip)
+}
+
 /// The head alone, and each other device alone (GPU filled first) with the head as a
 /// hop; each with its predicted time per token.
 fn alone_shapes(
@@ -337,7 +353,10 @@ fn alone_shapes(
         let wf: Vec<f64> = w.iter().map(|&v| v as f64).collect();
         let nf: Vec<f64> = n.iter().map(|&v| v as f64).collect();
         let sets = lda.assign_sets(&wf, &nf, &vec![false; act.len()]);
-        let prediction = lda.predict(&w, &n);
+        let mut prediction = lda.predict(&w, &n);
+        if m > 0 && output_at == last {
+            prediction.total_s = run_ahead_tpot(&lda, &prediction, layers - n[last], n[last]);
+        }
         shapes.push(AloneShape {
             output: active[output_at],
             active,
