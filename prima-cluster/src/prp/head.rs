@@ -23,7 +23,8 @@ use super::counters::PassMeter;
 use super::expert_cache::{ExpertCache, ExpertCacheStats, ExpertHints, PREDICT_DEFAULT};
 use super::key::LinkSecurity;
 use super::link::{
-    decode_activations, expect_control, recv_control, recv_frame, send_control, send_frame,
+    decode_activations, expect_control, protocol_error, recv_control, recv_frame, send_control,
+    send_frame,
 };
 use super::micro_batch::MicroBatchTuner;
 use super::probe::{probe, LinkProbe};
@@ -782,16 +783,11 @@ impl Passes<'_> {
             }
             let hp = session.model().hparams();
             let (n_embd, n_vocab) = (hp.n_embd, hp.n_vocab);
-            let section =
-                read_payload(&h, payload, n_embd, session.hidden_mut()).map_err(|source| {
-                    RingError::Protocol {
-                        peer: peer.clone(),
-                        source,
-                    }
-                })?;
+            let section = read_payload(&h, payload, n_embd, session.hidden_mut())
+                .map_err(protocol_error(&peer))?;
             if round + 1 == self.rounds {
                 self.take_logits(section, logit_rows.len(), n_vocab)
-                    .map_err(|source| RingError::Protocol { peer, source })?;
+                    .map_err(protocol_error(&peer))?;
             }
             self.record(sent, wait_ms);
         }
@@ -1001,21 +997,12 @@ impl Passes<'_> {
             // Back to this batch: its positions were cut when it started, so starting
             // it again only sets the rows' positions and spans.
             session.begin_spans(&flying[at].spans)?;
-            let section =
-                read_payload(&h, payload, n_embd, session.hidden_mut()).map_err(|source| {
-                    RingError::Protocol {
-                        peer: peer.clone(),
-                        source,
-                    }
-                })?;
-            let f = &mut flying[at];
-            let next_round = f.sent.round + 1;
+            let section = read_payload(&h, payload, n_embd, session.hidden_mut())
+                .map_err(protocol_error(&peer))?;
+            let next_round = flying[at].sent.round + 1;
             if next_round < self.rounds {
-                let seq = f.sent.seq;
-                let rows = std::mem::take(&mut f.logit_rows);
-                let sent = self.send(session, seq, next_round, &rows);
-                flying[at].logit_rows = rows;
-                let sent = sent?;
+                let seq = flying[at].sent.seq;
+                let sent = self.send(session, seq, next_round, &flying[at].logit_rows)?;
                 let done = std::mem::replace(&mut flying[at].sent, sent);
                 self.record(done, wait_ms);
                 continue;
@@ -1027,7 +1014,7 @@ impl Passes<'_> {
             if self.remote_output.is_some() {
                 if !done.logit_rows.is_empty() {
                     self.take_logits(section, done.logit_rows.len(), n_vocab)
-                        .map_err(|source| RingError::Protocol { peer, source })?;
+                        .map_err(protocol_error(&peer))?;
                     session.put_entry_logits(done.first_entry_row, &self.logits)?;
                 }
             } else {

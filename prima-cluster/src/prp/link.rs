@@ -1,7 +1,9 @@
 //! Sending and receiving protocol messages over a link (a transport connection, sealed
 //! by [`super::secure`] when the cluster has a key).
 
-use super::protocol::{decode, encode_control, Activations, Control, Frame, SpanTable};
+use super::protocol::{
+    decode, encode_control, Activations, Control, Frame, ProtocolError, SpanTable,
+};
 use super::secure::Link;
 use super::RingError;
 
@@ -34,6 +36,14 @@ pub fn recv_control(conn: &Link, timeout_ms: u64) -> Result<Option<Control>, Rin
             peer: conn.peer().into_string(),
             source,
         }),
+    }
+}
+
+/// Names `peer` in a frame's protocol error (a `map_err` argument).
+pub fn protocol_error(peer: &str) -> impl Fn(ProtocolError) -> RingError + '_ {
+    move |source| RingError::Protocol {
+        peer: peer.to_string(),
+        source,
     }
 }
 

@@ -20,7 +20,8 @@ use super::budget::{report_budget, ring_device_budget, MemBudget};
 use super::counters::PassMeter;
 use super::expert_cache::{ExpertCache, ExpertHints, PREDICT_DEFAULT};
 use super::link::{
-    decode_activations, expect_control, recv_control, recv_frame, send_control, send_frame,
+    decode_activations, expect_control, protocol_error, recv_control, recv_frame, send_control,
+    send_frame,
 };
 use super::protocol::{
     append_logits, encode_activations_for, read_logit_rows, read_payload, Control, MemoryBaseline,
@@ -585,21 +586,13 @@ fn compute_loop(
                     header.seq
                 ),
             })?;
-        let protocol = |source| RingError::Protocol {
-            peer: peer.clone(),
-            source,
-        };
-        read_logit_rows(&header, payload, &mut logit_rows).map_err(protocol)?;
+        read_logit_rows(&header, payload, &mut logit_rows).map_err(protocol_error(&peer))?;
         // The step computed ahead, when this is it (its cache entries are in place).
         let guessed = match ahead.as_mut().filter(|a| a.has_guess()) {
             Some(a) => {
                 input.resize(n * n_embd, 0.0);
-                read_payload(&header, payload, n_embd, &mut input).map_err(|source| {
-                    RingError::Protocol {
-                        peer: peer.clone(),
-                        source,
-                    }
-                })?;
+                read_payload(&header, payload, n_embd, &mut input)
+                    .map_err(protocol_error(&peer))?;
                 a.take_if_guessed(&spans, &logit_rows, &input)
                     .and_then(|g| g.output)
             }
@@ -612,13 +605,8 @@ fn compute_loop(
             // round: the batch's positions were cut then, so this only sets the rows'
             // positions and spans again (another batch may have run in between).
             session.begin_spans(&spans)?;
-            passed_logits =
-                read_payload(&header, payload, n_embd, session.hidden_mut()).map_err(|source| {
-                    RingError::Protocol {
-                        peer: peer.clone(),
-                        source,
-                    }
-                })?;
+            passed_logits = read_payload(&header, payload, n_embd, session.hidden_mut())
+                .map_err(protocol_error(&peer))?;
         }
 
         let experts_before = experts.map(ExpertCache::stats).unwrap_or_default();

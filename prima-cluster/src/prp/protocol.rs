@@ -586,13 +586,10 @@ pub fn read_payload<'a>(
 /// (`top_k` 0, f32) or its `top_k` highest as (u32 id, f32 logit) pairs, highest first,
 /// ties to the lower id (as the sampler orders them).
 pub fn append_logits(out: &mut Vec<u8>, top_k: u32, n_vocab: usize, logits: &[f32]) {
+    // Asked for the whole vocabulary or more: every logit, said so.
+    let top_k = if top_k as usize >= n_vocab { 0 } else { top_k };
     out.extend_from_slice(&top_k.to_le_bytes());
-    if top_k == 0 || top_k as usize >= n_vocab {
-        if top_k != 0 {
-            // Asked for more than the vocabulary: every logit, said so.
-            let at = out.len() - 4;
-            out[at..].copy_from_slice(&0u32.to_le_bytes());
-        }
+    if top_k == 0 {
         for v in logits {
             out.extend_from_slice(&v.to_le_bytes());
         }

@@ -14,6 +14,7 @@
 
 use prima_core::batch::SeqSpan;
 use prima_core::model::{Model, ModelError, Session};
+use prima_core::sampler::argmax_logits;
 
 use super::counters::PassMeter;
 use super::residency::Residency;
@@ -172,20 +173,7 @@ fn next_tokens(
             return None;
         }
     }
-    Some(
-        logits
-            .chunks_exact(n_vocab)
-            .map(|row| {
-                let mut best = 0;
-                for (i, &v) in row.iter().enumerate() {
-                    if v > row[best] {
-                        best = i;
-                    }
-                }
-                best as u32
-            })
-            .collect(),
-    )
+    Some(logits.chunks_exact(n_vocab).map(argmax_logits).collect())
 }
 
 fn bits_equal(a: &[f32], b: &[f32]) -> bool {

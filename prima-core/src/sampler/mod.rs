@@ -282,7 +282,7 @@ fn argmax(mut cands: impl Iterator<Item = (u32, f32)>) -> u32 {
 /// unless it comes first), in vector-wide passes: the largest value in sixteen lanes, then
 /// the first index that holds it. The scalar loop waits on each compare (~47 µs for
 /// SmolLM2's 49 152 logits), once per request and token.
-fn argmax_logits(logits: &[f32]) -> u32 {
+pub fn argmax_logits(logits: &[f32]) -> u32 {
     const LANES: usize = 16;
     let first = *logits.first().expect("argmax of no candidates");
     if first.is_nan() {

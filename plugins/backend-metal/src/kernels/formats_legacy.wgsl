@@ -221,8 +221,12 @@ fn blk_q5_0(b: u32) -> Block32 {
 
 fn blk_q4_1(b: u32) -> Block32 {
     let i = b >> 2u;
-    let dm = W[i];
-    let v = vec4<u32>(W[i + 1u], W[i + 2u], W[i + 3u], W[i + 4u]);
+    return q4_1_block(W[i], vec4<u32>(W[i + 1u], W[i + 2u], W[i + 3u], W[i + 4u]));
+}
+
+// A Q4_1 block from its scale word (f16 d, f16 m) and its 16 bytes of nibbles, wherever
+// they were read from (the weight buffer, or a texture: weights_texels.wgsl).
+fn q4_1_block(dm: u32, v: vec4<u32>) -> Block32 {
     var k: Block32;
     k.d = f16_to_f32(dm);
     k.m = f16_to_f32(dm >> 16u);

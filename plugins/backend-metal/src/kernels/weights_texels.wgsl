@@ -12,14 +12,7 @@ fn tex_scale(row: u32, blk: u32, nb: u32, q: u32) -> u32 {
 }
 
 fn tex_q4_1(row: u32, blk: u32, nb: u32) -> Block32 {
-    let v = textureLoad(WT, vec2<u32>(blk, row), 0);
-    let dm = tex_scale(row, blk, nb, 1u);
-    var k: Block32;
-    k.d = f16_to_f32(dm);
-    k.m = f16_to_f32(dm >> 16u);
-    k.lo = v & vec4<u32>(0x0f0f0f0fu);
-    k.hi = (v >> vec4<u32>(4u)) & vec4<u32>(0x0f0f0f0fu);
-    return k;
+    return q4_1_block(tex_scale(row, blk, nb, 1u), textureLoad(WT, vec2<u32>(blk, row), 0));
 }
 
 fn tex_q8_0(row: u32, blk: u32, nb: u32) -> Block32 {
