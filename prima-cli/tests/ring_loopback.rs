@@ -351,6 +351,37 @@ fn idle_nodes_sleep() {
     assert!(used <= 10, "an idle node used {used} ticks of CPU in 2 s");
 }
 
+/// A node asks the GPU plugins about the hardware in a child process, so a GPU plugin it
+/// does not use (and the driver libraries its probe opened: libLLVM for lavapipe) is not
+/// mapped in it, where its pages would count against the node's memory.
+#[test]
+fn a_node_maps_no_gpu_plugin_it_does_not_use() {
+    let Some(path) = smollm2() else { return };
+    let node = NodeProcess::start(&path);
+    let maps = std::fs::read_to_string(format!("/proc/{}/maps", node.child.id())).unwrap();
+    let listing = Command::new(env!("CARGO_BIN_EXE_prima"))
+        .arg("plugins")
+        .output()
+        .unwrap();
+    let listing = String::from_utf8_lossy(&listing.stdout);
+    let mut mapped: Vec<&str> = maps
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .filter(|p| p.contains("libprima_backend_") && !p.contains("libprima_backend_cpu"))
+        .collect();
+    mapped.dedup();
+    for plugin in mapped {
+        let line = listing
+            .lines()
+            .find(|l| l.contains(plugin))
+            .unwrap_or_default();
+        assert!(
+            line.contains("— GPU,"),
+            "the node maps {plugin}, which is no usable GPU here:\n{listing}"
+        );
+    }
+}
+
 #[test]
 fn a_node_with_another_model_is_refused_by_name() {
     let Some(path) = smollm2() else { return };

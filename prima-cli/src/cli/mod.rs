@@ -82,7 +82,12 @@ enum Command {
 }
 
 pub fn main() -> ExitCode {
-    let args = chat::local_alias(pull::hf_alias(std::env::args_os()).collect());
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if let Some(code) = prima_core::plugin::answer_probe(&args) {
+        return ExitCode::from(code);
+    }
+    prima_core::plugin::probe_in_child_processes();
+    let args = chat::local_alias(pull::hf_alias(args.into_iter()).collect());
     let cli = Cli::parse_from(engine::ngl_alias(args.into_iter()));
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_env("PRIMA_LOG"))

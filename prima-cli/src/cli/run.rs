@@ -10,7 +10,7 @@ use anyhow::Context;
 use prima_abi::transport::TransportConfig;
 use prima_cluster::controller::{connect, given_layout, ring_options, LaunchSettings, RingPolicy};
 use prima_cluster::prp::alone::LocalSession;
-use prima_cluster::prp::protocol::{ReleaseMethod, ReleasePolicy, WireType};
+use prima_cluster::prp::protocol::{PassStats, ReleaseMethod, ReleasePolicy, WireType};
 use prima_cluster::prp::{DeviceStats, NextRoute, RingGpus, RingHead, RingOptions};
 use prima_core::generate::{
     generate, Forward, GenerateOptions, GenerationStats, RowLogits, StopReason,
@@ -750,5 +750,26 @@ pub(super) fn print_device_table(devices: &[DeviceStats], names: &[String]) {
             d.peak_memory_pressure * 100.0,
             expert_hit
         );
+    }
+    // Where the time to the first token went: the prompt's passes (batches of more than
+    // one token), summed per device.
+    let prompt: Vec<String> = devices
+        .iter()
+        .filter_map(|d| {
+            let passes: Vec<_> = d.passes.iter().filter(|p| p.n_tokens > 1).collect();
+            (!passes.is_empty()).then(|| {
+                let sum = |f: fn(&PassStats) -> f64| passes.iter().map(|p| f(p)).sum::<f64>();
+                format!(
+                    "{} compute {:.1} ms, wait {:.1} ms, send {:.1} ms",
+                    name(d.device),
+                    sum(|p| p.compute_ms),
+                    sum(|p| p.wait_ms),
+                    sum(|p| p.send_ms)
+                )
+            })
+        })
+        .collect();
+    if !prompt.is_empty() {
+        eprintln!("prompt passes: {}", prompt.join("; "));
     }
 }

@@ -29,9 +29,9 @@ use super::link::{
 use super::micro_batch::MicroBatchTuner;
 use super::probe::{probe, LinkProbe};
 use super::protocol::{
-    encode_activations_for, read_logits, read_payload, Activations, Control, MemoryBaseline,
-    ModelFingerprint, NextHop, OutputSetup, PassStats, ProtocolError, Ready, ReleaseMethod,
-    ReleasePolicy, Role, RoundWindow, Setup, WireType, PROTOCOL_VERSION,
+    encode_activations_for, encode_tokens, read_logits, read_payload, Activations, Control,
+    MemoryBaseline, ModelFingerprint, NextHop, OutputSetup, PassStats, ProtocolError, Ready,
+    ReleaseMethod, ReleasePolicy, Role, RoundWindow, Setup, WireType, PROTOCOL_VERSION,
 };
 use super::residency::Residency;
 use super::secure::{Link, LinkListener};
@@ -299,6 +299,9 @@ struct Passes<'m> {
     /// The last device runs the output layer and returns the logits of the rows the head
     /// lists (`None`: the head computes them from the hidden states).
     remote_output: Option<OutputSetup>,
+    /// The head runs no layer in round 0, so that round's frames carry the batch's token
+    /// ids ([`WireType::Tokens`]) and the next device embeds them.
+    tokens_first: bool,
     /// The logits the last device returned for the batch just back.
     logits: Vec<f32>,
     shared: Arc<Shared>,
@@ -387,6 +390,11 @@ impl<'m> RingHead<'m> {
                 nodes.len() + 1,
                 nodes.len()
             )));
+        }
+        if options.wire == WireType::Tokens {
+            return Err(RingError::Plan(
+                "hidden states travel as f32 or f16; token ids are a frame's kind, not a ring's wire type".into(),
+            ));
         }
         let n_layers = model.hparams().n_layers;
         let n_gpu: Vec<usize> = (0..windows.len())
@@ -509,6 +517,9 @@ impl<'m> RingHead<'m> {
             .output
             .filter(|_| !head_windows.iter().any(|w| w.layers.end == n_layers));
         let held: Vec<usize> = head_windows.iter().flat_map(|w| w.layers.clone()).collect();
+        let tokens_first = !head_windows
+            .iter()
+            .any(|w| w.round == 0 && !w.layers.is_empty());
         let head_gpu = gpu_of_device(0);
         let on_gpu = match gpus.head {
             Some(_) => gpu_layers_of(head_windows.iter().map(|w| &w.layers), |i| head_gpu[i]),
@@ -660,6 +671,7 @@ impl<'m> RingHead<'m> {
                 rounds,
                 wire: options.wire,
                 remote_output,
+                tokens_first,
                 logits: Vec::new(),
                 shared,
                 arrivals: Arrivals::Direct,
@@ -767,10 +779,15 @@ impl Passes<'_> {
     /// Every round of the batch in flight in `session` round the ring, one after
     /// another; the last device returns the logits of `logit_rows` into `self.logits`
     /// when it runs the output layer.
-    fn batch(&mut self, session: &mut Session<'_>, logit_rows: &[u32]) -> Result<(), RingError> {
+    fn batch(
+        &mut self,
+        session: &mut Session<'_>,
+        logit_rows: &[u32],
+        tokens: &[u32],
+    ) -> Result<(), RingError> {
         let seq = self.next_seq();
         for round in 0..self.rounds {
-            let sent = self.send(session, seq, round, logit_rows)?;
+            let sent = self.send(session, seq, round, logit_rows, Some(tokens))?;
             let (frame, wait_ms) = self.receive()?;
             let peer = self.shared.data_in.peer().into_string();
             let (h, _, payload) = decode_activations(&frame, &peer)?;
@@ -815,13 +832,15 @@ impl Passes<'_> {
     }
 
     /// Runs the head's windows of `round` over the batch in flight in `session` and
-    /// sends it on as batch `seq`.
+    /// sends it on as batch `seq`: in round 0 as its `tokens` when the head runs no layer
+    /// then (`tokens` are the batch's; `None` past round 0).
     fn send(
         &mut self,
         session: &mut Session<'_>,
         seq: u64,
         round: usize,
         logit_rows: &[u32],
+        tokens: Option<&[u32]>,
     ) -> Result<Sent, RingError> {
         let model = session.model();
         let n_tokens: usize = session.batch_spans().iter().map(|s| s.len).sum();
@@ -850,7 +869,10 @@ impl Passes<'_> {
         } else {
             &[]
         };
-        encode_activations_for(&mut self.frame, &header, spans, rows, hidden);
+        match tokens.filter(|_| round == 0 && self.tokens_first) {
+            Some(tokens) => encode_tokens(&mut self.frame, &header, spans, rows, tokens),
+            None => encode_activations_for(&mut self.frame, &header, spans, rows, hidden),
+        }
         if let Err(e) = send_frame(&self.shared.data_out, &self.frame) {
             return Err(self.broken(e));
         }
@@ -1002,7 +1024,7 @@ impl Passes<'_> {
             let next_round = flying[at].sent.round + 1;
             if next_round < self.rounds {
                 let seq = flying[at].sent.seq;
-                let sent = self.send(session, seq, next_round, &flying[at].logit_rows)?;
+                let sent = self.send(session, seq, next_round, &flying[at].logit_rows, None)?;
                 let done = std::mem::replace(&mut flying[at].sent, sent);
                 self.record(done, wait_ms);
                 continue;
@@ -1051,7 +1073,7 @@ impl Passes<'_> {
             None => (0, Vec::new()),
         };
         let seq = self.next_seq();
-        let sent = self.send(session, seq, 0, &logit_rows)?;
+        let sent = self.send(session, seq, 0, &logit_rows, Some(tokens))?;
         Ok(Flying {
             group,
             batch: 0,
@@ -1117,7 +1139,7 @@ impl Forward for RingHead<'_> {
             // Only the last row of the last chunk has its logits taken.
             let last_row = [last_len as u32 - 1];
             let rows: &[u32] = if i + 1 == n_chunks { &last_row } else { &[] };
-            self.ring.batch(&mut self.session, rows)?;
+            self.ring.batch(&mut self.session, rows, chunk)?;
             self.session.finish_batch();
         }
         if self.ring.remote_output.is_some() {

@@ -24,11 +24,12 @@ use super::link::{
     send_frame,
 };
 use super::protocol::{
-    append_logits, encode_activations_for, read_logit_rows, read_payload, Control, MemoryBaseline,
-    ModelFingerprint, NextHop, PassStats, Ready, Role, Setup, PROTOCOL_VERSION,
+    append_logits, encode_activations_for, read_logit_rows, read_payload, read_tokens, Activations,
+    Control, MemoryBaseline, ModelFingerprint, NextHop, PassStats, ProtocolError, Ready, Role,
+    Setup, WireType, PROTOCOL_VERSION,
 };
 use super::residency::{Residency, WindowRun};
-use super::run_ahead::RunAhead;
+use super::run_ahead::{RunAhead, StepInput};
 use super::secure::{Link, LinkListener};
 use super::RingError;
 
@@ -224,6 +225,9 @@ pub fn check_setup(
                 w.layers, w.round, setup.rounds
             ));
         }
+    }
+    if setup.wire == WireType::Tokens {
+        return Err("hidden states travel as f32 or f16; token ids are a frame's kind, not a ring's wire type".into());
     }
     if setup.n_batch == 0 || setup.n_ctx == 0 || setup.n_slots == 0 {
         return Err("n_ctx, n_batch and n_slots must be positive".into());
@@ -548,6 +552,14 @@ fn compute_loop(
         && setup.windows.len() == 1
         && setup.windows[0].layers == (0..model.hparams().n_layers);
     let mut ahead = (whole_model && output_round.is_some()).then(RunAhead::default);
+    // Token ids come only into round 0, and only where this node's round-0 window, if
+    // it has one, starts at the first layer (the head ran none).
+    let takes_tokens = setup
+        .windows
+        .iter()
+        .filter(|w| w.round == 0)
+        .all(|w| w.layers.start == 0);
+    let mut tokens = Vec::new();
     let mut input = Vec::new();
     let mut out = Vec::new();
     let mut spans = Vec::new();
@@ -587,13 +599,30 @@ fn compute_loop(
                 ),
             })?;
         read_logit_rows(&header, payload, &mut logit_rows).map_err(protocol_error(&peer))?;
+        let tokens_in = header.wire == WireType::Tokens;
+        if tokens_in {
+            if round != 0 || !takes_tokens {
+                return Err(protocol_error(&peer)(ProtocolError::TokensUnexpected));
+            }
+            read_tokens(&header, payload, n_vocab, &mut tokens).map_err(protocol_error(&peer))?;
+        }
+        // What this node sends on: hidden states, in the ring's wire type.
+        let out_header = Activations {
+            wire: if tokens_in { setup.wire } else { header.wire },
+            ..header
+        };
         // The step computed ahead, when this is it (its cache entries are in place).
         let guessed = match ahead.as_mut().filter(|a| a.has_guess()) {
             Some(a) => {
-                input.resize(n * n_embd, 0.0);
-                read_payload(&header, payload, n_embd, &mut input)
-                    .map_err(protocol_error(&peer))?;
-                a.take_if_guessed(&spans, &logit_rows, &input)
+                let step = if tokens_in {
+                    StepInput::Tokens(&tokens)
+                } else {
+                    input.resize(n * n_embd, 0.0);
+                    read_payload(&header, payload, n_embd, &mut input)
+                        .map_err(protocol_error(&peer))?;
+                    StepInput::Hidden(&input)
+                };
+                a.take_if_guessed(&spans, &logit_rows, step)
                     .and_then(|g| g.output)
             }
             None => None,
@@ -605,8 +634,12 @@ fn compute_loop(
             // round: the batch's positions were cut then, so this only sets the rows'
             // positions and spans again (another batch may have run in between).
             session.begin_spans(&spans)?;
-            passed_logits = read_payload(&header, payload, n_embd, session.hidden_mut())
-                .map_err(protocol_error(&peer))?;
+            if tokens_in {
+                session.embed(&tokens)?;
+            } else {
+                passed_logits = read_payload(&header, payload, n_embd, session.hidden_mut())
+                    .map_err(protocol_error(&peer))?;
+            }
         }
 
         let experts_before = experts.map(ExpertCache::stats).unwrap_or_default();
@@ -663,7 +696,7 @@ fn compute_loop(
             Some(g) => (&spans[..], &g.hidden[..]),
             None => session.outgoing()?,
         };
-        encode_activations_for(&mut out, &header, sent_spans, &logit_rows, hidden);
+        encode_activations_for(&mut out, &out_header, sent_spans, &logit_rows, hidden);
         let sent_logits = guessed.as_ref().map_or(&logits, |g| &g.logits);
         match top_k {
             Some(top_k) => append_logits(&mut out, top_k, n_vocab, sent_logits),

@@ -25,7 +25,9 @@ use prima_core::gguf::GgufFile;
 /// 6: the output layer may run on the device that runs the last layer ([`Setup::output`]):
 ///    a frame lists the rows whose logits the head wants, and that device's last frame
 ///    of a batch carries their logits after the hidden states.
-pub const PROTOCOL_VERSION: u32 = 6;
+/// 7: a head that runs no layer in round 0 sends that round's frames as token ids
+///    ([`WireType::Tokens`]); the next device embeds them.
+pub const PROTOCOL_VERSION: u32 = 7;
 
 const KIND_CONTROL: u8 = b'C';
 const KIND_ACTIVATIONS: u8 = b'A';
@@ -46,6 +48,8 @@ pub enum ProtocolError {
     ShortHeader { len: usize },
     #[error("activation frame: unknown wire type {0}")]
     BadWireType(u8),
+    #[error("activation frame: token ids where hidden states were due (only the first device after a head that runs no layer gets tokens)")]
+    TokensUnexpected,
     #[error("activation frame: {0}")]
     BadSpans(String),
     #[error("activation frame holds {found} bytes of data, {expected} expected for {n_tokens} tokens × {n_embd}")]
@@ -97,6 +101,12 @@ pub enum WireType {
     F32,
     /// Half the bytes per hop; rounds the residual stream at every hop.
     F16,
+    /// Not hidden states but the batch's token ids, 4 bytes a row: the head's round-0
+    /// frame when it runs no layer in that round, so a prompt crosses the first link as
+    /// its tokens (a 15-token prompt of a 2048-wide model: 60 bytes, not 123 KB, which a
+    /// fresh TCP connection needs several round trips to carry). The device that gets it
+    /// embeds the tokens itself. A frame's kind, never a ring's setting.
+    Tokens,
 }
 
 impl WireType {
@@ -104,6 +114,7 @@ impl WireType {
         match self {
             WireType::F32 => 0,
             WireType::F16 => 1,
+            WireType::Tokens => 2,
         }
     }
 
@@ -111,13 +122,15 @@ impl WireType {
         match id {
             0 => Ok(WireType::F32),
             1 => Ok(WireType::F16),
+            2 => Ok(WireType::Tokens),
             other => Err(ProtocolError::BadWireType(other)),
         }
     }
 
+    /// Bytes per value of a hidden state (per row for [`WireType::Tokens`]).
     fn bytes(self) -> usize {
         match self {
-            WireType::F32 => 4,
+            WireType::F32 | WireType::Tokens => 4,
             WireType::F16 => 2,
         }
     }
@@ -415,10 +428,54 @@ pub fn encode_activations_for(
     rows: &[u32],
     x: &[f32],
 ) {
+    encode_head(out, header, spans, rows, x.len() * header.wire.bytes());
+    match header.wire {
+        WireType::F32 => {
+            for v in x {
+                out.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+        WireType::F16 => {
+            for v in x {
+                out.extend_from_slice(&half::f16::from_f32(*v).to_le_bytes());
+            }
+        }
+        // Hidden states are never sent as tokens: the caller sends tokens with
+        // `encode_tokens`.
+        WireType::Tokens => {}
+    }
+}
+
+/// Writes an activation frame that carries the batch's token ids (`tokens`, one per row)
+/// instead of hidden states ([`WireType::Tokens`]) into `out`, replacing its content.
+pub fn encode_tokens(
+    out: &mut Vec<u8>,
+    header: &Activations,
+    spans: &[SeqSpan],
+    rows: &[u32],
+    tokens: &[u32],
+) {
+    let header = Activations {
+        wire: WireType::Tokens,
+        ..*header
+    };
+    encode_head(out, &header, spans, rows, tokens.len() * 4);
+    for t in tokens {
+        out.extend_from_slice(&t.to_le_bytes());
+    }
+}
+
+/// The header, spans and logit-row table of an activation frame into `out` (cleared),
+/// with room for `payload` more bytes.
+fn encode_head(
+    out: &mut Vec<u8>,
+    header: &Activations,
+    spans: &[SeqSpan],
+    rows: &[u32],
+    payload: usize,
+) {
     out.clear();
-    out.reserve(
-        HEADER_BYTES + spans.len() * SPAN_BYTES + rows.len() * 4 + x.len() * header.wire.bytes(),
-    );
+    out.reserve(HEADER_BYTES + spans.len() * SPAN_BYTES + rows.len() * 4 + payload);
     out.push(KIND_ACTIVATIONS);
     out.push(header.wire.id());
     out.extend_from_slice(&header.round.to_le_bytes());
@@ -433,18 +490,6 @@ pub fn encode_activations_for(
     }
     for r in rows {
         out.extend_from_slice(&r.to_le_bytes());
-    }
-    match header.wire {
-        WireType::F32 => {
-            for v in x {
-                out.extend_from_slice(&v.to_le_bytes());
-            }
-        }
-        WireType::F16 => {
-            for v in x {
-                out.extend_from_slice(&half::f16::from_f32(*v).to_le_bytes());
-            }
-        }
     }
 }
 
@@ -554,6 +599,9 @@ pub fn read_payload<'a>(
     n_embd: usize,
     out: &mut [f32],
 ) -> Result<&'a [u8], ProtocolError> {
+    if header.wire == WireType::Tokens {
+        return Err(ProtocolError::TokensUnexpected);
+    }
     let payload = &payload[rows_table(header, payload)?.len()..];
     let values = header.n_tokens as usize * n_embd;
     let expected = values * header.wire.bytes();
@@ -577,8 +625,42 @@ pub fn read_payload<'a>(
                 *o = half::f16::from_le_bytes([b[0], b[1]]).to_f32();
             }
         }
+        WireType::Tokens => {}
     }
     Ok(logits)
+}
+
+/// The token ids of a [`WireType::Tokens`] frame into `out` (replacing its content), each
+/// checked against the vocabulary; returns what follows them (empty: only the head sends
+/// tokens, and only into the ring).
+pub fn read_tokens<'a>(
+    header: &Activations,
+    payload: &'a [u8],
+    n_vocab: usize,
+    out: &mut Vec<u32>,
+) -> Result<&'a [u8], ProtocolError> {
+    let payload = &payload[rows_table(header, payload)?.len()..];
+    let n = header.n_tokens as usize;
+    if payload.len() < n * 4 {
+        return Err(ProtocolError::BadLength {
+            found: payload.len(),
+            expected: n * 4,
+            n_tokens: header.n_tokens,
+            n_embd: 1,
+        });
+    }
+    let (ids, rest) = payload.split_at(n * 4);
+    out.clear();
+    for b in ids.chunks_exact(4) {
+        let id = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        if id as usize >= n_vocab {
+            return Err(ProtocolError::BadSpans(format!(
+                "token {id} past the vocabulary of {n_vocab}"
+            )));
+        }
+        out.push(id);
+    }
+    Ok(rest)
 }
 
 /// Appends the logits of a frame's listed rows (`logits`: one row of `n_vocab` after
@@ -707,6 +789,44 @@ mod tests {
             let err = read_payload(&h, &payload[1..], 4, &mut out).unwrap_err();
             assert!(err.to_string().contains("3 tokens × 4"), "{err}");
         }
+    }
+
+    #[test]
+    fn a_token_frame_round_trips_and_is_refused_where_hidden_states_are_due() {
+        let header = Activations {
+            seq: 1,
+            n_tokens: 3,
+            round: 0,
+            wire: WireType::F16,
+            logit_rows: 1,
+        };
+        let spans = [SeqSpan {
+            slot: 0,
+            start: 4,
+            len: 3,
+        }];
+        let mut buf = Vec::new();
+        encode_tokens(&mut buf, &header, &spans, &[2], &[7, 0, 99]);
+        assert_eq!(buf.len(), HEADER_BYTES + SPAN_BYTES + 4 + 3 * 4);
+        let Frame::Activations(h, _, payload) = decode(&buf).unwrap() else {
+            panic!("not an activation frame");
+        };
+        assert_eq!(h.wire, WireType::Tokens);
+        let mut tokens = Vec::new();
+        assert!(read_tokens(&h, payload, 100, &mut tokens)
+            .unwrap()
+            .is_empty());
+        assert_eq!(tokens, [7, 0, 99]);
+        let err = read_tokens(&h, payload, 99, &mut tokens).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("token 99 past the vocabulary of 99"),
+            "{err}"
+        );
+        let err = read_tokens(&h, &payload[..payload.len() - 1], 100, &mut tokens).unwrap_err();
+        assert!(matches!(err, ProtocolError::BadLength { .. }), "{err}");
+        let err = read_payload(&h, payload, 2, &mut [0.0; 6]).unwrap_err();
+        assert!(matches!(err, ProtocolError::TokensUnexpected), "{err}");
     }
 
     #[test]

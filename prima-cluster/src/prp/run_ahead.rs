@@ -19,13 +19,21 @@ use prima_core::sampler::argmax_logits;
 use super::counters::PassMeter;
 use super::residency::Residency;
 
-/// A step computed ahead: its spans, its input rows (the guessed tokens' embeddings), and
-/// what the device would send for it.
+/// A step computed ahead: its spans, its input (the guessed tokens and their embeddings),
+/// and what the device would send for it.
 pub struct Guess {
     pub spans: Vec<SeqSpan>,
+    tokens: Vec<u32>,
     input: Vec<f32>,
     /// Present when the step was computed: the hidden states and the logits of every row.
     pub output: Option<GuessOutput>,
+}
+
+/// The input of a step that came: the previous device's hidden states, or the head's token
+/// ids (`protocol::WireType::Tokens`).
+pub enum StepInput<'a> {
+    Hidden(&'a [f32]),
+    Tokens(&'a [u32]),
 }
 
 pub struct GuessOutput {
@@ -123,26 +131,28 @@ impl RunAhead {
         };
         self.guess = Some(Guess {
             spans: next,
+            tokens,
             input,
             output,
         });
         Ok(())
     }
 
-    /// The guess, when the step that came (`spans`, logits wanted of `rows`, input rows
-    /// `input`) is the one guessed; scores the guess either way.
+    /// The guess, when the step that came (`spans`, logits wanted of `rows`, its input)
+    /// is the one guessed; scores the guess either way.
     pub fn take_if_guessed(
         &mut self,
         spans: &[SeqSpan],
         rows: &[u32],
-        input: &[f32],
+        input: StepInput<'_>,
     ) -> Option<Guess> {
         let guess = self.guess.take()?;
         let every_row: bool = rows.iter().enumerate().all(|(i, &r)| r as usize == i);
-        let hit = guess.spans == spans
-            && rows.len() == spans.len()
-            && every_row
-            && bits_equal(&guess.input, input);
+        let same_input = match input {
+            StepInput::Hidden(x) => bits_equal(&guess.input, x),
+            StepInput::Tokens(t) => guess.tokens == t,
+        };
+        let hit = guess.spans == spans && rows.len() == spans.len() && every_row && same_input;
         self.score = if hit {
             (self.score + 1).min(Self::MAX)
         } else {
@@ -206,12 +216,25 @@ mod tests {
         let guess = |ahead: &mut RunAhead| {
             ahead.guess = Some(Guess {
                 spans: spans.clone(),
+                tokens: vec![7],
                 input: vec![1.0, -0.0],
                 output: None,
             });
         };
         guess(&mut ahead);
-        assert!(ahead.take_if_guessed(&spans, &[0], &[1.0, -0.0]).is_some());
+        assert!(ahead
+            .take_if_guessed(&spans, &[0], StepInput::Hidden(&[1.0, -0.0]))
+            .is_some());
+        // The same step as the head's tokens; another token.
+        guess(&mut ahead);
+        assert!(ahead
+            .take_if_guessed(&spans, &[0], StepInput::Tokens(&[7]))
+            .is_some());
+        guess(&mut ahead);
+        assert!(ahead
+            .take_if_guessed(&spans, &[0], StepInput::Tokens(&[8]))
+            .is_none());
+        ahead.score = RunAhead::START;
         // Another token (here: the sign of a zero), other spans, no logits asked.
         for (s, rows, input) in [
             (spans.clone(), vec![0u32], vec![1.0f32, 0.0]),
@@ -219,14 +242,18 @@ mod tests {
             (spans.clone(), vec![], vec![1.0, -0.0]),
         ] {
             guess(&mut ahead);
-            assert!(ahead.take_if_guessed(&s, &rows, &input).is_none());
+            assert!(ahead
+                .take_if_guessed(&s, &rows, StepInput::Hidden(&input))
+                .is_none());
         }
         assert!(
             ahead.score < RunAhead::COMPUTE_AT,
             "three misses stop the computing"
         );
         assert!(
-            ahead.take_if_guessed(&spans, &[0], &[1.0, -0.0]).is_none(),
+            ahead
+                .take_if_guessed(&spans, &[0], StepInput::Hidden(&[1.0, -0.0]))
+                .is_none(),
             "no guess left"
         );
     }

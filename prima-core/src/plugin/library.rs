@@ -88,12 +88,71 @@ pub fn discover() -> Vec<PluginInfo> {
     discover_in(&plugin_dirs())
 }
 
-/// Lists every plugin library in `dirs`, with what it declares.
+/// Lists every plugin library in `dirs`, with what it declares and what each backend says
+/// of this machine's hardware: asked in a child process when the program answers
+/// [`PROBE_ARG`](super::probe::PROBE_ARG) (`prima` does), so this process maps no GPU
+/// driver it does not use (`probe.rs`).
 pub fn discover_in(dirs: &[PathBuf]) -> Vec<PluginInfo> {
+    match super::probe::discover_in_child(dirs) {
+        None => discover_here(dirs),
+        Some(Ok(found)) => found,
+        Some(Err(why)) => {
+            // The plugins are still listed; those that would have probed hardware say why
+            // they were not.
+            let mut found: Vec<PluginInfo> = plugin_paths(dirs)
+                .iter()
+                .map(|path| inspect(path, Probe::DeclarationsOnly))
+                .collect();
+            for p in &mut found {
+                if p.kind == Some(PluginKind::Backend) && p.refused.is_none() {
+                    p.unavailable = Some(format!("not probed: {why}"));
+                }
+            }
+            found
+        }
+    }
+}
+
+/// [`discover_in`] in this process.
+pub(super) fn discover_here(dirs: &[PathBuf]) -> Vec<PluginInfo> {
     plugin_paths(dirs)
         .iter()
         .map(|path| inspect(path, Probe::Hardware))
         .collect()
+}
+
+/// The plugins of `kind` in `dirs` with what they declare, without asking any about the
+/// hardware; libraries whose names declare another kind are not opened.
+pub(super) fn declared_in(dirs: &[PathBuf], kind: PluginKind) -> Vec<PluginInfo> {
+    plugin_paths(dirs)
+        .iter()
+        .filter(|path| may_be(path, kind))
+        .map(|path| inspect(path, Probe::DeclarationsOnly))
+        .filter(|info| info.kind == Some(kind))
+        .collect()
+}
+
+/// Whether the library at `path` may be a plugin of `kind`: its file name does not
+/// declare another (`libprima_backend_metal.so` is a backend's). Opening a library maps
+/// it for good, so a process looking for its transport leaves the GPU plugins unopened;
+/// the library itself still says what it is.
+fn may_be(path: &Path, kind: PluginKind) -> bool {
+    let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+        return true;
+    };
+    let name = name.strip_prefix("lib").unwrap_or(name);
+    let Some(rest) = name.strip_prefix("prima_") else {
+        return true;
+    };
+    let named = [
+        ("backend_", PluginKind::Backend),
+        ("transport_", PluginKind::Transport),
+        ("solver_", PluginKind::Solver),
+        ("os_memory", PluginKind::OsMemory),
+    ]
+    .into_iter()
+    .find(|(prefix, _)| rest.starts_with(prefix));
+    named.is_none_or(|(_, k)| k == kind)
 }
 
 /// The plugin libraries in `dirs`, each directory's in file-name order.
@@ -254,7 +313,7 @@ pub(super) fn find_plugin<M: RootModule>(
 ) -> Result<(PluginInfo, M), PluginError> {
     let mut last_refusal = None;
     let mut seen: Vec<String> = Vec::new();
-    for path in plugin_paths(dirs) {
+    for path in plugin_paths(dirs).into_iter().filter(|p| may_be(p, kind)) {
         let mut info = inspect(&path, Probe::DeclarationsOnly);
         if info.kind != Some(kind) {
             continue;
@@ -337,4 +396,33 @@ fn inspect_os_memory(path: &Path, abi: u32) -> Result<(String, String, Vec<Strin
             .map(|os| os.into_string())
             .collect(),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_library_named_for_another_kind_is_not_opened_for_this_one() {
+        let backend = Path::new("/p/libprima_backend_metal.so");
+        assert!(may_be(backend, PluginKind::Backend));
+        assert!(!may_be(backend, PluginKind::Transport));
+        assert!(!may_be(
+            Path::new("prima_transport_tcp.dll"),
+            PluginKind::Backend
+        ));
+        assert!(may_be(
+            Path::new("/p/libprima_os_memory.so"),
+            PluginKind::OsMemory
+        ));
+        assert!(!may_be(
+            Path::new("/p/libprima_os_memory.so"),
+            PluginKind::Solver
+        ));
+        // A name that declares no kind may be anything: the library says.
+        assert!(may_be(
+            Path::new("/p/libprima_custom.so"),
+            PluginKind::Solver
+        ));
+    }
 }

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use abi_stable::library::RootModule;
 use abi_stable::std_types::{RResult, RStr};
 
-use super::library::{discover_in, open_root, plugin_dirs};
+use super::library::{declared_in, open_root, plugin_dirs};
 use super::PluginKind;
 use prima_abi::os::{OsGpu, OsMemoryModelBox, OsMemoryPluginRef};
 
@@ -113,10 +113,7 @@ pub fn load_os_models_from(dirs: &[PathBuf]) -> LoadedOsModels {
         dirs: dirs.to_vec(),
         ..LoadedOsModels::default()
     };
-    for info in discover_in(dirs) {
-        if info.kind != Some(PluginKind::OsMemory) {
-            continue;
-        }
+    for info in declared_in(dirs, PluginKind::OsMemory) {
         if let Some(reason) = info.refused {
             loaded
                 .refused

@@ -76,8 +76,8 @@ pub struct RingLine {
 }
 
 /// The per-device table prima prints after a ring generation with `-v`:
-/// `device address tokens compute ms send ms wait ms major flt disk MB mem press`, then
-/// one line per device (`0 head 7 12.345 0.100 5.000 12.0 0.05 3.2%`).
+/// `device address tokens compute ms send ms wait ms major flt disk MB mem press [expert hit]`,
+/// then one line per device (`d1 head 7 12.345 0.100 5.000 12.0 0.05 3.2% -`).
 pub fn ring_table(stderr: &str) -> Vec<RingLine> {
     let lines: Vec<&str> = stderr.lines().collect();
     let Some(start) = lines
@@ -90,10 +90,10 @@ pub fn ring_table(stderr: &str) -> Vec<RingLine> {
         .iter()
         .map_while(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
-            if f.len() != 9 {
+            // The ninth column is the memory pressure; a tenth (the expert hit rate) may follow.
+            if !(9..=10).contains(&f.len()) {
                 return None;
             }
-            f[0].parse::<usize>().ok()?;
             let num = |i: usize| f[i].trim_end_matches('%').parse::<f64>().ok();
             Some(RingLine {
                 addr: f[1].to_string(),
@@ -192,10 +192,11 @@ launching the ring\n";
         // As `prima apply … -v` prints it after the summary line.
         let stderr = "\
 prompt: 5 tokens, 40.1 tok/s | TTFT 125.0 ms | generated 4 tokens, TPOT 61.20 ms (16.3 tok/s) | seed 0 | cpu avx2 | ring of 4 devices, k = 2
-device   address                  tokens  compute ms   send ms   wait ms    major flt      disk MB  mem press
-0        head                          3      12.345     0.100    45.000         12.0         0.05       3.2%
-1        10.87.0.2:9000                3      10.000     0.080    50.120        301.3        14.57      12.0%
+device   address                  tokens  compute ms   send ms   wait ms    major flt      disk MB  mem press  expert hit
+0        head                          3      12.345     0.100    45.000         12.0         0.05       3.2%           -
+d2       10.87.0.2:9000                3      10.000     0.080    50.120        301.3        14.57      12.0%       81.5%
 2        10.87.0.3:9000                3       9.500     0.090    51.000          0.0         0.00       0.0%
+prompt passes: 0 compute 1.0 ms, wait 400.0 ms, send 0.1 ms
 node: bye
 ";
         let t = ring_table(stderr);

@@ -157,6 +157,7 @@ pub fn markdown(tables: &[Table]) -> String {
                 ("status", "---"),
                 ("layers per device", "---"),
                 ("peak memory / limit, MB (OOM kills)", "---"),
+                ("memory pressure (the ring's own)", "---"),
                 ("wall s", "---:"),
             ],
             Experiment::Rounds => &[
@@ -204,6 +205,7 @@ pub fn markdown(tables: &[Table]) -> String {
                     status(r),
                     per_device(&r.plan, |n| n.to_string()),
                     memory(r),
+                    ring_cells(r, |d| format!("{:.1}%", d.memory_pressure_pct)),
                     format!("{:.0}", r.wall_s),
                 ],
                 Experiment::Rounds => vec![
