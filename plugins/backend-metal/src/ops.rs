@@ -20,7 +20,7 @@ use crate::device::Gpu;
 use crate::formats::{Activation, Family, WeightShape};
 use crate::kernels::{
     LegacyRows, ACT_UNIFORM_BYTES, ATT_MAX_HEAD_DIM, MATMUL_TOKENS_FLOAT, MATMUL_TOKENS_QUANT,
-    TEXEL_FORMATS, WG,
+    MAX_UNROLLED_BLOCKS, TEXEL_FORMATS, WG,
 };
 use crate::params::ParamArena;
 use crate::texels;
@@ -685,6 +685,12 @@ impl GpuOps for State {
                 tokens: legacy_tokens,
                 uniform: act_uniform,
                 texels: use_texels,
+                // A generated token's kernel has its block loop unrolled (see LegacyRows).
+                unrolled: if n == 1 && shape.cols / 32 <= MAX_UNROLLED_BLOCKS {
+                    shape.cols / 32
+                } else {
+                    0
+                },
             }
             .name(shape.format.kernel)
         } else if self.row_per_invocation {

@@ -132,17 +132,32 @@ pub struct LegacyRows {
     pub uniform: bool,
     /// Weights from a texture (crate::texels) or their stored blocks.
     pub texels: bool,
+    /// Blocks per row when the block loop is unrolled (one token only), 0 for a loop.
+    /// llvmpipe loads a uniform buffer once for all lanes only at an offset it can see is
+    /// the same in every lane, which a loop counter is not; unrolled, every activation
+    /// offset is a constant.
+    pub unrolled: u32,
 }
+
+/// The most blocks per row an unrolled kernel takes (its source grows with them).
+pub const MAX_UNROLLED_BLOCKS: u32 = 64;
 
 /// Formats the texture variant reads (crate::texels::Layout).
 pub const TEXEL_FORMATS: [&str; 2] = ["q4_1", "q8_0"];
 
 impl LegacyRows {
-    /// The pipeline name: `rowmatmul_tok{T}[_ubo][_tex]_<format>`.
+    /// The pipeline name: `rowmatmul_tok{T}[_ubo][_tex][_pairs]_<format>`.
     pub fn name(&self, kernel: &str) -> String {
         let ubo = if self.uniform { "_ubo" } else { "" };
         let tex = if self.texels { "_tex" } else { "" };
-        format!("rowmatmul_tok{}{ubo}{tex}_{kernel}", self.tokens)
+        let unrolled = match self.unrolled {
+            0 => String::new(),
+            n => format!("_nb{n}"),
+        };
+        format!(
+            "rowmatmul_tok{}{ubo}{tex}{unrolled}_{kernel}",
+            self.tokens
+        )
     }
 }
 
@@ -154,17 +169,27 @@ fn legacy_rows_kernel(name: &str) -> Option<(LegacyRows, &str)> {
         Some(r) => (true, r),
         None => (false, rest),
     };
-    let (texels, kernel) = match rest.strip_prefix("tex_") {
+    let (texels, rest) = match rest.strip_prefix("tex_") {
         Some(k) => (true, k),
         None => (false, rest),
     };
-    if texels && !TEXEL_FORMATS.contains(&kernel) {
+    let (unrolled, kernel) = match rest.strip_prefix("nb") {
+        Some(r) => {
+            let (n, k) = r.split_once('_')?;
+            (n.parse().ok().filter(|n| (1..=MAX_UNROLLED_BLOCKS).contains(n))?, k)
+        }
+        None => (0, rest),
+    };
+    if (texels && !TEXEL_FORMATS.contains(&kernel))
+        || (unrolled > 0 && tokens != 1)
+    {
         return None;
     }
     let v = LegacyRows {
         tokens,
         uniform,
         texels,
+        unrolled,
     };
     LEGACY_ROWS_TOKENS.contains(&tokens).then_some((v, kernel))
 }
@@ -175,8 +200,14 @@ fn fill_legacy_rows(f: &Format, v: LegacyRows) -> String {
     let tok = v.tokens;
     let (mut declare, mut accumulate, mut store) = (String::new(), String::new(), String::new());
     for t in 0..tok {
+        // Unrolled (one token): token 0, a constant, so activation offsets are too.
+        let token = if v.unrolled > 0 {
+            "0u".to_string()
+        } else {
+            format!("min(t0 + {t}u, last)")
+        };
         declare.push_str(&format!(
-            "    var acc{t} = 0.0;\n    let tok{t} = min(t0 + {t}u, last);\n"
+            "    var acc{t} = 0.0;\n    let tok{t} = {token};\n"
         ));
         accumulate.push_str(&format!(
             "        acc{t} = acc{t} + opaque(token_value(k, tok{t}, blk, nb));\n"
@@ -201,7 +232,15 @@ fn fill_legacy_rows(f: &Format, v: LegacyRows) -> String {
         src.push_str(include_str!("weights_texels.wgsl"));
     }
     src.push_str(&include_str!("matmul_legacy_rows.wgsl").replace("{BLOCK}", block));
-    fill(&src, f)
+    let blocks = if v.unrolled > 0 {
+        (0..v.unrolled)
+            .map(|b| format!("    {{\n        let blk = {b}u;\n        let k = {block};\n{{ACCUMULATE}}\n    }}"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    } else {
+        format!("    for (var blk = 0u; blk < nb; blk++) {{\n        let k = {block};\n{{ACCUMULATE}}\n    }}")
+    };
+    fill(&src.replace("{BLOCKS}", &blocks), f)
         .replace("{TOK}", &tok.to_string())
         .replace("{ACT}", act.trim_end())
         .replace("{DECLARE}", declare.trim_end())
@@ -235,8 +274,14 @@ pub fn all_kernels() -> Vec<String> {
                         tokens,
                         uniform,
                         texels,
+                        unrolled: 0,
                     };
                     v.push(variant.name(f.kernel));
+                    if tokens == 1 {
+                        for unrolled in [1, 18, MAX_UNROLLED_BLOCKS] {
+                            v.push(LegacyRows { unrolled, ..variant }.name(f.kernel));
+                        }
+                    }
                 }
             }
         }
@@ -287,6 +332,7 @@ mod tests {
                     "{ACT}",
                     "{ACT_VEC4S}",
                     "{BLOCK}",
+                    "{BLOCKS}",
                 ] {
                     assert!(!src.contains(hole), "{name}: {hole} left unfilled");
                 }
@@ -308,6 +354,8 @@ mod tests {
         assert!(source("rowmatmul_tok1_q4_k", false).is_none());
         assert!(source("rowmatmul_tok3_q4_1", false).is_none());
         assert!(source("rowmatmul_tok1_tex_q4_0", false).is_none());
+        assert!(source("rowmatmul_tok8_nb18_q4_1", false).is_none());
+        assert!(source("rowmatmul_tok1_nb65_q4_1", false).is_none());
     }
 
     #[test]
