@@ -65,24 +65,58 @@ pub fn source(name: &str, f64: bool) -> Option<String> {
         };
         src.push_str(&fill(template, f));
     } else if let Some(kind) = name.strip_prefix("quantize_") {
-        let body = match kind {
-            "q8_0" => "quantize_32(blk, false);",
-            "q8_1" => "quantize_32(blk, true);",
-            "q8_k" => "quantize_256(blk);",
-            _ => return None,
+        let (swiglu, kind) = match kind.strip_prefix("swiglu_") {
+            Some(k) => (true, k),
+            None => (false, kind),
         };
+        let mut body = match kind {
+            "q8_0" => "quantize_32(blk, x0, false);",
+            "q8_1" => "quantize_32(blk, x0, true);",
+            "q8_k" if !swiglu => "quantize_256(blk, x0);",
+            _ => return None,
+        }
+        .to_string();
+        let block = if kind == "q8_k" { 256 } else { 32 };
+        body.insert_str(0, &format!("let x0 = P.x_off + blk * {block}u;\n    "));
+        let (access, up) = if swiglu {
+            body.insert_str(
+                0,
+                "for (var i = 0u; i < 32u; i++) {\n        \
+                 let x = P.x_off + blk * 32u + i;\n        \
+                 X[x] = op_swiglu(X[x], UP[P.up_off + blk * 32u + i]);\n    }\n    ",
+            );
+            (
+                "read_write",
+                "@group(0) @binding(3) var<storage, read> UP: array<f32>;",
+            )
+        } else {
+            ("read", "")
+        };
+        src.push_str(include_str!("quantize_blocks.wgsl"));
         src.push_str(
             &include_str!("quantize.wgsl")
                 .replace("{KIND}", kind)
-                .replace("{BODY}", body),
+                .replace("{X_ACCESS}", access)
+                .replace("{UP_BINDING}", up)
+                .replace("{BODY}", &body),
         );
+    } else if let Some(rest) = name.strip_suffix("rms_norm").or_else(|| {
+        ["_q8_0", "_q8_1"]
+            .iter()
+            .find_map(|q| name.strip_suffix(q)?.strip_suffix("rms_norm"))
+    }) {
+        let add = match rest {
+            "" => false,
+            "add_" => true,
+            _ => return None,
+        };
+        src.push_str(&rms_norm_source(add, name.strip_prefix(rest)?, sum_t));
     } else {
         match name {
             "add" | "add_bias" | "swiglu" | "geglu" => {
                 src.push_str(&include_str!("binary.wgsl").replace("{NAME}", name))
             }
             "scale" => src.push_str(include_str!("scale.wgsl")),
-            "rms_norm" => src.push_str(&include_str!("rms_norm.wgsl").replace("{SUM_T}", sum_t)),
             "rope" => src.push_str(include_str!("rope.wgsl")),
             "store_f16" => src.push_str(include_str!("store_f16.wgsl")),
             "attention" => {
@@ -101,6 +135,50 @@ pub fn source(name: &str, f64: bool) -> Option<String> {
         }
     }
     Some(src)
+}
+
+/// rms_norm.wgsl for `name` (`rms_norm`, `rms_norm_q8_0`, `rms_norm_q8_1`), with the
+/// residual added first if `add`.
+fn rms_norm_source(add: bool, name: &str, sum_t: &str) -> String {
+    let quant = match name {
+        "rms_norm" => None,
+        "rms_norm_q8_0" => Some(false),
+        "rms_norm_q8_1" => Some(true),
+        _ => unreachable!("rms_norm variants are matched by name"),
+    };
+    let mut src = String::new();
+    if quant.is_some() {
+        src.push_str(include_str!("quantize_blocks.wgsl"));
+    }
+    let (access, load, barrier) = if add {
+        (
+            "read_write",
+            "            let xi = X[x0 + i] + OUT[P.h_off + row * P.n + i];\n            X[x0 + i] = xi;",
+            "    storageBarrier();\n    workgroupBarrier();",
+        )
+    } else {
+        ("read", "            let xi = X[x0 + i];", "    workgroupBarrier();")
+    };
+    let (bindings, quantize) = match quant {
+        Some(with_s) => (
+            "@group(0) @binding(5) var<storage, read_write> A: array<u32>;".to_string(),
+            format!(
+                "    let nb = P.n / 32u;\n    for (var b = lid; b < nb; b += 64u) {{\n        \
+                 quantize_32(row * nb + b, 32u * b, {with_s});\n    }}"
+            ),
+        ),
+        None => (String::new(), String::new()),
+    };
+    src.push_str(
+        &include_str!("rms_norm.wgsl")
+            .replace("{SUM_T}", sum_t)
+            .replace("{X_ACCESS}", access)
+            .replace("{LOAD}", load)
+            .replace("{BARRIER}", barrier)
+            .replace("{EXTRA_BINDINGS}", &bindings)
+            .replace("{QUANTIZE}", &quantize),
+    );
+    src
 }
 
 fn push_format(src: &mut String, f: &Format) {
@@ -290,6 +368,13 @@ pub fn all_kernels() -> Vec<String> {
         "quantize_q8_0",
         "quantize_q8_1",
         "quantize_q8_k",
+        "quantize_swiglu_q8_0",
+        "quantize_swiglu_q8_1",
+        "add_rms_norm",
+        "rms_norm_q8_0",
+        "rms_norm_q8_1",
+        "add_rms_norm_q8_0",
+        "add_rms_norm_q8_1",
         "add",
         "add_bias",
         "swiglu",
@@ -333,6 +418,12 @@ mod tests {
                     "{ACT_VEC4S}",
                     "{BLOCK}",
                     "{BLOCKS}",
+                    "{X_ACCESS}",
+                    "{UP_BINDING}",
+                    "{LOAD}",
+                    "{BARRIER}",
+                    "{EXTRA_BINDINGS}",
+                    "{QUANTIZE}",
                 ] {
                     assert!(!src.contains(hole), "{name}: {hole} left unfilled");
                 }
@@ -351,6 +442,8 @@ mod tests {
         }
         assert!(source("matmul_q8_k", false).is_none());
         assert!(source("nothing", false).is_none());
+        assert!(source("quantize_swiglu_q8_k", false).is_none());
+        assert!(source("mul_rms_norm", false).is_none());
         assert!(source("rowmatmul_tok1_q4_k", false).is_none());
         assert!(source("rowmatmul_tok3_q4_1", false).is_none());
         assert!(source("rowmatmul_tok1_tex_q4_0", false).is_none());
