@@ -917,7 +917,8 @@ impl GpuOps for State {
         self.kv.truncate(kv, n_pos)
     }
 
-    /// One span after another: its keys and values stored into its cache (`store_f16`),
+    /// One span after another: its keys and values stored into its cache (`store_f16`, one
+    /// dispatch for both),
     /// then a dispatch of (head, token) workgroups over its rows of `q` and `out`.
     fn attention_spans(
         &mut self,
@@ -960,18 +961,25 @@ impl GpuOps for State {
                 (cache.k[layer].clone(), cache.v[layer].clone())
             };
             let row0 = plan.row0;
-            for (src, src_off, dst, d) in [(&k_buf, k_off, &kc, dk), (&v_buf, v_off, &vc, dv)] {
-                let words = u32_of(OP, "cache words", n_tokens * n_head_kv * d / 2)?;
-                if words == 0 {
-                    continue;
-                }
-                let off = u32_of(OP, "cache offset", start * n_head_kv * d / 2)?;
-                let from = src_off + u32_of(OP, "row offset", row0 * n_head_kv * d)?;
-                let groups = self.grid_1d(words as u64)?;
+            // The keys' and values' words, cache offsets and source offsets.
+            let mut store = [0u32; 6];
+            for (i, (src_off, d)) in [(k_off, dk), (v_off, dv)].into_iter().enumerate() {
+                store[3 * i] = u32_of(OP, "cache words", n_tokens * n_head_kv * d / 2)?;
+                store[3 * i + 1] = u32_of(OP, "cache offset", start * n_head_kv * d / 2)?;
+                store[3 * i + 2] = src_off + u32_of(OP, "row offset", row0 * n_head_kv * d)?;
+            }
+            let words = store[0] as u64 + store[3] as u64;
+            if words > 0 {
+                let groups = self.grid_1d(words)?;
                 self.dispatch(
                     "store_f16",
-                    &[words, off, from],
-                    &[(1, src.as_entire_binding()), (2, dst.as_entire_binding())],
+                    &store,
+                    &[
+                        (1, k_buf.as_entire_binding()),
+                        (2, kc.as_entire_binding()),
+                        (3, v_buf.as_entire_binding()),
+                        (4, vc.as_entire_binding()),
+                    ],
                     groups,
                 )?;
             }
