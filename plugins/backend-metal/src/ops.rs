@@ -996,8 +996,12 @@ impl GpuOps for State {
                 q_off + u32_of(OP, "row offset", row0 * n_head * dk)?,
                 out_off + u32_of(OP, "row offset", row0 * n_head * dv)?,
             ];
+            let kernel = match self.row_per_invocation {
+                true => "attention_narrow",
+                false => "attention",
+            };
             self.dispatch(
-                "attention",
+                kernel,
                 &params,
                 &[
                     (1, q_buf.as_entire_binding()),

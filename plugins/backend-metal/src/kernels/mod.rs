@@ -26,6 +26,16 @@ pub const WG: u32 = 64;
 /// Tokens per matmul workgroup: `TOK` in matmul_quant.wgsl, 4 in matmul_float.wgsl.
 pub const MATMUL_TOKENS_QUANT: u32 = 8;
 pub const MATMUL_TOKENS_FLOAT: u32 = 4;
+/// Invocations per attention workgroup: 64 on GPUs, 16 in `attention_narrow` for CPU
+/// adapters, where each barrier switches between a workgroup's SIMD vectors of 8.
+pub fn attention_workgroup(name: &str) -> u32 {
+    if name == "attention_narrow" {
+        16
+    } else {
+        64
+    }
+}
+
 /// The largest head size attention takes (`qs` in attention.wgsl).
 pub const ATT_MAX_HEAD_DIM: u32 = 512;
 
@@ -119,7 +129,7 @@ pub fn source(name: &str, f64: bool) -> Option<String> {
             "scale" => src.push_str(include_str!("scale.wgsl")),
             "rope" => src.push_str(include_str!("rope.wgsl")),
             "store_f16" => src.push_str(include_str!("store_f16.wgsl")),
-            "attention" => {
+            "attention" | "attention_narrow" => {
                 let exp = if f64 {
                     include_str!("exp_f64.wgsl")
                 } else {
@@ -128,7 +138,8 @@ pub fn source(name: &str, f64: bool) -> Option<String> {
                 src.push_str(
                     &include_str!("attention.wgsl")
                         .replace("{TOTAL_T}", sum_t)
-                        .replace("{EXP_FN}", exp),
+                        .replace("{EXP_FN}", exp)
+                        .replace("{WG}", &attention_workgroup(name).to_string()),
                 );
             }
             _ => return None,
@@ -404,6 +415,7 @@ pub fn all_kernels() -> Vec<String> {
         "rope",
         "store_f16",
         "attention",
+        "attention_narrow",
     ] {
         v.push(k.to_string());
     }
@@ -444,6 +456,7 @@ mod tests {
                     "{BARRIER}",
                     "{EXTRA_BINDINGS}",
                     "{QUANTIZE}",
+                    "{WG}",
                 ] {
                     assert!(!src.contains(hole), "{name}: {hole} left unfilled");
                 }
