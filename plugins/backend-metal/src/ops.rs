@@ -453,7 +453,7 @@ impl GpuOps for State {
             .gpu
             .device
             .push_error_scope(wgpu::ErrorFilter::Validation);
-        let may_fuse = matches!(op, "add" | "rms_norm" | "matmul" | "swiglu");
+        let may_fuse = matches!(op, "add" | "rms_norm" | "matmul" | "swiglu" | "rope");
         let r = match may_fuse {
             true => Ok(()),
             false => self.flush_deferred(),
@@ -860,27 +860,20 @@ impl GpuOps for State {
             return Ok(());
         };
         u32_of(OP, "length", x.len())?;
-        let (x_buf, x_off) = self.act(OP, "x", x)?;
-        let table = p.cos_sin_table(positions, n_rot);
-        let table_at = self
-            .params
-            .push(&self.gpu.device, bytemuck::cast_slice(&table));
+        let (_, x_off) = self.act(OP, "x", x)?;
         let total = positions.len() as u64 * n_head as u64 * (n_rot / 2) as u64;
-        let groups = self.grid_1d(total)?;
-        let params = [
-            positions.len() as u32,
-            n_head as u32,
-            head_dim as u32,
-            p.n_rot,
-            u32::from(p.neox),
+        self.grid_1d(2 * total)?;
+        let rope = fusion::Rope {
+            x,
             x_off,
-        ];
-        self.dispatch(
-            "rope",
-            &params,
-            &[(1, x_buf.as_entire_binding()), (2, table_at.binding())],
-            groups,
-        )
+            n_head: n_head as u32,
+            head_dim: head_dim as u32,
+            n_rot: p.n_rot,
+            neox: p.neox,
+            n_tokens: positions.len() as u32,
+            table: p.cos_sin_table(positions, n_rot),
+        };
+        self.rope_or_pair(rope)
     }
 
     fn kv_create(&mut self, spec: KvSpec) -> OpResult<u64> {

@@ -127,7 +127,19 @@ pub fn source(name: &str, f64: bool) -> Option<String> {
                 src.push_str(&include_str!("binary.wgsl").replace("{NAME}", name))
             }
             "scale" => src.push_str(include_str!("scale.wgsl")),
-            "rope" => src.push_str(include_str!("rope.wgsl")),
+            "rope" => src.push_str(
+                &include_str!("rope.wgsl")
+                    .replace("{X2_BINDING}", "")
+                    .replace("{SECOND}", ""),
+            ),
+            "rope_pair" => src.push_str(
+                &include_str!("rope.wgsl")
+                    .replace(
+                        "{X2_BINDING}",
+                        "@group(0) @binding(3) var<storage, read_write> X2: array<f32>;",
+                    )
+                    .replace("{SECOND}", ROPE_SECOND),
+            ),
             "store_f16" => src.push_str(include_str!("store_f16.wgsl")),
             "attention" | "attention_narrow" => {
                 let exp = if f64 {
@@ -191,6 +203,14 @@ fn rms_norm_source(add: bool, name: &str, sum_t: &str) -> String {
     );
     src
 }
+
+/// `rope_pair`'s turn of X2, after X's invocations.
+const ROPE_SECOND: &str = "    else if (idx - n1 < P.n_tokens * P.n_head2 * (P.n_rot / 2u)) {
+        let e = pair_of(idx - n1, P.n_head2);
+        let r = turn(X2[P.x2_off + e.x], X2[P.x2_off + e.y], e);
+        X2[P.x2_off + e.x] = r.x;
+        X2[P.x2_off + e.y] = r.y;
+    }";
 
 fn push_format(src: &mut String, f: &Format) {
     src.push_str(WEIGHTS);
@@ -413,6 +433,7 @@ pub fn all_kernels() -> Vec<String> {
         "scale",
         "rms_norm",
         "rope",
+        "rope_pair",
         "store_f16",
         "attention",
         "attention_narrow",
@@ -457,6 +478,8 @@ mod tests {
                     "{EXTRA_BINDINGS}",
                     "{QUANTIZE}",
                     "{WG}",
+                    "{X2_BINDING}",
+                    "{SECOND}",
                 ] {
                     assert!(!src.contains(hole), "{name}: {hole} left unfilled");
                 }

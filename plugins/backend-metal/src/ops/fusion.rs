@@ -8,7 +8,8 @@
 //! - a norm then a matmul of its output with Q8_0 or Q8_1 activations: the norm kernel
 //!   also quantizes them (`*rms_norm_q8_*`), in place of the matmul's quantize dispatch;
 //! - `swiglu(gate, up)` then a matmul of `gate`: the quantize kernel applies SwiGLU first
-//!   (`quantize_swiglu_*`).
+//!   (`quantize_swiglu_*`);
+//! - `rope(q)` then `rope(k)` of the same positions: both in one dispatch (`rope_pair`).
 //!
 //! At most one operation is held. Every other operation, download and buffer change
 //! dispatches it first (`State::guarded`), so the device runs the operations in the order
@@ -27,6 +28,20 @@ pub(super) enum Deferred {
     Norm(Norm),
     /// `gate = silu(gate) · up`.
     Swiglu { gate: Buf, up: Buf },
+    Rope(Rope),
+}
+
+/// One RoPE call, checked: `x` (element offset `x_off`) of `n_tokens` rows of `n_head`
+/// heads, turned by the host's cos/sin `table`.
+pub(super) struct Rope {
+    pub x: Buf,
+    pub x_off: u32,
+    pub n_head: u32,
+    pub head_dim: u32,
+    pub n_rot: u32,
+    pub neox: bool,
+    pub n_tokens: u32,
+    pub table: Vec<f32>,
 }
 
 /// `out = rms_norm(x) · weight` over rows of `n`, after `x += residual` where there is one
@@ -65,7 +80,64 @@ impl State {
             Some(Deferred::Add { acc, x }) => self.binary_act("add", acc, x),
             Some(Deferred::Swiglu { gate, up }) => self.binary_act("swiglu", gate, up),
             Some(Deferred::Norm(norm)) => self.dispatch_norm(norm, None),
+            Some(Deferred::Rope(rope)) => self.dispatch_rope(rope, None),
         }
+    }
+
+    /// A RoPE call: dispatched with a held one of the same table and head size in
+    /// another buffer (q, then k), else held back.
+    pub(super) fn rope_or_pair(&mut self, rope: Rope) -> OpResult<()> {
+        let pairs = match &self.deferred {
+            Some(Deferred::Rope(first)) => {
+                first.x.id != rope.x.id
+                    && first.head_dim == rope.head_dim
+                    && first.n_rot == rope.n_rot
+                    && first.neox == rope.neox
+                    && first.n_tokens == rope.n_tokens
+                    && first.table == rope.table
+            }
+            _ => false,
+        };
+        match (pairs, self.deferred.take()) {
+            (true, Some(Deferred::Rope(first))) => self.dispatch_rope(first, Some(rope)),
+            (_, held) => {
+                self.deferred = held;
+                self.defer(Deferred::Rope(rope))
+            }
+        }
+    }
+
+    /// The rope kernel over `rope`, and over `second` by the same table (`rope_pair`).
+    fn dispatch_rope(&mut self, rope: Rope, second: Option<Rope>) -> OpResult<()> {
+        const OP: &str = "rope";
+        let x_buf = self.act(OP, "x", rope.x)?.0;
+        let table_at = self
+            .params
+            .push(&self.gpu.device, bytemuck::cast_slice(&rope.table));
+        let pairs_of = |r: &Rope| r.n_tokens as u64 * r.n_head as u64 * (r.n_rot / 2) as u64;
+        let total = pairs_of(&rope) + second.as_ref().map_or(0, pairs_of);
+        let groups = self.grid_1d(total)?;
+        let (n_head2, x2_off) = second.as_ref().map_or((0, 0), |r| (r.n_head, r.x_off));
+        let params = [
+            rope.n_tokens,
+            rope.n_head,
+            rope.head_dim,
+            rope.n_rot,
+            u32::from(rope.neox),
+            rope.x_off,
+            n_head2,
+            x2_off,
+        ];
+        let mut bindings = vec![(1, x_buf.as_entire_binding()), (2, table_at.binding())];
+        let x2_buf = match &second {
+            Some(r) => Some(self.act(OP, "x", r.x)?.0),
+            None => None,
+        };
+        if let Some(b) = &x2_buf {
+            bindings.push((3, b.as_entire_binding()));
+        }
+        let kernel = if second.is_some() { "rope_pair" } else { "rope" };
+        self.dispatch(kernel, &params, &bindings, groups)
     }
 
     /// `acc += x` (checked), held back.
@@ -151,7 +223,9 @@ impl State {
                     groups,
                 )
             }
-            Deferred::Add { .. } => Err("an add cannot quantize a matmul's input".into()),
+            Deferred::Add { .. } | Deferred::Rope(_) => {
+                Err("only a norm or SwiGLU quantizes a matmul's input".into())
+            }
         }
     }
 
