@@ -180,7 +180,11 @@ fn rms_norm_source(add: bool, name: &str, sum_t: &str) -> String {
             "    storageBarrier();\n    workgroupBarrier();",
         )
     } else {
-        ("read", "            let xi = X[x0 + i];", "    workgroupBarrier();")
+        (
+            "read",
+            "            let xi = X[x0 + i];",
+            "    workgroupBarrier();",
+        )
     };
     let (bindings, quantize) = match quant {
         Some(with_s) => (
@@ -263,10 +267,7 @@ impl LegacyRows {
             0 => String::new(),
             n => format!("_nb{n}"),
         };
-        format!(
-            "rowmatmul_tok{}{ubo}{tex}{unrolled}_{kernel}",
-            self.tokens
-        )
+        format!("rowmatmul_tok{}{ubo}{tex}{unrolled}_{kernel}", self.tokens)
     }
 }
 
@@ -285,13 +286,16 @@ fn legacy_rows_kernel(name: &str) -> Option<(LegacyRows, &str)> {
     let (unrolled, kernel) = match rest.strip_prefix("nb") {
         Some(r) => {
             let (n, k) = r.split_once('_')?;
-            (n.parse().ok().filter(|n| (1..=MAX_UNROLLED_BLOCKS).contains(n))?, k)
+            (
+                n.parse()
+                    .ok()
+                    .filter(|n| (1..=MAX_UNROLLED_BLOCKS).contains(n))?,
+                k,
+            )
         }
         None => (0, rest),
     };
-    if (texels && !TEXEL_FORMATS.contains(&kernel))
-        || (unrolled > 0 && tokens != 1)
-    {
+    if (texels && !TEXEL_FORMATS.contains(&kernel)) || (unrolled > 0 && tokens != 1) {
         return None;
     }
     let v = LegacyRows {
@@ -408,7 +412,13 @@ pub fn all_kernels() -> Vec<String> {
                     v.push(variant.name(f.kernel));
                     if tokens == 1 {
                         for unrolled in [1, 18, MAX_UNROLLED_BLOCKS] {
-                            v.push(LegacyRows { unrolled, ..variant }.name(f.kernel));
+                            v.push(
+                                LegacyRows {
+                                    unrolled,
+                                    ..variant
+                                }
+                                .name(f.kernel),
+                            );
                         }
                     }
                 }

@@ -24,10 +24,16 @@ use prima_gpu_support::checks::OpResult;
 /// An operation recorded but not yet dispatched.
 pub(super) enum Deferred {
     /// `acc += x`.
-    Add { acc: Buf, x: Buf },
+    Add {
+        acc: Buf,
+        x: Buf,
+    },
     Norm(Norm),
     /// `gate = silu(gate) · up`.
-    Swiglu { gate: Buf, up: Buf },
+    Swiglu {
+        gate: Buf,
+        up: Buf,
+    },
     Rope(Rope),
 }
 
@@ -136,7 +142,11 @@ impl State {
         if let Some(b) = &x2_buf {
             bindings.push((3, b.as_entire_binding()));
         }
-        let kernel = if second.is_some() { "rope_pair" } else { "rope" };
+        let kernel = if second.is_some() {
+            "rope_pair"
+        } else {
+            "rope"
+        };
         self.dispatch(kernel, &params, &bindings, groups)
     }
 
@@ -186,8 +196,8 @@ impl State {
             return None;
         }
         let fits = match &self.deferred {
-            Some(Deferred::Norm(norm)) => norm.out == x && norm.n % 32 == 0,
-            Some(Deferred::Swiglu { gate, .. }) => *gate == x && x.len % 32 == 0,
+            Some(Deferred::Norm(norm)) => norm.out == x && norm.n.is_multiple_of(32),
+            Some(Deferred::Swiglu { gate, .. }) => *gate == x && x.len.is_multiple_of(32),
             _ => false,
         };
         if fits {
