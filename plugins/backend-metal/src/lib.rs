@@ -11,7 +11,10 @@
 //!   template, and how one pipeline's shader is assembled.
 //! - [`device`]: the availability probe and an opened adapter (device, queue, pipelines).
 //! - [`ops`]: the host side of each operation: checks and recorded dispatches over
-//!   device-resident activation buffers; one submission and one wait per download.
+//!   device-resident activation buffers; one submission and one wait per download. An
+//!   element-wise, norm or RoPE call is held back one call so that the next can take it
+//!   into its own dispatch (`ops::fusion`: add + norm + quantize, SwiGLU + quantize, q and
+//!   k RoPE), the same arithmetic in the same order.
 //! - [`params`]: the per-operation arguments of the recorded commands, a range each.
 //! - [`texels`]: Q4_1 and Q8_0 weights repacked as texture rows for CPU adapters.
 //! - [`backend`]: opening the backend and the plugin's exports. The ABI glue (every call
@@ -43,6 +46,10 @@
 //! one token per workgroup when decoding, activations from a uniform buffer, which
 //! llvmpipe reads once per SIMD vector where a storage buffer is read lane by lane), and
 //! Q4_1 and Q8_0 weights there are also kept as textures ([`texels`]: 16-byte fetches).
+//! A generated token's row kernel has its block loop unrolled: llvmpipe loads a uniform
+//! buffer once for all lanes only at an offset it sees is lane-invariant (a constant, not
+//! a loop counter) and only outside control flow. On a CPU adapter a dispatch costs tens
+//! of microseconds whatever it does, so fewer dispatches matter as much as faster ones.
 
 pub mod backend;
 pub mod device;

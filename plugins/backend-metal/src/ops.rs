@@ -9,6 +9,8 @@
 //! uploaded once, in their stored blocks, and cached by mapping address; the KV cache
 //! lives on the GPU.
 
+mod fusion;
+
 use std::collections::HashMap;
 
 use prima_abi::backend::{
@@ -20,10 +22,11 @@ use crate::device::Gpu;
 use crate::formats::{Activation, Family, WeightShape};
 use crate::kernels::{
     LegacyRows, ACT_UNIFORM_BYTES, ATT_MAX_HEAD_DIM, MATMUL_TOKENS_FLOAT, MATMUL_TOKENS_QUANT,
-    TEXEL_FORMATS, WG,
+    MAX_UNROLLED_BLOCKS, TEXEL_FORMATS, WG,
 };
 use crate::params::ParamArena;
 use crate::texels;
+use fusion::{Deferred, QuantTarget};
 use prima_gpu_support::backend::GpuOps;
 use prima_gpu_support::bufs::{apart, offset_u32, Buffers};
 use prima_gpu_support::checks::{
@@ -82,6 +85,8 @@ pub struct State {
     /// Matmul with one invocation per weight row (`rowmatmul_*`, for CPU adapters) rather
     /// than a workgroup per row (`matmul_*`, for GPUs). The same bits either way.
     pub row_per_invocation: bool,
+    /// An operation held back for the next to take into its dispatch ([`fusion`]).
+    deferred: Option<Deferred>,
 }
 
 fn u32_of(op: &str, what: &str, v: usize) -> OpResult<u32> {
@@ -115,6 +120,7 @@ impl State {
             binding_limit,
             part_limit,
             row_per_invocation: gpu_is_cpu,
+            deferred: None,
         }
     }
 
@@ -412,6 +418,17 @@ impl State {
         )
     }
 
+    /// The checks of [`State::binary_act`], for an operation held back.
+    fn check_binary(&self, kernel: &'static str, a: Buf, b: Buf) -> OpResult<()> {
+        expect_len(kernel, "second operand length", b.len(), a.len())?;
+        apart(kernel, a, &[b])?;
+        self.act(kernel, "second operand", b)?;
+        self.act(kernel, "x", a)?;
+        u32_of(kernel, "length", a.len())?;
+        self.grid_1d(a.len() as u64)?;
+        Ok(())
+    }
+
     /// An element-wise operation of two activation ranges of one length.
     fn binary_act(&mut self, kernel: &'static str, a: Buf, b: Buf) -> OpResult<()> {
         expect_len(kernel, "second operand length", b.len(), a.len())?;
@@ -425,7 +442,8 @@ impl GpuOps for State {
     const NAME: &'static str = "wgpu";
 
     /// wgpu reports invalid use and exhausted memory through error scopes, not return
-    /// values: both are collected around each operation.
+    /// values: both are collected around each operation. An operation held back
+    /// ([`fusion`]) is dispatched first unless this one may take it in.
     fn guarded<T>(&mut self, op: &str, f: impl FnOnce(&mut Self) -> OpResult<T>) -> OpResult<T> {
         let oom = self
             .gpu
@@ -435,7 +453,12 @@ impl GpuOps for State {
             .gpu
             .device
             .push_error_scope(wgpu::ErrorFilter::Validation);
-        let r = f(self);
+        let may_fuse = matches!(op, "add" | "rms_norm" | "matmul" | "swiglu" | "rope");
+        let r = match may_fuse {
+            true => Ok(()),
+            false => self.flush_deferred(),
+        }
+        .and_then(|()| f(self));
         let invalid = pollster::block_on(invalid.pop());
         let oom = pollster::block_on(oom.pop());
         match (r, invalid.or(oom)) {
@@ -598,6 +621,11 @@ impl GpuOps for State {
         let (x_buf, x_off) = self.act(OP, "x", x)?;
         let (out_buf, out_off) = self.act(OP, "out", out)?;
         let act = shape.format.activation;
+        // The held operation that writes x quantizes it too; any other runs first.
+        let producer = self.take_producer_of(x, act);
+        if producer.is_none() {
+            self.flush_deferred()?;
+        }
         // CPU adapters: the legacy formats' whole-block kernel, one token per workgroup
         // for a generated token, a batch's worth otherwise.
         let legacy_rows = self.row_per_invocation && shape.format.family == Family::Legacy;
@@ -659,11 +687,20 @@ impl GpuOps for State {
                     .quantize_kernel()
                     .ok_or("float activations are not quantized")?;
                 let key = Some((x.id, x.offset, x.len, act));
-                if self.quantized != key {
+                if let Some(p) = producer {
+                    let to = QuantTarget {
+                        act,
+                        buf: act_buf.clone(),
+                        d_off,
+                        s_off,
+                    };
+                    self.quantize_from(p, to)?;
+                    self.quantized = key;
+                } else if self.quantized != key {
                     let groups = self.grid_1d(n_blocks as u64)?;
                     self.dispatch(
                         quantize,
-                        &[n_blocks, d_off, s_off, x_off],
+                        &[n_blocks, d_off, s_off, x_off, 0],
                         &[
                             (1, x_buf.as_entire_binding()),
                             (2, act_buf.as_entire_binding()),
@@ -685,6 +722,12 @@ impl GpuOps for State {
                 tokens: legacy_tokens,
                 uniform: act_uniform,
                 texels: use_texels,
+                // A generated token's kernel has its block loop unrolled (see LegacyRows).
+                unrolled: if n == 1 && shape.cols / 32 <= MAX_UNROLLED_BLOCKS {
+                    shape.cols / 32
+                } else {
+                    0
+                },
             }
             .name(shape.format.kernel)
         } else if self.row_per_invocation {
@@ -757,30 +800,23 @@ impl GpuOps for State {
         }
         apart(OP, out, &[x])?;
         u32_of(OP, "length", x.len())?;
-        let (x_buf, x_off) = self.act(OP, "x", x)?;
-        let (out_buf, out_off) = self.act(OP, "out", out)?;
-        let rows = (x.len() / n) as u32;
+        self.act(OP, "x", x)?;
+        self.act(OP, "out", out)?;
+        let rows = x.len() / n;
+        u32_of(OP, "rows", rows)?;
         let w = self.weight(wb, weight.ggml_type, wb.len() as u64, 1)?;
-        let [gx, gy] = self.grid(rows as u64)?;
-        let params = [n as u32, eps.to_bits(), rows, x_off, out_off];
-        self.dispatch(
-            "rms_norm",
-            &params,
-            &[
-                (1, x_buf.as_entire_binding()),
-                (2, w[0].0.as_entire_binding()),
-                (3, out_buf.as_entire_binding()),
-            ],
-            [gx, gy, 1],
-        )
+        self.grid(rows as u64)?;
+        self.defer_rms_norm(x, w[0].0.clone(), n as u32, eps, out)
     }
 
     fn add(&mut self, acc: Buf, x: Buf) -> OpResult<()> {
-        self.binary_act("add", acc, x)
+        self.check_binary("add", acc, x)?;
+        self.defer_add(acc, x)
     }
 
     fn swiglu(&mut self, gate: Buf, up: Buf) -> OpResult<()> {
-        self.binary_act("swiglu", gate, up)
+        self.check_binary("swiglu", gate, up)?;
+        self.defer_swiglu(gate, up)
     }
 
     fn geglu(&mut self, gate: Buf, up: Buf) -> OpResult<()> {
@@ -824,27 +860,20 @@ impl GpuOps for State {
             return Ok(());
         };
         u32_of(OP, "length", x.len())?;
-        let (x_buf, x_off) = self.act(OP, "x", x)?;
-        let table = p.cos_sin_table(positions, n_rot);
-        let table_at = self
-            .params
-            .push(&self.gpu.device, bytemuck::cast_slice(&table));
+        let (_, x_off) = self.act(OP, "x", x)?;
         let total = positions.len() as u64 * n_head as u64 * (n_rot / 2) as u64;
-        let groups = self.grid_1d(total)?;
-        let params = [
-            positions.len() as u32,
-            n_head as u32,
-            head_dim as u32,
-            p.n_rot,
-            u32::from(p.neox),
+        self.grid_1d(2 * total)?;
+        let rope = fusion::Rope {
+            x,
             x_off,
-        ];
-        self.dispatch(
-            "rope",
-            &params,
-            &[(1, x_buf.as_entire_binding()), (2, table_at.binding())],
-            groups,
-        )
+            n_head: n_head as u32,
+            head_dim: head_dim as u32,
+            n_rot: p.n_rot,
+            neox: p.neox,
+            n_tokens: positions.len() as u32,
+            table: p.cos_sin_table(positions, n_rot),
+        };
+        self.rope_or_pair(rope)
     }
 
     fn kv_create(&mut self, spec: KvSpec) -> OpResult<u64> {
@@ -881,7 +910,8 @@ impl GpuOps for State {
         self.kv.truncate(kv, n_pos)
     }
 
-    /// One span after another: its keys and values stored into its cache (`store_f16`),
+    /// One span after another: its keys and values stored into its cache (`store_f16`, one
+    /// dispatch for both),
     /// then a dispatch of (head, token) workgroups over its rows of `q` and `out`.
     fn attention_spans(
         &mut self,
@@ -924,18 +954,25 @@ impl GpuOps for State {
                 (cache.k[layer].clone(), cache.v[layer].clone())
             };
             let row0 = plan.row0;
-            for (src, src_off, dst, d) in [(&k_buf, k_off, &kc, dk), (&v_buf, v_off, &vc, dv)] {
-                let words = u32_of(OP, "cache words", n_tokens * n_head_kv * d / 2)?;
-                if words == 0 {
-                    continue;
-                }
-                let off = u32_of(OP, "cache offset", start * n_head_kv * d / 2)?;
-                let from = src_off + u32_of(OP, "row offset", row0 * n_head_kv * d)?;
-                let groups = self.grid_1d(words as u64)?;
+            // The keys' and values' words, cache offsets and source offsets.
+            let mut store = [0u32; 6];
+            for (i, (src_off, d)) in [(k_off, dk), (v_off, dv)].into_iter().enumerate() {
+                store[3 * i] = u32_of(OP, "cache words", n_tokens * n_head_kv * d / 2)?;
+                store[3 * i + 1] = u32_of(OP, "cache offset", start * n_head_kv * d / 2)?;
+                store[3 * i + 2] = src_off + u32_of(OP, "row offset", row0 * n_head_kv * d)?;
+            }
+            let words = store[0] as u64 + store[3] as u64;
+            if words > 0 {
+                let groups = self.grid_1d(words)?;
                 self.dispatch(
                     "store_f16",
-                    &[words, off, from],
-                    &[(1, src.as_entire_binding()), (2, dst.as_entire_binding())],
+                    &store,
+                    &[
+                        (1, k_buf.as_entire_binding()),
+                        (2, kc.as_entire_binding()),
+                        (3, v_buf.as_entire_binding()),
+                        (4, vc.as_entire_binding()),
+                    ],
                     groups,
                 )?;
             }
@@ -952,8 +989,12 @@ impl GpuOps for State {
                 q_off + u32_of(OP, "row offset", row0 * n_head * dk)?,
                 out_off + u32_of(OP, "row offset", row0 * n_head * dv)?,
             ];
+            let kernel = match self.row_per_invocation {
+                true => "attention_narrow",
+                false => "attention",
+            };
             self.dispatch(
-                "attention",
+                kernel,
                 &params,
                 &[
                     (1, q_buf.as_entire_binding()),

@@ -7,7 +7,9 @@
 // tail after), soft-capped; e_j = exp(s_j − max); total = Σ e_j in order in {TOTAL_T};
 // p_j = f16(e_j · (1 / total)); out = Σ_j p_j · v_j in key order.
 // SC is scratch of `span` floats per (token, head). Q and OUT start at q_off and out_off.
-const WG: u32 = 64u;
+// {WG} invocations per workgroup (kernels::attention_workgroup); few barriers, since on a
+// CPU adapter each one switches between the workgroup's SIMD vectors.
+const WG: u32 = {WG}u;
 
 struct Params {
     n_head: u32,
@@ -31,7 +33,7 @@ struct Params {
 @group(0) @binding(5) var<storage, read_write> SC: array<f32>;
 
 var<workgroup> qs: array<f32, 512>;
-var<workgroup> red: array<f32, 64>;
+var<workgroup> red: array<f32, WG>;
 var<workgroup> norm_sh: f32;
 
 fn half_at(words: u32, idx: u32) -> f32 {
@@ -40,7 +42,7 @@ fn half_at(words: u32, idx: u32) -> f32 {
 
 {EXP_FN}
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let h = wid.x;
     let t = wid.y;
@@ -86,20 +88,22 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         SC[sc + i] = s;
         m = max(m, s);
     }
+    // The max is exact in any order: the first invocation takes it alone, one barrier
+    // rather than a tree's six (each a switch between invocations on a CPU adapter).
     red[lid] = m;
     workgroupBarrier();
-    for (var o = WG / 2u; o > 0u; o = o >> 1u) {
-        if (lid < o) {
-            red[lid] = max(red[lid], red[lid + o]);
+    if (lid == 0u) {
+        for (var o = 1u; o < WG; o++) {
+            m = max(m, red[o]);
         }
-        workgroupBarrier();
+        norm_sh = m;
     }
-    m = red[0];
+    workgroupBarrier();
+    m = norm_sh;
     for (var i = lid; i < n; i += WG) {
         SC[sc + i] = exp_shifted(SC[sc + i] - m);
     }
     storageBarrier();
-    workgroupBarrier();
     if (lid == 0u) {
         var total = {TOTAL_T}(0);
         for (var i = 0u; i < n; i++) {
@@ -113,17 +117,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     workgroupBarrier();
     let norm = norm_sh;
-    for (var i = lid; i < n; i += WG) {
-        SC[sc + i] = round_f16(SC[sc + i] * norm);
-    }
-    storageBarrier();
-    workgroupBarrier();
+    // Each invocation rounds the probabilities it needs itself (the same bits every
+    // time): no pass and no barrier between.
     let oh = P.out_off + (t * P.n_head + h) * P.dv;
     for (var d = lid; d < P.dv; d += WG) {
         var o = 0.0;
         for (var i = 0u; i < n; i++) {
             let idx = ((first + i) * P.n_head_kv + kvh) * P.dv + d;
-            o = o + SC[sc + i] * half_at(V[idx >> 1u], idx);
+            o = o + round_f16(SC[sc + i] * norm) * half_at(V[idx >> 1u], idx);
         }
         OUT[oh + d] = o;
     }

@@ -1,6 +1,6 @@
 // {NAME}: X[i] = op(X[i], Y[i % period]) over n elements (from x_off and y_off), with the CPU backend's numerics:
-// add, add_bias (Y is the bias, period its length), swiglu and geglu (SiLU and tanh-GELU
-// as x / (1 + e^-z) with the CPU's own e^x, ops/activation.rs).
+// add, add_bias (Y is the bias, period its length), swiglu (common.wgsl) and geglu (SiLU and
+// tanh-GELU as x / (1 + e^-z) with the CPU's own e^x, ops/activation.rs).
 struct Params {
     n: u32,
     period: u32,
@@ -18,11 +18,6 @@ fn op_add(a: f32, b: f32) -> f32 {
 
 fn op_add_bias(a: f32, b: f32) -> f32 {
     return a + b;
-}
-
-// silu(g) · up, silu(g) = g / (1 + e^−g).
-fn op_swiglu(g: f32, up: f32) -> f32 {
-    return (g / (1.0 + exp_cpu(-g))) * up;
 }
 
 // gelu_tanh(g) · up, gelu_tanh(g) = g / (1 + e^−(2√(2/π) g (1 + 0.044715 g²))).

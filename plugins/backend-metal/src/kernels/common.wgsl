@@ -79,6 +79,12 @@ fn exp_cpu(x_in: f32) -> f32 {
     return p * two_n;
 }
 
+// SwiGLU's silu(g) · up, silu(g) = g / (1 + e^−g) (the binary kernel's, and the quantizer's
+// that takes it on the way).
+fn op_swiglu(g: f32, up: f32) -> f32 {
+    return (g / (1.0 + exp_cpu(-g))) * up;
+}
+
 // Each byte of `v` (every one in 0..127) minus `k` (≤ 128), as four signed bytes: the set
 // top bits stop borrows from crossing bytes.
 fn sub_bytes(v: u32, k: u32) -> u32 {

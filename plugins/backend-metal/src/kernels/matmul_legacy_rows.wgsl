@@ -57,9 +57,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let nb = P.cols / 32u;
     let wr = row * P.row_bytes;
 {DECLARE}
-    for (var blk = 0u; blk < nb; blk++) {
-        let k = {BLOCK};
-{ACCUMULATE}
-    }
+{BLOCKS}
 {STORE}
 }

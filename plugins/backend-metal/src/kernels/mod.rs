@@ -26,6 +26,16 @@ pub const WG: u32 = 64;
 /// Tokens per matmul workgroup: `TOK` in matmul_quant.wgsl, 4 in matmul_float.wgsl.
 pub const MATMUL_TOKENS_QUANT: u32 = 8;
 pub const MATMUL_TOKENS_FLOAT: u32 = 4;
+/// Invocations per attention workgroup: 64 on GPUs, 16 in `attention_narrow` for CPU
+/// adapters, where each barrier switches between a workgroup's SIMD vectors of 8.
+pub fn attention_workgroup(name: &str) -> u32 {
+    if name == "attention_narrow" {
+        16
+    } else {
+        64
+    }
+}
+
 /// The largest head size attention takes (`qs` in attention.wgsl).
 pub const ATT_MAX_HEAD_DIM: u32 = 512;
 
@@ -65,27 +75,73 @@ pub fn source(name: &str, f64: bool) -> Option<String> {
         };
         src.push_str(&fill(template, f));
     } else if let Some(kind) = name.strip_prefix("quantize_") {
-        let body = match kind {
-            "q8_0" => "quantize_32(blk, false);",
-            "q8_1" => "quantize_32(blk, true);",
-            "q8_k" => "quantize_256(blk);",
-            _ => return None,
+        let (swiglu, kind) = match kind.strip_prefix("swiglu_") {
+            Some(k) => (true, k),
+            None => (false, kind),
         };
+        let mut body = match kind {
+            "q8_0" => "quantize_32(blk, x0, false);",
+            "q8_1" => "quantize_32(blk, x0, true);",
+            "q8_k" if !swiglu => "quantize_256(blk, x0);",
+            _ => return None,
+        }
+        .to_string();
+        let block = if kind == "q8_k" { 256 } else { 32 };
+        body.insert_str(0, &format!("let x0 = P.x_off + blk * {block}u;\n    "));
+        let (access, up) = if swiglu {
+            body.insert_str(
+                0,
+                "for (var i = 0u; i < 32u; i++) {\n        \
+                 let x = P.x_off + blk * 32u + i;\n        \
+                 X[x] = op_swiglu(X[x], UP[P.up_off + blk * 32u + i]);\n    }\n    ",
+            );
+            (
+                "read_write",
+                "@group(0) @binding(3) var<storage, read> UP: array<f32>;",
+            )
+        } else {
+            ("read", "")
+        };
+        src.push_str(include_str!("quantize_blocks.wgsl"));
         src.push_str(
             &include_str!("quantize.wgsl")
                 .replace("{KIND}", kind)
-                .replace("{BODY}", body),
+                .replace("{X_ACCESS}", access)
+                .replace("{UP_BINDING}", up)
+                .replace("{BODY}", &body),
         );
+    } else if let Some(rest) = name.strip_suffix("rms_norm").or_else(|| {
+        ["_q8_0", "_q8_1"]
+            .iter()
+            .find_map(|q| name.strip_suffix(q)?.strip_suffix("rms_norm"))
+    }) {
+        let add = match rest {
+            "" => false,
+            "add_" => true,
+            _ => return None,
+        };
+        src.push_str(&rms_norm_source(add, name.strip_prefix(rest)?, sum_t));
     } else {
         match name {
             "add" | "add_bias" | "swiglu" | "geglu" => {
                 src.push_str(&include_str!("binary.wgsl").replace("{NAME}", name))
             }
             "scale" => src.push_str(include_str!("scale.wgsl")),
-            "rms_norm" => src.push_str(&include_str!("rms_norm.wgsl").replace("{SUM_T}", sum_t)),
-            "rope" => src.push_str(include_str!("rope.wgsl")),
+            "rope" => src.push_str(
+                &include_str!("rope.wgsl")
+                    .replace("{X2_BINDING}", "")
+                    .replace("{SECOND}", ""),
+            ),
+            "rope_pair" => src.push_str(
+                &include_str!("rope.wgsl")
+                    .replace(
+                        "{X2_BINDING}",
+                        "@group(0) @binding(3) var<storage, read_write> X2: array<f32>;",
+                    )
+                    .replace("{SECOND}", ROPE_SECOND),
+            ),
             "store_f16" => src.push_str(include_str!("store_f16.wgsl")),
-            "attention" => {
+            "attention" | "attention_narrow" => {
                 let exp = if f64 {
                     include_str!("exp_f64.wgsl")
                 } else {
@@ -94,7 +150,8 @@ pub fn source(name: &str, f64: bool) -> Option<String> {
                 src.push_str(
                     &include_str!("attention.wgsl")
                         .replace("{TOTAL_T}", sum_t)
-                        .replace("{EXP_FN}", exp),
+                        .replace("{EXP_FN}", exp)
+                        .replace("{WG}", &attention_workgroup(name).to_string()),
                 );
             }
             _ => return None,
@@ -102,6 +159,62 @@ pub fn source(name: &str, f64: bool) -> Option<String> {
     }
     Some(src)
 }
+
+/// rms_norm.wgsl for `name` (`rms_norm`, `rms_norm_q8_0`, `rms_norm_q8_1`), with the
+/// residual added first if `add`.
+fn rms_norm_source(add: bool, name: &str, sum_t: &str) -> String {
+    let quant = match name {
+        "rms_norm" => None,
+        "rms_norm_q8_0" => Some(false),
+        "rms_norm_q8_1" => Some(true),
+        _ => unreachable!("rms_norm variants are matched by name"),
+    };
+    let mut src = String::new();
+    if quant.is_some() {
+        src.push_str(include_str!("quantize_blocks.wgsl"));
+    }
+    let (access, load, barrier) = if add {
+        (
+            "read_write",
+            "            let xi = X[x0 + i] + OUT[P.h_off + row * P.n + i];\n            X[x0 + i] = xi;",
+            "    storageBarrier();\n    workgroupBarrier();",
+        )
+    } else {
+        (
+            "read",
+            "            let xi = X[x0 + i];",
+            "    workgroupBarrier();",
+        )
+    };
+    let (bindings, quantize) = match quant {
+        Some(with_s) => (
+            "@group(0) @binding(5) var<storage, read_write> A: array<u32>;".to_string(),
+            format!(
+                "    let nb = P.n / 32u;\n    for (var b = lid; b < nb; b += 64u) {{\n        \
+                 quantize_32(row * nb + b, 32u * b, {with_s});\n    }}"
+            ),
+        ),
+        None => (String::new(), String::new()),
+    };
+    src.push_str(
+        &include_str!("rms_norm.wgsl")
+            .replace("{SUM_T}", sum_t)
+            .replace("{X_ACCESS}", access)
+            .replace("{LOAD}", load)
+            .replace("{BARRIER}", barrier)
+            .replace("{EXTRA_BINDINGS}", &bindings)
+            .replace("{QUANTIZE}", &quantize),
+    );
+    src
+}
+
+/// `rope_pair`'s turn of X2, after X's invocations.
+const ROPE_SECOND: &str = "    else if (idx - n1 < P.n_tokens * P.n_head2 * (P.n_rot / 2u)) {
+        let e = pair_of(idx - n1, P.n_head2);
+        let r = turn(X2[P.x2_off + e.x], X2[P.x2_off + e.y], e);
+        X2[P.x2_off + e.x] = r.x;
+        X2[P.x2_off + e.y] = r.y;
+    }";
 
 fn push_format(src: &mut String, f: &Format) {
     src.push_str(WEIGHTS);
@@ -132,17 +245,29 @@ pub struct LegacyRows {
     pub uniform: bool,
     /// Weights from a texture (crate::texels) or their stored blocks.
     pub texels: bool,
+    /// Blocks per row when the block loop is unrolled (one token only), 0 for a loop.
+    /// llvmpipe loads a uniform buffer once for all lanes only at an offset it can see is
+    /// the same in every lane, which a loop counter is not; unrolled, every activation
+    /// offset is a constant.
+    pub unrolled: u32,
 }
+
+/// The most blocks per row an unrolled kernel takes (its source grows with them).
+pub const MAX_UNROLLED_BLOCKS: u32 = 64;
 
 /// Formats the texture variant reads (crate::texels::Layout).
 pub const TEXEL_FORMATS: [&str; 2] = ["q4_1", "q8_0"];
 
 impl LegacyRows {
-    /// The pipeline name: `rowmatmul_tok{T}[_ubo][_tex]_<format>`.
+    /// The pipeline name: `rowmatmul_tok{T}[_ubo][_tex][_pairs]_<format>`.
     pub fn name(&self, kernel: &str) -> String {
         let ubo = if self.uniform { "_ubo" } else { "" };
         let tex = if self.texels { "_tex" } else { "" };
-        format!("rowmatmul_tok{}{ubo}{tex}_{kernel}", self.tokens)
+        let unrolled = match self.unrolled {
+            0 => String::new(),
+            n => format!("_nb{n}"),
+        };
+        format!("rowmatmul_tok{}{ubo}{tex}{unrolled}_{kernel}", self.tokens)
     }
 }
 
@@ -154,17 +279,30 @@ fn legacy_rows_kernel(name: &str) -> Option<(LegacyRows, &str)> {
         Some(r) => (true, r),
         None => (false, rest),
     };
-    let (texels, kernel) = match rest.strip_prefix("tex_") {
+    let (texels, rest) = match rest.strip_prefix("tex_") {
         Some(k) => (true, k),
         None => (false, rest),
     };
-    if texels && !TEXEL_FORMATS.contains(&kernel) {
+    let (unrolled, kernel) = match rest.strip_prefix("nb") {
+        Some(r) => {
+            let (n, k) = r.split_once('_')?;
+            (
+                n.parse()
+                    .ok()
+                    .filter(|n| (1..=MAX_UNROLLED_BLOCKS).contains(n))?,
+                k,
+            )
+        }
+        None => (0, rest),
+    };
+    if (texels && !TEXEL_FORMATS.contains(&kernel)) || (unrolled > 0 && tokens != 1) {
         return None;
     }
     let v = LegacyRows {
         tokens,
         uniform,
         texels,
+        unrolled,
     };
     LEGACY_ROWS_TOKENS.contains(&tokens).then_some((v, kernel))
 }
@@ -175,8 +313,14 @@ fn fill_legacy_rows(f: &Format, v: LegacyRows) -> String {
     let tok = v.tokens;
     let (mut declare, mut accumulate, mut store) = (String::new(), String::new(), String::new());
     for t in 0..tok {
+        // Unrolled (one token): token 0, a constant, so activation offsets are too.
+        let token = if v.unrolled > 0 {
+            "0u".to_string()
+        } else {
+            format!("min(t0 + {t}u, last)")
+        };
         declare.push_str(&format!(
-            "    var acc{t} = 0.0;\n    let tok{t} = min(t0 + {t}u, last);\n"
+            "    var acc{t} = 0.0;\n    let tok{t} = {token};\n"
         ));
         accumulate.push_str(&format!(
             "        acc{t} = acc{t} + opaque(token_value(k, tok{t}, blk, nb));\n"
@@ -201,7 +345,35 @@ fn fill_legacy_rows(f: &Format, v: LegacyRows) -> String {
         src.push_str(include_str!("weights_texels.wgsl"));
     }
     src.push_str(&include_str!("matmul_legacy_rows.wgsl").replace("{BLOCK}", block));
-    fill(&src, f)
+    let blocks = if v.unrolled > 0 {
+        // Texels: a texel of scale words per 4 blocks, read before the first of them.
+        let quant_texels = if f.kernel == "q8_0" { 2 } else { 1 };
+        (0..v.unrolled)
+            .map(|b| {
+                let (scales, block) = match v.texels {
+                    true => (
+                        match b % 4 {
+                            0 => format!(
+                                "    let sc{} = tex_scales(row, nb, {quant_texels}u, {}u);\n",
+                                b / 4,
+                                b / 4
+                            ),
+                            _ => String::new(),
+                        },
+                        format!("tex_{{NAME}}_s(row, {b}u, sc{}[{}])", b / 4, b % 4),
+                    ),
+                    false => (String::new(), block.to_string()),
+                };
+                format!(
+                    "{scales}    {{\n        let blk = {b}u;\n        let k = {block};\n{{ACCUMULATE}}\n    }}"
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    } else {
+        format!("    for (var blk = 0u; blk < nb; blk++) {{\n        let k = {block};\n{{ACCUMULATE}}\n    }}")
+    };
+    fill(&src.replace("{BLOCKS}", &blocks), f)
         .replace("{TOK}", &tok.to_string())
         .replace("{ACT}", act.trim_end())
         .replace("{DECLARE}", declare.trim_end())
@@ -235,8 +407,20 @@ pub fn all_kernels() -> Vec<String> {
                         tokens,
                         uniform,
                         texels,
+                        unrolled: 0,
                     };
                     v.push(variant.name(f.kernel));
+                    if tokens == 1 {
+                        for unrolled in [1, 18, MAX_UNROLLED_BLOCKS] {
+                            v.push(
+                                LegacyRows {
+                                    unrolled,
+                                    ..variant
+                                }
+                                .name(f.kernel),
+                            );
+                        }
+                    }
                 }
             }
         }
@@ -245,6 +429,13 @@ pub fn all_kernels() -> Vec<String> {
         "quantize_q8_0",
         "quantize_q8_1",
         "quantize_q8_k",
+        "quantize_swiglu_q8_0",
+        "quantize_swiglu_q8_1",
+        "add_rms_norm",
+        "rms_norm_q8_0",
+        "rms_norm_q8_1",
+        "add_rms_norm_q8_0",
+        "add_rms_norm_q8_1",
         "add",
         "add_bias",
         "swiglu",
@@ -252,8 +443,10 @@ pub fn all_kernels() -> Vec<String> {
         "scale",
         "rms_norm",
         "rope",
+        "rope_pair",
         "store_f16",
         "attention",
+        "attention_narrow",
     ] {
         v.push(k.to_string());
     }
@@ -287,6 +480,16 @@ mod tests {
                     "{ACT}",
                     "{ACT_VEC4S}",
                     "{BLOCK}",
+                    "{BLOCKS}",
+                    "{X_ACCESS}",
+                    "{UP_BINDING}",
+                    "{LOAD}",
+                    "{BARRIER}",
+                    "{EXTRA_BINDINGS}",
+                    "{QUANTIZE}",
+                    "{WG}",
+                    "{X2_BINDING}",
+                    "{SECOND}",
                 ] {
                     assert!(!src.contains(hole), "{name}: {hole} left unfilled");
                 }
@@ -305,9 +508,13 @@ mod tests {
         }
         assert!(source("matmul_q8_k", false).is_none());
         assert!(source("nothing", false).is_none());
+        assert!(source("quantize_swiglu_q8_k", false).is_none());
+        assert!(source("mul_rms_norm", false).is_none());
         assert!(source("rowmatmul_tok1_q4_k", false).is_none());
         assert!(source("rowmatmul_tok3_q4_1", false).is_none());
         assert!(source("rowmatmul_tok1_tex_q4_0", false).is_none());
+        assert!(source("rowmatmul_tok8_nb18_q4_1", false).is_none());
+        assert!(source("rowmatmul_tok1_nb65_q4_1", false).is_none());
     }
 
     #[test]

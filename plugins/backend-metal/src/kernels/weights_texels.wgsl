@@ -22,3 +22,21 @@ fn tex_q8_0(row: u32, blk: u32, nb: u32) -> Block32 {
     k.d = f16_to_f32(tex_scale(row, blk, nb, 2u));
     return k;
 }
+
+// As `tex_<name>`, with the block's scale word already read: an unrolled kernel reads each
+// texel of 4 scale words once, for 4 blocks (`tex_scales`).
+fn tex_scales(row: u32, nb: u32, q: u32, group: u32) -> vec4<u32> {
+    return textureLoad(WT, vec2<u32>(nb * q + group, row), 0);
+}
+
+fn tex_q4_1_s(row: u32, blk: u32, s: u32) -> Block32 {
+    return q4_1_block(s, textureLoad(WT, vec2<u32>(blk, row), 0));
+}
+
+fn tex_q8_0_s(row: u32, blk: u32, s: u32) -> Block32 {
+    var k: Block32;
+    k.lo = textureLoad(WT, vec2<u32>(2u * blk, row), 0);
+    k.hi = textureLoad(WT, vec2<u32>(2u * blk + 1u, row), 0);
+    k.d = f16_to_f32(s);
+    return k;
+}
