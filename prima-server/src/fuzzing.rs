@@ -18,9 +18,9 @@ use crate::harmony::{Reply, ReplyFormat, ReplyReader};
 use crate::openai::{parse_request, Api};
 use prima_cluster::manifest::LoadedManifest;
 use prima_cluster::prp::protocol::{
-    decode, encode_activations, encode_control, read_logit_rows, read_logits, read_payload,
-    Activations, Control, Frame, MemoryBaseline, ModelFingerprint, NextHop, PassStats, Ready, Role,
-    RoundWindow, Setup, WireType, PROTOCOL_VERSION,
+    decode, encode_activations, encode_control, encode_tokens, read_logit_rows, read_logits,
+    read_payload, read_tokens, Activations, Control, Frame, MemoryBaseline, ModelFingerprint,
+    NextHop, PassStats, Ready, Role, RoundWindow, Setup, WireType, PROTOCOL_VERSION,
 };
 use prima_cluster::prp::residency::Residency;
 use prima_core::batch::SeqSpan;
@@ -130,6 +130,14 @@ pub fn ring_frame(data: &[u8]) {
             let n = header.n_tokens as usize;
             if n > TINY_N_BATCH {
                 return;
+            }
+            // A frame of token ids, as a head that runs no layer sends them.
+            let mut tokens = Vec::new();
+            if read_tokens(&header, payload, model.hparams().n_vocab, &mut tokens).is_ok() {
+                let mut table = Vec::new();
+                spans.read_into(&mut table);
+                let mut out = Vec::new();
+                encode_tokens(&mut out, &header, &table, &[], &tokens);
             }
             let mut hidden = vec![0.0f32; n * TINY_N_EMBD];
             if let Ok(section) = read_payload(&header, payload, TINY_N_EMBD, &mut hidden) {
@@ -392,6 +400,12 @@ fn ring_seeds() -> Vec<Vec<u8>> {
         let mut frame = Vec::new();
         encode_activations(&mut frame, &header, &spans, &x);
         seeds.push(frame);
+        if wire == WireType::F32 {
+            // The same batch as the head's tokens.
+            let mut frame = Vec::new();
+            encode_tokens(&mut frame, &header, &spans, &[1], &[3, 1]);
+            seeds.push(frame);
+        }
     }
     seeds
 }
