@@ -397,7 +397,10 @@ fn a_ring_of_three_batches_exactly_what_each_sequence_gets_alone() {
     // a time, and up to 2 and 3 micro-batches in the ring at once.
     // The last three with the output layer on the last node, every logit sent back
     // (issue 38): the same bits.
-    let every_logit = Some(OutputSetup { top_k: 0 });
+    let every_logit = Some(OutputSetup {
+        top_k: 0,
+        hidden: true,
+    });
     let rings = [
         ([10, 10, 10], 64, 1, None),
         ([10, 10, 10], 64, 3, None),

@@ -203,9 +203,10 @@ fn three_devices_with_the_output_layer_off_the_head_compute_what_one_does() {
         let mut single = Session::new(&model, be, 256, 64).unwrap();
         let (want_tokens, want_logits) = greedy(&mut single, &prompt, GENERATE);
         for windows in [[10, 10, 10], [4, 3, 3], [0, 30, 0], [0, 0, 30]] {
-            for top_k in [0u32, 64] {
+            // Every logit with the hidden states back; the top 64 alone (as `apply` runs).
+            for (top_k, hidden) in [(0u32, true), (64, false)] {
                 let options = RingOptions {
-                    output: Some(OutputSetup { top_k }),
+                    output: Some(OutputSetup { top_k, hidden }),
                     ..options()
                 };
                 let mut head =
@@ -213,7 +214,7 @@ fn three_devices_with_the_output_layer_off_the_head_compute_what_one_does() {
                         .unwrap_or_else(|e| panic!("windows {windows:?}: {e}"));
                 let (tokens, logits) = greedy(&mut head, &prompt, GENERATE);
                 let case = format!(
-                    "windows {windows:?}, top_k {top_k}, prompt of {} tokens",
+                    "windows {windows:?}, top_k {top_k}, hidden {hidden}, prompt of {} tokens",
                     prompt.len()
                 );
                 assert_eq!(tokens, want_tokens, "{case}");

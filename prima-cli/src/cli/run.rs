@@ -195,6 +195,8 @@ impl RingArgs {
                 n_ctx,
                 micro_batches: RingOptions::default().micro_batches,
                 head_reserved: reserved,
+                // Perplexity and a draft's verification take rows' logits after the fact.
+                row_logits: true,
                 security: self.key.security()?,
             },
         );

@@ -74,6 +74,10 @@ pub struct LaunchSettings {
     pub micro_batches: Option<usize>,
     /// Bytes the head's process holds beside its windows (a draft model and its caches).
     pub head_reserved: u64,
+    /// The caller asks rows' logits after an evaluation (`RowLogits`: perplexity, a
+    /// draft's verification), so an output device off the head sends the hidden states
+    /// back with the logits.
+    pub row_logits: bool,
     pub security: LinkSecurity,
 }
 
@@ -105,6 +109,7 @@ pub fn ring_options(
             .output_on_last
             .then_some(crate::prp::protocol::OutputSetup {
                 top_k: policy.output_top_k,
+                hidden: settings.row_logits,
             }),
     }
 }
@@ -291,6 +296,7 @@ parallel = 3
             n_ctx: 512,
             micro_batches: Some(2),
             head_reserved: 7,
+            row_logits: false,
             security: LinkSecurity::Insecure,
         };
         let options = ring_options(&policy, &layout, settings);
@@ -316,6 +322,7 @@ parallel = 3
             n_ctx: 512,
             micro_batches: None,
             head_reserved: 0,
+            row_logits: false,
             security: LinkSecurity::Insecure,
         };
         let options = ring_options(&policy, &layout, settings);

@@ -391,7 +391,7 @@ impl<'m> RingHead<'m> {
                 nodes.len()
             )));
         }
-        if options.wire == WireType::Tokens {
+        if !options.wire.carries_hidden_states() {
             return Err(RingError::Plan(
                 "hidden states travel as f32 or f16; token ids are a frame's kind, not a ring's wire type".into(),
             ));
@@ -1235,8 +1235,9 @@ impl RingHead<'_> {
     }
 }
 
-/// The last pass brings every row's hidden state back to the head, so any row's logits
-/// are computed here, as the last one's are.
+/// The last pass brings every row's hidden state back to the head (unless the output
+/// device was told to send only logits: `OutputSetup::hidden`), so any row's logits are
+/// computed here.
 impl RowLogits for RingHead<'_> {
     fn n_batch(&self) -> usize {
         self.session.n_batch()
@@ -1247,6 +1248,11 @@ impl RowLogits for RingHead<'_> {
         rows: std::ops::Range<usize>,
         out: &mut [f32],
     ) -> Result<(), RingError> {
+        if self.ring.remote_output.is_some_and(|o| !o.hidden) {
+            return Err(RingError::Plan(
+                "rows' logits after the fact need the hidden states back from the output device (RingOptions::output.hidden)".into(),
+            ));
+        }
         Ok(self.session.logits_rows(rows, out)?)
     }
 }

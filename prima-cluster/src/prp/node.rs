@@ -226,7 +226,7 @@ pub fn check_setup(
             ));
         }
     }
-    if setup.wire == WireType::Tokens {
+    if !setup.wire.carries_hidden_states() {
         return Err("hidden states travel as f32 or f16; token ids are a frame's kind, not a ring's wire type".into());
     }
     if setup.n_batch == 0 || setup.n_ctx == 0 || setup.n_slots == 0 {
@@ -606,11 +606,6 @@ fn compute_loop(
             }
             read_tokens(&header, payload, n_vocab, &mut tokens).map_err(protocol_error(&peer))?;
         }
-        // What this node sends on: hidden states, in the ring's wire type.
-        let out_header = Activations {
-            wire: if tokens_in { setup.wire } else { header.wire },
-            ..header
-        };
         // The step computed ahead, when this is it (its cache entries are in place).
         let guessed = match ahead.as_mut().filter(|a| a.has_guess()) {
             Some(a) => {
@@ -692,6 +687,18 @@ fn compute_loop(
             })
         };
         let sending = Instant::now();
+        // What this node sends on: hidden states in the ring's wire type, or after the
+        // output layer only the logits when the head wants no more.
+        let last_round = round + 1 == setup.rounds;
+        let out_wire = match setup.output {
+            Some(o) if top_k.is_some() && last_round && !o.hidden => WireType::LogitsOnly,
+            _ if tokens_in => setup.wire,
+            _ => header.wire,
+        };
+        let out_header = Activations {
+            wire: out_wire,
+            ..header
+        };
         let (sent_spans, hidden) = match &guessed {
             Some(g) => (&spans[..], &g.hidden[..]),
             None => session.outgoing()?,

@@ -26,7 +26,9 @@ use prima_core::gguf::GgufFile;
 ///    a frame lists the rows whose logits the head wants, and that device's last frame
 ///    of a batch carries their logits after the hidden states.
 /// 7: a head that runs no layer in round 0 sends that round's frames as token ids
-///    ([`WireType::Tokens`]); the next device embeds them.
+///    ([`WireType::Tokens`]); the next device embeds them. The output device returns
+///    only logits unless the head asks for the hidden states too
+///    ([`OutputSetup::hidden`], [`WireType::LogitsOnly`]).
 pub const PROTOCOL_VERSION: u32 = 7;
 
 const KIND_CONTROL: u8 = b'C';
@@ -107,6 +109,10 @@ pub enum WireType {
     /// fresh TCP connection needs several round trips to carry). The device that gets it
     /// embeds the tokens itself. A frame's kind, never a ring's setting.
     Tokens,
+    /// No hidden states: the output device's last frame of a batch when the head wants
+    /// only the logits ([`OutputSetup::hidden`] false), which follow at once. A frame's
+    /// kind, never a ring's setting.
+    LogitsOnly,
 }
 
 impl WireType {
@@ -115,6 +121,7 @@ impl WireType {
             WireType::F32 => 0,
             WireType::F16 => 1,
             WireType::Tokens => 2,
+            WireType::LogitsOnly => 3,
         }
     }
 
@@ -123,6 +130,7 @@ impl WireType {
             0 => Ok(WireType::F32),
             1 => Ok(WireType::F16),
             2 => Ok(WireType::Tokens),
+            3 => Ok(WireType::LogitsOnly),
             other => Err(ProtocolError::BadWireType(other)),
         }
     }
@@ -132,7 +140,14 @@ impl WireType {
         match self {
             WireType::F32 | WireType::Tokens => 4,
             WireType::F16 => 2,
+            WireType::LogitsOnly => 0,
         }
+    }
+
+    /// Whether a ring may use this type for its hidden states (the others are kinds of
+    /// frame).
+    pub fn carries_hidden_states(self) -> bool {
+        matches!(self, WireType::F32 | WireType::F16)
     }
 }
 
@@ -213,6 +228,16 @@ pub struct OutputSetup {
     /// with −∞), 0: every logit. Greedy decoding, and a sampler whose own top-k is at
     /// most this, see what the whole row gives them.
     pub top_k: u32,
+    /// The hidden states come back with the logits, for the head to compute any row's
+    /// logits after the fact (`RowLogits`: perplexity, a draft's verification); false:
+    /// only the logits, so a prompt's return is a few hundred bytes, not rows × n_embd
+    /// floats.
+    #[serde(default = "hidden_by_default")]
+    pub hidden: bool,
+}
+
+fn hidden_by_default() -> bool {
+    true
 }
 
 fn one_slot() -> usize {
@@ -440,9 +465,9 @@ pub fn encode_activations_for(
                 out.extend_from_slice(&half::f16::from_f32(*v).to_le_bytes());
             }
         }
-        // Hidden states are never sent as tokens: the caller sends tokens with
-        // `encode_tokens`.
-        WireType::Tokens => {}
+        // Hidden states are never sent as tokens (the caller sends tokens with
+        // `encode_tokens`), and a logits-only frame has none.
+        WireType::Tokens | WireType::LogitsOnly => {}
     }
 }
 
@@ -625,7 +650,8 @@ pub fn read_payload<'a>(
                 *o = half::f16::from_le_bytes([b[0], b[1]]).to_f32();
             }
         }
-        WireType::Tokens => {}
+        // Nothing came: `out` keeps what it held.
+        WireType::Tokens | WireType::LogitsOnly => {}
     }
     Ok(logits)
 }
@@ -827,6 +853,26 @@ mod tests {
         assert!(matches!(err, ProtocolError::BadLength { .. }), "{err}");
         let err = read_payload(&h, payload, 2, &mut [0.0; 6]).unwrap_err();
         assert!(matches!(err, ProtocolError::TokensUnexpected), "{err}");
+
+        // The output device's answer without hidden states: the logits follow the table.
+        let back = Activations {
+            wire: WireType::LogitsOnly,
+            ..header
+        };
+        encode_activations_for(&mut buf, &back, &spans, &[2], &[1.0; 6]);
+        append_logits(&mut buf, 0, 2, &[0.5, -0.5]);
+        assert_eq!(buf.len(), HEADER_BYTES + SPAN_BYTES + 4 + 4 + 2 * 4);
+        let Frame::Activations(h, _, payload) = decode(&buf).unwrap() else {
+            panic!("not an activation frame");
+        };
+        let mut hidden = [7.0f32; 6];
+        let section = read_payload(&h, payload, 2, &mut hidden).unwrap();
+        assert_eq!(hidden, [7.0; 6], "nothing read into the hidden states");
+        let mut logits = [0.0f32; 2];
+        read_logits(section, 1, 2, &mut logits).unwrap();
+        assert_eq!(logits, [0.5, -0.5]);
+        assert!(!WireType::LogitsOnly.carries_hidden_states());
+        assert!(!WireType::Tokens.carries_hidden_states());
     }
 
     #[test]

@@ -299,6 +299,8 @@ pub fn bring_up(setup: &Setup) -> anyhow::Result<Option<Cluster>> {
             head_reserved: draft
                 .as_ref()
                 .map_or(0, |d| d.memory_bytes(n_ctx, policy.batch, parallel)),
+            // A draft's tokens are verified from rows' logits after the fact.
+            row_logits: draft.is_some(),
             security,
         },
     );
