@@ -52,6 +52,7 @@
 //! of microseconds whatever it does, so fewer dispatches matter as much as faster ones.
 
 pub mod backend;
+pub mod bind_groups;
 pub mod device;
 pub mod kernels;
 pub mod ops;

@@ -18,6 +18,7 @@ use prima_abi::backend::{
 };
 use wgpu::util::DeviceExt;
 
+use crate::bind_groups::BindGroups;
 use crate::device::Gpu;
 use crate::formats::{Activation, Family, WeightShape};
 use crate::kernels::{
@@ -72,6 +73,8 @@ pub struct State {
     /// The commands recorded since the last submit.
     pending: Option<wgpu::CommandEncoder>,
     params: ParamArena,
+    /// Bind groups reused across tokens.
+    bind_groups: BindGroups,
     counts: TransferCounts,
     /// Bytes one binding may hold: the device's limit.
     binding_limit: u64,
@@ -106,6 +109,7 @@ impl State {
         let part_limit = part_limit.map_or(binding_limit, |v| v.clamp(64, binding_limit));
         State {
             params: ParamArena::new(&gpu.limits),
+            bind_groups: BindGroups::default(),
             gpu,
             weights: HashMap::new(),
             weight_bytes: 0,
@@ -268,7 +272,10 @@ impl State {
                 | wgpu::BufferUsages::COPY_SRC,
             mapped_at_creation: false,
         });
-        self.scratch.insert(slot, buf.clone());
+        // A replaced scratch buffer is let go only once no bind group names it.
+        if self.scratch.insert(slot, buf.clone()).is_some() {
+            self.bind_groups.clear();
+        }
         Ok(buf)
     }
 
@@ -328,13 +335,8 @@ impl State {
             });
         }
         let bind_group = self
-            .gpu
-            .device
-            .create_bind_group(&wgpu::BindGroupDescriptor {
-                label: Some(kernel),
-                layout: &pipeline.get_bind_group_layout(0),
-                entries: &entries,
-            });
+            .bind_groups
+            .get(&self.gpu.device, kernel, &pipeline, &entries);
         let mut pass = self
             .encoder()
             .begin_compute_pass(&wgpu::ComputePassDescriptor {
@@ -373,7 +375,9 @@ impl State {
             .poll(wgpu::PollType::wait_indefinitely())
             .map_err(|e| format!("waiting for the GPU: {e}"))?;
         self.counts.waits += 1;
-        self.params.reset();
+        if self.params.reset() {
+            self.bind_groups.clear();
+        }
         Ok(())
     }
 
@@ -491,6 +495,7 @@ impl GpuOps for State {
         self.quantized = None;
         // Recorded commands keep their own reference until they have run.
         self.bufs.remove(id);
+        self.bind_groups.clear();
     }
 
     /// Written with `queue.write_buffer` where nothing is recorded yet (it runs before the
@@ -904,6 +909,7 @@ impl GpuOps for State {
 
     fn kv_drop(&mut self, kv: u64) {
         self.kv.drop(kv);
+        self.bind_groups.clear();
     }
 
     fn kv_truncate(&mut self, kv: u64, n_pos: u32) -> OpResult<()> {

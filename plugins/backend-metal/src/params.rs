@@ -114,14 +114,18 @@ impl ParamArena {
     }
 
     /// The device has run every command that read the arena: start over. Chunks of their
-    /// own (larger than [`CHUNK`]) are let go, the others kept.
-    pub fn reset(&mut self) {
+    /// own (larger than [`CHUNK`]) are let go, the others kept; says whether any was let
+    /// go (bind groups naming it should be too).
+    pub fn reset(&mut self) -> bool {
+        let before = self.chunks.len();
         self.chunks.retain(|c| c.buf.size() <= CHUNK);
+        let dropped = self.chunks.len() < before;
         for c in &mut self.chunks {
             c.host.clear();
             c.used = 0;
             c.written = 0;
         }
         self.current = 0;
+        dropped
     }
 }
