@@ -42,10 +42,10 @@ pub struct PluginInfo {
     /// `None` when the plugin can be used, else why not.
     pub refused: Option<String>,
     /// A loadable backend that cannot run on this machine (no driver, no device): why.
-    /// Filled by [`discover`]/[`discover_in`], which ask each backend; `None` otherwise.
+    /// Filled by [`discover`](super::discover), which asks each backend; `None` otherwise.
     pub unavailable: Option<String>,
     /// A usable GPU backend's memory (the plugin answers [`GpuMemory`]); `None` for other
-    /// plugins. Filled by [`discover`]/[`discover_in`].
+    /// plugins. Filled by [`discover`](super::discover).
     pub gpu_memory: Option<GpuMemory>,
     /// The OS names an OS memory plugin covers (empty for other kinds).
     pub covers: Vec<String>,
@@ -83,41 +83,21 @@ fn is_plugin_file(path: &Path) -> bool {
     ext_ok && (name.starts_with("libprima_") || name.starts_with("prima_"))
 }
 
-/// Lists every plugin library in the plugin directories, with what it declares.
-pub fn discover() -> Vec<PluginInfo> {
-    discover_in(&plugin_dirs())
-}
-
-/// Lists every plugin library in `dirs`, with what it declares and what each backend says
-/// of this machine's hardware: asked in a child process when the program answers
-/// [`PROBE_ARG`](super::probe::PROBE_ARG) (`prima` does), so this process maps no GPU
-/// driver it does not use (`probe.rs`).
-pub fn discover_in(dirs: &[PathBuf]) -> Vec<PluginInfo> {
-    match super::probe::discover_in_child(dirs) {
-        None => discover_here(dirs),
-        Some(Ok(found)) => found,
-        Some(Err(why)) => {
-            // The plugins are still listed; those that would have probed hardware say why
-            // they were not.
-            let mut found: Vec<PluginInfo> = plugin_paths(dirs)
-                .iter()
-                .map(|path| inspect(path, Probe::DeclarationsOnly))
-                .collect();
-            for p in &mut found {
-                if p.kind == Some(PluginKind::Backend) && p.refused.is_none() {
-                    p.unavailable = Some(format!("not probed: {why}"));
-                }
-            }
-            found
-        }
-    }
-}
-
-/// [`discover_in`] in this process.
+/// Every plugin library in `dirs` with what it declares and what each backend says of
+/// this machine's hardware, asked in this process (`probe.rs` decides where to ask).
 pub(super) fn discover_here(dirs: &[PathBuf]) -> Vec<PluginInfo> {
     plugin_paths(dirs)
         .iter()
         .map(|path| inspect(path, Probe::Hardware))
+        .collect()
+}
+
+/// Every plugin library in `dirs` with what it declares, no backend asked about the
+/// hardware.
+pub(super) fn declarations_here(dirs: &[PathBuf]) -> Vec<PluginInfo> {
+    plugin_paths(dirs)
+        .iter()
+        .map(|path| inspect(path, Probe::DeclarationsOnly))
         .collect()
 }
 

@@ -5,7 +5,8 @@ use std::path::PathBuf;
 
 use abi_stable::std_types::RResult;
 
-use super::library::{discover, find_plugin, plugin_dirs, PluginError};
+use super::library::{find_plugin, plugin_dirs, PluginError};
+use super::probe::discover;
 use super::PluginKind;
 use prima_abi::backend::{BackendBox, BackendConfig, BackendPluginRef, GpuMemory};
 use prima_abi::solver::{MilpProblem, MilpSolution, SolverPluginRef};

@@ -13,12 +13,12 @@ mod os_loader;
 mod probe;
 mod transport_loader;
 
-pub use library::{discover, discover_in, plugin_dirs, PluginError, PluginInfo, PLUGIN_DIR_ENV};
+pub use library::{plugin_dirs, PluginError, PluginInfo, PLUGIN_DIR_ENV};
 pub use loader::{
     first_gpu_backend, load_backend, load_solver, load_solver_from, LoadedBackend, LoadedSolver,
 };
 pub use os_loader::{load_os_models, load_os_models_from, LoadedOsModels};
-pub use probe::{answer_probe, probe_in_child_processes, PROBE_ARG};
+pub use probe::{answer_probe, discover, discover_in, probe_in_child_processes, PROBE_ARG};
 pub use transport_loader::{load_relay, load_transport, LoadedTransport};
 
 pub use prima_abi::PluginKind;

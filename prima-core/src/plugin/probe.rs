@@ -4,7 +4,7 @@
 //! library never unmaps. In a ring node that does not use the GPU those pages sat in its
 //! memory limit beside the weights, and the budget counted them as read every token, so the
 //! node streamed one more layer (8B on the home lab: 3.2 s a token against 2.4 s without
-//! the plugin). So `prima` answers [`discover`](super::discover) from a copy of itself run
+//! the plugin). So `prima` answers [`discover`] from a copy of itself run
 //! for the question, and maps a GPU plugin only when it uses it. A driver that crashes
 //! while probing then takes down the child, not `prima`.
 //!
@@ -17,7 +17,7 @@ use std::sync::OnceLock;
 
 use serde::{Deserialize, Serialize};
 
-use super::library::PluginInfo;
+use super::library::{declarations_here, discover_here, plugin_dirs, PluginInfo};
 use super::PluginKind;
 use prima_abi::backend::GpuMemory;
 
@@ -43,7 +43,7 @@ pub fn answer_probe(args: &[std::ffi::OsString]) -> Option<u8> {
         return None;
     }
     let dirs: Vec<PathBuf> = args[2..].iter().map(PathBuf::from).collect();
-    let found: Vec<ProbedPlugin> = super::library::discover_here(&dirs)
+    let found: Vec<ProbedPlugin> = discover_here(&dirs)
         .iter()
         .map(ProbedPlugin::from)
         .collect();
@@ -59,11 +59,32 @@ pub fn answer_probe(args: &[std::ffi::OsString]) -> Option<u8> {
     }
 }
 
-/// The plugins in `dirs` as a child process probed them, or `None` when this program
-/// probes in its own process.
-pub(super) fn discover_in_child(dirs: &[PathBuf]) -> Option<Result<Vec<PluginInfo>, String>> {
-    let exe = PROBE_EXE.get()?;
-    Some(run_probe(exe, dirs))
+/// Lists every plugin library in the plugin directories, with what it declares.
+pub fn discover() -> Vec<PluginInfo> {
+    discover_in(&plugin_dirs())
+}
+
+/// Lists every plugin library in `dirs`, with what it declares and what each backend says
+/// of this machine's hardware: asked in a child process when the program answers
+/// [`PROBE_ARG`] (`prima` does), so this process maps no GPU driver it does not use.
+pub fn discover_in(dirs: &[PathBuf]) -> Vec<PluginInfo> {
+    let Some(exe) = PROBE_EXE.get() else {
+        return discover_here(dirs);
+    };
+    match run_probe(exe, dirs) {
+        Ok(found) => found,
+        Err(why) => {
+            // The plugins are still listed; those that would have probed hardware say why
+            // they were not.
+            let mut found = declarations_here(dirs);
+            for p in &mut found {
+                if p.kind == Some(PluginKind::Backend) && p.refused.is_none() {
+                    p.unavailable = Some(format!("not probed: {why}"));
+                }
+            }
+            found
+        }
+    }
 }
 
 fn run_probe(exe: &Path, dirs: &[PathBuf]) -> Result<Vec<PluginInfo>, String> {

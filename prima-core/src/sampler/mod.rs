@@ -278,7 +278,7 @@ fn argmax(mut cands: impl Iterator<Item = (u32, f32)>) -> u32 {
     best.0
 }
 
-/// [`argmax`] of `logits` by index, the same pick (the first of the largest; a NaN never,
+/// The greedy pick (`argmax`) of `logits` by index, the same pick (the first of the largest; a NaN never,
 /// unless it comes first), in vector-wide passes: the largest value in sixteen lanes, then
 /// the first index that holds it. The scalar loop waits on each compare (~47 µs for
 /// SmolLM2's 49 152 logits), once per request and token.
