@@ -22,8 +22,8 @@ use crate::bind_groups::BindGroups;
 use crate::device::Gpu;
 use crate::formats::{Activation, Family, WeightShape};
 use crate::kernels::{
-    LegacyRows, ACT_UNIFORM_BYTES, ATT_MAX_HEAD_DIM, MATMUL_TOKENS_FLOAT, MATMUL_TOKENS_QUANT,
-    MAX_UNROLLED_BLOCKS, TEXEL_FORMATS, WG,
+    self, LegacyRows, ACT_UNIFORM_BYTES, ATT_MAX_HEAD_DIM, MATMUL_TOKENS_FLOAT,
+    MATMUL_TOKENS_QUANT, MAX_UNROLLED_BLOCKS, TEXEL_FORMATS, WG,
 };
 use crate::params::ParamArena;
 use crate::texels;
@@ -193,16 +193,19 @@ impl State {
     ) -> Option<Vec<TexelPart>> {
         let key = (bytes.as_ptr() as usize, bytes.len(), ty);
         let max = self.gpu.limits.max_texture_dimension_2d;
-        let width = layout.width(blocks as usize);
+        let width = layout.width(blocks as usize) * texels::INTERLEAVE;
         if width > max as usize || rows == 0 {
             return None;
         }
+        // Weight rows per texture (a multiple of INTERLEAVE).
+        let max_rows = max.saturating_mul(texels::INTERLEAVE as u32);
         if !self.weight_texels.contains_key(&key) {
             let row_bytes = bytes.len() / rows as usize;
             let mut parts = Vec::new();
             let mut row0 = 0u32;
             while row0 < rows {
-                let n = max.min(rows - row0);
+                let n = max_rows.min(rows - row0);
+                let height = texels::Layout::texture_rows(n as usize) as u32;
                 let from = row0 as usize * row_bytes;
                 let data = layout.repack(
                     &bytes[from..from + n as usize * row_bytes],
@@ -211,7 +214,7 @@ impl State {
                 );
                 let size = wgpu::Extent3d {
                     width: width as u32,
-                    height: n,
+                    height,
                     depth_or_array_layers: 1,
                 };
                 let texture = self.gpu.device.create_texture(&wgpu::TextureDescriptor {
@@ -230,7 +233,7 @@ impl State {
                     wgpu::TexelCopyBufferLayout {
                         offset: 0,
                         bytes_per_row: Some((width * texels::TEXEL) as u32),
-                        rows_per_image: Some(n),
+                        rows_per_image: Some(height),
                     },
                     size,
                 );
@@ -728,7 +731,10 @@ impl GpuOps for State {
                 uniform: act_uniform,
                 texels: use_texels,
                 // A generated token's kernel has its block loop unrolled (see LegacyRows).
-                unrolled: if n == 1 && shape.cols / 32 <= MAX_UNROLLED_BLOCKS {
+                unrolled: if n == 1
+                    && shape.cols / 32 <= MAX_UNROLLED_BLOCKS
+                    && kernels::unrolled_offsets(act, shape.cols / 32) == (extra[0], extra[1])
+                {
                     shape.cols / 32
                 } else {
                     0

@@ -3,15 +3,21 @@
 //! llvmpipe (Mesa 22.3) reads a storage buffer at lane-dependent addresses one lane and one
 //! word at a time, with a bounds check and a branch each; a texel fetch is one 16-byte load
 //! per lane and no branch. So on CPU adapters Q4_1 and Q8_0 weights are also kept as an
-//! `Rgba32Uint` texture, one texture row per weight row: each block's quants in whole
+//! `Rgba32Uint` texture. A weight row is a row of texels: each block's quants in whole
 //! texels (Q4_1: 1, Q8_0: 2), then the blocks' scale words, 4 per texel (Q4_1: f16 d and m,
-//! Q8_0: f16 d in the low half). The bytes are the stored ones, moved: the same bits.
-//! Nothing here talks to a GPU.
+//! Q8_0: f16 d in the low half). [`INTERLEAVE`] weight rows share a texture row, texel by
+//! texel (texel t of row r at x = 8t + r mod 8, y = r / 8), because llvmpipe runs 8 lanes
+//! (rows) at once: their fetches of one texel are then 128 contiguous bytes, and a
+//! workgroup streams its rows' memory in order. The bytes are the stored ones, moved: the
+//! same bits. Nothing here talks to a GPU.
 
 use prima_abi::GgmlType;
 
 /// Bytes per texel.
 pub const TEXEL: usize = 16;
+
+/// Weight rows per texture row, interleaved texel by texel (weights_texels.wgsl's `texel`).
+pub const INTERLEAVE: usize = 8;
 
 /// A weight's texel layout: quant texels per block and the scale word's bytes in a block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,23 +55,33 @@ impl Layout {
         blocks * self.quant_texels + blocks.div_ceil(4)
     }
 
-    /// Rows `rows` of stored blocks (`blocks` per row) as texel rows.
+    /// Rows `rows` of stored blocks (`blocks` per row) as texture rows of [`INTERLEAVE`]
+    /// weight rows each ([`Layout::texture_rows`] of them, the last padded with zeros).
     pub fn repack(&self, data: &[u8], blocks: usize, rows: usize) -> Vec<u8> {
         let width = self.width(blocks);
-        let mut out = vec![0u8; rows * width * TEXEL];
+        let mut out = vec![0u8; Self::texture_rows(rows) * INTERLEAVE * width * TEXEL];
+        // Texel t of weight row r.
+        let at = |r: usize, t: usize| {
+            ((r / INTERLEAVE * width + t) * INTERLEAVE + r % INTERLEAVE) * TEXEL
+        };
         let q = self.quant_texels * TEXEL;
-        for (src, dst) in data
-            .chunks_exact(blocks * self.block_bytes)
-            .zip(out.chunks_exact_mut(width * TEXEL))
-        {
-            let (quants, scales) = dst.split_at_mut(blocks * q);
+        for (r, src) in data.chunks_exact(blocks * self.block_bytes).enumerate() {
             for (b, block) in src.chunks_exact(self.block_bytes).enumerate() {
-                quants[b * q..(b + 1) * q]
-                    .copy_from_slice(&block[self.quants_at..self.quants_at + q]);
-                scales[b * 4..b * 4 + self.scale_bytes].copy_from_slice(&block[..self.scale_bytes]);
+                let quants = &block[self.quants_at..self.quants_at + q];
+                for (i, texel) in quants.chunks_exact(TEXEL).enumerate() {
+                    let o = at(r, b * self.quant_texels + i);
+                    out[o..o + TEXEL].copy_from_slice(texel);
+                }
+                let o = at(r, blocks * self.quant_texels + b / 4) + (b % 4) * 4;
+                out[o..o + self.scale_bytes].copy_from_slice(&block[..self.scale_bytes]);
             }
         }
         out
+    }
+
+    /// Texture rows that hold `rows` weight rows.
+    pub fn texture_rows(rows: usize) -> usize {
+        rows.div_ceil(INTERLEAVE)
     }
 }
 
@@ -86,12 +102,20 @@ mod tests {
         }
         assert_eq!(l.width(5), 12);
         let t = l.repack(&data, 5, 2);
-        assert_eq!(t.len(), 2 * 12 * TEXEL);
-        let row1 = &t[12 * TEXEL..];
-        assert!(row1[3 * 32..4 * 32].iter().all(|&v| v == 13));
+        // One texture row of 8 weight rows (6 of them padding), 12 texels each.
+        assert_eq!(t.len(), INTERLEAVE * 12 * TEXEL);
+        // Texel j of weight row 1, which is the second of each run of 8.
+        let row1 = |j: usize| &t[(j * INTERLEAVE + 1) * TEXEL..(j * INTERLEAVE + 2) * TEXEL];
+        // Block 3's quants: texels 6 and 7.
+        assert!(row1(6).iter().chain(row1(7)).all(|&v| v == 13));
         // Scale words from texel 10: block 3's at bytes 12..16 of it.
-        assert_eq!(&row1[10 * TEXEL + 12..10 * TEXEL + 16], &[1, 3, 0, 0]);
-        assert_eq!(&row1[11 * TEXEL..11 * TEXEL + 4], &[1, 4, 0, 0]);
+        assert_eq!(&row1(10)[12..16], &[1, 3, 0, 0]);
+        assert_eq!(&row1(11)[..4], &[1, 4, 0, 0]);
+        // Row 0's block 3, and the padding rows.
+        assert!(t[6 * INTERLEAVE * TEXEL..][..TEXEL].iter().all(|&v| v == 3));
+        assert!(t[(6 * INTERLEAVE + 2) * TEXEL..][..TEXEL]
+            .iter()
+            .all(|&v| v == 0));
     }
 
     #[test]
@@ -99,9 +123,10 @@ mod tests {
         let l = Layout::of(GgmlType::Q4_1).unwrap();
         let block: Vec<u8> = (0..20).collect();
         let t = l.repack(&block, 1, 1);
-        assert_eq!(t.len(), 2 * TEXEL);
+        assert_eq!(t.len(), INTERLEAVE * 2 * TEXEL);
         assert_eq!(&t[..16], &block[4..20]);
-        assert_eq!(&t[16..20], &block[..4]);
+        let scales = &t[INTERLEAVE * TEXEL..];
+        assert_eq!(&scales[..4], &block[..4]);
         assert!(Layout::of(GgmlType::Q4_0).is_none());
     }
 }

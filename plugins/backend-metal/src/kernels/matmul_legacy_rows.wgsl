@@ -31,6 +31,11 @@ fn opaque(v: f32) -> f32 {
     return bitcast<f32>(bitcast<u32>(v) | P.zero);
 }
 
+// `opaque` with `P.zero` read once by the caller (llvmpipe reads a uniform lane by lane).
+fn opaque_with(v: f32, zero: u32) -> f32 {
+    return bitcast<f32>(bitcast<u32>(v) | zero);
+}
+
 // Block `blk` of token `tok` against the weight block k: integer sum, then the CPU's formula.
 fn token_value(k: Block32, tok: u32, blk: u32, nb: u32) -> f32 {
     let a = tok * (P.cols / 4u) + blk * 8u;
@@ -41,8 +46,19 @@ fn token_value(k: Block32, tok: u32, blk: u32, nb: u32) -> f32 {
         + dot4I8Packed(k.hi.x, hi.x) + dot4I8Packed(k.hi.y, hi.y)
         + dot4I8Packed(k.hi.z, hi.z) + dot4I8Packed(k.hi.w, hi.w);
     let ab = tok * nb + blk;
-    return bval_{NAME}(k, ip, bitcast<f32>(act_word(P.d_off + ab)),
-        bitcast<f32>(act_word(P.s_off + ab)));
+    return bval_{NAME}(k, ip, bitcast<f32>(act_word({D_OFF} + ab)),
+        bitcast<f32>(act_word({S_OFF} + ab)));
+}
+
+// As `token_value`, with the token's activations already read (`lo`, `hi`: its quants,
+// `da`, `sa`: its block scale and sum): the unrolled texel kernel reads them once for the
+// rows an invocation takes.
+fn block_value(k: Block32, lo: vec4<u32>, hi: vec4<u32>, da: f32, sa: f32) -> f32 {
+    let ip = dot4I8Packed(k.lo.x, lo.x) + dot4I8Packed(k.lo.y, lo.y)
+        + dot4I8Packed(k.lo.z, lo.z) + dot4I8Packed(k.lo.w, lo.w)
+        + dot4I8Packed(k.hi.x, hi.x) + dot4I8Packed(k.hi.y, hi.y)
+        + dot4I8Packed(k.hi.z, hi.z) + dot4I8Packed(k.hi.w, hi.w);
+    return bval_{NAME}(k, ip, da, sa);
 }
 
 @compute @workgroup_size(64)

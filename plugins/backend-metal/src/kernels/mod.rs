@@ -271,6 +271,16 @@ impl LegacyRows {
     }
 }
 
+/// Word offsets of one token's block scales and sums in the quantized activations of a row
+/// of `nb` blocks, as an unrolled kernel has them built in (the host lays them out so).
+pub fn unrolled_offsets(act: Activation, nb: u32) -> (u32, u32) {
+    let d_off = nb * 8;
+    match act {
+        Activation::Q8_1 => (d_off, d_off + nb),
+        _ => (d_off, d_off),
+    }
+}
+
 /// The variant and format of a legacy row kernel's name.
 fn legacy_rows_kernel(name: &str) -> Option<(LegacyRows, &str)> {
     let (tok, rest) = name.strip_prefix("rowmatmul_tok")?.split_once('_')?;
@@ -340,11 +350,33 @@ fn fill_legacy_rows(f: &Format, v: LegacyRows) -> String {
     } else {
         "blk_{NAME}(wr + blk * {BYTES}u)"
     };
+    // Unrolled (one token): the scales' offsets are constants too, which the host checks
+    // (`unrolled_offsets`): llvmpipe does not see an offset read from `P` as the same in
+    // every lane.
+    let (d_off, s_off) = match v.unrolled {
+        0 => ("P.d_off".to_string(), "P.s_off".to_string()),
+        nb => {
+            let (d, s) = unrolled_offsets(f.activation, nb);
+            (format!("{d}u"), format!("{s}u"))
+        }
+    };
     let mut src = String::new();
     if v.texels {
         src.push_str(include_str!("weights_texels.wgsl"));
     }
     src.push_str(&include_str!("matmul_legacy_rows.wgsl").replace("{BLOCK}", block));
+    if v.texels && v.unrolled > 0 {
+        let main_at = src
+            .find("@compute")
+            .expect("the template has an entry point");
+        src.truncate(main_at);
+        src.push_str(&texel_rows_main(f, v.unrolled));
+        return fill(&src, f)
+            .replace("{TOK}", "1")
+            .replace("{ACT}", act.trim_end())
+            .replace("{D_OFF}", &d_off)
+            .replace("{S_OFF}", &s_off);
+    }
     let blocks = if v.unrolled > 0 {
         // Texels: a texel of scale words per 4 blocks, read before the first of them.
         let quant_texels = if f.kernel == "q8_0" { 2 } else { 1 };
@@ -379,6 +411,92 @@ fn fill_legacy_rows(f: &Format, v: LegacyRows) -> String {
         .replace("{DECLARE}", declare.trim_end())
         .replace("{ACCUMULATE}", accumulate.trim_end())
         .replace("{STORE}", store.trim_end())
+        .replace("{D_OFF}", &d_off)
+        .replace("{S_OFF}", &s_off)
+}
+
+/// Weight rows an invocation of the unrolled texel kernel takes ([`texel_rows_main`]).
+const TEXEL_ROWS_PER_LANE: u32 = 4;
+
+/// The entry point of an unrolled (one token) texel kernel: 16 invocations take a
+/// workgroup's 64 rows, 4 each, so each activation word — which llvmpipe reads lane by lane
+/// even at a constant offset — is read once for 4 rows. Invocation i of a run of 8 (one of
+/// llvmpipe's SIMD vectors) takes rows 8j + i of its 32, so the 8 lanes' fetches of a
+/// texel are one interleaved run of 8 weight rows (crate::texels). Each row's value is
+/// the row kernel's, the same operations in the same order.
+fn texel_rows_main(f: &Format, nb: u32) -> String {
+    let r = TEXEL_ROWS_PER_LANE;
+    let lanes = WG / r;
+    let quant_texels = if f.kernel == "q8_0" { 2 } else { 1 };
+    let mut body = format!(
+        "@compute @workgroup_size({lanes})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {{
+    let first = (wid.y * nwg.x + wid.x) * {WG}u + (lid >> 3u) * {run}u + (lid & 7u);
+    if (first >= P.rows) {{
+        return;
+    }}
+    let nb = {nb}u;
+    let last_row = P.rows - 1u;
+    let zero = P.zero;
+",
+        run = 8 * r
+    );
+    for j in 0..r {
+        body.push_str(&format!(
+            "    let row{j} = min(first + {}u, last_row);
+    var acc{j} = 0.0;
+",
+            8 * j
+        ));
+    }
+    for b in 0..nb {
+        if b % 4 == 0 {
+            for j in 0..r {
+                body.push_str(&format!(
+                    "    let sc{g}_{j} = tex_scales(row{j}, nb, {quant_texels}u, {g}u);
+",
+                    g = b / 4
+                ));
+            }
+        }
+        body.push_str(&format!(
+            "    {{
+        let lo = act_quants({a}u);
+        let hi = act_quants({a4}u);
+        let da = bitcast<f32>(act_word({{D_OFF}} + {b}u));
+        let sa = bitcast<f32>(act_word({{S_OFF}} + {b}u));
+",
+            a = b * 8,
+            a4 = b * 8 + 4
+        ));
+        for j in 0..r {
+            body.push_str(&format!(
+                "        acc{j} = acc{j} + opaque_with(block_value(tex_{{NAME}}_s(row{j}, {b}u, sc{g}_{j}[{i}]), lo, hi, da, sa), zero);
+",
+                g = b / 4,
+                i = b % 4
+            ));
+        }
+        body.push_str(
+            "    }
+",
+        );
+    }
+    for j in 0..r {
+        body.push_str(&format!(
+            "    if (first + {o}u <= last_row) {{
+        OUT[P.out_off + P.row0 + first + {o}u] = acc{j};
+    }}
+",
+            o = 8 * j
+        ));
+    }
+    body.push_str(
+        "}
+",
+    );
+    body
 }
 
 /// Every pipeline the backend can create (the tests compile them all).
