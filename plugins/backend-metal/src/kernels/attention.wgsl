@@ -65,10 +65,21 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     for (var i = lid; i < n; i += WG) {
         let kb = ((first + i) * P.n_head_kv + kvh) * P.dk;
         var acc: array<f32, 16>;
-        for (var d0 = 0u; d0 < full; d0 += 16u) {
-            for (var l = 0u; l < 16u; l++) {
-                let idx = kb + d0 + l;
-                acc[l] = acc[l] + qs[d0 + l] * half_at(K[idx >> 1u], idx);
+        if ((P.dk & 1u) == 0u) {
+            // A row of K is whole words: each word read once for its two halves.
+            for (var d0 = 0u; d0 < full; d0 += 16u) {
+                for (var l = 0u; l < 16u; l += 2u) {
+                    let word = K[(kb + d0 + l) >> 1u];
+                    acc[l] = acc[l] + qs[d0 + l] * f16_to_f32(word);
+                    acc[l + 1u] = acc[l + 1u] + qs[d0 + l + 1u] * f16_to_f32(word >> 16u);
+                }
+            }
+        } else {
+            for (var d0 = 0u; d0 < full; d0 += 16u) {
+                for (var l = 0u; l < 16u; l++) {
+                    let idx = kb + d0 + l;
+                    acc[l] = acc[l] + qs[d0 + l] * half_at(K[idx >> 1u], idx);
+                }
             }
         }
         for (var o = 8u; o > 0u; o = o >> 1u) {
@@ -120,7 +131,35 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     // Each invocation rounds the probabilities it needs itself (the same bits every
     // time): no pass and no barrier between.
     let oh = P.out_off + (t * P.n_head + h) * P.dv;
-    for (var d = lid; d < P.dv; d += WG) {
+    // Four dimensions an invocation where a row of V is whole words (dv even): each word
+    // of V and each probability is read once for them (on a CPU adapter every such read
+    // is lane by lane). Each dimension's sum is the one below, in the same order.
+    var quads = 0u;
+    if ((P.dv & 1u) == 0u) {
+        quads = P.dv / 4u;
+    }
+    for (var j = lid; j < quads; j += WG) {
+        var o0 = 0.0;
+        var o1 = 0.0;
+        var o2 = 0.0;
+        var o3 = 0.0;
+        for (var i = 0u; i < n; i++) {
+            let p = round_f16(SC[sc + i] * norm);
+            let w = (((first + i) * P.n_head_kv + kvh) * P.dv + 4u * j) >> 1u;
+            let a = V[w];
+            let b = V[w + 1u];
+            o0 = o0 + p * f16_to_f32(a);
+            o1 = o1 + p * f16_to_f32(a >> 16u);
+            o2 = o2 + p * f16_to_f32(b);
+            o3 = o3 + p * f16_to_f32(b >> 16u);
+        }
+        let d = oh + 4u * j;
+        OUT[d] = o0;
+        OUT[d + 1u] = o1;
+        OUT[d + 2u] = o2;
+        OUT[d + 3u] = o3;
+    }
+    for (var d = 4u * quads + lid; d < P.dv; d += WG) {
         var o = 0.0;
         for (var i = 0u; i < n; i++) {
             let idx = ((first + i) * P.n_head_kv + kvh) * P.dv + d;
