@@ -90,6 +90,62 @@ pub struct State {
     pub row_per_invocation: bool,
     /// An operation held back for the next to take into its dispatch ([`fusion`]).
     deferred: Option<Deferred>,
+    /// Per-kernel timings, where [`PROFILE`] asks for them.
+    profile: Option<KernelTimes>,
+}
+
+/// The environment variable that times every kernel (`PRIMA_WGPU_PROFILE=1`): each
+/// dispatch is then submitted and waited for on its own, so the totals are per-kernel
+/// costs with the dispatch overhead included, not a normal run's. The table goes to
+/// standard error when the backend is dropped.
+pub const PROFILE: &str = "PRIMA_WGPU_PROFILE";
+
+/// Calls and wall time per kernel and grid, the first call of each (which compiles the
+/// pipeline) left out.
+#[derive(Default)]
+struct KernelTimes {
+    by_kernel: HashMap<String, (u64, std::time::Duration)>,
+}
+
+impl KernelTimes {
+    fn add(&mut self, kernel: &str, groups: [u32; 3], took: std::time::Duration) {
+        let key = format!("{kernel} {groups:?}");
+        match self.by_kernel.get_mut(&key) {
+            Some((n, total)) => {
+                *n += 1;
+                *total += took;
+            }
+            None => {
+                self.by_kernel.insert(key, (0, std::time::Duration::ZERO));
+            }
+        }
+    }
+
+    fn table(&self) -> String {
+        let mut rows: Vec<_> = self.by_kernel.iter().filter(|(_, (n, _))| *n > 0).collect();
+        rows.sort_by_key(|(_, (_, total))| std::cmp::Reverse(*total));
+        let all: f64 = rows.iter().map(|(_, (_, t))| t.as_secs_f64()).sum();
+        let mut s = format!("{PROFILE}: per kernel, each dispatch waited for alone\n");
+        for (key, (n, total)) in rows {
+            let t = total.as_secs_f64();
+            s.push_str(&format!(
+                "{:5.1}% {:9.1} ms {:7} × {:8.1} µs  {key}\n",
+                100.0 * t / all.max(f64::MIN_POSITIVE),
+                t * 1e3,
+                n,
+                t * 1e6 / *n as f64
+            ));
+        }
+        s
+    }
+}
+
+impl Drop for State {
+    fn drop(&mut self) {
+        if let Some(p) = &self.profile {
+            eprint!("{}", p.table());
+        }
+    }
 }
 
 fn u32_of(op: &str, what: &str, v: usize) -> OpResult<u32> {
@@ -125,6 +181,9 @@ impl State {
             part_limit,
             row_per_invocation: gpu_is_cpu,
             deferred: None,
+            profile: std::env::var(PROFILE)
+                .is_ok_and(|v| v == "1")
+                .then(KernelTimes::default),
         }
     }
 
@@ -349,6 +408,15 @@ impl State {
         pass.set_pipeline(&pipeline);
         pass.set_bind_group(0, &bind_group, &[]);
         pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+        drop(pass);
+        if self.profile.is_some() {
+            let start = std::time::Instant::now();
+            self.submit();
+            self.wait()?;
+            if let Some(p) = &mut self.profile {
+                p.add(kernel, groups, start.elapsed());
+            }
+        }
         Ok(())
     }
 
@@ -1020,5 +1088,31 @@ impl GpuOps for State {
             self.kv.get_mut(plan.kv)?.hold(layer, end);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::KernelTimes;
+    use std::time::Duration;
+
+    #[test]
+    fn kernel_times_leave_out_each_first_call_and_sort_by_total() {
+        let mut t = KernelTimes::default();
+        let ms = Duration::from_millis;
+        t.add("a", [1, 1, 1], ms(500)); // compiles: left out
+        t.add("a", [1, 1, 1], ms(2));
+        t.add("a", [1, 1, 1], ms(4));
+        t.add("b", [9, 1, 1], ms(500));
+        t.add("b", [9, 1, 1], ms(10));
+        t.add("c", [1, 1, 1], ms(7)); // one call only: no row
+        let table = t.table();
+        let rows: Vec<&str> = table.lines().skip(1).collect();
+        assert_eq!(rows.len(), 2, "{table}");
+        assert!(rows[0].ends_with("b [9, 1, 1]"), "{table}");
+        assert!(
+            rows[1].contains("2 ×") && rows[1].contains("3000.0 µs"),
+            "{table}"
+        );
     }
 }
