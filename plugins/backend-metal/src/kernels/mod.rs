@@ -378,26 +378,11 @@ fn fill_legacy_rows(f: &Format, v: LegacyRows) -> String {
             .replace("{S_OFF}", &s_off);
     }
     let blocks = if v.unrolled > 0 {
-        // Texels: a texel of scale words per 4 blocks, read before the first of them.
-        let quant_texels = if f.kernel == "q8_0" { 2 } else { 1 };
+        // (Texel kernels have theirs from `texel_rows_main`, above.)
         (0..v.unrolled)
             .map(|b| {
-                let (scales, block) = match v.texels {
-                    true => (
-                        match b % 4 {
-                            0 => format!(
-                                "    let sc{} = tex_scales(row, nb, {quant_texels}u, {}u);\n",
-                                b / 4,
-                                b / 4
-                            ),
-                            _ => String::new(),
-                        },
-                        format!("tex_{{NAME}}_s(row, {b}u, sc{}[{}])", b / 4, b % 4),
-                    ),
-                    false => (String::new(), block.to_string()),
-                };
                 format!(
-                    "{scales}    {{\n        let blk = {b}u;\n        let k = {block};\n{{ACCUMULATE}}\n    }}"
+                    "    {{\n        let blk = {b}u;\n        let k = {block};\n{{ACCUMULATE}}\n    }}"
                 )
             })
             .collect::<Vec<_>>()
