@@ -28,7 +28,7 @@ struct Params {
 {ACT}
 
 fn opaque(v: f32) -> f32 {
-    return bitcast<f32>(bitcast<u32>(v) | P.zero);
+    return opaque_with(v, P.zero);
 }
 
 // `opaque` with `P.zero` read once by the caller (llvmpipe reads a uniform lane by lane).
@@ -39,15 +39,9 @@ fn opaque_with(v: f32, zero: u32) -> f32 {
 // Block `blk` of token `tok` against the weight block k: integer sum, then the CPU's formula.
 fn token_value(k: Block32, tok: u32, blk: u32, nb: u32) -> f32 {
     let a = tok * (P.cols / 4u) + blk * 8u;
-    let lo = act_quants(a);
-    let hi = act_quants(a + 4u);
-    let ip = dot4I8Packed(k.lo.x, lo.x) + dot4I8Packed(k.lo.y, lo.y)
-        + dot4I8Packed(k.lo.z, lo.z) + dot4I8Packed(k.lo.w, lo.w)
-        + dot4I8Packed(k.hi.x, hi.x) + dot4I8Packed(k.hi.y, hi.y)
-        + dot4I8Packed(k.hi.z, hi.z) + dot4I8Packed(k.hi.w, hi.w);
     let ab = tok * nb + blk;
-    return bval_{NAME}(k, ip, bitcast<f32>(act_word({D_OFF} + ab)),
-        bitcast<f32>(act_word({S_OFF} + ab)));
+    return block_value(k, act_quants(a), act_quants(a + 4u),
+        bitcast<f32>(act_word({D_OFF} + ab)), bitcast<f32>(act_word({S_OFF} + ab)));
 }
 
 // As `token_value`, with the token's activations already read (`lo`, `hi`: its quants,
