@@ -261,6 +261,39 @@ fn bval_q8_0(k: Block32, ip: i32, da: f32, sa: f32) -> f32 {
     return f32(ip) * (k.d * da);
 }
 
+// Two products a multiply, for the unrolled Q4_1 texel kernel (CPU adapters lower
+// dot4I8Packed to a shift pair, a multiply and an add per byte). With W = w0 + w1·2^16
+// (two nibbles) and A = a1 + a0·2^16 (two signed quants), W·A mod 2^32 = w0·a1 +
+// (w0·a0 + w1·a1)·2^16: eight such products sum to T with |Σ w0·a1| ≤ 8·15·127 < 2^15 and
+// |T| < 2^31, so (T + 2^15) >> 16 is exactly their Σ w·a. The integer sum is the CPU's.
+struct Pairs {
+    // For quant words u (elements 4j … 4j + 3): a[4j+2] + a[4j]·2^16 and a[4j+3] + a[4j+1]·2^16.
+    ev: vec4<u32>,
+    od: vec4<u32>,
+}
+
+fn act_pairs(u: vec4<u32>) -> Pairs {
+    let s = bitcast<vec4<i32>>(u);
+    let lo16 = vec4<i32>(-65536);
+    var p: Pairs;
+    p.ev = bitcast<vec4<u32>>(((s << vec4<u32>(8u)) >> vec4<u32>(24u))
+        + ((s << vec4<u32>(24u)) >> vec4<u32>(8u)));
+    p.od = bitcast<vec4<u32>>((s >> vec4<u32>(24u))
+        + (((s << vec4<u32>(16u)) >> vec4<u32>(8u)) & lo16));
+    return p;
+}
+
+// Σ q·a of a Q4_1 block's 16 bytes of nibbles `v` against a token's quants as pairs (`lo`:
+// elements 0–15, `hi`: 16–31).
+fn swar_q4_1(v: vec4<u32>, lo: Pairs, hi: Pairs) -> i32 {
+    let m = vec4<u32>(0x000f000fu);
+    let t = (v & m) * lo.ev + ((v >> vec4<u32>(8u)) & m) * lo.od
+        + ((v >> vec4<u32>(4u)) & m) * hi.ev + ((v >> vec4<u32>(12u)) & m) * hi.od;
+    let g0 = bitcast<i32>(t.x + t.y);
+    let g1 = bitcast<i32>(t.z + t.w);
+    return ((g0 + 32768) >> 16u) + ((g1 + 32768) >> 16u);
+}
+
 fn bval_q4_1(k: Block32, ip: i32, da: f32, sa: f32) -> f32 {
     return (k.d * da) * f32(ip) + k.m * sa;
 }

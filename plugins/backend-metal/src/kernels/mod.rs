@@ -413,6 +413,8 @@ fn texel_rows_main(f: &Format, nb: u32) -> String {
     let r = TEXEL_ROWS_PER_LANE;
     let lanes = WG / r;
     let quant_texels = if f.kernel == "q8_0" { 2 } else { 1 };
+    // Q4_1's integer sums two products a multiply (`swar_q4_1`).
+    let swar = f.kernel == "q4_1";
     let mut body = format!(
         "@compute @workgroup_size({lanes})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -455,13 +457,25 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             a = b * 8,
             a4 = b * 8 + 4
         ));
+        if swar {
+            body.push_str("        let pl = act_pairs(lo);\n        let ph = act_pairs(hi);\n");
+        }
         for j in 0..r {
-            body.push_str(&format!(
-                "        acc{j} = acc{j} + opaque_with(block_value(tex_{{NAME}}_s(row{j}, {b}u, sc{g}_{j}[{i}]), lo, hi, da, sa), zero);
-",
-                g = b / 4,
-                i = b % 4
-            ));
+            let (g, i) = (b / 4, b % 4);
+            body.push_str(&if swar {
+                format!(
+                    "        {{
+            let v = texel(row{j}, {b}u);
+            acc{j} = acc{j} + opaque_with(bval_q4_1(q4_1_block(sc{g}_{j}[{i}], v), swar_q4_1(v, pl, ph), da, sa), zero);
+        }}
+"
+                )
+            } else {
+                format!(
+                    "        acc{j} = acc{j} + opaque_with(block_value(tex_{{NAME}}_s(row{j}, {b}u, sc{g}_{j}[{i}]), lo, hi, da, sa), zero);
+"
+                )
+            });
         }
         body.push_str(
             "    }
