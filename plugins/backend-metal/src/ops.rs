@@ -10,6 +10,7 @@
 //! lives on the GPU.
 
 mod fusion;
+mod texel_pages;
 
 use std::collections::HashMap;
 
@@ -27,13 +28,14 @@ use crate::kernels::{
 };
 use crate::params::ParamArena;
 use crate::texels;
-use fusion::{Deferred, QuantTarget};
+use fusion::{Deferred, MatmulGroup, QuantTarget};
 use prima_gpu_support::backend::GpuOps;
 use prima_gpu_support::bufs::{apart, offset_u32, Buffers};
 use prima_gpu_support::checks::{
     add_bias_args, expect_len, mul, rms_norm_args, rope_args, OpResult,
 };
 use prima_gpu_support::kv::KvCaches;
+use texel_pages::{TexelPages, TexelPart};
 
 /// The scratch buffers an operation keeps to itself (recorded dispatches are ordered by
 /// wgpu's barriers, so one buffer per role serves every operation).
@@ -52,9 +54,6 @@ struct Part {
     rows: u32,
 }
 
-/// Whole rows of a weight as a texture (crate::texels): its view, first row, rows.
-type TexelPart = (wgpu::TextureView, u32, u32);
-
 /// Everything the backend keeps on the GPU.
 pub struct State {
     pub gpu: Gpu,
@@ -62,9 +61,10 @@ pub struct State {
     /// slices of a read-only mapping that outlives the backend's use of it.
     weights: HashMap<(usize, usize, u32), Vec<Part>>,
     pub weight_bytes: u64,
-    /// Q4_1 and Q8_0 matmul weights as textures for the legacy row kernels (CPU
-    /// adapters), by the same key: whole rows per texture, at most the texture height.
+    /// Q4_1 and Q8_0 matmul weights as texels for the legacy row kernels (CPU adapters),
+    /// by the same key: whole rows per part, at most a texture's height, in `texel_pages`.
     weight_texels: HashMap<(usize, usize, u32), Vec<TexelPart>>,
+    texel_pages: TexelPages,
     /// Activation buffers, by id.
     bufs: Buffers<wgpu::Buffer>,
     scratch: HashMap<Slot, wgpu::Buffer>,
@@ -170,6 +170,7 @@ impl State {
             weights: HashMap::new(),
             weight_bytes: 0,
             weight_texels: HashMap::new(),
+            texel_pages: TexelPages::default(),
             bufs: Buffers::default(),
             scratch: HashMap::new(),
             staging: None,
@@ -240,8 +241,8 @@ impl State {
             .collect())
     }
 
-    /// The weight as textures of whole texel rows (crate::texels), uploaded on first use;
-    /// `None` where its rows are wider than a texture may be.
+    /// The weight as whole texel rows (crate::texels) in the shared texture pages,
+    /// uploaded on first use; `None` where its rows are wider than a texture may be.
     fn weight_texels(
         &mut self,
         bytes: &[u8],
@@ -256,7 +257,7 @@ impl State {
         if width > max as usize || rows == 0 {
             return None;
         }
-        // Weight rows per texture (a multiple of INTERLEAVE).
+        // Weight rows per part (a multiple of INTERLEAVE).
         let max_rows = max.saturating_mul(texels::INTERLEAVE as u32);
         if !self.weight_texels.contains_key(&key) {
             let row_bytes = bytes.len() / rows as usize;
@@ -271,33 +272,16 @@ impl State {
                     blocks as usize,
                     n as usize,
                 );
-                let size = wgpu::Extent3d {
-                    width: width as u32,
-                    height,
-                    depth_or_array_layers: 1,
-                };
-                let texture = self.gpu.device.create_texture(&wgpu::TextureDescriptor {
-                    label: Some("weight texels"),
-                    size,
-                    mip_level_count: 1,
-                    sample_count: 1,
-                    dimension: wgpu::TextureDimension::D2,
-                    format: wgpu::TextureFormat::Rgba32Uint,
-                    usage: wgpu::TextureUsages::TEXTURE_BINDING | wgpu::TextureUsages::COPY_DST,
-                    view_formats: &[],
-                });
-                self.gpu.queue.write_texture(
-                    texture.as_image_copy(),
-                    &data,
-                    wgpu::TexelCopyBufferLayout {
-                        offset: 0,
-                        bytes_per_row: Some((width * texels::TEXEL) as u32),
-                        rows_per_image: Some(height),
-                    },
-                    size,
-                );
+                let (view, tex0) =
+                    self.texel_pages
+                        .place(&self.gpu, ty, width as u32, height, max, &data);
                 self.weight_bytes += data.len() as u64;
-                parts.push((texture.create_view(&Default::default()), row0, n));
+                parts.push(TexelPart {
+                    view,
+                    row0,
+                    rows: n,
+                    tex0,
+                });
                 row0 += n;
             }
             self.weight_texels.insert(key, parts);
@@ -365,6 +349,16 @@ impl State {
     fn grid_1d(&self, items: u64) -> OpResult<[u32; 3]> {
         let [x, y] = self.grid(items.div_ceil(WG as u64))?;
         Ok([x, y, 1])
+    }
+
+    /// A matmul writing `out` leaves the quantized activations alone, but may write over
+    /// their x (a float matmul's x is not quantized).
+    fn forget_quantized_under(&mut self, out: Buf) {
+        if let Some((id, offset, len, _)) = self.quantized {
+            if id == out.id && out.offset < offset + len && offset < out.offset + out.len {
+                self.quantized = None;
+            }
+        }
     }
 
     /// Records one dispatch of `kernel` into the pending encoder, with `params` (its
@@ -697,9 +691,16 @@ impl GpuOps for State {
         let (x_buf, x_off) = self.act(OP, "x", x)?;
         let (out_buf, out_off) = self.act(OP, "out", out)?;
         let act = shape.format.activation;
-        // The held operation that writes x quantizes it too; any other runs first.
-        let producer = self.take_producer_of(x, act);
-        if producer.is_none() {
+        let key = Some((x.id, x.offset, x.len, act));
+        // A held matmul of the same quantized activations may take this one in (below);
+        // else the held operation that writes x quantizes it too, and any other runs first.
+        let may_join = matches!(&self.deferred, Some(Deferred::Matmul(g)) if g.act_key == key)
+            && self.quantized == key;
+        let producer = match may_join {
+            true => None,
+            false => self.take_producer_of(x, act),
+        };
+        if producer.is_none() && !may_join {
             self.flush_deferred()?;
         }
         // CPU adapters: the legacy formats' whole-block kernel, one token per workgroup
@@ -723,14 +724,18 @@ impl GpuOps for State {
             Some(_) => Vec::new(),
             None => self.weight(w.data.as_slice(), w.ggml_type, shape.row_bytes, shape.rows)?,
         };
-        let parts: Vec<(u32, wgpu::BindingResource<'_>, u32, u32)> = match &tex_parts {
+        // (binding, weight, first row, rows, first texture row).
+        let parts: Vec<(u32, wgpu::BindingResource<'_>, u32, u32, u32)> = match &tex_parts {
             Some(t) => t
                 .iter()
-                .map(|(v, r0, n)| (4, wgpu::BindingResource::TextureView(v), *r0, *n))
+                .map(|p| {
+                    let view = wgpu::BindingResource::TextureView(&p.view);
+                    (4, view, p.row0, p.rows, p.tex0)
+                })
                 .collect(),
             None => buf_parts
                 .iter()
-                .map(|(b, r0, n)| (1, b.as_entire_binding(), *r0, *n))
+                .map(|(b, r0, n)| (1, b.as_entire_binding(), *r0, *n, 0))
                 .collect(),
         };
         let mut act_uniform = false;
@@ -762,7 +767,6 @@ impl GpuOps for State {
                 let quantize = act
                     .quantize_kernel()
                     .ok_or("float activations are not quantized")?;
-                let key = Some((x.id, x.offset, x.len, act));
                 if let Some(p) = producer {
                     let to = QuantTarget {
                         act,
@@ -793,22 +797,47 @@ impl GpuOps for State {
                 (act_buf, [d_off, s_off], per_group)
             }
         };
-        let kernel = if legacy_rows {
-            LegacyRows {
-                tokens: legacy_tokens,
-                uniform: act_uniform,
-                texels: use_texels,
-                // A generated token's kernel has its block loop unrolled (see LegacyRows).
-                unrolled: if n == 1
-                    && shape.cols / 32 <= MAX_UNROLLED_BLOCKS
-                    && kernels::unrolled_offsets(act, shape.cols / 32) == (extra[0], extra[1])
-                {
-                    shape.cols / 32
-                } else {
-                    0
-                },
+        let rows_variant = LegacyRows {
+            tokens: legacy_tokens,
+            uniform: act_uniform,
+            texels: use_texels,
+            // A generated token's kernel has its block loop unrolled (see LegacyRows).
+            unrolled: if n == 1
+                && shape.cols / 32 <= MAX_UNROLLED_BLOCKS
+                && kernels::unrolled_offsets(act, shape.cols / 32) == (extra[0], extra[1])
+            {
+                shape.cols / 32
+            } else {
+                0
+            },
+            segments: 1,
+        };
+        // A generated token's texel matmul is held, so that the next of the same
+        // activations whose weight follows it in its texture joins its dispatch.
+        if legacy_rows && use_texels && rows_variant.unrolled > 0 && act_uniform {
+            if let [(_, _, 0, rows, tex0)] = parts[..] {
+                let view = tex_parts.as_ref().expect("texel parts")[0].view.clone();
+                let call = MatmulGroup::new(
+                    rows_variant,
+                    shape.format.kernel,
+                    view,
+                    tex0,
+                    rows,
+                    [shape.cols, shape.row_bytes as u32, extra[0], extra[1]],
+                    input.clone(),
+                    key,
+                    (out_buf.clone(), out_off),
+                );
+                self.hold_matmul(call)?;
+                self.forget_quantized_under(out);
+                return Ok(());
             }
-            .name(shape.format.kernel)
+        }
+        if may_join {
+            self.flush_deferred()?;
+        }
+        let kernel = if legacy_rows {
+            rows_variant.name(shape.format.kernel)
         } else if self.row_per_invocation {
             format!("rowmatmul_{}", shape.format.kernel)
         } else {
@@ -829,7 +858,7 @@ impl GpuOps for State {
                 "{OP}: {n_tokens} tokens exceed the GPU's dispatch limits"
             ));
         }
-        for (slot, weight, row0, rows) in &parts {
+        for (slot, weight, row0, rows, tex0) in &parts {
             let groups = if self.row_per_invocation {
                 rows.div_ceil(WG)
             } else {
@@ -848,8 +877,9 @@ impl GpuOps for State {
             match act {
                 // a_off, out_off.
                 Activation::Float => params.extend([extra[0], out_off]),
-                // d_off, s_off, out_off, and `zero` of the row-per-invocation kernel.
-                _ => params.extend([extra[0], extra[1], out_off, 0]),
+                // d_off, s_off, out_off, `zero` of the row-per-invocation kernels, and the
+                // legacy row kernels' first texture row (one weight: no later ones).
+                _ => params.extend([extra[0], extra[1], out_off, 0, *tex0, 0, 0, 0, 0]),
             }
             self.dispatch(
                 &kernel,
@@ -862,12 +892,7 @@ impl GpuOps for State {
                 [gx, gy, z],
             )?;
         }
-        // A float matmul leaves the quantized activations alone but may write over their x.
-        if let Some((id, offset, len, _)) = self.quantized {
-            if id == out.id && out.offset < offset + len && offset < out.offset + out.len {
-                self.quantized = None;
-            }
-        }
+        self.forget_quantized_under(out);
         Ok(())
     }
 

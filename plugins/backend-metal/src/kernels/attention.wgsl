@@ -40,6 +40,17 @@ fn half_at(words: u32, idx: u32) -> f32 {
     return f16_to_f32(words >> ((idx & 1u) * 16u));
 }
 
+// qs[d … d + 3].
+fn q4(d: u32) -> vec4<f32> {
+    return vec4<f32>(qs[d], qs[d + 1u], qs[d + 2u], qs[d + 3u]);
+}
+
+// K's halves idx … idx + 3 (a row of odd length: any alignment).
+fn k4(idx: u32) -> vec4<f32> {
+    return vec4<f32>(half_at(K[idx >> 1u], idx), half_at(K[(idx + 1u) >> 1u], idx + 1u),
+        half_at(K[(idx + 2u) >> 1u], idx + 2u), half_at(K[(idx + 3u) >> 1u], idx + 3u));
+}
+
 {EXP_FN}
 
 @compute @workgroup_size(WG)
@@ -64,30 +75,34 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let full = P.dk / 16u * 16u;
     for (var i = lid; i < n; i += WG) {
         let kb = ((first + i) * P.n_head_kv + kvh) * P.dk;
-        var acc: array<f32, 16>;
+        // Accumulator d % 16 is lane d % 4 of a{(d % 16) / 4}: registers, where an array
+        // indexed in a loop would be scratch memory read lane by lane on a CPU adapter.
+        var a0 = vec4<f32>(0.0);
+        var a1 = vec4<f32>(0.0);
+        var a2 = vec4<f32>(0.0);
+        var a3 = vec4<f32>(0.0);
         if ((P.dk & 1u) == 0u) {
             // A row of K is whole words: each word read once for its two halves.
             for (var d0 = 0u; d0 < full; d0 += 16u) {
-                for (var l = 0u; l < 16u; l += 2u) {
-                    let word = K[(kb + d0 + l) >> 1u];
-                    acc[l] = acc[l] + qs[d0 + l] * f16_to_f32(word);
-                    acc[l + 1u] = acc[l + 1u] + qs[d0 + l + 1u] * f16_to_f32(word >> 16u);
-                }
+                let w = (kb + d0) >> 1u;
+                a0 = a0 + q4(d0) * vec4<f32>(unpack2x16float(K[w]), unpack2x16float(K[w + 1u]));
+                a1 = a1 + q4(d0 + 4u) * vec4<f32>(unpack2x16float(K[w + 2u]), unpack2x16float(K[w + 3u]));
+                a2 = a2 + q4(d0 + 8u) * vec4<f32>(unpack2x16float(K[w + 4u]), unpack2x16float(K[w + 5u]));
+                a3 = a3 + q4(d0 + 12u) * vec4<f32>(unpack2x16float(K[w + 6u]), unpack2x16float(K[w + 7u]));
             }
         } else {
             for (var d0 = 0u; d0 < full; d0 += 16u) {
-                for (var l = 0u; l < 16u; l++) {
-                    let idx = kb + d0 + l;
-                    acc[l] = acc[l] + qs[d0 + l] * half_at(K[idx >> 1u], idx);
-                }
+                a0 = a0 + q4(d0) * k4(kb + d0);
+                a1 = a1 + q4(d0 + 4u) * k4(kb + d0 + 4u);
+                a2 = a2 + q4(d0 + 8u) * k4(kb + d0 + 8u);
+                a3 = a3 + q4(d0 + 12u) * k4(kb + d0 + 12u);
             }
         }
-        for (var o = 8u; o > 0u; o = o >> 1u) {
-            for (var l = 0u; l < o; l++) {
-                acc[l] = acc[l] + acc[l + o];
-            }
-        }
-        var s = acc[0];
+        // The 16 folded by halving: 8, 4, 2, 1.
+        a0 = a0 + a2;
+        a1 = a1 + a3;
+        a0 = a0 + a1;
+        var s = (a0.x + a0.z) + (a0.y + a0.w);
         for (var d = full; d < P.dk; d++) {
             let idx = kb + d;
             s = s + qs[d] * half_at(K[idx >> 1u], idx);

@@ -21,6 +21,14 @@ struct Params {
     s_off: u32,
     out_off: u32,
     zero: u32,
+    // Texel kernels: the weight's first row in its texture (a multiple of 8).
+    tex0: u32,
+    // Kernels of several weights (`_seg2`, `_seg3`): where the second and third start
+    // among the rows, and their outputs' offsets.
+    b1: u32,
+    b2: u32,
+    out1_off: u32,
+    out2_off: u32,
 }
 
 @group(0) @binding(0) var<uniform> P: Params;

@@ -250,7 +250,14 @@ pub struct LegacyRows {
     /// the same in every lane, which a loop counter is not; unrolled, every activation
     /// offset is a constant.
     pub unrolled: u32,
+    /// Weights whose rows follow one another in one texture, each with its own output
+    /// (q, k, v; gate, up): 1 to [`MAX_SEGMENTS`], more than one only for an unrolled
+    /// texel kernel. One dispatch rather than one each.
+    pub segments: u32,
 }
+
+/// The most weights one unrolled texel kernel takes ([`LegacyRows::segments`]).
+pub const MAX_SEGMENTS: u32 = 3;
 
 /// The most blocks per row an unrolled kernel takes (its source grows with them).
 pub const MAX_UNROLLED_BLOCKS: u32 = 64;
@@ -259,7 +266,7 @@ pub const MAX_UNROLLED_BLOCKS: u32 = 64;
 pub const TEXEL_FORMATS: [&str; 2] = ["q4_1", "q8_0"];
 
 impl LegacyRows {
-    /// The pipeline name: `rowmatmul_tok{T}[_ubo][_tex][_pairs]_<format>`.
+    /// The pipeline name: `rowmatmul_tok{T}[_ubo][_tex][_nb{B}[_seg{S}]]_<format>`.
     pub fn name(&self, kernel: &str) -> String {
         let ubo = if self.uniform { "_ubo" } else { "" };
         let tex = if self.texels { "_tex" } else { "" };
@@ -267,7 +274,14 @@ impl LegacyRows {
             0 => String::new(),
             n => format!("_nb{n}"),
         };
-        format!("rowmatmul_tok{}{ubo}{tex}{unrolled}_{kernel}", self.tokens)
+        let segments = match self.segments {
+            0 | 1 => String::new(),
+            n => format!("_seg{n}"),
+        };
+        format!(
+            "rowmatmul_tok{}{ubo}{tex}{unrolled}{segments}_{kernel}",
+            self.tokens
+        )
     }
 }
 
@@ -305,7 +319,20 @@ fn legacy_rows_kernel(name: &str) -> Option<(LegacyRows, &str)> {
         }
         None => (0, rest),
     };
-    if (texels && !TEXEL_FORMATS.contains(&kernel)) || (unrolled > 0 && tokens != 1) {
+    let (segments, kernel) = match kernel.strip_prefix("seg") {
+        Some(r) => {
+            let (n, k) = r.split_once('_')?;
+            (
+                n.parse().ok().filter(|n| (2..=MAX_SEGMENTS).contains(n))?,
+                k,
+            )
+        }
+        None => (1, kernel),
+    };
+    if (texels && !TEXEL_FORMATS.contains(&kernel))
+        || (unrolled > 0 && tokens != 1)
+        || (segments > 1 && (unrolled == 0 || !texels))
+    {
         return None;
     }
     let v = LegacyRows {
@@ -313,6 +340,7 @@ fn legacy_rows_kernel(name: &str) -> Option<(LegacyRows, &str)> {
         uniform,
         texels,
         unrolled,
+        segments,
     };
     LEGACY_ROWS_TOKENS.contains(&tokens).then_some((v, kernel))
 }
@@ -346,7 +374,7 @@ fn fill_legacy_rows(f: &Format, v: LegacyRows) -> String {
         include_str!("act_storage.wgsl").to_string()
     };
     let block = if v.texels {
-        "tex_{NAME}(row, blk, nb)"
+        "tex_{NAME}(row + P.tex0, blk, nb)"
     } else {
         "blk_{NAME}(wr + blk * {BYTES}u)"
     };
@@ -370,7 +398,7 @@ fn fill_legacy_rows(f: &Format, v: LegacyRows) -> String {
             .find("@compute")
             .expect("the template has an entry point");
         src.truncate(main_at);
-        src.push_str(&texel_rows_main(f, v.unrolled));
+        src.push_str(&texel_rows_main(f, v.unrolled, v.segments));
         return fill(&src, f)
             .replace("{TOK}", "1")
             .replace("{ACT}", act.trim_end())
@@ -408,15 +436,24 @@ const TEXEL_ROWS_PER_LANE: u32 = 4;
 /// even at a constant offset — is read once for 4 rows. Invocation i of a run of 8 (one of
 /// llvmpipe's SIMD vectors) takes rows 8j + i of its 32, so the 8 lanes' fetches of a
 /// texel are one interleaved run of 8 weight rows (crate::texels). Each row's value is
-/// the row kernel's, the same operations in the same order.
-fn texel_rows_main(f: &Format, nb: u32) -> String {
+/// the row kernel's, the same operations in the same order. With `segments` > 1 the rows
+/// are several weights' (`P.b1`, `P.b2` the later ones' first rows), each stored to its
+/// own output.
+fn texel_rows_main(f: &Format, nb: u32, segments: u32) -> String {
     let r = TEXEL_ROWS_PER_LANE;
     let lanes = WG / r;
+    let mut outputs = String::new();
+    for s in 1..segments {
+        outputs.push_str(&format!(
+            "@group(0) @binding({}) var<storage, read_write> OUT{s}: array<f32>;\n",
+            4 + s
+        ));
+    }
     let quant_texels = if f.kernel == "q8_0" { 2 } else { 1 };
     // Q4_1's integer sums two products a multiply (`swar_q4_1`).
     let swar = f.kernel == "q4_1";
     let mut body = format!(
-        "@compute @workgroup_size({lanes})
+        "{outputs}@compute @workgroup_size({lanes})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {{
     let first = (wid.y * nwg.x + wid.x) * {WG}u + (lid >> 3u) * {run}u + (lid & 7u);
@@ -426,12 +463,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let nb = {nb}u;
     let last_row = P.rows - 1u;
     let zero = P.zero;
+    let tex0 = P.tex0;
 ",
         run = 8 * r
     );
     for j in 0..r {
         body.push_str(&format!(
-            "    let row{j} = min(first + {}u, last_row);
+            "    let row{j} = min(first + {}u, last_row) + tex0;
     var acc{j} = 0.0;
 ",
             8 * j
@@ -483,12 +521,27 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         );
     }
     for j in 0..r {
+        let o = 8 * j;
+        let store = match segments {
+            0 | 1 => format!("OUT[P.out_off + P.row0 + g] = acc{j};"),
+            2 => format!(
+                "if (g < P.b1) {{ OUT[P.out_off + P.row0 + g] = acc{j}; }} \
+                 else {{ OUT1[P.out1_off + g - P.b1] = acc{j}; }}"
+            ),
+            _ => format!(
+                "if (g < P.b1) {{ OUT[P.out_off + P.row0 + g] = acc{j}; }} \
+                 else if (g < P.b2) {{ OUT1[P.out1_off + g - P.b1] = acc{j}; }} \
+                 else {{ OUT2[P.out2_off + g - P.b2] = acc{j}; }}"
+            ),
+        };
         body.push_str(&format!(
-            "    if (first + {o}u <= last_row) {{
-        OUT[P.out_off + P.row0 + first + {o}u] = acc{j};
+            "    {{
+        let g = first + {o}u;
+        if (g <= last_row) {{
+            {store}
+        }}
     }}
-",
-            o = 8 * j
+"
         ));
     }
     body.push_str(
@@ -525,17 +578,22 @@ pub fn all_kernels() -> Vec<String> {
                         uniform,
                         texels,
                         unrolled: 0,
+                        segments: 1,
                     };
                     v.push(variant.name(f.kernel));
                     if tokens == 1 {
                         for unrolled in [1, 18, MAX_UNROLLED_BLOCKS] {
-                            v.push(
-                                LegacyRows {
-                                    unrolled,
-                                    ..variant
-                                }
-                                .name(f.kernel),
-                            );
+                            let segments = if texels { MAX_SEGMENTS } else { 1 };
+                            for segments in 1..=segments {
+                                v.push(
+                                    LegacyRows {
+                                        unrolled,
+                                        segments,
+                                        ..variant
+                                    }
+                                    .name(f.kernel),
+                                );
+                            }
                         }
                     }
                 }

@@ -4,7 +4,8 @@
 // 16-byte load per lane, where it reads a storage buffer word by word, lane by lane.
 @group(0) @binding(4) var WT: texture_2d<u32>;
 
-// Texel t of weight row `row`.
+// Texel t of texture row `row` (a weight's rows start at a multiple of 8, `P.tex0`: the
+// weights of one format and row length share textures, in the order they were first used).
 fn texel(row: u32, t: u32) -> vec4<u32> {
     return textureLoad(WT, vec2<u32>((t << 3u) | (row & 7u), row >> 3u), 0);
 }

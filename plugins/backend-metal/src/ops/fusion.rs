@@ -9,7 +9,11 @@
 //!   also quantizes them (`*rms_norm_q8_*`), in place of the matmul's quantize dispatch;
 //! - `swiglu(gate, up)` then a matmul of `gate`: the quantize kernel applies SwiGLU first
 //!   (`quantize_swiglu_*`);
-//! - `rope(q)` then `rope(k)` of the same positions: both in one dispatch (`rope_pair`).
+//! - `rope(q)` then `rope(k)` of the same positions: both in one dispatch (`rope_pair`);
+//! - on CPU adapters, a generated token's matmuls of the same activations whose weights
+//!   follow one another in a texture page (q, k, v; gate, up: `texel_pages`): one
+//!   dispatch of up to three weights, each row stored to its own output
+//!   ([`MatmulGroup`], `rowmatmul_*_seg{2,3}_*`).
 //!
 //! At most one operation is held. Every other operation, download and buffer change
 //! dispatches it first (`State::guarded`), so the device runs the operations in the order
@@ -19,6 +23,7 @@ use prima_abi::backend::Buf;
 
 use super::State;
 use crate::formats::Activation;
+use crate::kernels::{LegacyRows, ACT_UNIFORM_BYTES, MAX_SEGMENTS, WG};
 use prima_gpu_support::checks::OpResult;
 
 /// An operation recorded but not yet dispatched.
@@ -35,6 +40,69 @@ pub(super) enum Deferred {
         up: Buf,
     },
     Rope(Rope),
+    Matmul(MatmulGroup),
+}
+
+/// The quantized activations' key (`State::quantized`'s).
+type ActKey = Option<(u64, u64, u64, Activation)>;
+
+/// One token's matmuls by an unrolled texel kernel, held to be dispatched as one: weights
+/// whose rows follow one another in one texture page, against the same activations.
+pub(super) struct MatmulGroup {
+    variant: LegacyRows,
+    format: &'static str,
+    page: wgpu::TextureView,
+    /// The first weight's first row in the page, and the rows of all.
+    tex0: u32,
+    rows: u32,
+    /// cols, row_bytes, d_off, s_off (the same for all).
+    shape: [u32; 4],
+    /// The quantized activations (a uniform binding) and whose they are.
+    input: wgpu::Buffer,
+    pub act_key: ActKey,
+    /// Each weight's first row among `rows` and its output: buffer and element offset.
+    outputs: Vec<(u32, wgpu::Buffer, u32)>,
+}
+
+impl MatmulGroup {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        variant: LegacyRows,
+        format: &'static str,
+        page: wgpu::TextureView,
+        tex0: u32,
+        rows: u32,
+        shape: [u32; 4],
+        input: wgpu::Buffer,
+        act_key: ActKey,
+        out: (wgpu::Buffer, u32),
+    ) -> MatmulGroup {
+        MatmulGroup {
+            variant,
+            format,
+            page,
+            tex0,
+            rows,
+            shape,
+            input,
+            act_key,
+            outputs: vec![(0, out.0, out.1)],
+        }
+    }
+
+    /// Whether `next` can join: the same kernel and activations, its rows right after
+    /// these in the same page, room for one more output, and an output buffer of its own.
+    fn takes(&self, next: &MatmulGroup) -> bool {
+        self.variant == next.variant
+            && self.format == next.format
+            && self.page == next.page
+            && self.tex0 + self.rows == next.tex0
+            && self.shape == next.shape
+            && self.input == next.input
+            && self.act_key == next.act_key
+            && (self.outputs.len() as u32) < MAX_SEGMENTS
+            && self.outputs.iter().all(|o| o.1 != next.outputs[0].1)
+    }
 }
 
 /// One RoPE call, checked: `x` (element offset `x_off`) of `n_tokens` rows of `n_head`
@@ -87,7 +155,72 @@ impl State {
             Some(Deferred::Swiglu { gate, up }) => self.binary_act("swiglu", gate, up),
             Some(Deferred::Norm(norm)) => self.dispatch_norm(norm, None),
             Some(Deferred::Rope(rope)) => self.dispatch_rope(rope, None),
+            Some(Deferred::Matmul(group)) => self.dispatch_matmul_group(group),
         }
+    }
+
+    /// Holds a generated token's texel matmul: joined to the held group where it can be,
+    /// else after dispatching what was held. The quantized activations stay (its input).
+    pub(super) fn hold_matmul(&mut self, call: MatmulGroup) -> OpResult<()> {
+        if let Some(Deferred::Matmul(group)) = &mut self.deferred {
+            if group.takes(&call) {
+                let [(_, buf, off)] =
+                    <[_; 1]>::try_from(call.outputs).map_err(|_| "a matmul call has one output")?;
+                group.outputs.push((group.rows, buf, off));
+                group.rows += call.rows;
+                return Ok(());
+            }
+        }
+        self.flush_deferred()?;
+        self.deferred = Some(Deferred::Matmul(call));
+        Ok(())
+    }
+
+    /// One dispatch of `group`'s weights, each row to its weight's output.
+    fn dispatch_matmul_group(&mut self, group: MatmulGroup) -> OpResult<()> {
+        let segments = group.outputs.len() as u32;
+        let kernel = LegacyRows {
+            segments,
+            ..group.variant
+        }
+        .name(group.format);
+        let [cols, row_bytes, d_off, s_off] = group.shape;
+        let start = |i: usize| group.outputs.get(i).map_or(group.rows, |o| o.0);
+        let offset = |i: usize| group.outputs.get(i).map_or(0, |o| o.2);
+        let params = [
+            cols,
+            group.rows,
+            row_bytes,
+            1,
+            0,
+            group.rows,
+            d_off,
+            s_off,
+            offset(0),
+            0,
+            group.tex0,
+            start(1),
+            start(2),
+            offset(1),
+            offset(2),
+        ];
+        let mut bindings = vec![
+            (4, wgpu::BindingResource::TextureView(&group.page)),
+            (
+                2,
+                wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer: &group.input,
+                    offset: 0,
+                    size: std::num::NonZeroU64::new(ACT_UNIFORM_BYTES),
+                }),
+            ),
+        ];
+        for (i, (_, buf, _)) in group.outputs.iter().enumerate() {
+            let binding = if i == 0 { 3 } else { 4 + i as u32 };
+            bindings.push((binding, buf.as_entire_binding()));
+        }
+        let [gx, gy] = self.grid(group.rows.div_ceil(WG) as u64)?;
+        self.dispatch(&kernel, &params, &bindings, [gx, gy, 1])
     }
 
     /// A RoPE call: dispatched with a held one of the same table and head size in
@@ -233,7 +366,7 @@ impl State {
                     groups,
                 )
             }
-            Deferred::Add { .. } | Deferred::Rope(_) => {
+            Deferred::Add { .. } | Deferred::Rope(_) | Deferred::Matmul(_) => {
                 Err("only a norm or SwiGLU quantizes a matmul's input".into())
             }
         }
