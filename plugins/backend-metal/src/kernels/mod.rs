@@ -115,12 +115,14 @@ pub fn source(name: &str, f64: bool) -> Option<String> {
             .iter()
             .find_map(|q| name.strip_suffix(q)?.strip_suffix("rms_norm"))
     }) {
-        let add = match rest {
-            "" => false,
-            "add_" => true,
+        let (add, wg) = match rest {
+            "" => (false, WG),
+            "add_" => (true, WG),
+            "narrow_" => (false, NORM_NARROW_WG),
+            "narrow_add_" => (true, NORM_NARROW_WG),
             _ => return None,
         };
-        src.push_str(&rms_norm_source(add, name.strip_prefix(rest)?, sum_t));
+        src.push_str(&rms_norm_source(add, name.strip_prefix(rest)?, sum_t, wg));
     } else {
         match name {
             "add" | "add_bias" | "swiglu" | "geglu" => {
@@ -160,9 +162,14 @@ pub fn source(name: &str, f64: bool) -> Option<String> {
     Some(src)
 }
 
+/// Invocations per workgroup of the `narrow_*rms_norm*` kernels, for CPU adapters: one of
+/// llvmpipe's SIMD vectors, which then runs the serial sum once rather than once per
+/// vector of a workgroup of [`WG`] (each masked).
+pub const NORM_NARROW_WG: u32 = 8;
+
 /// rms_norm.wgsl for `name` (`rms_norm`, `rms_norm_q8_0`, `rms_norm_q8_1`), with the
-/// residual added first if `add`.
-fn rms_norm_source(add: bool, name: &str, sum_t: &str) -> String {
+/// residual added first if `add`, `wg` invocations a workgroup.
+fn rms_norm_source(add: bool, name: &str, sum_t: &str, wg: u32) -> String {
     let quant = match name {
         "rms_norm" => None,
         "rms_norm_q8_0" => Some(false),
@@ -190,7 +197,7 @@ fn rms_norm_source(add: bool, name: &str, sum_t: &str) -> String {
         Some(with_s) => (
             "@group(0) @binding(5) var<storage, read_write> A: array<u32>;".to_string(),
             format!(
-                "    let nb = P.n / 32u;\n    for (var b = lid; b < nb; b += 64u) {{\n        \
+                "    let nb = P.n / 32u;\n    for (var b = lid; b < nb; b += {{NWG}}u) {{\n        \
                  quantize_32(row * nb + b, 32u * b, {with_s});\n    }}"
             ),
         ),
@@ -203,7 +210,8 @@ fn rms_norm_source(add: bool, name: &str, sum_t: &str) -> String {
             .replace("{LOAD}", load)
             .replace("{BARRIER}", barrier)
             .replace("{EXTRA_BINDINGS}", &bindings)
-            .replace("{QUANTIZE}", &quantize),
+            .replace("{QUANTIZE}", &quantize)
+            .replace("{NWG}", &wg.to_string()),
     );
     src
 }
@@ -611,6 +619,12 @@ pub fn all_kernels() -> Vec<String> {
         "rms_norm_q8_1",
         "add_rms_norm_q8_0",
         "add_rms_norm_q8_1",
+        "narrow_rms_norm",
+        "narrow_add_rms_norm",
+        "narrow_rms_norm_q8_0",
+        "narrow_rms_norm_q8_1",
+        "narrow_add_rms_norm_q8_0",
+        "narrow_add_rms_norm_q8_1",
         "add",
         "add_bias",
         "swiglu",

@@ -7,6 +7,7 @@
 // kernel's arithmetic), and `*_q8_0` / `*_q8_1` also quantize y for the next matmul
 // (quantize_blocks.wgsl, from the same values y, written to A as the quantize kernel would).
 // The first invocation does the serial work (the add, the sum), as the plain kernel's does.
+// {NWG} invocations a workgroup (64, or 8 for CPU adapters: kernels::NORM_NARROW_WG).
 struct Params {
     n: u32,
     eps: f32,
@@ -35,7 +36,7 @@ fn qin(i: u32) -> f32 {
     return (X[row_x0 + i] * row_scale) * WT[i];
 }
 
-@compute @workgroup_size(64)
+@compute @workgroup_size({NWG})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
     let row = wid.y * nwg.x + wid.x;
@@ -58,7 +59,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     // The scale (and X, written by the first invocation in the add variants), for all.
 {BARRIER}
     let scale = row_scale;
-    for (var i = lid; i < P.n; i += 64u) {
+    for (var i = lid; i < P.n; i += {NWG}u) {
         OUT[o0 + i] = (X[x0 + i] * scale) * WT[i];
     }
 {QUANTIZE}

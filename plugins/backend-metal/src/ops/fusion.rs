@@ -385,7 +385,12 @@ impl State {
         let rows = (norm.x.len / norm.n as u64) as u32;
         let [gx, gy] = self.grid(rows as u64)?;
         let kernel = format!(
-            "{}rms_norm{}",
+            "{}{}rms_norm{}",
+            if self.row_per_invocation {
+                "narrow_"
+            } else {
+                ""
+            },
             if norm.residual.is_some() { "add_" } else { "" },
             match &quant {
                 None => "",
