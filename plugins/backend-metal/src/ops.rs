@@ -522,7 +522,10 @@ impl GpuOps for State {
             .gpu
             .device
             .push_error_scope(wgpu::ErrorFilter::Validation);
-        let may_fuse = matches!(op, "add" | "rms_norm" | "matmul" | "swiglu" | "rope");
+        let may_fuse = matches!(
+            op,
+            "add" | "rms_norm" | "matmul" | "swiglu" | "rope" | "attention"
+        );
         let r = match may_fuse {
             true => Ok(()),
             false => self.flush_deferred(),
@@ -1016,7 +1019,7 @@ impl GpuOps for State {
     }
 
     /// One span after another: its keys and values stored into its cache (`store_f16`, one
-    /// dispatch for both),
+    /// dispatch for both, or the held RoPE's: `rope_pair_store`),
     /// then a dispatch of (head, token) workgroups over its rows of `q` and `out`.
     fn attention_spans(
         &mut self,
@@ -1036,6 +1039,19 @@ impl GpuOps for State {
             return Ok(());
         }
         apart(OP, out, &[q, k, v])?;
+        // The held RoPE of q and k stores k and v too, for a single span of whole words.
+        let mut rope_pair = match &plans[..] {
+            [plan] if plan.row0 == 0 && p.head_dim_v % 2 == 0 => self.take_rope_pair_of(
+                k,
+                p.n_head_kv,
+                p.head_dim_k,
+                u32_of(OP, "n_tokens", plan.n_tokens)?,
+            ),
+            _ => None,
+        };
+        if rope_pair.is_none() {
+            self.flush_deferred()?;
+        }
         let (n_head, n_head_kv) = (p.n_head as usize, p.n_head_kv as usize);
         let (dk, dv) = (p.head_dim_k as usize, p.head_dim_v as usize);
         let layer = p.layer as usize;
@@ -1067,7 +1083,17 @@ impl GpuOps for State {
                 store[3 * i + 2] = src_off + u32_of(OP, "row offset", row0 * n_head_kv * d)?;
             }
             let words = store[0] as u64 + store[3] as u64;
-            if words > 0 {
+            if let Some((q_rope, k_rope)) = rope_pair.take() {
+                let to = fusion::KvStore {
+                    kc: kc.clone(),
+                    k_at: store[1],
+                    v_words: store[3],
+                    v: (v_buf.clone(), store[5]),
+                    vc: vc.clone(),
+                    v_at: store[4],
+                };
+                self.dispatch_rope(q_rope, Some(k_rope), Some(to))?;
+            } else if words > 0 {
                 let groups = self.grid_1d(words)?;
                 self.dispatch(
                     "store_f16",

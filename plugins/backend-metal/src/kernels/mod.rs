@@ -142,6 +142,11 @@ pub fn source(name: &str, f64: bool) -> Option<String> {
                     )
                     .replace("{SECOND}", ROPE_SECOND),
             ),
+            "rope_pair_store" => src.push_str(
+                &include_str!("rope.wgsl")
+                    .replace("{X2_BINDING}", ROPE_STORE_BINDINGS)
+                    .replace("{SECOND}", ROPE_SECOND_STORE),
+            ),
             "store_f16" => src.push_str(include_str!("store_f16.wgsl")),
             "attention" | "attention_narrow" => {
                 let exp = if f64 {
@@ -215,6 +220,51 @@ fn rms_norm_source(add: bool, name: &str, sum_t: &str, wg: u32) -> String {
     );
     src
 }
+
+const ROPE_STORE_BINDINGS: &str = "@group(0) @binding(3) var<storage, read_write> X2: array<f32>;
+@group(0) @binding(4) var<storage, read_write> KC: array<u32>;
+@group(0) @binding(5) var<storage, read> VS: array<f32>;
+@group(0) @binding(6) var<storage, read_write> VC: array<u32>;";
+
+/// `rope_pair_store`'s turn of X2 into the cache, then VS's store (see rope.wgsl).
+const ROPE_SECOND_STORE: &str = "    else {
+        let half = P.n_rot / 2u;
+        var per = half;
+        if (P.neox != 0u) {
+            per = half / 2u;
+        }
+        let n2 = P.n_tokens * P.n_head2 * per;
+        let u = idx - n1;
+        if (u < n2) {
+            let th = u / per;
+            let c = (th / P.n_head2) * half;
+            let base = th * P.head_dim;
+            if (P.neox != 0u) {
+                let p0 = 2u * (u % per);
+                let e0 = vec3<u32>(base + p0, base + p0 + half, c + p0);
+                let e1 = vec3<u32>(base + p0 + 1u, base + p0 + 1u + half, c + p0 + 1u);
+                let r0 = turn(X2[P.x2_off + e0.x], X2[P.x2_off + e0.y], e0);
+                let r1 = turn(X2[P.x2_off + e1.x], X2[P.x2_off + e1.y], e1);
+                X2[P.x2_off + e0.x] = r0.x;
+                X2[P.x2_off + e0.y] = r0.y;
+                X2[P.x2_off + e1.x] = r1.x;
+                X2[P.x2_off + e1.y] = r1.y;
+                KC[P.kc_off + e0.x / 2u] = f16_bits(r0.x) | (f16_bits(r1.x) << 16u);
+                KC[P.kc_off + e0.y / 2u] = f16_bits(r0.y) | (f16_bits(r1.y) << 16u);
+            } else {
+                let i = u % per;
+                let e = vec3<u32>(base + 2u * i, base + 2u * i + 1u, c + i);
+                let r = turn(X2[P.x2_off + e.x], X2[P.x2_off + e.y], e);
+                X2[P.x2_off + e.x] = r.x;
+                X2[P.x2_off + e.y] = r.y;
+                KC[P.kc_off + e.x / 2u] = f16_bits(r.x) | (f16_bits(r.y) << 16u);
+            }
+        } else if (u - n2 < P.v_words) {
+            let j = u - n2;
+            let s = P.v_src + 2u * j;
+            VC[P.vc_off + j] = f16_bits(VS[s]) | (f16_bits(VS[s + 1u]) << 16u);
+        }
+    }";
 
 /// `rope_pair`'s turn of X2, after X's invocations.
 const ROPE_SECOND: &str = "    else if (idx - n1 < P.n_tokens * P.n_head2 * (P.n_rot / 2u)) {
@@ -633,6 +683,7 @@ pub fn all_kernels() -> Vec<String> {
         "rms_norm",
         "rope",
         "rope_pair",
+        "rope_pair_store",
         "store_f16",
         "attention",
         "attention_narrow",

@@ -3,7 +3,10 @@
 // it), the rotation is the CPU's. NeoX pairs element i with i + n_rot/2, the original
 // ordering 2i with 2i + 1. One invocation per (token, head, pair) of X; `rope_pair` then
 // also turns X2's (n_head2 heads a token, from x2_off) by the same table: q and k in one
-// dispatch.
+// dispatch. `rope_pair_store` then stores X2 and VS into the F16 KV cache as store_f16 does,
+// each invocation of X2 whole words of it: a NeoX one turns pairs 2u and 2u + 1 (words at
+// elements 2u and 2u + n_rot/2; the host checks n_rot = head_dim, a multiple of 4), an
+// original-order one pair 2u, 2u + 1 (one word); VS's invocations come after.
 struct Params {
     n_tokens: u32,
     n_head: u32,
@@ -13,6 +16,11 @@ struct Params {
     x_off: u32,
     n_head2: u32,
     x2_off: u32,
+    // rope_pair_store: X2 (k) and VS (v) into the KV cache, from words kc_off and vc_off.
+    kc_off: u32,
+    v_words: u32,
+    vc_off: u32,
+    v_src: u32,
 }
 
 @group(0) @binding(0) var<uniform> P: Params;

@@ -9,7 +9,9 @@
 //!   also quantizes them (`*rms_norm_q8_*`), in place of the matmul's quantize dispatch;
 //! - `swiglu(gate, up)` then a matmul of `gate`: the quantize kernel applies SwiGLU first
 //!   (`quantize_swiglu_*`);
-//! - `rope(q)` then `rope(k)` of the same positions: both in one dispatch (`rope_pair`);
+//! - `rope(q)` then `rope(k)` of the same positions: both in one dispatch (`rope_pair`),
+//!   which also stores k and v into the KV cache where attention follows
+//!   (`rope_pair_store`, in place of `store_f16`);
 //! - on CPU adapters, a generated token's matmuls of the same activations whose weights
 //!   follow one another in a texture page (q, k, v; gate, up: `texel_pages`): one
 //!   dispatch of up to three weights, each row stored to its own output
@@ -40,7 +42,21 @@ pub(super) enum Deferred {
         up: Buf,
     },
     Rope(Rope),
+    /// q's and k's RoPE, held for attention to store k and v in the same dispatch.
+    RopePair(Rope, Rope),
     Matmul(MatmulGroup),
+}
+
+/// A span's new keys and values into the F16 KV cache, as `store_f16` takes them: the k
+/// cache and the word its rows start at; v's words, source (buffer, element offset),
+/// cache and the word they start at.
+pub(super) struct KvStore {
+    pub kc: wgpu::Buffer,
+    pub k_at: u32,
+    pub v_words: u32,
+    pub v: (wgpu::Buffer, u32),
+    pub vc: wgpu::Buffer,
+    pub v_at: u32,
 }
 
 /// The quantized activations' key (`State::quantized`'s).
@@ -154,7 +170,8 @@ impl State {
             Some(Deferred::Add { acc, x }) => self.binary_act("add", acc, x),
             Some(Deferred::Swiglu { gate, up }) => self.binary_act("swiglu", gate, up),
             Some(Deferred::Norm(norm)) => self.dispatch_norm(norm, None),
-            Some(Deferred::Rope(rope)) => self.dispatch_rope(rope, None),
+            Some(Deferred::Rope(rope)) => self.dispatch_rope(rope, None, None),
+            Some(Deferred::RopePair(q, k)) => self.dispatch_rope(q, Some(k), None),
             Some(Deferred::Matmul(group)) => self.dispatch_matmul_group(group),
         }
     }
@@ -238,7 +255,10 @@ impl State {
             _ => false,
         };
         match (pairs, self.deferred.take()) {
-            (true, Some(Deferred::Rope(first))) => self.dispatch_rope(first, Some(rope)),
+            (true, Some(Deferred::Rope(first))) => {
+                self.deferred = Some(Deferred::RopePair(first, rope));
+                Ok(())
+            }
             (_, held) => {
                 self.deferred = held;
                 self.defer(Deferred::Rope(rope))
@@ -246,17 +266,62 @@ impl State {
         }
     }
 
-    /// The rope kernel over `rope`, and over `second` by the same table (`rope_pair`).
-    fn dispatch_rope(&mut self, rope: Rope, second: Option<Rope>) -> OpResult<()> {
+    /// The held RoPE pair if its second is of `k` and can store it as `store` wants: whole
+    /// heads turned (NeoX pairs two apart), `k_heads` heads of `k_dim` over `n_tokens`.
+    pub(super) fn take_rope_pair_of(
+        &mut self,
+        k: Buf,
+        k_heads: u32,
+        k_dim: u32,
+        n_tokens: u32,
+    ) -> Option<(Rope, Rope)> {
+        let fits = match &self.deferred {
+            Some(Deferred::RopePair(_, r)) => {
+                r.x == k
+                    && r.n_head == k_heads
+                    && r.head_dim == k_dim
+                    && r.n_tokens == n_tokens
+                    && r.n_rot == r.head_dim
+                    && r.head_dim.is_multiple_of(2)
+                    && (!r.neox || r.n_rot.is_multiple_of(4))
+            }
+            _ => false,
+        };
+        match (fits, self.deferred.take()) {
+            (true, Some(Deferred::RopePair(q, k))) => Some((q, k)),
+            (_, held) => {
+                self.deferred = held;
+                None
+            }
+        }
+    }
+
+    /// The rope kernel over `rope`, and over `second` by the same table (`rope_pair`);
+    /// with `store`, `second` (k) and v also into the KV cache (`rope_pair_store`).
+    pub(super) fn dispatch_rope(
+        &mut self,
+        rope: Rope,
+        second: Option<Rope>,
+        store: Option<KvStore>,
+    ) -> OpResult<()> {
         const OP: &str = "rope";
         let x_buf = self.act(OP, "x", rope.x)?.0;
         let table_at = self
             .params
             .push(&self.gpu.device, bytemuck::cast_slice(&rope.table));
         let pairs_of = |r: &Rope| r.n_tokens as u64 * r.n_head as u64 * (r.n_rot / 2) as u64;
-        let total = pairs_of(&rope) + second.as_ref().map_or(0, pairs_of);
+        // Storing, a NeoX invocation of k takes two pairs (whole words of the cache).
+        let second_items = |r: &Rope| match (&store, r.neox) {
+            (Some(_), true) => pairs_of(r) / 2,
+            _ => pairs_of(r),
+        };
+        let v_words = store.as_ref().map_or(0, |s| s.v_words);
+        let total = pairs_of(&rope) + second.as_ref().map_or(0, second_items) + v_words as u64;
         let groups = self.grid_1d(total)?;
         let (n_head2, x2_off) = second.as_ref().map_or((0, 0), |r| (r.n_head, r.x_off));
+        let (k_at, v_at, v_src) = store
+            .as_ref()
+            .map_or((0, 0, 0), |s| (s.k_at, s.v_at, s.v.1));
         let params = [
             rope.n_tokens,
             rope.n_head,
@@ -266,6 +331,10 @@ impl State {
             rope.x_off,
             n_head2,
             x2_off,
+            k_at,
+            v_words,
+            v_at,
+            v_src,
         ];
         let mut bindings = vec![(1, x_buf.as_entire_binding()), (2, table_at.binding())];
         let x2_buf = match &second {
@@ -275,10 +344,15 @@ impl State {
         if let Some(b) = &x2_buf {
             bindings.push((3, b.as_entire_binding()));
         }
-        let kernel = if second.is_some() {
-            "rope_pair"
-        } else {
-            "rope"
+        if let Some(s) = &store {
+            bindings.push((4, s.kc.as_entire_binding()));
+            bindings.push((5, s.v.0.as_entire_binding()));
+            bindings.push((6, s.vc.as_entire_binding()));
+        }
+        let kernel = match (&second, &store) {
+            (Some(_), Some(_)) => "rope_pair_store",
+            (Some(_), None) => "rope_pair",
+            _ => "rope",
         };
         self.dispatch(kernel, &params, &bindings, groups)
     }
@@ -366,9 +440,10 @@ impl State {
                     groups,
                 )
             }
-            Deferred::Add { .. } | Deferred::Rope(_) | Deferred::Matmul(_) => {
-                Err("only a norm or SwiGLU quantizes a matmul's input".into())
-            }
+            Deferred::Add { .. }
+            | Deferred::Rope(_)
+            | Deferred::RopePair(..)
+            | Deferred::Matmul(_) => Err("only a norm or SwiGLU quantizes a matmul's input".into()),
         }
     }
 

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use crate::texels;
 
 /// Texture rows of a format's first page: later ones double, up to the device's limit.
-const FIRST_PAGE_ROWS: u32 = 512;
+const FIRST_PAGE_ROWS: u32 = 2048;
 
 /// Where a weight's rows `row0 .. row0 + rows` lie: a page and the first of its rows
 /// there (`tex0`, in weight rows: a multiple of [`texels::INTERLEAVE`]).
