@@ -1041,7 +1041,7 @@ impl GpuOps for State {
         apart(OP, out, &[q, k, v])?;
         // The held RoPE of q and k stores k and v too, for a single span of whole words.
         let mut rope_pair = match &plans[..] {
-            [plan] if plan.row0 == 0 && p.head_dim_v % 2 == 0 => self.take_rope_pair_of(
+            [plan] if plan.row0 == 0 && p.head_dim_v.is_multiple_of(2) => self.take_rope_pair_of(
                 k,
                 p.n_head_kv,
                 p.head_dim_k,
