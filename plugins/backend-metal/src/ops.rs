@@ -1040,6 +1040,7 @@ impl GpuOps for State {
         }
         apart(OP, out, &[q, k, v])?;
         // The held RoPE of q and k stores k and v too, for a single span of whole words.
+        let single = plans.len() == 1;
         let mut rope_pair = match &plans[..] {
             [plan] if plan.row0 == 0 && p.head_dim_v.is_multiple_of(2) => self.take_rope_pair_of(
                 k,
@@ -1124,19 +1125,22 @@ impl GpuOps for State {
                 true => "attention_narrow",
                 false => "attention",
             };
-            self.dispatch(
+            let call = fusion::AttentionCall {
                 kernel,
-                &params,
-                &[
-                    (1, q_buf.as_entire_binding()),
-                    (2, kc.as_entire_binding()),
-                    (3, vc.as_entire_binding()),
-                    (4, out_buf.as_entire_binding()),
-                    (5, scores.as_entire_binding()),
-                ],
-                [p.n_head, n_tokens as u32, 1],
-            )?;
+                params,
+                buffers: [q_buf.clone(), kc, vc, out_buf.clone(), scores],
+                groups: [p.n_head, n_tokens as u32, 1],
+                out,
+                dv: p.head_dim_v,
+            };
             self.kv.get_mut(plan.kv)?.hold(layer, end);
+            // On CPU adapters a single span's attention is held: the matmul of its output
+            // may have it quantize that too (fusion).
+            if self.row_per_invocation && single {
+                self.defer(Deferred::Attention(call))?;
+            } else {
+                self.dispatch_attention(call, None)?;
+            }
         }
         Ok(())
     }

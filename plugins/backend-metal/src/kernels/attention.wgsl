@@ -23,6 +23,10 @@ struct Params {
     span: u32,
     q_off: u32,
     out_off: u32,
+    // attention*_q8_*: the output also quantized into A for the next matmul (blocks of 32
+    // within a head, numbered across heads and tokens), scales from d_off, sums from s_off.
+    d_off: u32,
+    s_off: u32,
 }
 
 @group(0) @binding(0) var<uniform> P: Params;
@@ -35,6 +39,7 @@ struct Params {
 var<workgroup> qs: array<f32, 512>;
 var<workgroup> red: array<f32, WG>;
 var<workgroup> norm_sh: f32;
+{QUANT_DECLS}
 
 fn half_at(words: u32, idx: u32) -> f32 {
     return f16_to_f32(words >> ((idx & 1u) * 16u));
@@ -173,6 +178,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         OUT[d + 1u] = o1;
         OUT[d + 2u] = o2;
         OUT[d + 3u] = o3;
+{QUANT_KEEP4}
     }
     for (var d = 4u * quads + lid; d < P.dv; d += WG) {
         var o = 0.0;
@@ -181,5 +187,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             o = o + round_f16(SC[sc + i] * norm) * half_at(V[idx >> 1u], idx);
         }
         OUT[oh + d] = o;
+{QUANT_KEEP1}
     }
+{QUANTIZE}
 }

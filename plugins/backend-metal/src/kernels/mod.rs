@@ -148,7 +148,19 @@ pub fn source(name: &str, f64: bool) -> Option<String> {
                     .replace("{SECOND}", ROPE_SECOND_STORE),
             ),
             "store_f16" => src.push_str(include_str!("store_f16.wgsl")),
-            "attention" | "attention_narrow" => {
+            "attention"
+            | "attention_narrow"
+            | "attention_q8_0"
+            | "attention_q8_1"
+            | "attention_narrow_q8_0"
+            | "attention_narrow_q8_1" => {
+                let (base, quant) = match name.rsplit_once("_q8_") {
+                    Some((base, kind)) => (base, Some(kind == "1")),
+                    None => (name, None),
+                };
+                if quant.is_some() {
+                    src.push_str(include_str!("quantize_blocks.wgsl"));
+                }
                 let exp = if f64 {
                     include_str!("exp_f64.wgsl")
                 } else {
@@ -158,7 +170,28 @@ pub fn source(name: &str, f64: bool) -> Option<String> {
                     &include_str!("attention.wgsl")
                         .replace("{TOTAL_T}", sum_t)
                         .replace("{EXP_FN}", exp)
-                        .replace("{WG}", &attention_workgroup(name).to_string()),
+                        .replace("{WG}", &attention_workgroup(base).to_string())
+                        .replace(
+                            "{QUANT_DECLS}",
+                            if quant.is_some() { ATT_QUANT_DECLS } else { "" },
+                        )
+                        .replace(
+                            "{QUANT_KEEP4}",
+                            if quant.is_some() { ATT_QUANT_KEEP4 } else { "" },
+                        )
+                        .replace(
+                            "{QUANT_KEEP1}",
+                            if quant.is_some() { ATT_QUANT_KEEP1 } else { "" },
+                        )
+                        .replace(
+                            "{QUANTIZE}",
+                            &match quant {
+                                Some(with_s) => {
+                                    ATT_QUANTIZE.replace("{WITH_S}", &with_s.to_string())
+                                }
+                                None => String::new(),
+                            },
+                        ),
                 );
             }
             _ => return None,
@@ -264,6 +297,24 @@ const ROPE_SECOND_STORE: &str = "    else {
             let s = P.v_src + 2u * j;
             VC[P.vc_off + j] = f16_bits(VS[s]) | (f16_bits(VS[s + 1u]) << 16u);
         }
+    }";
+
+/// attention*_q8_*: each head's output kept in workgroup memory, then quantized a block of
+/// 32 an invocation (quantize_blocks.wgsl) as the quantize kernel would from OUT.
+const ATT_QUANT_DECLS: &str = "var<workgroup> kept: array<f32, 512>;
+@group(0) @binding(6) var<storage, read_write> A: array<u32>;
+fn qin(i: u32) -> f32 {
+    return kept[i];
+}";
+const ATT_QUANT_KEEP4: &str = "        kept[4u * j] = o0;
+        kept[4u * j + 1u] = o1;
+        kept[4u * j + 2u] = o2;
+        kept[4u * j + 3u] = o3;";
+const ATT_QUANT_KEEP1: &str = "        kept[d] = o;";
+const ATT_QUANTIZE: &str = "    workgroupBarrier();
+    let per_head = P.dv / 32u;
+    for (var b = lid; b < per_head; b += WG) {
+        quantize_32((t * P.n_head + h) * per_head + b, 32u * b, {WITH_S});
     }";
 
 /// `rope_pair`'s turn of X2, after X's invocations.
@@ -687,6 +738,10 @@ pub fn all_kernels() -> Vec<String> {
         "store_f16",
         "attention",
         "attention_narrow",
+        "attention_q8_0",
+        "attention_q8_1",
+        "attention_narrow_q8_0",
+        "attention_narrow_q8_1",
     ] {
         v.push(k.to_string());
     }

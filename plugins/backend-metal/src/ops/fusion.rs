@@ -12,6 +12,8 @@
 //! - `rope(q)` then `rope(k)` of the same positions: both in one dispatch (`rope_pair`),
 //!   which also stores k and v into the KV cache where attention follows
 //!   (`rope_pair_store`, in place of `store_f16`);
+//! - on CPU adapters, attention then a matmul of its output with Q8_0 or Q8_1 activations:
+//!   attention quantizes each head's output too (`attention_narrow_q8_*`);
 //! - on CPU adapters, a generated token's matmuls of the same activations whose weights
 //!   follow one another in a texture page (q, k, v; gate, up: `texel_pages`): one
 //!   dispatch of up to three weights, each row stored to its own output
@@ -45,6 +47,19 @@ pub(super) enum Deferred {
     /// q's and k's RoPE, held for attention to store k and v in the same dispatch.
     RopePair(Rope, Rope),
     Matmul(MatmulGroup),
+    Attention(AttentionCall),
+}
+
+/// One attention dispatch, recorded as `attention_spans` made it: kernel, its uniform's
+/// fields (without the quantized output's offsets), q, K cache, V cache, output and
+/// scores buffers, grid; and the output's range with its head size.
+pub(super) struct AttentionCall {
+    pub kernel: &'static str,
+    pub params: [u32; 11],
+    pub buffers: [wgpu::Buffer; 5],
+    pub groups: [u32; 3],
+    pub out: Buf,
+    pub dv: u32,
 }
 
 /// A span's new keys and values into the F16 KV cache, as `store_f16` takes them: the k
@@ -156,7 +171,7 @@ pub(super) struct QuantTarget {
 impl State {
     /// Holds `d` back, dispatching what was held before. Whatever `d` writes is about to
     /// change, so no quantized activations are kept.
-    fn defer(&mut self, d: Deferred) -> OpResult<()> {
+    pub(super) fn defer(&mut self, d: Deferred) -> OpResult<()> {
         self.flush_deferred()?;
         self.quantized = None;
         self.deferred = Some(d);
@@ -173,7 +188,34 @@ impl State {
             Some(Deferred::Rope(rope)) => self.dispatch_rope(rope, None, None),
             Some(Deferred::RopePair(q, k)) => self.dispatch_rope(q, Some(k), None),
             Some(Deferred::Matmul(group)) => self.dispatch_matmul_group(group),
+            Some(Deferred::Attention(call)) => self.dispatch_attention(call, None),
         }
+    }
+
+    /// The attention kernel of `call`, its output also quantized into `quant` where given.
+    pub(super) fn dispatch_attention(
+        &mut self,
+        call: AttentionCall,
+        quant: Option<QuantTarget>,
+    ) -> OpResult<()> {
+        let (d_off, s_off) = quant.as_ref().map_or((0, 0), |q| (q.d_off, q.s_off));
+        let mut params = call.params.to_vec();
+        params.extend([d_off, s_off]);
+        let kernel = match &quant {
+            None => call.kernel.to_string(),
+            Some(q) if q.act == Activation::Q8_1 => format!("{}_q8_1", call.kernel),
+            Some(_) => format!("{}_q8_0", call.kernel),
+        };
+        let mut bindings: Vec<(u32, wgpu::BindingResource<'_>)> = call
+            .buffers
+            .iter()
+            .zip(1..)
+            .map(|(b, i)| (i, b.as_entire_binding()))
+            .collect();
+        if let Some(q) = &quant {
+            bindings.push((6, q.buf.as_entire_binding()));
+        }
+        self.dispatch(&kernel, &params, &bindings, call.groups)
     }
 
     /// Holds a generated token's texel matmul: joined to the held group where it can be,
@@ -405,6 +447,7 @@ impl State {
         let fits = match &self.deferred {
             Some(Deferred::Norm(norm)) => norm.out == x && norm.n.is_multiple_of(32),
             Some(Deferred::Swiglu { gate, .. }) => *gate == x && x.len.is_multiple_of(32),
+            Some(Deferred::Attention(a)) => a.out == x && a.dv.is_multiple_of(32),
             _ => false,
         };
         if fits {
@@ -418,6 +461,7 @@ impl State {
     /// into `to`.
     pub(super) fn quantize_from(&mut self, producer: Deferred, to: QuantTarget) -> OpResult<()> {
         match producer {
+            Deferred::Attention(call) => self.dispatch_attention(call, Some(to)),
             Deferred::Norm(norm) => self.dispatch_norm(norm, Some(to)),
             Deferred::Swiglu { gate, up } => {
                 const OP: &str = "swiglu";
