@@ -346,6 +346,17 @@ impl State {
         Ok([x as u32, y as u32])
     }
 
+    /// A quantize kernel's name and grid for `n_blocks` blocks: on CPU adapters its
+    /// `narrow_` variant, a workgroup per [`kernels::QUANTIZE_NARROW_WG`] blocks.
+    fn quantize_grid(&self, kernel: &str, n_blocks: u32) -> OpResult<(String, [u32; 3])> {
+        if !self.row_per_invocation {
+            return Ok((kernel.to_string(), self.grid_1d(n_blocks as u64)?));
+        }
+        let groups = n_blocks.div_ceil(kernels::QUANTIZE_NARROW_WG);
+        let [x, y] = self.grid(groups as u64)?;
+        Ok((format!("narrow_{kernel}"), [x, y, 1]))
+    }
+
     fn grid_1d(&self, items: u64) -> OpResult<[u32; 3]> {
         let [x, y] = self.grid(items.div_ceil(WG as u64))?;
         Ok([x, y, 1])
@@ -373,6 +384,7 @@ impl State {
         if !kernel.starts_with("matmul_")
             && !kernel.starts_with("rowmatmul_")
             && !kernel.starts_with("quantize_")
+            && !kernel.starts_with("narrow_quantize_")
         {
             self.quantized = None;
         }
@@ -780,9 +792,9 @@ impl GpuOps for State {
                     self.quantize_from(p, to)?;
                     self.quantized = key;
                 } else if self.quantized != key {
-                    let groups = self.grid_1d(n_blocks as u64)?;
+                    let (quantize, groups) = self.quantize_grid(quantize, n_blocks)?;
                     self.dispatch(
-                        quantize,
+                        &quantize,
                         &[n_blocks, d_off, s_off, x_off, 0],
                         &[
                             (1, x_buf.as_entire_binding()),

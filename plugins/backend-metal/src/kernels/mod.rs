@@ -74,7 +74,11 @@ pub fn source(name: &str, f64: bool) -> Option<String> {
             _ => include_str!("matmul_quant_rows.wgsl"),
         };
         src.push_str(&fill(template, f));
-    } else if let Some(kind) = name.strip_prefix("quantize_") {
+    } else if let Some((kind, wg)) = name
+        .strip_prefix("quantize_")
+        .map(|k| (k, WG))
+        .or_else(|| Some((name.strip_prefix("narrow_quantize_")?, QUANTIZE_NARROW_WG)))
+    {
         let (swiglu, kind) = match kind.strip_prefix("swiglu_") {
             Some(k) => (true, k),
             None => (false, kind),
@@ -108,7 +112,8 @@ pub fn source(name: &str, f64: bool) -> Option<String> {
                 .replace("{KIND}", kind)
                 .replace("{X_ACCESS}", access)
                 .replace("{UP_BINDING}", up)
-                .replace("{BODY}", &body),
+                .replace("{BODY}", &body)
+                .replace("{QWG}", &wg.to_string()),
         );
     } else if let Some(rest) = name.strip_suffix("rms_norm").or_else(|| {
         ["_q8_0", "_q8_1"]
@@ -199,6 +204,11 @@ pub fn source(name: &str, f64: bool) -> Option<String> {
     }
     Some(src)
 }
+
+/// Invocations (blocks) per workgroup of the `narrow_quantize_*` kernels, for CPU adapters:
+/// one SIMD vector of llvmpipe's, so that a layer's few blocks make several workgroups,
+/// which its threads share, rather than one.
+pub const QUANTIZE_NARROW_WG: u32 = 8;
 
 /// Invocations per workgroup of the `narrow_*rms_norm*` kernels, for CPU adapters: one of
 /// llvmpipe's SIMD vectors, which then runs the serial sum once rather than once per
@@ -715,6 +725,11 @@ pub fn all_kernels() -> Vec<String> {
         "quantize_q8_k",
         "quantize_swiglu_q8_0",
         "quantize_swiglu_q8_1",
+        "narrow_quantize_q8_0",
+        "narrow_quantize_q8_1",
+        "narrow_quantize_q8_k",
+        "narrow_quantize_swiglu_q8_0",
+        "narrow_quantize_swiglu_q8_1",
         "add_rms_norm",
         "rms_norm_q8_0",
         "rms_norm_q8_1",

@@ -1,5 +1,5 @@
 // quantize_{KIND}: a matmul's activations quantized once per product (quantize_blocks.wgsl),
-// one invocation per block. quantize_swiglu_*: SwiGLU first (gate = silu(gate) · up, the
+// one invocation per block, {QWG} a workgroup (64, or 8 on CPU adapters). quantize_swiglu_*: SwiGLU first (gate = silu(gate) · up, the
 // binary kernel's arithmetic), written back and quantized: the down projection's input in
 // one dispatch.
 struct Params {
@@ -20,10 +20,10 @@ fn qin(i: u32) -> f32 {
     return X[i];
 }
 
-@compute @workgroup_size(64)
+@compute @workgroup_size({QWG})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
-    let blk = flat_id(wid, nwg, lid, 64u);
+    let blk = flat_id(wid, nwg, lid, {QWG}u);
     if (blk >= P.n_blocks) {
         return;
     }

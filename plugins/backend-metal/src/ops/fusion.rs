@@ -472,9 +472,9 @@ impl State {
                     Activation::Q8_1 => "quantize_swiglu_q8_1",
                     _ => "quantize_swiglu_q8_0",
                 };
-                let groups = self.grid_1d(n_blocks as u64)?;
+                let (kernel, groups) = self.quantize_grid(kernel, n_blocks)?;
                 self.dispatch(
-                    kernel,
+                    &kernel,
                     &[n_blocks, to.d_off, to.s_off, gate_off, up_off],
                     &[
                         (1, gate_buf.as_entire_binding()),
