@@ -758,12 +758,13 @@ impl GpuOps for State {
             Activation::Float => (x_buf, [x_off, 0u32], MATMUL_TOKENS_FLOAT),
             _ => {
                 // Quants (4 per word), then a scale per block, then Q8_1's sums (one per
-                // block) or Q8_K's (one per 16 elements).
+                // block) and pair words (16 per block, quantize_blocks.wgsl) or Q8_K's sums
+                // (one per 16 elements).
                 let elems = u32_of(OP, "activation size", x.len())?;
                 let n_blocks = elems / act.block_elems() as u32;
                 let d_off = elems / 4;
                 let (s_off, s_len) = match act {
-                    Activation::Q8_1 => (d_off + n_blocks, n_blocks),
+                    Activation::Q8_1 => (d_off + n_blocks, 17 * n_blocks),
                     Activation::Q8K => (d_off + n_blocks, elems / 16),
                     _ => (d_off, 0),
                 };

@@ -517,7 +517,7 @@ fn fill_legacy_rows(f: &Format, v: LegacyRows) -> String {
             .find("@compute")
             .expect("the template has an entry point");
         src.truncate(main_at);
-        src.push_str(&texel_rows_main(f, v.unrolled, v.segments));
+        src.push_str(&texel_rows_main(f, v.unrolled, v.segments, v.uniform));
         return fill(&src, f)
             .replace("{TOK}", "1")
             .replace("{ACT}", act.trim_end())
@@ -558,7 +558,7 @@ const TEXEL_ROWS_PER_LANE: u32 = 4;
 /// the row kernel's, the same operations in the same order. With `segments` > 1 the rows
 /// are several weights' (`P.b1`, `P.b2` the later ones' first rows), each stored to its
 /// own output.
-fn texel_rows_main(f: &Format, nb: u32, segments: u32) -> String {
+fn texel_rows_main(f: &Format, nb: u32, segments: u32, uniform: bool) -> String {
     let r = TEXEL_ROWS_PER_LANE;
     let lanes = WG / r;
     let mut outputs = String::new();
@@ -569,8 +569,12 @@ fn texel_rows_main(f: &Format, nb: u32, segments: u32) -> String {
         ));
     }
     let quant_texels = if f.kernel == "q8_0" { 2 } else { 1 };
-    // Q4_1's integer sums two products a multiply (`swar_q4_1`).
+    // Q4_1's integer sums two products a multiply (`swar_q4_1`), from the activations' pair
+    // words where they lie at a multiple of 4 words in the uniform buffer (after the sums:
+    // quantize_blocks.wgsl), else built here.
     let swar = f.kernel == "q4_1";
+    let pairs_at = Some(unrolled_offsets(f.activation, nb).1 + nb)
+        .filter(|p| p % 4 == 0 && uniform);
     let mut body = format!(
         "{outputs}@compute @workgroup_size({lanes})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -614,7 +618,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             a = b * 8,
             a4 = b * 8 + 4
         ));
-        if swar {
+        if swar && pairs_at.is_some() {
+            let at = pairs_at.unwrap_or_default() / 4 + 4 * b;
+            body.push_str(&format!(
+                "        let pl = Pairs(AU[{at}u], AU[{}u]);\n        let ph = Pairs(AU[{}u], AU[{}u]);\n",
+                at + 1,
+                at + 2,
+                at + 3
+            ));
+        } else if swar {
             body.push_str("        let pl = act_pairs(lo);\n        let ph = act_pairs(hi);\n");
         }
         for j in 0..r {

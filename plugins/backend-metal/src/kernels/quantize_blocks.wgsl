@@ -36,11 +36,31 @@ fn quantize_32(blk: u32, x0: u32, with_s: bool) {
             word |= (bitcast<u32>(qi) & 0xffu) << (8u * k);
         }
         A[blk * 8u + w] = word;
+        if (with_s) {
+            // Q8_1's pair words (after the sums, which end at 2·s_off − d_off).
+            let p = 2u * P.s_off - P.d_off + blk * 16u + (w / 4u) * 8u + (w & 3u);
+            A[p] = pair_ev(word);
+            A[p + 4u] = pair_od(word);
+        }
     }
     A[P.d_off + blk] = bitcast<u32>(round_f16(dd));
     if (with_s) {
         A[P.s_off + blk] = bitcast<u32>(round_f16(f32(sum) * dd));
     }
+}
+
+// A quant word's pairs for the Q4_1 texel kernel (formats_legacy.wgsl's `swar_q4_1`): for
+// quants a0 … a3 (signed bytes), a2 + a0·2^16 and a3 + a1·2^16, mod 2^32. Q8_1
+// activations carry them, 16 words a block (elements 0–15's 4 `ev` then 4 `od` words, then
+// elements 16–31's), so that the kernel reads rather than builds them.
+fn pair_ev(u: u32) -> u32 {
+    let s = bitcast<i32>(u);
+    return bitcast<u32>(((s << 8u) >> 24u) + ((s << 24u) >> 8u));
+}
+
+fn pair_od(u: u32) -> u32 {
+    let s = bitcast<i32>(u);
+    return bitcast<u32>((s >> 24u) + (((s << 16u) >> 8u) & -65536));
 }
 
 // Q8_K (256 elements): `max` is the first element of largest magnitude, with its sign;
