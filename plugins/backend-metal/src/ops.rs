@@ -43,6 +43,9 @@ use texel_pages::{TexelPages, TexelPart};
 enum Slot {
     /// A matmul's quantized activations.
     Act,
+    /// The down projection's, which the gate and up projection's kernel quantizes while
+    /// reading its own from `Act` (fusion's `GateUp`).
+    ActNext,
     /// Attention's scores.
     Scores,
 }
@@ -779,7 +782,11 @@ impl GpuOps for State {
                 } else {
                     words * 4
                 };
-                let act_buf = self.scratch(Slot::Act, act_bytes)?;
+                let slot = match producer {
+                    Some(Deferred::GateUp { .. }) => Slot::ActNext,
+                    _ => Slot::Act,
+                };
+                let act_buf = self.scratch(slot, act_bytes)?;
                 let quantize = act
                     .quantize_kernel()
                     .ok_or("float activations are not quantized")?;
@@ -791,7 +798,8 @@ impl GpuOps for State {
                         s_off,
                     };
                     self.quantize_from(p, to)?;
-                    self.quantized = key;
+                    // `quantized` names what `Act` holds.
+                    self.quantized = if slot == Slot::Act { key } else { None };
                 } else if self.quantized != key {
                     let (quantize, groups) = self.quantize_grid(quantize, n_blocks)?;
                     self.dispatch(
@@ -827,6 +835,7 @@ impl GpuOps for State {
                 0
             },
             segments: 1,
+            swiglu: None,
         };
         // A generated token's texel matmul is held, so that the next of the same
         // activations whose weight follows it in its texture joins its dispatch.

@@ -373,6 +373,10 @@ pub struct LegacyRows {
     /// (q, k, v; gate, up): 1 to [`MAX_SEGMENTS`], more than one only for an unrolled
     /// texel kernel. One dispatch rather than one each.
     pub segments: u32,
+    /// A gate and up projection (2 segments of equal rows, a multiple of 32) whose
+    /// SwiGLU the kernel applies and quantizes for the down projection: `Some(with_s)`,
+    /// Q8_1 (true) or Q8_0 (`_swiglu_q8_1`, `_swiglu_q8_0`); uniform activations only.
+    pub swiglu: Option<bool>,
 }
 
 /// The most weights one unrolled texel kernel takes ([`LegacyRows::segments`]).
@@ -397,8 +401,13 @@ impl LegacyRows {
             0 | 1 => String::new(),
             n => format!("_seg{n}"),
         };
+        let swiglu = match self.swiglu {
+            None => "",
+            Some(true) => "_swiglu_q8_1",
+            Some(false) => "_swiglu_q8_0",
+        };
         format!(
-            "rowmatmul_tok{}{ubo}{tex}{unrolled}{segments}_{kernel}",
+            "rowmatmul_tok{}{ubo}{tex}{unrolled}{segments}{swiglu}_{kernel}",
             self.tokens
         )
     }
@@ -448,9 +457,18 @@ fn legacy_rows_kernel(name: &str) -> Option<(LegacyRows, &str)> {
         }
         None => (1, kernel),
     };
+    let (swiglu, kernel) = match kernel.strip_prefix("swiglu_q8_") {
+        Some(r) => match r.split_once('_')? {
+            ("0", k) => (Some(false), k),
+            ("1", k) => (Some(true), k),
+            _ => return None,
+        },
+        None => (None, kernel),
+    };
     if (texels && !TEXEL_FORMATS.contains(&kernel))
         || (unrolled > 0 && tokens != 1)
         || (segments > 1 && (unrolled == 0 || !texels))
+        || (swiglu.is_some() && (segments != 2 || !uniform))
     {
         return None;
     }
@@ -460,6 +478,7 @@ fn legacy_rows_kernel(name: &str) -> Option<(LegacyRows, &str)> {
         texels,
         unrolled,
         segments,
+        swiglu,
     };
     LEGACY_ROWS_TOKENS.contains(&tokens).then_some((v, kernel))
 }
@@ -517,7 +536,10 @@ fn fill_legacy_rows(f: &Format, v: LegacyRows) -> String {
             .find("@compute")
             .expect("the template has an entry point");
         src.truncate(main_at);
-        src.push_str(&texel_rows_main(f, v.unrolled, v.segments, v.uniform));
+        if v.swiglu.is_some() {
+            src.push_str(include_str!("quantize_blocks.wgsl"));
+        }
+        src.push_str(&texel_rows_main(f, v));
         return fill(&src, f)
             .replace("{TOK}", "1")
             .replace("{ACT}", act.trim_end())
@@ -558,7 +580,16 @@ const TEXEL_ROWS_PER_LANE: u32 = 4;
 /// the row kernel's, the same operations in the same order. With `segments` > 1 the rows
 /// are several weights' (`P.b1`, `P.b2` the later ones' first rows), each stored to its
 /// own output.
-fn texel_rows_main(f: &Format, nb: u32, segments: u32, uniform: bool) -> String {
+///
+/// With `swiglu` (two segments, gate then up, of equal rows) a workgroup takes 32 rows of
+/// each, so that its 32 SwiGLU values are one block of the down projection's activations:
+/// invocation i of run k takes gate rows 16k + i and 16k + i + 8 and the same of up, stores
+/// both outputs (gate's as silu(gate) · up, the SwiGLU kernel's arithmetic), keeps the
+/// values in workgroup memory, and the first invocation quantizes the block
+/// (quantize_blocks.wgsl, at the output's `P.d_off` and `P.s_off`: the input's are
+/// constants here).
+fn texel_rows_main(f: &Format, v: LegacyRows) -> String {
+    let (nb, segments, uniform) = (v.unrolled, v.segments, v.uniform);
     let r = TEXEL_ROWS_PER_LANE;
     let lanes = WG / r;
     let mut outputs = String::new();
@@ -568,34 +599,62 @@ fn texel_rows_main(f: &Format, nb: u32, segments: u32, uniform: bool) -> String 
             4 + s
         ));
     }
+    if v.swiglu.is_some() {
+        outputs.push_str(
+            "@group(0) @binding(6) var<storage, read_write> A: array<u32>;
+var<workgroup> kept: array<f32, 32>;
+fn qin(i: u32) -> f32 {
+    return kept[i];
+}
+",
+        );
+    }
+    // Each invocation's first row and its rows' offsets from it (j = 0 … r − 1).
+    let (first, guard, row_of): (String, &str, Box<dyn Fn(u32) -> String>) = match v.swiglu {
+        None => (
+            format!(
+                "(wid.y * nwg.x + wid.x) * {WG}u + (lid >> 3u) * {}u + (lid & 7u)",
+                8 * r
+            ),
+            "first >= P.rows",
+            Box::new(|j| format!("min(first + {}u, last_row)", 8 * j)),
+        ),
+        Some(_) => (
+            "(wid.y * nwg.x + wid.x) * 32u + (lid >> 3u) * 16u + (lid & 7u)".to_string(),
+            "first >= P.b1",
+            Box::new(|j| {
+                let up = if j >= 2 { " + P.b1" } else { "" };
+                format!("first + {}u{up}", 8 * (j % 2))
+            }),
+        ),
+    };
     let quant_texels = if f.kernel == "q8_0" { 2 } else { 1 };
     // Q4_1's integer sums two products a multiply (`swar_q4_1`), from the activations' pair
     // words where they lie at a multiple of 4 words in the uniform buffer (after the sums:
     // quantize_blocks.wgsl), else built here.
     let swar = f.kernel == "q4_1";
-    let pairs_at = Some(unrolled_offsets(f.activation, nb).1 + nb)
-        .filter(|p| p % 4 == 0 && uniform);
+    let pairs_at =
+        Some(unrolled_offsets(f.activation, nb).1 + nb).filter(|p| p % 4 == 0 && uniform);
     let mut body = format!(
         "{outputs}@compute @workgroup_size({lanes})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {{
-    let first = (wid.y * nwg.x + wid.x) * {WG}u + (lid >> 3u) * {run}u + (lid & 7u);
-    if (first >= P.rows) {{
+    let first = {first};
+    if ({guard}) {{
         return;
     }}
     let nb = {nb}u;
     let last_row = P.rows - 1u;
     let zero = P.zero;
     let tex0 = P.tex0;
-",
-        run = 8 * r
+"
     );
     for j in 0..r {
         body.push_str(&format!(
-            "    let row{j} = min(first + {}u, last_row) + tex0;
+            "    let row{j} = {} + tex0;
     var acc{j} = 0.0;
 ",
-            8 * j
+            row_of(j)
         ));
     }
     for b in 0..nb {
@@ -650,6 +709,26 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             "    }
 ",
         );
+    }
+    if let Some(with_s) = v.swiglu {
+        body.push_str(&format!(
+            "    let s0 = op_swiglu(acc0, acc2);
+    let s1 = op_swiglu(acc1, acc3);
+    OUT[P.out_off + first] = s0;
+    OUT[P.out_off + first + 8u] = s1;
+    OUT1[P.out1_off + first] = acc2;
+    OUT1[P.out1_off + first + 8u] = acc3;
+    let k = (lid >> 3u) * 16u + (lid & 7u);
+    kept[k] = s0;
+    kept[k + 8u] = s1;
+    workgroupBarrier();
+    if (lid == 0u) {{
+        quantize_32(wid.y * nwg.x + wid.x, 0u, {with_s});
+    }}
+}}
+"
+        ));
+        return body;
     }
     for j in 0..r {
         let o = 8 * j;
@@ -710,6 +789,7 @@ pub fn all_kernels() -> Vec<String> {
                         texels,
                         unrolled: 0,
                         segments: 1,
+                        swiglu: None,
                     };
                     v.push(variant.name(f.kernel));
                     if tokens == 1 {
@@ -724,6 +804,19 @@ pub fn all_kernels() -> Vec<String> {
                                     }
                                     .name(f.kernel),
                                 );
+                            }
+                            if texels && uniform {
+                                for with_s in [false, true] {
+                                    v.push(
+                                        LegacyRows {
+                                            unrolled,
+                                            segments: 2,
+                                            swiglu: Some(with_s),
+                                            ..variant
+                                        }
+                                        .name(f.kernel),
+                                    );
+                                }
                             }
                         }
                     }

@@ -14,6 +14,9 @@
 //!   (`rope_pair_store`, in place of `store_f16`);
 //! - on CPU adapters, attention then a matmul of its output with Q8_0 or Q8_1 activations:
 //!   attention quantizes each head's output too (`attention_narrow_q8_*`);
+//! - on CPU adapters, a gate and up projection held as one matmul group, then `swiglu` of
+//!   their outputs, then the down projection: one kernel computes both, applies SwiGLU
+//!   and quantizes the down projection's input (`rowmatmul_*_seg2_swiglu_q8_*`);
 //! - on CPU adapters, a generated token's matmuls of the same activations whose weights
 //!   follow one another in a texture page (q, k, v; gate, up: `texel_pages`): one
 //!   dispatch of up to three weights, each row stored to its own output
@@ -48,6 +51,12 @@ pub(super) enum Deferred {
     RopePair(Rope, Rope),
     Matmul(MatmulGroup),
     Attention(AttentionCall),
+    /// A gate and up projection's group, then `swiglu(gate, up)` of its outputs.
+    GateUp {
+        group: MatmulGroup,
+        gate: Buf,
+        up: Buf,
+    },
 }
 
 /// One attention dispatch, recorded as `attention_spans` made it: kernel, its uniform's
@@ -134,6 +143,17 @@ impl MatmulGroup {
             && (self.outputs.len() as u32) < MAX_SEGMENTS
             && self.outputs.iter().all(|o| o.1 != next.outputs[0].1)
     }
+
+    /// Whether the group is a gate projection to `gate` and an up projection to `up`, a
+    /// token each, of equal rows in whole blocks of 32: what the SwiGLU kernel takes.
+    fn is_gate_up(&self, gate: (&wgpu::Buffer, u32), up: (&wgpu::Buffer, u32), n: u64) -> bool {
+        let half = self.rows / 2;
+        matches!(&self.outputs[..], [g, u]
+            if (&g.1, g.2) == gate && (&u.1, u.2) == up && u.0 == half)
+            && self.rows == 2 * half
+            && half as u64 == n
+            && half.is_multiple_of(32)
+    }
 }
 
 /// One RoPE call, checked: `x` (element offset `x_off`) of `n_tokens` rows of `n_head`
@@ -187,8 +207,12 @@ impl State {
             Some(Deferred::Norm(norm)) => self.dispatch_norm(norm, None),
             Some(Deferred::Rope(rope)) => self.dispatch_rope(rope, None, None),
             Some(Deferred::RopePair(q, k)) => self.dispatch_rope(q, Some(k), None),
-            Some(Deferred::Matmul(group)) => self.dispatch_matmul_group(group),
+            Some(Deferred::Matmul(group)) => self.dispatch_matmul_group(group, None),
             Some(Deferred::Attention(call)) => self.dispatch_attention(call, None),
+            Some(Deferred::GateUp { group, gate, up }) => {
+                self.dispatch_matmul_group(group, None)?;
+                self.binary_act("swiglu", gate, up)
+            }
         }
     }
 
@@ -235,15 +259,26 @@ impl State {
         Ok(())
     }
 
-    /// One dispatch of `group`'s weights, each row to its weight's output.
-    fn dispatch_matmul_group(&mut self, group: MatmulGroup) -> OpResult<()> {
+    /// One dispatch of `group`'s weights, each row to its weight's output; with `swiglu`,
+    /// a gate and up projection's (`MatmulGroup::is_gate_up`) with SwiGLU applied and
+    /// quantized there.
+    fn dispatch_matmul_group(
+        &mut self,
+        group: MatmulGroup,
+        swiglu: Option<QuantTarget>,
+    ) -> OpResult<()> {
         let segments = group.outputs.len() as u32;
         let kernel = LegacyRows {
             segments,
+            swiglu: swiglu.as_ref().map(|q| q.act == Activation::Q8_1),
             ..group.variant
         }
         .name(group.format);
         let [cols, row_bytes, d_off, s_off] = group.shape;
+        // The SwiGLU kernel's input offsets are constants: P.d_off, P.s_off are its output's.
+        let (d_off, s_off) = swiglu
+            .as_ref()
+            .map_or((d_off, s_off), |q| (q.d_off, q.s_off));
         let start = |i: usize| group.outputs.get(i).map_or(group.rows, |o| o.0);
         let offset = |i: usize| group.outputs.get(i).map_or(0, |o| o.2);
         let params = [
@@ -278,7 +313,15 @@ impl State {
             let binding = if i == 0 { 3 } else { 4 + i as u32 };
             bindings.push((binding, buf.as_entire_binding()));
         }
-        let [gx, gy] = self.grid(group.rows.div_ceil(WG) as u64)?;
+        // A workgroup per 64 rows, or per 32 of each projection with SwiGLU.
+        let groups = match &swiglu {
+            Some(q) => {
+                bindings.push((6, q.buf.as_entire_binding()));
+                group.rows / 64
+            }
+            None => group.rows.div_ceil(WG),
+        };
+        let [gx, gy] = self.grid(groups as u64)?;
         self.dispatch(&kernel, &params, &bindings, [gx, gy, 1])
     }
 
@@ -404,8 +447,20 @@ impl State {
         self.defer(Deferred::Add { acc, x })
     }
 
-    /// `swiglu(gate, up)` (checked), held back.
+    /// `swiglu(gate, up)` (checked), held back: with the held gate and up projection
+    /// where it wrote them (`GateUp`).
     pub(super) fn defer_swiglu(&mut self, gate: Buf, up: Buf) -> OpResult<()> {
+        let (gate_buf, gate_off) = self.act("swiglu", "gate", gate)?;
+        let (up_buf, up_off) = self.act("swiglu", "up", up)?;
+        if let Some(Deferred::Matmul(group)) = &self.deferred {
+            if group.is_gate_up((&gate_buf, gate_off), (&up_buf, up_off), gate.len) {
+                if let Some(Deferred::Matmul(group)) = self.deferred.take() {
+                    self.deferred = Some(Deferred::GateUp { group, gate, up });
+                    self.quantized = None;
+                    return Ok(());
+                }
+            }
+        }
         self.defer(Deferred::Swiglu { gate, up })
     }
 
@@ -448,6 +503,7 @@ impl State {
             Some(Deferred::Norm(norm)) => norm.out == x && norm.n.is_multiple_of(32),
             Some(Deferred::Swiglu { gate, .. }) => *gate == x && x.len.is_multiple_of(32),
             Some(Deferred::Attention(a)) => a.out == x && a.dv.is_multiple_of(32),
+            Some(Deferred::GateUp { gate, .. }) => *gate == x,
             _ => false,
         };
         if fits {
@@ -462,6 +518,7 @@ impl State {
     pub(super) fn quantize_from(&mut self, producer: Deferred, to: QuantTarget) -> OpResult<()> {
         match producer {
             Deferred::Attention(call) => self.dispatch_attention(call, Some(to)),
+            Deferred::GateUp { group, .. } => self.dispatch_matmul_group(group, Some(to)),
             Deferred::Norm(norm) => self.dispatch_norm(norm, Some(to)),
             Deferred::Swiglu { gate, up } => {
                 const OP: &str = "swiglu";
