@@ -1,7 +1,8 @@
 //! Operations held back one call, so that the next operation can take them into its own
-//! dispatch. On a CPU adapter a dispatch costs about 0.05 ms whatever it computes, and a
-//! generated token is some six hundred small ones; each fusion here saves one per layer
-//! or two, with the same arithmetic in the same order (the same bits):
+//! dispatch. On a CPU adapter a dispatch costs about 0.05 ms whatever it computes (lavapipe
+//! wakes its threads and waits for them); each fusion here saves one per layer or two,
+//! with the same arithmetic in the same order (the same bits). A generated token's layer
+//! of a Llama-like model is then eight dispatches on a CPU adapter (docs/backends.md):
 //!
 //! - `add(x, h)` then `rms_norm(x, w, h)`, the residual stream's step: one kernel adds,
 //!   normalises and writes both (`add_rms_norm*`);
@@ -22,7 +23,8 @@
 //!   dispatch of up to three weights, each row stored to its own output
 //!   ([`MatmulGroup`], `rowmatmul_*_seg{2,3}_*`).
 //!
-//! At most one operation is held. Every other operation, download and buffer change
+//! At most one operation is held (a chain counts as one: `GateUp`). Every other
+//! operation, download and buffer change
 //! dispatches it first (`State::guarded`), so the device runs the operations in the order
 //! they were called; checks are done when an operation is called, so its errors are too.
 
