@@ -766,21 +766,23 @@ impl GpuOps for State {
                 let elems = u32_of(OP, "activation size", x.len())?;
                 let n_blocks = elems / act.block_elems() as u32;
                 let d_off = elems / 4;
-                let (s_off, s_len) = match act {
-                    Activation::Q8_1 => (d_off + n_blocks, 17 * n_blocks),
-                    Activation::Q8K => (d_off + n_blocks, elems / 16),
-                    _ => (d_off, 0),
+                let (s_off, s_len, pair_words) = match act {
+                    Activation::Q8_1 => (d_off + n_blocks, n_blocks, 16 * n_blocks),
+                    Activation::Q8K => (d_off + n_blocks, elems / 16, 0),
+                    _ => (d_off, 0, 0),
                 };
                 let words = (s_off + s_len).max(d_off + n_blocks) as u64;
                 // The legacy row kernels read activations that fit a uniform binding from
-                // one (see matmul_legacy_rows.wgsl), which binds ACT_UNIFORM_BYTES.
+                // one (see matmul_legacy_rows.wgsl), which binds ACT_UNIFORM_BYTES; only a
+                // generated token's kernel reads the pair words, which then fit too.
                 act_uniform = legacy_rows
                     && words * 4 <= ACT_UNIFORM_BYTES
                     && self.gpu.limits.max_uniform_buffer_binding_size >= ACT_UNIFORM_BYTES;
+                let whole = (words + pair_words as u64) * 4;
                 let act_bytes = if act_uniform {
-                    ACT_UNIFORM_BYTES
+                    ACT_UNIFORM_BYTES.max(whole)
                 } else {
-                    words * 4
+                    whole
                 };
                 let slot = match producer {
                     Some(Deferred::GateUp { .. }) => Slot::ActNext,
