@@ -838,6 +838,7 @@ impl GpuOps for State {
             },
             segments: 1,
             swiglu: None,
+            rope: false,
         };
         // A generated token's texel matmul is held, so that the next of the same
         // activations whose weight follows it in its texture joins its dispatch.
@@ -906,7 +907,7 @@ impl GpuOps for State {
                 Activation::Float => params.extend([extra[0], out_off]),
                 // d_off, s_off, out_off, `zero` of the row-per-invocation kernels, and the
                 // legacy row kernels' first texture row (one weight: no later ones).
-                _ => params.extend([extra[0], extra[1], out_off, 0, *tex0, 0, 0, 0, 0]),
+                _ => params.extend([extra[0], extra[1], out_off, 0, *tex0, 0, 0, 0, 0, 0, 0, 0]),
             }
             self.dispatch(
                 &kernel,
@@ -1065,7 +1066,17 @@ impl GpuOps for State {
         apart(OP, out, &[q, k, v])?;
         // The held RoPE of q and k stores k and v too, for a single span of whole words.
         let single = plans.len() == 1;
+        // A held q, k, v projection with their RoPE does it all, a head a workgroup.
+        let mut qkv_rope = match &plans[..] {
+            [plan] if plan.row0 == 0 && plan.n_tokens == 1 => {
+                let (k_buf, k_off) = self.act(OP, "k", k)?;
+                let (v_buf, v_off) = self.act(OP, "v", v)?;
+                self.take_qkv_rope_of((&k_buf, k_off), (&v_buf, v_off), p)
+            }
+            _ => None,
+        };
         let mut rope_pair = match &plans[..] {
+            _ if qkv_rope.is_some() => None,
             [plan] if plan.row0 == 0 && p.head_dim_v.is_multiple_of(2) => self.take_rope_pair_of(
                 k,
                 p.n_head_kv,
@@ -1074,7 +1085,7 @@ impl GpuOps for State {
             ),
             _ => None,
         };
-        if rope_pair.is_none() {
+        if rope_pair.is_none() && qkv_rope.is_none() {
             self.flush_deferred()?;
         }
         let (n_head, n_head_kv) = (p.n_head as usize, p.n_head_kv as usize);
@@ -1108,7 +1119,17 @@ impl GpuOps for State {
                 store[3 * i + 2] = src_off + u32_of(OP, "row offset", row0 * n_head_kv * d)?;
             }
             let words = store[0] as u64 + store[3] as u64;
-            if let Some((q_rope, k_rope)) = rope_pair.take() {
+            if let Some((group, q_rope)) = qkv_rope.take() {
+                let to = fusion::KvStore {
+                    kc: kc.clone(),
+                    k_at: store[1],
+                    v_words: store[3],
+                    v: (v_buf.clone(), store[5]),
+                    vc: vc.clone(),
+                    v_at: store[4],
+                };
+                self.dispatch_qkv_rope(group, q_rope, to)?;
+            } else if let Some((q_rope, k_rope)) = rope_pair.take() {
                 let to = fusion::KvStore {
                     kc: kc.clone(),
                     k_at: store[1],

@@ -29,6 +29,11 @@ struct Params {
     b2: u32,
     out1_off: u32,
     out2_off: u32,
+    // `_rope` kernels: the KV cache's words where this token's k and v go, and whether
+    // RoPE pairs are NeoX's.
+    kc_off: u32,
+    vc_off: u32,
+    neox: u32,
 }
 
 @group(0) @binding(0) var<uniform> P: Params;

@@ -377,7 +377,14 @@ pub struct LegacyRows {
     /// SwiGLU the kernel applies and quantizes for the down projection: `Some(with_s)`,
     /// Q8_1 (true) or Q8_0 (`_swiglu_q8_1`, `_swiglu_q8_0`); uniform activations only.
     pub swiglu: Option<bool>,
+    /// q, k and v projections (3 segments, heads of [`ROPE_HEAD`] rows, one token) whose
+    /// q and k the kernel turns by RoPE, storing k and v into the F16 KV cache too
+    /// (`_rope`): `rope_pair_store`'s work, a head a workgroup.
+    pub rope: bool,
 }
+
+/// The head size of the `_rope` kernels: one workgroup's rows.
+pub const ROPE_HEAD: u32 = WG;
 
 /// The most weights one unrolled texel kernel takes ([`LegacyRows::segments`]).
 pub const MAX_SEGMENTS: u32 = 3;
@@ -406,8 +413,9 @@ impl LegacyRows {
             Some(true) => "_swiglu_q8_1",
             Some(false) => "_swiglu_q8_0",
         };
+        let rope = if self.rope { "_rope" } else { "" };
         format!(
-            "rowmatmul_tok{}{ubo}{tex}{unrolled}{segments}{swiglu}_{kernel}",
+            "rowmatmul_tok{}{ubo}{tex}{unrolled}{segments}{swiglu}{rope}_{kernel}",
             self.tokens
         )
     }
@@ -465,7 +473,12 @@ fn legacy_rows_kernel(name: &str) -> Option<(LegacyRows, &str)> {
         },
         None => (None, kernel),
     };
+    let (rope, kernel) = match kernel.strip_prefix("rope_") {
+        Some(k) => (true, k),
+        None => (false, kernel),
+    };
     if (texels && !TEXEL_FORMATS.contains(&kernel))
+        || (rope && segments != 3)
         || (unrolled > 0 && tokens != 1)
         || (segments > 1 && (unrolled == 0 || !texels))
         || (swiglu.is_some() && (segments != 2 || !uniform))
@@ -479,6 +492,7 @@ fn legacy_rows_kernel(name: &str) -> Option<(LegacyRows, &str)> {
         unrolled,
         segments,
         swiglu,
+        rope,
     };
     LEGACY_ROWS_TOKENS.contains(&tokens).then_some((v, kernel))
 }
@@ -599,6 +613,16 @@ fn texel_rows_main(f: &Format, v: LegacyRows) -> String {
             4 + s
         ));
     }
+    if v.rope {
+        outputs.push_str(
+            "@group(0) @binding(7) var<storage, read> CS: array<f32>;
+@group(0) @binding(8) var<storage, read_write> KC: array<u32>;
+@group(0) @binding(9) var<storage, read_write> VC: array<u32>;
+var<workgroup> kept: array<f32, 64>;
+var<workgroup> turned: array<f32, 64>;
+",
+        );
+    }
     if v.swiglu.is_some() {
         outputs.push_str(
             "@group(0) @binding(6) var<storage, read_write> A: array<u32>;
@@ -616,12 +640,18 @@ fn qin(i: u32) -> f32 {
                 "(wid.y * nwg.x + wid.x) * {WG}u + (lid >> 3u) * {}u + (lid & 7u)",
                 8 * r
             ),
-            "first >= P.rows",
+            // Kernels with barriers return by workgroup, so that every invocation of one
+            // that goes on reaches them.
+            if v.rope {
+                "base >= P.rows"
+            } else {
+                "first >= P.rows"
+            },
             Box::new(|j| format!("min(first + {}u, last_row)", 8 * j)),
         ),
         Some(_) => (
             "(wid.y * nwg.x + wid.x) * 32u + (lid >> 3u) * 16u + (lid & 7u)".to_string(),
-            "first >= P.b1",
+            "base / 2u >= P.b1",
             Box::new(|j| {
                 let up = if j >= 2 { " + P.b1" } else { "" };
                 format!("first + {}u{up}", 8 * (j % 2))
@@ -640,6 +670,7 @@ fn qin(i: u32) -> f32 {
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {{
     let first = {first};
+    let base = (wid.y * nwg.x + wid.x) * {WG}u;
     if ({guard}) {{
         return;
     }}
@@ -709,6 +740,61 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             "    }
 ",
         );
+    }
+    if v.rope {
+        // A workgroup is one head of q, k or v (P.b1, P.b2: where k's and v's rows start).
+        // Its rows are kept, then pairs turned as the rope kernel turns them (one token:
+        // pair p's cos and sin at CS[2p], CS[2p + 1]), then k's and v's stored as F16
+        // words as store_f16 stores them.
+        for j in 0..r {
+            body.push_str(&format!("    kept[first + {}u - base] = acc{j};\n", 8 * j));
+        }
+        body.push_str(
+            "    workgroupBarrier();
+    let is_k = base >= P.b1 && base < P.b2;
+    let is_v = base >= P.b2;
+    let half = 32u;
+    for (var p = lid; p < half; p += 16u) {
+        var e0 = p;
+        var e1 = p + half;
+        if (P.neox == 0u) {
+            e0 = 2u * p;
+            e1 = 2u * p + 1u;
+        }
+        let x0 = kept[e0];
+        let x1 = kept[e1];
+        var t = vec2<f32>(x0, x1);
+        if (!is_v) {
+            let c = CS[2u * p];
+            let s = CS[2u * p + 1u];
+            t = vec2<f32>(x0 * c - x1 * s, x0 * s + x1 * c);
+        }
+        turned[e0] = t.x;
+        turned[e1] = t.y;
+        if (is_v) {
+            OUT2[P.out2_off + base - P.b2 + e0] = t.x;
+            OUT2[P.out2_off + base - P.b2 + e1] = t.y;
+        } else if (is_k) {
+            OUT1[P.out1_off + base - P.b1 + e0] = t.x;
+            OUT1[P.out1_off + base - P.b1 + e1] = t.y;
+        } else {
+            OUT[P.out_off + base + e0] = t.x;
+            OUT[P.out_off + base + e1] = t.y;
+        }
+    }
+    workgroupBarrier();
+    for (var w = lid; w < half; w += 16u) {
+        let word = f16_bits(turned[2u * w]) | (f16_bits(turned[2u * w + 1u]) << 16u);
+        if (is_v) {
+            VC[P.vc_off + (base - P.b2) / 2u + w] = word;
+        } else if (is_k) {
+            KC[P.kc_off + (base - P.b1) / 2u + w] = word;
+        }
+    }
+}
+",
+        );
+        return body;
     }
     if let Some(with_s) = v.swiglu {
         body.push_str(&format!(
@@ -790,6 +876,7 @@ pub fn all_kernels() -> Vec<String> {
                         unrolled: 0,
                         segments: 1,
                         swiglu: None,
+                        rope: false,
                     };
                     v.push(variant.name(f.kernel));
                     if tokens == 1 {
@@ -806,6 +893,15 @@ pub fn all_kernels() -> Vec<String> {
                                 );
                             }
                             if texels && uniform {
+                                v.push(
+                                    LegacyRows {
+                                        unrolled,
+                                        segments: 3,
+                                        rope: true,
+                                        ..variant
+                                    }
+                                    .name(f.kernel),
+                                );
                                 for with_s in [false, true] {
                                     v.push(
                                         LegacyRows {

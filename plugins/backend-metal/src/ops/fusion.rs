@@ -32,7 +32,8 @@ use prima_abi::backend::Buf;
 
 use super::State;
 use crate::formats::Activation;
-use crate::kernels::{LegacyRows, ACT_UNIFORM_BYTES, MAX_SEGMENTS, WG};
+use crate::kernels::{LegacyRows, ACT_UNIFORM_BYTES, MAX_SEGMENTS, ROPE_HEAD, WG};
+use prima_abi::backend::AttentionParams;
 use prima_gpu_support::checks::OpResult;
 
 /// An operation recorded but not yet dispatched.
@@ -53,6 +54,12 @@ pub(super) enum Deferred {
     RopePair(Rope, Rope),
     Matmul(MatmulGroup),
     Attention(AttentionCall),
+    /// A q, k, v projection's group, then the RoPE of q and, once called, of k.
+    QkvRope {
+        group: MatmulGroup,
+        q: Rope,
+        k: Option<Rope>,
+    },
     /// A gate and up projection's group, then `swiglu(gate, up)` of its outputs.
     GateUp {
         group: MatmulGroup,
@@ -83,6 +90,17 @@ pub(super) struct KvStore {
     pub v: (wgpu::Buffer, u32),
     pub vc: wgpu::Buffer,
     pub v_at: u32,
+}
+
+/// What the `_rope` kernel takes beyond a matmul group: the RoPE table, the KV caches and
+/// this token's words in them, NeoX or not.
+struct RopeExtra {
+    table: crate::params::Placed,
+    kc: wgpu::Buffer,
+    vc: wgpu::Buffer,
+    kc_off: u32,
+    vc_off: u32,
+    neox: bool,
 }
 
 /// The quantized activations' key (`State::quantized`'s).
@@ -144,6 +162,34 @@ impl MatmulGroup {
             && self.act_key == next.act_key
             && (self.outputs.len() as u32) < MAX_SEGMENTS
             && self.outputs.iter().all(|o| o.1 != next.outputs[0].1)
+    }
+
+    /// Whether output `i` is `buf` from element `off`.
+    fn writes(&self, i: usize, (buf, off): (&wgpu::Buffer, u32)) -> bool {
+        self.outputs
+            .get(i)
+            .is_some_and(|o| &o.1 == buf && o.2 == off)
+    }
+
+    /// The rows of output `i` (0 past the last).
+    fn rows_of(&self, i: usize) -> u32 {
+        let start = |i: usize| self.outputs.get(i).map_or(self.rows, |o| o.0);
+        match self.outputs.get(i) {
+            Some(_) => start(i + 1) - start(i),
+            None => 0,
+        }
+    }
+
+    /// Whether `rope` turns this q, k, v group's output `i` (q: 0, k: 1) as the `_rope`
+    /// kernel can: one token, whole heads of ROPE_HEAD, v's heads the same size.
+    fn ropes(&self, i: usize, rope: &Rope, x: (&wgpu::Buffer, u32)) -> bool {
+        self.outputs.len() == 3
+            && self.writes(i, x)
+            && rope.n_tokens == 1
+            && rope.n_rot == ROPE_HEAD
+            && rope.head_dim == ROPE_HEAD
+            && rope.n_head * ROPE_HEAD == self.rows_of(i)
+            && self.rows_of(2).is_multiple_of(ROPE_HEAD)
     }
 
     /// Whether the group is a gate projection to `gate` and an up projection to `up`, a
@@ -211,6 +257,10 @@ impl State {
             Some(Deferred::RopePair(q, k)) => self.dispatch_rope(q, Some(k), None),
             Some(Deferred::Matmul(group)) => self.dispatch_matmul_group(group, None),
             Some(Deferred::Attention(call)) => self.dispatch_attention(call, None),
+            Some(Deferred::QkvRope { group, q, k }) => {
+                self.dispatch_matmul_group(group, None)?;
+                self.dispatch_rope(q, k, None)
+            }
             Some(Deferred::GateUp { group, gate, up }) => {
                 self.dispatch_matmul_group(group, None)?;
                 self.binary_act("swiglu", gate, up)
@@ -269,10 +319,21 @@ impl State {
         group: MatmulGroup,
         swiglu: Option<QuantTarget>,
     ) -> OpResult<()> {
+        self.dispatch_group_with(group, swiglu, None)
+    }
+
+    /// [`State::dispatch_matmul_group`], or with `rope` the q, k, v group's `_rope` kernel.
+    fn dispatch_group_with(
+        &mut self,
+        group: MatmulGroup,
+        swiglu: Option<QuantTarget>,
+        rope: Option<RopeExtra>,
+    ) -> OpResult<()> {
         let segments = group.outputs.len() as u32;
         let kernel = LegacyRows {
             segments,
             swiglu: swiglu.as_ref().map(|q| q.act == Activation::Q8_1),
+            rope: rope.is_some(),
             ..group.variant
         }
         .name(group.format);
@@ -299,6 +360,9 @@ impl State {
             start(2),
             offset(1),
             offset(2),
+            rope.as_ref().map_or(0, |r| r.kc_off),
+            rope.as_ref().map_or(0, |r| r.vc_off),
+            rope.as_ref().map_or(0, |r| u32::from(r.neox)),
         ];
         let mut bindings = vec![
             (4, wgpu::BindingResource::TextureView(&group.page)),
@@ -315,6 +379,11 @@ impl State {
             let binding = if i == 0 { 3 } else { 4 + i as u32 };
             bindings.push((binding, buf.as_entire_binding()));
         }
+        if let Some(r) = &rope {
+            bindings.push((7, r.table.binding()));
+            bindings.push((8, r.kc.as_entire_binding()));
+            bindings.push((9, r.vc.as_entire_binding()));
+        }
         // A workgroup per 64 rows, or per 32 of each projection with SwiGLU.
         let groups = match &swiglu {
             Some(q) => {
@@ -330,6 +399,31 @@ impl State {
     /// A RoPE call: dispatched with a held one of the same table and head size in
     /// another buffer (q, then k), else held back.
     pub(super) fn rope_or_pair(&mut self, rope: Rope) -> OpResult<()> {
+        // With a held q, k, v projection: its `_rope` kernel may take both.
+        let x = self.act("rope", "x", rope.x)?;
+        let x = (&x.0, x.1);
+        match &mut self.deferred {
+            Some(Deferred::Matmul(group)) if group.ropes(0, &rope, x) => {
+                if let Some(Deferred::Matmul(group)) = self.deferred.take() {
+                    self.deferred = Some(Deferred::QkvRope {
+                        group,
+                        q: rope,
+                        k: None,
+                    });
+                }
+                self.quantized = None;
+                return Ok(());
+            }
+            Some(Deferred::QkvRope {
+                group,
+                q,
+                k: k @ None,
+            }) if group.ropes(1, &rope, x) && q.neox == rope.neox && q.table == rope.table => {
+                *k = Some(rope);
+                return Ok(());
+            }
+            _ => {}
+        }
         let pairs = match &self.deferred {
             Some(Deferred::Rope(first)) => {
                 first.x.id != rope.x.id
@@ -351,6 +445,58 @@ impl State {
                 self.defer(Deferred::Rope(rope))
             }
         }
+    }
+
+    /// The held q, k, v projection with both RoPEs if its k and v outputs are `k` and `v`
+    /// and attention's heads are the `_rope` kernel's.
+    pub(super) fn take_qkv_rope_of(
+        &mut self,
+        k: (&wgpu::Buffer, u32),
+        v: (&wgpu::Buffer, u32),
+        p: &AttentionParams,
+    ) -> Option<(MatmulGroup, Rope)> {
+        let fits = match &self.deferred {
+            Some(Deferred::QkvRope {
+                group, k: Some(_), ..
+            }) => {
+                group.writes(1, k)
+                    && group.writes(2, v)
+                    && p.head_dim_k == ROPE_HEAD
+                    && p.head_dim_v == ROPE_HEAD
+                    && group.rows_of(1) == p.n_head_kv * ROPE_HEAD
+                    && group.rows_of(2) == p.n_head_kv * ROPE_HEAD
+            }
+            _ => false,
+        };
+        match (fits, self.deferred.take()) {
+            (true, Some(Deferred::QkvRope { group, q, .. })) => Some((group, q)),
+            (_, held) => {
+                self.deferred = held;
+                None
+            }
+        }
+    }
+
+    /// The q, k, v group's `_rope` kernel: the projections, q's and k's RoPE by `q`'s
+    /// table, k and v into the KV cache at `store`'s words.
+    pub(super) fn dispatch_qkv_rope(
+        &mut self,
+        group: MatmulGroup,
+        q: Rope,
+        store: KvStore,
+    ) -> OpResult<()> {
+        let table = self
+            .params
+            .push(&self.gpu.device, bytemuck::cast_slice(&q.table));
+        let extra = RopeExtra {
+            table,
+            kc: store.kc,
+            vc: store.vc,
+            kc_off: store.k_at,
+            vc_off: store.v_at,
+            neox: q.neox,
+        };
+        self.dispatch_group_with(group, None, Some(extra))
     }
 
     /// The held RoPE pair if its second is of `k` and can store it as `store` wants: whole
@@ -544,6 +690,7 @@ impl State {
                 )
             }
             Deferred::Add { .. }
+            | Deferred::QkvRope { .. }
             | Deferred::Rope(_)
             | Deferred::RopePair(..)
             | Deferred::Matmul(_) => Err("only a norm or SwiGLU quantizes a matmul's input".into()),
