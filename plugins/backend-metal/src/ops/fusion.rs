@@ -2,7 +2,7 @@
 //! dispatch. On a CPU adapter a dispatch costs about 0.05 ms whatever it computes (lavapipe
 //! wakes its threads and waits for them); each fusion here saves one per layer or two,
 //! with the same arithmetic in the same order (the same bits). A generated token's layer
-//! of a Llama-like model is then eight dispatches on a CPU adapter (docs/backends.md):
+//! of a Llama-like model is then seven dispatches on a CPU adapter (docs/backends.md):
 //!
 //! - `add(x, h)` then `rms_norm(x, w, h)`, the residual stream's step: one kernel adds,
 //!   normalises and writes both (`add_rms_norm*`);
@@ -15,6 +15,9 @@
 //!   (`rope_pair_store`, in place of `store_f16`);
 //! - on CPU adapters, attention then a matmul of its output with Q8_0 or Q8_1 activations:
 //!   attention quantizes each head's output too (`attention_narrow_q8_*`);
+//! - on CPU adapters, a q, k, v projection held as one matmul group, then `rope(q)`,
+//!   `rope(k)` and attention: the group's kernel turns q and k and stores k and v into the
+//!   KV cache, a head a workgroup (`rowmatmul_*_seg3_rope_*`, heads of 64);
 //! - on CPU adapters, a gate and up projection held as one matmul group, then `swiglu` of
 //!   their outputs, then the down projection: one kernel computes both, applies SwiGLU
 //!   and quantizes the down projection's input (`rowmatmul_*_seg2_swiglu_q8_*`);
