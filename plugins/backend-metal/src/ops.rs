@@ -43,8 +43,8 @@ use texel_pages::{TexelPages, TexelPart};
 enum Slot {
     /// A matmul's quantized activations.
     Act,
-    /// The down projection's, which the gate and up projection's kernel quantizes while
-    /// reading its own from `Act` (fusion's `GateUp`).
+    /// The next matmul's, where a matmul's kernel quantizes them while reading its own
+    /// from `Act` (fusion's `GateUp`, `MatmulNorm`); and the other way round.
     ActNext,
     /// Attention's scores.
     Scores,
@@ -88,6 +88,10 @@ pub struct State {
     /// dispatch but a matmul's, an upload or a dropped buffer forgets it (a matmul never
     /// writes its own x, and a new x replaces it).
     quantized: Option<(u64, u64, u64, Activation)>,
+    /// The scratch that holds them (`Act` or `ActNext`).
+    quantized_slot: Slot,
+    /// The `_norm` kernels' count of finished workgroups (back to 0 by the last).
+    counter: Option<wgpu::Buffer>,
     /// Matmul with one invocation per weight row (`rowmatmul_*`, for CPU adapters) rather
     /// than a workgroup per row (`matmul_*`, for GPUs). The same bits either way.
     pub row_per_invocation: bool,
@@ -181,6 +185,8 @@ impl State {
             pending: None,
             counts: TransferCounts::default(),
             quantized: None,
+            quantized_slot: Slot::Act,
+            counter: None,
             binding_limit,
             part_limit,
             row_per_invocation: gpu_is_cpu,
@@ -363,6 +369,21 @@ impl State {
     fn grid_1d(&self, items: u64) -> OpResult<[u32; 3]> {
         let [x, y] = self.grid(items.div_ceil(WG as u64))?;
         Ok([x, y, 1])
+    }
+
+    /// The `_norm` kernels' counter, made (zeroed) on first use.
+    fn counter(&mut self) -> wgpu::Buffer {
+        let device = &self.gpu.device;
+        self.counter
+            .get_or_insert_with(|| {
+                device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("finished workgroups"),
+                    size: 16,
+                    usage: wgpu::BufferUsages::STORAGE,
+                    mapped_at_creation: false,
+                })
+            })
+            .clone()
     }
 
     /// A matmul writing `out` leaves the quantized activations alone, but may write over
@@ -784,9 +805,12 @@ impl GpuOps for State {
                 } else {
                     whole
                 };
-                let slot = match producer {
-                    Some(Deferred::GateUp { .. }) => Slot::ActNext,
-                    _ => Slot::Act,
+                // A matmul that quantizes this one's input writes it beside its own.
+                let slot = match producer.as_ref().and_then(|p| p.matmul_input()) {
+                    Some(input) if self.scratch.get(&Slot::Act) == Some(input) => Slot::ActNext,
+                    Some(_) => Slot::Act,
+                    None if self.quantized == key => self.quantized_slot,
+                    None => Slot::Act,
                 };
                 let act_buf = self.scratch(slot, act_bytes)?;
                 let quantize = act
@@ -800,8 +824,8 @@ impl GpuOps for State {
                         s_off,
                     };
                     self.quantize_from(p, to)?;
-                    // `quantized` names what `Act` holds.
-                    self.quantized = if slot == Slot::Act { key } else { None };
+                    self.quantized = key;
+                    self.quantized_slot = slot;
                 } else if self.quantized != key {
                     let (quantize, groups) = self.quantize_grid(quantize, n_blocks)?;
                     self.dispatch(
@@ -814,6 +838,7 @@ impl GpuOps for State {
                         groups,
                     )?;
                     self.quantized = key;
+                    self.quantized_slot = slot;
                 }
                 let per_group = if legacy_rows {
                     legacy_tokens
@@ -839,6 +864,7 @@ impl GpuOps for State {
             segments: 1,
             swiglu: None,
             rope: false,
+            norm: None,
         };
         // A generated token's texel matmul is held, so that the next of the same
         // activations whose weight follows it in its texture joins its dispatch.
@@ -907,7 +933,9 @@ impl GpuOps for State {
                 Activation::Float => params.extend([extra[0], out_off]),
                 // d_off, s_off, out_off, `zero` of the row-per-invocation kernels, and the
                 // legacy row kernels' first texture row (one weight: no later ones).
-                _ => params.extend([extra[0], extra[1], out_off, 0, *tex0, 0, 0, 0, 0, 0, 0, 0]),
+                _ => params.extend([
+                    extra[0], extra[1], out_off, 0, *tex0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                ]),
             }
             self.dispatch(
                 &kernel,

@@ -34,6 +34,9 @@ struct Params {
     kc_off: u32,
     vc_off: u32,
     neox: u32,
+    // `_norm` kernels: the residual stream's first element and the norm's epsilon (f32).
+    x_off: u32,
+    eps: u32,
 }
 
 @group(0) @binding(0) var<uniform> P: Params;

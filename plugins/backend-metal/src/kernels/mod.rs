@@ -65,7 +65,7 @@ pub fn source(name: &str, f64: bool) -> Option<String> {
             return None;
         }
         push_format(&mut src, f);
-        src.push_str(&fill_legacy_rows(f, variant));
+        src.push_str(&fill_legacy_rows(f, variant, sum_t));
     } else if let Some(kernel) = name.strip_prefix("rowmatmul_") {
         let f = format_of_kernel(kernel)?;
         push_format(&mut src, f);
@@ -381,6 +381,11 @@ pub struct LegacyRows {
     /// q and k the kernel turns by RoPE, storing k and v into the F16 KV cache too
     /// (`_rope`): `rope_pair_store`'s work, a head a workgroup.
     pub rope: bool,
+    /// One weight whose output h is then added to the residual stream x and RMS-normed
+    /// into h, quantized for the next matmul: `Some(with_s)` (`_norm_q8_1`, `_norm_q8_0`).
+    /// The last workgroup to finish (an atomic count; llvmpipe's atomics are sequentially
+    /// consistent) does it as `narrow_add_rms_norm_q8_*` would.
+    pub norm: Option<bool>,
 }
 
 /// The head size of the `_rope` kernels: one workgroup's rows.
@@ -414,8 +419,13 @@ impl LegacyRows {
             Some(false) => "_swiglu_q8_0",
         };
         let rope = if self.rope { "_rope" } else { "" };
+        let norm = match self.norm {
+            None => "",
+            Some(true) => "_norm_q8_1",
+            Some(false) => "_norm_q8_0",
+        };
         format!(
-            "rowmatmul_tok{}{ubo}{tex}{unrolled}{segments}{swiglu}{rope}_{kernel}",
+            "rowmatmul_tok{}{ubo}{tex}{unrolled}{segments}{swiglu}{rope}{norm}_{kernel}",
             self.tokens
         )
     }
@@ -477,8 +487,17 @@ fn legacy_rows_kernel(name: &str) -> Option<(LegacyRows, &str)> {
         Some(k) => (true, k),
         None => (false, kernel),
     };
+    let (norm, kernel) = match kernel.strip_prefix("norm_q8_") {
+        Some(r) => match r.split_once('_')? {
+            ("0", k) => (Some(false), k),
+            ("1", k) => (Some(true), k),
+            _ => return None,
+        },
+        None => (None, kernel),
+    };
     if (texels && !TEXEL_FORMATS.contains(&kernel))
         || (rope && segments != 3)
+        || (norm.is_some() && (segments != 1 || unrolled == 0 || !texels || !uniform))
         || (unrolled > 0 && tokens != 1)
         || (segments > 1 && (unrolled == 0 || !texels))
         || (swiglu.is_some() && (segments != 2 || !uniform))
@@ -493,13 +512,14 @@ fn legacy_rows_kernel(name: &str) -> Option<(LegacyRows, &str)> {
         segments,
         swiglu,
         rope,
+        norm,
     };
     LEGACY_ROWS_TOKENS.contains(&tokens).then_some((v, kernel))
 }
 
 /// matmul_legacy_rows.wgsl for `tok` tokens per workgroup: an accumulator, a token index
 /// (the last one repeated in a partial group), an add and a store for each.
-fn fill_legacy_rows(f: &Format, v: LegacyRows) -> String {
+fn fill_legacy_rows(f: &Format, v: LegacyRows, sum_t: &str) -> String {
     let tok = v.tokens;
     let (mut declare, mut accumulate, mut store) = (String::new(), String::new(), String::new());
     for t in 0..tok {
@@ -550,10 +570,10 @@ fn fill_legacy_rows(f: &Format, v: LegacyRows) -> String {
             .find("@compute")
             .expect("the template has an entry point");
         src.truncate(main_at);
-        if v.swiglu.is_some() {
+        if v.swiglu.is_some() || v.norm.is_some() {
             src.push_str(include_str!("quantize_blocks.wgsl"));
         }
-        src.push_str(&texel_rows_main(f, v));
+        src.push_str(&texel_rows_main(f, v).replace("{SUM_T}", sum_t));
         return fill(&src, f)
             .replace("{TOK}", "1")
             .replace("{ACT}", act.trim_end())
@@ -623,6 +643,20 @@ var<workgroup> turned: array<f32, 64>;
 ",
         );
     }
+    if v.norm.is_some() {
+        outputs.push_str(
+            "@group(0) @binding(6) var<storage, read_write> A: array<u32>;
+@group(0) @binding(7) var<storage, read_write> X: array<f32>;
+@group(0) @binding(8) var<storage, read> NW: array<f32>;
+@group(0) @binding(9) var<storage, read_write> CNT: array<atomic<u32>>;
+var<workgroup> last_sh: u32;
+var<workgroup> row_scale: f32;
+fn qin(i: u32) -> f32 {
+    return (X[P.x_off + i] * row_scale) * NW[i];
+}
+",
+        );
+    }
     if v.swiglu.is_some() {
         outputs.push_str(
             "@group(0) @binding(6) var<storage, read_write> A: array<u32>;
@@ -642,7 +676,7 @@ fn qin(i: u32) -> f32 {
             ),
             // Kernels with barriers return by workgroup, so that every invocation of one
             // that goes on reaches them.
-            if v.rope {
+            if v.rope || v.norm.is_some() {
                 "base >= P.rows"
             } else {
                 "first >= P.rows"
@@ -840,6 +874,40 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 "
         ));
     }
+    if let Some(with_s) = v.norm {
+        // The last workgroup to finish adds h (OUT, all rows now written) into the residual
+        // stream X and normalises it into OUT, as narrow_add_rms_norm_q8_* does.
+        body.push_str(&format!(
+            "    workgroupBarrier();
+    if (lid == 0u) {{
+        last_sh = u32(atomicAdd(&CNT[0], 1u) == nwg.x * nwg.y - 1u);
+    }}
+    if (workgroupUniformLoad(&last_sh) == 0u) {{
+        return;
+    }}
+    if (lid == 0u) {{
+        var s = {{SUM_T}}(0);
+        for (var i = 0u; i < P.rows; i++) {{
+            let xi = X[P.x_off + i] + OUT[P.out_off + i];
+            X[P.x_off + i] = xi;
+            let v = {{SUM_T}}(xi);
+            s = s + v * v;
+        }}
+        let mean = f32(s / {{SUM_T}}(P.rows));
+        row_scale = 1.0 / sqrt(mean + bitcast<f32>(P.eps));
+        atomicStore(&CNT[0], 0u);
+    }}
+    workgroupBarrier();
+    let scale = row_scale;
+    for (var i = lid; i < P.rows; i += {lanes}u) {{
+        OUT[P.out_off + i] = (X[P.x_off + i] * scale) * NW[i];
+    }}
+    for (var b = lid; b < P.rows / 32u; b += {lanes}u) {{
+        quantize_32(b, 32u * b, {with_s});
+    }}
+"
+        ));
+    }
     body.push_str(
         "}
 ",
@@ -877,6 +945,7 @@ pub fn all_kernels() -> Vec<String> {
                         segments: 1,
                         swiglu: None,
                         rope: false,
+                        norm: None,
                     };
                     v.push(variant.name(f.kernel));
                     if tokens == 1 {
@@ -908,6 +977,14 @@ pub fn all_kernels() -> Vec<String> {
                                             unrolled,
                                             segments: 2,
                                             swiglu: Some(with_s),
+                                            ..variant
+                                        }
+                                        .name(f.kernel),
+                                    );
+                                    v.push(
+                                        LegacyRows {
+                                            unrolled,
+                                            norm: Some(with_s),
                                             ..variant
                                         }
                                         .name(f.kernel),

@@ -69,6 +69,32 @@ pub(super) enum Deferred {
         gate: Buf,
         up: Buf,
     },
+    /// A one-weight group writing `h`, then `add(acc, h)`.
+    MatmulAdd {
+        group: MatmulGroup,
+        acc: Buf,
+        h: Buf,
+    },
+    /// That, then the RMS norm of `acc` into `h` (`norm`, its residual `h`).
+    MatmulNorm {
+        group: MatmulGroup,
+        norm: Norm,
+    },
+}
+
+impl Deferred {
+    /// The quantized activations a held matmul reads, where it is one: a matmul that
+    /// quantizes the next one's input writes them elsewhere.
+    pub(super) fn matmul_input(&self) -> Option<&wgpu::Buffer> {
+        match self {
+            Deferred::Matmul(g)
+            | Deferred::QkvRope { group: g, .. }
+            | Deferred::GateUp { group: g, .. }
+            | Deferred::MatmulAdd { group: g, .. }
+            | Deferred::MatmulNorm { group: g, .. } => Some(&g.input),
+            _ => None,
+        }
+    }
 }
 
 /// One attention dispatch, recorded as `attention_spans` made it: kernel, its uniform's
@@ -268,6 +294,14 @@ impl State {
                 self.dispatch_matmul_group(group, None)?;
                 self.binary_act("swiglu", gate, up)
             }
+            Some(Deferred::MatmulAdd { group, acc, h }) => {
+                self.dispatch_matmul_group(group, None)?;
+                self.binary_act("add", acc, h)
+            }
+            Some(Deferred::MatmulNorm { group, norm }) => {
+                self.dispatch_matmul_group(group, None)?;
+                self.dispatch_norm(norm, None)
+            }
         }
     }
 
@@ -322,7 +356,7 @@ impl State {
         group: MatmulGroup,
         swiglu: Option<QuantTarget>,
     ) -> OpResult<()> {
-        self.dispatch_group_with(group, swiglu, None)
+        self.dispatch_group_with(group, swiglu, None, None)
     }
 
     /// [`State::dispatch_matmul_group`], or with `rope` the q, k, v group's `_rope` kernel.
@@ -331,20 +365,30 @@ impl State {
         group: MatmulGroup,
         swiglu: Option<QuantTarget>,
         rope: Option<RopeExtra>,
+        norm: Option<(Norm, QuantTarget)>,
     ) -> OpResult<()> {
         let segments = group.outputs.len() as u32;
         let kernel = LegacyRows {
             segments,
             swiglu: swiglu.as_ref().map(|q| q.act == Activation::Q8_1),
             rope: rope.is_some(),
+            norm: norm.as_ref().map(|(_, q)| q.act == Activation::Q8_1),
             ..group.variant
         }
         .name(group.format);
         let [cols, row_bytes, d_off, s_off] = group.shape;
-        // The SwiGLU kernel's input offsets are constants: P.d_off, P.s_off are its output's.
-        let (d_off, s_off) = swiglu
-            .as_ref()
-            .map_or((d_off, s_off), |q| (q.d_off, q.s_off));
+        // The SwiGLU and norm kernels' input offsets are constants: P.d_off, P.s_off are
+        // their output's.
+        let quant = swiglu.as_ref().or(norm.as_ref().map(|(_, q)| q));
+        let (d_off, s_off) = quant.map_or((d_off, s_off), |q| (q.d_off, q.s_off));
+        let (x_buf, x_off) = match &norm {
+            Some((n, _)) => {
+                let (b, off) = self.act("rms_norm", "x", n.x)?;
+                (Some(b), off)
+            }
+            None => (None, 0),
+        };
+        let counter = norm.as_ref().map(|_| self.counter());
         let start = |i: usize| group.outputs.get(i).map_or(group.rows, |o| o.0);
         let offset = |i: usize| group.outputs.get(i).map_or(0, |o| o.2);
         let params = [
@@ -366,6 +410,8 @@ impl State {
             rope.as_ref().map_or(0, |r| r.kc_off),
             rope.as_ref().map_or(0, |r| r.vc_off),
             rope.as_ref().map_or(0, |r| u32::from(r.neox)),
+            x_off,
+            norm.as_ref().map_or(0, |(n, _)| n.eps.to_bits()),
         ];
         let mut bindings = vec![
             (4, wgpu::BindingResource::TextureView(&group.page)),
@@ -386,6 +432,12 @@ impl State {
             bindings.push((7, r.table.binding()));
             bindings.push((8, r.kc.as_entire_binding()));
             bindings.push((9, r.vc.as_entire_binding()));
+        }
+        if let (Some((n, q)), Some(x), Some(c)) = (&norm, &x_buf, &counter) {
+            bindings.push((6, q.buf.as_entire_binding()));
+            bindings.push((7, x.as_entire_binding()));
+            bindings.push((8, n.weight.as_entire_binding()));
+            bindings.push((9, c.as_entire_binding()));
         }
         // A workgroup per 64 rows, or per 32 of each projection with SwiGLU.
         let groups = match &swiglu {
@@ -499,7 +551,7 @@ impl State {
             vc_off: store.v_at,
             neox: q.neox,
         };
-        self.dispatch_group_with(group, None, Some(extra))
+        self.dispatch_group_with(group, None, Some(extra), None)
     }
 
     /// The held RoPE pair if its second is of `k` and can store it as `store` wants: whole
@@ -595,6 +647,20 @@ impl State {
 
     /// `acc += x` (checked), held back.
     pub(super) fn defer_add(&mut self, acc: Buf, x: Buf) -> OpResult<()> {
+        // After a held one-weight group that wrote x whole: the group's kernel may do it.
+        let h = self.act("add", "x", x)?;
+        if let Some(Deferred::Matmul(group)) = &self.deferred {
+            if group.outputs.len() == 1
+                && group.writes(0, (&h.0, h.1))
+                && group.rows as u64 == x.len
+            {
+                if let Some(Deferred::Matmul(group)) = self.deferred.take() {
+                    self.deferred = Some(Deferred::MatmulAdd { group, acc, h: x });
+                    self.quantized = None;
+                    return Ok(());
+                }
+            }
+        }
         self.defer(Deferred::Add { acc, x })
     }
 
@@ -625,6 +691,23 @@ impl State {
         eps: f32,
         out: Buf,
     ) -> OpResult<()> {
+        if let Some(Deferred::MatmulAdd { group, acc, h }) = &self.deferred {
+            if *acc == x && *h == out && n == group.rows {
+                if let Some(Deferred::MatmulAdd { group, h, .. }) = self.deferred.take() {
+                    let norm = Norm {
+                        x,
+                        residual: Some(h),
+                        weight,
+                        n,
+                        eps,
+                        out,
+                    };
+                    self.deferred = Some(Deferred::MatmulNorm { group, norm });
+                    self.quantized = None;
+                    return Ok(());
+                }
+            }
+        }
         let residual = match self.deferred {
             Some(Deferred::Add { acc, x: h }) if acc == x && h.id == out.id => {
                 self.deferred = None;
@@ -655,6 +738,7 @@ impl State {
             Some(Deferred::Swiglu { gate, .. }) => *gate == x && x.len.is_multiple_of(32),
             Some(Deferred::Attention(a)) => a.out == x && a.dv.is_multiple_of(32),
             Some(Deferred::GateUp { gate, .. }) => *gate == x,
+            Some(Deferred::MatmulNorm { norm, .. }) => norm.out == x && norm.n.is_multiple_of(32),
             _ => false,
         };
         if fits {
@@ -670,6 +754,9 @@ impl State {
         match producer {
             Deferred::Attention(call) => self.dispatch_attention(call, Some(to)),
             Deferred::GateUp { group, .. } => self.dispatch_matmul_group(group, Some(to)),
+            Deferred::MatmulNorm { group, norm } => {
+                self.dispatch_group_with(group, None, None, Some((norm, to)))
+            }
             Deferred::Norm(norm) => self.dispatch_norm(norm, Some(to)),
             Deferred::Swiglu { gate, up } => {
                 const OP: &str = "swiglu";
@@ -693,6 +780,7 @@ impl State {
                 )
             }
             Deferred::Add { .. }
+            | Deferred::MatmulAdd { .. }
             | Deferred::QkvRope { .. }
             | Deferred::Rope(_)
             | Deferred::RopePair(..)
