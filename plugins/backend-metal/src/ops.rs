@@ -1195,6 +1195,7 @@ impl GpuOps for State {
                 out_off + u32_of(OP, "row offset", row0 * n_head * dv)?,
             ];
             let kernel = match self.row_per_invocation {
+                true if p.head_dim_k == 64 => "attention_narrow_d64",
                 true => "attention_narrow",
                 false => "attention",
             };

@@ -158,10 +158,17 @@ pub fn source(name: &str, f64: bool) -> Option<String> {
             | "attention_q8_0"
             | "attention_q8_1"
             | "attention_narrow_q8_0"
-            | "attention_narrow_q8_1" => {
+            | "attention_narrow_q8_1"
+            | "attention_narrow_d64"
+            | "attention_narrow_d64_q8_0"
+            | "attention_narrow_d64_q8_1" => {
                 let (base, quant) = match name.rsplit_once("_q8_") {
                     Some((base, kind)) => (base, Some(kind == "1")),
                     None => (name, None),
+                };
+                let (base, d64) = match base.strip_suffix("_d64") {
+                    Some(b) => (b, true),
+                    None => (base, false),
                 };
                 if quant.is_some() {
                     src.push_str(include_str!("quantize_blocks.wgsl"));
@@ -198,6 +205,9 @@ pub fn source(name: &str, f64: bool) -> Option<String> {
                             },
                         ),
                 );
+                if d64 {
+                    src = attention_d64(src)?;
+                }
             }
             _ => return None,
         }
@@ -308,6 +318,37 @@ const ROPE_SECOND_STORE: &str = "    else {
             VC[P.vc_off + j] = f16_bits(VS[s]) | (f16_bits(VS[s + 1u]) << 16u);
         }
     }";
+
+/// `attention_narrow_d64*`: heads of 64 (the host checks), q in registers for the q·k loop
+/// rather than read from workgroup memory (lane by lane on a CPU adapter) for every key; the
+/// same products and sums in the same order.
+fn attention_d64(src: String) -> Option<String> {
+    let loop_at = "    for (var i = lid; i < n; i += WG) {\n        let kb";
+    let mut q = String::new();
+    for c in 0..16 {
+        q.push_str(&format!("    let qv{c} = q4({}u);\n", 4 * c));
+    }
+    let even_from = "        if ((P.dk & 1u) == 0u) {";
+    let even_to = "        // The 16 folded by halving: 8, 4, 2, 1.";
+    let (head, rest) = src.split_once(even_from)?;
+    let (_, tail) = rest.split_once(even_to)?;
+    let mut dot = String::from("        let w = kb >> 1u;\n");
+    for c in 0..4 {
+        for a in 0..4 {
+            let at = 8 * c + 2 * a;
+            dot.push_str(&format!(
+                "        a{a} = a{a} + qv{} * vec4<f32>(unpack2x16float(K[w + {at}u]), \
+                 unpack2x16float(K[w + {}u]));\n",
+                4 * c + a,
+                at + 1
+            ));
+        }
+    }
+    let joined = format!("{head}{dot}{even_to}{tail}");
+    joined
+        .contains(loop_at)
+        .then(|| joined.replacen(loop_at, &format!("{q}{loop_at}"), 1))
+}
 
 /// attention*_q8_*: each head's output kept in workgroup memory, then quantized a block of
 /// 32 an invocation (quantize_blocks.wgsl) as the quantize kernel would from OUT.
@@ -1035,6 +1076,9 @@ pub fn all_kernels() -> Vec<String> {
         "attention_q8_1",
         "attention_narrow_q8_0",
         "attention_narrow_q8_1",
+        "attention_narrow_d64",
+        "attention_narrow_d64_q8_0",
+        "attention_narrow_d64_q8_1",
     ] {
         v.push(k.to_string());
     }
