@@ -129,6 +129,35 @@ fn a_generated_f32_model_gives_the_cpus_logits_and_tokens() {
     c.assert_within(&t, "f32 model");
 }
 
+/// Q4_1 and Q8_0 weights, as the CPU adapter's fused kernels take them: layer 0 all Q4_1
+/// (q, k, v with RoPE and the KV store; gate, up with SwiGLU; the output and down
+/// projections with the next norm; attention quantizing its output), layer 1 mixed, so
+/// that weights of other pages fall back to dispatches of their own; heads of 64 (the
+/// RoPE kernel's and attention's `_d64`) and of 128 (neither). The CPU's bits.
+#[test]
+fn generated_q4_1_and_q8_0_models_take_the_fused_kernels_with_the_cpus_bits() {
+    let Some(t) = target() else { return };
+    use GgmlType::{Q4_1, Q8_0};
+    let mixed = [Q4_1, Q8_0, Q4_1, Q8_0, Q4_1, Q8_0, Q4_1];
+    let wide = ModelShape {
+        n_head: 2,
+        n_head_kv: 1,
+        ..SHAPE
+    };
+    for (shape, name) in [(SHAPE, "heads of 64"), (wide, "heads of 128")] {
+        let path = std::env::temp_dir().join(format!(
+            "prima-wgpu-test-fused-{}-{}.gguf",
+            shape.n_head,
+            std::process::id()
+        ));
+        models::write_model(&path, shape, 2, [[Q4_1; 7], mixed], [Q8_0, Q8_0]);
+        let backends = (&suite::cpu(), &t.backend);
+        let c = models::compare(name, &path, backends, &shape.prompt(12), 8, false);
+        let _ = std::fs::remove_file(&path);
+        c.assert_within(&t, name);
+    }
+}
+
 /// A real model, held to the target's promise: tokens agree wherever the CPU's top-2 gap
 /// exceeds 1.0, and on lavapipe the logits equal the CPU's bit for bit (for `f32` weights,
 /// only where F32 multiply-adds fuse as the CPU's: lavapipe's do not).
