@@ -2,7 +2,7 @@
 //! dispatch. On a CPU adapter a dispatch costs about 0.05 ms whatever it computes (lavapipe
 //! wakes its threads and waits for them); each fusion here saves one per layer or two,
 //! with the same arithmetic in the same order (the same bits). A generated token's layer
-//! of a Llama-like model is then seven dispatches on a CPU adapter (docs/backends.md):
+//! of a Llama-like model is then five dispatches on a CPU adapter (docs/backends.md):
 //!
 //! - `add(x, h)` then `rms_norm(x, w, h)`, the residual stream's step: one kernel adds,
 //!   normalises and writes both (`add_rms_norm*`);
@@ -21,6 +21,9 @@
 //! - on CPU adapters, a gate and up projection held as one matmul group, then `swiglu` of
 //!   their outputs, then the down projection: one kernel computes both, applies SwiGLU
 //!   and quantizes the down projection's input (`rowmatmul_*_seg2_swiglu_q8_*`);
+//! - on CPU adapters, a one-weight matmul group writing h, then `add(x, h)` and
+//!   `rms_norm(x, w, h)`, then a matmul of h: the group's last workgroup to finish adds,
+//!   normalises and quantizes (`rowmatmul_*_norm_q8_*`);
 //! - on CPU adapters, a generated token's matmuls of the same activations whose weights
 //!   follow one another in a texture page (q, k, v; gate, up: `texel_pages`): one
 //!   dispatch of up to three weights, each row stored to its own output
