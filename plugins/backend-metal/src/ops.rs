@@ -871,17 +871,17 @@ impl GpuOps for State {
         if legacy_rows && use_texels && rows_variant.unrolled > 0 && act_uniform {
             if let [(_, _, 0, rows, tex0)] = parts[..] {
                 let view = tex_parts.as_ref().expect("texel parts")[0].view.clone();
-                let call = MatmulGroup::new(
-                    rows_variant,
-                    shape.format.kernel,
-                    view,
+                let call = MatmulGroup {
+                    variant: rows_variant,
+                    format: shape.format.kernel,
+                    page: view,
                     tex0,
                     rows,
-                    [shape.cols, shape.row_bytes as u32, extra[0], extra[1]],
-                    input.clone(),
-                    key,
-                    (out_buf.clone(), out_off),
-                );
+                    shape: [shape.cols, shape.row_bytes as u32, extra[0], extra[1]],
+                    input: input.clone(),
+                    act_key: key,
+                    outputs: vec![(0, out_buf.clone(), out_off)],
+                };
                 self.hold_matmul(call)?;
                 self.forget_quantized_under(out);
                 return Ok(());
@@ -1147,26 +1147,18 @@ impl GpuOps for State {
                 store[3 * i + 2] = src_off + u32_of(OP, "row offset", row0 * n_head_kv * d)?;
             }
             let words = store[0] as u64 + store[3] as u64;
+            let to = || fusion::KvStore {
+                kc: kc.clone(),
+                k_at: store[1],
+                v_words: store[3],
+                v: (v_buf.clone(), store[5]),
+                vc: vc.clone(),
+                v_at: store[4],
+            };
             if let Some((group, q_rope)) = qkv_rope.take() {
-                let to = fusion::KvStore {
-                    kc: kc.clone(),
-                    k_at: store[1],
-                    v_words: store[3],
-                    v: (v_buf.clone(), store[5]),
-                    vc: vc.clone(),
-                    v_at: store[4],
-                };
-                self.dispatch_qkv_rope(group, q_rope, to)?;
+                self.dispatch_qkv_rope(group, q_rope, to())?;
             } else if let Some((q_rope, k_rope)) = rope_pair.take() {
-                let to = fusion::KvStore {
-                    kc: kc.clone(),
-                    k_at: store[1],
-                    v_words: store[3],
-                    v: (v_buf.clone(), store[5]),
-                    vc: vc.clone(),
-                    v_at: store[4],
-                };
-                self.dispatch_rope(q_rope, Some(k_rope), Some(to))?;
+                self.dispatch_rope(q_rope, Some(k_rope), Some(to()))?;
             } else if words > 0 {
                 let groups = self.grid_1d(words)?;
                 self.dispatch(

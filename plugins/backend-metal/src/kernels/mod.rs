@@ -516,26 +516,12 @@ fn legacy_rows_kernel(name: &str) -> Option<(LegacyRows, &str)> {
         }
         None => (1, kernel),
     };
-    let (swiglu, kernel) = match kernel.strip_prefix("swiglu_q8_") {
-        Some(r) => match r.split_once('_')? {
-            ("0", k) => (Some(false), k),
-            ("1", k) => (Some(true), k),
-            _ => return None,
-        },
-        None => (None, kernel),
-    };
+    let (swiglu, kernel) = quantized_epilogue(kernel, "swiglu_q8_")?;
     let (rope, kernel) = match kernel.strip_prefix("rope_") {
         Some(k) => (true, k),
         None => (false, kernel),
     };
-    let (norm, kernel) = match kernel.strip_prefix("norm_q8_") {
-        Some(r) => match r.split_once('_')? {
-            ("0", k) => (Some(false), k),
-            ("1", k) => (Some(true), k),
-            _ => return None,
-        },
-        None => (None, kernel),
-    };
+    let (norm, kernel) = quantized_epilogue(kernel, "norm_q8_")?;
     if (texels && !TEXEL_FORMATS.contains(&kernel))
         || (rope && segments != 3)
         || (norm.is_some() && (segments != 1 || unrolled == 0 || !texels || !uniform))
@@ -556,6 +542,19 @@ fn legacy_rows_kernel(name: &str) -> Option<(LegacyRows, &str)> {
         norm,
     };
     LEGACY_ROWS_TOKENS.contains(&tokens).then_some((v, kernel))
+}
+
+/// A name's `<prefix>0_` or `<prefix>1_` (an epilogue quantizing as Q8_0 or Q8_1:
+/// `Some(with_s)`) and the rest; `None` for another digit.
+fn quantized_epilogue<'a>(name: &'a str, prefix: &str) -> Option<(Option<bool>, &'a str)> {
+    let Some(r) = name.strip_prefix(prefix) else {
+        return Some((None, name));
+    };
+    match r.split_once('_')? {
+        ("0", k) => Some((Some(false), k)),
+        ("1", k) => Some((Some(true), k)),
+        _ => None,
+    }
 }
 
 /// matmul_legacy_rows.wgsl for `tok` tokens per workgroup: an accumulator, a token index

@@ -136,52 +136,27 @@ struct RopeExtra {
 }
 
 /// The quantized activations' key (`State::quantized`'s).
-type ActKey = Option<(u64, u64, u64, Activation)>;
+pub(super) type ActKey = Option<(u64, u64, u64, Activation)>;
 
 /// One token's matmuls by an unrolled texel kernel, held to be dispatched as one: weights
 /// whose rows follow one another in one texture page, against the same activations.
 pub(super) struct MatmulGroup {
-    variant: LegacyRows,
-    format: &'static str,
-    page: wgpu::TextureView,
+    pub variant: LegacyRows,
+    pub format: &'static str,
+    pub page: wgpu::TextureView,
     /// The first weight's first row in the page, and the rows of all.
-    tex0: u32,
-    rows: u32,
+    pub tex0: u32,
+    pub rows: u32,
     /// cols, row_bytes, d_off, s_off (the same for all).
-    shape: [u32; 4],
+    pub shape: [u32; 4],
     /// The quantized activations (a uniform binding) and whose they are.
-    input: wgpu::Buffer,
+    pub input: wgpu::Buffer,
     pub act_key: ActKey,
     /// Each weight's first row among `rows` and its output: buffer and element offset.
-    outputs: Vec<(u32, wgpu::Buffer, u32)>,
+    pub outputs: Vec<(u32, wgpu::Buffer, u32)>,
 }
 
 impl MatmulGroup {
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        variant: LegacyRows,
-        format: &'static str,
-        page: wgpu::TextureView,
-        tex0: u32,
-        rows: u32,
-        shape: [u32; 4],
-        input: wgpu::Buffer,
-        act_key: ActKey,
-        out: (wgpu::Buffer, u32),
-    ) -> MatmulGroup {
-        MatmulGroup {
-            variant,
-            format,
-            page,
-            tex0,
-            rows,
-            shape,
-            input,
-            act_key,
-            outputs: vec![(0, out.0, out.1)],
-        }
-    }
-
     /// Whether `next` can join: the same kernel and activations, its rows right after
     /// these in the same page, room for one more output, and an output buffer of its own.
     fn takes(&self, next: &MatmulGroup) -> bool {
@@ -526,12 +501,18 @@ impl State {
             }
             _ => false,
         };
-        match (fits, self.deferred.take()) {
-            (true, Some(Deferred::QkvRope { group, q, .. })) => Some((group, q)),
-            (_, held) => {
-                self.deferred = held;
-                None
-            }
+        match self.take_held_if(fits) {
+            Some(Deferred::QkvRope { group, q, .. }) => Some((group, q)),
+            _ => None,
+        }
+    }
+
+    /// The held operation, taken if `fits` (the caller's check of it); else left held.
+    fn take_held_if(&mut self, fits: bool) -> Option<Deferred> {
+        if fits {
+            self.deferred.take()
+        } else {
+            None
         }
     }
 
@@ -578,12 +559,9 @@ impl State {
             }
             _ => false,
         };
-        match (fits, self.deferred.take()) {
-            (true, Some(Deferred::RopePair(q, k))) => Some((q, k)),
-            (_, held) => {
-                self.deferred = held;
-                None
-            }
+        match self.take_held_if(fits) {
+            Some(Deferred::RopePair(q, k)) => Some((q, k)),
+            _ => None,
         }
     }
 
@@ -744,11 +722,7 @@ impl State {
             Some(Deferred::MatmulNorm { norm, .. }) => norm.out == x && norm.n.is_multiple_of(32),
             _ => false,
         };
-        if fits {
-            self.deferred.take()
-        } else {
-            None
-        }
+        self.take_held_if(fits)
     }
 
     /// Dispatches `producer` (from [`State::take_producer_of`]) with its output quantized
