@@ -83,10 +83,10 @@ pub struct State {
     binding_limit: u64,
     /// Bytes one weight part may hold: the binding limit, lower in tests.
     part_limit: u64,
-    /// The activations the `Act` scratch holds quantized: (x's buffer id, offset, length,
-    /// kind). Consecutive matmuls of the same x (q, k, v; gate, up) quantize it once; any
-    /// dispatch but a matmul's, an upload or a dropped buffer forgets it (a matmul never
-    /// writes its own x, and a new x replaces it).
+    /// The activations a scratch holds quantized (`quantized_slot`): (x's buffer id,
+    /// offset, length, kind). Consecutive matmuls of the same x (q, k, v; gate, up)
+    /// quantize it once; any dispatch but a matmul's, an upload or a dropped buffer forgets
+    /// it (a matmul never writes its own x, and a new x replaces it).
     quantized: Option<(u64, u64, u64, Activation)>,
     /// The scratch that holds them (`Act` or `ActNext`).
     quantized_slot: Slot,
