@@ -869,14 +869,13 @@ impl GpuOps for State {
         // A generated token's texel matmul is held, so that the next of the same
         // activations whose weight follows it in its texture joins its dispatch.
         if legacy_rows && use_texels && rows_variant.unrolled > 0 && act_uniform {
-            if let [(_, _, 0, rows, tex0)] = parts[..] {
-                let view = tex_parts.as_ref().expect("texel parts")[0].view.clone();
+            if let Some([part]) = tex_parts.as_deref() {
                 let call = MatmulGroup {
                     variant: rows_variant,
                     format: shape.format.kernel,
-                    page: view,
-                    tex0,
-                    rows,
+                    page: part.view.clone(),
+                    tex0: part.tex0,
+                    rows: part.rows,
                     shape: [shape.cols, shape.row_bytes as u32, extra[0], extra[1]],
                     input: input.clone(),
                     act_key: key,
