@@ -6,10 +6,11 @@
 //! `Rgba32Uint` texture. A weight row is a row of texels: each block's quants in whole
 //! texels (Q4_1: 1, Q8_0: 2), then the blocks' scale words, 4 per texel (Q4_1: f16 d and m,
 //! Q8_0: f16 d in the low half). [`INTERLEAVE`] weight rows share a texture row, texel by
-//! texel (texel t of row r at x = 8t + r mod 8, y = r / 8), because llvmpipe runs 8 lanes
-//! (rows) at once: their fetches of one texel are then 128 contiguous bytes, and a
-//! workgroup streams its rows' memory in order. The bytes are the stored ones, moved: the
-//! same bits. Nothing here talks to a GPU.
+//! texel (texel t of row r at x = 32t + r mod 32, y = r / 32), because llvmpipe runs 8
+//! lanes (rows) at once: their fetches of one texel are then 128 contiguous bytes, and the
+//! four fetches of an invocation taking 4 rows (the unrolled kernel) are 512: a vector of
+//! lanes reads one forward stream, which the CPU's prefetcher follows, not four. The bytes
+//! are the stored ones, moved: the same bits. Nothing here talks to a GPU.
 
 use prima_abi::GgmlType;
 
@@ -17,7 +18,7 @@ use prima_abi::GgmlType;
 pub const TEXEL: usize = 16;
 
 /// Weight rows per texture row, interleaved texel by texel (weights_texels.wgsl's `texel`).
-pub const INTERLEAVE: usize = 8;
+pub const INTERLEAVE: usize = 32;
 
 /// A weight's texel layout: quant texels per block and the scale word's bytes in a block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,9 +103,9 @@ mod tests {
         }
         assert_eq!(l.width(5), 12);
         let t = l.repack(&data, 5, 2);
-        // One texture row of 8 weight rows (6 of them padding), 12 texels each.
+        // One texture row of INTERLEAVE weight rows (all but 2 of them padding), 12 texels each.
         assert_eq!(t.len(), INTERLEAVE * 12 * TEXEL);
-        // Texel j of weight row 1, which is the second of each run of 8.
+        // Texel j of weight row 1, which is the second of each run of INTERLEAVE.
         let row1 = |j: usize| &t[(j * INTERLEAVE + 1) * TEXEL..(j * INTERLEAVE + 2) * TEXEL];
         // Block 3's quants: texels 6 and 7.
         assert!(row1(6).iter().chain(row1(7)).all(|&v| v == 13));
@@ -116,6 +117,17 @@ mod tests {
         assert!(t[(6 * INTERLEAVE + 2) * TEXEL..][..TEXEL]
             .iter()
             .all(|&v| v == 0));
+    }
+
+    #[test]
+    fn the_kernels_fetch_texels_where_repack_puts_them() {
+        let shift = INTERLEAVE.trailing_zeros();
+        assert_eq!(1 << shift, INTERLEAVE);
+        let fetch = format!(
+            "textureLoad(WT, vec2<u32>((t << {shift}u) | (row & {}u), row >> {shift}u))",
+            INTERLEAVE - 1
+        );
+        assert!(include_str!("kernels/weights_texels.wgsl").contains(&fetch));
     }
 
     #[test]

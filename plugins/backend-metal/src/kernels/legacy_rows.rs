@@ -268,7 +268,8 @@ const TEXEL_ROWS_PER_LANE: u32 = 4;
 /// workgroup's 64 rows, 4 each, so each activation word — which llvmpipe reads lane by lane
 /// even at a constant offset — is read once for 4 rows. Invocation i of a run of 8 (one of
 /// llvmpipe's SIMD vectors) takes rows 8j + i of its 32, so the 8 lanes' fetches of a
-/// texel are one interleaved run of 8 weight rows (crate::texels). Each row's value is
+/// texel are 128 contiguous bytes and their 4 fetches one run of 512 (crate::texels'
+/// interleave of 32 rows). Each row's value is
 /// the row kernel's, the same operations in the same order. With `segments` > 1 the rows
 /// are several weights' (`P.b1`, `P.b2` the later ones' first rows), each stored to its
 /// own output.

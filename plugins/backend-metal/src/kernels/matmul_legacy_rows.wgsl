@@ -21,7 +21,7 @@ struct Params {
     s_off: u32,
     out_off: u32,
     zero: u32,
-    // Texel kernels: the weight's first row in its texture (a multiple of 8).
+    // Texel kernels: the weight's first row in its texture (a multiple of 32).
     tex0: u32,
     // Kernels of several weights (`_seg2`, `_seg3`): where the second and third start
     // among the rows, and their outputs' offsets.
