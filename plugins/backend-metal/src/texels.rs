@@ -127,7 +127,9 @@ mod tests {
             "textureLoad(WT, vec2<u32>((t << {shift}u) | (row & {}u), row >> {shift}u))",
             INTERLEAVE - 1
         );
-        assert!(include_str!("kernels/weights_texels.wgsl").contains(&fetch));
+        let kernel = crate::kernels::source("rowmatmul_tok1_ubo_tex_nb18_q4_1", false)
+            .expect("a texel kernel");
+        assert!(kernel.contains(&fetch));
     }
 
     #[test]

@@ -220,7 +220,7 @@ pub(super) fn fill_legacy_rows(f: &Format, v: LegacyRows, sum_t: &str) -> String
     };
     let mut src = String::new();
     if v.texels {
-        src.push_str(include_str!("weights_texels.wgsl"));
+        src.push_str(&texel_fetch());
     }
     src.push_str(&include_str!("matmul_legacy_rows.wgsl").replace("{BLOCK}", block));
     if v.texels && v.unrolled > 0 {
@@ -259,6 +259,14 @@ pub(super) fn fill_legacy_rows(f: &Format, v: LegacyRows, sum_t: &str) -> String
         .replace("{STORE}", store.trim_end())
         .replace("{D_OFF}", &d_off)
         .replace("{S_OFF}", &s_off)
+}
+
+/// weights_texels.wgsl with the interleave `texels::repack` lays texels out by.
+fn texel_fetch() -> String {
+    let il = crate::texels::INTERLEAVE;
+    include_str!("weights_texels.wgsl")
+        .replace("{IL_SHIFT}", &il.trailing_zeros().to_string())
+        .replace("{IL_MASK}", &(il - 1).to_string())
 }
 
 /// Weight rows an invocation of the unrolled texel kernel takes ([`texel_rows_main`]).

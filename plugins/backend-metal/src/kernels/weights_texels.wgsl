@@ -1,16 +1,17 @@
 // A Q4_1 or Q8_0 weight as an Rgba32Uint texture (crate::texels): a weight row is a row of
 // texels, each block's quants in whole texels, then the blocks' scale words, 4 per texel;
-// 32 weight rows (texels::INTERLEAVE) share a texture row, texel by texel. llvmpipe fetches
+// texels::INTERLEAVE weight rows (32) share a texture row, texel by texel. llvmpipe fetches
 // a texel as one 16-byte load per lane, where it reads a storage buffer word by word, lane
 // by lane. A read-only storage texture, not a sampled one: an image load has no mip level,
 // so llvmpipe inlines it with one row stride for all lanes, where a sampled texture's load
 // is a call that looks up each lane's level size and stride (15-25% of a matmul's time).
 @group(0) @binding(4) var WT: texture_storage_2d<rgba32uint, read>;
 
-// Texel t of weight row `row` (a weight's rows start at a multiple of 32, `P.tex0`: the
-// weights of one format and row length share textures, in the order they were first used).
+// Texel t of weight row `row` (a weight's rows start at a multiple of the interleave,
+// `P.tex0`: the weights of one format and row length share textures, in the order they were
+// first used). The shift and mask are texels::INTERLEAVE's, filled in by the host.
 fn texel(row: u32, t: u32) -> vec4<u32> {
-    return textureLoad(WT, vec2<u32>((t << 5u) | (row & 31u), row >> 5u));
+    return textureLoad(WT, vec2<u32>((t << {IL_SHIFT}u) | (row & {IL_MASK}u), row >> {IL_SHIFT}u));
 }
 
 // Scale word of block `blk` in a row of `nb` blocks whose quants take `q` texels each.
