@@ -120,19 +120,6 @@ mod tests {
     }
 
     #[test]
-    fn the_kernels_fetch_texels_where_repack_puts_them() {
-        let shift = INTERLEAVE.trailing_zeros();
-        assert_eq!(1 << shift, INTERLEAVE);
-        let fetch = format!(
-            "textureLoad(WT, vec2<u32>((t << {shift}u) | (row & {}u), row >> {shift}u))",
-            INTERLEAVE - 1
-        );
-        let kernel = crate::kernels::source("rowmatmul_tok1_ubo_tex_nb18_q4_1", false)
-            .expect("a texel kernel");
-        assert!(kernel.contains(&fetch));
-    }
-
-    #[test]
     fn q4_1_keeps_d_and_m_in_one_word() {
         let l = Layout::of(GgmlType::Q4_1).unwrap();
         let block: Vec<u8> = (0..20).collect();

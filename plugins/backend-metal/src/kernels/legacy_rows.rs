@@ -581,3 +581,21 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     );
     body
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::texels::INTERLEAVE;
+
+    #[test]
+    fn the_kernels_fetch_texels_where_repack_puts_them() {
+        let shift = INTERLEAVE.trailing_zeros();
+        assert_eq!(1 << shift, INTERLEAVE);
+        let fetch = format!(
+            "textureLoad(WT, vec2<u32>((t << {shift}u) | (row & {}u), row >> {shift}u))",
+            INTERLEAVE - 1
+        );
+        let kernel = super::super::source("rowmatmul_tok1_ubo_tex_nb18_q4_1", false)
+            .expect("a texel kernel");
+        assert!(kernel.contains(&fetch));
+    }
+}
